@@ -1,0 +1,125 @@
+//! The one error type of idem.
+
+use std::time::Duration;
+
+/// Boxed backend error kept as the `source` of an [`IdemError`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything idem can refuse or fail with.
+///
+/// Every variant says whether a retry can help ([`IdemError::is_retryable`]) and which HTTP status
+/// a service would answer with ([`IdemError::http_status`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdemError {
+    /// The key is empty, too long, or contains a byte that cannot be stored (NUL). Nothing was written.
+    #[error("invalid idempotency key: {reason}")]
+    InvalidKey {
+        /// What is wrong with the key.
+        reason: String,
+    },
+    /// The business type is empty, too long for the store, or contains whitespace or NUL. Nothing was written.
+    #[error("invalid business type `{biz}`: {reason}")]
+    InvalidBiz {
+        /// The business type as given.
+        biz: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Another attempt holds a valid lease on this key; try again after `retry_after`.
+    #[error("a call with this key is still in progress; retry after {retry_after:?}")]
+    InProgress {
+        /// How long the current lease still runs, by the store's clock.
+        retry_after: Duration,
+    },
+    /// A record exists for this key, made from a different request payload (fingerprint).
+    #[error("this idempotency key was already used with a different request payload")]
+    PayloadMismatch,
+    /// This attempt's lease expired and a newer attempt took the claim over; this attempt's result was
+    /// not stored and the newer attempt's record was left untouched.
+    #[error("the lease of attempt {attempt} expired and another attempt took over; the result was not stored")]
+    LeaseLost {
+        /// The attempt number this call held.
+        attempt: u32,
+    },
+    /// The business ran, but its result could not be stored for replay (it failed to serialize or
+    /// exceeds the store's snapshot limit). The claim is kept as done, so repeats get this error
+    /// again instead of running the business a second time.
+    #[error("the call ran, but its result cannot be stored for replay: {reason}")]
+    ResultNotStorable {
+        /// Why the result could not be stored.
+        reason: String,
+    },
+    /// A stored result could not be decoded into the function's return type (the type changed
+    /// since the record was written).
+    #[error("the stored result cannot be decoded as the current return type: {reason}")]
+    ReplayDecode {
+        /// The decoder's message.
+        reason: String,
+    },
+    /// The request payload used for the fingerprint could not be serialized. Nothing was written.
+    #[error("the request payload cannot be fingerprinted: {reason}")]
+    Fingerprint {
+        /// The serializer's message.
+        reason: String,
+    },
+    /// No store was registered under this name. Nothing was executed.
+    #[error("no idempotency store is registered as `{name}`; register one at start-up with `idem::register_store(\"{name}\", store)`")]
+    UnknownStore {
+        /// The name asked for.
+        name: String,
+    },
+    /// The store named for a transactional call is not of the transaction's database kind.
+    #[error("store `{store}` is a {backend} store and cannot join a {expected} transaction")]
+    TxStoreMismatch {
+        /// The store's name or description.
+        store: String,
+        /// The store's backend.
+        backend: &'static str,
+        /// The backend the transaction belongs to.
+        expected: &'static str,
+    },
+    /// The store could not be reached or did not answer.
+    #[error("the idempotency store is unavailable: {source}")]
+    StoreUnavailable {
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The store answered with an error or with data idem did not write.
+    #[error("the idempotency store failed: {source}")]
+    Store {
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl IdemError {
+    /// Whether the same call may succeed if retried later (in progress, store unavailable).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, IdemError::InProgress { .. } | IdemError::StoreUnavailable { .. })
+    }
+
+    /// The HTTP status a service would answer with: 409 in progress, 422 payload mismatch,
+    /// 400 bad key, 503 store unavailable, 500 otherwise.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            IdemError::InProgress { .. } => 409,
+            IdemError::PayloadMismatch => 422,
+            IdemError::InvalidKey { .. } | IdemError::InvalidBiz { .. } | IdemError::Fingerprint { .. } => 400,
+            IdemError::StoreUnavailable { .. } => 503,
+            _ => 500,
+        }
+    }
+
+    /// Wraps a backend error as [`IdemError::Store`].
+    pub fn store(source: impl Into<BoxError>) -> Self {
+        IdemError::Store { source: source.into() }
+    }
+
+    /// Wraps a backend error as [`IdemError::StoreUnavailable`].
+    pub fn unavailable(source: impl Into<BoxError>) -> Self {
+        IdemError::StoreUnavailable { source: source.into() }
+    }
+}

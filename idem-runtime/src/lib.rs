@@ -1,0 +1,40 @@
+//! Runtime of **idem**: the claim → execute → mark engine, the [`Store`] trait and its backends.
+//!
+//! Users depend on the `idem` crate, which re-exports this one and the `#[idempotent]` macro.
+//! Backends: [`MemoryStore`] always; `SqliteStore` with the `sqlite` feature (default).
+#![warn(missing_docs)]
+
+mod cas;
+mod engine;
+mod error;
+mod fingerprint;
+pub mod key;
+mod memory;
+mod metrics;
+mod registry;
+pub mod store;
+mod sweeper;
+pub mod tx;
+
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+
+pub use engine::{Call, DEFAULT_LEASE, DEFAULT_TTL};
+pub use error::{BoxError, IdemError};
+pub use fingerprint::fingerprint;
+pub use key::IdemKey;
+pub use memory::MemoryStore;
+pub use metrics::{CallReport, Counts, Outcome, counts, counts_for, observe};
+pub use registry::{IntoSharedStore, register_store, store, unregister_store};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
+pub use store::{ClaimOutcome, ClaimRequest, Limits, Record, Status, Store};
+pub use sweeper::Sweeper;
+
+#[cfg(feature = "sqlite")]
+#[doc(no_inline)]
+pub use sqlx;

@@ -1,0 +1,49 @@
+//! Deleting expired records in small batches.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{IdemError, Store};
+
+/// Sweeps expired records from a store: one pass deletes batches of at most `batch` rows until a
+/// batch comes back short, so no statement holds locks for long.
+#[derive(Clone)]
+pub struct Sweeper {
+    store: Arc<dyn Store>,
+    batch: usize,
+}
+
+impl Sweeper {
+    /// A sweeper deleting `batch` rows per statement (500 is a good start).
+    pub fn new(store: Arc<dyn Store>, batch: usize) -> Self {
+        Sweeper { store, batch: batch.max(1) }
+    }
+
+    /// One full pass; returns the number of records deleted.
+    ///
+    /// # Errors
+    /// The store's error; records deleted before it stay deleted.
+    pub async fn sweep_once(&self) -> Result<u64, IdemError> {
+        let mut total = 0;
+        loop {
+            let n = self.store.sweep_expired(self.batch).await?;
+            total += n;
+            if n < self.batch as u64 {
+                return Ok(total);
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Spawns a task that sweeps every `every` until the handle is aborted.
+    pub fn spawn(self, every: Duration) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = self.sweep_once().await {
+                    tracing::warn!(error = %e, "sweeping expired idempotency records failed");
+                }
+                tokio::time::sleep(every).await;
+            }
+        })
+    }
+}

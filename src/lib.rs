@@ -1,0 +1,22 @@
+//! **idem** makes a service function idempotent with one attribute: N executions of the same
+//! business action leave the system as one execution did, and every repeat gets the first answer.
+//!
+//! ```ignore
+//! use idem::{idempotent, IdemError};
+//!
+//! #[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite", fingerprint = "req")]
+//! async fn pay(req: &PayReq) -> Result<Receipt, PayError> {
+//!     // runs at most once per (PAY, order_no); repeats replay the stored Receipt
+//! }
+//! ```
+//!
+//! This crate is the one dependency users add: it re-exports the runtime ([`Call`], [`Store`],
+//! the stores, [`IdemError`], metrics) and the [`idempotent`] attribute. See the README for the
+//! full attribute reference and `DESIGN.md` for the guarantees.
+
+pub use idem_macros::idempotent;
+pub use idem_runtime::*;
+
+/// The sqlx this crate was built with, for `tx = "…"` parameters (`idem::sqlx::Transaction`).
+#[cfg(feature = "sqlite")]
+pub use idem_runtime::sqlx;

@@ -12,7 +12,9 @@ async fn store() -> Option<Arc<dyn idem::Store>> {
     });
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let store = idem::SqliteStore::open(DIR.join(format!("t{n}.db"))).await.unwrap();
+    let store = idem::SqliteStore::open(DIR.join(format!("t{n}.db")))
+        .await
+        .unwrap();
     store.migrate().await.unwrap();
     Some(Arc::new(store))
 }

@@ -6,7 +6,9 @@
 //! The loser simply reads again.
 
 use crate::IdemError;
-use crate::store::{ClaimOutcome, ClaimRequest, Decision, RecordState, Status, decide, duration_ms};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, Decision, RecordState, Status, decide, duration_ms,
+};
 
 /// A row as read for the claim decision, with the database's clock.
 pub(crate) struct SeenRecord {
@@ -40,13 +42,21 @@ pub(crate) trait CasRecords {
 const MAX_RACES: usize = 16;
 
 /// Runs the claim protocol on `records`.
-pub(crate) async fn claim_by_cas<C: CasRecords>(records: &mut C, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+pub(crate) async fn claim_by_cas<C: CasRecords>(
+    records: &mut C,
+    req: &ClaimRequest<'_>,
+) -> Result<ClaimOutcome, IdemError> {
     for _ in 0..MAX_RACES {
         if records.insert_new(req).await? {
-            return Ok(ClaimOutcome::Acquired { attempt: 1, how: crate::store::Acquired::Fresh });
+            return Ok(ClaimOutcome::Acquired {
+                attempt: 1,
+                how: crate::store::Acquired::Fresh,
+            });
         }
         // The record existed a moment ago; it may have been swept since, in which case we loop.
-        let Some(seen) = records.read(req).await? else { continue };
+        let Some(seen) = records.read(req).await? else {
+            continue;
+        };
         let state = RecordState {
             status: seen.status,
             attempt: seen.attempt,
@@ -57,14 +67,27 @@ pub(crate) async fn claim_by_cas<C: CasRecords>(records: &mut C, req: &ClaimRequ
         match decide(&state, req.fingerprint, seen.now_ms) {
             Decision::Take { how, reset } => {
                 if records.take(req, seen.attempt, seen.status, reset).await? {
-                    return Ok(ClaimOutcome::Acquired { attempt: seen.attempt + 1, how });
+                    return Ok(ClaimOutcome::Acquired {
+                        attempt: seen.attempt + 1,
+                        how,
+                    });
                 }
             }
-            Decision::Replay => return Ok(ClaimOutcome::Replay { snapshot: seen.snapshot.unwrap_or_default() }),
+            Decision::Replay => {
+                return Ok(ClaimOutcome::Replay {
+                    snapshot: seen.snapshot.unwrap_or_default(),
+                });
+            }
             Decision::Mismatch => return Ok(ClaimOutcome::Mismatch),
-            Decision::InProgress(ms) => return Ok(ClaimOutcome::InProgress { retry_after: duration_ms(ms) }),
+            Decision::InProgress(ms) => {
+                return Ok(ClaimOutcome::InProgress {
+                    retry_after: duration_ms(ms),
+                });
+            }
         }
     }
     // Every read lost a race to another writer: the key is hot; the caller may retry.
-    Ok(ClaimOutcome::InProgress { retry_after: std::time::Duration::from_millis(10) })
+    Ok(ClaimOutcome::InProgress {
+        retry_after: std::time::Duration::from_millis(10),
+    })
 }

@@ -44,7 +44,14 @@ impl Call {
     /// A call for `(biz, key)` with the default TTL (7 days) and lease (30 s), no fingerprint, and
     /// in-progress repeats rejected.
     pub fn new<K: IdemKey + ?Sized>(biz: impl Into<Cow<'static, str>>, key: &K) -> Self {
-        Call { biz: biz.into(), key: key.to_key(), fingerprint: None, ttl: DEFAULT_TTL, lease: DEFAULT_LEASE, wait: None }
+        Call {
+            biz: biz.into(),
+            key: key.to_key(),
+            fingerprint: None,
+            ttl: DEFAULT_TTL,
+            lease: DEFAULT_LEASE,
+            wait: None,
+        }
     }
 
     /// How long the record lives.
@@ -108,15 +115,28 @@ impl Call {
         key::validate_key(&self.key, limits.max_key_len)?;
         if self.ttl <= self.lease {
             return Err(IdemError::InvalidKey {
-                reason: format!("ttl {:?} must be longer than the lease {:?}", self.ttl, self.lease),
+                reason: format!(
+                    "ttl {:?} must be longer than the lease {:?}",
+                    self.ttl, self.lease
+                ),
             });
         }
         let fingerprint = match &self.fingerprint {
             None => None,
             Some(Ok(fp)) => Some(fp.as_str()),
-            Some(Err(reason)) => return Err(IdemError::Fingerprint { reason: reason.clone() }),
+            Some(Err(reason)) => {
+                return Err(IdemError::Fingerprint {
+                    reason: reason.clone(),
+                });
+            }
         };
-        Ok(ClaimRequest { biz: &self.biz, key: &self.key, fingerprint, lease: self.lease, ttl: self.ttl })
+        Ok(ClaimRequest {
+            biz: &self.biz,
+            key: &self.key,
+            fingerprint,
+            lease: self.lease,
+            ttl: self.ttl,
+        })
     }
 }
 
@@ -135,12 +155,17 @@ enum SnapshotOwned<T> {
 
 /// Serializes a result for storage; `Err` holds the envelope to store instead and the error to return.
 fn encode<T: Serialize>(value: &T, limit: usize) -> Result<Vec<u8>, (Vec<u8>, IdemError)> {
-    let reason = match serde_json::to_vec(&SnapshotRef::Ok(value)) {
+    let mut bytes = Vec::with_capacity(64);
+    let reason = match serde_json::to_writer(&mut bytes, &SnapshotRef::Ok(value)).map(|()| bytes) {
         Ok(bytes) if bytes.len() <= limit => return Ok(bytes),
-        Ok(bytes) => format!("the result is {} bytes; the store's snapshot limit is {limit}", bytes.len()),
+        Ok(bytes) => format!(
+            "the result is {} bytes; the store's snapshot limit is {limit}",
+            bytes.len()
+        ),
         Err(e) => format!("the result failed to serialize: {e}"),
     };
-    let envelope = serde_json::to_vec(&SnapshotRef::<()>::Unstorable(&reason)).expect("a string serializes");
+    let envelope =
+        serde_json::to_vec(&SnapshotRef::<()>::Unstorable(&reason)).expect("a string serializes");
     Err((envelope, IdemError::ResultNotStorable { reason }))
 }
 
@@ -148,7 +173,9 @@ fn decode<T: DeserializeOwned>(snapshot: &[u8]) -> Result<T, IdemError> {
     match serde_json::from_slice::<SnapshotOwned<T>>(snapshot) {
         Ok(SnapshotOwned::Ok(v)) => Ok(v),
         Ok(SnapshotOwned::Unstorable(reason)) => Err(IdemError::ResultNotStorable { reason }),
-        Err(e) => Err(IdemError::ReplayDecode { reason: e.to_string() }),
+        Err(e) => Err(IdemError::ReplayDecode {
+            reason: e.to_string(),
+        }),
     }
 }
 
@@ -168,16 +195,24 @@ fn acquired_outcome(how: Acquired) -> Outcome {
 }
 
 /// Claims, waiting for an in-progress holder when the call allows it.
-async fn claim(store: &dyn Store, req: &ClaimRequest<'_>, wait: Option<Duration>) -> Result<ClaimOutcome, IdemError> {
+async fn claim(
+    store: &dyn Store,
+    req: &ClaimRequest<'_>,
+    wait: Option<Duration>,
+) -> Result<ClaimOutcome, IdemError> {
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
     let mut pause = Duration::from_millis(5);
     loop {
         let outcome = store.claim(req).await?;
-        let ClaimOutcome::InProgress { retry_after } = outcome else { return Ok(outcome) };
+        let ClaimOutcome::InProgress { retry_after } = outcome else {
+            return Ok(outcome);
+        };
         let now = tokio::time::Instant::now();
         match deadline {
             Some(deadline) if now < deadline => {
-                let nap = pause.min(retry_after.max(Duration::from_millis(1))).min(deadline - now);
+                let nap = pause
+                    .min(retry_after.max(Duration::from_millis(1)))
+                    .min(deadline - now);
                 tokio::time::sleep(nap).await;
                 pause = (pause * 2).min(Duration::from_millis(200));
             }
@@ -233,7 +268,10 @@ where
             match store.complete(&req.biz, &req.key, attempt, &snapshot).await {
                 Ok(()) => (result, acquired_outcome(how)),
                 Err(e @ IdemError::LeaseLost { .. }) => {
-                    tracing::error!(attempt, "idempotent call finished after its lease was taken over; result dropped");
+                    tracing::error!(
+                        attempt,
+                        "idempotent call finished after its lease was taken over; result dropped"
+                    );
                     (Err(E::from(e)), Outcome::LeaseLost)
                 }
                 Err(e) => {
@@ -248,9 +286,14 @@ where
             match store.fail(&req.biz, &req.key, attempt).await {
                 Ok(()) => {}
                 Err(IdemError::LeaseLost { .. }) => {
-                    tracing::warn!(attempt, "failed idempotent call lost its lease; the newer attempt is untouched");
+                    tracing::warn!(
+                        attempt,
+                        "failed idempotent call lost its lease; the newer attempt is untouched"
+                    );
                 }
-                Err(e) => tracing::warn!(attempt, error = %e, "could not mark the call FAILED; its lease will expire"),
+                Err(e) => {
+                    tracing::warn!(attempt, error = %e, "could not mark the call FAILED; its lease will expire")
+                }
             }
             (Err(err), Outcome::Failed)
         }
@@ -338,7 +381,11 @@ pub(crate) mod tx {
     /// # Errors
     /// Refusals and store errors as for [`run`]; [`IdemError::TxStoreMismatch`] when the store is
     /// not of the transaction's backend.
-    pub async fn tx_claim<'a, T, C>(store: StoreArg<'a>, call: Call, conn: &mut C) -> Result<TxClaim<'a, T>, IdemError>
+    pub async fn tx_claim<'a, T, C>(
+        store: StoreArg<'a>,
+        call: Call,
+        conn: &mut C,
+    ) -> Result<TxClaim<'a, T>, IdemError>
     where
         T: DeserializeOwned,
         C: TxConnection + ?Sized,
@@ -356,7 +403,12 @@ pub(crate) mod tx {
             Err(e) => Err(e),
         };
         match outcome {
-            Ok(ClaimOutcome::Acquired { attempt, how }) => Ok(TxClaim::Run(TxGuard { store, call, attempt, how })),
+            Ok(ClaimOutcome::Acquired { attempt, how }) => Ok(TxClaim::Run(TxGuard {
+                store,
+                call,
+                attempt,
+                how,
+            })),
             Ok(ClaimOutcome::Replay { snapshot }) => match decode(&snapshot) {
                 Ok(v) => {
                     report(call.biz(), Outcome::Replayed, 0);
@@ -364,10 +416,14 @@ pub(crate) mod tx {
                 }
                 Err(e) => refuse(e, Outcome::Replayed, call.biz()),
             },
-            Ok(ClaimOutcome::Mismatch) => refuse(IdemError::PayloadMismatch, Outcome::Mismatch, call.biz()),
-            Ok(ClaimOutcome::InProgress { retry_after }) => {
-                refuse(IdemError::InProgress { retry_after }, Outcome::InProgress, call.biz())
+            Ok(ClaimOutcome::Mismatch) => {
+                refuse(IdemError::PayloadMismatch, Outcome::Mismatch, call.biz())
             }
+            Ok(ClaimOutcome::InProgress { retry_after }) => refuse(
+                IdemError::InProgress { retry_after },
+                Outcome::InProgress,
+                call.biz(),
+            ),
             Err(e) => refuse(e, Outcome::Rejected, call.biz()),
         }
     }
@@ -377,20 +433,33 @@ pub(crate) mod tx {
     ///
     /// # Errors
     /// The body's error, or an [`IdemError`] converted into `E`.
-    pub async fn tx_finish<T, E, C>(guard: TxGuard<'_>, conn: &mut C, out: Result<T, E>) -> Result<T, E>
+    pub async fn tx_finish<T, E, C>(
+        guard: TxGuard<'_>,
+        conn: &mut C,
+        out: Result<T, E>,
+    ) -> Result<T, E>
     where
         T: Serialize,
         E: From<IdemError>,
         C: TxConnection + ?Sized,
     {
-        let TxGuard { store, call, attempt, how } = guard;
+        let TxGuard {
+            store,
+            call,
+            attempt,
+            how,
+        } = guard;
         let (result, outcome) = match out {
             Ok(value) => {
-                let (snapshot, result) = match encode(&value, store.get().limits().max_snapshot_len) {
+                let (snapshot, result) = match encode(&value, store.get().limits().max_snapshot_len)
+                {
                     Ok(bytes) => (bytes, Ok(value)),
                     Err((envelope, e)) => (envelope, Err(E::from(e))),
                 };
-                match conn.idem_complete(store.get(), call.biz(), call.key(), attempt, &snapshot).await {
+                match conn
+                    .idem_complete(store.get(), call.biz(), call.key(), attempt, &snapshot)
+                    .await
+                {
                     Ok(()) => (result, acquired_outcome(how)),
                     Err(e @ IdemError::LeaseLost { .. }) => (Err(E::from(e)), Outcome::LeaseLost),
                     Err(e) => (Err(E::from(e)), Outcome::Rejected),

@@ -37,7 +37,9 @@ pub enum IdemError {
     PayloadMismatch,
     /// This attempt's lease expired and a newer attempt took the claim over; this attempt's result was
     /// not stored and the newer attempt's record was left untouched.
-    #[error("the lease of attempt {attempt} expired and another attempt took over; the result was not stored")]
+    #[error(
+        "the lease of attempt {attempt} expired and another attempt took over; the result was not stored"
+    )]
     LeaseLost {
         /// The attempt number this call held.
         attempt: u32,
@@ -64,7 +66,9 @@ pub enum IdemError {
         reason: String,
     },
     /// No store was registered under this name. Nothing was executed.
-    #[error("no idempotency store is registered as `{name}`; register one at start-up with `idem::register_store(\"{name}\", store)`")]
+    #[error(
+        "no idempotency store is registered as `{name}`; register one at start-up with `idem::register_store(\"{name}\", store)`"
+    )]
     UnknownStore {
         /// The name asked for.
         name: String,
@@ -98,7 +102,10 @@ pub enum IdemError {
 impl IdemError {
     /// Whether the same call may succeed if retried later (in progress, store unavailable).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, IdemError::InProgress { .. } | IdemError::StoreUnavailable { .. })
+        matches!(
+            self,
+            IdemError::InProgress { .. } | IdemError::StoreUnavailable { .. }
+        )
     }
 
     /// The HTTP status a service would answer with: 409 in progress, 422 payload mismatch,
@@ -107,7 +114,9 @@ impl IdemError {
         match self {
             IdemError::InProgress { .. } => 409,
             IdemError::PayloadMismatch => 422,
-            IdemError::InvalidKey { .. } | IdemError::InvalidBiz { .. } | IdemError::Fingerprint { .. } => 400,
+            IdemError::InvalidKey { .. }
+            | IdemError::InvalidBiz { .. }
+            | IdemError::Fingerprint { .. } => 400,
             IdemError::StoreUnavailable { .. } => 503,
             _ => 500,
         }
@@ -115,11 +124,15 @@ impl IdemError {
 
     /// Wraps a backend error as [`IdemError::Store`].
     pub fn store(source: impl Into<BoxError>) -> Self {
-        IdemError::Store { source: source.into() }
+        IdemError::Store {
+            source: source.into(),
+        }
     }
 
     /// Wraps a backend error as [`IdemError::StoreUnavailable`].
     pub fn unavailable(source: impl Into<BoxError>) -> Self {
-        IdemError::StoreUnavailable { source: source.into() }
+        IdemError::StoreUnavailable {
+            source: source.into(),
+        }
     }
 }

@@ -27,8 +27,17 @@ mod tests {
     #[test]
     fn map_order_does_not_change_the_fingerprint() {
         let names: Vec<String> = (0..50).map(|i| format!("k{i}")).collect();
-        let a: HashMap<&str, usize> = names.iter().enumerate().map(|(i, k)| (k.as_str(), i)).collect();
-        let b: HashMap<&str, usize> = names.iter().enumerate().rev().map(|(i, k)| (k.as_str(), i)).collect();
+        let a: HashMap<&str, usize> = names
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.as_str(), i))
+            .collect();
+        let b: HashMap<&str, usize> = names
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, k)| (k.as_str(), i))
+            .collect();
         assert_eq!(super::fingerprint(&a), super::fingerprint(&b));
         assert_ne!(super::fingerprint(&1), super::fingerprint(&2));
         assert_eq!(super::fingerprint(&"x").unwrap().len(), 64);

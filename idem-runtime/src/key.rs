@@ -88,7 +88,20 @@ macro_rules! display_keys {
         }
     )*};
 }
-display_keys!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, char, bool);
+display_keys!(char, bool);
+
+macro_rules! integer_keys {
+    ($($t:ty),*) => {$(
+        impl IdemKey for $t {
+            fn write_key(&self, out: &mut String) {
+                out.push_str(itoa::Buffer::new().format(*self));
+            }
+        }
+    )*};
+}
+integer_keys!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
+);
 
 macro_rules! tuple_keys {
     ($(($($n:tt $t:ident),+))*) => {$(
@@ -130,7 +143,10 @@ pub fn validate_key(key: &str, max_len: usize) -> Result<(), IdemError> {
     } else if key.trim().is_empty() {
         "the key is only whitespace".to_owned()
     } else if key.len() > max_len {
-        format!("the key is {} bytes long; the limit is {max_len}", key.len())
+        format!(
+            "the key is {} bytes long; the limit is {max_len}",
+            key.len()
+        )
     } else if key.contains('\0') {
         "the key contains a NUL byte".to_owned()
     } else {
@@ -147,13 +163,19 @@ pub fn validate_biz(biz: &str, max_len: usize) -> Result<(), IdemError> {
     let reason = if biz.is_empty() {
         "it is empty".to_owned()
     } else if biz.len() > max_len {
-        format!("it is {} bytes long; the store's limit is {max_len}", biz.len())
+        format!(
+            "it is {} bytes long; the store's limit is {max_len}",
+            biz.len()
+        )
     } else if biz.chars().any(|c| c.is_whitespace() || c == '\0') {
         "it contains whitespace or NUL".to_owned()
     } else {
         return Ok(());
     };
-    Err(IdemError::InvalidBiz { biz: biz.to_owned(), reason })
+    Err(IdemError::InvalidBiz {
+        biz: biz.to_owned(),
+        reason,
+    })
 }
 
 #[cfg(test)]
@@ -170,7 +192,10 @@ mod tests {
     #[test]
     fn bad_keys_are_refused() {
         for k in ["", "   ", "a\0b"] {
-            assert!(matches!(validate_key(k, 128), Err(IdemError::InvalidKey { .. })), "{k:?}");
+            assert!(
+                matches!(validate_key(k, 128), Err(IdemError::InvalidKey { .. })),
+                "{k:?}"
+            );
         }
         assert!(validate_key(&"x".repeat(129), 128).is_err());
         assert!(validate_key(&"x".repeat(128), 128).is_ok());

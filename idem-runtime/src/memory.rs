@@ -9,8 +9,8 @@ use async_trait::async_trait;
 
 use crate::IdemError;
 use crate::store::{
-    Acquired, ClaimOutcome, ClaimRequest, Decision, Limits, Record, RecordState, Status, Store, decide, duration_ms,
-    millis,
+    Acquired, ClaimOutcome, ClaimRequest, Decision, Limits, Record, RecordState, Status, Store,
+    decide, duration_ms, millis,
 };
 
 #[derive(Debug, Clone)]
@@ -23,7 +23,9 @@ struct Entry {
     expire_at: i64,
 }
 
-type Records = HashMap<Box<str>, HashMap<Box<str>, Entry>>;
+/// Keys come from callers, so the map is seeded per process (foldhash's `RandomState`).
+type Map<V> = HashMap<Box<str>, V, foldhash::fast::RandomState>;
+type Records = Map<Map<Entry>>;
 
 /// Keeps records in this process's memory; its clock is a monotonic clock started with the store.
 /// Records are lost when the process ends.
@@ -47,7 +49,11 @@ impl MemoryStore {
 
     /// An empty store with the given limits.
     pub fn with_limits(limits: Limits) -> Self {
-        MemoryStore { records: Mutex::new(HashMap::new()), epoch: Instant::now(), limits }
+        MemoryStore {
+            records: Mutex::new(Records::default()),
+            epoch: Instant::now(),
+            limits,
+        }
     }
 
     fn now(&self) -> i64 {
@@ -61,7 +67,14 @@ impl MemoryStore {
     }
 
     /// Changes the record to `to` only if it is PROCESSING under `attempt`.
-    fn finish(&self, biz: &str, key: &str, attempt: u32, to: Status, snapshot: Option<&[u8]>) -> Result<(), IdemError> {
+    fn finish(
+        &self,
+        biz: &str,
+        key: &str,
+        attempt: u32,
+        to: Status,
+        snapshot: Option<&[u8]>,
+    ) -> Result<(), IdemError> {
         let mut records = self.lock();
         match records.get_mut(biz).and_then(|m| m.get_mut(key)) {
             Some(e) if e.attempt == attempt && e.status == Status::Processing => {
@@ -101,7 +114,10 @@ impl Store for MemoryStore {
         };
         let Some(entry) = by_key.get_mut(req.key) else {
             by_key.insert(req.key.into(), fresh(1));
-            return Ok(ClaimOutcome::Acquired { attempt: 1, how: Acquired::Fresh });
+            return Ok(ClaimOutcome::Acquired {
+                attempt: 1,
+                how: Acquired::Fresh,
+            });
         };
         let state = RecordState {
             status: entry.status,
@@ -117,15 +133,28 @@ impl Store for MemoryStore {
                     next.expire_at = entry.expire_at;
                 }
                 *entry = next;
-                ClaimOutcome::Acquired { attempt: entry.attempt, how }
+                ClaimOutcome::Acquired {
+                    attempt: entry.attempt,
+                    how,
+                }
             }
-            Decision::Replay => ClaimOutcome::Replay { snapshot: entry.snapshot.as_deref().unwrap_or_default().to_vec() },
+            Decision::Replay => ClaimOutcome::Replay {
+                snapshot: entry.snapshot.as_deref().unwrap_or_default().to_vec(),
+            },
             Decision::Mismatch => ClaimOutcome::Mismatch,
-            Decision::InProgress(ms) => ClaimOutcome::InProgress { retry_after: duration_ms(ms) },
+            Decision::InProgress(ms) => ClaimOutcome::InProgress {
+                retry_after: duration_ms(ms),
+            },
         })
     }
 
-    async fn complete(&self, biz: &str, key: &str, attempt: u32, snapshot: &[u8]) -> Result<(), IdemError> {
+    async fn complete(
+        &self,
+        biz: &str,
+        key: &str,
+        attempt: u32,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
         self.finish(biz, key, attempt, Status::Succeeded, Some(snapshot))
     }
 
@@ -155,8 +184,12 @@ impl Store for MemoryStore {
             if deleted == batch {
                 break;
             }
-            let expired: Vec<Box<str>> =
-                by_key.iter().filter(|(_, e)| e.expire_at <= now).map(|(k, _)| k.clone()).take(batch - deleted).collect();
+            let expired: Vec<Box<str>> = by_key
+                .iter()
+                .filter(|(_, e)| e.expire_at <= now)
+                .map(|(k, _)| k.clone())
+                .take(batch - deleted)
+                .collect();
             for k in expired {
                 by_key.remove(&k);
                 deleted += 1;

@@ -1,10 +1,10 @@
 //! Per-outcome counters (global and per business type) and per-call reports.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, RwLock};
+use std::sync::{LazyLock, RwLock};
 
 /// How one idempotent call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,7 +60,10 @@ impl Outcome {
 
     /// Whether this outcome means the call was a duplicate of one already seen.
     pub fn is_duplicate(self) -> bool {
-        matches!(self, Outcome::Replayed | Outcome::InProgress | Outcome::Mismatch)
+        matches!(
+            self,
+            Outcome::Replayed | Outcome::InProgress | Outcome::Mismatch
+        )
     }
 }
 
@@ -94,27 +97,62 @@ impl Counts {
         if total == 0 {
             return 0.0;
         }
-        let dup: u64 = Outcome::ALL.iter().filter(|o| o.is_duplicate()).map(|o| self.get(*o)).sum();
+        let dup: u64 = Outcome::ALL
+            .iter()
+            .filter(|o| o.is_duplicate())
+            .map(|o| self.get(*o))
+            .sum();
         dup as f64 / total as f64
     }
 
     /// The difference `self - earlier`, for counting one stretch of work.
     pub fn since(&self, earlier: &Counts) -> Counts {
-        Counts(std::array::from_fn(|i| self.0[i].saturating_sub(earlier.0[i])))
+        Counts(std::array::from_fn(|i| {
+            self.0[i].saturating_sub(earlier.0[i])
+        }))
     }
 }
 
 static GLOBAL: LazyLock<Counters> = LazyLock::new(Counters::default);
-static PER_BIZ: LazyLock<RwLock<HashMap<String, Arc<Counters>>>> = LazyLock::new(Default::default);
+/// Counters per business type. They live as long as the process (like the map itself), so they
+/// are leaked once per business type and handed out as `&'static`.
+static PER_BIZ: LazyLock<RwLock<HashMap<&'static str, &'static Counters>>> =
+    LazyLock::new(Default::default);
+
+thread_local! {
+    /// The last business type this thread counted: a call site counts the same one every time,
+    /// so most calls skip the shared map.
+    static LAST_BIZ: Cell<Option<(&'static str, &'static Counters)>> = const { Cell::new(None) };
+}
+
+fn biz_counters(biz: &str) -> &'static Counters {
+    if let Some((name, counters)) = LAST_BIZ.get()
+        && name == biz
+    {
+        return counters;
+    }
+    let found = PER_BIZ
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_key_value(biz)
+        .map(|(k, v)| (*k, *v));
+    let entry = found.unwrap_or_else(|| {
+        let mut map = PER_BIZ.write().unwrap_or_else(|p| p.into_inner());
+        if let Some((k, v)) = map.get_key_value(biz) {
+            return (*k, *v);
+        }
+        let name: &'static str = Box::leak(biz.to_owned().into_boxed_str());
+        let counters: &'static Counters = Box::leak(Box::default());
+        map.insert(name, counters);
+        (name, counters)
+    });
+    LAST_BIZ.set(Some(entry));
+    entry.1
+}
 
 pub(crate) fn record(biz: &str, outcome: Outcome) {
     GLOBAL.0[outcome.index()].fetch_add(1, Ordering::Relaxed);
-    let existing = PER_BIZ.read().unwrap_or_else(|p| p.into_inner()).get(biz).cloned();
-    let counters = match existing {
-        Some(c) => c,
-        None => PER_BIZ.write().unwrap_or_else(|p| p.into_inner()).entry(biz.to_owned()).or_default().clone(),
-    };
-    counters.0[outcome.index()].fetch_add(1, Ordering::Relaxed);
+    biz_counters(biz).0[outcome.index()].fetch_add(1, Ordering::Relaxed);
 }
 
 /// Counters over every call in this process.
@@ -124,7 +162,12 @@ pub fn counts() -> Counts {
 
 /// Counters for one business type (zero if it never ran).
 pub fn counts_for(biz: &str) -> Counts {
-    PER_BIZ.read().unwrap_or_else(|p| p.into_inner()).get(biz).map(|c| c.snapshot()).unwrap_or_default()
+    PER_BIZ
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(biz)
+        .map(|c| c.snapshot())
+        .unwrap_or_default()
 }
 
 /// What one idempotent call did, as seen by [`observe`].
@@ -171,6 +214,10 @@ pub async fn observe<F: Future>(fut: F) -> (F::Output, Option<CallReport>) {
 pub(crate) fn report(biz: &str, outcome: Outcome, attempt: u32) {
     record(biz, outcome);
     let _ = REPORT.try_with(|r| {
-        *r.borrow_mut() = Some(CallReport { biz: biz.to_owned(), outcome, attempt });
+        *r.borrow_mut() = Some(CallReport {
+            biz: biz.to_owned(),
+            outcome,
+            attempt,
+        });
     });
 }

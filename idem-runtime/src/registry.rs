@@ -34,13 +34,18 @@ impl IntoSharedStore for Arc<dyn Store> {
 /// Registers `store` (a store, an `Arc` of one, or an `Arc<dyn Store>`) under `name`, replacing
 /// any earlier one, for `#[idempotent(store = "name")]`.
 pub fn register_store(name: impl Into<String>, store: impl IntoSharedStore) {
-    let mut stores = STORES.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut stores = STORES
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     stores.insert(name.into(), store.into_shared());
 }
 
 /// Removes the store registered under `name`, returning it.
 pub fn unregister_store(name: &str) -> Option<Arc<dyn Store>> {
-    STORES.write().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(name)
+    STORES
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .remove(name)
 }
 
 /// The store registered under `name`.
@@ -48,6 +53,13 @@ pub fn unregister_store(name: &str) -> Option<Arc<dyn Store>> {
 /// # Errors
 /// [`IdemError::UnknownStore`] when nothing was registered under that name.
 pub fn store(name: &str) -> Result<Arc<dyn Store>, IdemError> {
-    let stores = STORES.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-    stores.get(name).cloned().ok_or_else(|| IdemError::UnknownStore { name: name.to_owned() })
+    let stores = STORES
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    stores
+        .get(name)
+        .cloned()
+        .ok_or_else(|| IdemError::UnknownStore {
+            name: name.to_owned(),
+        })
 }

@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
 };
 use sqlx::{Row, Sqlite, Transaction};
 
+use crate::IdemError;
 use crate::cas::{CasRecords, SeenRecord, claim_by_cas};
 use crate::store::{ClaimOutcome, ClaimRequest, Limits, Record, Status, Store, millis};
 use crate::tx::TxConnection;
-use crate::IdemError;
 
 /// The DDL of the `idem_record` table, as shipped in `migrations/sqlite/`.
 pub const MIGRATION: &str = include_str!("../migrations/sqlite/0001_idem_record.sql");
@@ -30,11 +30,15 @@ macro_rules! now_ms {
 const INSERT: &str = concat!(
     "INSERT INTO idem_record (biz_type, idem_key, status, attempt, fingerprint, result, lease_until, created_at, updated_at, expire_at) ",
     "SELECT ?1, ?2, 'PROCESSING', 1, ?3, NULL, clock.n + ?4, clock.n, clock.n, clock.n + ?5 ",
-    "FROM (SELECT ", now_ms!(), " AS n) AS clock WHERE true ",
+    "FROM (SELECT ",
+    now_ms!(),
+    " AS n) AS clock WHERE true ",
     "ON CONFLICT (biz_type, idem_key) DO NOTHING"
 );
 const READ: &str = concat!(
-    "SELECT status, attempt, fingerprint, result, lease_until, expire_at, ", now_ms!(), " AS now_ms ",
+    "SELECT status, attempt, fingerprint, result, lease_until, expire_at, ",
+    now_ms!(),
+    " AS now_ms ",
     "FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2"
 );
 const TAKE: &str = concat!(
@@ -42,22 +46,30 @@ const TAKE: &str = concat!(
     "lease_until = clock.n + ?4, updated_at = clock.n, ",
     "created_at = CASE WHEN ?6 THEN clock.n ELSE created_at END, ",
     "expire_at = CASE WHEN ?6 THEN clock.n + ?5 ELSE expire_at END ",
-    "FROM (SELECT ", now_ms!(), " AS n) AS clock ",
+    "FROM (SELECT ",
+    now_ms!(),
+    " AS n) AS clock ",
     "WHERE biz_type = ?1 AND idem_key = ?2 AND attempt = ?7 AND status = ?8"
 );
 const COMPLETE: &str = concat!(
-    "UPDATE idem_record SET status = 'SUCCEEDED', result = ?4, updated_at = ", now_ms!(), " ",
+    "UPDATE idem_record SET status = 'SUCCEEDED', result = ?4, updated_at = ",
+    now_ms!(),
+    " ",
     "WHERE biz_type = ?1 AND idem_key = ?2 AND attempt = ?3 AND status = 'PROCESSING'"
 );
 const FAIL: &str = concat!(
-    "UPDATE idem_record SET status = 'FAILED', result = NULL, updated_at = ", now_ms!(), " ",
+    "UPDATE idem_record SET status = 'FAILED', result = NULL, updated_at = ",
+    now_ms!(),
+    " ",
     "WHERE biz_type = ?1 AND idem_key = ?2 AND attempt = ?3 AND status = 'PROCESSING'"
 );
 const LOAD: &str = "SELECT status, attempt, fingerprint, result, lease_until, expire_at \
     FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2";
 const SWEEP: &str = concat!(
     "DELETE FROM idem_record WHERE (biz_type, idem_key) IN ",
-    "(SELECT biz_type, idem_key FROM idem_record WHERE expire_at <= ", now_ms!(), " LIMIT ?1)"
+    "(SELECT biz_type, idem_key FROM idem_record WHERE expire_at <= ",
+    now_ms!(),
+    " LIMIT ?1)"
 );
 
 /// Keeps records in an SQLite database (table `idem_record`).
@@ -77,9 +89,10 @@ pub struct SqliteStore {
 
 pub(crate) fn db_error(e: sqlx::Error) -> IdemError {
     match e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => {
-            IdemError::unavailable(e)
-        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_) => IdemError::unavailable(e),
         other => IdemError::store(other),
     }
 }
@@ -96,7 +109,11 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await.map_err(IdemError::unavailable)?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .map_err(IdemError::unavailable)?;
         Ok(Self::from_pool(pool))
     }
 
@@ -105,7 +122,8 @@ impl SqliteStore {
     /// # Errors
     /// [`IdemError::StoreUnavailable`] when SQLite cannot open it.
     pub async fn in_memory() -> Result<Self, IdemError> {
-        let options = SqliteConnectOptions::from_str("sqlite::memory:").map_err(IdemError::unavailable)?;
+        let options =
+            SqliteConnectOptions::from_str("sqlite::memory:").map_err(IdemError::unavailable)?;
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
@@ -120,7 +138,10 @@ impl SqliteStore {
     /// A store on an existing pool (its database must have the `idem_record` table: see
     /// [`SqliteStore::migrate`]).
     pub fn from_pool(pool: SqlitePool) -> Self {
-        SqliteStore { pool, limits: Limits::default() }
+        SqliteStore {
+            pool,
+            limits: Limits::default(),
+        }
     }
 
     /// The same store with other limits.
@@ -139,11 +160,21 @@ impl SqliteStore {
     /// # Errors
     /// The database's error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
-        sqlx::raw_sql(MIGRATION).execute(&self.pool).await.map_err(db_error)?;
+        sqlx::raw_sql(MIGRATION)
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
         Ok(())
     }
 
-    async fn finish(&self, sql: &'static str, biz: &str, key: &str, attempt: u32, snapshot: Option<&[u8]>) -> Result<(), IdemError> {
+    async fn finish(
+        &self,
+        sql: &'static str,
+        biz: &str,
+        key: &str,
+        attempt: u32,
+        snapshot: Option<&[u8]>,
+    ) -> Result<(), IdemError> {
         let mut conn = self.pool.acquire().await.map_err(db_error)?;
         finish_on(&mut conn, sql, biz, key, attempt, snapshot).await
     }
@@ -165,7 +196,11 @@ async fn finish_on(
         .execute(conn)
         .await
         .map_err(db_error)?;
-    if done.rows_affected() == 1 { Ok(()) } else { Err(IdemError::LeaseLost { attempt }) }
+    if done.rows_affected() == 1 {
+        Ok(())
+    } else {
+        Err(IdemError::LeaseLost { attempt })
+    }
 }
 
 fn attempt_of(row: &SqliteRow) -> Result<u32, IdemError> {
@@ -189,7 +224,12 @@ impl CasRecords for SqliteConnection {
     }
 
     async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
-        let Some(row) = sqlx::query(READ).bind(req.biz).bind(req.key).fetch_optional(&mut *self).await.map_err(db_error)?
+        let Some(row) = sqlx::query(READ)
+            .bind(req.biz)
+            .bind(req.key)
+            .fetch_optional(&mut *self)
+            .await
+            .map_err(db_error)?
         else {
             return Ok(None);
         };
@@ -204,7 +244,13 @@ impl CasRecords for SqliteConnection {
         }))
     }
 
-    async fn take(&mut self, req: &ClaimRequest<'_>, seen_attempt: u32, seen_status: Status, reset: bool) -> Result<bool, IdemError> {
+    async fn take(
+        &mut self,
+        req: &ClaimRequest<'_>,
+        seen_attempt: u32,
+        seen_status: Status,
+        reset: bool,
+    ) -> Result<bool, IdemError> {
         let done = sqlx::query(TAKE)
             .bind(req.biz)
             .bind(req.key)
@@ -236,8 +282,15 @@ impl Store for SqliteStore {
         claim_by_cas(&mut *conn, req).await
     }
 
-    async fn complete(&self, biz: &str, key: &str, attempt: u32, snapshot: &[u8]) -> Result<(), IdemError> {
-        self.finish(COMPLETE, biz, key, attempt, Some(snapshot)).await
+    async fn complete(
+        &self,
+        biz: &str,
+        key: &str,
+        attempt: u32,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        self.finish(COMPLETE, biz, key, attempt, Some(snapshot))
+            .await
     }
 
     async fn fail(&self, biz: &str, key: &str, attempt: u32) -> Result<(), IdemError> {
@@ -245,7 +298,13 @@ impl Store for SqliteStore {
     }
 
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        let Some(row) = sqlx::query(LOAD).bind(biz).bind(key).fetch_optional(&self.pool).await.map_err(db_error)? else {
+        let Some(row) = sqlx::query(LOAD)
+            .bind(biz)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db_error)?
+        else {
             return Ok(None);
         };
         Ok(Some(Record {
@@ -262,7 +321,11 @@ impl Store for SqliteStore {
 
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
-        let done = sqlx::query(SWEEP).bind(batch).execute(&self.pool).await.map_err(db_error)?;
+        let done = sqlx::query(SWEEP)
+            .bind(batch)
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
         Ok(done.rows_affected())
     }
 
@@ -283,9 +346,17 @@ async fn exec(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), Idem
 /// is locked" instead.
 #[async_trait]
 impl TxConnection for SqliteConnection {
-    async fn idem_claim(&mut self, store: &dyn Store, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+    async fn idem_claim(
+        &mut self,
+        store: &dyn Store,
+        req: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, IdemError> {
         if store.backend() != "sqlite" {
-            return Err(IdemError::TxStoreMismatch { store: store.backend().to_owned(), backend: store.backend(), expected: "sqlite" });
+            return Err(IdemError::TxStoreMismatch {
+                store: store.backend().to_owned(),
+                backend: store.backend(),
+                expected: "sqlite",
+            });
         }
         exec(self, "SAVEPOINT idem_claim").await?;
         let outcome = match claim_by_cas(self, req).await {
@@ -301,7 +372,14 @@ impl TxConnection for SqliteConnection {
         Ok(outcome)
     }
 
-    async fn idem_complete(&mut self, _store: &dyn Store, biz: &str, key: &str, attempt: u32, snapshot: &[u8]) -> Result<(), IdemError> {
+    async fn idem_complete(
+        &mut self,
+        _store: &dyn Store,
+        biz: &str,
+        key: &str,
+        attempt: u32,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
         match finish_on(self, COMPLETE, biz, key, attempt, Some(snapshot)).await {
             Ok(()) => exec(self, "RELEASE SAVEPOINT idem_claim").await,
             Err(e) => {
@@ -320,12 +398,25 @@ impl TxConnection for SqliteConnection {
 /// Transaction mode through the transaction itself (`&mut sqlx::Transaction<'_, Sqlite>`).
 #[async_trait]
 impl TxConnection for Transaction<'_, Sqlite> {
-    async fn idem_claim(&mut self, store: &dyn Store, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+    async fn idem_claim(
+        &mut self,
+        store: &dyn Store,
+        req: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, IdemError> {
         (**self).idem_claim(store, req).await
     }
 
-    async fn idem_complete(&mut self, store: &dyn Store, biz: &str, key: &str, attempt: u32, snapshot: &[u8]) -> Result<(), IdemError> {
-        (**self).idem_complete(store, biz, key, attempt, snapshot).await
+    async fn idem_complete(
+        &mut self,
+        store: &dyn Store,
+        biz: &str,
+        key: &str,
+        attempt: u32,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        (**self)
+            .idem_complete(store, biz, key, attempt, snapshot)
+            .await
     }
 
     async fn idem_abort(&mut self) -> Result<(), IdemError> {

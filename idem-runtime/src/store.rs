@@ -38,7 +38,9 @@ impl Status {
             "PROCESSING" => Ok(Status::Processing),
             "SUCCEEDED" => Ok(Status::Succeeded),
             "FAILED" => Ok(Status::Failed),
-            other => Err(IdemError::store(format!("unknown record status `{other}` in the store"))),
+            other => Err(IdemError::store(format!(
+                "unknown record status `{other}` in the store"
+            ))),
         }
     }
 }
@@ -56,7 +58,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_key_len: DEFAULT_MAX_KEY_LEN, max_biz_len: DEFAULT_MAX_BIZ_LEN, max_snapshot_len: 64 * 1024 }
+        Limits {
+            max_key_len: DEFAULT_MAX_KEY_LEN,
+            max_biz_len: DEFAULT_MAX_BIZ_LEN,
+            max_snapshot_len: 64 * 1024,
+        }
     }
 }
 
@@ -158,7 +164,13 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// [`IdemError::LeaseLost`] when another attempt took the record over (nothing is changed);
     /// backend errors as for [`Store::claim`].
-    async fn complete(&self, biz: &str, key: &str, attempt: u32, snapshot: &[u8]) -> Result<(), IdemError>;
+    async fn complete(
+        &self,
+        biz: &str,
+        key: &str,
+        attempt: u32,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError>;
 
     /// Marks the record FAILED (a retry may run), only if it is still PROCESSING under `attempt`.
     ///
@@ -220,19 +232,30 @@ pub enum Decision {
 /// The decision table of DESIGN §3, shared by every store that reads before its compare-and-set.
 pub fn decide(rec: &RecordState<'_>, fingerprint: Option<&str>, now_ms: i64) -> Decision {
     if rec.expire_at_ms <= now_ms {
-        return Decision::Take { how: Acquired::Fresh, reset: true };
+        return Decision::Take {
+            how: Acquired::Fresh,
+            reset: true,
+        };
     }
     let same_payload = match (rec.fingerprint, fingerprint) {
         (Some(stored), Some(asked)) => stored == asked,
         _ => true,
     };
     match rec.status {
-        Status::Failed => Decision::Take { how: Acquired::RetryAfterFailure, reset: false },
+        Status::Failed => Decision::Take {
+            how: Acquired::RetryAfterFailure,
+            reset: false,
+        },
         Status::Succeeded if same_payload => Decision::Replay,
         Status::Succeeded => Decision::Mismatch,
         Status::Processing if !same_payload => Decision::Mismatch,
-        Status::Processing if rec.lease_until_ms > now_ms => Decision::InProgress(rec.lease_until_ms - now_ms),
-        Status::Processing => Decision::Take { how: Acquired::TakeOver, reset: false },
+        Status::Processing if rec.lease_until_ms > now_ms => {
+            Decision::InProgress(rec.lease_until_ms - now_ms)
+        }
+        Status::Processing => Decision::Take {
+            how: Acquired::TakeOver,
+            reset: false,
+        },
     }
 }
 

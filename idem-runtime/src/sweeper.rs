@@ -16,7 +16,10 @@ pub struct Sweeper {
 impl Sweeper {
     /// A sweeper deleting `batch` rows per statement (500 is a good start).
     pub fn new(store: Arc<dyn Store>, batch: usize) -> Self {
-        Sweeper { store, batch: batch.max(1) }
+        Sweeper {
+            store,
+            batch: batch.max(1),
+        }
     }
 
     /// One full pass; returns the number of records deleted.

@@ -21,7 +21,11 @@ pub trait TxConnection: Send {
     ///
     /// # Errors
     /// [`IdemError::TxStoreMismatch`] when `store` is of another backend; backend errors.
-    async fn idem_claim(&mut self, store: &dyn Store, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError>;
+    async fn idem_claim(
+        &mut self,
+        store: &dyn Store,
+        req: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, IdemError>;
 
     /// Marks the claimed record SUCCEEDED with `snapshot` and releases the savepoint.
     ///

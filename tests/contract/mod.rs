@@ -19,7 +19,11 @@ use tokio::sync::Barrier;
 pub fn biz(case: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
-    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() % 1_000_000_000;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        % 1_000_000_000;
     let mut b = format!("{case}_{stamp}_{n}");
     b.truncate(32);
     b
@@ -31,13 +35,25 @@ pub struct Effects(SqlitePool);
 
 impl Effects {
     pub async fn new() -> Self {
-        let pool = SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await.unwrap();
-        sqlx::query("CREATE TABLE effects (biz TEXT NOT NULL, k TEXT NOT NULL)").execute(&pool).await.unwrap();
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE effects (biz TEXT NOT NULL, k TEXT NOT NULL)")
+            .execute(&pool)
+            .await
+            .unwrap();
         Effects(pool)
     }
 
     pub async fn record(&self, biz: &str, key: &str) {
-        sqlx::query("INSERT INTO effects (biz, k) VALUES (?1, ?2)").bind(biz).bind(key).execute(&self.0).await.unwrap();
+        sqlx::query("INSERT INTO effects (biz, k) VALUES (?1, ?2)")
+            .bind(biz)
+            .bind(key)
+            .execute(&self.0)
+            .await
+            .unwrap();
     }
 
     pub async fn count(&self, biz: &str, key: &str) -> i64 {
@@ -78,9 +94,18 @@ static SERIAL: AtomicU32 = AtomicU32::new(0);
 
 /// The business: records its side effect and issues a receipt with a fresh serial number, so a
 /// replay is distinguishable from a second execution.
-pub async fn pay(effects: &Effects, biz: &str, order: &str, amount: u64) -> Result<Receipt, PayError> {
+pub async fn pay(
+    effects: &Effects,
+    biz: &str,
+    order: &str,
+    amount: u64,
+) -> Result<Receipt, PayError> {
     effects.record(biz, order).await;
-    Ok(Receipt { order: order.to_owned(), amount, serial: SERIAL.fetch_add(1, Ordering::Relaxed) })
+    Ok(Receipt {
+        order: order.to_owned(),
+        amount,
+        serial: SERIAL.fetch_add(1, Ordering::Relaxed),
+    })
 }
 
 fn call(biz: &str, key: &str) -> Call {
@@ -88,47 +113,92 @@ fn call(biz: &str, key: &str) -> Call {
 }
 
 fn req<'a>(biz: &'a str, key: &'a str, lease: Duration) -> ClaimRequest<'a> {
-    ClaimRequest { biz, key, fingerprint: None, lease, ttl: Duration::from_secs(3600) }
+    ClaimRequest {
+        biz,
+        key,
+        fingerprint: None,
+        lease,
+        ttl: Duration::from_secs(3600),
+    }
 }
 
 // ---- the decision table -------------------------------------------------------------------
 
 pub async fn fresh_key_runs_once_then_replays(store: Arc<dyn Store>) {
     let (fx, biz) = (Effects::new().await, biz("fresh"));
-    let first = call(&biz, "o-1").run(&*store, pay(&fx, &biz, "o-1", 100)).await.unwrap();
-    let again = call(&biz, "o-1").run(&*store, pay(&fx, &biz, "o-1", 100)).await.unwrap();
+    let first = call(&biz, "o-1")
+        .run(&*store, pay(&fx, &biz, "o-1", 100))
+        .await
+        .unwrap();
+    let again = call(&biz, "o-1")
+        .run(&*store, pay(&fx, &biz, "o-1", 100))
+        .await
+        .unwrap();
     assert_eq!(first, again, "a repeat must get the first answer");
     assert_eq!(fx.count(&biz, "o-1").await, 1);
-    let rec = store.load(&biz, "o-1").await.unwrap().expect("record written");
+    let rec = store
+        .load(&biz, "o-1")
+        .await
+        .unwrap()
+        .expect("record written");
     assert_eq!((rec.status, rec.attempt), (Status::Succeeded, 1));
     assert!(rec.snapshot.is_some());
 }
 
 pub async fn same_key_other_biz_is_another_record(store: Arc<dyn Store>) {
     let (fx, a, b) = (Effects::new().await, biz("dom_a"), biz("dom_b"));
-    call(&a, "k").run(&*store, pay(&fx, &a, "k", 1)).await.unwrap();
-    call(&b, "k").run(&*store, pay(&fx, &b, "k", 1)).await.unwrap();
+    call(&a, "k")
+        .run(&*store, pay(&fx, &a, "k", 1))
+        .await
+        .unwrap();
+    call(&b, "k")
+        .run(&*store, pay(&fx, &b, "k", 1))
+        .await
+        .unwrap();
     assert_eq!((fx.count(&a, "k").await, fx.count(&b, "k").await), (1, 1));
 }
 
 pub async fn succeeded_with_other_payload_is_a_mismatch(store: Arc<dyn Store>) {
     let (fx, biz) = (Effects::new().await, biz("mismatch"));
-    call(&biz, "o").fingerprint(&("o", 100)).run(&*store, pay(&fx, &biz, "o", 100)).await.unwrap();
-    let other = call(&biz, "o").fingerprint(&("o", 999)).run(&*store, pay(&fx, &biz, "o", 999)).await;
-    assert!(matches!(other, Err(PayError::Idem(IdemError::PayloadMismatch))), "{other:?}");
-    let same = call(&biz, "o").fingerprint(&("o", 100)).run(&*store, pay(&fx, &biz, "o", 100)).await.unwrap();
+    call(&biz, "o")
+        .fingerprint(&("o", 100))
+        .run(&*store, pay(&fx, &biz, "o", 100))
+        .await
+        .unwrap();
+    let other = call(&biz, "o")
+        .fingerprint(&("o", 999))
+        .run(&*store, pay(&fx, &biz, "o", 999))
+        .await;
+    assert!(
+        matches!(other, Err(PayError::Idem(IdemError::PayloadMismatch))),
+        "{other:?}"
+    );
+    let same = call(&biz, "o")
+        .fingerprint(&("o", 100))
+        .run(&*store, pay(&fx, &biz, "o", 100))
+        .await
+        .unwrap();
     assert_eq!(same.amount, 100);
     assert_eq!(fx.count(&biz, "o").await, 1);
 }
 
 pub async fn processing_with_valid_lease_is_in_progress(store: Arc<dyn Store>) {
     let (fx, biz) = (Effects::new().await, biz("inprog"));
-    let held = store.claim(&req(&biz, "o", Duration::from_secs(30))).await.unwrap();
-    assert!(matches!(held, ClaimOutcome::Acquired { attempt: 1, .. }), "{held:?}");
+    let held = store
+        .claim(&req(&biz, "o", Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(held, ClaimOutcome::Acquired { attempt: 1, .. }),
+        "{held:?}"
+    );
     let dup = call(&biz, "o").run(&*store, pay(&fx, &biz, "o", 1)).await;
     match dup {
         Err(PayError::Idem(IdemError::InProgress { retry_after })) => {
-            assert!(retry_after <= Duration::from_secs(30) && retry_after > Duration::from_secs(20), "{retry_after:?}")
+            assert!(
+                retry_after <= Duration::from_secs(30) && retry_after > Duration::from_secs(20),
+                "{retry_after:?}"
+            )
         }
         other => panic!("expected InProgress, got {other:?}"),
     }
@@ -140,59 +210,113 @@ pub async fn processing_with_other_payload_is_a_mismatch(store: Arc<dyn Store>) 
     let mut r = req(&biz, "o", Duration::from_secs(30));
     r.fingerprint = Some("aaaa");
     store.claim(&r).await.unwrap();
-    let dup = call(&biz, "o").fingerprint("other").run(&*store, pay(&fx, &biz, "o", 1)).await;
-    assert!(matches!(dup, Err(PayError::Idem(IdemError::PayloadMismatch))), "{dup:?}");
+    let dup = call(&biz, "o")
+        .fingerprint("other")
+        .run(&*store, pay(&fx, &biz, "o", 1))
+        .await;
+    assert!(
+        matches!(dup, Err(PayError::Idem(IdemError::PayloadMismatch))),
+        "{dup:?}"
+    );
 }
 
 pub async fn expired_lease_is_taken_over_and_the_late_finisher_is_fenced(store: Arc<dyn Store>) {
     let (fx, biz) = (Effects::new().await, biz("takeover"));
     let lease = Duration::from_millis(150);
-    let ClaimOutcome::Acquired { attempt: stale, .. } = store.claim(&req(&biz, "o", lease)).await.unwrap() else {
+    let ClaimOutcome::Acquired { attempt: stale, .. } =
+        store.claim(&req(&biz, "o", lease)).await.unwrap()
+    else {
         panic!("first claim must be acquired")
     };
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let (res, report) =
-        idem::observe(call(&biz, "o").lease(lease).ttl(Duration::from_secs(60)).run(&*store, pay(&fx, &biz, "o", 7))).await;
+    let (res, report) = idem::observe(
+        call(&biz, "o")
+            .lease(lease)
+            .ttl(Duration::from_secs(60))
+            .run(&*store, pay(&fx, &biz, "o", 7)),
+    )
+    .await;
     let fresh = res.unwrap();
     let report = report.expect("a report");
-    assert_eq!((report.outcome, report.attempt), (idem::Outcome::TakenOver, stale + 1));
+    assert_eq!(
+        (report.outcome, report.attempt),
+        (idem::Outcome::TakenOver, stale + 1)
+    );
     // The stale attempt wakes up and tries to mark: it must be refused and change nothing.
-    let late = store.complete(&biz, "o", stale, b"{\"Ok\":\"stale\"}").await;
-    assert!(matches!(late, Err(IdemError::LeaseLost { attempt }) if attempt == stale), "{late:?}");
+    let late = store
+        .complete(&biz, "o", stale, b"{\"Ok\":\"stale\"}")
+        .await;
+    assert!(
+        matches!(late, Err(IdemError::LeaseLost { attempt }) if attempt == stale),
+        "{late:?}"
+    );
     let late_fail = store.fail(&biz, "o", stale).await;
-    assert!(matches!(late_fail, Err(IdemError::LeaseLost { .. })), "{late_fail:?}");
+    assert!(
+        matches!(late_fail, Err(IdemError::LeaseLost { .. })),
+        "{late_fail:?}"
+    );
     let rec = store.load(&biz, "o").await.unwrap().unwrap();
     assert_eq!((rec.status, rec.attempt), (Status::Succeeded, stale + 1));
-    let replay = call(&biz, "o").run(&*store, pay(&fx, &biz, "o", 7)).await.unwrap();
+    let replay = call(&biz, "o")
+        .run(&*store, pay(&fx, &biz, "o", 7))
+        .await
+        .unwrap();
     assert_eq!(replay, fresh);
     assert_eq!(fx.count(&biz, "o").await, 1);
 }
 
 pub async fn failure_allows_a_retry(store: Arc<dyn Store>) {
     let (fx, biz) = (Effects::new().await, biz("retry"));
-    let failed: Result<Receipt, PayError> = call(&biz, "o").run(&*store, async { Err(PayError::Declined) }).await;
+    let failed: Result<Receipt, PayError> = call(&biz, "o")
+        .run(&*store, async { Err(PayError::Declined) })
+        .await;
     assert!(matches!(failed, Err(PayError::Declined)));
     let rec = store.load(&biz, "o").await.unwrap().unwrap();
-    assert_eq!((rec.status, rec.attempt, rec.snapshot.is_none()), (Status::Failed, 1, true));
+    assert_eq!(
+        (rec.status, rec.attempt, rec.snapshot.is_none()),
+        (Status::Failed, 1, true)
+    );
     let (ok, report) = idem::observe(call(&biz, "o").run(&*store, pay(&fx, &biz, "o", 5))).await;
     assert_eq!(ok.unwrap().amount, 5);
     assert_eq!(report.unwrap().attempt, 2);
-    assert_eq!(store.load(&biz, "o").await.unwrap().unwrap().status, Status::Succeeded);
+    assert_eq!(
+        store.load(&biz, "o").await.unwrap().unwrap().status,
+        Status::Succeeded
+    );
     assert_eq!(fx.count(&biz, "o").await, 1);
 }
 
 pub async fn expired_record_counts_as_absent_and_is_swept(store: Arc<dyn Store>) {
     let (fx, biz) = (Effects::new().await, biz("ttl"));
-    let short = |k: &str| call(&biz, k).lease(Duration::from_millis(100)).ttl(Duration::from_millis(300));
-    short("a").run(&*store, pay(&fx, &biz, "a", 1)).await.unwrap();
-    short("b").run(&*store, pay(&fx, &biz, "b", 1)).await.unwrap();
-    call(&biz, "kept").run(&*store, pay(&fx, &biz, "kept", 1)).await.unwrap();
+    let short = |k: &str| {
+        call(&biz, k)
+            .lease(Duration::from_millis(100))
+            .ttl(Duration::from_millis(300))
+    };
+    short("a")
+        .run(&*store, pay(&fx, &biz, "a", 1))
+        .await
+        .unwrap();
+    short("b")
+        .run(&*store, pay(&fx, &biz, "b", 1))
+        .await
+        .unwrap();
+    call(&biz, "kept")
+        .run(&*store, pay(&fx, &biz, "kept", 1))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Expired: runs again as a fresh record.
-    short("a").run(&*store, pay(&fx, &biz, "a", 1)).await.unwrap();
+    short("a")
+        .run(&*store, pay(&fx, &biz, "a", 1))
+        .await
+        .unwrap();
     assert_eq!(fx.count(&biz, "a").await, 2);
     // The sweeper deletes `b` (expired) but neither the renewed `a` nor `kept`.
-    let swept = idem::Sweeper::new(store.clone(), 1).sweep_once().await.unwrap();
+    let swept = idem::Sweeper::new(store.clone(), 1)
+        .sweep_once()
+        .await
+        .unwrap();
     assert!(swept >= 1, "swept {swept}");
     assert!(store.load(&biz, "b").await.unwrap().is_none());
     assert!(store.load(&biz, "a").await.unwrap().is_some());
@@ -213,15 +337,28 @@ pub async fn waiting_duplicate_gets_the_first_answer(store: Arc<dyn Store>) {
         })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let waited = call(&biz, "o").wait(Duration::from_secs(5)).run(&*store, pay(&fx, &biz, "o", 3)).await.unwrap();
+    let waited = call(&biz, "o")
+        .wait(Duration::from_secs(5))
+        .run(&*store, pay(&fx, &biz, "o", 3))
+        .await
+        .unwrap();
     let first = slow.await.unwrap().unwrap();
     assert_eq!(waited, first);
     assert_eq!(fx.count(&biz, "o").await, 1);
     // A wait shorter than the work gives up with InProgress.
-    let holder = store.claim(&req(&biz, "p", Duration::from_secs(30))).await.unwrap();
+    let holder = store
+        .claim(&req(&biz, "p", Duration::from_secs(30)))
+        .await
+        .unwrap();
     assert!(matches!(holder, ClaimOutcome::Acquired { .. }));
-    let gave_up = call(&biz, "p").wait(Duration::from_millis(100)).run(&*store, pay(&fx, &biz, "p", 3)).await;
-    assert!(matches!(gave_up, Err(PayError::Idem(IdemError::InProgress { .. }))), "{gave_up:?}");
+    let gave_up = call(&biz, "p")
+        .wait(Duration::from_millis(100))
+        .run(&*store, pay(&fx, &biz, "p", 3))
+        .await;
+    assert!(
+        matches!(gave_up, Err(PayError::Idem(IdemError::InProgress { .. }))),
+        "{gave_up:?}"
+    );
 }
 
 // ---- failures inside the body ---------------------------------------------------------------
@@ -232,15 +369,21 @@ pub async fn panic_in_body_never_claims_success(store: Arc<dyn Store>) {
     let task = {
         let (store, biz) = (store.clone(), biz.clone());
         tokio::spawn(async move {
-            let _: Result<Receipt, PayError> =
-                call(&biz, "o").lease(lease).run(&*store, async { panic!("business blew up") }).await;
+            let _: Result<Receipt, PayError> = call(&biz, "o")
+                .lease(lease)
+                .run(&*store, async { panic!("business blew up") })
+                .await;
         })
     };
     assert!(task.await.unwrap_err().is_panic());
     let rec = store.load(&biz, "o").await.unwrap().unwrap();
     assert_eq!((rec.status, rec.snapshot), (Status::Processing, None));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let retried = call(&biz, "o").lease(lease).run(&*store, pay(&fx, &biz, "o", 9)).await.unwrap();
+    let retried = call(&biz, "o")
+        .lease(lease)
+        .run(&*store, pay(&fx, &biz, "o", 9))
+        .await
+        .unwrap();
     assert_eq!(retried.amount, 9);
     assert_eq!(fx.count(&biz, "o").await, 1);
 }
@@ -260,7 +403,11 @@ pub async fn dropped_future_never_claims_success(store: Arc<dyn Store>) {
     let rec = store.load(&biz, "o").await.unwrap().unwrap();
     assert_eq!((rec.status, rec.snapshot), (Status::Processing, None));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    call(&biz, "o").lease(lease).run(&*store, pay(&fx, &biz, "o", 1)).await.unwrap();
+    call(&biz, "o")
+        .lease(lease)
+        .run(&*store, pay(&fx, &biz, "o", 1))
+        .await
+        .unwrap();
     assert_eq!(fx.count(&biz, "o").await, 1);
 }
 
@@ -269,17 +416,39 @@ pub async fn dropped_future_never_claims_success(store: Arc<dyn Store>) {
 pub async fn bad_keys_are_refused_before_anything_is_written(store: Arc<dyn Store>) {
     let (fx, biz) = (Effects::new().await, biz("badkey"));
     let long = "k".repeat(129);
-    for (key, why) in [("", "empty"), ("  \t ", "whitespace"), (long.as_str(), "too long"), ("a\0b", "NUL")] {
+    for (key, why) in [
+        ("", "empty"),
+        ("  \t ", "whitespace"),
+        (long.as_str(), "too long"),
+        ("a\0b", "NUL"),
+    ] {
         let res = call(&biz, key).run(&*store, pay(&fx, &biz, key, 1)).await;
-        assert!(matches!(res, Err(PayError::Idem(IdemError::InvalidKey { .. }))), "{why}: {res:?}");
-        assert!(store.load(&biz, key).await.unwrap().is_none(), "{why}: nothing may be written");
+        assert!(
+            matches!(res, Err(PayError::Idem(IdemError::InvalidKey { .. }))),
+            "{why}: {res:?}"
+        );
+        assert!(
+            store.load(&biz, key).await.unwrap().is_none(),
+            "{why}: nothing may be written"
+        );
     }
     let (d, total) = fx.totals(&biz).await;
     assert_eq!((d, total), (0, 0), "no business may run for a refused key");
     // Hostile but valid keys are stored verbatim and bound, never spliced into SQL.
-    for key in ["'; DROP TABLE idem_record; --", "\"quoted\" `key`", "订单-🦀-🎉", &"k".repeat(128)] {
-        let first = call(&biz, key).run(&*store, pay(&fx, &biz, key, 1)).await.unwrap();
-        let again = call(&biz, key).run(&*store, pay(&fx, &biz, key, 1)).await.unwrap();
+    for key in [
+        "'; DROP TABLE idem_record; --",
+        "\"quoted\" `key`",
+        "订单-🦀-🎉",
+        &"k".repeat(128),
+    ] {
+        let first = call(&biz, key)
+            .run(&*store, pay(&fx, &biz, key, 1))
+            .await
+            .unwrap();
+        let again = call(&biz, key)
+            .run(&*store, pay(&fx, &biz, key, 1))
+            .await
+            .unwrap();
         assert_eq!(first, again);
         assert_eq!(store.load(&biz, key).await.unwrap().unwrap().key, key);
         assert_eq!(fx.count(&biz, key).await, 1, "{key}");
@@ -289,8 +458,13 @@ pub async fn bad_keys_are_refused_before_anything_is_written(store: Arc<dyn Stor
 pub async fn bad_biz_is_refused(store: Arc<dyn Store>) {
     let fx = Effects::new().await;
     for b in ["", "has space", &"B".repeat(store.limits().max_biz_len + 1)] {
-        let res = Call::new(b.to_owned(), "k").run(&*store, pay(&fx, b, "k", 1)).await;
-        assert!(matches!(res, Err(PayError::Idem(IdemError::InvalidBiz { .. }))), "{b:?}: {res:?}");
+        let res = Call::new(b.to_owned(), "k")
+            .run(&*store, pay(&fx, b, "k", 1))
+            .await;
+        assert!(
+            matches!(res, Err(PayError::Idem(IdemError::InvalidBiz { .. }))),
+            "{b:?}: {res:?}"
+        );
         assert_eq!(fx.totals(b).await.1, 0);
     }
 }
@@ -309,10 +483,23 @@ pub async fn unstorable_results_keep_the_claim(store: Arc<dyn Store>) {
                 Ok(big.clone())
             })
             .await;
-        assert!(matches!(res, Err(PayError::Idem(IdemError::ResultNotStorable { .. }))), "{res:?}");
+        assert!(
+            matches!(
+                res,
+                Err(PayError::Idem(IdemError::ResultNotStorable { .. }))
+            ),
+            "{res:?}"
+        );
     }
-    assert_eq!(fx.count(&biz, "big").await, 1, "the business ran once and must not run again");
-    assert_eq!(store.load(&biz, "big").await.unwrap().unwrap().status, Status::Succeeded);
+    assert_eq!(
+        fx.count(&biz, "big").await,
+        1,
+        "the business ran once and must not run again"
+    );
+    assert_eq!(
+        store.load(&biz, "big").await.unwrap().unwrap().status,
+        Status::Succeeded
+    );
     // Fails to serialize (a JSON map needs string keys).
     for _ in 0..2 {
         let res: Result<Unserializable, PayError> = call(&biz, "ser")
@@ -321,7 +508,13 @@ pub async fn unstorable_results_keep_the_claim(store: Arc<dyn Store>) {
                 Ok(Unserializable([((1, 2), 3)].into()))
             })
             .await;
-        assert!(matches!(res, Err(PayError::Idem(IdemError::ResultNotStorable { .. }))), "{res:?}");
+        assert!(
+            matches!(
+                res,
+                Err(PayError::Idem(IdemError::ResultNotStorable { .. }))
+            ),
+            "{res:?}"
+        );
     }
     assert_eq!(fx.count(&biz, "ser").await, 1);
 }
@@ -329,8 +522,14 @@ pub async fn unstorable_results_keep_the_claim(store: Arc<dyn Store>) {
 pub async fn unfingerprintable_payload_is_refused(store: Arc<dyn Store>) {
     let (fx, biz) = (Effects::new().await, biz("badfp"));
     let payload = Unserializable([((1, 2), 3)].into());
-    let res = call(&biz, "o").fingerprint(&payload).run(&*store, pay(&fx, &biz, "o", 1)).await;
-    assert!(matches!(res, Err(PayError::Idem(IdemError::Fingerprint { .. }))), "{res:?}");
+    let res = call(&biz, "o")
+        .fingerprint(&payload)
+        .run(&*store, pay(&fx, &biz, "o", 1))
+        .await;
+    assert!(
+        matches!(res, Err(PayError::Idem(IdemError::Fingerprint { .. }))),
+        "{res:?}"
+    );
     assert!(store.load(&biz, "o").await.unwrap().is_none());
 }
 
@@ -344,7 +543,8 @@ pub async fn burst_executes_each_key_once(store: Arc<dyn Store>, keys: usize, ca
     let mut tasks = Vec::with_capacity(keys * callers);
     for k in 0..keys {
         for _ in 0..callers {
-            let (store, fx, biz, barrier) = (store.clone(), fx.clone(), biz.clone(), barrier.clone());
+            let (store, fx, biz, barrier) =
+                (store.clone(), fx.clone(), biz.clone(), barrier.clone());
             tasks.push(tokio::spawn(async move {
                 let key = format!("order-{k}");
                 barrier.wait().await;
@@ -363,11 +563,18 @@ pub async fn burst_executes_each_key_once(store: Arc<dyn Store>, keys: usize, ca
         let receipt = res.unwrap_or_else(|e| panic!("key {k}: {e:?}"));
         match &answers[k] {
             None => answers[k] = Some(receipt),
-            Some(first) => assert_eq!(first, &receipt, "key {k}: every caller must get the first answer"),
+            Some(first) => assert_eq!(
+                first, &receipt,
+                "key {k}: every caller must get the first answer"
+            ),
         }
     }
     let (distinct, total) = fx.totals(&biz).await;
-    assert_eq!((distinct, total), (keys as i64, keys as i64), "executions must equal keys");
+    assert_eq!(
+        (distinct, total),
+        (keys as i64, keys as i64),
+        "executions must equal keys"
+    );
 }
 
 /// Generates one `#[tokio::test]` per contract case for a backend. `$make` is an async

@@ -1,0 +1,800 @@
+//! Parsing of `#[idempotent(...)]`'s arguments.
+//!
+//! The parser never stops at the first mistake: each option is parsed on its own, every error is recorded
+//! (spanned at the offending token) and parsing resumes at the next `,`, so one build shows them all.
+//! Checks that need the fn's signature (does the key name a parameter?) live in `validate.rs`.
+
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::ToTokens;
+use syn::parse::{Parse, ParseStream};
+use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
+
+use crate::diag::{self, Errors};
+use crate::duration;
+
+/// The custom keywords of the option names (`crate` is a Rust keyword and uses `Token![crate]`).
+mod kw {
+    syn::custom_keyword!(biz);
+    syn::custom_keyword!(key);
+    syn::custom_keyword!(store);
+    syn::custom_keyword!(ttl);
+    syn::custom_keyword!(lease);
+    syn::custom_keyword!(fingerprint);
+    syn::custom_keyword!(on_in_progress);
+    syn::custom_keyword!(tx);
+}
+
+/// Default `ttl`: seven days, as the design contract says.
+pub(crate) const DEFAULT_TTL_MS: u64 = 7 * 24 * 3_600_000;
+/// Default `lease`: thirty seconds.
+pub(crate) const DEFAULT_LEASE_MS: u64 = 30_000;
+/// Longest accepted `biz`, in characters.
+pub(crate) const MAX_BIZ_CHARS: usize = 32;
+/// A complete attribute, shown whenever a required option is missing.
+pub(crate) const EXAMPLE: &str =
+    r#"#[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite")]"#;
+
+/// The options of `#[idempotent]`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Opt {
+    Biz,
+    Key,
+    Store,
+    Ttl,
+    Lease,
+    Fingerprint,
+    OnInProgress,
+    Tx,
+    Crate,
+}
+
+impl Opt {
+    const ALL: [Opt; 9] = [
+        Opt::Biz,
+        Opt::Key,
+        Opt::Store,
+        Opt::Ttl,
+        Opt::Lease,
+        Opt::Fingerprint,
+        Opt::OnInProgress,
+        Opt::Tx,
+        Opt::Crate,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Opt::Biz => "biz",
+            Opt::Key => "key",
+            Opt::Store => "store",
+            Opt::Ttl => "ttl",
+            Opt::Lease => "lease",
+            Opt::Fingerprint => "fingerprint",
+            Opt::OnInProgress => "on_in_progress",
+            Opt::Tx => "tx",
+            Opt::Crate => "crate",
+        }
+    }
+
+    /// How the option is written, for messages.
+    fn example(self) -> &'static str {
+        match self {
+            Opt::Biz => r#"biz = "PAY""#,
+            Opt::Key => r#"key = "req.order_no""#,
+            Opt::Store => r#"store = "sqlite""#,
+            Opt::Ttl => r#"ttl = "7d""#,
+            Opt::Lease => r#"lease = "30s""#,
+            Opt::Fingerprint => r#"fingerprint = "req""#,
+            Opt::OnInProgress => r#"on_in_progress = "wait(5s)""#,
+            Opt::Tx => r#"tx = "tx""#,
+            Opt::Crate => r#"crate = "::idem""#,
+        }
+    }
+
+    fn names() -> impl Iterator<Item = &'static str> {
+        Opt::ALL.into_iter().map(Opt::name)
+    }
+}
+
+/// A Rust expression given in a string (`key = "req.order_no"`) or bare (`key = req.order_no`).
+pub(crate) struct ExprArg {
+    /// The expression; when it came from a string, every token carries the literal's span.
+    pub(crate) expr: Expr,
+    /// The literal it was parsed from, if any.
+    pub(crate) lit: Option<LitStr>,
+}
+
+impl ExprArg {
+    /// Tokens to span an error about the whole argument at.
+    pub(crate) fn error_tokens(&self) -> TokenStream {
+        match &self.lit {
+            Some(lit) => lit.to_token_stream(),
+            None => self.expr.to_token_stream(),
+        }
+    }
+}
+
+/// Where the records live.
+pub(crate) enum StoreSpec {
+    /// `store = "sqlite"`: a store registered under that name at start-up.
+    Named(LitStr),
+    /// `store = self.store`: an expression that yields a store.
+    Given(Expr),
+}
+
+/// A duration option, already converted to milliseconds.
+pub(crate) struct DurationArg {
+    pub(crate) millis: u64,
+    pub(crate) lit: LitStr,
+}
+
+/// `on_in_progress`: what a repeat does while the first call is still running.
+pub(crate) enum InProgress {
+    /// Answer `IdemError::InProgress` at once (the default).
+    Reject,
+    /// Wait up to this long for the first call to finish, then replay its result.
+    Wait(DurationArg),
+}
+
+/// Everything `#[idempotent(...)]` was given, plus every error found while parsing it.
+///
+/// An option that was given but invalid is `None` here and has an error in `errors`.
+pub(crate) struct IdempotentArgs {
+    /// All of the attribute's tokens, to span errors about the attribute as a whole.
+    pub(crate) tokens: TokenStream,
+    pub(crate) biz: Option<LitStr>,
+    pub(crate) key: Option<ExprArg>,
+    pub(crate) store: Option<StoreSpec>,
+    pub(crate) ttl: Option<DurationArg>,
+    pub(crate) lease: Option<DurationArg>,
+    pub(crate) fingerprint: Option<ExprArg>,
+    pub(crate) on_in_progress: Option<InProgress>,
+    /// The transaction parameter, spanned at the literal that named it.
+    pub(crate) tx: Option<Ident>,
+    pub(crate) krate: Option<Path>,
+    pub(crate) errors: Errors,
+}
+
+impl Parse for IdempotentArgs {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let tokens: TokenStream = input.fork().parse()?;
+        let mut args = IdempotentArgs {
+            tokens,
+            biz: None,
+            key: None,
+            store: None,
+            ttl: None,
+            lease: None,
+            fingerprint: None,
+            on_in_progress: None,
+            tx: None,
+            krate: None,
+            errors: Errors::default(),
+        };
+        // Options seen (valid or not), and options an unknown name was taken for: neither is "missing".
+        let mut seen: Vec<Opt> = Vec::new();
+        let mut suggested: Vec<&'static str> = Vec::new();
+
+        while !input.is_empty() {
+            match parse_one(input, &mut args, &mut seen, &mut suggested) {
+                Ok(()) => {}
+                Err(error) => {
+                    args.errors.push(error);
+                    skip_to_comma(input);
+                }
+            }
+            if input.is_empty() {
+                break;
+            }
+            if input.peek(Token![,]) {
+                input.parse::<Token![,]>()?;
+            } else {
+                args.errors.at(
+                    input.span(),
+                    "expected `,` between the options of `#[idempotent]`",
+                );
+                skip_to_comma(input);
+                if input.peek(Token![,]) {
+                    input.parse::<Token![,]>()?;
+                }
+            }
+        }
+
+        args.check_missing(&seen, &suggested);
+        args.check_ttl_outlives_lease(&seen);
+        Ok(args)
+    }
+}
+
+/// Parses one `name = value` and records it (or its errors) in `args`.
+fn parse_one(
+    input: ParseStream,
+    args: &mut IdempotentArgs,
+    seen: &mut Vec<Opt>,
+    suggested: &mut Vec<&'static str>,
+) -> syn::Result<()> {
+    let (opt, name_span) = match parse_name(input)? {
+        Ok(known) => known,
+        Err(unknown) => {
+            let name = unknown.to_string();
+            let suggestion = diag::did_you_mean(&name, Opt::names());
+            suggested.extend(suggestion);
+            let did_you_mean = diag::did_you_mean_clause(&name, Opt::names());
+            args.errors.at(
+                unknown.span(),
+                format!(
+                    "unknown option `{name}` in `#[idempotent]`{did_you_mean} the options are {}",
+                    diag::backticked(Opt::names()),
+                ),
+            );
+            skip_to_comma(input);
+            return Ok(());
+        }
+    };
+    let duplicate = seen.contains(&opt);
+    if !duplicate {
+        seen.push(opt);
+    }
+    if !input.peek(Token![=]) {
+        return Err(syn::Error::new(
+            name_span,
+            format!("`{}` needs a value, e.g. `{}`", opt.name(), opt.example()),
+        ));
+    }
+    input.parse::<Token![=]>()?;
+    let value: Expr = input.parse()?;
+    if duplicate {
+        args.errors.at(
+            name_span,
+            format!(
+                "duplicate option `{}`; each option may be given once, remove this one",
+                opt.name()
+            ),
+        );
+        return Ok(());
+    }
+    let errors = &mut args.errors;
+    match opt {
+        Opt::Biz => {
+            args.biz = string_lit(opt, &value, errors).and_then(|lit| check_biz(lit, errors))
+        }
+        Opt::Key => args.key = expr_arg(opt, value, errors),
+        Opt::Fingerprint => args.fingerprint = expr_arg(opt, value, errors),
+        Opt::Store => args.store = store(value, errors),
+        Opt::Ttl => args.ttl = duration_arg(opt, &value, errors),
+        Opt::Lease => args.lease = duration_arg(opt, &value, errors),
+        Opt::OnInProgress => {
+            args.on_in_progress =
+                string_lit(opt, &value, errors).and_then(|lit| in_progress(lit, errors))
+        }
+        Opt::Tx => args.tx = tx(&value, errors),
+        Opt::Crate => args.krate = crate_path(&value, errors),
+    }
+    Ok(())
+}
+
+/// The option name: one of the custom keywords, `crate`, or an unknown identifier (`Err`).
+fn parse_name(input: ParseStream) -> syn::Result<Result<(Opt, Span), Ident>> {
+    macro_rules! known {
+        ($($kw:path => $opt:expr),* $(,)?) => {
+            $(
+                if input.peek($kw) {
+                    let keyword: $kw = input.parse()?;
+                    return Ok(Ok(($opt, keyword.span)));
+                }
+            )*
+        };
+    }
+    known! {
+        kw::biz => Opt::Biz,
+        kw::key => Opt::Key,
+        kw::store => Opt::Store,
+        kw::ttl => Opt::Ttl,
+        kw::lease => Opt::Lease,
+        kw::fingerprint => Opt::Fingerprint,
+        kw::on_in_progress => Opt::OnInProgress,
+        kw::tx => Opt::Tx,
+    }
+    if input.peek(Token![crate]) {
+        let keyword: Token![crate] = input.parse()?;
+        return Ok(Ok((Opt::Crate, keyword.span)));
+    }
+    if input.peek(<Ident as syn::ext::IdentExt>::peek_any) {
+        let unknown = <Ident as syn::ext::IdentExt>::parse_any(input)?;
+        return Ok(Err(unknown));
+    }
+    Err(input.error(format!(
+        "expected an option such as `biz = \"PAY\"`; the options are {}",
+        diag::backticked(Opt::names()),
+    )))
+}
+
+/// Skips the rest of a broken option, up to (not including) the next top-level `,`.
+fn skip_to_comma(input: ParseStream) {
+    while !input.is_empty() && !input.peek(Token![,]) {
+        if input.parse::<TokenTree>().is_err() {
+            break;
+        }
+    }
+}
+
+/// The string literal `value` is, if it is one.
+fn as_lit_str(value: &Expr) -> Option<&LitStr> {
+    match value {
+        Expr::Lit(ExprLit {
+            attrs,
+            lit: Lit::Str(lit),
+        }) if attrs.is_empty() => Some(lit),
+        _ => None,
+    }
+}
+
+/// `value` as a string literal, or an error saying the option takes one.
+fn string_lit(opt: Opt, value: &Expr, errors: &mut Errors) -> Option<LitStr> {
+    let lit = as_lit_str(value).cloned();
+    if lit.is_none() {
+        errors.spanned(
+            value,
+            format!(
+                "`{}` takes a string literal, e.g. `{}`",
+                opt.name(),
+                opt.example()
+            ),
+        );
+    }
+    lit
+}
+
+/// `biz`: non-empty, at most 32 characters, no whitespace.
+fn check_biz(lit: LitStr, errors: &mut Errors) -> Option<LitStr> {
+    let value = lit.value();
+    let chars = value.chars().count();
+    let problem = if value.is_empty() {
+        "`biz` is empty; name the business action, e.g. `biz = \"PAY\"`".to_owned()
+    } else if value.chars().any(char::is_whitespace) {
+        format!(
+            "`biz` must not contain whitespace, but `{}` does; join the words with `_`, e.g. `biz = \"{}\"`",
+            value.escape_default(),
+            value.split_whitespace().collect::<Vec<_>>().join("_"),
+        )
+    } else if chars > MAX_BIZ_CHARS {
+        format!(
+            "`biz` is {chars} characters long; keep it at most {MAX_BIZ_CHARS} (it is stored with every record), e.g. `biz = \"PAY\"`"
+        )
+    } else {
+        return Some(lit);
+    };
+    errors.at(lit.span(), problem);
+    None
+}
+
+/// `key` / `fingerprint`: a string holding an expression, or a bare expression.
+fn expr_arg(opt: Opt, value: Expr, errors: &mut Errors) -> Option<ExprArg> {
+    let Some(lit) = as_lit_str(&value).cloned() else {
+        return Some(ExprArg {
+            expr: value,
+            lit: None,
+        });
+    };
+    if lit.value().trim().is_empty() {
+        errors.at(
+            lit.span(),
+            format!(
+                "`{}` is empty; write an expression over the parameters, e.g. `{}`",
+                opt.name(),
+                opt.example()
+            ),
+        );
+        return None;
+    }
+    // The expression's tokens all carry the literal's span, so rustc's own errors about it (a misspelled
+    // field, a type without `IdemKey`) point into the attribute.
+    match lit.parse::<Expr>() {
+        Ok(expr) => Some(ExprArg {
+            expr,
+            lit: Some(lit),
+        }),
+        Err(error) => {
+            errors.at(
+                lit.span(),
+                format!(
+                    "`{}` is not a Rust expression ({error}); write e.g. `{}`",
+                    opt.name(),
+                    opt.example()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// `store`: a registered name (non-empty string) or an expression yielding a store.
+fn store(value: Expr, errors: &mut Errors) -> Option<StoreSpec> {
+    match as_lit_str(&value) {
+        Some(lit) if lit.value().trim().is_empty() => {
+            errors.at(
+                lit.span(),
+                "`store` is empty; name a store registered at start-up, e.g. `store = \"sqlite\"`, \
+                 or pass an expression, e.g. `store = self.store`",
+            );
+            None
+        }
+        Some(lit) => Some(StoreSpec::Named(lit.clone())),
+        None => Some(StoreSpec::Given(value)),
+    }
+}
+
+/// `ttl` / `lease`: `"7d"`, `"30s"`, ….
+fn duration_arg(opt: Opt, value: &Expr, errors: &mut Errors) -> Option<DurationArg> {
+    let lit = string_lit(opt, value, errors)?;
+    match duration::parse_millis(&lit.value()) {
+        Ok(millis) => Some(DurationArg { millis, lit }),
+        Err(error) => {
+            errors.at(
+                lit.span(),
+                format!(
+                    "invalid `{}` duration `\"{}\"`: {error}",
+                    opt.name(),
+                    lit.value().escape_default()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// `on_in_progress`: `"reject"` or `"wait(5s)"`.
+fn in_progress(lit: LitStr, errors: &mut Errors) -> Option<InProgress> {
+    let value = lit.value();
+    if value == "reject" {
+        return Some(InProgress::Reject);
+    }
+    if let Some(inner) = value
+        .strip_prefix("wait(")
+        .and_then(|rest| rest.strip_suffix(')'))
+    {
+        return match duration::parse_millis(inner) {
+            Ok(millis) => Some(InProgress::Wait(DurationArg { millis, lit })),
+            Err(error) => {
+                errors.at(
+                    lit.span(),
+                    format!(
+                        "invalid duration `{}` in `on_in_progress = \"wait(..)\"`: {error}",
+                        inner.escape_default()
+                    ),
+                );
+                None
+            }
+        };
+    }
+    errors.at(
+        lit.span(),
+        format!(
+            "unknown `on_in_progress` value `\"{}\"`; the choices are `\"reject\"` (the default: answer \
+             `IdemError::InProgress` at once) and `\"wait(<duration>)\"` (wait for the first call to finish, \
+             e.g. `\"wait(5s)\"`)",
+            value.escape_default()
+        ),
+    );
+    None
+}
+
+/// `tx = "tx"` (or `tx = tx`): the name of the transaction parameter.
+fn tx(value: &Expr, errors: &mut Errors) -> Option<Ident> {
+    if let Some(lit) = as_lit_str(value) {
+        // `LitStr::parse` gives the ident the literal's span, so errors about it land on the literal.
+        if let Ok(ident) = lit.parse::<Ident>() {
+            return Some(ident);
+        }
+    } else if let Expr::Path(path) = value
+        && path.qself.is_none()
+        && let Some(ident) = path.path.get_ident()
+    {
+        return Some(ident.clone());
+    }
+    errors.spanned(
+        value,
+        "`tx` takes the name of the transaction parameter, e.g. `tx = \"tx\"` for `tx: &mut sqlx::Transaction<'_, Sqlite>`",
+    );
+    None
+}
+
+/// `crate = "::idem"` (or a bare path): where generated code finds idem.
+fn crate_path(value: &Expr, errors: &mut Errors) -> Option<Path> {
+    if let Some(lit) = as_lit_str(value) {
+        if let Ok(path) = lit.parse_with(Path::parse_mod_style) {
+            return Some(path);
+        }
+    } else if let Expr::Path(path) = value
+        && path.qself.is_none()
+    {
+        return Some(path.path.clone());
+    }
+    errors.spanned(
+        value,
+        "`crate` takes the path at which idem is reachable, e.g. `crate = \"::idem\"` or `crate = \"my_app::idem\"`",
+    );
+    None
+}
+
+impl IdempotentArgs {
+    /// One error naming every required option that is absent, with a complete example.
+    fn check_missing(&mut self, seen: &[Opt], suggested: &[&str]) {
+        let missing: Vec<&str> = [Opt::Biz, Opt::Key, Opt::Store]
+            .into_iter()
+            .filter(|opt| !seen.contains(opt) && !suggested.contains(&opt.name()))
+            .map(Opt::name)
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        let names = match missing.as_slice() {
+            [one] => format!("`{one}`"),
+            [first, second] => format!("`{first}` and `{second}`"),
+            _ => "`biz`, `key` and `store`".to_owned(),
+        };
+        let meanings: Vec<&str> = missing
+            .iter()
+            .map(|name| match *name {
+                "biz" => "`biz` names the business action",
+                "key" => "`key` is the caller's idempotency key, built from the parameters",
+                _ => "`store` says where records live",
+            })
+            .collect();
+        let message = format!(
+            "missing {names} in `#[idempotent]` ({}); write e.g. `{EXAMPLE}`",
+            meanings.join(", ")
+        );
+        if self.tokens.is_empty() {
+            // `#[idempotent]` with no arguments: there is no argument token to point at.
+            self.errors.at(Span::call_site(), message);
+        } else {
+            self.errors.spanned(self.tokens.clone(), message);
+        }
+    }
+
+    /// The record must outlive the lease that protects it, else a slow first call loses its record.
+    fn check_ttl_outlives_lease(&mut self, seen: &[Opt]) {
+        // An option given but invalid has its own error already.
+        if (seen.contains(&Opt::Ttl) && self.ttl.is_none())
+            || (seen.contains(&Opt::Lease) && self.lease.is_none())
+        {
+            return;
+        }
+        let ttl = self.ttl.as_ref().map_or(DEFAULT_TTL_MS, |ttl| ttl.millis);
+        let lease = self
+            .lease
+            .as_ref()
+            .map_or(DEFAULT_LEASE_MS, |lease| lease.millis);
+        if ttl > lease {
+            return;
+        }
+        let describe = |arg: &Option<DurationArg>, millis| match arg {
+            Some(_) => duration::format_millis(millis),
+            None => format!("{}, the default", duration::format_millis(millis)),
+        };
+        let message = format!(
+            "`ttl` ({}) must be longer than `lease` ({}): the record must outlive the lease that protects \
+             it; raise `ttl` or lower `lease`",
+            describe(&self.ttl, ttl),
+            describe(&self.lease, lease),
+        );
+        let span = match (&self.ttl, &self.lease) {
+            (Some(ttl), _) => ttl.lit.span(),
+            (None, Some(lease)) => lease.lit.span(),
+            (None, None) => Span::call_site(),
+        };
+        self.errors.at(span, message);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn parse(tokens: TokenStream) -> IdempotentArgs {
+        syn::parse2(tokens).expect("the parser records errors instead of failing")
+    }
+
+    fn messages(args: IdempotentArgs) -> Vec<String> {
+        match args.errors.finish() {
+            Ok(()) => Vec::new(),
+            Err(error) => error.into_iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn parses_a_full_attribute() {
+        let args = parse(quote! {
+            biz = "PAY", key = "req.order_no", store = "sqlite", ttl = "1d", lease = "10s",
+            fingerprint = req, on_in_progress = "wait(5s)", tx = "tx", crate = "renamed"
+        });
+        assert_eq!(args.biz.as_ref().unwrap().value(), "PAY");
+        let key = args.key.as_ref().unwrap();
+        assert!(key.lit.is_some());
+        let key_expr = &key.expr;
+        assert_eq!(quote!(#key_expr).to_string(), "req . order_no");
+        assert!(matches!(args.store, Some(StoreSpec::Named(_))));
+        assert_eq!(args.ttl.as_ref().unwrap().millis, 86_400_000);
+        assert_eq!(args.lease.as_ref().unwrap().millis, 10_000);
+        assert!(args.fingerprint.as_ref().unwrap().lit.is_none());
+        assert!(matches!(
+            args.on_in_progress,
+            Some(InProgress::Wait(DurationArg { millis: 5_000, .. }))
+        ));
+        assert_eq!(args.tx.as_ref().unwrap().to_string(), "tx");
+        assert_eq!(
+            diag::path_to_string(args.krate.as_ref().unwrap()),
+            "renamed"
+        );
+        assert!(messages(args).is_empty());
+    }
+
+    #[test]
+    fn accepts_bare_expressions() {
+        let args = parse(quote! {
+            biz = "PAY", key = (req.user_id, req.client_req_id), store = self.store, tx = tx, crate = ::idem
+        });
+        assert!(args.key.as_ref().unwrap().lit.is_none());
+        assert!(matches!(args.store, Some(StoreSpec::Given(_))));
+        assert_eq!(diag::path_to_string(args.krate.as_ref().unwrap()), "::idem");
+        assert!(messages(args).is_empty());
+    }
+
+    #[test]
+    fn reports_every_missing_option_once() {
+        let found = messages(parse(quote! {}));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("missing `biz`, `key` and `store`"),
+            "{found:?}"
+        );
+        assert!(found[0].contains(EXAMPLE));
+
+        let found = messages(parse(quote! { biz = "PAY", store = "sqlite" }));
+        assert_eq!(found.len(), 1);
+        assert!(
+            found[0].starts_with("missing `key` in `#[idempotent]`"),
+            "{found:?}"
+        );
+
+        let found = messages(parse(quote! { biz = "PAY" }));
+        assert!(
+            found[0].starts_with("missing `key` and `store`"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn suggests_a_close_option_and_lists_all() {
+        let found = messages(parse(
+            quote! { bizz = "PAY", key = "req.id", store = "sqlite" },
+        ));
+        assert_eq!(
+            found.len(),
+            1,
+            "a suggested option is not reported missing too: {found:?}"
+        );
+        assert!(
+            found[0].starts_with("unknown option `bizz` in `#[idempotent]`; did you mean `biz`?")
+        );
+        assert!(found[0].contains("`on_in_progress`, `tx`, `crate`"));
+
+        let found = messages(parse(
+            quote! { biz = "P", key = "r.id", store = "s", colour = "red" },
+        ));
+        assert!(!found[0].contains("did you mean"), "{found:?}");
+    }
+
+    #[test]
+    fn reports_a_duplicate_at_the_second_occurrence() {
+        let found = messages(parse(
+            quote! { biz = "PAY", key = "r.id", biz = "REFUND", store = "s" },
+        ));
+        assert_eq!(
+            found,
+            ["duplicate option `biz`; each option may be given once, remove this one"]
+        );
+    }
+
+    #[test]
+    fn collects_every_bad_value() {
+        let found = messages(parse(quote! {
+            biz = "PAY ORDER", key = "", store = "", ttl = "7x", lease = 30, on_in_progress = "later",
+            tx = "a b", crate = "1"
+        }));
+        assert_eq!(found.len(), 8, "{found:#?}");
+        assert!(found[0].contains("must not contain whitespace") && found[0].contains("PAY_ORDER"));
+        assert!(found[1].starts_with("`key` is empty"));
+        assert!(found[2].starts_with("`store` is empty"));
+        assert!(found[3].starts_with("invalid `ttl` duration `\"7x\"`: unknown unit `x`"));
+        assert!(found[4].starts_with("`lease` takes a string literal"));
+        assert!(
+            found[5].starts_with("unknown `on_in_progress` value `\"later\"`; the choices are")
+        );
+        assert!(found[6].starts_with("`tx` takes the name of the transaction parameter"));
+        assert!(found[7].starts_with("`crate` takes the path"));
+    }
+
+    #[test]
+    fn checks_biz() {
+        let long = "P".repeat(33);
+        let found = messages(parse(quote! { biz = #long, key = "r.id", store = "s" }));
+        assert!(
+            found[0].starts_with("`biz` is 33 characters long; keep it at most 32"),
+            "{found:?}"
+        );
+        let found = messages(parse(quote! { biz = "", key = "r.id", store = "s" }));
+        assert!(found[0].starts_with("`biz` is empty"));
+        let ok = "P".repeat(32);
+        assert!(messages(parse(quote! { biz = #ok, key = "r.id", store = "s" })).is_empty());
+    }
+
+    #[test]
+    fn refuses_a_key_that_is_not_an_expression() {
+        let found = messages(parse(quote! { biz = "P", key = "req.", store = "s" }));
+        assert!(
+            found[0].starts_with("`key` is not a Rust expression"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn wants_ttl_longer_than_lease() {
+        let found = messages(parse(
+            quote! { biz = "P", key = "r.id", store = "s", ttl = "30s" },
+        ));
+        assert_eq!(
+            found,
+            [
+                "`ttl` (30s) must be longer than `lease` (30s, the default): the record must outlive the lease \
+              that protects it; raise `ttl` or lower `lease`"
+            ]
+        );
+        let found = messages(parse(
+            quote! { biz = "P", key = "r.id", store = "s", lease = "8d" },
+        ));
+        assert!(found[0].starts_with("`ttl` (7d, the default) must be longer than `lease` (8d)"));
+        assert!(
+            messages(parse(
+                quote! { biz = "P", key = "r.id", store = "s", ttl = "31s" }
+            ))
+            .is_empty()
+        );
+        // a broken ttl has its own error, no comparison on top
+        let found = messages(parse(
+            quote! { biz = "P", key = "r.id", store = "s", ttl = "0s", lease = "1h" },
+        ));
+        assert_eq!(found.len(), 1);
+    }
+
+    #[test]
+    fn names_a_missing_value_and_a_missing_comma() {
+        let found = messages(parse(quote! { biz, key = "r.id", store = "s" }));
+        assert_eq!(found[0], "`biz` needs a value, e.g. `biz = \"PAY\"`");
+        let found = messages(parse(quote! { biz = "P" key = "r.id", store = "s" }));
+        assert!(
+            found[0].starts_with("expected `,` between the options"),
+            "{found:?}"
+        );
+        let found = messages(parse(quote! { "PAY", key = "r.id", store = "s" }));
+        assert!(
+            found[0].starts_with("expected an option such as"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn parses_on_in_progress() {
+        let args =
+            parse(quote! { biz = "P", key = "r.id", store = "s", on_in_progress = "reject" });
+        assert!(matches!(args.on_in_progress, Some(InProgress::Reject)));
+        let found = messages(parse(
+            quote! { biz = "P", key = "r.id", store = "s", on_in_progress = "wait(5)" },
+        ));
+        assert!(
+            found[0].starts_with("invalid duration `5` in `on_in_progress"),
+            "{found:?}"
+        );
+    }
+}

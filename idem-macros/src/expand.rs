@@ -1,0 +1,215 @@
+//! The pipeline of each macro: parse → validate → generate, with a fallback on error.
+//!
+//! On any error the user's item is emitted exactly as written, followed by the errors (as tokio-macros
+//! does): the fn still exists for callers and for rust-analyzer, so only the real errors show.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+use syn::{Item, ItemFn, TraitItemFn};
+
+use crate::args::IdempotentArgs;
+use crate::{expand_idempotent, validate};
+
+/// `#[idempotent(args)] item`.
+pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    match try_idempotent(args, item.clone()) {
+        Ok(expanded) => expanded,
+        Err(error) => {
+            let errors = error.into_compile_error();
+            quote!(#item #errors)
+        }
+    }
+}
+
+fn try_idempotent(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
+    let mut args: IdempotentArgs = syn::parse2(args)?;
+    let item_fn = match syn::parse2::<ItemFn>(item.clone()) {
+        Ok(item_fn) => item_fn,
+        Err(error) => {
+            args.errors.push(not_a_fn(item, error));
+            return Err(args.errors.finish().expect_err("an error was just pushed"));
+        }
+    };
+    let spec = validate::check(args, &item_fn)?;
+    Ok(expand_idempotent::expand(&item_fn, &spec))
+}
+
+/// Why `item` is not something `#[idempotent]` can wrap.
+fn not_a_fn(item: TokenStream, parse_error: syn::Error) -> syn::Error {
+    if let Ok(method) = syn::parse2::<TraitItemFn>(item.clone())
+        && method.default.is_none()
+    {
+        return syn::Error::new_spanned(
+            &method.sig,
+            "`#[idempotent]` needs a fn body to wrap; put it on the method in the `impl` block, not on \
+             the trait's declaration",
+        );
+    }
+    if syn::parse2::<Item>(item.clone()).is_ok() {
+        let first = item.into_iter().next();
+        return syn::Error::new_spanned(
+            first,
+            "`#[idempotent]` goes on an `async fn` that returns `Result`; this item is not a fn",
+        );
+    }
+    // Not valid Rust as syn sees it: say so rather than expand to nothing idempotent.
+    syn::Error::new(
+        parse_error.span(),
+        format!("`#[idempotent]` could not parse this fn: {parse_error}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand(args: TokenStream, item: TokenStream) -> String {
+        idempotent(args, item).to_string()
+    }
+
+    fn compile_errors(output: &str) -> usize {
+        output.matches("compile_error").count()
+    }
+
+    #[test]
+    fn expands_the_lease_mode() {
+        let out = expand(
+            quote!(biz = "PAY", key = "req.order_no", store = "sqlite"),
+            quote! {
+                /// Pays.
+                #[inline]
+                pub async fn pay(req: &PayReq) -> Result<Receipt, PayError> {
+                    #![allow(unused)]
+                    Ok(Receipt)
+                }
+            },
+        );
+        assert_eq!(compile_errors(&out), 0, "{out}");
+        for expected in [
+            "# [doc = r\" Pays.\"] # [inline] pub async fn pay (req : & PayReq) -> Result < Receipt , PayError > { # ! [allow (unused)]",
+            ":: idem :: __private :: check_ok_type :: < Receipt > () ;",
+            ":: idem :: __private :: check_err_type :: < PayError > () ;",
+            "let __idem_call = :: idem :: __private :: Call :: new (\"PAY\" , & (req . order_no)) \
+             . ttl (:: core :: time :: Duration :: from_millis (604800000u64)) \
+             . lease (:: core :: time :: Duration :: from_millis (30000u64)) ;",
+            ":: idem :: __private :: run :: < Receipt , PayError , _ > (:: idem :: __private :: StoreArg :: Named (\"sqlite\") , __idem_call , async {",
+            "let __idem_fake_return : Result < Receipt , PayError > = loop { } ; return __idem_fake_return ;",
+            "Ok (Receipt) }) . await }",
+        ] {
+            assert!(out.contains(expected), "missing `{expected}` in\n{out}");
+        }
+        assert!(
+            !out.contains("AsStore"),
+            "only a given store needs the import: {out}"
+        );
+        assert!(
+            !out.contains("async move"),
+            "the body borrows the parameters: {out}"
+        );
+    }
+
+    #[test]
+    fn expands_options_and_a_given_store() {
+        let out = expand(
+            quote!(
+                biz = "PAY",
+                key = (req.a, req.b),
+                store = self.store,
+                fingerprint = "req",
+                on_in_progress = "wait(5s)",
+                crate = "renamed"
+            ),
+            quote!(
+                async fn pay(&self, req: &PayReq) -> Result<Receipt, PayError> {
+                    todo!()
+                }
+            ),
+        );
+        assert_eq!(compile_errors(&out), 0, "{out}");
+        for expected in [
+            "use renamed :: __private :: AsStore as _ ;",
+            "renamed :: __private :: Call :: new (\"PAY\" , & ((& (req . a) , & (req . b) ,)))",
+            ". fingerprint (& (req)) . wait (:: core :: time :: Duration :: from_millis (5000u64)) ;",
+            "renamed :: __private :: StoreArg :: Given ((self . store) . __idem_as_store ())",
+        ] {
+            assert!(out.contains(expected), "missing `{expected}` in\n{out}");
+        }
+        assert!(!out.contains(":: idem ::"), "{out}");
+    }
+
+    #[test]
+    fn expands_the_tx_mode() {
+        let out = expand(
+            quote!(
+                biz = "PAY",
+                key = "req.order_no",
+                store = "sqlite",
+                tx = "tx"
+            ),
+            quote!(
+                async fn pay(tx: &mut Tx<'_>, req: &PayReq) -> Result<Receipt, PayError> {
+                    todo!()
+                }
+            ),
+        );
+        assert_eq!(compile_errors(&out), 0, "{out}");
+        for expected in [
+            ":: idem :: __private :: check_tx_conn (& * tx) ;",
+            "match :: idem :: __private :: tx_claim :: < Receipt , _ > (:: idem :: __private :: StoreArg :: Named (\"sqlite\") , __idem_call , & mut * tx) . await",
+            "return :: core :: result :: Result :: Ok (__idem_value) ;",
+            "return :: core :: result :: Result :: Err (:: core :: convert :: From :: from (__idem_error)) ;",
+            "let __idem_out = async {",
+            ":: idem :: __private :: tx_finish :: < Receipt , PayError , _ > (__idem_guard , & mut * tx , __idem_out) . await }",
+        ] {
+            assert!(out.contains(expected), "missing `{expected}` in\n{out}");
+        }
+    }
+
+    #[test]
+    fn a_one_argument_result_alias_skips_the_error_check() {
+        let out = expand(
+            quote!(biz = "PAY", key = "id", store = "sqlite"),
+            quote!(
+                async fn pay(id: u64) -> anyhow::Result<u64> {
+                    Ok(id)
+                }
+            ),
+        );
+        assert!(out.contains("check_ok_type :: < u64 >"), "{out}");
+        assert!(!out.contains("check_err_type"), "{out}");
+        assert!(out.contains("run :: < u64 , _ , _ >"), "{out}");
+    }
+
+    #[test]
+    fn a_bad_attribute_keeps_the_fn_as_written() {
+        let item = quote!(
+            fn pay(req: &PayReq) -> Result<Receipt, PayError> {
+                Ok(Receipt)
+            }
+        );
+        let out = expand(quote!(bizz = "PAY", key = "reqq.id"), item.clone());
+        assert!(out.starts_with(&item.to_string()), "{out}");
+        // unknown `bizz`, missing `store`, not async, unknown parameter `reqq`
+        assert_eq!(compile_errors(&out), 4, "{out}");
+        assert!(!out.contains("__idem"), "{out}");
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_fn() {
+        let out = expand(
+            quote!(biz = "PAY", key = "req.id", store = "s"),
+            quote!(
+                async fn pay(&self, req: &Req) -> Result<u8, E>;
+            ),
+        );
+        assert!(out.contains("needs a fn body to wrap"), "{out}");
+        let out = expand(
+            quote!(biz = "PAY", key = "req.id", store = "s"),
+            quote!(
+                struct Pay;
+            ),
+        );
+        assert!(out.contains("this item is not a fn"), "{out}");
+        assert!(out.starts_with("struct Pay ;"), "{out}");
+    }
+}

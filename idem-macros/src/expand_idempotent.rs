@@ -1,0 +1,257 @@
+//! Code generation for `#[idempotent]`: keep the fn's attributes, visibility and signature, replace the
+//! body by claim → run the original body → mark, through `<idem>::__private`.
+
+use proc_macro2::{Delimiter, Group, Literal, Span, TokenStream};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{AttrStyle, Expr, ItemFn};
+
+use crate::args::StoreSpec;
+use crate::diag::{self, located_at};
+use crate::validate::Spec;
+
+/// The expansion of a checked `#[idempotent]` fn.
+pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+        ..
+    } = item;
+    let outer_attrs = attrs
+        .iter()
+        .filter(|attr| matches!(attr.style, AttrStyle::Outer));
+    let inner_attrs = attrs
+        .iter()
+        .filter(|attr| matches!(attr.style, AttrStyle::Inner(_)));
+    let private = private_path(spec);
+    let stmts = &block.stmts;
+
+    // The bound checks are calls of their own, spanned at the user's types: an Ok type that cannot be
+    // stored or an error type without `From<IdemError>` is reported at that type, with the runtime's
+    // `#[diagnostic::on_unimplemented]` message.
+    let ok_ty = &spec.ret.ok_ty;
+    let ok_check = {
+        let span = ok_ty.span();
+        let private = located_at(private.clone(), span);
+        quote_spanned!(span=> #private::check_ok_type::<#ok_ty>();)
+    };
+    let err_check = spec.ret.err_ty.as_ref().map(|err_ty| {
+        let span = err_ty.span();
+        let private = located_at(private.clone(), span);
+        quote_spanned!(span=> #private::check_err_type::<#err_ty>();)
+    });
+    // The engine's calls name the same types with the same tokens, so rustc reports a bound they share
+    // with a check once, at the type (same span, same predicate), not once per call.
+    let ok_arg = quote!(#ok_ty);
+    let err_arg = match &spec.ret.err_ty {
+        Some(err_ty) => quote!(#err_ty),
+        None => quote!(_),
+    };
+
+    let call = call(spec, &private);
+    let (use_as_store, store_arg) = store_arg(&spec.store, &private);
+    let fake_return = fake_return(spec);
+
+    let body = match &spec.tx {
+        None => {
+            // What the engine call itself reports (outside the checks above) is shown at the return
+            // type, not at the attribute.
+            let run = engine_call(
+                return_type_anchor(spec),
+                &private,
+                quote!(run::<#ok_arg, #err_arg, _>),
+                quote! {
+                    #store_arg, __idem_call, async {
+                        #fake_return
+                        #(#stmts)*
+                    }
+                },
+            );
+            quote!(#run)
+        }
+        Some(tx) => {
+            // Every use of the connection is spanned at the `tx = "…"` literal, so a parameter that is
+            // not a transaction is reported there.
+            let span = tx.span();
+            let check_tx = {
+                let private = located_at(private.clone(), span);
+                quote_spanned!(span=> #private::check_tx_conn(&*#tx);)
+            };
+            let conn = quote_spanned!(span=> &mut *#tx);
+            let claim = engine_call(
+                span,
+                &private,
+                quote!(tx_claim::<#ok_arg, _>),
+                quote!(#store_arg, __idem_call, #conn),
+            );
+            let finish = engine_call(
+                span,
+                &private,
+                quote!(tx_finish::<#ok_arg, #err_arg, _>),
+                quote!(__idem_guard, #conn, __idem_out),
+            );
+            quote! {
+                #check_tx
+                // The claim row is written inside the caller's transaction: it commits or rolls back
+                // with the business writes. A repeat that finds a stored result returns it at once.
+                let __idem_guard = match #claim {
+                    ::core::result::Result::Ok(#private::TxClaim::Run(__idem_guard)) => __idem_guard,
+                    ::core::result::Result::Ok(#private::TxClaim::Replay(__idem_value)) => {
+                        return ::core::result::Result::Ok(__idem_value);
+                    }
+                    ::core::result::Result::Err(__idem_error) => {
+                        return ::core::result::Result::Err(::core::convert::From::from(__idem_error));
+                    }
+                };
+                // The original body, in a non-`move` async block: it borrows `tx` and the other
+                // parameters, so `tx` can be borrowed again below to mark the record.
+                let __idem_out = async {
+                    #fake_return
+                    #(#stmts)*
+                }
+                .await;
+                #finish
+            }
+        }
+    };
+
+    quote! {
+        #(#outer_attrs)*
+        #vis #sig {
+            #(#inner_attrs)*
+            #use_as_store
+            #ok_check
+            #err_check
+            let __idem_call = #call;
+            #body
+        }
+    }
+}
+
+/// `<private>::<function>(<args>).await`, with the path, the parentheses and `.await` all at `anchor`.
+///
+/// An `async fn`'s bounds are checked again where its future is built and where it is awaited; those
+/// errors carry the span of the call expression and of `.await`. Putting every token of them on one
+/// user token shows such an error there, instead of on the whole attribute.
+fn engine_call(
+    anchor: Span,
+    private: &TokenStream,
+    function: TokenStream,
+    args: TokenStream,
+) -> TokenStream {
+    let path = diag::respan(quote!(#private::#function), anchor);
+    let mut args = Group::new(Delimiter::Parenthesis, args);
+    args.set_span(anchor);
+    let await_ = quote_spanned!(anchor=> .await);
+    quote!(#path #args #await_)
+}
+
+/// The first token of the return type (`Result` in `-> Result<T, E>`).
+fn return_type_anchor(spec: &Spec) -> Span {
+    spec.ret
+        .ret_ty
+        .to_token_stream()
+        .into_iter()
+        .next()
+        .map_or_else(Span::call_site, |token| token.span())
+}
+
+/// `::idem::__private`, or `<crate = "…">::__private`.
+fn private_path(spec: &Spec) -> TokenStream {
+    match &spec.krate {
+        Some(path) => quote!(#path::__private),
+        None => quote!(::idem::__private),
+    }
+}
+
+/// `Call::new(biz, &key).ttl(..).lease(..)` plus the optional parts.
+fn call(spec: &Spec, private: &TokenStream) -> TokenStream {
+    let biz = &spec.biz;
+    let key = &spec.key;
+    let ttl = Literal::u64_suffixed(spec.ttl_ms);
+    let lease = Literal::u64_suffixed(spec.lease_ms);
+    // The key keeps its own spans and `Call::new` takes the key's: a misspelled field or a key type
+    // without `IdemKey` is reported inside the attribute, where the key was written.
+    let key_span = key.span();
+    let new = located_at(private.clone(), key_span);
+    let key = borrow_tuple(key);
+    let mut call = quote_spanned! {key_span=>
+        #new::Call::new(#biz, &(#key))
+    };
+    call.extend(quote! {
+        .ttl(::core::time::Duration::from_millis(#ttl))
+        .lease(::core::time::Duration::from_millis(#lease))
+    });
+    if let Some(fingerprint) = &spec.fingerprint {
+        // Spanned at the fingerprint: a value that is not `Serialize` is reported where it was written.
+        let span = fingerprint.span();
+        let fingerprint = borrow_tuple(fingerprint);
+        call.extend(quote_spanned!(span=> .fingerprint(&(#fingerprint))));
+    }
+    if let Some((wait_ms, span)) = &spec.wait {
+        let wait = Literal::u64_suffixed(*wait_ms);
+        call.extend(quote_spanned!(*span=> .wait(::core::time::Duration::from_millis(#wait))));
+    }
+    call
+}
+
+/// A composite key `(req.user_id, req.client_req_id)` as a tuple of references, `(&(..), &(..))`:
+/// building the tuple by value would move the fields out of borrowed parameters. Other expressions are
+/// kept as written (they are borrowed whole).
+fn borrow_tuple(expr: &Expr) -> TokenStream {
+    let Expr::Tuple(tuple) = expr else {
+        return expr.to_token_stream();
+    };
+    let elems = tuple.elems.iter().map(|elem| match elem {
+        Expr::Tuple(_) => borrow_tuple(elem),
+        _ => quote_spanned!(elem.span()=> &(#elem)),
+    });
+    // `(a,)`: a one-element tuple keeps its comma.
+    quote_spanned!(expr.span()=> (#(#elems,)*))
+}
+
+/// The `StoreArg`, and the import its method call needs.
+fn store_arg(store: &StoreSpec, private: &TokenStream) -> (TokenStream, TokenStream) {
+    match store {
+        StoreSpec::Named(name) => (TokenStream::new(), quote!(#private::StoreArg::Named(#name))),
+        StoreSpec::Given(expr) => {
+            // Method syntax, not `AsStore::__idem_as_store(&expr)`: auto-ref and auto-deref accept a
+            // store, a reference to one, an `Arc` of one, … Spanned at the expression so a value that
+            // is not a store is reported there.
+            let span = expr.span();
+            let as_store = quote_spanned!(span=> (#expr).__idem_as_store());
+            (
+                quote!(use #private::AsStore as _;),
+                quote!(#private::StoreArg::Given(#as_store)),
+            )
+        }
+    }
+}
+
+/// A statement that never runs but pins the async block's output to the fn's return type, so `?` and
+/// `return` in the body infer as they did in the fn, and a mismatch points at the user's return type
+/// (the trick of tracing's `#[instrument]`).
+fn fake_return(spec: &Spec) -> TokenStream {
+    let ret_ty = &spec.ret.ret_ty;
+    let span = ret_ty.span();
+    let call_site = Span::call_site().located_at(span);
+    let name = syn::Ident::new("__idem_fake_return", call_site);
+    quote_spanned! {span=>
+        #[allow(
+            unknown_lints,
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_unit_value,
+            clippy::let_with_type_underscore,
+            clippy::needless_return,
+            clippy::unreachable
+        )]
+        if false {
+            let #name: #ret_ty = loop {};
+            return #name;
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! `#[idempotent]` end to end, as a user writes it: free fns, methods, stores by name and by
+//! expression, composite keys, replay reports and counters.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use idem::{IdemError, MemoryStore, Outcome, Store, idempotent};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error("business failed")]
+    Business,
+    #[error(transparent)]
+    Idem(#[from] IdemError),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Transfer {
+    user_id: u64,
+    client_req_id: String,
+    cents: u64,
+}
+
+static RUNS: AtomicU32 = AtomicU32::new(0);
+
+fn setup() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| idem::register_store("macro_mem", MemoryStore::new()));
+}
+
+#[idempotent(
+    biz = "XFER",
+    key = "(t.user_id, t.client_req_id)",
+    store = "macro_mem",
+    fingerprint = "t"
+)]
+async fn transfer(t: &Transfer) -> Result<u32, AppError> {
+    Ok(RUNS.fetch_add(1, Ordering::SeqCst))
+}
+
+#[tokio::test]
+async fn composite_key_runs_once_and_reports_the_replay() {
+    setup();
+    let t = Transfer {
+        user_id: 7,
+        client_req_id: "c-1".into(),
+        cents: 500,
+    };
+    let (first, r1) = idem::observe(transfer(&t)).await;
+    let (second, r2) = idem::observe(transfer(&t)).await;
+    assert_eq!(first.unwrap(), second.unwrap());
+    assert_eq!(r1.unwrap().outcome, Outcome::Executed);
+    assert!(r2.unwrap().replayed());
+    // Another user with the same client request id is another record.
+    let other = Transfer {
+        user_id: 8,
+        ..t.clone()
+    };
+    let third = transfer(&other).await.unwrap();
+    assert_ne!(third, second_value(&t).await);
+    // Same key, other payload: refused.
+    let tampered = Transfer { cents: 1, ..t };
+    assert!(matches!(
+        transfer(&tampered).await,
+        Err(AppError::Idem(IdemError::PayloadMismatch))
+    ));
+}
+
+async fn second_value(t: &Transfer) -> u32 {
+    transfer(t).await.unwrap()
+}
+
+struct Ledger {
+    store: Arc<MemoryStore>,
+    runs: AtomicU32,
+}
+
+impl Ledger {
+    #[idempotent(biz = "POST", key = entry_id, store = self.store)]
+    async fn post(&self, entry_id: &str, fail: bool) -> Result<u32, AppError> {
+        if fail {
+            return Err(AppError::Business);
+        }
+        Ok(self.runs.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+}
+
+#[tokio::test]
+async fn method_with_store_expression_fails_then_retries() {
+    let ledger = Ledger {
+        store: Arc::new(MemoryStore::new()),
+        runs: AtomicU32::new(0),
+    };
+    assert!(matches!(
+        ledger.post("e-1", true).await,
+        Err(AppError::Business)
+    ));
+    assert_eq!(
+        ledger
+            .store
+            .load("POST", "e-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        idem::Status::Failed
+    );
+    assert_eq!(ledger.post("e-1", false).await.unwrap(), 1);
+    assert_eq!(
+        ledger.post("e-1", false).await.unwrap(),
+        1,
+        "replayed, not run again"
+    );
+    assert_eq!(ledger.runs.load(Ordering::SeqCst), 1);
+}
+
+#[idempotent(biz = "GHOST", key = "id", store = "never_registered")]
+async fn ghost(id: u64) -> Result<u64, AppError> {
+    RUNS.fetch_add(1000, Ordering::SeqCst);
+    Ok(id)
+}
+
+#[tokio::test]
+async fn unknown_store_name_is_a_clear_error_and_nothing_runs() {
+    let before = RUNS.load(Ordering::SeqCst);
+    let res = ghost(1).await;
+    match res {
+        Err(AppError::Idem(IdemError::UnknownStore { name })) => {
+            assert_eq!(name, "never_registered")
+        }
+        other => panic!("expected UnknownStore, got {other:?}"),
+    }
+    assert!(
+        RUNS.load(Ordering::SeqCst) - before < 1000,
+        "the body must not run"
+    );
+}
+
+#[idempotent(biz = "CNT", key = "n", store = "macro_mem")]
+async fn counted(n: u32) -> Result<u32, AppError> {
+    Ok(n * 2)
+}
+
+#[tokio::test]
+async fn counters_give_the_duplicate_rate() {
+    setup();
+    let before = idem::counts_for("CNT");
+    for n in 0..10 {
+        counted(n).await.unwrap();
+        counted(n).await.unwrap();
+    }
+    let c = idem::counts_for("CNT").since(&before);
+    assert_eq!(
+        (c.get(Outcome::Executed), c.get(Outcome::Replayed)),
+        (10, 10)
+    );
+    assert!((c.duplicate_rate() - 0.5).abs() < 1e-9);
+}
+
+#[idempotent(biz = "KEYS", key = "k", store = "macro_mem")]
+async fn with_key(k: &str) -> Result<String, AppError> {
+    Ok(k.to_uppercase())
+}
+
+#[tokio::test]
+async fn bad_runtime_keys_are_refused_through_the_macro() {
+    setup();
+    for k in ["", " ", "a\0"] {
+        assert!(
+            matches!(
+                with_key(k).await,
+                Err(AppError::Idem(IdemError::InvalidKey { .. }))
+            ),
+            "{k:?}"
+        );
+    }
+    assert_eq!(with_key("ok").await.unwrap(), "OK");
+}

@@ -1,0 +1,35 @@
+use idem::{IdemError, idempotent};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize)]
+pub struct PayReq {
+    pub order_no: String,
+    pub user_id: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Receipt {
+    pub id: u64,
+}
+
+#[derive(Debug)]
+pub struct PayError(pub IdemError);
+
+impl From<IdemError> for PayError {
+    fn from(error: IdemError) -> Self {
+        PayError(error)
+    }
+}
+
+impl PayReq {
+    pub async fn order_no(&self) -> String {
+        self.order_no.clone()
+    }
+}
+
+#[idempotent(biz = "PAY", key = req.order_no().await, store = "sqlite")]
+async fn pay(req: &PayReq) -> Result<Receipt, PayError> {
+    Ok(Receipt { id: req.user_id })
+}
+
+fn main() {}

@@ -1,0 +1,44 @@
+use idem::{IdemError, idempotent};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize)]
+pub struct PayReq {
+    pub order_no: String,
+    pub user_id: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Receipt {
+    pub id: u64,
+}
+
+#[derive(Debug)]
+pub struct PayError(pub IdemError);
+
+impl From<IdemError> for PayError {
+    fn from(error: IdemError) -> Self {
+        PayError(error)
+    }
+}
+
+#[idempotent(
+    biz = "PAY",
+    key = "req.order_no",
+    store = "sqlite",
+    fingerprint = "request"
+)]
+async fn pay(req: &PayReq) -> Result<Receipt, PayError> {
+    Ok(Receipt { id: req.user_id })
+}
+
+#[idempotent(
+    biz = "PAY",
+    key = "req.order_no",
+    store = "sqlite",
+    fingerprint = "\"v1\""
+)]
+async fn pay_fixed(req: &PayReq) -> Result<Receipt, PayError> {
+    Ok(Receipt { id: req.user_id })
+}
+
+fn main() {}

@@ -1,0 +1,44 @@
+use idem::{IdemError, idempotent};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize)]
+pub struct PayReq {
+    pub order_no: String,
+    pub user_id: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Receipt {
+    pub id: u64,
+}
+
+#[derive(Debug)]
+pub struct PayError(pub IdemError);
+
+impl From<IdemError> for PayError {
+    fn from(error: IdemError) -> Self {
+        PayError(error)
+    }
+}
+
+#[idempotent(
+    biz = "PAY",
+    key = "req.order_no",
+    store = "sqlite",
+    on_in_progress = "retry"
+)]
+async fn pay(req: &PayReq) -> Result<Receipt, PayError> {
+    Ok(Receipt { id: req.user_id })
+}
+
+#[idempotent(
+    biz = "PAY",
+    key = "req.order_no",
+    store = "sqlite",
+    on_in_progress = "wait(5)"
+)]
+async fn pay_waiting(req: &PayReq) -> Result<Receipt, PayError> {
+    Ok(Receipt { id: req.user_id })
+}
+
+fn main() {}

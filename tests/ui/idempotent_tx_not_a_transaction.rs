@@ -1,0 +1,32 @@
+use idem::{IdemError, idempotent};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize)]
+pub struct PayReq {
+    pub order_no: String,
+    pub user_id: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Receipt {
+    pub id: u64,
+}
+
+#[derive(Debug)]
+pub struct PayError(pub IdemError);
+
+impl From<IdemError> for PayError {
+    fn from(error: IdemError) -> Self {
+        PayError(error)
+    }
+}
+
+pub struct Ledger;
+
+#[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite", tx = "ledger")]
+async fn pay(ledger: &mut Ledger, req: &PayReq) -> Result<Receipt, PayError> {
+    let _ = ledger;
+    Ok(Receipt { id: req.user_id })
+}
+
+fn main() {}

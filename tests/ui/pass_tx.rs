@@ -1,0 +1,59 @@
+use idem::sqlx::{Sqlite, SqliteConnection, Transaction};
+use idem::{IdemError, idempotent};
+use serde::{Deserialize, Serialize};
+
+pub struct PayReq {
+    pub order_no: String,
+    pub amount: i64,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Receipt {
+    pub id: i64,
+}
+
+#[derive(Debug)]
+pub enum PayError {
+    Idem(IdemError),
+    Db(idem::sqlx::Error),
+}
+
+impl From<IdemError> for PayError {
+    fn from(error: IdemError) -> Self {
+        PayError::Idem(error)
+    }
+}
+
+impl From<idem::sqlx::Error> for PayError {
+    fn from(error: idem::sqlx::Error) -> Self {
+        PayError::Db(error)
+    }
+}
+
+// Claim, business write and mark in the caller's transaction.
+#[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite", tx = "tx")]
+pub async fn pay(tx: &mut Transaction<'_, Sqlite>, req: &PayReq) -> Result<Receipt, PayError> {
+    let done = idem::sqlx::query("INSERT INTO payments (order_no, amount) VALUES (?, ?)")
+        .bind(&req.order_no)
+        .bind(req.amount)
+        .execute(&mut **tx)
+        .await?;
+    Ok(Receipt {
+        id: done.last_insert_rowid(),
+    })
+}
+
+// A bare connection works too, and `tx` may be any parameter.
+#[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite", tx = "conn")]
+pub async fn pay_on(req: &PayReq, conn: &mut SqliteConnection) -> Result<Receipt, PayError> {
+    let done = idem::sqlx::query("INSERT INTO payments (order_no, amount) VALUES (?, ?)")
+        .bind(&req.order_no)
+        .bind(req.amount)
+        .execute(&mut *conn)
+        .await?;
+    Ok(Receipt {
+        id: done.last_insert_rowid(),
+    })
+}
+
+fn main() {}

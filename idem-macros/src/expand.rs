@@ -87,12 +87,12 @@ mod tests {
         assert_eq!(compile_errors(&out), 0, "{out}");
         for expected in [
             "# [doc = r\" Pays.\"] # [inline] pub async fn pay (req : & PayReq) -> Result < Receipt , PayError > { # ! [allow (unused)]",
-            ":: idem :: __private :: check_ok_type :: < Receipt > () ;",
-            ":: idem :: __private :: check_err_type :: < PayError > () ;",
+            "let __idem_ok = :: idem :: __private :: check_ok_type :: < Receipt > () ;",
+            "let __idem_err = :: idem :: __private :: check_err_type :: < PayError > () ;",
             "let __idem_call = :: idem :: __private :: Call :: new (\"PAY\" , & (req . order_no)) \
              . ttl (:: core :: time :: Duration :: from_millis (604800000u64)) \
              . lease (:: core :: time :: Duration :: from_millis (30000u64)) ;",
-            ":: idem :: __private :: run :: < Receipt , PayError , _ > (:: idem :: __private :: StoreArg :: Named (\"sqlite\") , __idem_call , async {",
+            ":: idem :: __private :: run :: < Receipt , PayError , _ > (:: idem :: __private :: StoreArg :: Named (\"sqlite\") , __idem_call , __idem_ok , __idem_err , async {",
             "let __idem_fake_return : Result < Receipt , PayError > = loop { } ; return __idem_fake_return ;",
             "Ok (Receipt) }) . await }",
         ] {
@@ -155,11 +155,11 @@ mod tests {
         assert_eq!(compile_errors(&out), 0, "{out}");
         for expected in [
             ":: idem :: __private :: check_tx_conn (& * tx) ;",
-            "match :: idem :: __private :: tx_claim :: < Receipt , _ > (:: idem :: __private :: StoreArg :: Named (\"sqlite\") , __idem_call , & mut * tx) . await",
+            "match :: idem :: __private :: tx_claim :: < Receipt , _ > (:: idem :: __private :: StoreArg :: Named (\"sqlite\") , __idem_call , __idem_ok , & mut * tx) . await",
             "return :: core :: result :: Result :: Ok (__idem_value) ;",
-            "return :: core :: result :: Result :: Err (:: core :: convert :: From :: from (__idem_error)) ;",
+            "return :: core :: result :: Result :: Err (__idem_err . from_idem (__idem_error)) ;",
             "let __idem_out = async {",
-            ":: idem :: __private :: tx_finish :: < Receipt , PayError , _ > (__idem_guard , & mut * tx , __idem_out) . await }",
+            ":: idem :: __private :: tx_finish :: < Receipt , PayError , _ > (__idem_guard , & mut * tx , __idem_ok , __idem_err , __idem_out) . await }",
         ] {
             assert!(out.contains(expected), "missing `{expected}` in\n{out}");
         }
@@ -176,7 +176,7 @@ mod tests {
             ),
         );
         assert!(out.contains("check_ok_type :: < u64 >"), "{out}");
-        assert!(!out.contains("check_err_type"), "{out}");
+        assert!(out.contains("check_err_type ()"), "{out}");
         assert!(out.contains("run :: < u64 , _ , _ >"), "{out}");
     }
 

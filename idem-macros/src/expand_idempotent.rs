@@ -35,15 +35,19 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     let ok_check = {
         let span = ok_ty.span();
         let private = located_at(private.clone(), span);
-        quote_spanned!(span=> #private::check_ok_type::<#ok_ty>();)
+        quote_spanned!(span=> let __idem_ok = #private::check_ok_type::<#ok_ty>();)
     };
-    let err_check = spec.ret.err_ty.as_ref().map(|err_ty| {
-        let span = err_ty.span();
-        let private = located_at(private.clone(), span);
-        quote_spanned!(span=> #private::check_err_type::<#err_ty>();)
-    });
-    // The engine's calls name the same types with the same tokens, so rustc reports a bound they share
-    // with a check once, at the type (same span, same predicate), not once per call.
+    // A one-argument alias (`anyhow::Result<T>`) leaves the error type to inference.
+    let err_check = match &spec.ret.err_ty {
+        Some(err_ty) => {
+            let span = err_ty.span();
+            let private = located_at(private.clone(), span);
+            quote_spanned!(span=> let __idem_err = #private::check_err_type::<#err_ty>();)
+        }
+        None => quote!(let __idem_err = #private::check_err_type();),
+    };
+    // The checks return proofs (encoder/decoder, error conversion) that the engine calls take
+    // instead of bounds of their own, so a bad type is reported once, at the type.
     let ok_arg = quote!(#ok_ty);
     let err_arg = match &spec.ret.err_ty {
         Some(err_ty) => quote!(#err_ty),
@@ -63,7 +67,7 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
                 &private,
                 quote!(run::<#ok_arg, #err_arg, _>),
                 quote! {
-                    #store_arg, __idem_call, async {
+                    #store_arg, __idem_call, __idem_ok, __idem_err, async {
                         #fake_return
                         #(#stmts)*
                     }
@@ -84,13 +88,13 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
                 span,
                 &private,
                 quote!(tx_claim::<#ok_arg, _>),
-                quote!(#store_arg, __idem_call, #conn),
+                quote!(#store_arg, __idem_call, __idem_ok, #conn),
             );
             let finish = engine_call(
                 span,
                 &private,
                 quote!(tx_finish::<#ok_arg, #err_arg, _>),
-                quote!(__idem_guard, #conn, __idem_out),
+                quote!(__idem_guard, #conn, __idem_ok, __idem_err, __idem_out),
             );
             quote! {
                 #check_tx
@@ -102,7 +106,7 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
                         return ::core::result::Result::Ok(__idem_value);
                     }
                     ::core::result::Result::Err(__idem_error) => {
-                        return ::core::result::Result::Err(::core::convert::From::from(__idem_error));
+                        return ::core::result::Result::Err(__idem_err.from_idem(__idem_error));
                     }
                 };
                 // The original body, in a non-`move` async block: it borrows `tx` and the other

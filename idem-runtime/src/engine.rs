@@ -106,7 +106,9 @@ impl Call {
             outcome = tracing::field::Empty,
             attempt = tracing::field::Empty
         );
-        run_in_span(store, self, body).instrument(span).await
+        run_in_span(store, self, OkType::new(), ErrType::new(), body)
+            .instrument(span)
+            .await
     }
 
     fn request(&self, store: &dyn Store) -> Result<ClaimRequest<'_>, IdemError> {
@@ -179,6 +181,70 @@ fn decode<T: DeserializeOwned>(snapshot: &[u8]) -> Result<T, IdemError> {
     }
 }
 
+/// Proof that a fn's `Ok` type can be stored and replayed: its encoder and decoder.
+///
+/// Made by a bounded constructor, so the engine entry points that take it need no bounds of their
+/// own: a type that is not storable is reported once, where the proof is made.
+pub struct OkType<T> {
+    encode: fn(&T, usize) -> Result<Vec<u8>, (Vec<u8>, IdemError)>,
+    decode: fn(&[u8]) -> Result<T, IdemError>,
+}
+
+impl<T> Clone for OkType<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for OkType<T> {}
+
+impl<T: Serialize + DeserializeOwned> OkType<T> {
+    /// The proof for `T`.
+    pub fn new() -> Self {
+        OkType {
+            encode: encode::<T>,
+            decode: decode::<T>,
+        }
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> Default for OkType<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Proof that a fn's error type can carry an [`IdemError`].
+pub struct ErrType<E> {
+    from: fn(IdemError) -> E,
+}
+
+impl<E> Clone for ErrType<E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<E> Copy for ErrType<E> {}
+
+impl<E: From<IdemError>> ErrType<E> {
+    /// The proof for `E`.
+    pub fn new() -> Self {
+        ErrType { from: E::from }
+    }
+}
+
+impl<E: From<IdemError>> Default for ErrType<E> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<E> ErrType<E> {
+    /// Converts an idem error into the fn's error type.
+    pub fn from_idem(self, e: IdemError) -> E {
+        (self.from)(e)
+    }
+}
+
 fn finish_span(outcome: Outcome, attempt: u32) {
     let span = tracing::Span::current();
     span.record("outcome", outcome.as_str());
@@ -221,17 +287,21 @@ async fn claim(
     }
 }
 
-async fn run_in_span<T, E, F>(store: &dyn Store, call: Call, body: F) -> Result<T, E>
+async fn run_in_span<T, E, F>(
+    store: &dyn Store,
+    call: Call,
+    ok: OkType<T>,
+    err: ErrType<E>,
+    body: F,
+) -> Result<T, E>
 where
-    T: Serialize + DeserializeOwned,
-    E: From<IdemError>,
     F: Future<Output = Result<T, E>>,
 {
     let biz = call.biz();
     let refuse = |e: IdemError, outcome: Outcome| {
         finish_span(outcome, 0);
         report(biz, outcome, 0);
-        Err(E::from(e))
+        Err(err.from_idem(e))
     };
     let req = match call.request(store) {
         Ok(req) => req,
@@ -240,7 +310,7 @@ where
     let (attempt, how) = match claim(store, &req, call.wait).await {
         Ok(ClaimOutcome::Acquired { attempt, how }) => (attempt, how),
         Ok(ClaimOutcome::Replay { snapshot }) => {
-            return match decode(&snapshot) {
+            return match (ok.decode)(&snapshot) {
                 Ok(v) => {
                     finish_span(Outcome::Replayed, 0);
                     report(biz, Outcome::Replayed, 0);
@@ -260,30 +330,30 @@ where
     let out = body.await;
     let (result, outcome) = match out {
         Ok(value) => {
-            let (snapshot, result) = match encode(&value, store.limits().max_snapshot_len) {
+            let (snapshot, result) = match (ok.encode)(&value, store.limits().max_snapshot_len) {
                 Ok(bytes) => (bytes, Ok(value)),
                 // The business ran: keep the claim as done so repeats never run it again.
-                Err((envelope, e)) => (envelope, Err(E::from(e))),
+                Err((envelope, e)) => (envelope, Err(err.from_idem(e))),
             };
-            match store.complete(&req.biz, &req.key, attempt, &snapshot).await {
+            match store.complete(req.biz, req.key, attempt, &snapshot).await {
                 Ok(()) => (result, acquired_outcome(how)),
                 Err(e @ IdemError::LeaseLost { .. }) => {
                     tracing::error!(
                         attempt,
                         "idempotent call finished after its lease was taken over; result dropped"
                     );
-                    (Err(E::from(e)), Outcome::LeaseLost)
+                    (Err(err.from_idem(e)), Outcome::LeaseLost)
                 }
                 Err(e) => {
                     // The business ran but could not be marked: the claim stays PROCESSING and
                     // protects the key until its lease expires.
                     tracing::error!(attempt, error = %e, "idempotent call ran but could not be marked done");
-                    (Err(E::from(e)), acquired_outcome(how))
+                    (Err(err.from_idem(e)), acquired_outcome(how))
                 }
             }
         }
-        Err(err) => {
-            match store.fail(&req.biz, &req.key, attempt).await {
+        Err(body_err) => {
+            match store.fail(req.biz, req.key, attempt).await {
                 Ok(()) => {}
                 Err(IdemError::LeaseLost { .. }) => {
                     tracing::warn!(
@@ -295,7 +365,7 @@ where
                     tracing::warn!(attempt, error = %e, "could not mark the call FAILED; its lease will expire")
                 }
             }
-            (Err(err), Outcome::Failed)
+            (Err(body_err), Outcome::Failed)
         }
     };
     finish_span(outcome, attempt);
@@ -338,20 +408,32 @@ impl<'a> StoreArg<'a> {
 ///
 /// # Errors
 /// As [`Call::run`], plus [`IdemError::UnknownStore`] for a name never registered.
-pub async fn run<T, E, F>(store: StoreArg<'_>, call: Call, body: F) -> Result<T, E>
+pub async fn run<T, E, F>(
+    store: StoreArg<'_>,
+    call: Call,
+    ok: OkType<T>,
+    err: ErrType<E>,
+    body: F,
+) -> Result<T, E>
 where
-    T: Serialize + DeserializeOwned,
-    E: From<IdemError>,
     F: Future<Output = Result<T, E>>,
 {
     let store = match store.resolve() {
         Ok(s) => s,
         Err(e) => {
             report(call.biz(), Outcome::Rejected, 0);
-            return Err(E::from(e));
+            return Err(err.from_idem(e));
         }
     };
-    call.run(store.get(), body).await
+    let span = tracing::info_span!(
+        "idem",
+        biz = %call.biz,
+        outcome = tracing::field::Empty,
+        attempt = tracing::field::Empty
+    );
+    run_in_span(store.get(), call, ok, err, body)
+        .instrument(span)
+        .await
 }
 
 pub(crate) mod tx {
@@ -384,10 +466,10 @@ pub(crate) mod tx {
     pub async fn tx_claim<'a, T, C>(
         store: StoreArg<'a>,
         call: Call,
+        ok: OkType<T>,
         conn: &mut C,
     ) -> Result<TxClaim<'a, T>, IdemError>
     where
-        T: DeserializeOwned,
         C: TxConnection + ?Sized,
     {
         let refuse = |e: IdemError, outcome: Outcome, biz: &str| {
@@ -409,7 +491,7 @@ pub(crate) mod tx {
                 attempt,
                 how,
             })),
-            Ok(ClaimOutcome::Replay { snapshot }) => match decode(&snapshot) {
+            Ok(ClaimOutcome::Replay { snapshot }) => match (ok.decode)(&snapshot) {
                 Ok(v) => {
                     report(call.biz(), Outcome::Replayed, 0);
                     Ok(TxClaim::Replay(v))
@@ -436,11 +518,11 @@ pub(crate) mod tx {
     pub async fn tx_finish<T, E, C>(
         guard: TxGuard<'_>,
         conn: &mut C,
+        ok: OkType<T>,
+        err: ErrType<E>,
         out: Result<T, E>,
     ) -> Result<T, E>
     where
-        T: Serialize,
-        E: From<IdemError>,
         C: TxConnection + ?Sized,
     {
         let TxGuard {
@@ -451,25 +533,27 @@ pub(crate) mod tx {
         } = guard;
         let (result, outcome) = match out {
             Ok(value) => {
-                let (snapshot, result) = match encode(&value, store.get().limits().max_snapshot_len)
-                {
-                    Ok(bytes) => (bytes, Ok(value)),
-                    Err((envelope, e)) => (envelope, Err(E::from(e))),
-                };
+                let (snapshot, result) =
+                    match (ok.encode)(&value, store.get().limits().max_snapshot_len) {
+                        Ok(bytes) => (bytes, Ok(value)),
+                        Err((envelope, e)) => (envelope, Err(err.from_idem(e))),
+                    };
                 match conn
                     .idem_complete(store.get(), call.biz(), call.key(), attempt, &snapshot)
                     .await
                 {
                     Ok(()) => (result, acquired_outcome(how)),
-                    Err(e @ IdemError::LeaseLost { .. }) => (Err(E::from(e)), Outcome::LeaseLost),
-                    Err(e) => (Err(E::from(e)), Outcome::Rejected),
+                    Err(e @ IdemError::LeaseLost { .. }) => {
+                        (Err(err.from_idem(e)), Outcome::LeaseLost)
+                    }
+                    Err(e) => (Err(err.from_idem(e)), Outcome::Rejected),
                 }
             }
-            Err(err) => {
+            Err(body_err) => {
                 if let Err(e) = conn.idem_abort().await {
                     tracing::warn!(error = %e, "could not roll the idempotent claim back to its savepoint");
                 }
-                (Err(err), Outcome::Failed)
+                (Err(body_err), Outcome::Failed)
             }
         };
         report(call.biz(), outcome, attempt);

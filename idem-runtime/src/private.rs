@@ -2,7 +2,7 @@
 
 pub use crate::IdemKey;
 pub use crate::engine::tx::{TxClaim, TxGuard, tx_claim, tx_finish};
-pub use crate::engine::{Call, StoreArg, run};
+pub use crate::engine::{Call, ErrType, OkType, StoreArg, run};
 use crate::{IdemError, Store};
 use std::sync::Arc;
 
@@ -42,7 +42,10 @@ impl<S: AsStore + ?Sized> AsStore for Arc<S> {
     label = "the `Ok` type must implement `Serialize` and `DeserializeOwned`",
     note = "derive them: `#[derive(serde::Serialize, serde::Deserialize)]` on `{Self}`"
 )]
-pub trait Storable {}
+pub trait Storable: serde::Serialize + serde::de::DeserializeOwned {}
+// `do_not_recommend`: report the missing `Storable` with the message above, once, instead of
+// one rustc error per missing serde trait.
+#[diagnostic::do_not_recommend]
 impl<T: serde::Serialize + serde::de::DeserializeOwned> Storable for T {}
 
 /// An error type an idempotent fn may return: it can carry idem's own refusals.
@@ -51,14 +54,20 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> Storable for T {}
     label = "the error type must implement `From<idem::IdemError>`",
     note = "add `impl From<idem::IdemError> for {Self}` (or a `#[from] idem::IdemError` variant with thiserror)"
 )]
-pub trait CarriesIdemError {}
+pub trait CarriesIdemError: From<IdemError> {}
+#[diagnostic::do_not_recommend]
 impl<E: From<IdemError>> CarriesIdemError for E {}
 
-/// Compile-time check that `T` can be stored (spanned at the user's `Ok` type).
-pub fn check_ok_type<T: Storable>() {}
+/// Compile-time check that `T` can be stored (spanned at the user's `Ok` type); its proof is what
+/// the engine calls take, so they need no bounds and repeat no error.
+pub fn check_ok_type<T: Storable>() -> OkType<T> {
+    OkType::new()
+}
 
 /// Compile-time check that `E` can carry an [`IdemError`] (spanned at the user's error type).
-pub fn check_err_type<E: CarriesIdemError>() {}
+pub fn check_err_type<E: CarriesIdemError>() -> ErrType<E> {
+    ErrType::new()
+}
 
 /// Compile-time check that the `tx` parameter is a transaction idem can join.
 pub fn check_tx_conn<C: crate::tx::TxConnection + ?Sized>(_conn: &C) {}

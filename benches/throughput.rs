@@ -8,12 +8,19 @@
 //! Everything runs on one core (a current-thread tokio runtime). "first" = a new key per call
 //! (claim, run, mark); "replay" = the same key again (claim finds SUCCEEDED, decode snapshot).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use idem::{Call, IdemError, MemoryStore, SqliteStore, idempotent};
+
+/// The allocator underneath: mimalloc, as high-throughput services commonly link; build with
+/// `RUSTFLAGS="--cfg idem_bench_system_alloc"` to measure on the platform's malloc instead.
+#[cfg(not(idem_bench_system_alloc))]
+use mimalloc::MiMalloc as Inner;
+#[cfg(idem_bench_system_alloc)]
+use std::alloc::System as Inner;
 
 /// Counts live heap bytes, to report memory per stored record.
 struct Counting;
@@ -23,18 +30,18 @@ static LIVE: AtomicIsize = AtomicIsize::new(0);
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
+        unsafe { Inner.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe { Inner.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         LIVE.fetch_add(
             new_size as isize - layout.size() as isize,
             Ordering::Relaxed,
         );
-        unsafe { System.realloc(ptr, layout, new_size) }
+        unsafe { Inner.realloc(ptr, layout, new_size) }
     }
 }
 
@@ -79,14 +86,44 @@ fn main() {
         .build()
         .unwrap();
     let rounds = 7;
-    println!("idem throughput (one core, {rounds} rounds, median; scale {scale})\n");
+    let allocator = if cfg!(idem_bench_system_alloc) {
+        "system malloc"
+    } else {
+        "mimalloc"
+    };
+    println!("idem throughput (one core, median of rounds; scale {scale}; {allocator})\n");
     println!("{:<44} {:>14}", "scenario", "calls/s");
 
+    // IDEM_BENCH_ONLY=macro|named|hand: one loop of 100k first executions, for instruction counting
+    // under `valgrind --tool=callgrind`.
+    if let Ok(only) = std::env::var("IDEM_BENCH_ONLY") {
+        rt.block_on(async {
+            let store = MemoryStore::new();
+            idem::register_store("bench_mem", MemoryStore::new());
+            for k in 0..100_000u64 {
+                match only.as_str() {
+                    "macro" => via_macro(&store, k).await.unwrap(),
+                    "named" => via_macro_named(k).await.unwrap(),
+                    _ => by_hand(&store, k).await.unwrap(),
+                };
+            }
+        });
+        return;
+    }
     rt.block_on(async {
         // Memory store: first executions and replays, by hand.
         let calls = n(1_000_000);
         let mut first = Vec::new();
         let mut replay = Vec::new();
+        let mut presized = Vec::new();
+        for _ in 0..rounds {
+            let store = MemoryStore::new().with_capacity(calls as usize);
+            let t = Instant::now();
+            for k in 0..calls {
+                by_hand(&store, k).await.unwrap();
+            }
+            presized.push(ops_per_sec(calls, t.elapsed()));
+        }
         for _ in 0..rounds {
             let store = MemoryStore::new();
             let t = Instant::now();
@@ -101,47 +138,91 @@ fn main() {
             replay.push(ops_per_sec(calls, t.elapsed()));
         }
         println!("{:<44} {:>14.0}", "memory: first execution", median(first));
+        println!(
+            "{:<44} {:>14.0}",
+            "memory: first execution, map pre-sized",
+            median(presized)
+        );
         println!("{:<44} {:>14.0}", "memory: replay", median(replay));
 
-        // Macro path against the same engine call written by hand, interleaved.
-        let calls = n(500_000);
-        let (mut hand, mut mac, mut named) = (Vec::new(), Vec::new(), Vec::new());
-        idem::register_store("bench_mem", MemoryStore::new());
-        for round in 0..rounds {
-            let base = round as u64 * calls * 10;
-            let store = MemoryStore::new();
-            let t = Instant::now();
-            for k in base..base + calls {
-                by_hand(&store, k).await.unwrap();
-            }
-            hand.push(ops_per_sec(calls, t.elapsed()));
-            let store = MemoryStore::new();
-            let t = Instant::now();
-            for k in base..base + calls {
-                via_macro(&store, k).await.unwrap();
-            }
-            mac.push(ops_per_sec(calls, t.elapsed()));
+        // Macro path against the same engine call written by hand: many short rounds, the order
+        // alternating, each round's ratio taken on its own, then the median of the ratios.
+        let calls = n(100_000);
+        let ratio_rounds = 21;
+        let (mut first_ratio, mut replay_ratio, mut named_ratio) =
+            (Vec::new(), Vec::new(), Vec::new());
+        let (mut hand_ops, mut macro_ops) = (Vec::new(), Vec::new());
+        for round in 0..ratio_rounds {
+            let base = 10_000_000 + round as u64 * calls;
+            let time_hand = |keys: std::ops::Range<u64>| async move {
+                let store = MemoryStore::new();
+                let t = Instant::now();
+                for k in keys.clone() {
+                    by_hand(&store, k).await.unwrap();
+                }
+                let first = ops_per_sec(calls, t.elapsed());
+                let t = Instant::now();
+                for k in keys {
+                    by_hand(&store, k).await.unwrap();
+                }
+                (first, ops_per_sec(calls, t.elapsed()))
+            };
+            let time_macro = |keys: std::ops::Range<u64>| async move {
+                let store = MemoryStore::new();
+                let t = Instant::now();
+                for k in keys.clone() {
+                    via_macro(&store, k).await.unwrap();
+                }
+                let first = ops_per_sec(calls, t.elapsed());
+                let t = Instant::now();
+                for k in keys {
+                    via_macro(&store, k).await.unwrap();
+                }
+                (first, ops_per_sec(calls, t.elapsed()))
+            };
+            let keys = base..base + calls;
+            let (hand, mac) = if round % 2 == 0 {
+                let h = time_hand(keys.clone()).await;
+                (h, time_macro(keys).await)
+            } else {
+                let m = time_macro(keys.clone()).await;
+                (time_hand(keys).await, m)
+            };
+            first_ratio.push(mac.0 / hand.0);
+            replay_ratio.push(mac.1 / hand.1);
+            hand_ops.push(hand.0);
+            macro_ops.push(mac.0);
+            idem::register_store("bench_mem", MemoryStore::new());
             let t = Instant::now();
             for k in base..base + calls {
                 via_macro_named(k).await.unwrap();
             }
-            named.push(ops_per_sec(calls, t.elapsed()));
+            named_ratio.push(ops_per_sec(calls, t.elapsed()) / hand.0);
         }
-        let (hand, mac, named) = (median(hand), median(mac), median(named));
-        println!("{:<44} {:>14.0}", "memory: first execution, by hand", hand);
         println!(
             "{:<44} {:>14.0}",
-            "memory: first execution, #[idempotent]", mac
+            "memory: first execution, by hand",
+            median(hand_ops)
         );
         println!(
             "{:<44} {:>14.0}",
-            "memory: first execution, #[idempotent] by name", named
+            "memory: first execution, #[idempotent]",
+            median(macro_ops)
         );
-        println!("{:<44} {:>14.3}", "ratio macro / hand", mac / hand);
         println!(
             "{:<44} {:>14.3}",
-            "ratio macro by name / hand",
-            named / hand
+            "ratio macro / hand, first execution",
+            median(first_ratio)
+        );
+        println!(
+            "{:<44} {:>14.3}",
+            "ratio macro / hand, replay",
+            median(replay_ratio)
+        );
+        println!(
+            "{:<44} {:>14.3}",
+            "ratio macro (store by name) / hand, first",
+            median(named_ratio)
         );
 
         // SQLite file store (WAL, synchronous=NORMAL).

@@ -58,7 +58,7 @@ async fn pay(ledger: &idem::sqlx::SqlitePool, req: &PayReq) -> Result<Receipt, P
         .bind(req.amount_cents as i64)
         .execute(ledger)
         .await
-        .map_err(|e| IdemError::store(e))?
+        .map_err(IdemError::store)?
         .last_insert_rowid();
     Ok(Receipt {
         order_no: req.order_no.clone(),
@@ -111,8 +111,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let before = idem::counts_for("PAY");
     println!("idem quickstart on {path}\n");
     println!(
-        "{:<34} {:<12} {:<28} {}",
-        "step", "outcome", "answer", "executions"
+        "{:<34} {:<12} {:<28} executions",
+        "step", "outcome", "answer"
     );
 
     let show = |step: &str,

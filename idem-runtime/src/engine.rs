@@ -94,21 +94,24 @@ impl Call {
     /// # Errors
     /// The body's own error, or an [`IdemError`] converted into `E`: refused repeats
     /// (`InProgress`, `PayloadMismatch`), bad input (`InvalidKey`, …), store failures, `LeaseLost`.
-    pub async fn run<T, E, F>(self, store: &dyn Store, body: F) -> Result<T, E>
+    #[inline(always)]
+    pub fn run<'a, T, E, F>(
+        self,
+        store: &'a dyn Store,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
     where
-        T: Serialize + DeserializeOwned,
-        E: From<IdemError>,
-        F: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned + 'a,
+        E: From<IdemError> + 'a,
+        F: Future<Output = Result<T, E>> + 'a,
     {
-        let span = tracing::info_span!(
-            "idem",
-            biz = %self.biz,
-            outcome = tracing::field::Empty,
-            attempt = tracing::field::Empty
-        );
-        run_in_span(store, self, OkType::new(), ErrType::new(), body)
-            .instrument(span)
-            .await
+        execute(
+            Ok(StoreHandle::Borrowed(store)),
+            self,
+            OkType::new(),
+            ErrType::new(),
+            body,
+        )
     }
 
     fn request(&self, store: &dyn Store) -> Result<ClaimRequest<'_>, IdemError> {
@@ -181,12 +184,15 @@ fn decode<T: DeserializeOwned>(snapshot: &[u8]) -> Result<T, IdemError> {
     }
 }
 
+/// Serializes a result within a size limit; `Err` holds the envelope to store instead and the error.
+type Encoder<T> = fn(&T, usize) -> Result<Vec<u8>, (Vec<u8>, IdemError)>;
+
 /// Proof that a fn's `Ok` type can be stored and replayed: its encoder and decoder.
 ///
 /// Made by a bounded constructor, so the engine entry points that take it need no bounds of their
 /// own: a type that is not storable is reported once, where the proof is made.
 pub struct OkType<T> {
-    encode: fn(&T, usize) -> Result<Vec<u8>, (Vec<u8>, IdemError)>,
+    encode: Encoder<T>,
     decode: fn(&[u8]) -> Result<T, IdemError>,
 }
 
@@ -287,8 +293,31 @@ async fn claim(
     }
 }
 
+/// The one engine path: `Call::run` and `#[idempotent]` both end here, so the attribute costs
+/// nothing over the hand-written call.
+async fn execute<T, E, F>(
+    store: Result<StoreHandle<'_>, IdemError>,
+    call: Call,
+    ok: OkType<T>,
+    err: ErrType<E>,
+    body: F,
+) -> Result<T, E>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    let span = tracing::info_span!(
+        "idem",
+        biz = %call.biz,
+        outcome = tracing::field::Empty,
+        attempt = tracing::field::Empty
+    );
+    run_in_span(store, call, ok, err, body)
+        .instrument(span)
+        .await
+}
+
 async fn run_in_span<T, E, F>(
-    store: &dyn Store,
+    store: Result<StoreHandle<'_>, IdemError>,
     call: Call,
     ok: OkType<T>,
     err: ErrType<E>,
@@ -303,6 +332,11 @@ where
         report(biz, outcome, 0);
         Err(err.from_idem(e))
     };
+    let handle = match store {
+        Ok(handle) => handle,
+        Err(e) => return refuse(e, Outcome::Rejected),
+    };
+    let store = handle.get();
     let req = match call.request(store) {
         Ok(req) => req,
         Err(e) => return refuse(e, Outcome::Rejected),
@@ -335,7 +369,7 @@ where
                 // The business ran: keep the claim as done so repeats never run it again.
                 Err((envelope, e)) => (envelope, Err(err.from_idem(e))),
             };
-            match store.complete(req.biz, req.key, attempt, &snapshot).await {
+            match store.complete(req.biz, req.key, attempt, snapshot).await {
                 Ok(()) => (result, acquired_outcome(how)),
                 Err(e @ IdemError::LeaseLost { .. }) => {
                     tracing::error!(
@@ -396,6 +430,7 @@ impl StoreHandle<'_> {
 }
 
 impl<'a> StoreArg<'a> {
+    #[inline]
     pub(crate) fn resolve(self) -> Result<StoreHandle<'a>, IdemError> {
         match self {
             StoreArg::Named(name) => crate::registry::store(name).map(StoreHandle::Owned),
@@ -408,32 +443,20 @@ impl<'a> StoreArg<'a> {
 ///
 /// # Errors
 /// As [`Call::run`], plus [`IdemError::UnknownStore`] for a name never registered.
-pub async fn run<T, E, F>(
-    store: StoreArg<'_>,
+#[inline(always)]
+pub fn run<'a, T, E, F>(
+    store: StoreArg<'a>,
     call: Call,
     ok: OkType<T>,
     err: ErrType<E>,
     body: F,
-) -> Result<T, E>
+) -> impl Future<Output = Result<T, E>> + 'a
 where
-    F: Future<Output = Result<T, E>>,
+    T: 'a,
+    E: 'a,
+    F: Future<Output = Result<T, E>> + 'a,
 {
-    let store = match store.resolve() {
-        Ok(s) => s,
-        Err(e) => {
-            report(call.biz(), Outcome::Rejected, 0);
-            return Err(err.from_idem(e));
-        }
-    };
-    let span = tracing::info_span!(
-        "idem",
-        biz = %call.biz,
-        outcome = tracing::field::Empty,
-        attempt = tracing::field::Empty
-    );
-    run_in_span(store.get(), call, ok, err, body)
-        .instrument(span)
-        .await
+    execute(store.resolve(), call, ok, err, body)
 }
 
 pub(crate) mod tx {

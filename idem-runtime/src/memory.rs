@@ -1,7 +1,6 @@
 //! An in-process store: one map behind a mutex. For tests, single-process services and benchmarks.
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -18,13 +17,13 @@ struct Entry {
     status: Status,
     attempt: u32,
     fingerprint: Option<Box<str>>,
-    snapshot: Option<Box<[u8]>>,
+    snapshot: Option<Vec<u8>>,
     lease_until: i64,
     expire_at: i64,
 }
 
-/// Keys come from callers, so the map is seeded per process (foldhash's `RandomState`).
-type Map<V> = HashMap<Box<str>, V, foldhash::fast::RandomState>;
+/// Keys come from callers, so the map is seeded per process (hashbrown's default, foldhash).
+type Map<V> = hashbrown::HashMap<String, V>;
 type Records = Map<Map<Entry>>;
 
 /// Keeps records in this process's memory; its clock is a monotonic clock started with the store.
@@ -33,6 +32,7 @@ pub struct MemoryStore {
     records: Mutex<Records>,
     epoch: Instant,
     limits: Limits,
+    capacity: usize,
 }
 
 impl Default for MemoryStore {
@@ -53,7 +53,15 @@ impl MemoryStore {
             records: Mutex::new(Records::default()),
             epoch: Instant::now(),
             limits,
+            capacity: 0,
         }
+    }
+
+    /// The same store, reserving room for `records` keys per business type up front, so a
+    /// known volume never pays for growing the map while calls wait on its lock.
+    pub fn with_capacity(mut self, records: usize) -> Self {
+        self.capacity = records;
+        self
     }
 
     fn now(&self) -> i64 {
@@ -73,13 +81,13 @@ impl MemoryStore {
         key: &str,
         attempt: u32,
         to: Status,
-        snapshot: Option<&[u8]>,
+        snapshot: Option<Vec<u8>>,
     ) -> Result<(), IdemError> {
         let mut records = self.lock();
         match records.get_mut(biz).and_then(|m| m.get_mut(key)) {
             Some(e) if e.attempt == attempt && e.status == Status::Processing => {
                 e.status = to;
-                e.snapshot = snapshot.map(Into::into);
+                e.snapshot = snapshot;
                 Ok(())
             }
             _ => Err(IdemError::LeaseLost { attempt }),
@@ -110,14 +118,19 @@ impl Store for MemoryStore {
         let mut records = self.lock();
         let by_key = match records.get_mut(req.biz) {
             Some(m) => m,
-            None => records.entry(req.biz.into()).or_default(),
+            None => records
+                .entry(req.biz.into())
+                .or_insert_with(|| Map::with_capacity(self.capacity)),
         };
-        let Some(entry) = by_key.get_mut(req.key) else {
-            by_key.insert(req.key.into(), fresh(1));
-            return Ok(ClaimOutcome::Acquired {
-                attempt: 1,
-                how: Acquired::Fresh,
-            });
+        let entry = match by_key.entry_ref(req.key) {
+            hashbrown::hash_map::EntryRef::Occupied(e) => e.into_mut(),
+            hashbrown::hash_map::EntryRef::Vacant(v) => {
+                v.insert(fresh(1));
+                return Ok(ClaimOutcome::Acquired {
+                    attempt: 1,
+                    how: Acquired::Fresh,
+                });
+            }
         };
         let state = RecordState {
             status: entry.status,
@@ -153,7 +166,7 @@ impl Store for MemoryStore {
         biz: &str,
         key: &str,
         attempt: u32,
-        snapshot: &[u8],
+        snapshot: Vec<u8>,
     ) -> Result<(), IdemError> {
         self.finish(biz, key, attempt, Status::Succeeded, Some(snapshot))
     }
@@ -170,7 +183,7 @@ impl Store for MemoryStore {
             status: e.status,
             attempt: e.attempt,
             fingerprint: e.fingerprint.as_deref().map(Into::into),
-            snapshot: e.snapshot.as_deref().map(Into::into),
+            snapshot: e.snapshot.clone(),
             lease_until_ms: e.lease_until,
             expire_at_ms: e.expire_at,
         }))
@@ -184,7 +197,7 @@ impl Store for MemoryStore {
             if deleted == batch {
                 break;
             }
-            let expired: Vec<Box<str>> = by_key
+            let expired: Vec<String> = by_key
                 .iter()
                 .filter(|(_, e)| e.expire_at <= now)
                 .map(|(k, _)| k.clone())

@@ -1,11 +1,26 @@
 //! Stores registered by name at start-up, so `store = "name"` can find them.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, RwLock};
 
 use crate::{IdemError, Store};
 
 static STORES: LazyLock<RwLock<HashMap<String, Arc<dyn Store>>>> = LazyLock::new(Default::default);
+/// (generation read at, name, store)
+type CachedStore = (u64, Box<str>, Arc<dyn Store>);
+
+/// Bumped by every change of the registry, so per-thread caches know when to look again.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The stores this thread looked up lately, with the generation they were read at: a call by
+    /// name usually costs one string compare instead of a lock and a hash.
+    static CACHE: RefCell<Vec<CachedStore>> = const { RefCell::new(Vec::new()) };
+}
+
+const CACHE_SLOTS: usize = 8;
 
 /// A store, or a shared pointer to one, that can be registered by name.
 pub trait IntoSharedStore {
@@ -38,14 +53,17 @@ pub fn register_store(name: impl Into<String>, store: impl IntoSharedStore) {
         .write()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     stores.insert(name.into(), store.into_shared());
+    GENERATION.fetch_add(1, Ordering::Release);
 }
 
 /// Removes the store registered under `name`, returning it.
 pub fn unregister_store(name: &str) -> Option<Arc<dyn Store>> {
-    STORES
+    let mut stores = STORES
         .write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .remove(name)
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let removed = stores.remove(name);
+    GENERATION.fetch_add(1, Ordering::Release);
+    removed
 }
 
 /// The store registered under `name`.
@@ -53,13 +71,53 @@ pub fn unregister_store(name: &str) -> Option<Arc<dyn Store>> {
 /// # Errors
 /// [`IdemError::UnknownStore`] when nothing was registered under that name.
 pub fn store(name: &str) -> Result<Arc<dyn Store>, IdemError> {
-    let stores = STORES
+    let generation = GENERATION.load(Ordering::Acquire);
+    let cached = CACHE.with_borrow(|cache| {
+        cache
+            .iter()
+            .find(|(g, n, _)| *g == generation && **n == *name)
+            .map(|(_, _, s)| s.clone())
+    });
+    if let Some(store) = cached {
+        return Ok(store);
+    }
+    let found = STORES
         .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    stores
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
         .get(name)
-        .cloned()
-        .ok_or_else(|| IdemError::UnknownStore {
-            name: name.to_owned(),
-        })
+        .cloned();
+    let store = found.ok_or_else(|| IdemError::UnknownStore {
+        name: name.to_owned(),
+    })?;
+    CACHE.with_borrow_mut(|cache| {
+        cache.retain(|(g, n, _)| *g == generation && **n != *name);
+        if cache.len() == CACHE_SLOTS {
+            cache.remove(0);
+        }
+        cache.push((generation, name.into(), store.clone()));
+    });
+    Ok(store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+
+    #[test]
+    fn a_replaced_store_is_seen_at_once() {
+        register_store("reg_test", MemoryStore::new());
+        let first = store("reg_test").unwrap();
+        assert!(Arc::ptr_eq(&first, &store("reg_test").unwrap()), "cached");
+        register_store("reg_test", MemoryStore::new());
+        assert!(
+            !Arc::ptr_eq(&first, &store("reg_test").unwrap()),
+            "the cache must not hide a new store"
+        );
+        unregister_store("reg_test");
+        assert!(matches!(
+            store("reg_test"),
+            Err(IdemError::UnknownStore { .. })
+        ));
+    }
 }

@@ -287,9 +287,9 @@ impl Store for SqliteStore {
         biz: &str,
         key: &str,
         attempt: u32,
-        snapshot: &[u8],
+        snapshot: Vec<u8>,
     ) -> Result<(), IdemError> {
-        self.finish(COMPLETE, biz, key, attempt, Some(snapshot))
+        self.finish(COMPLETE, biz, key, attempt, Some(&snapshot))
             .await
     }
 

@@ -169,7 +169,7 @@ pub trait Store: Send + Sync + 'static {
         biz: &str,
         key: &str,
         attempt: u32,
-        snapshot: &[u8],
+        snapshot: Vec<u8>,
     ) -> Result<(), IdemError>;
 
     /// Marks the record FAILED (a retry may run), only if it is still PROCESSING under `attempt`.

@@ -244,7 +244,7 @@ pub async fn expired_lease_is_taken_over_and_the_late_finisher_is_fenced(store: 
     );
     // The stale attempt wakes up and tries to mark: it must be refused and change nothing.
     let late = store
-        .complete(&biz, "o", stale, b"{\"Ok\":\"stale\"}")
+        .complete(&biz, "o", stale, b"{\"Ok\":\"stale\"}".to_vec())
         .await;
     assert!(
         matches!(late, Err(IdemError::LeaseLost { attempt }) if attempt == stale),

@@ -53,7 +53,7 @@ async fn store() -> &'static Arc<SqliteStore> {
 }
 
 async fn begin(pool: &SqlitePool) -> Transaction<'static, Sqlite> {
-    pool.begin_with("BEGIN IMMEDIATE").await.unwrap()
+    SqliteStore::from_pool(pool.clone()).begin().await.unwrap()
 }
 
 async fn orders(pool: &SqlitePool, order_no: &str) -> i64 {

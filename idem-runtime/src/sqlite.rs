@@ -155,6 +155,21 @@ impl SqliteStore {
         &self.pool
     }
 
+    /// Begins a write transaction (`BEGIN IMMEDIATE`) for a `tx = "…"` call: it takes SQLite's
+    /// write lock up front, so a concurrent duplicate waits for this one to commit and then
+    /// replays, instead of failing with "database is locked" when a deferred transaction that
+    /// already read tries to write.
+    ///
+    /// # Errors
+    /// [`IdemError::StoreUnavailable`] when no connection can be had or the lock is not granted
+    /// within the busy timeout.
+    pub async fn begin(&self) -> Result<Transaction<'static, Sqlite>, IdemError> {
+        self.pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(IdemError::unavailable)
+    }
+
     /// Creates the `idem_record` table and its expiry index if they do not exist.
     ///
     /// # Errors
@@ -341,7 +356,7 @@ async fn exec(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), Idem
 
 /// Transaction mode on SQLite: the claim lives in a savepoint of the caller's transaction.
 ///
-/// Begin such transactions with `pool.begin_with("BEGIN IMMEDIATE")`: a deferred transaction that
+/// Begin such transactions with [`SqliteStore::begin`] (`BEGIN IMMEDIATE`): a deferred transaction that
 /// read before it writes cannot wait for a concurrent writer in WAL mode and fails with "database
 /// is locked" instead.
 #[async_trait]

@@ -83,6 +83,14 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
     }
     if let Some(tx) = &tx {
         check_tx(tx, &params, &fn_name, &mut errors);
+        if let Some(InProgress::Wait(wait)) = &on_in_progress {
+            // Waiting inside the transaction would hold its locks while the other call needs them.
+            errors.at(
+                wait.lit.span(),
+                "`on_in_progress = \"wait(..)\"` cannot be combined with `tx`: a duplicate in a \
+                 transaction already waits on the record's lock and then replays; remove `on_in_progress`",
+            );
+        }
     }
     if let Some(StoreSpec::Given(expr)) = &store {
         check_store_expr(expr, &params, &mut errors);

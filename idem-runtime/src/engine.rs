@@ -311,100 +311,89 @@ where
         outcome = tracing::field::Empty,
         attempt = tracing::field::Empty
     );
-    run_in_span(store, call, ok, err, body)
-        .instrument(span)
-        .await
-}
-
-async fn run_in_span<T, E, F>(
-    store: Result<StoreHandle<'_>, IdemError>,
-    call: Call,
-    ok: OkType<T>,
-    err: ErrType<E>,
-    body: F,
-) -> Result<T, E>
-where
-    F: Future<Output = Result<T, E>>,
-{
-    let biz = call.biz();
-    let refuse = |e: IdemError, outcome: Outcome| {
-        finish_span(outcome, 0);
-        report(biz, outcome, 0);
-        Err(err.from_idem(e))
-    };
-    let handle = match store {
-        Ok(handle) => handle,
-        Err(e) => return refuse(e, Outcome::Rejected),
-    };
-    let store = handle.get();
-    let req = match call.request(store) {
-        Ok(req) => req,
-        Err(e) => return refuse(e, Outcome::Rejected),
-    };
-    let (attempt, how) = match claim(store, &req, call.wait).await {
-        Ok(ClaimOutcome::Acquired { attempt, how }) => (attempt, how),
-        Ok(ClaimOutcome::Replay { snapshot }) => {
-            return match (ok.decode)(&snapshot) {
-                Ok(v) => {
-                    finish_span(Outcome::Replayed, 0);
-                    report(biz, Outcome::Replayed, 0);
-                    Ok(v)
-                }
-                Err(e) => refuse(e, Outcome::Replayed),
-            };
-        }
-        Ok(ClaimOutcome::Mismatch) => return refuse(IdemError::PayloadMismatch, Outcome::Mismatch),
-        Ok(ClaimOutcome::InProgress { retry_after }) => {
-            return refuse(IdemError::InProgress { retry_after }, Outcome::InProgress);
-        }
-        Err(e) => return refuse(e, Outcome::Rejected),
-    };
-    // From here the claim is ours. A panic or a dropped future leaves it PROCESSING: the lease
-    // expires and a later attempt takes over; nothing ever claims a success that did not happen.
-    let out = body.await;
-    let (result, outcome) = match out {
-        Ok(value) => {
-            let (snapshot, result) = match (ok.encode)(&value, store.limits().max_snapshot_len) {
-                Ok(bytes) => (bytes, Ok(value)),
-                // The business ran: keep the claim as done so repeats never run it again.
-                Err((envelope, e)) => (envelope, Err(err.from_idem(e))),
-            };
-            match store.complete(req.biz, req.key, attempt, snapshot).await {
-                Ok(()) => (result, acquired_outcome(how)),
-                Err(e @ IdemError::LeaseLost { .. }) => {
-                    tracing::error!(
-                        attempt,
-                        "idempotent call finished after its lease was taken over; result dropped"
-                    );
-                    (Err(err.from_idem(e)), Outcome::LeaseLost)
-                }
-                Err(e) => {
-                    // The business ran but could not be marked: the claim stays PROCESSING and
-                    // protects the key until its lease expires.
-                    tracing::error!(attempt, error = %e, "idempotent call ran but could not be marked done");
-                    (Err(err.from_idem(e)), acquired_outcome(how))
+    async move {
+        let biz = call.biz();
+        let refuse = |e: IdemError, outcome: Outcome| {
+            finish_span(outcome, 0);
+            report(biz, outcome, 0);
+            Err(err.from_idem(e))
+        };
+        let handle = match store {
+            Ok(handle) => handle,
+            Err(e) => return refuse(e, Outcome::Rejected),
+        };
+        let store = handle.get();
+        let req = match call.request(store) {
+            Ok(req) => req,
+            Err(e) => return refuse(e, Outcome::Rejected),
+        };
+        let (attempt, how) = match claim(store, &req, call.wait).await {
+            Ok(ClaimOutcome::Acquired { attempt, how }) => (attempt, how),
+            Ok(ClaimOutcome::Replay { snapshot }) => {
+                return match (ok.decode)(&snapshot) {
+                    Ok(v) => {
+                        finish_span(Outcome::Replayed, 0);
+                        report(biz, Outcome::Replayed, 0);
+                        Ok(v)
+                    }
+                    Err(e) => refuse(e, Outcome::Replayed),
+                };
+            }
+            Ok(ClaimOutcome::Mismatch) => return refuse(IdemError::PayloadMismatch, Outcome::Mismatch),
+            Ok(ClaimOutcome::InProgress { retry_after }) => {
+                return refuse(IdemError::InProgress { retry_after }, Outcome::InProgress);
+            }
+            Err(e) => return refuse(e, Outcome::Rejected),
+        };
+        // From here the claim is ours. A panic or a dropped future leaves it PROCESSING: the lease
+        // expires and a later attempt takes over; nothing ever claims a success that did not happen.
+        let out = body.await;
+        let (result, outcome) = match out {
+            Ok(value) => {
+                let (snapshot, result) = match (ok.encode)(&value, store.limits().max_snapshot_len) {
+                    Ok(bytes) => (bytes, Ok(value)),
+                    // The business ran: keep the claim as done so repeats never run it again.
+                    Err((envelope, e)) => (envelope, Err(err.from_idem(e))),
+                };
+                match store.complete(req.biz, req.key, attempt, snapshot).await {
+                    Ok(()) => (result, acquired_outcome(how)),
+                    Err(e @ IdemError::LeaseLost { .. }) => {
+                        tracing::error!(
+                            attempt,
+                            "idempotent call finished after its lease was taken over; result dropped"
+                        );
+                        (Err(err.from_idem(e)), Outcome::LeaseLost)
+                    }
+                    Err(e) => {
+                        // The business ran but could not be marked: the claim stays PROCESSING and
+                        // protects the key until its lease expires.
+                        tracing::error!(attempt, error = %e, "idempotent call ran but could not be marked done");
+                        (Err(err.from_idem(e)), acquired_outcome(how))
+                    }
                 }
             }
-        }
-        Err(body_err) => {
-            match store.fail(req.biz, req.key, attempt).await {
-                Ok(()) => {}
-                Err(IdemError::LeaseLost { .. }) => {
-                    tracing::warn!(
-                        attempt,
-                        "failed idempotent call lost its lease; the newer attempt is untouched"
-                    );
+            Err(body_err) => {
+                match store.fail(req.biz, req.key, attempt).await {
+                    Ok(()) => {}
+                    Err(IdemError::LeaseLost { .. }) => {
+                        tracing::warn!(
+                            attempt,
+                            "failed idempotent call lost its lease; the newer attempt is untouched"
+                        );
+                    }
+                    Err(e) => {
+                        tracing::warn!(attempt, error = %e, "could not mark the call FAILED; its lease will expire")
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(attempt, error = %e, "could not mark the call FAILED; its lease will expire")
-                }
+                (Err(body_err), Outcome::Failed)
             }
-            (Err(body_err), Outcome::Failed)
-        }
-    };
-    finish_span(outcome, attempt);
-    report(biz, outcome, attempt);
-    result
+        };
+        finish_span(outcome, attempt);
+        report(biz, outcome, attempt);
+        result
+    }
+    .instrument(span)
+    .await
 }
 
 /// Where a call's store comes from.

@@ -142,3 +142,18 @@ async fn a_store_may_refuse_long_business_types() {
     assert!(matches!(res, Err(IdemError::InvalidBiz { .. })), "{res:?}");
     assert!(store.load("TRACE", "k").await.unwrap().is_none());
 }
+
+#[tokio::test]
+async fn a_ttl_not_longer_than_the_lease_is_refused() {
+    let store = MemoryStore::new();
+    let res: Result<u32, IdemError> = Call::new("TRACE", "k")
+        .ttl(Duration::from_secs(1))
+        .lease(Duration::from_secs(1))
+        .run(&store, async { Ok(1) })
+        .await;
+    match res {
+        Err(e @ IdemError::InvalidOptions { .. }) => assert_eq!(e.http_status(), 500),
+        other => panic!("expected InvalidOptions, got {other:?}"),
+    }
+    assert!(store.load("TRACE", "k").await.unwrap().is_none());
+}

@@ -119,7 +119,7 @@ impl Call {
         key::validate_biz(&self.biz, limits.max_biz_len)?;
         key::validate_key(&self.key, limits.max_key_len)?;
         if self.ttl <= self.lease {
-            return Err(IdemError::InvalidKey {
+            return Err(IdemError::InvalidOptions {
                 reason: format!(
                     "ttl {:?} must be longer than the lease {:?}",
                     self.ttl, self.lease

@@ -26,6 +26,13 @@ pub enum IdemError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The call's options contradict each other (a TTL not longer than the lease): a mistake of the
+    /// service, not of its client (HTTP 500). Nothing was written.
+    #[error("invalid idempotency options: {reason}")]
+    InvalidOptions {
+        /// What is wrong.
+        reason: String,
+    },
     /// Another attempt holds a valid lease on this key; try again after `retry_after`.
     #[error("a call with this key is still in progress; retry after {retry_after:?}")]
     InProgress {

@@ -13,8 +13,13 @@
 //! This crate is the one dependency users add: it re-exports the runtime ([`Call`], [`Store`],
 //! the stores, [`IdemError`], metrics) and the [`idempotent`] attribute. See the README for the
 //! full attribute reference and `DESIGN.md` for the guarantees.
+//!
+//! Stateful business is made idempotent by its transitions: `#[derive(StateMachine)]` declares a
+//! machine stored in one column, and [`state_transition`] turns an `async fn` into a conditional
+//! update that moves a row once and returns a [`Transition`].
 
 pub use idem_macros::idempotent;
+pub use idem_macros::{StateMachine, state_transition};
 pub use idem_runtime::*;
 
 /// The sqlx this crate was built with, for `tx = "…"` parameters (`idem::sqlx::Transaction`).

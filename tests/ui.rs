@@ -7,5 +7,7 @@
 fn ui() {
     let t = trybuild::TestCases::new();
     t.compile_fail("tests/ui/idempotent_*.rs");
+    t.compile_fail("tests/ui/state_machine_*.rs");
+    t.compile_fail("tests/ui/state_transition_*.rs");
     t.pass("tests/ui/pass_*.rs");
 }

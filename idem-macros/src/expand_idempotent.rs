@@ -4,7 +4,7 @@
 use proc_macro2::{Delimiter, Group, Literal, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{AttrStyle, Expr, ItemFn};
+use syn::{Expr, ItemFn};
 
 use crate::args::StoreSpec;
 use crate::diag::{self, located_at};
@@ -19,12 +19,7 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
         block,
         ..
     } = item;
-    let outer_attrs = attrs
-        .iter()
-        .filter(|attr| matches!(attr.style, AttrStyle::Outer));
-    let inner_attrs = attrs
-        .iter()
-        .filter(|attr| matches!(attr.style, AttrStyle::Inner(_)));
+    let (outer_attrs, inner_attrs) = diag::outer_and_inner(attrs);
     let private = private_path(spec);
     let stmts = &block.stmts;
 

@@ -3,12 +3,16 @@
 //!
 //! Pipeline: `args.rs` parses the attribute, `validate.rs` checks it against the fn, `expand_idempotent.rs`
 //! generates code; `expand.rs` runs the three and falls back to the fn as written plus the errors.
+//! `state_machine.rs` (the derive) and `state_transition.rs` (the attribute) follow the same
+//! parse → check → expand steps, each in one file.
 
 mod args;
 mod diag;
 mod duration;
 mod expand;
 mod expand_idempotent;
+mod state_machine;
+mod state_transition;
 mod validate;
 
 use proc_macro::TokenStream;
@@ -94,4 +98,118 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()
+}
+
+/// Declares a state machine stored in one column of one table: one unit variant per state.
+///
+/// ```ignore
+/// #[derive(Debug, Clone, Copy, PartialEq, Eq, idem::StateMachine)]
+/// #[state_machine(table = "orders", key = "order_no", status = "status", version = "version")]
+/// pub enum OrderStatus {
+///     #[state(to(Paid, Closed))] WaitPay,              // stored as "WAIT_PAY"
+///     #[state(to(Refunding))] Paid,
+///     #[state(name = "REFUND_PENDING", to(Refunded))] Refunding,
+///     #[state(terminal)] Refunded,
+///     #[state(terminal)] Closed,
+/// }
+/// ```
+///
+/// | on the enum, `#[state_machine(…)]` | required | meaning |
+/// | --- | --- | --- |
+/// | `table = "orders"` | yes | the table; `schema.table` works |
+/// | `key = "order_no"` | yes | the column that identifies one row (unique) |
+/// | `status = "status"` | no, `"status"` | the column holding the stored state name (TEXT) |
+/// | `version = "version"` | no | an integer column for optimistic locking (`version = "…"` on a transition) |
+/// | `crate = "path"` | no, `"::idem"` | where idem is reachable when renamed |
+///
+/// | on a variant, `#[state(…)]` | meaning |
+/// | --- | --- |
+/// | `to(A, B)` | the declared transitions out of this state, by variant |
+/// | `terminal` | no transition leaves it (cannot be combined with `to`) |
+/// | `name = "X"` | the stored name; default: the variant in `SCREAMING_SNAKE_CASE` |
+///
+/// Identifiers must match `[A-Za-z_][A-Za-z0-9_]*` (they are written into SQL unquoted; values are
+/// always bound). A `to` naming no variant ("did you mean"), `terminal` with `to`, a bad identifier and
+/// two states stored under one name are compile errors at the offending token.
+///
+/// Generates `impl idem::StateMachine` (table, columns, states, terminal states, edges, `as_str`,
+/// `parse`), `Display` and `FromStr` (the stored name), and sqlx `Type`/`Encode`/`Decode` for SQLite as
+/// TEXT (with idem's `sqlite` feature; the user's crate needs no sqlx features). It also emits a hidden
+/// module `__idem_sm_<Enum>` and a glob import of it: `#[state_transition]` finds the module's machine
+/// through it when `machine = …` is not given (two machines in one module make that name ambiguous,
+/// then give `machine = …`), and checks state names against it. Declare the enum at module level.
+#[proc_macro_derive(StateMachine, attributes(state_machine, state))]
+pub fn derive_state_machine(item: TokenStream) -> TokenStream {
+    state_machine::derive(item.into()).into()
+}
+
+/// Makes an `async fn` a state transition: `UPDATE … SET status = to WHERE key = ? AND status = from`
+/// moves the row once; a repeat changes nothing and is recognised.
+///
+/// ```ignore
+/// #[state_transition(from = "WAIT_PAY", to = "PAID")]
+/// async fn mark_paid(
+///     tx: &mut sqlx::Transaction<'_, Sqlite>,    // the caller's transaction (`store.begin()`)
+///     order_no: &str,                            // the key: named like the machine's key column
+/// ) -> Result<idem::Transition<Receipt, OrderStatus>, PayError> {
+///     issue_coupon(tx, order_no).await?;         // runs only when the row moved, in the same tx
+///     Ok(Receipt { .. })                         // the body returns Result<T, E>
+/// }
+/// ```
+///
+/// # Options
+///
+/// | option | default | meaning |
+/// | --- | --- | --- |
+/// | `from = "WAIT_PAY"` or `from = ["WAIT_PAY", "PAY_FAILED"]` | required | the stored states the row may move from |
+/// | `to = "PAID"` | required | the stored state it moves to |
+/// | `machine = OrderStatus` | the one machine derived in this module | the `#[derive(StateMachine)]` enum, by path |
+/// | `key = "req.order_no"` | the first parameter (not `tx`, not `self`), which must then be named like the key column (checked at compile time) | an expression over the parameters, bound to the key column |
+/// | `set(trade_no = "cb.trade_no", …)` | none | more columns written by the update, each bound from an expression over the parameters |
+/// | `now = "paid_at"` | none | a column set to the database's `CURRENT_TIMESTAMP` |
+/// | `match(trade_no, …)` | none | `set` columns that must equal the stored values for a repeat to count as `AlreadyApplied` (same `trade_no`: the same payment; another: `Rejected`) |
+/// | `version = "seen_version"` | none | optimistic lock: adds `AND version = ?` and `version = version + 1`; an `i64` expression; the machine needs `version = "…"` |
+/// | `tx = "tx"` | a parameter named `tx` | a `&mut sqlx::Transaction<'_, Sqlite>` (or `&mut SqliteConnection`) parameter: update and body run in a savepoint of the caller's transaction; the caller commits |
+/// | `store = "sqlite"` | none | instead of `tx`: a registered `SqliteStore`; the fn begins `BEGIN IMMEDIATE` on it, commits on `Ok`, rolls back on `Err`. The body cannot see this transaction: a body writing to the same SQLite database would wait for its lock, so use `tx` mode for such bodies |
+/// | `crate = "path"` | `"::idem"` | where idem is reachable when renamed |
+///
+/// # The fn
+///
+/// `async`, returning `Result<idem::Transition<T, Machine>, E>` with `E: From<idem::IdemError>`; the
+/// body is written returning `Result<T, E>` and runs only when the update moved one row. Outcomes:
+///
+/// - `Applied(T)`: the row moved and the body ran in the same transaction. A body `Err` rolls the move
+///   and the body's writes back (`ROLLBACK TO SAVEPOINT`) and is returned as is.
+/// - `AlreadyApplied`: the row is already in `to` with equal `match` columns; the body did not run;
+///   answer the caller with success.
+/// - `Rejected { current }`: the row is in another state; nothing changed.
+/// - `VersionConflict { current, version }`: the row is in a `from` state at another version.
+/// - `NotFound`: no row has the key.
+///
+/// Database failures come back as `IdemError::Store` / `IdemError::StoreUnavailable` through `E`.
+///
+/// # Checked at compile time
+///
+/// At the offending token, naming the states and the fix: an unknown state name (with rustc's
+/// "similar name" help), a transition the machine does not declare, a move out of a terminal state,
+/// `from` equal to `to`, a column that is no SQL identifier, a `set`/`key`/`version` expression naming
+/// no parameter, `match` on a column not in `set`, `version` without the machine's version column, a
+/// defaulted key whose parameter is not named like the key column, a fn that is not `async` or does not
+/// return `Result<Transition<…>, E>`. A bad attribute still emits the fn, so its callers compile.
+///
+/// # The SQL
+///
+/// Listed in the fn's docs; built at compile time from the machine's consts by
+/// `idem::TransitionSql::build`, one string per backend (`?` for SQLite and MySQL, `$n` for
+/// Postgres; only SQLite runs today). For `from = "WAIT_PAY", to = "PAID", set(trade_no = …),
+/// now = "paid_at", match(trade_no)` on `orders`:
+///
+/// ```sql
+/// UPDATE orders SET status = ?, trade_no = ?, paid_at = CURRENT_TIMESTAMP WHERE order_no = ? AND status = ?
+/// -- no row changed: why? (MySQL/Postgres add FOR UPDATE; SQLite's BEGIN IMMEDIATE holds the lock)
+/// SELECT status, CASE WHEN status = ? AND trade_no = ? THEN 1 ELSE 0 END FROM orders WHERE order_no = ?
+/// ```
+#[proc_macro_attribute]
+pub fn state_transition(args: TokenStream, item: TokenStream) -> TokenStream {
+    state_transition::attribute(args.into(), item.into()).into()
 }

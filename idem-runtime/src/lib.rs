@@ -14,10 +14,13 @@ mod metrics;
 mod registry;
 pub mod store;
 mod sweeper;
+pub mod transition;
 pub mod tx;
 
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(feature = "sqlite")]
+mod sqlite_transition;
 
 #[doc(hidden)]
 #[path = "private.rs"]
@@ -34,6 +37,39 @@ pub use registry::{IntoSharedStore, register_store, store, unregister_store};
 pub use sqlite::SqliteStore;
 pub use store::{ClaimOutcome, ClaimRequest, Limits, Record, Status, Store};
 pub use sweeper::Sweeper;
+pub use transition::{
+    Dialect, DialectSql, SqlText, StateMachine, Transition, TransitionSql, UnknownState,
+};
+
+/// Without the `sqlite` feature a machine gets no sqlx impls (see `sqlite_transition.rs`).
+#[cfg(not(feature = "sqlite"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_sqlite_text {
+    ($machine:ty) => {};
+}
+
+/// `#[state_transition]` runs on SQLite only today: without the feature it is a compile error that
+/// names the feature.
+#[cfg(feature = "sqlite")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_require_sqlite {
+    () => {};
+}
+
+/// `#[state_transition]` runs on SQLite only today: without the feature it is a compile error that
+/// names the feature.
+#[cfg(not(feature = "sqlite"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_require_sqlite {
+    () => {
+        ::core::compile_error!(
+            "`#[state_transition]` needs the `sqlite` feature of `idem` (the only backend it runs on today)"
+        );
+    };
+}
 
 #[cfg(feature = "sqlite")]
 #[doc(no_inline)]

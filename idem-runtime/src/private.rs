@@ -71,3 +71,21 @@ pub fn check_err_type<E: CarriesIdemError>() -> ErrType<E> {
 
 /// Compile-time check that the `tx` parameter is a transaction idem can join.
 pub fn check_tx_conn<C: crate::tx::TxConnection + ?Sized>(_conn: &C) {}
+
+// State transitions (`#[derive(StateMachine)]`, `#[state_transition]`).
+#[cfg(feature = "sqlite")]
+pub use crate::sqlite_transition::{
+    TransitionConn, transition_abort, transition_begin, transition_commit, transition_conn,
+    transition_db_error, transition_outcome, transition_query, transition_release,
+    transition_rollback, transition_rows, transition_savepoint,
+};
+pub use crate::transition::{TransitionShape, contains, has_edge, str_eq};
+pub use crate::{__idem_require_sqlite as require_sqlite, __idem_sqlite_text as sqlite_text};
+
+/// The marker of a machine's states, for compile-time name checks: `#[derive(StateMachine)]` gives
+/// `States` one associated const per stored state name, so a misspelled name in
+/// `#[state_transition]` is a rustc "no associated item" error with a "similar name" suggestion.
+pub trait Machine: crate::StateMachine {
+    /// A struct with one associated const per stored state name.
+    type States;
+}

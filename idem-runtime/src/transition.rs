@@ -1,0 +1,466 @@
+//! State transitions: stateful business (orders, refunds) made idempotent by the transition itself.
+//!
+//! `UPDATE t SET status = 'PAID' WHERE key = ? AND status = 'WAIT_PAY'` changes one row the first time
+//! and none on a repeat: the row's state is the idempotency record. A machine is declared once with
+//! `#[derive(idem::StateMachine)]`; `#[state_transition(from = "WAIT_PAY", to = "PAID")]` generates the
+//! conditional update and tells the caller what happened with a [`Transition`].
+
+use std::fmt;
+
+/// A state machine stored in one column of one table, declared with `#[derive(idem::StateMachine)]`.
+///
+/// The derive fills every item; implementing it by hand is possible but gets no compile-time checks.
+pub trait StateMachine: Copy + Eq + fmt::Debug + Send + Sync + 'static {
+    /// The enum's name, for messages.
+    const NAME: &'static str;
+    /// The table holding the rows (`orders`, or `schema.orders`).
+    const TABLE: &'static str;
+    /// The column that identifies a row (`order_no`).
+    const KEY_COLUMN: &'static str;
+    /// The column holding the stored state name (`status`).
+    const STATUS_COLUMN: &'static str;
+    /// The optimistic-lock column, when the machine declares one (`version`).
+    const VERSION_COLUMN: Option<&'static str>;
+    /// Every stored state name, in declaration order.
+    const STATES: &'static [&'static str];
+    /// The stored names of the terminal states: no transition leaves them.
+    const TERMINAL: &'static [&'static str];
+    /// The declared transitions, `(from, to)` by stored name.
+    const EDGES: &'static [(&'static str, &'static str)];
+
+    /// The stored name of this state (`"WAIT_PAY"`).
+    fn as_str(self) -> &'static str;
+
+    /// The state stored as `name`, if there is one.
+    fn parse(name: &str) -> Option<Self>;
+
+    /// Whether `self → to` is a declared transition.
+    fn can_move_to(self, to: Self) -> bool {
+        let (from, to) = (self.as_str(), to.as_str());
+        Self::EDGES.iter().any(|&(f, t)| f == from && t == to)
+    }
+
+    /// Whether no transition leaves this state.
+    fn is_terminal(self) -> bool {
+        Self::TERMINAL.contains(&self.as_str())
+    }
+}
+
+/// `"X".parse::<Machine>()` for a name that is no state of the machine.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{name}` is no state of `{machine}`")]
+pub struct UnknownState {
+    machine: &'static str,
+    name: String,
+}
+
+impl UnknownState {
+    /// The error for `name` parsed as a state of `machine`.
+    pub fn new(machine: &'static str, name: &str) -> Self {
+        UnknownState {
+            machine,
+            name: name.to_owned(),
+        }
+    }
+}
+
+/// What a `#[state_transition]` fn did.
+///
+/// The fn is declared returning `Result<Transition<T, S>, E>`; its body returns `Result<T, E>` and runs
+/// only for [`Transition::Applied`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a transition that was not applied usually needs an answer to the caller"]
+pub enum Transition<T, S> {
+    /// The row moved (one row updated); the body ran in the same transaction and returned this.
+    Applied(T),
+    /// The row is already in the target state with matching `match` columns: a repeat of a transition
+    /// that was applied before. The body did not run; answer the caller with success.
+    AlreadyApplied,
+    /// The row is in a state the transition does not start from (or it is the target state with other
+    /// `match` values): nothing changed.
+    Rejected {
+        /// The row's state.
+        current: S,
+    },
+    /// The row is in a `from` state but its version is not the expected one: someone else changed it
+    /// since it was read. Nothing changed; re-read and decide again.
+    VersionConflict {
+        /// The row's state.
+        current: S,
+        /// The row's version.
+        version: i64,
+    },
+    /// No row has this key.
+    NotFound,
+}
+
+impl<T, S> Transition<T, S> {
+    /// Whether the body ran now.
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Transition::Applied(_))
+    }
+
+    /// Whether the caller may answer success: applied now or before.
+    pub fn is_success(&self) -> bool {
+        matches!(self, Transition::Applied(_) | Transition::AlreadyApplied)
+    }
+
+    /// The body's value, when it ran.
+    pub fn applied(self) -> Option<T> {
+        match self {
+            Transition::Applied(value) => Some(value),
+            _ => None,
+        }
+    }
+}
+
+/// The SQL dialect of a backend: placeholders and row locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `?` placeholders; the `BEGIN IMMEDIATE` transaction already holds the write lock.
+    SQLite,
+    /// `?` placeholders, `SELECT … FOR UPDATE`.
+    MySQL,
+    /// `$1` placeholders, `SELECT … FOR UPDATE`.
+    Postgres,
+}
+
+/// Longest statement a transition can generate, in bytes.
+const SQL_CAPACITY: usize = 1024;
+
+/// A statement built at compile time (`const fn`) from the machine's table and columns.
+#[derive(Clone, Copy)]
+pub struct SqlText {
+    buf: [u8; SQL_CAPACITY],
+    len: usize,
+    params: usize,
+    dialect: Dialect,
+}
+
+impl SqlText {
+    const fn new(dialect: Dialect) -> Self {
+        SqlText {
+            buf: [0; SQL_CAPACITY],
+            len: 0,
+            params: 0,
+            dialect,
+        }
+    }
+
+    const fn push(mut self, text: &str) -> Self {
+        let bytes = text.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            assert!(
+                self.len < SQL_CAPACITY,
+                "idem: transition statement too long"
+            );
+            self.buf[self.len] = bytes[i];
+            self.len += 1;
+            i += 1;
+        }
+        self
+    }
+
+    /// The next bound parameter: `?`, or `$n` for Postgres.
+    const fn param(mut self) -> Self {
+        self.params += 1;
+        match self.dialect {
+            Dialect::SQLite | Dialect::MySQL => self.push("?"),
+            Dialect::Postgres => {
+                self = self.push("$");
+                let n = self.params;
+                if n >= 100 {
+                    self = self.digit(n / 100);
+                }
+                if n >= 10 {
+                    self = self.digit(n / 10 % 10);
+                }
+                self.digit(n % 10)
+            }
+        }
+    }
+
+    const fn digit(self, d: usize) -> Self {
+        const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+        self.push(DIGITS[d])
+    }
+
+    /// The statement.
+    pub const fn as_str(&self) -> &str {
+        match core::str::from_utf8(self.buf.split_at(self.len).0) {
+            Ok(text) => text,
+            Err(_) => panic!("idem: transition statement is not UTF-8"),
+        }
+    }
+}
+
+impl fmt::Debug for SqlText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for SqlText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The columns a `#[state_transition]` writes and compares, as the attribute names them.
+#[derive(Debug, Clone, Copy)]
+pub struct TransitionShape {
+    /// `set(col = …)` columns, bound in this order after the target state.
+    pub set: &'static [&'static str],
+    /// The column set to the database's current time (`now = "paid_at"`).
+    pub now: Option<&'static str>,
+    /// Columns (among `set`) that must equal the bound values for a repeat to count as applied.
+    pub matches: &'static [&'static str],
+    /// How many `from` states.
+    pub from_count: usize,
+    /// Whether the update checks and bumps the version column.
+    pub versioned: bool,
+}
+
+/// The two statements of one transition in one dialect.
+///
+/// Update binds: target state, `set` values, key, `from` states, expected version.
+/// Read binds: target state, `match` values, key; it returns the status, `1`/`0` for "already in the
+/// target state with matching columns", and the version when the machine has one.
+#[derive(Debug, Clone, Copy)]
+pub struct DialectSql {
+    /// `UPDATE … WHERE key = ? AND status IN (…)`.
+    pub update: SqlText,
+    /// `SELECT status, CASE WHEN … END … WHERE key = ?` (plus `FOR UPDATE` but on SQLite).
+    pub read: SqlText,
+}
+
+/// The statements of one transition for every backend, built at compile time.
+#[derive(Debug, Clone, Copy)]
+pub struct TransitionSql {
+    /// SQLite (`?`).
+    pub sqlite: DialectSql,
+    /// MySQL / MariaDB (`?`, `FOR UPDATE`).
+    pub mysql: DialectSql,
+    /// Postgres (`$n`, `FOR UPDATE`).
+    pub postgres: DialectSql,
+}
+
+impl TransitionSql {
+    /// The statements of a transition of `M` with `shape`.
+    pub const fn build<M: StateMachine>(shape: &TransitionShape) -> Self {
+        TransitionSql {
+            sqlite: dialect_sql::<M>(shape, Dialect::SQLite),
+            mysql: dialect_sql::<M>(shape, Dialect::MySQL),
+            postgres: dialect_sql::<M>(shape, Dialect::Postgres),
+        }
+    }
+
+    /// The statements in `dialect`.
+    pub const fn get(&self, dialect: Dialect) -> &DialectSql {
+        match dialect {
+            Dialect::SQLite => &self.sqlite,
+            Dialect::MySQL => &self.mysql,
+            Dialect::Postgres => &self.postgres,
+        }
+    }
+}
+
+const fn dialect_sql<M: StateMachine>(shape: &TransitionShape, dialect: Dialect) -> DialectSql {
+    let status = M::STATUS_COLUMN;
+    // UPDATE t SET status = ?, c = ?, now = CURRENT_TIMESTAMP, version = version + 1
+    // WHERE key = ? AND status IN (?, ?) AND version = ?
+    let mut update = SqlText::new(dialect)
+        .push("UPDATE ")
+        .push(M::TABLE)
+        .push(" SET ")
+        .push(status)
+        .push(" = ")
+        .param();
+    let mut i = 0;
+    while i < shape.set.len() {
+        update = update.push(", ").push(shape.set[i]).push(" = ").param();
+        i += 1;
+    }
+    if let Some(now) = shape.now {
+        update = update.push(", ").push(now).push(" = CURRENT_TIMESTAMP");
+    }
+    let version = match M::VERSION_COLUMN {
+        Some(version) => version,
+        None => "",
+    };
+    if shape.versioned {
+        update = update
+            .push(", ")
+            .push(version)
+            .push(" = ")
+            .push(version)
+            .push(" + 1");
+    }
+    update = update
+        .push(" WHERE ")
+        .push(M::KEY_COLUMN)
+        .push(" = ")
+        .param()
+        .push(" AND ")
+        .push(status);
+    if shape.from_count == 1 {
+        update = update.push(" = ").param();
+    } else {
+        update = update.push(" IN (");
+        let mut i = 0;
+        while i < shape.from_count {
+            if i > 0 {
+                update = update.push(", ");
+            }
+            update = update.param();
+            i += 1;
+        }
+        update = update.push(")");
+    }
+    if shape.versioned {
+        update = update.push(" AND ").push(version).push(" = ").param();
+    }
+
+    // SELECT status, CASE WHEN status = ? AND c = ? THEN 1 ELSE 0 END, version FROM t WHERE key = ?
+    let mut read = SqlText::new(dialect)
+        .push("SELECT ")
+        .push(status)
+        .push(", CASE WHEN ")
+        .push(status)
+        .push(" = ")
+        .param();
+    let mut i = 0;
+    while i < shape.matches.len() {
+        read = read
+            .push(" AND ")
+            .push(shape.matches[i])
+            .push(" = ")
+            .param();
+        i += 1;
+    }
+    read = read.push(" THEN 1 ELSE 0 END");
+    if M::VERSION_COLUMN.is_some() {
+        read = read.push(", ").push(version);
+    }
+    read = read
+        .push(" FROM ")
+        .push(M::TABLE)
+        .push(" WHERE ")
+        .push(M::KEY_COLUMN)
+        .push(" = ")
+        .param();
+    if !matches!(dialect, Dialect::SQLite) {
+        read = read.push(" FOR UPDATE");
+    }
+    DialectSql { update, read }
+}
+
+/// `a == b` in a const context.
+pub const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Whether `(from, to)` is among `edges`, in a const context.
+pub const fn has_edge(edges: &[(&str, &str)], from: &str, to: &str) -> bool {
+    let mut i = 0;
+    while i < edges.len() {
+        if str_eq(edges[i].0, from) && str_eq(edges[i].1, to) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// Whether `name` is in `names`, in a const context.
+pub const fn contains(names: &[&str], name: &str) -> bool {
+    let mut i = 0;
+    while i < names.len() {
+        if str_eq(names[i], name) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum S {
+        A,
+        B,
+    }
+
+    impl StateMachine for S {
+        const NAME: &'static str = "S";
+        const TABLE: &'static str = "orders";
+        const KEY_COLUMN: &'static str = "order_no";
+        const STATUS_COLUMN: &'static str = "status";
+        const VERSION_COLUMN: Option<&'static str> = Some("version");
+        const STATES: &'static [&'static str] = &["A", "B"];
+        const TERMINAL: &'static [&'static str] = &["B"];
+        const EDGES: &'static [(&'static str, &'static str)] = &[("A", "B")];
+        fn as_str(self) -> &'static str {
+            match self {
+                S::A => "A",
+                S::B => "B",
+            }
+        }
+        fn parse(name: &str) -> Option<Self> {
+            match name {
+                "A" => Some(S::A),
+                "B" => Some(S::B),
+                _ => None,
+            }
+        }
+    }
+
+    static SQL: TransitionSql = TransitionSql::build::<S>(&TransitionShape {
+        set: &["trade_no"],
+        now: Some("paid_at"),
+        matches: &["trade_no"],
+        from_count: 2,
+        versioned: true,
+    });
+
+    #[test]
+    fn builds_every_dialect() {
+        assert_eq!(
+            SQL.sqlite.update.as_str(),
+            "UPDATE orders SET status = ?, trade_no = ?, paid_at = CURRENT_TIMESTAMP, \
+             version = version + 1 WHERE order_no = ? AND status IN (?, ?) AND version = ?"
+        );
+        assert_eq!(
+            SQL.postgres.update.as_str(),
+            "UPDATE orders SET status = $1, trade_no = $2, paid_at = CURRENT_TIMESTAMP, \
+             version = version + 1 WHERE order_no = $3 AND status IN ($4, $5) AND version = $6"
+        );
+        assert_eq!(
+            SQL.sqlite.read.as_str(),
+            "SELECT status, CASE WHEN status = ? AND trade_no = ? THEN 1 ELSE 0 END, version \
+             FROM orders WHERE order_no = ?"
+        );
+        assert_eq!(
+            SQL.mysql.read.as_str(),
+            "SELECT status, CASE WHEN status = ? AND trade_no = ? THEN 1 ELSE 0 END, version \
+             FROM orders WHERE order_no = ? FOR UPDATE"
+        );
+        assert!(S::A.can_move_to(S::B) && !S::B.can_move_to(S::A) && S::B.is_terminal());
+        assert!(has_edge(S::EDGES, "A", "B") && !has_edge(S::EDGES, "B", "A"));
+    }
+}

@@ -4,6 +4,7 @@
 //! Backends: [`MemoryStore`] always; `SqliteStore` with the `sqlite` feature (default).
 #![warn(missing_docs)]
 
+#[cfg(feature = "sqlite")]
 mod cas;
 mod engine;
 mod error;

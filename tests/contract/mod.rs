@@ -108,6 +108,17 @@ pub async fn pay(
     })
 }
 
+/// Waits (bounded) until a record for `(biz, key)` exists: the call under test holds its claim.
+async fn wait_for_record(store: &dyn Store, biz: &str, key: &str) {
+    for _ in 0..500 {
+        if store.load(biz, key).await.unwrap().is_some() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no record for ({biz}, {key}) after 5 s");
+}
+
 fn call(biz: &str, key: &str) -> Call {
     Call::new(biz.to_owned(), key).lease(Duration::from_secs(30))
 }
@@ -306,8 +317,9 @@ pub async fn expired_record_counts_as_absent_and_is_swept(store: Arc<dyn Store>)
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // Expired: runs again as a fresh record.
-    short("a")
+    // Expired: runs again as a fresh record (with a long TTL, so a slow machine cannot let it
+    // expire again before the sweep below).
+    call(&biz, "a")
         .run(&*store, pay(&fx, &biz, "a", 1))
         .await
         .unwrap();
@@ -336,7 +348,7 @@ pub async fn waiting_duplicate_gets_the_first_answer(store: Arc<dyn Store>) {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_for_record(&*store, &biz, "o").await;
     let waited = call(&biz, "o")
         .wait(Duration::from_secs(5))
         .run(&*store, pay(&fx, &biz, "o", 3))
@@ -391,15 +403,25 @@ pub async fn panic_in_body_never_claims_success(store: Arc<dyn Store>) {
 pub async fn dropped_future_never_claims_success(store: Arc<dyn Store>) {
     let (fx, biz) = (Effects::new().await, biz("drop"));
     let lease = Duration::from_millis(150);
-    let cancelled = tokio::time::timeout(
-        Duration::from_millis(50),
-        call(&biz, "o").lease(lease).run(&*store, async {
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            pay(&fx, &biz, "o", 1).await
-        }),
-    )
-    .await;
-    assert!(cancelled.is_err(), "the call must have been cancelled");
+    let running = {
+        let (store, fx, biz) = (store.clone(), fx.clone(), biz.clone());
+        tokio::spawn(async move {
+            call(&biz, "o")
+                .lease(lease)
+                .run(&*store, async {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    pay(&fx, &biz, "o", 1).await
+                })
+                .await
+        })
+    };
+    // Cancel the call once it holds the claim (the future is dropped mid-body).
+    wait_for_record(&*store, &biz, "o").await;
+    running.abort();
+    assert!(
+        running.await.unwrap_err().is_cancelled(),
+        "the call must have been cancelled"
+    );
     let rec = store.load(&biz, "o").await.unwrap().unwrap();
     assert_eq!((rec.status, rec.snapshot), (Status::Processing, None));
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -157,3 +157,31 @@ async fn a_ttl_not_longer_than_the_lease_is_refused() {
     }
     assert!(store.load("TRACE", "k").await.unwrap().is_none());
 }
+
+#[test]
+fn errors_say_whether_a_retry_can_help_and_which_http_status_fits() {
+    let cases = [
+        (
+            IdemError::InProgress {
+                retry_after: Duration::from_secs(1),
+            },
+            true,
+            409,
+        ),
+        (IdemError::PayloadMismatch, false, 422),
+        (
+            IdemError::InvalidKey {
+                reason: "empty".into(),
+            },
+            false,
+            400,
+        ),
+        (IdemError::LeaseLost { attempt: 1 }, true, 500),
+        (IdemError::unavailable("down"), true, 503),
+        (IdemError::store("bad row"), false, 500),
+        (IdemError::UnknownStore { name: "x".into() }, false, 500),
+    ];
+    for (e, retry, status) in cases {
+        assert_eq!((e.is_retryable(), e.http_status()), (retry, status), "{e}");
+    }
+}

@@ -107,11 +107,14 @@ pub enum IdemError {
 }
 
 impl IdemError {
-    /// Whether the same call may succeed if retried later (in progress, store unavailable).
+    /// Whether the same call may succeed if retried later: in progress, store unavailable, or
+    /// lease lost (the retry replays the attempt that took over, or waits for it).
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            IdemError::InProgress { .. } | IdemError::StoreUnavailable { .. }
+            IdemError::InProgress { .. }
+                | IdemError::StoreUnavailable { .. }
+                | IdemError::LeaseLost { .. }
         )
     }
 

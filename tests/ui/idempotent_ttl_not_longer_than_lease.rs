@@ -1,25 +1,8 @@
-use idem::{IdemError, idempotent};
-use serde::{Deserialize, Serialize};
+use idem::idempotent;
 
-#[derive(Serialize)]
-pub struct PayReq {
-    pub order_no: String,
-    pub user_id: u64,
-}
-
-#[derive(Serialize, Deserialize)]
-pub struct Receipt {
-    pub id: u64,
-}
-
-#[derive(Debug)]
-pub struct PayError(pub IdemError);
-
-impl From<IdemError> for PayError {
-    fn from(error: IdemError) -> Self {
-        PayError(error)
-    }
-}
+#[path = "support/pay.rs"]
+mod pay_types;
+use pay_types::*;
 
 #[idempotent(
     biz = "PAY",

@@ -1,13 +1,6 @@
-use idem::{IdemError, StateMachine, Transition, state_transition};
+use idem::{IdemError, Transition, state_transition};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, StateMachine)]
-#[state_machine(table = "orders", key = "order_no")]
-pub enum OrderStatus {
-    #[state(to(Paid))]
-    WaitPay,
-    #[state(terminal)]
-    Paid,
-}
+include!("support/orders_minimal.rs");
 
 #[state_transition(from = "WAIT_PAY", to = "PAID", tx = "txn")]
 pub async fn pay(order_no: &str) -> Result<Transition<(), OrderStatus>, IdemError> {

@@ -1,20 +1,7 @@
 use idem::sqlx::{Sqlite, Transaction};
-use idem::{IdemError, StateMachine, Transition, state_transition};
+use idem::{IdemError, Transition, state_transition};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, StateMachine)]
-#[state_machine(table = "orders", key = "order_no", status = "status")]
-pub enum OrderStatus {
-    #[state(to(Paid, Closed))]
-    WaitPay,
-    #[state(to(Refunding))]
-    Paid,
-    #[state(name = "REFUND_PENDING", to(Refunded))]
-    Refunding,
-    #[state(terminal)]
-    Refunded,
-    #[state(terminal)]
-    Closed,
-}
+include!("support/orders.rs");
 
 #[state_transition(from = "WAIT_PAY", to = "REFUNDED")]
 pub async fn refund_unpaid(

@@ -127,10 +127,10 @@ mod tests {
         );
         assert_eq!(compile_errors(&out), 0, "{out}");
         for expected in [
-            "use renamed :: __private :: AsStore as _ ;",
+            "use renamed :: __private :: { AsStore as _ , AsStoreRef as _ } ;",
             "renamed :: __private :: Call :: new (\"PAY\" , & ((& (req . a) , & (req . b) ,)))",
             ". fingerprint (& (req)) . wait (:: core :: time :: Duration :: from_millis (5000u64)) ;",
-            "renamed :: __private :: StoreArg :: Given ((self . store) . __idem_as_store ())",
+            "renamed :: __private :: StoreArg :: Given ((& (self . store)) . __idem_as_store ())",
         ] {
             assert!(out.contains(expected), "missing `{expected}` in\n{out}");
         }

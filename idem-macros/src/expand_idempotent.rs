@@ -216,13 +216,14 @@ fn store_arg(store: &StoreSpec, private: &TokenStream) -> (TokenStream, TokenStr
     match store {
         StoreSpec::Named(name) => (TokenStream::new(), quote!(#private::StoreArg::Named(#name))),
         StoreSpec::Given(expr) => {
-            // Method syntax, not `AsStore::__idem_as_store(&expr)`: auto-ref and auto-deref accept a
-            // store, a reference to one, an `Arc` of one, … Spanned at the expression so a value that
-            // is not a store is reported there.
+            // Method syntax on `&(expr)`: `AsStore` matches a store, an `Arc` of one or a
+            // `dyn Store` at once; `AsStoreRef` one auto-ref later matches a reference to a store,
+            // and for anything else fails with `AsStore`'s message rather than "no method found".
+            // Spanned at the expression so a value that is not a store is reported there.
             let span = expr.span();
-            let as_store = quote_spanned!(span=> (#expr).__idem_as_store());
+            let as_store = quote_spanned!(span=> (&(#expr)).__idem_as_store());
             (
-                quote!(use #private::AsStore as _;),
+                quote!(use #private::{AsStore as _, AsStoreRef as _};),
                 quote!(#private::StoreArg::Given(#as_store)),
             )
         }

@@ -36,6 +36,32 @@ impl<S: AsStore + ?Sized> AsStore for Arc<S> {
     }
 }
 
+/// The second choice of `(&(expr)).__idem_as_store()`, found one auto-ref later than
+/// [`AsStore`]: it takes a reference to a store (`store: &MemoryStore`), and for anything that is
+/// not a store its method's bound fails with [`AsStore`]'s message instead of rustc's "method
+/// not found".
+pub trait AsStoreRef {
+    /// What the reference points at.
+    type Target: ?Sized;
+
+    /// The store behind the reference. The bound sits on the method, not on the impl, so the
+    /// method is always found and the bound is what fails.
+    fn __idem_as_store(&self) -> &dyn Store
+    where
+        Self::Target: AsStore;
+}
+
+impl<T: ?Sized> AsStoreRef for &T {
+    type Target = T;
+
+    fn __idem_as_store(&self) -> &dyn Store
+    where
+        T: AsStore,
+    {
+        (**self).__idem_as_store()
+    }
+}
+
 /// A type an idempotent fn may return in `Ok`: it is stored and replayed.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be stored as an idempotent result",

@@ -349,9 +349,48 @@ impl Store for SqliteStore {
     }
 }
 
-async fn exec(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), IdemError> {
-    sqlx::query(sql).execute(conn).await.map_err(db_error)?;
-    Ok(())
+/// A named savepoint inside the caller's transaction: what `tx = "…"` claims and state
+/// transitions run in, so their writes and the caller's commit or roll back together.
+pub(crate) struct Savepoint {
+    open: &'static str,
+    release: &'static str,
+    rollback: &'static str,
+}
+
+impl Savepoint {
+    /// The savepoint of a transactional `#[idempotent]` claim.
+    pub(crate) const CLAIM: Savepoint = Savepoint {
+        open: "SAVEPOINT idem_claim",
+        release: "RELEASE SAVEPOINT idem_claim",
+        rollback: "ROLLBACK TO SAVEPOINT idem_claim",
+    };
+    /// The savepoint of a `#[state_transition]` update and its body.
+    pub(crate) const TRANSITION: Savepoint = Savepoint {
+        open: "SAVEPOINT idem_transition",
+        release: "RELEASE SAVEPOINT idem_transition",
+        rollback: "ROLLBACK TO SAVEPOINT idem_transition",
+    };
+
+    async fn exec(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), IdemError> {
+        sqlx::query(sql).execute(conn).await.map_err(db_error)?;
+        Ok(())
+    }
+
+    /// Opens it.
+    pub(crate) async fn open(&self, conn: &mut SqliteConnection) -> Result<(), IdemError> {
+        Self::exec(conn, self.open).await
+    }
+
+    /// Keeps what was written since it opened (the enclosing transaction decides the rest).
+    pub(crate) async fn release(&self, conn: &mut SqliteConnection) -> Result<(), IdemError> {
+        Self::exec(conn, self.release).await
+    }
+
+    /// Undoes everything written since it opened, and closes it.
+    pub(crate) async fn abort(&self, conn: &mut SqliteConnection) -> Result<(), IdemError> {
+        Self::exec(conn, self.rollback).await?;
+        Self::exec(conn, self.release).await
+    }
 }
 
 /// Transaction mode on SQLite: the claim lives in a savepoint of the caller's transaction.
@@ -373,7 +412,7 @@ impl TxConnection for SqliteConnection {
                 expected: "sqlite",
             });
         }
-        exec(self, "SAVEPOINT idem_claim").await?;
+        Savepoint::CLAIM.open(self).await?;
         let outcome = match claim_by_cas(self, req).await {
             Ok(outcome) => outcome,
             Err(e) => {
@@ -382,7 +421,7 @@ impl TxConnection for SqliteConnection {
             }
         };
         if !matches!(outcome, ClaimOutcome::Acquired { .. }) {
-            exec(self, "RELEASE SAVEPOINT idem_claim").await?;
+            Savepoint::CLAIM.release(self).await?;
         }
         Ok(outcome)
     }
@@ -396,7 +435,7 @@ impl TxConnection for SqliteConnection {
         snapshot: &[u8],
     ) -> Result<(), IdemError> {
         match finish_on(self, COMPLETE, biz, key, attempt, Some(snapshot)).await {
-            Ok(()) => exec(self, "RELEASE SAVEPOINT idem_claim").await,
+            Ok(()) => Savepoint::CLAIM.release(self).await,
             Err(e) => {
                 let _ = self.idem_abort().await;
                 Err(e)
@@ -405,8 +444,7 @@ impl TxConnection for SqliteConnection {
     }
 
     async fn idem_abort(&mut self) -> Result<(), IdemError> {
-        exec(self, "ROLLBACK TO SAVEPOINT idem_claim").await?;
-        exec(self, "RELEASE SAVEPOINT idem_claim").await
+        Savepoint::CLAIM.abort(self).await
     }
 }
 

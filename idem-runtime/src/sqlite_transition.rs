@@ -8,7 +8,7 @@
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
 
-use crate::sqlite::{SqliteStore, db_error};
+use crate::sqlite::{Savepoint, SqliteStore, db_error};
 use crate::transition::{StateMachine, Transition};
 use crate::{IdemError, registry};
 
@@ -73,11 +73,6 @@ pub async fn transition_rollback(tx: Transaction<'static, Sqlite>) -> Result<(),
     tx.rollback().await.map_err(db_error)
 }
 
-async fn exec(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), IdemError> {
-    sqlx::query(sql).execute(conn).await.map_err(db_error)?;
-    Ok(())
-}
-
 /// A statement of the transition, to bind the values to.
 pub fn transition_query(
     sql: &'static str,
@@ -90,7 +85,7 @@ pub fn transition_query(
 /// # Errors
 /// Backend errors.
 pub async fn transition_savepoint(conn: &mut SqliteConnection) -> Result<(), IdemError> {
-    exec(conn, "SAVEPOINT idem_transition").await
+    Savepoint::TRANSITION.open(conn).await
 }
 
 /// Keeps the update and the body's writes (the enclosing transaction decides the rest).
@@ -98,7 +93,7 @@ pub async fn transition_savepoint(conn: &mut SqliteConnection) -> Result<(), Ide
 /// # Errors
 /// Backend errors.
 pub async fn transition_release(conn: &mut SqliteConnection) -> Result<(), IdemError> {
-    exec(conn, "RELEASE SAVEPOINT idem_transition").await
+    Savepoint::TRANSITION.release(conn).await
 }
 
 /// Undoes the update and the body's writes.
@@ -106,8 +101,7 @@ pub async fn transition_release(conn: &mut SqliteConnection) -> Result<(), IdemE
 /// # Errors
 /// Backend errors.
 pub async fn transition_abort(conn: &mut SqliteConnection) -> Result<(), IdemError> {
-    exec(conn, "ROLLBACK TO SAVEPOINT idem_transition").await?;
-    exec(conn, "RELEASE SAVEPOINT idem_transition").await
+    Savepoint::TRANSITION.abort(conn).await
 }
 
 /// A database error as an [`IdemError`] (`Store`, or `StoreUnavailable` when unreachable).

@@ -932,6 +932,69 @@ mod tests {
         assert!(!out.contains("transition_begin"), "{out}");
     }
 
+    /// The docs render the statements by hand (the macro cannot see the machine's table); this
+    /// pins that rendering to what `idem::TransitionSql` builds and runs.
+    #[test]
+    fn the_documented_sql_is_the_sql_that_runs() {
+        use idem_runtime::StateMachine;
+
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        struct Orders;
+        impl StateMachine for Orders {
+            const NAME: &'static str = "Orders";
+            const TABLE: &'static str = "orders";
+            const KEY_COLUMN: &'static str = "order_no";
+            const STATUS_COLUMN: &'static str = "status";
+            const VERSION_COLUMN: Option<&'static str> = Some("version");
+            const STATES: &'static [&'static str] = &["WAIT_PAY", "PAY_FAILED", "PAID"];
+            const TERMINAL: &'static [&'static str] = &[];
+            const EDGES: &'static [(&'static str, &'static str)] = &[];
+            fn as_str(self) -> &'static str {
+                "PAID"
+            }
+            fn parse(_: &str) -> Option<Self> {
+                None
+            }
+        }
+
+        let out = expand(
+            quote!(
+                from = ["WAIT_PAY", "PAY_FAILED"],
+                to = "PAID",
+                set(trade_no = "trade_no"),
+                now = "paid_at",
+                match(trade_no),
+                version = "v"
+            ),
+            quote! {
+                async fn pay(tx: &mut Tx<'_>, order_no: &str, trade_no: &str, v: i64)
+                    -> Result<Transition<(), S>, E> { Ok(()) }
+            },
+        );
+        let documented = |start: &str| {
+            let at = out
+                .find(start)
+                .unwrap_or_else(|| panic!("no `{start}` in the docs:\n{out}"));
+            let text = &out[at..];
+            text[..text.find('"').expect("the doc string ends")]
+                .replace("{table}", "orders")
+                .replace("{status}", "status")
+                .replace("{key}", "order_no")
+                .replace("{version}", "version")
+        };
+        let built = idem_runtime::TransitionSql::build::<Orders>(
+            &idem_runtime::__private::TransitionShape {
+                set: &["trade_no"],
+                now: Some("paid_at"),
+                matches: &["trade_no"],
+                from_count: 2,
+                versioned: true,
+            },
+        );
+        assert_eq!(documented("UPDATE {table}"), built.sqlite.update.as_str());
+        assert_eq!(documented("SELECT {status}"), built.sqlite.read.as_str());
+    }
+
     #[test]
     fn expands_every_option_in_a_transaction_of_its_own() {
         let out = expand(

@@ -4,45 +4,40 @@
 //! Backends: [`MemoryStore`] always; `SqliteStore` with the `sqlite` feature (default).
 #![warn(missing_docs)]
 
-#[cfg(feature = "sqlite")]
-mod cas;
+mod backend;
 mod engine;
 mod error;
 mod fingerprint;
 pub mod key;
-mod memory;
 mod metrics;
 mod registry;
+#[cfg(feature = "sqlite")]
+mod sql;
 pub mod store;
 mod sweeper;
 pub mod transition;
-pub mod tx;
-
-#[cfg(feature = "sqlite")]
-pub mod sqlite;
-#[cfg(feature = "sqlite")]
-mod sqlite_transition;
 
 #[doc(hidden)]
-#[path = "private.rs"]
+#[path = "private/mod.rs"]
 pub mod __private;
 
+pub use backend::memory::MemoryStore;
+#[cfg(feature = "sqlite")]
+pub use backend::sqlite::SqliteStore;
+pub use engine::tx_conn::TxConnection;
 pub use engine::{Call, DEFAULT_LEASE, DEFAULT_TTL};
 pub use error::{BoxError, IdemError};
 pub use fingerprint::fingerprint;
 pub use key::IdemKey;
-pub use memory::MemoryStore;
 pub use metrics::{CallReport, Counts, Outcome, counts, counts_for, observe};
 pub use registry::{IntoSharedStore, register_store, store, unregister_store};
-#[cfg(feature = "sqlite")]
-pub use sqlite::SqliteStore;
 pub use store::{ClaimOutcome, ClaimRequest, Limits, Record, Status, Store};
 pub use sweeper::Sweeper;
 pub use transition::{
     Dialect, DialectSql, SqlText, StateMachine, Transition, TransitionSql, UnknownState,
 };
 
-/// Without the `sqlite` feature a machine gets no sqlx impls (see `sqlite_transition.rs`).
+/// Without the `sqlite` feature a machine gets no sqlx impls (see `backend/sqlite/transition.rs`).
 #[cfg(not(feature = "sqlite"))]
 #[doc(hidden)]
 #[macro_export]

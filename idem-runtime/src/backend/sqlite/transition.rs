@@ -8,7 +8,7 @@
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
 
-use crate::sqlite::{Savepoint, SqliteStore, db_error};
+use super::{Savepoint, SqliteStore, db_error};
 use crate::transition::{StateMachine, Transition};
 use crate::{IdemError, registry};
 

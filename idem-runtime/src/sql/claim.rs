@@ -6,9 +6,8 @@
 //! The loser simply reads again.
 
 use crate::IdemError;
-use crate::store::{
-    ClaimOutcome, ClaimRequest, Decision, RecordState, Status, decide, duration_ms,
-};
+use crate::store::decide::{Decision, RecordState, decide, duration_ms};
+use crate::store::{ClaimOutcome, ClaimRequest, Status};
 
 /// A row as read for the claim decision, with the database's clock.
 pub(crate) struct SeenRecord {
@@ -59,7 +58,6 @@ pub(crate) async fn claim_by_cas<C: CasRecords>(
         };
         let state = RecordState {
             status: seen.status,
-            attempt: seen.attempt,
             fingerprint: seen.fingerprint.as_deref(),
             lease_until_ms: seen.lease_until_ms,
             expire_at_ms: seen.expire_at_ms,

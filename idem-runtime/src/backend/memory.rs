@@ -7,10 +7,8 @@ use std::time::Instant;
 use async_trait::async_trait;
 
 use crate::IdemError;
-use crate::store::{
-    Acquired, ClaimOutcome, ClaimRequest, Decision, Limits, Record, RecordState, Status, Store,
-    decide, duration_ms, millis,
-};
+use crate::store::decide::{Decision, RecordState, decide, duration_ms, millis};
+use crate::store::{Acquired, ClaimOutcome, ClaimRequest, Limits, Record, Status, Store};
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -134,7 +132,6 @@ impl Store for MemoryStore {
         };
         let state = RecordState {
             status: entry.status,
-            attempt: entry.attempt,
             fingerprint: entry.fingerprint.as_deref(),
             lease_until_ms: entry.lease_until,
             expire_at_ms: entry.expire_at,

@@ -1,0 +1,6 @@
+//! The backends: one module per store, each behind its cargo feature (memory is always built).
+//! A backend folder holds its store, its transaction support and its state-transition support.
+
+pub(crate) mod memory;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;

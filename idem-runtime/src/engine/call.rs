@@ -1,0 +1,145 @@
+//! `Call`: one idempotent call's identity and options, built by hand or by `#[idempotent]`.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::snapshot::{ErrType, OkType};
+use super::{StoreHandle, execute};
+use crate::store::ClaimRequest;
+use crate::{IdemError, IdemKey, Store, fingerprint, key};
+
+/// Default record lifetime: 7 days.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Default lease: 30 seconds.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// One idempotent call, built by hand or by `#[idempotent]`.
+///
+/// ```
+/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+/// use idem_runtime::{Call, MemoryStore};
+/// let store = MemoryStore::new();
+/// let receipt: Result<String, idem_runtime::IdemError> = Call::new("PAY", "order-1")
+///     .run(&store, async { Ok("paid".to_owned()) })
+///     .await;
+/// assert_eq!(receipt?, "paid");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub(crate) biz: Cow<'static, str>,
+    pub(crate) key: String,
+    pub(crate) fingerprint: Option<Result<String, String>>,
+    pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) wait: Option<Duration>,
+}
+
+impl Call {
+    /// A call for `(biz, key)` with the default TTL (7 days) and lease (30 s), no fingerprint, and
+    /// in-progress repeats rejected.
+    pub fn new<K: IdemKey + ?Sized>(biz: impl Into<Cow<'static, str>>, key: &K) -> Self {
+        Call {
+            biz: biz.into(),
+            key: key.to_key(),
+            fingerprint: None,
+            ttl: DEFAULT_TTL,
+            lease: DEFAULT_LEASE,
+            wait: None,
+        }
+    }
+
+    /// How long the record lives.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long a claim protects itself before another attempt may take it over.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Wait up to `max` for an in-progress call to finish (then replay it) instead of refusing at once.
+    pub fn wait(mut self, max: Duration) -> Self {
+        self.wait = Some(max);
+        self
+    }
+
+    /// Fingerprints `payload`: a repeat with the same key and another payload gets
+    /// [`IdemError::PayloadMismatch`].
+    pub fn fingerprint<P: Serialize + ?Sized>(mut self, payload: &P) -> Self {
+        self.fingerprint = Some(fingerprint::fingerprint(payload));
+        self
+    }
+
+    /// The business type.
+    pub fn biz(&self) -> &str {
+        &self.biz
+    }
+
+    /// The key as stored.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Runs `body` at most once for this call's `(biz, key)` on `store`.
+    ///
+    /// # Errors
+    /// The body's own error, or an [`IdemError`] converted into `E`: refused repeats
+    /// (`InProgress`, `PayloadMismatch`), bad input (`InvalidKey`, …), store failures, `LeaseLost`.
+    #[inline(always)]
+    pub fn run<'a, T, E, F>(
+        self,
+        store: &'a dyn Store,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
+    where
+        T: Serialize + DeserializeOwned + 'a,
+        E: From<IdemError> + 'a,
+        F: Future<Output = Result<T, E>> + 'a,
+    {
+        execute(
+            Ok(StoreHandle::Borrowed(store)),
+            self,
+            OkType::new(),
+            ErrType::new(),
+            body,
+        )
+    }
+
+    pub(crate) fn request(&self, store: &dyn Store) -> Result<ClaimRequest<'_>, IdemError> {
+        let limits = store.limits();
+        key::validate_biz(&self.biz, limits.max_biz_len)?;
+        key::validate_key(&self.key, limits.max_key_len)?;
+        if self.ttl <= self.lease {
+            return Err(IdemError::InvalidOptions {
+                reason: format!(
+                    "ttl {:?} must be longer than the lease {:?}",
+                    self.ttl, self.lease
+                ),
+            });
+        }
+        let fingerprint = match &self.fingerprint {
+            None => None,
+            Some(Ok(fp)) => Some(fp.as_str()),
+            Some(Err(reason)) => {
+                return Err(IdemError::Fingerprint {
+                    reason: reason.clone(),
+                });
+            }
+        };
+        Ok(ClaimRequest {
+            biz: &self.biz,
+            key: &self.key,
+            fingerprint,
+            lease: self.lease,
+            ttl: self.ttl,
+        })
+    }
+}

@@ -1,0 +1,3 @@
+//! What every SQL backend shares: the claim protocol (`claim.rs`).
+
+pub(crate) mod claim;

@@ -4,8 +4,8 @@ mod contract;
 
 use std::sync::Arc;
 
-async fn store() -> Option<Arc<dyn idem::Store>> {
-    Some(Arc::new(idem::MemoryStore::new()))
+async fn store(clock: idem::TestClock) -> Option<Arc<dyn idem::Store>> {
+    Some(Arc::new(idem::MemoryStore::new().with_test_clock(clock)))
 }
 
-contract_suite!(store(), burst = (200, 64));
+contract_suite!(store, burst = (200, 64));

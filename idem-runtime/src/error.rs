@@ -80,24 +80,46 @@ pub enum IdemError {
         /// The name asked for.
         name: String,
     },
-    /// The store named for a transactional call is not of the transaction's database kind.
-    #[error("store `{store}` is a {backend} store and cannot join a {expected} transaction")]
-    TxStoreMismatch {
-        /// The store's name or description.
-        store: String,
+    /// The store cannot do what was asked (a memory store has no database to run a state
+    /// transition in). A mistake of the service's setup (HTTP 500); nothing was written.
+    #[error("the {backend} store does not support {what}")]
+    NotSupported {
         /// The store's backend.
         backend: &'static str,
-        /// The backend the transaction belongs to.
-        expected: &'static str,
+        /// What was asked of it.
+        what: &'static str,
     },
-    /// The store could not be reached or did not answer.
+    /// The store could not be reached, or the connection to it was lost (HTTP 503). A retry can
+    /// succeed; nothing was claimed.
     #[error("the idempotency store is unavailable: {source}")]
     StoreUnavailable {
         /// The backend's error.
         #[source]
         source: BoxError,
     },
-    /// The store answered with an error or with data idem did not write.
+    /// The store is contended: a lock held elsewhere, a lock wait that timed out, a deadlock or a
+    /// serialization failure. Transient: idem retries it where that is safe, and a later retry of
+    /// the call can succeed.
+    #[error("the idempotency store is busy ({reason}): {source}")]
+    StoreBusy {
+        /// What kind of contention.
+        reason: Busy,
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The store's table or columns are missing or outdated; `hint` says how to fix it (usually:
+    /// run the store's `migrate()` at start-up). Permanent until fixed.
+    #[error("the idempotency store is not set up: {hint} ({source})")]
+    StoreSchema {
+        /// What to do.
+        hint: String,
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The store answered with an error (a constraint, bad data, anything else permanent) or with
+    /// data idem did not write.
     #[error("the idempotency store failed: {source}")]
     Store {
         /// The backend's error.
@@ -106,28 +128,61 @@ pub enum IdemError {
     },
 }
 
+/// The kinds of contention behind [`IdemError::StoreBusy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Busy {
+    /// The database (or a row) is locked by another connection (SQLite `SQLITE_BUSY` /
+    /// `SQLITE_LOCKED`).
+    Locked,
+    /// A lock wait ran out of time (MySQL 1205, Postgres `55P03`).
+    LockTimeout,
+    /// The database chose this statement as a deadlock victim (MySQL 1213, Postgres `40P01`).
+    Deadlock,
+    /// A serializable transaction could not be ordered (Postgres `40001`).
+    Serialization,
+}
+
+impl std::fmt::Display for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Busy::Locked => "locked",
+            Busy::LockTimeout => "lock wait timeout",
+            Busy::Deadlock => "deadlock",
+            Busy::Serialization => "serialization failure",
+        })
+    }
+}
+
 impl IdemError {
-    /// Whether the same call may succeed if retried later: in progress, store unavailable, or
-    /// lease lost (the retry replays the attempt that took over, or waits for it).
+    /// Whether the same call may succeed if retried later: in progress, lease lost (the retry
+    /// replays the attempt that took over, or waits for it), store unavailable or busy.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
             IdemError::InProgress { .. }
-                | IdemError::StoreUnavailable { .. }
                 | IdemError::LeaseLost { .. }
+                | IdemError::StoreUnavailable { .. }
+                | IdemError::StoreBusy { .. }
         )
     }
 
-    /// The HTTP status a service would answer with: 409 in progress, 422 payload mismatch,
-    /// 400 bad key, 503 store unavailable, 500 otherwise.
+    /// The HTTP status a service would answer with: 409 in progress, lease lost, deadlock or
+    /// serialization failure (a conflict with a concurrent request: retry); 422 payload mismatch;
+    /// 400 bad key, biz or payload; 503 store unavailable, locked or out of lock-wait time;
+    /// 500 otherwise (the service's own mistakes and permanent store errors).
     pub fn http_status(&self) -> u16 {
         match self {
-            IdemError::InProgress { .. } => 409,
+            IdemError::InProgress { .. } | IdemError::LeaseLost { .. } => 409,
+            IdemError::StoreBusy {
+                reason: Busy::Deadlock | Busy::Serialization,
+                ..
+            } => 409,
             IdemError::PayloadMismatch => 422,
             IdemError::InvalidKey { .. }
             | IdemError::InvalidBiz { .. }
             | IdemError::Fingerprint { .. } => 400,
-            IdemError::StoreUnavailable { .. } => 503,
+            IdemError::StoreUnavailable { .. } | IdemError::StoreBusy { .. } => 503,
             _ => 500,
         }
     }
@@ -144,5 +199,22 @@ impl IdemError {
         IdemError::StoreUnavailable {
             source: source.into(),
         }
+    }
+
+    /// Wraps a backend error as [`IdemError::StoreBusy`].
+    pub fn busy(reason: Busy, source: impl Into<BoxError>) -> Self {
+        IdemError::StoreBusy {
+            reason,
+            source: source.into(),
+        }
+    }
+
+    /// Whether this is a transient store failure (busy or unavailable) that idem may retry by
+    /// itself where repeating the step is safe.
+    pub(crate) fn is_transient_store_error(&self) -> bool {
+        matches!(
+            self,
+            IdemError::StoreUnavailable { .. } | IdemError::StoreBusy { .. }
+        )
     }
 }

@@ -1,17 +1,24 @@
-//! Request fingerprints: a stable hash of the serialized request.
+//! Request fingerprints: SHA-256 of the request serialized as canonical JSON.
+//!
+//! Canonical means the bytes depend only on the value: object keys are sorted at every depth
+//! (whatever order the type serialized them in, and whether or not some crate in the graph enables
+//! `serde_json/preserve_order`), integers are written as integers, and a float with no fractional
+//! part is written as the integer it equals (`1.0` and `1` fingerprint alike).
 
 use serde::Serialize;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-/// SHA-256 (hex) of `value` serialized as canonical JSON (object keys sorted), so a `HashMap`
-/// field gives the same fingerprint whatever its iteration order.
+/// SHA-256 (lowercase hex) of `value` serialized as canonical JSON.
 ///
 /// # Errors
-/// The serializer's message when `value` cannot be serialized.
+/// The serializer's message when `value` cannot be serialized (a map with non-string keys, a
+/// failing `Serialize` impl).
 pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<String, String> {
-    let canonical = serde_json::to_value(value).map_err(|e| e.to_string())?;
-    let bytes = serde_json::to_vec(&canonical).map_err(|e| e.to_string())?;
-    let digest = Sha256::digest(&bytes);
+    let value = serde_json::to_value(value).map_err(|e| e.to_string())?;
+    let mut canonical = Vec::with_capacity(128);
+    write_canonical(&value, &mut canonical);
+    let digest = Sha256::digest(&canonical);
     let mut hex = String::with_capacity(64);
     for b in digest.iter() {
         use std::fmt::Write;
@@ -20,9 +27,74 @@ pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<String, String> {
     Ok(hex)
 }
 
+/// Writes `value` as canonical JSON.
+fn write_canonical(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Null | Value::Bool(_) | Value::String(_) => {
+            serde_json::to_writer(&mut *out, value).expect("writing to a Vec cannot fail")
+        }
+        Value::Number(n) => write_number(n, out),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(b']');
+        }
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (key, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                serde_json::to_writer(&mut *out, key).expect("writing to a Vec cannot fail");
+                out.push(b':');
+                write_canonical(item, out);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+/// One form per number: integers as integers; floats that equal an integer (within ±2^53) as that
+/// integer; other floats in the shortest form that reads back as the same `f64`.
+fn write_number(n: &serde_json::Number, out: &mut Vec<u8>) {
+    use std::io::Write;
+    if let Some(i) = n.as_i64() {
+        let _ = write!(out, "{i}");
+    } else if let Some(u) = n.as_u64() {
+        let _ = write!(out, "{u}");
+    } else if let Some(f) = n.as_f64() {
+        const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+        if f.fract() == 0.0 && f.abs() <= EXACT {
+            let _ = write!(out, "{}", f as i64);
+        } else {
+            let _ = write!(out, "{f:?}");
+        }
+    } else {
+        // Not reachable with serde_json's own number types; keep its text rather than guess.
+        let _ = write!(out, "{n}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
+    use std::collections::{BTreeMap, HashMap};
+
+    use serde::Serialize;
+
+    use super::*;
+
+    fn canonical<T: Serialize>(value: &T) -> String {
+        let mut out = Vec::new();
+        write_canonical(&serde_json::to_value(value).unwrap(), &mut out);
+        String::from_utf8(out).unwrap()
+    }
 
     #[test]
     fn map_order_does_not_change_the_fingerprint() {
@@ -32,14 +104,78 @@ mod tests {
             .enumerate()
             .map(|(i, k)| (k.as_str(), i))
             .collect();
-        let b: HashMap<&str, usize> = names
+        let b: BTreeMap<&str, usize> = names
             .iter()
             .enumerate()
             .rev()
             .map(|(i, k)| (k.as_str(), i))
             .collect();
-        assert_eq!(super::fingerprint(&a), super::fingerprint(&b));
-        assert_ne!(super::fingerprint(&1), super::fingerprint(&2));
-        assert_eq!(super::fingerprint(&"x").unwrap().len(), 64);
+        assert_eq!(fingerprint(&a), fingerprint(&b));
+        assert_ne!(fingerprint(&1), fingerprint(&2));
+        assert_eq!(fingerprint(&"x").unwrap().len(), 64);
+    }
+
+    /// Structs serialize their fields in declaration order; canonical JSON sorts them, at every
+    /// depth, so two types with the same fields in another order fingerprint alike.
+    #[test]
+    fn keys_are_sorted_at_every_depth() {
+        #[derive(Serialize)]
+        struct Inner {
+            z: u8,
+            a: u8,
+        }
+        #[derive(Serialize)]
+        struct Outer {
+            m: Vec<Inner>,
+            b: HashMap<String, Inner>,
+        }
+        let value = Outer {
+            m: vec![Inner { z: 1, a: 2 }],
+            b: [
+                ("y".to_owned(), Inner { z: 3, a: 4 }),
+                ("c".to_owned(), Inner { z: 5, a: 6 }),
+            ]
+            .into(),
+        };
+        assert_eq!(
+            canonical(&value),
+            r#"{"b":{"c":{"a":6,"z":5},"y":{"a":4,"z":3}},"m":[{"a":2,"z":1}]}"#
+        );
+    }
+
+    #[test]
+    fn numbers_have_one_form() {
+        assert_eq!(canonical(&1.0f64), "1");
+        assert_eq!(canonical(&-3.0f32), "-3");
+        assert_eq!(canonical(&1.5f64), "1.5");
+        assert_eq!(canonical(&u64::MAX), "18446744073709551615");
+        assert_eq!(canonical(&i64::MIN), "-9223372036854775808");
+        assert_eq!(fingerprint(&2.0f64), fingerprint(&2u8));
+        assert_eq!(canonical(&"é\"\n"), r#""é\"\n""#);
+    }
+
+    /// CI runs this module a second time with insertion-ordered maps
+    /// (`IDEM_EXPECT_PRESERVE_ORDER=1 cargo test -p idem-runtime --features
+    /// serde_json/preserve_order fingerprint`): the fingerprint must not notice.
+    #[test]
+    fn preserve_order_does_not_change_the_fingerprint() {
+        let mut forward = serde_json::Map::new();
+        let mut backward = serde_json::Map::new();
+        for i in 0..3 {
+            forward.insert(format!("k{i:02}"), i.into());
+        }
+        for i in (0..3).rev() {
+            backward.insert(format!("k{i:02}"), i.into());
+        }
+        let insertion_ordered = forward.keys().next() != backward.keys().next();
+        if std::env::var_os("IDEM_EXPECT_PRESERVE_ORDER").is_some() {
+            assert!(
+                insertion_ordered,
+                "this build must have serde_json/preserve_order on"
+            );
+        }
+        let expected = "c15905888d007ad9bf835cf363eb016704042a88f33c613d4ba2f73d7e019e23";
+        assert_eq!(fingerprint(&forward).unwrap(), expected);
+        assert_eq!(fingerprint(&backward).unwrap(), expected);
     }
 }

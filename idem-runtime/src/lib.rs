@@ -1,21 +1,27 @@
 //! Runtime of **idem**: the claim → execute → mark engine, the [`Store`] trait and its backends.
 //!
-//! Users depend on the `idem` crate, which re-exports this one and the `#[idempotent]` macro.
+//! Users depend on the `idem` crate, which re-exports this one and the macros.
 //! Backends: [`MemoryStore`] always; `SqliteStore` with the `sqlite` feature (default).
+//!
+//! Layout: `engine/` (calls, snapshots, transaction mode, the running claim), `store/` (the
+//! [`Store`] trait and the decision table), `sql/` (what every SQL backend shares: the claim
+//! protocol, dialects, error classes), `backend/<name>/` (one folder per store: the store, its
+//! transactions, its state-transition support), `transition/` (state machines and the one runtime
+//! entry point of `#[state_transition]`).
 #![warn(missing_docs)]
 
 mod backend;
+mod clock;
 mod engine;
 mod error;
 mod fingerprint;
-pub mod key;
+mod key;
 mod metrics;
 mod registry;
-#[cfg(feature = "sqlite")]
 mod sql;
-pub mod store;
+mod store;
 mod sweeper;
-pub mod transition;
+mod transition;
 
 #[doc(hidden)]
 #[path = "private/mod.rs"]
@@ -23,18 +29,23 @@ pub mod __private;
 
 pub use backend::memory::MemoryStore;
 #[cfg(feature = "sqlite")]
-pub use backend::sqlite::SqliteStore;
-pub use engine::tx_conn::TxConnection;
+pub use backend::sqlite::{SqliteStore, SqliteTx};
+pub use clock::TestClock;
+pub use engine::current::current_claim;
+pub use engine::tx::IdemTx;
 pub use engine::{Call, DEFAULT_LEASE, DEFAULT_TTL};
-pub use error::{BoxError, IdemError};
+pub use error::{BoxError, Busy, IdemError};
 pub use fingerprint::fingerprint;
-pub use key::IdemKey;
+pub use key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN, IdemKey, validate_biz, validate_key};
 pub use metrics::{CallReport, Counts, Outcome, counts, counts_for, observe};
 pub use registry::{IntoSharedStore, register_store, store, unregister_store};
-pub use store::{ClaimOutcome, ClaimRequest, Limits, Record, Status, Store};
+pub use store::{
+    Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store,
+};
 pub use sweeper::Sweeper;
 pub use transition::{
-    Dialect, DialectSql, SqlText, StateMachine, Transition, TransitionSql, UnknownState,
+    Dialect, DialectSql, SqlText, SqlValue, StateMachine, StateRow, ToSqlValue, Transition,
+    TransitionConn, TransitionShape, TransitionSql, TransitionTx, UnknownState,
 };
 
 /// Without the `sqlite` feature a machine gets no sqlx impls (see `backend/sqlite/transition.rs`).

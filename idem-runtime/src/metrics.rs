@@ -6,14 +6,17 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, RwLock};
 
-/// How one idempotent call ended.
+/// How one idempotent call (or state transition) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Outcome {
-    /// The body ran on a fresh claim (or a retry after a failure) and its result was stored.
+    /// The body ran on a fresh claim (or a retry after a failure) and its result was stored; for a
+    /// state transition: the row moved and the body ran.
     Executed,
-    /// The body ran after taking over a claim whose lease had expired.
+    /// The body ran after taking over a claim whose lease had expired, and its result was stored.
     TakenOver,
-    /// The stored result was replayed; the body did not run.
+    /// The stored result was replayed (the body did not run); for a state transition: the row was
+    /// already in the target state.
     Replayed,
     /// Refused: another attempt holds the lease.
     InProgress,
@@ -21,15 +24,28 @@ pub enum Outcome {
     Mismatch,
     /// The body ran but another attempt had taken the claim over; nothing was stored.
     LeaseLost,
-    /// The body returned an error; the record is FAILED and a retry may run.
+    /// The body returned an error; the record is FAILED (or the transaction rolled back) and a
+    /// retry may run.
     Failed,
-    /// Refused before anything was written (bad key, unknown store, store error).
+    /// Refused before anything was written (bad key, unknown store), or the store failed.
     Rejected,
+    /// The body ran (now, or in the call being repeated) but its result could not be stored
+    /// (it failed to serialize or is over the snapshot limit); the claim is kept as done.
+    Unstorable,
+    /// The body ran but the record could not be marked done (the store failed, also after
+    /// retries): the claim stays PROCESSING until its lease expires.
+    MarkFailed,
+    /// State transition refused: the row is in a state the transition does not start from.
+    WrongState,
+    /// State transition refused: the row is at another version.
+    VersionConflict,
+    /// State transition refused: no row has the key.
+    NotFound,
 }
 
 impl Outcome {
     /// All outcomes, in counter order.
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 13] = [
         Outcome::Executed,
         Outcome::TakenOver,
         Outcome::Replayed,
@@ -38,9 +54,14 @@ impl Outcome {
         Outcome::LeaseLost,
         Outcome::Failed,
         Outcome::Rejected,
+        Outcome::Unstorable,
+        Outcome::MarkFailed,
+        Outcome::WrongState,
+        Outcome::VersionConflict,
+        Outcome::NotFound,
     ];
 
-    /// The name used in tracing spans and reports.
+    /// The name used in tracing spans, counters and reports.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Executed => "executed",
@@ -51,6 +72,11 @@ impl Outcome {
             Outcome::LeaseLost => "lease_lost",
             Outcome::Failed => "failed",
             Outcome::Rejected => "rejected",
+            Outcome::Unstorable => "unstorable",
+            Outcome::MarkFailed => "mark_failed",
+            Outcome::WrongState => "wrong_state",
+            Outcome::VersionConflict => "version_conflict",
+            Outcome::NotFound => "not_found",
         }
     }
 
@@ -67,8 +93,10 @@ impl Outcome {
     }
 }
 
+const OUTCOMES: usize = Outcome::ALL.len();
+
 #[derive(Default)]
-struct Counters([AtomicU64; 8]);
+struct Counters([AtomicU64; OUTCOMES]);
 
 impl Counters {
     fn snapshot(&self) -> Counts {
@@ -77,8 +105,19 @@ impl Counters {
 }
 
 /// A copy of the counters at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts([u64; 8]);
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts([u64; OUTCOMES]);
+
+impl std::fmt::Debug for Counts {
+    /// `Counts { executed: 3, taken_over: 0, replayed: 5, … }`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut s = f.debug_struct("Counts");
+        for outcome in Outcome::ALL {
+            s.field(outcome.as_str(), &self.get(outcome));
+        }
+        s.finish()
+    }
+}
 
 impl Counts {
     /// The count for one outcome.
@@ -211,7 +250,14 @@ pub async fn observe<F: Future>(fut: F) -> (F::Output, Option<CallReport>) {
         .await
 }
 
+/// Counts a finished call, records its outcome in the current `idem` span and hands it to an
+/// enclosing [`observe`].
 pub(crate) fn report(biz: &str, outcome: Outcome, attempt: u32) {
+    let span = tracing::Span::current();
+    span.record("outcome", outcome.as_str());
+    if attempt > 0 {
+        span.record("attempt", attempt);
+    }
     record(biz, outcome);
     let _ = REPORT.try_with(|r| {
         *r.borrow_mut() = Some(CallReport {
@@ -220,4 +266,21 @@ pub(crate) fn report(biz: &str, outcome: Outcome, attempt: u32) {
             attempt,
         });
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_debug_names_every_outcome() {
+        let mut counts = Counts::default();
+        counts.0[Outcome::Replayed.index()] = 5;
+        let text = format!("{counts:?}");
+        assert!(
+            text.starts_with("Counts { executed: 0, taken_over: 0, replayed: 5,"),
+            "{text}"
+        );
+        assert!(text.ends_with("not_found: 0 }"), "{text}");
+    }
 }

@@ -1,7 +1,9 @@
-//! The store contract: every backend runs this same suite (see `contract_suite!` at the bottom).
+//! The store contract: every backend runs this same suite (see `contract_suite!` at the bottom),
+//! and every backend with transactions runs `tx.rs` too.
 //!
 //! Side effects are counted in an independent SQLite table (`effects`), never with idem's own
-//! counters, so "executed once" is proven by what the business actually did.
+//! counters, so "executed once" is proven by what the business actually did. Lease and TTL edges
+//! are driven by a `TestClock` handed to the store, never by sleeps a loaded machine can reorder.
 
 #![allow(dead_code)]
 
@@ -11,7 +13,9 @@ use std::time::Duration;
 
 use idem::sqlx::sqlite::SqlitePoolOptions;
 use idem::sqlx::{self, SqlitePool};
-use idem::{Call, ClaimOutcome, ClaimRequest, IdemError, Status, Store};
+use idem::{
+    Acquired, Call, Claim, ClaimOutcome, ClaimRequest, IdemError, Status, Store, TestClock,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Barrier;
 
@@ -133,10 +137,28 @@ fn req<'a>(biz: &'a str, key: &'a str, lease: Duration) -> ClaimRequest<'a> {
     }
 }
 
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// A store under test and the clock it reads.
+pub struct Subject {
+    pub store: Arc<dyn Store>,
+    pub clock: TestClock,
+}
+
+/// Claims and expects to hold the claim.
+async fn acquire(store: &dyn Store, r: &ClaimRequest<'_>) -> (Claim, Acquired) {
+    match store.claim(r).await.unwrap() {
+        ClaimOutcome::Acquired { claim, how } => (claim, how),
+        other => panic!("expected to acquire ({}, {}), got {other:?}", r.biz, r.key),
+    }
+}
+
 // ---- the decision table -------------------------------------------------------------------
 
-pub async fn fresh_key_runs_once_then_replays(store: Arc<dyn Store>) {
-    let (fx, biz) = (Effects::new().await, biz("fresh"));
+pub async fn fresh_key_runs_once_then_replays(s: Subject) {
+    let (store, fx, biz) = (s.store, Effects::new().await, biz("fresh"));
     let first = call(&biz, "o-1")
         .run(&*store, pay(&fx, &biz, "o-1", 100))
         .await
@@ -153,11 +175,12 @@ pub async fn fresh_key_runs_once_then_replays(store: Arc<dyn Store>) {
         .unwrap()
         .expect("record written");
     assert_eq!((rec.status, rec.attempt), (Status::Succeeded, 1));
+    assert!(rec.fence.get() > 0, "a fence is issued");
     assert!(rec.snapshot.is_some());
 }
 
-pub async fn same_key_other_biz_is_another_record(store: Arc<dyn Store>) {
-    let (fx, a, b) = (Effects::new().await, biz("dom_a"), biz("dom_b"));
+pub async fn same_key_other_biz_is_another_record(s: Subject) {
+    let (store, fx, a, b) = (s.store, Effects::new().await, biz("dom_a"), biz("dom_b"));
     call(&a, "k")
         .run(&*store, pay(&fx, &a, "k", 1))
         .await
@@ -169,8 +192,8 @@ pub async fn same_key_other_biz_is_another_record(store: Arc<dyn Store>) {
     assert_eq!((fx.count(&a, "k").await, fx.count(&b, "k").await), (1, 1));
 }
 
-pub async fn succeeded_with_other_payload_is_a_mismatch(store: Arc<dyn Store>) {
-    let (fx, biz) = (Effects::new().await, biz("mismatch"));
+pub async fn succeeded_with_other_payload_is_a_mismatch(s: Subject) {
+    let (store, fx, biz) = (s.store, Effects::new().await, biz("mismatch"));
     call(&biz, "o")
         .fingerprint(&("o", 100))
         .run(&*store, pay(&fx, &biz, "o", 100))
@@ -193,21 +216,15 @@ pub async fn succeeded_with_other_payload_is_a_mismatch(store: Arc<dyn Store>) {
     assert_eq!(fx.count(&biz, "o").await, 1);
 }
 
-pub async fn processing_with_valid_lease_is_in_progress(store: Arc<dyn Store>) {
-    let (fx, biz) = (Effects::new().await, biz("inprog"));
-    let held = store
-        .claim(&req(&biz, "o", Duration::from_secs(30)))
-        .await
-        .unwrap();
-    assert!(
-        matches!(held, ClaimOutcome::Acquired { attempt: 1, .. }),
-        "{held:?}"
-    );
+pub async fn processing_with_valid_lease_is_in_progress(s: Subject) {
+    let (store, fx, biz) = (s.store, Effects::new().await, biz("inprog"));
+    let (held, how) = acquire(&*store, &req(&biz, "o", secs(30))).await;
+    assert_eq!((held.attempt, how), (1, Acquired::Fresh));
     let dup = call(&biz, "o").run(&*store, pay(&fx, &biz, "o", 1)).await;
     match dup {
         Err(PayError::Idem(IdemError::InProgress { retry_after })) => {
             assert!(
-                retry_after <= Duration::from_secs(30) && retry_after > Duration::from_secs(20),
+                retry_after <= secs(30) && retry_after > secs(20),
                 "{retry_after:?}"
             )
         }
@@ -216,11 +233,11 @@ pub async fn processing_with_valid_lease_is_in_progress(store: Arc<dyn Store>) {
     assert_eq!(fx.count(&biz, "o").await, 0);
 }
 
-pub async fn processing_with_other_payload_is_a_mismatch(store: Arc<dyn Store>) {
-    let (fx, biz) = (Effects::new().await, biz("inprog_fp"));
-    let mut r = req(&biz, "o", Duration::from_secs(30));
+pub async fn processing_with_other_payload_is_a_mismatch(s: Subject) {
+    let (store, fx, biz) = (s.store, Effects::new().await, biz("inprog_fp"));
+    let mut r = req(&biz, "o", secs(30));
     r.fingerprint = Some("aaaa");
-    store.claim(&r).await.unwrap();
+    acquire(&*store, &r).await;
     let dup = call(&biz, "o")
         .fingerprint("other")
         .run(&*store, pay(&fx, &biz, "o", 1))
@@ -231,19 +248,14 @@ pub async fn processing_with_other_payload_is_a_mismatch(store: Arc<dyn Store>) 
     );
 }
 
-pub async fn expired_lease_is_taken_over_and_the_late_finisher_is_fenced(store: Arc<dyn Store>) {
-    let (fx, biz) = (Effects::new().await, biz("takeover"));
-    let lease = Duration::from_millis(150);
-    let ClaimOutcome::Acquired { attempt: stale, .. } =
-        store.claim(&req(&biz, "o", lease)).await.unwrap()
-    else {
-        panic!("first claim must be acquired")
-    };
-    tokio::time::sleep(Duration::from_millis(400)).await;
+pub async fn expired_lease_is_taken_over_and_the_late_finisher_is_fenced(s: Subject) {
+    let (store, clock, fx, biz) = (s.store, s.clock, Effects::new().await, biz("takeover"));
+    let (stale, _) = acquire(&*store, &req(&biz, "o", secs(10))).await;
+    clock.advance(secs(11));
     let (res, report) = idem::observe(
         call(&biz, "o")
-            .lease(lease)
-            .ttl(Duration::from_secs(60))
+            .lease(secs(10))
+            .ttl(secs(60))
             .run(&*store, pay(&fx, &biz, "o", 7)),
     )
     .await;
@@ -251,23 +263,32 @@ pub async fn expired_lease_is_taken_over_and_the_late_finisher_is_fenced(store: 
     let report = report.expect("a report");
     assert_eq!(
         (report.outcome, report.attempt),
-        (idem::Outcome::TakenOver, stale + 1)
+        (idem::Outcome::TakenOver, stale.attempt + 1)
     );
     // The stale attempt wakes up and tries to mark: it must be refused and change nothing.
     let late = store
-        .complete(&biz, "o", stale, b"{\"Ok\":\"stale\"}".to_vec())
+        .complete(&biz, "o", &stale, b"{\"Ok\":\"stale\"}")
         .await;
     assert!(
-        matches!(late, Err(IdemError::LeaseLost { attempt }) if attempt == stale),
+        matches!(late, Err(IdemError::LeaseLost { attempt }) if attempt == stale.attempt),
         "{late:?}"
     );
-    let late_fail = store.fail(&biz, "o", stale).await;
+    let late_fail = store.fail(&biz, "o", &stale).await;
     assert!(
         matches!(late_fail, Err(IdemError::LeaseLost { .. })),
         "{late_fail:?}"
     );
+    let late_renew = store.renew(&biz, "o", &stale, secs(10)).await;
+    assert!(
+        matches!(late_renew, Err(IdemError::LeaseLost { .. })),
+        "{late_renew:?}"
+    );
     let rec = store.load(&biz, "o").await.unwrap().unwrap();
-    assert_eq!((rec.status, rec.attempt), (Status::Succeeded, stale + 1));
+    assert_eq!(
+        (rec.status, rec.attempt),
+        (Status::Succeeded, stale.attempt + 1)
+    );
+    assert!(rec.fence > stale.fence, "the takeover's fence is larger");
     let replay = call(&biz, "o")
         .run(&*store, pay(&fx, &biz, "o", 7))
         .await
@@ -276,8 +297,8 @@ pub async fn expired_lease_is_taken_over_and_the_late_finisher_is_fenced(store: 
     assert_eq!(fx.count(&biz, "o").await, 1);
 }
 
-pub async fn failure_allows_a_retry(store: Arc<dyn Store>) {
-    let (fx, biz) = (Effects::new().await, biz("retry"));
+pub async fn failure_allows_a_retry(s: Subject) {
+    let (store, fx, biz) = (s.store, Effects::new().await, biz("retry"));
     let failed: Result<Receipt, PayError> = call(&biz, "o")
         .run(&*store, async { Err(PayError::Declined) })
         .await;
@@ -290,20 +311,15 @@ pub async fn failure_allows_a_retry(store: Arc<dyn Store>) {
     let (ok, report) = idem::observe(call(&biz, "o").run(&*store, pay(&fx, &biz, "o", 5))).await;
     assert_eq!(ok.unwrap().amount, 5);
     assert_eq!(report.unwrap().attempt, 2);
-    assert_eq!(
-        store.load(&biz, "o").await.unwrap().unwrap().status,
-        Status::Succeeded
-    );
+    let rec2 = store.load(&biz, "o").await.unwrap().unwrap();
+    assert_eq!(rec2.status, Status::Succeeded);
+    assert!(rec2.fence > rec.fence, "a retry gets a new fence");
     assert_eq!(fx.count(&biz, "o").await, 1);
 }
 
-pub async fn expired_record_counts_as_absent_and_is_swept(store: Arc<dyn Store>) {
-    let (fx, biz) = (Effects::new().await, biz("ttl"));
-    let short = |k: &str| {
-        call(&biz, k)
-            .lease(Duration::from_millis(100))
-            .ttl(Duration::from_millis(300))
-    };
+pub async fn expired_record_counts_as_absent_and_is_swept(s: Subject) {
+    let (store, clock, fx, biz) = (s.store, s.clock, Effects::new().await, biz("ttl"));
+    let short = |k: &str| call(&biz, k).lease(secs(10)).ttl(secs(30));
     short("a")
         .run(&*store, pay(&fx, &biz, "a", 1))
         .await
@@ -316,14 +332,17 @@ pub async fn expired_record_counts_as_absent_and_is_swept(store: Arc<dyn Store>)
         .run(&*store, pay(&fx, &biz, "kept", 1))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // Expired: runs again as a fresh record (with a long TTL, so a slow machine cannot let it
-    // expire again before the sweep below).
+    let old_a = store.load(&biz, "a").await.unwrap().unwrap();
+    clock.advance(secs(31));
+    // Expired: runs again as a fresh record (attempt 1, a larger fence).
     call(&biz, "a")
         .run(&*store, pay(&fx, &biz, "a", 1))
         .await
         .unwrap();
     assert_eq!(fx.count(&biz, "a").await, 2);
+    let new_a = store.load(&biz, "a").await.unwrap().unwrap();
+    assert_eq!(new_a.attempt, 1, "an expired record starts a new life");
+    assert!(new_a.fence > old_a.fence, "but never reuses a fence");
     // The sweeper deletes `b` (expired) but neither the renewed `a` nor `kept`.
     let swept = idem::Sweeper::new(store.clone(), 1)
         .sweep_once()
@@ -335,8 +354,8 @@ pub async fn expired_record_counts_as_absent_and_is_swept(store: Arc<dyn Store>)
     assert!(store.load(&biz, "kept").await.unwrap().is_some());
 }
 
-pub async fn waiting_duplicate_gets_the_first_answer(store: Arc<dyn Store>) {
-    let (fx, biz) = (Effects::new().await, biz("wait"));
+pub async fn waiting_duplicate_gets_the_first_answer(s: Subject) {
+    let (store, fx, biz) = (s.store, Effects::new().await, biz("wait"));
     let slow = {
         let (store, fx, biz) = (store.clone(), fx.clone(), biz.clone());
         tokio::spawn(async move {
@@ -350,7 +369,7 @@ pub async fn waiting_duplicate_gets_the_first_answer(store: Arc<dyn Store>) {
     };
     wait_for_record(&*store, &biz, "o").await;
     let waited = call(&biz, "o")
-        .wait(Duration::from_secs(5))
+        .wait(secs(5))
         .run(&*store, pay(&fx, &biz, "o", 3))
         .await
         .unwrap();
@@ -358,11 +377,7 @@ pub async fn waiting_duplicate_gets_the_first_answer(store: Arc<dyn Store>) {
     assert_eq!(waited, first);
     assert_eq!(fx.count(&biz, "o").await, 1);
     // A wait shorter than the work gives up with InProgress.
-    let holder = store
-        .claim(&req(&biz, "p", Duration::from_secs(30)))
-        .await
-        .unwrap();
-    assert!(matches!(holder, ClaimOutcome::Acquired { .. }));
+    acquire(&*store, &req(&biz, "p", secs(30))).await;
     let gave_up = call(&biz, "p")
         .wait(Duration::from_millis(100))
         .run(&*store, pay(&fx, &biz, "p", 3))
@@ -373,16 +388,370 @@ pub async fn waiting_duplicate_gets_the_first_answer(store: Arc<dyn Store>) {
     );
 }
 
+// ---- TTL, lease and fence edges (DESIGN §3) ------------------------------------------------
+
+/// Probe: ttl 30 s, lease 20 s; attempt 1 fails at t=0; a retry takes over at 25 s; a third
+/// caller at 35 s (TTL passed, attempt 2's lease runs to 45 s) must be told "in progress", and the
+/// sweeper must not delete the record. Before the fix the third caller got `Acquired` and two bodies
+/// ran at once.
+pub async fn a_live_lease_outlives_the_ttl(s: Subject) {
+    let (store, clock, biz) = (s.store, s.clock, biz("lease_ttl"));
+    let r = ClaimRequest {
+        ttl: secs(30),
+        ..req(&biz, "k", secs(20))
+    };
+    let (first, _) = acquire(&*store, &r).await;
+    store.fail(&biz, "k", &first).await.unwrap();
+    clock.advance(secs(25));
+    let (second, how) = acquire(&*store, &r).await;
+    assert_eq!((second.attempt, how), (2, Acquired::RetryAfterFailure));
+    let rec = store.load(&biz, "k").await.unwrap().unwrap();
+    assert!(
+        rec.expire_at_ms >= rec.lease_until_ms,
+        "a takeover extends the record to cover its lease: {rec:?}"
+    );
+    clock.advance(secs(10));
+    let third = store.claim(&r).await.unwrap();
+    assert!(
+        matches!(third, ClaimOutcome::InProgress { .. }),
+        "attempt 2 still holds its lease: {third:?}"
+    );
+    assert_eq!(
+        idem::Sweeper::new(store.clone(), 100)
+            .sweep_once()
+            .await
+            .unwrap(),
+        0,
+        "a live lease is never swept"
+    );
+    store
+        .complete(&biz, "k", &second, b"{\"Ok\":1}")
+        .await
+        .expect("attempt 2 still holds the record");
+}
+
+/// Even a request whose lease is longer than its TTL (the store API allows it) is protected for
+/// its whole lease, by claims and by the sweeper.
+pub async fn a_sweep_spares_a_record_under_a_live_lease(s: Subject) {
+    let (store, clock, biz) = (s.store, s.clock, biz("sweep_live"));
+    let r = ClaimRequest {
+        ttl: secs(10),
+        ..req(&biz, "k", secs(60))
+    };
+    let (held, _) = acquire(&*store, &r).await;
+    clock.advance(secs(30));
+    let swept = idem::Sweeper::new(store.clone(), 100)
+        .sweep_once()
+        .await
+        .unwrap();
+    assert_eq!(swept, 0);
+    assert!(matches!(
+        store.claim(&r).await.unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    store
+        .complete(&biz, "k", &held, b"{\"Ok\":1}")
+        .await
+        .unwrap();
+    clock.advance(secs(31));
+    assert_eq!(
+        idem::Sweeper::new(store.clone(), 100)
+            .sweep_once()
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+/// Probe: claim, let lease and TTL pass, sweep, claim again; the old holder's complete must be
+/// refused (before the fix it returned `Ok` and stored its stale result in the new claim).
+pub async fn a_fence_never_repeats_after_a_sweep(s: Subject) {
+    let (store, clock, biz) = (s.store, s.clock, biz("fence_sweep"));
+    let r = ClaimRequest {
+        ttl: secs(20),
+        ..req(&biz, "k", secs(10))
+    };
+    let (old, _) = acquire(&*store, &r).await;
+    clock.advance(secs(21));
+    assert_eq!(
+        idem::Sweeper::new(store.clone(), 100)
+            .sweep_once()
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(store.load(&biz, "k").await.unwrap().is_none());
+    let (new, how) = acquire(&*store, &r).await;
+    assert_eq!(
+        (new.attempt, how),
+        (1, Acquired::Fresh),
+        "attempt counts restart"
+    );
+    assert!(
+        new.fence > old.fence,
+        "fences never repeat: {old:?} then {new:?}"
+    );
+    let stale = store.complete(&biz, "k", &old, b"{\"Ok\":\"stale\"}").await;
+    assert!(
+        matches!(stale, Err(IdemError::LeaseLost { .. })),
+        "{stale:?}"
+    );
+    let rec = store.load(&biz, "k").await.unwrap().unwrap();
+    assert_eq!((rec.status, rec.fence), (Status::Processing, new.fence));
+    store
+        .complete(&biz, "k", &new, b"{\"Ok\":\"new\"}")
+        .await
+        .unwrap();
+}
+
+/// A holder whose record was swept (it stalled past lease and TTL) gets `LeaseLost` and recreates
+/// nothing.
+pub async fn complete_after_a_sweep_is_lease_lost(s: Subject) {
+    let (store, clock, biz) = (s.store, s.clock, biz("swept_complete"));
+    let r = ClaimRequest {
+        ttl: secs(20),
+        ..req(&biz, "k", secs(10))
+    };
+    let (held, _) = acquire(&*store, &r).await;
+    clock.advance(secs(21));
+    idem::Sweeper::new(store.clone(), 100)
+        .sweep_once()
+        .await
+        .unwrap();
+    let late = store.complete(&biz, "k", &held, b"{\"Ok\":1}").await;
+    assert!(matches!(late, Err(IdemError::LeaseLost { .. })), "{late:?}");
+    assert!(store.fail(&biz, "k", &held).await.is_err());
+    assert!(
+        store.load(&biz, "k").await.unwrap().is_none(),
+        "nothing was recreated"
+    );
+}
+
+/// Renewal extends a held lease (and the record's life with it) and is refused to a stale claim.
+pub async fn renew_extends_a_held_lease(s: Subject) {
+    let (store, clock, biz) = (s.store, s.clock, biz("renew"));
+    let r = ClaimRequest {
+        ttl: secs(12),
+        ..req(&biz, "k", secs(10))
+    };
+    let (held, _) = acquire(&*store, &r).await;
+    clock.advance(secs(8));
+    store.renew(&biz, "k", &held, secs(10)).await.unwrap();
+    let rec = store.load(&biz, "k").await.unwrap().unwrap();
+    assert!(rec.expire_at_ms >= rec.lease_until_ms, "{rec:?}");
+    clock.advance(secs(8)); // 16 s: past the first lease and the TTL, inside the renewed lease
+    assert!(matches!(
+        store.claim(&r).await.unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    clock.advance(secs(3)); // 19 s: the renewed lease has run out
+    let (taker, how) = acquire(&*store, &r).await;
+    assert!(
+        matches!(how, Acquired::TakeOver | Acquired::Fresh),
+        "{how:?}"
+    );
+    let stale = store.renew(&biz, "k", &held, secs(10)).await;
+    assert!(
+        matches!(stale, Err(IdemError::LeaseLost { .. })),
+        "{stale:?}"
+    );
+    assert!(taker.fence > held.fence);
+}
+
+/// A late complete from the old holder and a takeover by a new caller, released together: exactly
+/// one wins, and the record agrees with the winner.
+pub async fn a_takeover_racing_a_late_complete_has_one_winner(s: Subject) {
+    let (store, clock, biz) = (s.store, s.clock, biz("race_late"));
+    let keys = 24;
+    let mut held = Vec::new();
+    for k in 0..keys {
+        let key = format!("k{k}");
+        held.push(acquire(&*store, &req(&biz, &key, secs(10))).await.0);
+    }
+    clock.advance(secs(11));
+    let barrier = Arc::new(Barrier::new(keys * 2));
+    let mut tasks = Vec::new();
+    for (k, old) in held.into_iter().enumerate() {
+        let key = format!("k{k}");
+        let (store1, biz1, key1, b1) = (store.clone(), biz.clone(), key.clone(), barrier.clone());
+        let late = tokio::spawn(async move {
+            b1.wait().await;
+            store1
+                .complete(&biz1, &key1, &old, b"{\"Ok\":\"late\"}")
+                .await
+        });
+        let (store2, biz2, key2, b2) = (store.clone(), biz.clone(), key.clone(), barrier.clone());
+        let taker = tokio::spawn(async move {
+            b2.wait().await;
+            store2.claim(&req(&biz2, &key2, secs(10))).await
+        });
+        tasks.push((key, late, taker));
+    }
+    let (mut late_won, mut taker_won) = (0, 0);
+    for (key, late, taker) in tasks {
+        let late = late.await.unwrap();
+        let taker = taker.await.unwrap().unwrap();
+        let rec = store.load(&biz, &key).await.unwrap().unwrap();
+        match (&late, &taker) {
+            (Ok(()), ClaimOutcome::Replay { snapshot }) => {
+                late_won += 1;
+                assert_eq!(snapshot, b"{\"Ok\":\"late\"}");
+                assert_eq!(rec.status, Status::Succeeded);
+            }
+            (Err(IdemError::LeaseLost { .. }), ClaimOutcome::Acquired { claim, .. }) => {
+                taker_won += 1;
+                assert_eq!((rec.status, rec.fence), (Status::Processing, claim.fence));
+            }
+            other => panic!("{key}: both or neither won: {other:?}"),
+        }
+    }
+    assert_eq!(late_won + taker_won, keys);
+}
+
+/// A holder stalls past its lease and a crowd arrives at once: exactly one caller takes the claim
+/// over and runs the business; everyone gets that one answer.
+pub async fn a_contended_takeover_runs_the_business_once(s: Subject) {
+    let (store, clock, fx, biz) = (s.store, s.clock, Effects::new().await, biz("crowd"));
+    let keys = 8;
+    let callers = 16;
+    for k in 0..keys {
+        acquire(&*store, &req(&biz, &format!("k{k}"), secs(10))).await;
+    }
+    clock.advance(secs(11));
+    let barrier = Arc::new(Barrier::new(keys * callers));
+    let mut tasks = Vec::new();
+    for k in 0..keys {
+        for _ in 0..callers {
+            let (store, fx, biz, barrier) =
+                (store.clone(), fx.clone(), biz.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                let key = format!("k{k}");
+                barrier.wait().await;
+                let (res, report) = idem::observe(
+                    call(&biz, &key)
+                        .lease(secs(10))
+                        .wait(secs(60))
+                        .run(&*store, pay(&fx, &biz, &key, k as u64)),
+                )
+                .await;
+                (k, res.unwrap(), report.unwrap().outcome)
+            }));
+        }
+    }
+    let mut answers: Vec<Option<Receipt>> = vec![None; keys];
+    let mut taken_over = 0;
+    for t in tasks {
+        let (k, receipt, outcome) = t.await.unwrap();
+        match outcome {
+            idem::Outcome::TakenOver => taken_over += 1,
+            idem::Outcome::Replayed => {}
+            other => panic!("unexpected outcome {other:?}"),
+        }
+        match &answers[k] {
+            None => answers[k] = Some(receipt),
+            Some(first) => assert_eq!(first, &receipt, "key {k}: one answer for all"),
+        }
+    }
+    assert_eq!(taken_over, keys, "one takeover per key");
+    assert_eq!(
+        fx.totals(&biz).await,
+        (keys as i64, keys as i64),
+        "one execution per key"
+    );
+}
+
+/// A burst in which bodies fail: every key's business fails on its first two executions, callers
+/// retry until they get an answer. The ledger records successes only: one per key.
+pub async fn a_burst_with_failing_bodies_executes_each_key_once(s: Subject) {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    let (store, fx, biz) = (s.store, Effects::new().await, biz("burst_fail"));
+    let keys = 16;
+    let callers = 8;
+    let runs: Arc<Mutex<HashMap<usize, u32>>> = Arc::default();
+    let barrier = Arc::new(Barrier::new(keys * callers));
+    let mut tasks = Vec::new();
+    for k in 0..keys {
+        for _ in 0..callers {
+            let (store, fx, biz, barrier, runs) = (
+                store.clone(),
+                fx.clone(),
+                biz.clone(),
+                barrier.clone(),
+                runs.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let key = format!("k{k}");
+                barrier.wait().await;
+                let mut outcomes = Vec::new();
+                loop {
+                    let (res, report) =
+                        idem::observe(call(&biz, &key).wait(secs(60)).run(&*store, async {
+                            let run = {
+                                let mut runs = runs.lock().unwrap();
+                                let n = runs.entry(k).or_insert(0);
+                                *n += 1;
+                                *n
+                            };
+                            if run <= 2 {
+                                return Err(PayError::Declined);
+                            }
+                            pay(&fx, &biz, &key, k as u64).await
+                        }))
+                        .await;
+                    outcomes.push(report.unwrap().outcome);
+                    match res {
+                        Ok(receipt) => return (k, receipt, outcomes),
+                        Err(PayError::Declined) => continue,
+                        Err(e) => panic!("key {k}: {e:?}"),
+                    }
+                }
+            }));
+        }
+    }
+    let mut answers: Vec<Option<Receipt>> = vec![None; keys];
+    let (mut executed, mut failed) = (0, 0);
+    for t in tasks {
+        let (k, receipt, outcomes) = t.await.unwrap();
+        executed += outcomes
+            .iter()
+            .filter(|o| **o == idem::Outcome::Executed)
+            .count();
+        failed += outcomes
+            .iter()
+            .filter(|o| **o == idem::Outcome::Failed)
+            .count();
+        match &answers[k] {
+            None => answers[k] = Some(receipt),
+            Some(first) => assert_eq!(first, &receipt),
+        }
+    }
+    assert_eq!(
+        fx.totals(&biz).await,
+        (keys as i64, keys as i64),
+        "one success per key"
+    );
+    assert_eq!(
+        (executed, failed),
+        (keys, 2 * keys),
+        "outcomes seen by the callers"
+    );
+    let runs = runs.lock().unwrap();
+    assert!(
+        runs.values().all(|n| *n == 3),
+        "each key's body ran 3 times: {runs:?}"
+    );
+}
+
 // ---- failures inside the body ---------------------------------------------------------------
 
-pub async fn panic_in_body_never_claims_success(store: Arc<dyn Store>) {
-    let (fx, biz) = (Effects::new().await, biz("panic"));
-    let lease = Duration::from_millis(150);
+pub async fn panic_in_body_never_claims_success(s: Subject) {
+    let (store, clock, fx, biz) = (s.store, s.clock, Effects::new().await, biz("panic"));
     let task = {
         let (store, biz) = (store.clone(), biz.clone());
         tokio::spawn(async move {
             let _: Result<Receipt, PayError> = call(&biz, "o")
-                .lease(lease)
+                .lease(secs(10))
                 .run(&*store, async { panic!("business blew up") })
                 .await;
         })
@@ -390,9 +759,9 @@ pub async fn panic_in_body_never_claims_success(store: Arc<dyn Store>) {
     assert!(task.await.unwrap_err().is_panic());
     let rec = store.load(&biz, "o").await.unwrap().unwrap();
     assert_eq!((rec.status, rec.snapshot), (Status::Processing, None));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    clock.advance(secs(11));
     let retried = call(&biz, "o")
-        .lease(lease)
+        .lease(secs(10))
         .run(&*store, pay(&fx, &biz, "o", 9))
         .await
         .unwrap();
@@ -400,16 +769,15 @@ pub async fn panic_in_body_never_claims_success(store: Arc<dyn Store>) {
     assert_eq!(fx.count(&biz, "o").await, 1);
 }
 
-pub async fn dropped_future_never_claims_success(store: Arc<dyn Store>) {
-    let (fx, biz) = (Effects::new().await, biz("drop"));
-    let lease = Duration::from_millis(150);
+pub async fn dropped_future_never_claims_success(s: Subject) {
+    let (store, clock, fx, biz) = (s.store, s.clock, Effects::new().await, biz("drop"));
     let running = {
         let (store, fx, biz) = (store.clone(), fx.clone(), biz.clone());
         tokio::spawn(async move {
             call(&biz, "o")
-                .lease(lease)
+                .lease(secs(10))
                 .run(&*store, async {
-                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    tokio::time::sleep(secs(60)).await;
                     pay(&fx, &biz, "o", 1).await
                 })
                 .await
@@ -424,18 +792,35 @@ pub async fn dropped_future_never_claims_success(store: Arc<dyn Store>) {
     );
     let rec = store.load(&biz, "o").await.unwrap().unwrap();
     assert_eq!((rec.status, rec.snapshot), (Status::Processing, None));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    clock.advance(secs(11));
     call(&biz, "o")
-        .lease(lease)
+        .lease(secs(10))
         .run(&*store, pay(&fx, &biz, "o", 1))
         .await
         .unwrap();
     assert_eq!(fx.count(&biz, "o").await, 1);
 }
 
+/// The body can read its claim's fence (to pass to its own downstream writes); it is the fence the
+/// store holds.
+pub async fn the_body_learns_its_fence(s: Subject) {
+    let (store, biz) = (s.store, biz("fence_body"));
+    assert!(idem::current_claim().is_none(), "no claim outside a body");
+    let seen: Result<(u32, u64), IdemError> = call(&biz, "o")
+        .run(&*store, async {
+            let claim = idem::current_claim().expect("inside the body");
+            Ok((claim.attempt, claim.fence.get()))
+        })
+        .await;
+    let (attempt, fence) = seen.unwrap();
+    let rec = store.load(&biz, "o").await.unwrap().unwrap();
+    assert_eq!((attempt, fence), (rec.attempt, rec.fence.get()));
+}
+
 // ---- bad input ------------------------------------------------------------------------------
 
-pub async fn bad_keys_are_refused_before_anything_is_written(store: Arc<dyn Store>) {
+pub async fn bad_keys_are_refused_before_anything_is_written(s: Subject) {
+    let store = s.store;
     let (fx, biz) = (Effects::new().await, biz("badkey"));
     let long = "k".repeat(129);
     for (key, why) in [
@@ -477,7 +862,8 @@ pub async fn bad_keys_are_refused_before_anything_is_written(store: Arc<dyn Stor
     }
 }
 
-pub async fn bad_biz_is_refused(store: Arc<dyn Store>) {
+pub async fn bad_biz_is_refused(s: Subject) {
+    let store = s.store;
     let fx = Effects::new().await;
     for b in ["", "has space", &"B".repeat(store.limits().max_biz_len + 1)] {
         let res = Call::new(b.to_owned(), "k")
@@ -494,7 +880,8 @@ pub async fn bad_biz_is_refused(store: Arc<dyn Store>) {
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 pub struct Unserializable(std::collections::HashMap<(u8, u8), u8>);
 
-pub async fn unstorable_results_keep_the_claim(store: Arc<dyn Store>) {
+pub async fn unstorable_results_keep_the_claim(s: Subject) {
+    let store = s.store;
     let (fx, biz) = (Effects::new().await, biz("unstorable"));
     // Over the snapshot limit.
     let big = "x".repeat(store.limits().max_snapshot_len + 1);
@@ -541,7 +928,8 @@ pub async fn unstorable_results_keep_the_claim(store: Arc<dyn Store>) {
     assert_eq!(fx.count(&biz, "ser").await, 1);
 }
 
-pub async fn unfingerprintable_payload_is_refused(store: Arc<dyn Store>) {
+pub async fn unfingerprintable_payload_is_refused(s: Subject) {
+    let store = s.store;
     let (fx, biz) = (Effects::new().await, biz("badfp"));
     let payload = Unserializable([((1, 2), 3)].into());
     let res = call(&biz, "o")
@@ -559,7 +947,8 @@ pub async fn unfingerprintable_payload_is_refused(store: Arc<dyn Store>) {
 
 /// `keys` keys × `callers` same-key callers, all released at once by a barrier, waiting for each
 /// other: every key's business runs exactly once and every caller gets that one answer.
-pub async fn burst_executes_each_key_once(store: Arc<dyn Store>, keys: usize, callers: usize) {
+pub async fn burst_executes_each_key_once(s: Subject, keys: usize, callers: usize) {
+    let store = s.store;
     let (fx, biz) = (Effects::new().await, biz("burst"));
     let barrier = Arc::new(Barrier::new(keys * callers));
     let mut tasks = Vec::with_capacity(keys * callers);
@@ -599,12 +988,12 @@ pub async fn burst_executes_each_key_once(store: Arc<dyn Store>, keys: usize, ca
     );
 }
 
-/// Generates one `#[tokio::test]` per contract case for a backend. `$make` is an async
-/// expression giving `Option<Arc<dyn Store>>` (None: the backend's server is unreachable and the
-/// suite is skipped with one line, unless IDEM_REQUIRE_SERVICES=1).
+/// Generates one `#[tokio::test]` per contract case for a backend. `$make` is an async fn taking
+/// the `TestClock` the store must read and giving `Option<Arc<dyn Store>>` (None: the backend's
+/// server is unreachable and the suite is skipped with one line, unless IDEM_REQUIRE_SERVICES=1).
 #[macro_export]
 macro_rules! contract_suite {
-    ($make:expr, burst = ($keys:expr, $callers:expr)) => {
+    ($make:path, burst = ($keys:expr, $callers:expr)) => {
         $crate::contract_suite!(@cases $make;
             fresh_key_runs_once_then_replays,
             same_key_other_biz_is_another_record,
@@ -615,8 +1004,17 @@ macro_rules! contract_suite {
             failure_allows_a_retry,
             expired_record_counts_as_absent_and_is_swept,
             waiting_duplicate_gets_the_first_answer,
+            a_live_lease_outlives_the_ttl,
+            a_sweep_spares_a_record_under_a_live_lease,
+            a_fence_never_repeats_after_a_sweep,
+            complete_after_a_sweep_is_lease_lost,
+            renew_extends_a_held_lease,
+            a_takeover_racing_a_late_complete_has_one_winner,
+            a_contended_takeover_runs_the_business_once,
+            a_burst_with_failing_bodies_executes_each_key_once,
             panic_in_body_never_claims_success,
             dropped_future_never_claims_success,
+            the_body_learns_its_fence,
             bad_keys_are_refused_before_anything_is_written,
             bad_biz_is_refused,
             unstorable_results_keep_the_claim,
@@ -624,16 +1022,18 @@ macro_rules! contract_suite {
         );
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn burst_executes_each_key_once() {
-            if let Some(store) = $make.await {
-                contract::burst_executes_each_key_once(store, $keys, $callers).await;
+            let clock = idem::TestClock::new();
+            if let Some(store) = $make(clock.clone()).await {
+                contract::burst_executes_each_key_once(contract::Subject { store, clock }, $keys, $callers).await;
             }
         }
     };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {$(
+    (@cases $make:path; $($case:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $case() {
-            if let Some(store) = $make.await {
-                contract::$case(store).await;
+            let clock = idem::TestClock::new();
+            if let Some(store) = $make(clock.clone()).await {
+                contract::$case(contract::Subject { store, clock }).await;
             }
         }
     )*};

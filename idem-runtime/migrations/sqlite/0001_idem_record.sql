@@ -1,4 +1,4 @@
--- idem dedup records (SQLite). Times are milliseconds since the Unix epoch, by the database's clock.
+-- idem dedup records (SQLite), version 1 (0002 adds the fence). Times are milliseconds since the Unix epoch, by the database's clock.
 CREATE TABLE IF NOT EXISTS idem_record (
     biz_type    TEXT    NOT NULL,
     idem_key    TEXT    NOT NULL,

@@ -1,34 +1,58 @@
 //! An in-process store: one map behind a mutex. For tests, single-process services and benchmarks.
 
-use std::any::Any;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
 use crate::IdemError;
-use crate::store::decide::{Decision, RecordState, decide, duration_ms, millis};
-use crate::store::{Acquired, ClaimOutcome, ClaimRequest, Limits, Record, Status, Store};
+use crate::clock::{ClockOffset, TestClock};
+use crate::store::decide::{Decision, RecordState, decide, duration_ms, millis, taken};
+use crate::store::{
+    Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store,
+};
 
 #[derive(Debug, Clone)]
 struct Entry {
     status: Status,
     attempt: u32,
+    fence: u64,
     fingerprint: Option<Box<str>>,
     snapshot: Option<Vec<u8>>,
     lease_until: i64,
     expire_at: i64,
 }
 
+impl Entry {
+    fn state(&self) -> RecordState<'_> {
+        RecordState {
+            status: self.status,
+            fingerprint: self.fingerprint.as_deref(),
+            lease_until_ms: self.lease_until,
+            expire_at_ms: self.expire_at,
+        }
+    }
+
+    fn claim(&self) -> Claim {
+        Claim {
+            attempt: self.attempt,
+            fence: Fence::new(self.fence),
+        }
+    }
+}
+
 /// Keys come from callers, so the map is seeded per process (hashbrown's default, foldhash).
 type Map<V> = hashbrown::HashMap<String, V>;
 type Records = Map<Map<Entry>>;
 
-/// Keeps records in this process's memory; its clock is a monotonic clock started with the store.
-/// Records are lost when the process ends.
+/// Keeps records in this process's memory. Its clock is the wall clock read once at creation plus
+/// a monotonic clock since (it never steps back), plus a [`TestClock`]'s offset if given. Records
+/// are lost when the process ends.
 pub struct MemoryStore {
     records: Mutex<Records>,
     epoch: Instant,
+    epoch_us: i64,
+    offset: ClockOffset,
     limits: Limits,
     capacity: usize,
 }
@@ -47,9 +71,14 @@ impl MemoryStore {
 
     /// An empty store with the given limits.
     pub fn with_limits(limits: Limits) -> Self {
+        let epoch_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
         MemoryStore {
             records: Mutex::new(Records::default()),
             epoch: Instant::now(),
+            epoch_us,
+            offset: ClockOffset::default(),
             limits,
             capacity: 0,
         }
@@ -62,8 +91,22 @@ impl MemoryStore {
         self
     }
 
-    fn now(&self) -> i64 {
-        millis(self.epoch.elapsed())
+    /// The same store on a [`TestClock`]: its clock reads the clock's offset on top of its own.
+    pub fn with_test_clock(mut self, clock: TestClock) -> Self {
+        self.offset = ClockOffset::new(clock);
+        self
+    }
+
+    /// The store's clock in microseconds since the Unix epoch.
+    fn now_us(&self) -> i64 {
+        let elapsed = i64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(i64::MAX);
+        self.epoch_us
+            .saturating_add(elapsed)
+            .saturating_add(self.offset.ms().saturating_mul(1000))
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.now_us().div_euclid(1000)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Records> {
@@ -72,23 +115,22 @@ impl MemoryStore {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Changes the record to `to` only if it is PROCESSING under `attempt`.
-    fn finish(
+    /// Runs `change` on the record if it is PROCESSING under `claim`'s fence.
+    fn with_held<R>(
         &self,
         biz: &str,
         key: &str,
-        attempt: u32,
-        to: Status,
-        snapshot: Option<Vec<u8>>,
-    ) -> Result<(), IdemError> {
+        claim: &Claim,
+        change: impl FnOnce(&mut Entry) -> R,
+    ) -> Result<R, IdemError> {
         let mut records = self.lock();
         match records.get_mut(biz).and_then(|m| m.get_mut(key)) {
-            Some(e) if e.attempt == attempt && e.status == Status::Processing => {
-                e.status = to;
-                e.snapshot = snapshot;
-                Ok(())
+            Some(e) if e.fence == claim.fence.get() && e.status == Status::Processing => {
+                Ok(change(e))
             }
-            _ => Err(IdemError::LeaseLost { attempt }),
+            _ => Err(IdemError::LeaseLost {
+                attempt: claim.attempt,
+            }),
         }
     }
 }
@@ -104,14 +146,19 @@ impl Store for MemoryStore {
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        let now = self.now();
-        let fresh = |attempt| Entry {
-            status: Status::Processing,
-            attempt,
-            fingerprint: req.fingerprint.map(Into::into),
-            snapshot: None,
-            lease_until: now + millis(req.lease),
-            expire_at: now + millis(req.ttl),
+        let now_us = self.now_us();
+        let now = now_us.div_euclid(1000);
+        let fresh = |old: Option<(u32, u64, i64)>, reset: bool| {
+            let t = taken(old, reset, now_us, req.lease, req.ttl);
+            Entry {
+                status: Status::Processing,
+                attempt: t.attempt,
+                fence: t.fence,
+                fingerprint: req.fingerprint.map(Into::into),
+                snapshot: None,
+                lease_until: t.lease_until_ms,
+                expire_at: t.expire_at_ms,
+            }
         };
         let mut records = self.lock();
         let by_key = match records.get_mut(req.biz) {
@@ -123,28 +170,18 @@ impl Store for MemoryStore {
         let entry = match by_key.entry_ref(req.key) {
             hashbrown::hash_map::EntryRef::Occupied(e) => e.into_mut(),
             hashbrown::hash_map::EntryRef::Vacant(v) => {
-                v.insert(fresh(1));
+                let entry = v.insert(fresh(None, true));
                 return Ok(ClaimOutcome::Acquired {
-                    attempt: 1,
+                    claim: entry.claim(),
                     how: Acquired::Fresh,
                 });
             }
         };
-        let state = RecordState {
-            status: entry.status,
-            fingerprint: entry.fingerprint.as_deref(),
-            lease_until_ms: entry.lease_until,
-            expire_at_ms: entry.expire_at,
-        };
-        Ok(match decide(&state, req.fingerprint, now) {
+        Ok(match decide(&entry.state(), req.fingerprint, now) {
             Decision::Take { how, reset } => {
-                let mut next = fresh(entry.attempt + 1);
-                if !reset {
-                    next.expire_at = entry.expire_at;
-                }
-                *entry = next;
+                *entry = fresh(Some((entry.attempt, entry.fence, entry.expire_at)), reset);
                 ClaimOutcome::Acquired {
-                    attempt: entry.attempt,
+                    claim: entry.claim(),
                     how,
                 }
             }
@@ -162,14 +199,34 @@ impl Store for MemoryStore {
         &self,
         biz: &str,
         key: &str,
-        attempt: u32,
-        snapshot: Vec<u8>,
+        claim: &Claim,
+        snapshot: &[u8],
     ) -> Result<(), IdemError> {
-        self.finish(biz, key, attempt, Status::Succeeded, Some(snapshot))
+        self.with_held(biz, key, claim, |e| {
+            e.status = Status::Succeeded;
+            e.snapshot = Some(snapshot.to_vec());
+        })
     }
 
-    async fn fail(&self, biz: &str, key: &str, attempt: u32) -> Result<(), IdemError> {
-        self.finish(biz, key, attempt, Status::Failed, None)
+    async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
+        self.with_held(biz, key, claim, |e| {
+            e.status = Status::Failed;
+            e.snapshot = None;
+        })
+    }
+
+    async fn renew(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError> {
+        let now = self.now_ms();
+        self.with_held(biz, key, claim, |e| {
+            e.lease_until = now.saturating_add(millis(lease));
+            e.expire_at = e.expire_at.max(e.lease_until);
+        })
     }
 
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
@@ -179,6 +236,7 @@ impl Store for MemoryStore {
             key: key.to_owned(),
             status: e.status,
             attempt: e.attempt,
+            fence: Fence::new(e.fence),
             fingerprint: e.fingerprint.as_deref().map(Into::into),
             snapshot: e.snapshot.clone(),
             lease_until_ms: e.lease_until,
@@ -187,7 +245,7 @@ impl Store for MemoryStore {
     }
 
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
-        let now = self.now();
+        let now = self.now_ms();
         let mut records = self.lock();
         let mut deleted = 0usize;
         for by_key in records.values_mut() {
@@ -196,7 +254,7 @@ impl Store for MemoryStore {
             }
             let expired: Vec<String> = by_key
                 .iter()
-                .filter(|(_, e)| e.expire_at <= now)
+                .filter(|(_, e)| e.state().is_expired(now))
                 .map(|(k, _)| k.clone())
                 .take(batch - deleted)
                 .collect();
@@ -207,9 +265,5 @@ impl Store for MemoryStore {
         }
         records.retain(|_, m| !m.is_empty());
         Ok(deleted as u64)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

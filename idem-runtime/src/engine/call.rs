@@ -37,6 +37,7 @@ pub struct Call {
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) wait: Option<Duration>,
+    pub(crate) heartbeat: Option<Duration>,
 }
 
 impl Call {
@@ -50,6 +51,7 @@ impl Call {
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             wait: None,
+            heartbeat: None,
         }
     }
 
@@ -68,6 +70,16 @@ impl Call {
     /// Wait up to `max` for an in-progress call to finish (then replay it) instead of refusing at once.
     pub fn wait(mut self, max: Duration) -> Self {
         self.wait = Some(max);
+        self
+    }
+
+    /// Renews the lease every `every` while the body runs, so a slow but healthy body keeps its
+    /// claim: each renewal extends the lease to a full `lease` from the store's now (and the record's
+    /// life with it). Pick `every` well below the lease (a third of it is usual). A body that hangs
+    /// keeps renewing, so bound its own waits; a renewal that finds the claim taken over stops
+    /// renewing and the call ends with [`IdemError::LeaseLost`].
+    pub fn heartbeat(mut self, every: Duration) -> Self {
+        self.heartbeat = Some(every);
         self
     }
 
@@ -122,6 +134,16 @@ impl Call {
                 reason: format!(
                     "ttl {:?} must be longer than the lease {:?}",
                     self.ttl, self.lease
+                ),
+            });
+        }
+        if let Some(every) = self.heartbeat
+            && (every.is_zero() || every >= self.lease)
+        {
+            return Err(IdemError::InvalidOptions {
+                reason: format!(
+                    "the heartbeat {every:?} must be shorter than the lease {:?} (a third of it is usual)",
+                    self.lease
                 ),
             });
         }

@@ -1,69 +1,115 @@
-//! Transaction mode: claim, business writes and mark in the caller's transaction.
+//! Transaction mode (`tx = "…"`): the claim, the business writes and the mark commit or roll back
+//! together, in the caller's transaction.
+//!
+//! The transaction is begun on a store (`SqliteStore::begin` returns an [`IdemTx`]) and carries
+//! that store, so the claim is written to the store's own table, on its own database, by
+//! construction: a call cannot claim in one database while lease-mode calls and the sweeper look
+//! in another.
+
+use std::future::Future;
+
+use async_trait::async_trait;
 
 use super::snapshot::{ErrType, OkType};
-use super::{StoreArg, StoreHandle, acquired_outcome};
+use super::{Call, encoded, replayed};
 use crate::IdemError;
-use crate::engine::call::Call;
-use crate::engine::tx_conn::TxConnection;
 use crate::metrics::{Outcome, report};
-use crate::store::{Acquired, ClaimOutcome};
+use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Store};
+
+/// A transaction begun on a store, which a `tx = "…"` call joins.
+///
+/// Implemented by each SQL backend's transaction type (`idem::SqliteTx`, from
+/// `SqliteStore::begin`); a wrapping store implements it by wrapping its inner store's transaction.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a transaction idem can join",
+    label = "`tx` must name a `&mut` transaction begun with the store's `begin()`",
+    note = "begin it with `store.begin().await?` on the store that keeps the records: that returns an `idem::SqliteTx` (for SQLite), which carries its store and derefs to the connection for your own queries"
+)]
+#[async_trait]
+pub trait IdemTx: Send {
+    /// The store this transaction was begun on: its limits, and where lease-mode calls and the
+    /// sweeper look.
+    fn store(&self) -> &dyn Store;
+
+    /// Opens a savepoint and claims the record in it, waiting (bounded by the database's lock
+    /// timeout) for a concurrent transaction that holds the same record. On any outcome but
+    /// `Acquired` nothing stays written and the savepoint is released.
+    ///
+    /// # Errors
+    /// Backend errors as for [`Store::claim`].
+    async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError>;
+
+    /// Marks the claimed record SUCCEEDED with `snapshot` and releases the savepoint.
+    ///
+    /// # Errors
+    /// [`IdemError::LeaseLost`] if the record is no longer this claim's; backend errors.
+    async fn complete(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError>;
+
+    /// Rolls back to the savepoint (the claim and every write since) and releases it.
+    ///
+    /// # Errors
+    /// Backend errors.
+    async fn abort(&mut self) -> Result<(), IdemError>;
+}
 
 /// The claim a transactional call holds while its body runs.
-pub struct TxGuard<'a> {
-    store: StoreHandle<'a>,
+pub struct TxGuard {
     call: Call,
-    attempt: u32,
+    claim: Claim,
     how: Acquired,
 }
 
 /// What a transactional claim found.
-pub enum TxClaim<'a, T> {
-    /// Run the body; finish with [`tx_finish`].
-    Run(TxGuard<'a>),
+pub enum TxClaim<T> {
+    /// Run the body (with [`tx_body`]); finish with [`tx_finish`].
+    Run(TxGuard),
     /// Already done in a committed transaction: this is its result.
     Replay(T),
+}
+
+/// The span a transactional call runs in: the generated code wraps claim, body and mark in it.
+pub struct CallSpan(tracing::Span);
+
+/// The span of `call`.
+pub fn call_span(call: &Call) -> CallSpan {
+    CallSpan(super::call_span(call.biz()))
+}
+
+/// Runs `fut` inside `span`.
+pub fn in_span<F: Future>(span: CallSpan, fut: F) -> impl Future<Output = F::Output> {
+    tracing::Instrument::instrument(fut, span.0)
 }
 
 /// Claims inside the caller's transaction (a savepoint).
 ///
 /// # Errors
-/// Refusals and store errors as for [`run`]; [`IdemError::TxStoreMismatch`] when the store is
-/// not of the transaction's backend.
-pub async fn tx_claim<'a, T, C>(
-    store: StoreArg<'a>,
-    call: Call,
-    ok: OkType<T>,
-    conn: &mut C,
-) -> Result<TxClaim<'a, T>, IdemError>
+/// Refusals (`InProgress`, `PayloadMismatch`), bad input and store errors, as for a lease-mode
+/// call. Each is counted and reported.
+pub async fn tx_claim<T, C>(call: Call, ok: OkType<T>, tx: &mut C) -> Result<TxClaim<T>, IdemError>
 where
-    C: TxConnection + ?Sized,
+    C: IdemTx + ?Sized,
 {
     let refuse = |e: IdemError, outcome: Outcome, biz: &str| {
         report(biz, outcome, 0);
         Err(e)
     };
-    let store = match store.resolve() {
-        Ok(s) => s,
-        Err(e) => return refuse(e, Outcome::Rejected, call.biz()),
-    };
-    let outcome = match call.request(store.get()) {
-        Ok(req) => conn.idem_claim(store.get(), &req).await,
+    let outcome = match call.request(tx.store()) {
+        Ok(req) => tx.claim(&req).await,
         Err(e) => Err(e),
     };
     match outcome {
-        Ok(ClaimOutcome::Acquired { attempt, how }) => Ok(TxClaim::Run(TxGuard {
-            store,
-            call,
-            attempt,
-            how,
-        })),
-        Ok(ClaimOutcome::Replay { snapshot }) => match (ok.decode)(&snapshot) {
-            Ok(v) => {
-                report(call.biz(), Outcome::Replayed, 0);
-                Ok(TxClaim::Replay(v))
-            }
-            Err(e) => refuse(e, Outcome::Replayed, call.biz()),
-        },
+        Ok(ClaimOutcome::Acquired { claim, how }) => Ok(TxClaim::Run(TxGuard { call, claim, how })),
+        Ok(ClaimOutcome::Replay { snapshot }) => {
+            let (result, outcome) = replayed(ok, &snapshot);
+            report(call.biz(), outcome, 0);
+            result.map(TxClaim::Replay)
+        }
         Ok(ClaimOutcome::Mismatch) => {
             refuse(IdemError::PayloadMismatch, Outcome::Mismatch, call.biz())
         }
@@ -76,50 +122,44 @@ where
     }
 }
 
+/// Runs the body as the holder of the guard's claim (see [`crate::current_claim`]).
+pub async fn tx_body<F: Future>(guard: &TxGuard, body: F) -> F::Output {
+    super::current::scope(guard.claim, body).await
+}
+
 /// Marks the claim done with the body's result (same transaction), or rolls the claim and the
 /// body's writes back to the savepoint when the body failed.
 ///
 /// # Errors
 /// The body's error, or an [`IdemError`] converted into `E`.
 pub async fn tx_finish<T, E, C>(
-    guard: TxGuard<'_>,
-    conn: &mut C,
+    guard: TxGuard,
+    tx: &mut C,
     ok: OkType<T>,
     err: ErrType<E>,
     out: Result<T, E>,
 ) -> Result<T, E>
 where
-    C: TxConnection + ?Sized,
+    C: IdemTx + ?Sized,
 {
-    let TxGuard {
-        store,
-        call,
-        attempt,
-        how,
-    } = guard;
+    let TxGuard { call, claim, how } = guard;
     let (result, outcome) = match out {
         Ok(value) => {
-            let (snapshot, result) =
-                match (ok.encode)(&value, store.get().limits().max_snapshot_len) {
-                    Ok(bytes) => (bytes, Ok(value)),
-                    Err((envelope, e)) => (envelope, Err(err.from_idem(e))),
-                };
-            match conn
-                .idem_complete(store.get(), call.biz(), call.key(), attempt, &snapshot)
-                .await
-            {
-                Ok(()) => (result, acquired_outcome(how)),
+            let limit = tx.store().limits().max_snapshot_len;
+            let (snapshot, result, done) = encoded(ok, err, value, limit, how);
+            match tx.complete(call.biz(), call.key(), &claim, &snapshot).await {
+                Ok(()) => (result, done),
                 Err(e @ IdemError::LeaseLost { .. }) => (Err(err.from_idem(e)), Outcome::LeaseLost),
-                Err(e) => (Err(err.from_idem(e)), Outcome::Rejected),
+                Err(e) => (Err(err.from_idem(e)), Outcome::MarkFailed),
             }
         }
         Err(body_err) => {
-            if let Err(e) = conn.idem_abort().await {
+            if let Err(e) = tx.abort().await {
                 tracing::warn!(error = %e, "could not roll the idempotent claim back to its savepoint");
             }
             (Err(body_err), Outcome::Failed)
         }
     };
-    report(call.biz(), outcome, attempt);
+    report(call.biz(), outcome, claim.attempt);
     result
 }

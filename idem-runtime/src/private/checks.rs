@@ -96,7 +96,7 @@ pub fn check_err_type<E: CarriesIdemError>() -> ErrType<E> {
 }
 
 /// Compile-time check that the `tx` parameter is a transaction idem can join.
-pub fn check_tx_conn<C: crate::engine::tx_conn::TxConnection + ?Sized>(_conn: &C) {}
+pub fn check_tx_conn<C: crate::engine::tx::IdemTx + ?Sized>(_conn: &C) {}
 
 /// The marker of a machine's states, for compile-time name checks: `#[derive(StateMachine)]` gives
 /// `States` one associated const per stored state name, so a misspelled name in

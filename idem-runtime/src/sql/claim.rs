@@ -1,18 +1,21 @@
-//! The claim protocol for stores that read, decide, then compare-and-set (the SQL stores).
+//! The claim protocol of the SQL stores: insert-or-skip, then compare-and-set.
 //!
-//! Uniqueness is decided by one atomic write, never by a read: a new record is an
-//! `INSERT … ON CONFLICT DO NOTHING`; an existing one is changed only by an `UPDATE … WHERE
-//! attempt = <seen> AND status = <seen>`, so two callers that read the same row cannot both win.
-//! The loser simply reads again.
+//! Uniqueness is decided by one atomic write, never by a read: a new record is an insert that
+//! skips on the unique `(biz_type, idem_key)`; an existing one is changed only by an `UPDATE … WHERE
+//! fence = <seen> AND status = <seen> AND lease_until = <seen>`, so two callers that read the same
+//! row cannot both win. The loser backs off (with jitter) and reads again.
 
 use crate::IdemError;
+use crate::engine::back_off;
 use crate::store::decide::{Decision, RecordState, decide, duration_ms};
-use crate::store::{ClaimOutcome, ClaimRequest, Status};
+use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Status};
 
 /// A row as read for the claim decision, with the database's clock.
+#[derive(Debug)]
 pub(crate) struct SeenRecord {
     pub status: Status,
     pub attempt: u32,
+    pub fence: u64,
     pub fingerprint: Option<String>,
     pub snapshot: Option<Vec<u8>>,
     pub lease_until_ms: i64,
@@ -20,71 +23,83 @@ pub(crate) struct SeenRecord {
     pub now_ms: i64,
 }
 
-/// The three primitive writes and the read a CAS store provides.
+impl SeenRecord {
+    pub(crate) fn claim(&self) -> Claim {
+        Claim {
+            attempt: self.attempt,
+            fence: Fence::new(self.fence),
+        }
+    }
+}
+
+/// The two primitive steps a SQL store provides, on one connection (a pool connection, or the
+/// caller's transaction).
 pub(crate) trait CasRecords {
-    /// Inserts a fresh PROCESSING record with attempt 1; `false` when one exists.
-    async fn insert_new(&mut self, req: &ClaimRequest<'_>) -> Result<bool, IdemError>;
-    /// Reads the record and the database's clock.
-    async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError>;
-    /// Takes the record over as `seen_attempt + 1` if it is still `(seen_attempt, seen_status)`;
-    /// with `reset` it also starts a new life (creation time and expiry). `false` when it changed.
+    /// Inserts a new PROCESSING record (attempt 1, a fence from the clock) unless one exists, then
+    /// reads the record: `(inserted, record)`. The record is `None` when one existed but was
+    /// deleted (swept) before it could be read.
+    async fn insert_or_read(
+        &mut self,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(bool, Option<SeenRecord>), IdemError>;
+
+    /// Takes `seen` over if it is unchanged (same fence, status and lease end): a new fence, a new
+    /// lease, and an expiry that covers the lease (a new life when `reset`). `None` when the record
+    /// changed since it was read.
     async fn take(
         &mut self,
         req: &ClaimRequest<'_>,
-        seen_attempt: u32,
-        seen_status: Status,
+        seen: &SeenRecord,
         reset: bool,
-    ) -> Result<bool, IdemError>;
+    ) -> Result<Option<Claim>, IdemError>;
 }
 
-/// How many times a claim re-reads after losing a race before it reports the key as busy.
-const MAX_RACES: usize = 16;
+/// How many times a claim reads again after losing a race before it reports the key as busy.
+const MAX_RACES: u32 = 12;
 
 /// Runs the claim protocol on `records`.
 pub(crate) async fn claim_by_cas<C: CasRecords>(
     records: &mut C,
     req: &ClaimRequest<'_>,
 ) -> Result<ClaimOutcome, IdemError> {
-    for _ in 0..MAX_RACES {
-        if records.insert_new(req).await? {
-            return Ok(ClaimOutcome::Acquired {
-                attempt: 1,
-                how: crate::store::Acquired::Fresh,
-            });
-        }
-        // The record existed a moment ago; it may have been swept since, in which case we loop.
-        let Some(seen) = records.read(req).await? else {
-            continue;
-        };
-        let state = RecordState {
-            status: seen.status,
-            fingerprint: seen.fingerprint.as_deref(),
-            lease_until_ms: seen.lease_until_ms,
-            expire_at_ms: seen.expire_at_ms,
-        };
-        match decide(&state, req.fingerprint, seen.now_ms) {
-            Decision::Take { how, reset } => {
-                if records.take(req, seen.attempt, seen.status, reset).await? {
-                    return Ok(ClaimOutcome::Acquired {
-                        attempt: seen.attempt + 1,
-                        how,
+    for race in 0..MAX_RACES {
+        let (inserted, seen) = records.insert_or_read(req).await?;
+        if let Some(seen) = seen {
+            if inserted {
+                return Ok(ClaimOutcome::Acquired {
+                    claim: seen.claim(),
+                    how: Acquired::Fresh,
+                });
+            }
+            let state = RecordState {
+                status: seen.status,
+                fingerprint: seen.fingerprint.as_deref(),
+                lease_until_ms: seen.lease_until_ms,
+                expire_at_ms: seen.expire_at_ms,
+            };
+            match decide(&state, req.fingerprint, seen.now_ms) {
+                Decision::Take { how, reset } => {
+                    if let Some(claim) = records.take(req, &seen, reset).await? {
+                        return Ok(ClaimOutcome::Acquired { claim, how });
+                    }
+                }
+                Decision::Replay => {
+                    return Ok(ClaimOutcome::Replay {
+                        snapshot: seen.snapshot.unwrap_or_default(),
+                    });
+                }
+                Decision::Mismatch => return Ok(ClaimOutcome::Mismatch),
+                Decision::InProgress(ms) => {
+                    return Ok(ClaimOutcome::InProgress {
+                        retry_after: duration_ms(ms),
                     });
                 }
             }
-            Decision::Replay => {
-                return Ok(ClaimOutcome::Replay {
-                    snapshot: seen.snapshot.unwrap_or_default(),
-                });
-            }
-            Decision::Mismatch => return Ok(ClaimOutcome::Mismatch),
-            Decision::InProgress(ms) => {
-                return Ok(ClaimOutcome::InProgress {
-                    retry_after: duration_ms(ms),
-                });
-            }
         }
+        // Another writer changed (or swept) the record between our read and our write.
+        back_off(race).await;
     }
-    // Every read lost a race to another writer: the key is hot; the caller may retry.
+    // Every try lost a race: the key is hot; the caller may retry.
     Ok(ClaimOutcome::InProgress {
         retry_after: std::time::Duration::from_millis(10),
     })

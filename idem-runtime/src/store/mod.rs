@@ -1,7 +1,6 @@
 //! The store trait every backend implements, what a claim asks and gets, and the records it keeps.
 //! The decision table they share is in `decide.rs`.
 
-use std::any::Any;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,6 +9,8 @@ use crate::IdemError;
 use crate::key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN};
 
 pub(crate) mod decide;
+
+use crate::transition::TransitionTx;
 
 /// The state of a dedup record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,13 +82,14 @@ pub struct ClaimRequest<'a> {
     /// How long a PROCESSING claim protects itself before another attempt may take over.
     pub lease: Duration,
     /// How long the record lives (from its creation) before it counts as absent and is swept.
+    /// A record whose lease is still running never counts as expired.
     pub ttl: Duration,
 }
 
 /// How a claim that runs the body came about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Acquired {
-    /// No record (or an expired one): a new record with a new attempt.
+    /// No record (or an expired one): a new record with attempt 1.
     Fresh,
     /// The record was FAILED: this is a retry.
     RetryAfterFailure,
@@ -95,13 +97,50 @@ pub enum Acquired {
     TakeOver,
 }
 
+/// A fencing token: issued with every claim, compared on every write that finishes the claim.
+///
+/// For one `(biz, key)` a fence never repeats and only grows, also after the record expired, was
+/// swept and was created again: it is the store's clock in microseconds, raised to one more than
+/// the record's previous fence when that is larger. (The one caveat is a store clock that steps
+/// back by more than a lease.) So a body may pass it to its own downstream writes, and a storage
+/// service may refuse any write that carries a smaller fence than one it has seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fence(u64);
+
+impl Fence {
+    /// A fence with this value (stores use it to hand back what they stored).
+    pub const fn new(value: u64) -> Self {
+        Fence(value)
+    }
+
+    /// The value, to store next to downstream writes or send to another service.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// The claim a caller holds while its body runs: what it must show to finish it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    /// Attempt number, for people: 1 for a new record, one more for each retry or takeover.
+    pub attempt: u32,
+    /// The fencing token: only the holder of this fence may complete, fail or renew the record.
+    pub fence: Fence,
+}
+
 /// What the store decided for a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimOutcome {
-    /// The caller holds the claim as `attempt` and must run the body, then complete or fail.
+    /// The caller holds `claim` and must run the body, then complete or fail.
     Acquired {
-        /// Fencing token: only this attempt may complete the record.
-        attempt: u32,
+        /// The claim to show when finishing.
+        claim: Claim,
         /// How the claim came about.
         how: Acquired,
     },
@@ -128,25 +167,27 @@ pub struct Record {
     pub key: String,
     /// Current status.
     pub status: Status,
-    /// Attempt number (fencing token), starting at 1.
+    /// Attempt number (for people), starting at 1.
     pub attempt: u32,
+    /// The fence of the current (or last) claim.
+    pub fence: Fence,
     /// Request fingerprint, if the call had one.
     pub fingerprint: Option<String>,
     /// Result snapshot, once SUCCEEDED.
     pub snapshot: Option<Vec<u8>>,
-    /// End of the current lease, ms since the Unix epoch (by the store's clock; the memory store
-    /// counts from its creation).
+    /// End of the current lease, ms since the Unix epoch by the store's clock.
     pub lease_until_ms: i64,
-    /// When the record expires, same clock.
+    /// When the record expires, same clock (never before its lease ends).
     pub expire_at_ms: i64,
 }
 
 /// A backend that keeps dedup records.
 ///
 /// Every method is atomic on its own: `claim` decides the whole table of DESIGN §3 in one atomic
-/// step (a unique insert, a compare-and-set update, a Lua script, a lock), and `complete`/`fail`
-/// change the record only while it is still PROCESSING under the caller's `attempt`.
-/// Every backend passes the same contract test suite.
+/// step (a unique insert, a compare-and-set update, a Lua script, a lock), and
+/// `complete`/`fail`/`renew` change the record only while it is still PROCESSING under the
+/// caller's fence. Times come from the store's own clock. Every backend passes the same contract
+/// test suite (`tests/contract`).
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// The backend's name: `memory`, `sqlite`, …
@@ -158,29 +199,46 @@ pub trait Store: Send + Sync + 'static {
     /// Claims `(req.biz, req.key)` as described by the decision table.
     ///
     /// # Errors
-    /// [`IdemError::StoreUnavailable`] when the backend cannot be reached, [`IdemError::Store`]
-    /// when it answers with an error. Nothing is claimed then.
+    /// [`IdemError::StoreUnavailable`] when the backend cannot be reached,
+    /// [`IdemError::StoreBusy`] when it is contended, [`IdemError::StoreSchema`] when its table is
+    /// missing, [`IdemError::Store`] for any other backend error. Nothing is claimed then.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError>;
 
-    /// Marks the record SUCCEEDED with `snapshot`, only if it is still PROCESSING under `attempt`.
+    /// Marks the record SUCCEEDED with `snapshot`, only if it is still PROCESSING under `claim`'s
+    /// fence.
     ///
     /// # Errors
-    /// [`IdemError::LeaseLost`] when another attempt took the record over (nothing is changed);
-    /// backend errors as for [`Store::claim`].
+    /// [`IdemError::LeaseLost`] when another attempt took the record over or it was swept
+    /// (nothing is changed); backend errors as for [`Store::claim`].
     async fn complete(
         &self,
         biz: &str,
         key: &str,
-        attempt: u32,
-        snapshot: Vec<u8>,
+        claim: &Claim,
+        snapshot: &[u8],
     ) -> Result<(), IdemError>;
 
-    /// Marks the record FAILED (a retry may run), only if it is still PROCESSING under `attempt`.
+    /// Marks the record FAILED (a retry may run), only if it is still PROCESSING under `claim`'s
+    /// fence.
     ///
     /// # Errors
     /// [`IdemError::LeaseLost`] when another attempt took the record over (nothing is changed);
     /// backend errors as for [`Store::claim`].
-    async fn fail(&self, biz: &str, key: &str, attempt: u32) -> Result<(), IdemError>;
+    async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError>;
+
+    /// Extends the lease of a claim still held (PROCESSING under `claim`'s fence) to `lease` from
+    /// now, and the record's life with it, so a slow but healthy body is not taken over.
+    ///
+    /// # Errors
+    /// [`IdemError::LeaseLost`] when the claim is no longer held; backend errors as for
+    /// [`Store::claim`].
+    async fn renew(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError>;
 
     /// Reads the record for `(biz, key)`, expired or not.
     ///
@@ -188,12 +246,22 @@ pub trait Store: Send + Sync + 'static {
     /// Backend errors as for [`Store::claim`].
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError>;
 
-    /// Deletes at most `batch` expired records; returns how many were deleted.
+    /// Deletes at most `batch` expired records (TTL passed and no live lease); returns how many
+    /// were deleted.
     ///
     /// # Errors
     /// Backend errors as for [`Store::claim`].
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError>;
 
-    /// The store as `Any`, so a transactional call can reach its backend's concrete type.
-    fn as_any(&self) -> &dyn Any;
+    /// Begins a transaction on the store's database, for `#[state_transition(store = "…")]`.
+    ///
+    /// # Errors
+    /// [`IdemError::NotSupported`] for a store without a SQL database (the default); backend
+    /// errors as for [`Store::claim`].
+    async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
+        Err(IdemError::NotSupported {
+            backend: self.backend(),
+            what: "state transitions",
+        })
+    }
 }

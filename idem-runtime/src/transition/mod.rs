@@ -7,10 +7,16 @@
 
 use std::fmt;
 
+mod conn;
+mod run;
 mod sql;
-pub use sql::{
-    Dialect, DialectSql, SqlText, TransitionShape, TransitionSql, contains, has_edge, str_eq,
-};
+mod value;
+
+pub use conn::{StateRow, TransitionConn, TransitionTx};
+pub use run::{Done, TransitionCall, TransitionGuard, TransitionSpec, TransitionStep};
+pub use sql::{Dialect, DialectSql, SqlText, TransitionShape, TransitionSql};
+pub use sql::{contains, has_edge, str_eq};
+pub use value::{SqlValue, ToSqlValue};
 
 /// A state machine stored in one column of one table, declared with `#[derive(idem::StateMachine)]`.
 ///

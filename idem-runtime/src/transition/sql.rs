@@ -3,17 +3,7 @@
 use std::fmt;
 
 use super::StateMachine;
-
-/// The SQL dialect of a backend: placeholders and row locks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    /// `?` placeholders; the `BEGIN IMMEDIATE` transaction already holds the write lock.
-    SQLite,
-    /// `?` placeholders, `SELECT … FOR UPDATE`.
-    MySQL,
-    /// `$1` placeholders, `SELECT … FOR UPDATE`.
-    Postgres,
-}
+pub use crate::sql::dialect::Dialect;
 
 /// Longest statement a transition can generate, in bytes.
 const SQL_CAPACITY: usize = 1024;
@@ -49,6 +39,37 @@ impl SqlText {
             self.len += 1;
             i += 1;
         }
+        self
+    }
+
+    /// An identifier, quoted for the dialect (`"order"`, `` `order` ``); `schema.table` quotes each
+    /// part. A quote character inside a part is doubled.
+    const fn ident(mut self, name: &str) -> Self {
+        let q = self.dialect.quote();
+        let bytes = name.as_bytes();
+        self = self.byte(q);
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'.' {
+                self = self.byte(q).byte(b'.').byte(q);
+            } else {
+                if bytes[i] == q {
+                    self = self.byte(q);
+                }
+                self = self.byte(bytes[i]);
+            }
+            i += 1;
+        }
+        self.byte(q)
+    }
+
+    const fn byte(mut self, b: u8) -> Self {
+        assert!(
+            self.len < SQL_CAPACITY,
+            "idem: transition statement too long"
+        );
+        self.buf[self.len] = b;
+        self.len += 1;
         self
     }
 
@@ -108,7 +129,8 @@ pub struct TransitionShape {
     pub matches: &'static [&'static str],
     /// How many `from` states.
     pub from_count: usize,
-    /// Whether the update checks and bumps the version column.
+    /// Whether the update compares the version column with an expected version (`version = …`).
+    /// A machine with a version column bumps it on every transition either way.
     pub versioned: bool,
 }
 
@@ -162,38 +184,40 @@ const fn dialect_sql<M: StateMachine>(shape: &TransitionShape, dialect: Dialect)
     // WHERE key = ? AND status IN (?, ?) AND version = ?
     let mut update = SqlText::new(dialect)
         .push("UPDATE ")
-        .push(M::TABLE)
+        .ident(M::TABLE)
         .push(" SET ")
-        .push(status)
+        .ident(status)
         .push(" = ")
         .param();
     let mut i = 0;
     while i < shape.set.len() {
-        update = update.push(", ").push(shape.set[i]).push(" = ").param();
+        update = update.push(", ").ident(shape.set[i]).push(" = ").param();
         i += 1;
     }
     if let Some(now) = shape.now {
-        update = update.push(", ").push(now).push(" = CURRENT_TIMESTAMP");
-    }
-    let version = match M::VERSION_COLUMN {
-        Some(version) => version,
-        None => "",
-    };
-    if shape.versioned {
         update = update
             .push(", ")
-            .push(version)
+            .ident(now)
             .push(" = ")
-            .push(version)
+            .push(dialect.current_timestamp());
+    }
+    // A machine with a version column: every transition bumps it (only `version = …` compares it),
+    // so a reader holding an old version never mistakes a moved row for an unchanged one.
+    if let Some(version) = M::VERSION_COLUMN {
+        update = update
+            .push(", ")
+            .ident(version)
+            .push(" = ")
+            .ident(version)
             .push(" + 1");
     }
     update = update
         .push(" WHERE ")
-        .push(M::KEY_COLUMN)
+        .ident(M::KEY_COLUMN)
         .push(" = ")
         .param()
         .push(" AND ")
-        .push(status);
+        .ident(status);
     if shape.from_count == 1 {
         update = update.push(" = ").param();
     } else {
@@ -208,41 +232,41 @@ const fn dialect_sql<M: StateMachine>(shape: &TransitionShape, dialect: Dialect)
         }
         update = update.push(")");
     }
-    if shape.versioned {
-        update = update.push(" AND ").push(version).push(" = ").param();
+    if shape.versioned
+        && let Some(version) = M::VERSION_COLUMN
+    {
+        update = update.push(" AND ").ident(version).push(" = ").param();
     }
 
     // SELECT status, CASE WHEN status = ? AND c = ? THEN 1 ELSE 0 END, version FROM t WHERE key = ?
     let mut read = SqlText::new(dialect)
         .push("SELECT ")
-        .push(status)
+        .ident(status)
         .push(", CASE WHEN ")
-        .push(status)
+        .ident(status)
         .push(" = ")
         .param();
     let mut i = 0;
     while i < shape.matches.len() {
         read = read
             .push(" AND ")
-            .push(shape.matches[i])
+            .ident(shape.matches[i])
             .push(" = ")
             .param();
         i += 1;
     }
     read = read.push(" THEN 1 ELSE 0 END");
-    if M::VERSION_COLUMN.is_some() {
-        read = read.push(", ").push(version);
+    if let Some(version) = M::VERSION_COLUMN {
+        read = read.push(", ").ident(version);
     }
     read = read
         .push(" FROM ")
-        .push(M::TABLE)
+        .ident(M::TABLE)
         .push(" WHERE ")
-        .push(M::KEY_COLUMN)
+        .ident(M::KEY_COLUMN)
         .push(" = ")
-        .param();
-    if !matches!(dialect, Dialect::SQLite) {
-        read = read.push(" FOR UPDATE");
-    }
+        .param()
+        .push(dialect.locking_read());
     DialectSql { update, read }
 }
 
@@ -299,8 +323,8 @@ mod tests {
 
     impl StateMachine for S {
         const NAME: &'static str = "S";
-        const TABLE: &'static str = "orders";
-        const KEY_COLUMN: &'static str = "order_no";
+        const TABLE: &'static str = "order";
+        const KEY_COLUMN: &'static str = "key";
         const STATUS_COLUMN: &'static str = "status";
         const VERSION_COLUMN: Option<&'static str> = Some("version");
         const STATES: &'static [&'static str] = &["A", "B"];
@@ -329,29 +353,56 @@ mod tests {
         versioned: true,
     });
 
+    /// The table `order` and the key column `key` are reserved words: quoted per dialect, they work.
     #[test]
-    fn builds_every_dialect() {
+    fn builds_every_dialect_with_quoted_identifiers() {
         assert_eq!(
             SQL.sqlite.update.as_str(),
-            "UPDATE orders SET status = ?, trade_no = ?, paid_at = CURRENT_TIMESTAMP, \
-             version = version + 1 WHERE order_no = ? AND status IN (?, ?) AND version = ?"
+            "UPDATE \"order\" SET \"status\" = ?, \"trade_no\" = ?, \"paid_at\" = CURRENT_TIMESTAMP, \
+             \"version\" = \"version\" + 1 WHERE \"key\" = ? AND \"status\" IN (?, ?) AND \"version\" = ?"
+        );
+        assert_eq!(
+            SQL.mysql.update.as_str(),
+            "UPDATE `order` SET `status` = ?, `trade_no` = ?, `paid_at` = CURRENT_TIMESTAMP, \
+             `version` = `version` + 1 WHERE `key` = ? AND `status` IN (?, ?) AND `version` = ?"
         );
         assert_eq!(
             SQL.postgres.update.as_str(),
-            "UPDATE orders SET status = $1, trade_no = $2, paid_at = CURRENT_TIMESTAMP, \
-             version = version + 1 WHERE order_no = $3 AND status IN ($4, $5) AND version = $6"
+            "UPDATE \"order\" SET \"status\" = $1, \"trade_no\" = $2, \"paid_at\" = CURRENT_TIMESTAMP, \
+             \"version\" = \"version\" + 1 WHERE \"key\" = $3 AND \"status\" IN ($4, $5) AND \"version\" = $6"
         );
         assert_eq!(
             SQL.sqlite.read.as_str(),
-            "SELECT status, CASE WHEN status = ? AND trade_no = ? THEN 1 ELSE 0 END, version \
-             FROM orders WHERE order_no = ?"
+            "SELECT \"status\", CASE WHEN \"status\" = ? AND \"trade_no\" = ? THEN 1 ELSE 0 END, \"version\" \
+             FROM \"order\" WHERE \"key\" = ?"
         );
         assert_eq!(
             SQL.mysql.read.as_str(),
-            "SELECT status, CASE WHEN status = ? AND trade_no = ? THEN 1 ELSE 0 END, version \
-             FROM orders WHERE order_no = ? FOR UPDATE"
+            "SELECT `status`, CASE WHEN `status` = ? AND `trade_no` = ? THEN 1 ELSE 0 END, `version` \
+             FROM `order` WHERE `key` = ? FOR UPDATE"
+        );
+        assert_eq!(
+            SQL.postgres.read.as_str(),
+            "SELECT \"status\", CASE WHEN \"status\" = $1 AND \"trade_no\" = $2 THEN 1 ELSE 0 END, \"version\" \
+             FROM \"order\" WHERE \"key\" = $3 FOR UPDATE"
         );
         assert!(S::A.can_move_to(S::B) && !S::B.can_move_to(S::A) && S::B.is_terminal());
         assert!(has_edge(S::EDGES, "A", "B") && !has_edge(S::EDGES, "B", "A"));
+    }
+
+    /// Without `version = …` the version is not compared, but it is still bumped.
+    #[test]
+    fn every_transition_bumps_the_version() {
+        let sql = TransitionSql::build::<S>(&TransitionShape {
+            set: &[],
+            now: None,
+            matches: &[],
+            from_count: 1,
+            versioned: false,
+        });
+        assert_eq!(
+            sql.sqlite.update.as_str(),
+            "UPDATE \"order\" SET \"status\" = ?, \"version\" = \"version\" + 1 WHERE \"key\" = ? AND \"status\" = ?"
+        );
     }
 }

@@ -1,76 +1,30 @@
 //! SQLite store (feature `sqlite`): a file (WAL) or an in-memory database, through sqlx.
+//!
+//! `records.rs` holds the statements and the claim protocol's steps, `tx.rs` the transactions
+//! (`SqliteTx`: `tx = "…"` claims and transitions), `transition.rs` what state transitions bind.
 
-use std::any::Any;
+mod records;
+mod transition;
+mod tx;
+
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::Row;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteRow, SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
 
 use crate::IdemError;
-use crate::sql::claim::{CasRecords, SeenRecord, claim_by_cas};
-use crate::store::decide::millis;
-use crate::store::{ClaimOutcome, ClaimRequest, Limits, Record, Status, Store};
-
-/// The DDL of the `idem_record` table, as shipped in `migrations/sqlite/`.
-pub const MIGRATION: &str = include_str!("../../../migrations/sqlite/0001_idem_record.sql");
-
-/// The database clock in milliseconds since the Unix epoch.
-macro_rules! now_ms {
-    () => {
-        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
-    };
-}
-
-const INSERT: &str = concat!(
-    "INSERT INTO idem_record (biz_type, idem_key, status, attempt, fingerprint, result, lease_until, created_at, updated_at, expire_at) ",
-    "SELECT ?1, ?2, 'PROCESSING', 1, ?3, NULL, clock.n + ?4, clock.n, clock.n, clock.n + ?5 ",
-    "FROM (SELECT ",
-    now_ms!(),
-    " AS n) AS clock WHERE true ",
-    "ON CONFLICT (biz_type, idem_key) DO NOTHING"
-);
-const READ: &str = concat!(
-    "SELECT status, attempt, fingerprint, result, lease_until, expire_at, ",
-    now_ms!(),
-    " AS now_ms ",
-    "FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2"
-);
-const TAKE: &str = concat!(
-    "UPDATE idem_record SET status = 'PROCESSING', attempt = attempt + 1, fingerprint = ?3, result = NULL, ",
-    "lease_until = clock.n + ?4, updated_at = clock.n, ",
-    "created_at = CASE WHEN ?6 THEN clock.n ELSE created_at END, ",
-    "expire_at = CASE WHEN ?6 THEN clock.n + ?5 ELSE expire_at END ",
-    "FROM (SELECT ",
-    now_ms!(),
-    " AS n) AS clock ",
-    "WHERE biz_type = ?1 AND idem_key = ?2 AND attempt = ?7 AND status = ?8"
-);
-pub(crate) const COMPLETE: &str = concat!(
-    "UPDATE idem_record SET status = 'SUCCEEDED', result = ?4, updated_at = ",
-    now_ms!(),
-    " ",
-    "WHERE biz_type = ?1 AND idem_key = ?2 AND attempt = ?3 AND status = 'PROCESSING'"
-);
-const FAIL: &str = concat!(
-    "UPDATE idem_record SET status = 'FAILED', result = NULL, updated_at = ",
-    now_ms!(),
-    " ",
-    "WHERE biz_type = ?1 AND idem_key = ?2 AND attempt = ?3 AND status = 'PROCESSING'"
-);
-const LOAD: &str = "SELECT status, attempt, fingerprint, result, lease_until, expire_at \
-    FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2";
-const SWEEP: &str = concat!(
-    "DELETE FROM idem_record WHERE (biz_type, idem_key) IN ",
-    "(SELECT biz_type, idem_key FROM idem_record WHERE expire_at <= ",
-    now_ms!(),
-    " LIMIT ?1)"
-);
+use crate::clock::{ClockOffset, TestClock};
+use crate::sql::claim::claim_by_cas;
+use crate::sql::dialect::Dialect;
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
+use crate::transition::TransitionTx;
+use records::Records;
+pub use tx::SqliteTx;
 
 /// Keeps records in an SQLite database (table `idem_record`).
 ///
@@ -85,19 +39,22 @@ const SWEEP: &str = concat!(
 pub struct SqliteStore {
     pool: SqlitePool,
     limits: Limits,
+    offset: ClockOffset,
 }
 
+/// A driver error as an [`IdemError`] of the right class.
 pub(crate) fn db_error(e: sqlx::Error) -> IdemError {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::Tls(_) => IdemError::unavailable(e),
-        other => IdemError::store(other),
-    }
+    crate::sql::error::store_error(e, Dialect::SQLite)
 }
 
 impl SqliteStore {
+    /// The DDL of the `idem_record` table, in order, as shipped in `migrations/sqlite/`; for
+    /// services that apply migrations with their own tool. [`SqliteStore::migrate`] applies them.
+    pub const MIGRATIONS: [&'static str; 2] = [
+        include_str!("../../../migrations/sqlite/0001_idem_record.sql"),
+        include_str!("../../../migrations/sqlite/0002_idem_record_fence.sql"),
+    ];
+
     /// Opens (creating if missing) the database file at `path` in WAL mode.
     ///
     /// # Errors
@@ -109,8 +66,7 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
+        let pool = Self::pool_options(4)
             .connect_with(options)
             .await
             .map_err(IdemError::unavailable)?;
@@ -124,8 +80,7 @@ impl SqliteStore {
     pub async fn in_memory() -> Result<Self, IdemError> {
         let options =
             SqliteConnectOptions::from_str("sqlite::memory:").map_err(IdemError::unavailable)?;
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
+        let pool = Self::pool_options(1)
             .min_connections(1)
             .idle_timeout(None)
             .max_lifetime(None)
@@ -135,12 +90,21 @@ impl SqliteStore {
         Ok(Self::from_pool(pool))
     }
 
+    /// The pool settings idem uses: an SQLite connection is a file handle in this process, so the
+    /// pool does not ping it before handing it out (a round trip per statement for nothing).
+    fn pool_options(max: u32) -> SqlitePoolOptions {
+        SqlitePoolOptions::new()
+            .max_connections(max)
+            .test_before_acquire(false)
+    }
+
     /// A store on an existing pool (its database must have the `idem_record` table: see
     /// [`SqliteStore::migrate`]).
     pub fn from_pool(pool: SqlitePool) -> Self {
         SqliteStore {
             pool,
             limits: Limits::default(),
+            offset: ClockOffset::default(),
         }
     }
 
@@ -150,135 +114,66 @@ impl SqliteStore {
         self
     }
 
-    /// The pool, for the application's own queries and transactions.
+    /// The same store on a [`TestClock`]: every statement reads the database's clock plus the
+    /// clock's offset.
+    pub fn with_test_clock(mut self, clock: TestClock) -> Self {
+        self.offset = ClockOffset::new(clock);
+        self
+    }
+
+    /// The pool, for the application's own queries.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
 
-    /// Begins a write transaction (`BEGIN IMMEDIATE`) for a `tx = "…"` call: it takes SQLite's
-    /// write lock up front, so a concurrent duplicate waits for this one to commit and then
-    /// replays, instead of failing with "database is locked" when a deferred transaction that
-    /// already read tries to write.
+    /// Begins a write transaction (`BEGIN IMMEDIATE`) for `tx = "…"` calls and state transitions.
+    /// It takes SQLite's write lock up front, so a concurrent duplicate waits for this one to commit
+    /// and then replays, instead of failing with "database is locked" when a deferred transaction
+    /// that already read tries to write. The transaction carries this store: a `tx = "…"` call
+    /// claims in this store's table by construction.
     ///
     /// # Errors
-    /// [`IdemError::StoreUnavailable`] when no connection can be had or the lock is not granted
-    /// within the busy timeout.
-    pub async fn begin(&self) -> Result<Transaction<'static, Sqlite>, IdemError> {
-        self.pool
+    /// [`IdemError::StoreUnavailable`] when no connection can be had, [`IdemError::StoreBusy`]
+    /// when the lock is not granted within the busy timeout.
+    pub async fn begin(&self) -> Result<SqliteTx, IdemError> {
+        let tx = self
+            .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
-            .map_err(IdemError::unavailable)
+            .map_err(db_error)?;
+        Ok(SqliteTx::new(tx, self.clone()))
     }
 
-    /// Creates the `idem_record` table and its expiry index if they do not exist.
+    /// Creates the `idem_record` table and its expiry index if they do not exist, and adds the
+    /// columns of later versions to a table made by an earlier one.
     ///
     /// # Errors
     /// The database's error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
-        sqlx::raw_sql(MIGRATION)
+        let [v1, v2] = Self::MIGRATIONS;
+        sqlx::raw_sql(v1)
             .execute(&self.pool)
             .await
             .map_err(db_error)?;
-        Ok(())
-    }
-
-    async fn finish(
-        &self,
-        sql: &'static str,
-        biz: &str,
-        key: &str,
-        attempt: u32,
-        snapshot: Option<&[u8]>,
-    ) -> Result<(), IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        finish_on(&mut conn, sql, biz, key, attempt, snapshot).await
-    }
-}
-
-pub(crate) async fn finish_on(
-    conn: &mut SqliteConnection,
-    sql: &'static str,
-    biz: &str,
-    key: &str,
-    attempt: u32,
-    snapshot: Option<&[u8]>,
-) -> Result<(), IdemError> {
-    let done = sqlx::query(sql)
-        .bind(biz)
-        .bind(key)
-        .bind(i64::from(attempt))
-        .bind(snapshot)
-        .execute(conn)
+        let has_fence: i64 = sqlx::query(
+            "SELECT COUNT(*) FROM pragma_table_info('idem_record') WHERE name = 'fence'",
+        )
+        .fetch_one(&self.pool)
         .await
+        .and_then(|row| row.try_get(0))
         .map_err(db_error)?;
-    if done.rows_affected() == 1 {
+        if has_fence == 0 {
+            sqlx::raw_sql(v2)
+                .execute(&self.pool)
+                .await
+                .map_err(db_error)?;
+        }
         Ok(())
-    } else {
-        Err(IdemError::LeaseLost { attempt })
-    }
-}
-
-fn attempt_of(row: &SqliteRow) -> Result<u32, IdemError> {
-    let attempt: i64 = row.try_get("attempt").map_err(db_error)?;
-    u32::try_from(attempt).map_err(|_| IdemError::store(format!("attempt {attempt} out of range")))
-}
-
-/// The CAS primitives on one SQLite connection (a pool connection or the caller's transaction).
-impl CasRecords for SqliteConnection {
-    async fn insert_new(&mut self, req: &ClaimRequest<'_>) -> Result<bool, IdemError> {
-        let done = sqlx::query(INSERT)
-            .bind(req.biz)
-            .bind(req.key)
-            .bind(req.fingerprint)
-            .bind(millis(req.lease))
-            .bind(millis(req.ttl))
-            .execute(&mut *self)
-            .await
-            .map_err(db_error)?;
-        Ok(done.rows_affected() == 1)
     }
 
-    async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
-        let Some(row) = sqlx::query(READ)
-            .bind(req.biz)
-            .bind(req.key)
-            .fetch_optional(&mut *self)
-            .await
-            .map_err(db_error)?
-        else {
-            return Ok(None);
-        };
-        Ok(Some(SeenRecord {
-            status: Status::parse(row.try_get("status").map_err(db_error)?)?,
-            attempt: attempt_of(&row)?,
-            fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-            snapshot: row.try_get("result").map_err(db_error)?,
-            lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
-            expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
-            now_ms: row.try_get("now_ms").map_err(db_error)?,
-        }))
-    }
-
-    async fn take(
-        &mut self,
-        req: &ClaimRequest<'_>,
-        seen_attempt: u32,
-        seen_status: Status,
-        reset: bool,
-    ) -> Result<bool, IdemError> {
-        let done = sqlx::query(TAKE)
-            .bind(req.biz)
-            .bind(req.key)
-            .bind(req.fingerprint)
-            .bind(millis(req.lease))
-            .bind(millis(req.ttl))
-            .bind(reset)
-            .bind(i64::from(seen_attempt))
-            .bind(seen_status.as_str())
-            .execute(&mut *self)
-            .await
-            .map_err(db_error)?;
-        Ok(done.rows_affected() == 1)
+    /// Milliseconds the test clock adds to the database's clock.
+    fn offset_ms(&self) -> i64 {
+        self.offset.ms()
     }
 }
 
@@ -294,61 +189,51 @@ impl Store for SqliteStore {
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        claim_by_cas(&mut *conn, req).await
+        claim_by_cas(&mut Records::new(&mut conn, self), req).await
     }
 
     async fn complete(
         &self,
         biz: &str,
         key: &str,
-        attempt: u32,
-        snapshot: Vec<u8>,
+        claim: &Claim,
+        snapshot: &[u8],
     ) -> Result<(), IdemError> {
-        self.finish(COMPLETE, biz, key, attempt, Some(&snapshot))
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        Records::new(&mut conn, self)
+            .complete(biz, key, claim, snapshot)
             .await
     }
 
-    async fn fail(&self, biz: &str, key: &str, attempt: u32) -> Result<(), IdemError> {
-        self.finish(FAIL, biz, key, attempt, None).await
+    async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        Records::new(&mut conn, self).fail(biz, key, claim).await
+    }
+
+    async fn renew(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError> {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        Records::new(&mut conn, self)
+            .renew(biz, key, claim, lease)
+            .await
     }
 
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        let Some(row) = sqlx::query(LOAD)
-            .bind(biz)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db_error)?
-        else {
-            return Ok(None);
-        };
-        Ok(Some(Record {
-            biz: biz.to_owned(),
-            key: key.to_owned(),
-            status: Status::parse(row.try_get("status").map_err(db_error)?)?,
-            attempt: attempt_of(&row)?,
-            fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-            snapshot: row.try_get("result").map_err(db_error)?,
-            lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
-            expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
-        }))
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        Records::new(&mut conn, self).load(biz, key).await
     }
 
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
-        let batch = i64::try_from(batch).unwrap_or(i64::MAX);
-        let done = sqlx::query(SWEEP)
-            .bind(batch)
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
-        Ok(done.rows_affected())
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        Records::new(&mut conn, self).sweep(batch).await
     }
 
-    fn as_any(&self) -> &dyn Any {
-        self
+    async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
+        Ok(Box::new(self.begin().await?))
     }
 }
-
-pub(crate) mod transition;
-mod tx;
-pub(crate) use tx::Savepoint;

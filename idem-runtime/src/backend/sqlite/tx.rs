@@ -1,139 +1,174 @@
-//! Transaction support on SQLite: savepoints, and `tx = "…"` claims in the caller's transaction.
+//! Transactions on SQLite: [`SqliteTx`], on which `tx = "…"` calls claim in a savepoint and state
+//! transitions run.
+
+use std::ops::{Deref, DerefMut};
 
 use async_trait::async_trait;
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{Sqlite, Transaction};
 
-use super::{COMPLETE, db_error, finish_on};
+use super::records::Records;
+use super::{SqliteStore, db_error};
 use crate::IdemError;
-use crate::engine::tx_conn::TxConnection;
+use crate::engine::tx::IdemTx;
 use crate::sql::claim::claim_by_cas;
-use crate::store::{ClaimOutcome, ClaimRequest, Store};
+use crate::sql::dialect::{Dialect, Savepoint};
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
+use crate::transition::{SqlValue, StateRow, TransitionConn, TransitionTx};
 
-/// A named savepoint inside the caller's transaction: what `tx = "…"` claims and state
-/// transitions run in, so their writes and the caller's commit or roll back together.
-pub(crate) struct Savepoint {
-    open: &'static str,
-    release: &'static str,
-    rollback: &'static str,
+/// A transaction on a [`SqliteStore`]'s database, begun with [`SqliteStore::begin`]
+/// (`BEGIN IMMEDIATE`).
+///
+/// It carries its store, so a `#[idempotent(tx = "tx")]` call claims in that store's table, on
+/// that database, by construction. It derefs to the connection: run your own queries on it with
+/// `query.execute(&mut **tx)`, exactly as on a `sqlx::Transaction`. Commit it (or let it drop to
+/// roll back).
+pub struct SqliteTx {
+    tx: Transaction<'static, Sqlite>,
+    store: SqliteStore,
 }
 
-impl Savepoint {
-    /// The savepoint of a transactional `#[idempotent]` claim.
-    pub(crate) const CLAIM: Savepoint = Savepoint {
-        open: "SAVEPOINT idem_claim",
-        release: "RELEASE SAVEPOINT idem_claim",
-        rollback: "ROLLBACK TO SAVEPOINT idem_claim",
-    };
-    /// The savepoint of a `#[state_transition]` update and its body.
-    pub(crate) const TRANSITION: Savepoint = Savepoint {
-        open: "SAVEPOINT idem_transition",
-        release: "RELEASE SAVEPOINT idem_transition",
-        rollback: "ROLLBACK TO SAVEPOINT idem_transition",
-    };
+impl SqliteTx {
+    pub(super) fn new(tx: Transaction<'static, Sqlite>, store: SqliteStore) -> Self {
+        SqliteTx { tx, store }
+    }
 
-    async fn exec(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), IdemError> {
-        sqlx::query(sql).execute(conn).await.map_err(db_error)?;
+    /// The store this transaction belongs to.
+    pub fn store(&self) -> &SqliteStore {
+        &self.store
+    }
+
+    /// The sqlx transaction underneath (`idem::sqlx`, sqlx 0.9).
+    pub fn transaction(&mut self) -> &mut Transaction<'static, Sqlite> {
+        &mut self.tx
+    }
+
+    /// Commits.
+    ///
+    /// # Errors
+    /// The database's error, classified.
+    pub async fn commit(self) -> Result<(), IdemError> {
+        self.tx.commit().await.map_err(db_error)
+    }
+
+    /// Rolls back.
+    ///
+    /// # Errors
+    /// The database's error, classified.
+    pub async fn rollback(self) -> Result<(), IdemError> {
+        self.tx.rollback().await.map_err(db_error)
+    }
+
+    async fn exec(&mut self, sql: &'static str) -> Result<(), IdemError> {
+        sqlx::query(sql)
+            .execute(&mut *self.tx)
+            .await
+            .map_err(db_error)?;
         Ok(())
     }
+}
 
-    /// Opens it.
-    pub(crate) async fn open(&self, conn: &mut SqliteConnection) -> Result<(), IdemError> {
-        Self::exec(conn, self.open).await
-    }
+impl Deref for SqliteTx {
+    type Target = SqliteConnection;
 
-    /// Keeps what was written since it opened (the enclosing transaction decides the rest).
-    pub(crate) async fn release(&self, conn: &mut SqliteConnection) -> Result<(), IdemError> {
-        Self::exec(conn, self.release).await
-    }
-
-    /// Undoes everything written since it opened, and closes it.
-    pub(crate) async fn abort(&self, conn: &mut SqliteConnection) -> Result<(), IdemError> {
-        Self::exec(conn, self.rollback).await?;
-        Self::exec(conn, self.release).await
+    fn deref(&self) -> &SqliteConnection {
+        &self.tx
     }
 }
 
-/// Transaction mode on SQLite: the claim lives in a savepoint of the caller's transaction.
-///
-/// Begin such transactions with [`SqliteStore::begin`] (`BEGIN IMMEDIATE`): a deferred transaction that
-/// read before it writes cannot wait for a concurrent writer in WAL mode and fails with "database
-/// is locked" instead.
+impl DerefMut for SqliteTx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
+    }
+}
+
+impl std::fmt::Debug for SqliteTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteTx").finish_non_exhaustive()
+    }
+}
+
+/// Transaction mode: the claim lives in a savepoint of this transaction. `BEGIN IMMEDIATE` holds
+/// SQLite's write lock, so a concurrent duplicate's `begin()` waits for this one to commit, then
+/// replays.
 #[async_trait]
-impl TxConnection for SqliteConnection {
-    async fn idem_claim(
-        &mut self,
-        store: &dyn Store,
-        req: &ClaimRequest<'_>,
-    ) -> Result<ClaimOutcome, IdemError> {
-        if store.backend() != "sqlite" {
-            return Err(IdemError::TxStoreMismatch {
-                store: store.backend().to_owned(),
-                backend: store.backend(),
-                expected: "sqlite",
-            });
-        }
-        Savepoint::CLAIM.open(self).await?;
-        let outcome = match claim_by_cas(self, req).await {
-            Ok(outcome) => outcome,
-            Err(e) => {
-                let _ = self.idem_abort().await;
-                return Err(e);
-            }
-        };
-        if !matches!(outcome, ClaimOutcome::Acquired { .. }) {
-            Savepoint::CLAIM.release(self).await?;
-        }
-        Ok(outcome)
+impl IdemTx for SqliteTx {
+    fn store(&self) -> &dyn Store {
+        &self.store
     }
 
-    async fn idem_complete(
-        &mut self,
-        _store: &dyn Store,
-        biz: &str,
-        key: &str,
-        attempt: u32,
-        snapshot: &[u8],
-    ) -> Result<(), IdemError> {
-        match finish_on(self, COMPLETE, biz, key, attempt, Some(snapshot)).await {
-            Ok(()) => Savepoint::CLAIM.release(self).await,
+    async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        self.exec(Savepoint::CLAIM.open).await?;
+        let outcome = claim_by_cas(&mut Records::new(&mut self.tx, &self.store), req).await;
+        match outcome {
+            Ok(outcome @ ClaimOutcome::Acquired { .. }) => Ok(outcome),
+            Ok(outcome) => {
+                self.exec(Savepoint::CLAIM.release).await?;
+                Ok(outcome)
+            }
             Err(e) => {
-                let _ = self.idem_abort().await;
+                let _ = IdemTx::abort(self).await;
                 Err(e)
             }
         }
     }
 
-    async fn idem_abort(&mut self) -> Result<(), IdemError> {
-        Savepoint::CLAIM.abort(self).await
+    async fn complete(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        let done = Records::new(&mut self.tx, &self.store)
+            .complete(biz, key, claim, snapshot)
+            .await;
+        match done {
+            Ok(()) => self.exec(Savepoint::CLAIM.release).await,
+            Err(e) => {
+                let _ = IdemTx::abort(self).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn abort(&mut self) -> Result<(), IdemError> {
+        self.exec(Savepoint::CLAIM.rollback).await?;
+        self.exec(Savepoint::CLAIM.release).await
     }
 }
 
-/// Transaction mode through the transaction itself (`&mut sqlx::Transaction<'_, Sqlite>`).
 #[async_trait]
-impl TxConnection for Transaction<'_, Sqlite> {
-    async fn idem_claim(
-        &mut self,
-        store: &dyn Store,
-        req: &ClaimRequest<'_>,
-    ) -> Result<ClaimOutcome, IdemError> {
-        (**self).idem_claim(store, req).await
+impl TransitionConn for SqliteTx {
+    fn dialect(&self) -> Dialect {
+        Dialect::SQLite
     }
 
-    async fn idem_complete(
+    async fn execute(
         &mut self,
-        store: &dyn Store,
-        biz: &str,
-        key: &str,
-        attempt: u32,
-        snapshot: &[u8],
-    ) -> Result<(), IdemError> {
-        (**self)
-            .idem_complete(store, biz, key, attempt, snapshot)
-            .await
+        sql: &'static str,
+        args: &[SqlValue<'_>],
+    ) -> Result<u64, IdemError> {
+        TransitionConn::execute(&mut *self.tx, sql, args).await
     }
 
-    async fn idem_abort(&mut self) -> Result<(), IdemError> {
-        (**self).idem_abort().await
+    async fn read_state(
+        &mut self,
+        sql: &'static str,
+        args: &[SqlValue<'_>],
+        versioned: bool,
+    ) -> Result<Option<StateRow>, IdemError> {
+        TransitionConn::read_state(&mut *self.tx, sql, args, versioned).await
+    }
+}
+
+#[async_trait]
+impl TransitionTx for SqliteTx {
+    async fn commit(self: Box<Self>) -> Result<(), IdemError> {
+        SqliteTx::commit(*self).await
+    }
+
+    async fn rollback(self: Box<Self>) -> Result<(), IdemError> {
+        SqliteTx::rollback(*self).await
     }
 }

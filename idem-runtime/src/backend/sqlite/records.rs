@@ -1,0 +1,284 @@
+//! The statements of the SQLite store and the claim protocol's steps on one connection.
+//!
+//! Every statement reads the database's clock (plus the test clock's offset, bound last) and binds
+//! every value. A claim is one round trip: the insert that skips an existing record and the read
+//! of the record run as one batch, and `changes()` tells whether the insert happened.
+
+use std::time::Duration;
+
+use sqlx::Row;
+use sqlx::sqlite::{SqliteConnection, SqliteRow};
+
+use super::{SqliteStore, db_error};
+use crate::IdemError;
+use crate::sql::claim::{CasRecords, SeenRecord};
+use crate::store::decide::millis;
+use crate::store::{Claim, ClaimRequest, Fence, Record, Status};
+
+/// The database clock in milliseconds since the Unix epoch (`Dialect::SQLite.now_ms()`).
+macro_rules! now_ms {
+    () => {
+        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+    };
+}
+
+/// A fence from the clock: microseconds, the sub-millisecond part random (SQLite's clock has
+/// millisecond resolution).
+macro_rules! clock_fence {
+    () => {
+        "c.n * 1000 + abs(random() % 1000)"
+    };
+}
+
+/// ?1 biz, ?2 key, ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 clock offset ms.
+const CLAIM: &str = concat!(
+    "INSERT INTO idem_record (biz_type, idem_key, status, attempt, fence, fingerprint, result, ",
+    "lease_until, created_at, updated_at, expire_at) ",
+    "SELECT ?1, ?2, 'PROCESSING', 1, ",
+    clock_fence!(),
+    ", ?3, NULL, c.n + ?4, c.n, c.n, c.n + ?5 ",
+    "FROM (SELECT ",
+    now_ms!(),
+    " + ?6 AS n) AS c WHERE true ",
+    "ON CONFLICT (biz_type, idem_key) DO NOTHING; ",
+    "SELECT status, attempt, fence, fingerprint, result, lease_until, expire_at, ",
+    now_ms!(),
+    " + ?6 AS now_ms, changes() AS inserted ",
+    "FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2"
+);
+/// ?1 biz, ?2 key, ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 offset, ?7 reset, ?8 seen fence,
+/// ?9 seen status, ?10 seen lease end.
+const TAKE: &str = concat!(
+    "UPDATE idem_record SET status = 'PROCESSING', ",
+    "attempt = CASE WHEN ?7 THEN 1 ELSE attempt + 1 END, ",
+    "fence = max(fence + 1, ",
+    clock_fence!(),
+    "), fingerprint = ?3, result = NULL, lease_until = c.n + ?4, updated_at = c.n, ",
+    "created_at = CASE WHEN ?7 THEN c.n ELSE created_at END, ",
+    "expire_at = CASE WHEN ?7 THEN c.n + ?5 ELSE max(expire_at, c.n + ?4) END ",
+    "FROM (SELECT ",
+    now_ms!(),
+    " + ?6 AS n) AS c ",
+    "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?8 AND status = ?9 AND lease_until = ?10 ",
+    "RETURNING attempt, fence"
+);
+/// ?1 biz, ?2 key, ?3 fence, ?4 result, ?5 offset.
+const COMPLETE: &str = concat!(
+    "UPDATE idem_record SET status = 'SUCCEEDED', result = ?4, updated_at = ",
+    now_ms!(),
+    " + ?5 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'"
+);
+/// ?1 biz, ?2 key, ?3 fence, ?4 offset.
+const FAIL: &str = concat!(
+    "UPDATE idem_record SET status = 'FAILED', result = NULL, updated_at = ",
+    now_ms!(),
+    " + ?4 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'"
+);
+/// ?1 biz, ?2 key, ?3 fence, ?4 lease ms, ?5 offset.
+const RENEW: &str = concat!(
+    "UPDATE idem_record SET lease_until = c.n + ?4, expire_at = max(expire_at, c.n + ?4), ",
+    "updated_at = c.n FROM (SELECT ",
+    now_ms!(),
+    " + ?5 AS n) AS c ",
+    "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'"
+);
+const LOAD: &str = "SELECT status, attempt, fence, fingerprint, result, lease_until, expire_at \
+    FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2";
+/// ?1 batch, ?2 offset. Expired: the TTL passed and no lease is live.
+const SWEEP: &str = concat!(
+    "DELETE FROM idem_record WHERE (biz_type, idem_key) IN (",
+    "SELECT biz_type, idem_key FROM idem_record, (SELECT ",
+    now_ms!(),
+    " + ?2 AS n) AS c ",
+    "WHERE expire_at <= c.n AND NOT (status = 'PROCESSING' AND lease_until > c.n) LIMIT ?1)"
+);
+
+/// The store's records, reached through one connection.
+pub(super) struct Records<'c> {
+    conn: &'c mut SqliteConnection,
+    offset_ms: i64,
+}
+
+fn attempt_of(row: &SqliteRow) -> Result<u32, IdemError> {
+    let attempt: i64 = row.try_get("attempt").map_err(db_error)?;
+    u32::try_from(attempt).map_err(|_| IdemError::store(format!("attempt {attempt} out of range")))
+}
+
+fn fence_of(row: &SqliteRow) -> Result<u64, IdemError> {
+    let fence: i64 = row.try_get("fence").map_err(db_error)?;
+    u64::try_from(fence).map_err(|_| IdemError::store(format!("fence {fence} out of range")))
+}
+
+fn fence_param(claim: &Claim) -> Result<i64, IdemError> {
+    i64::try_from(claim.fence.get()).map_err(|_| IdemError::LeaseLost {
+        attempt: claim.attempt,
+    })
+}
+
+impl<'c> Records<'c> {
+    pub(super) fn new(conn: &'c mut SqliteConnection, store: &SqliteStore) -> Self {
+        Records {
+            conn,
+            offset_ms: store.offset_ms(),
+        }
+    }
+
+    /// Changes the record held under `claim` with `sql` (complete, fail, renew).
+    async fn held(
+        &mut self,
+        query: sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+        claim: &Claim,
+    ) -> Result<(), IdemError> {
+        let done = query.execute(&mut *self.conn).await.map_err(db_error)?;
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(IdemError::LeaseLost {
+                attempt: claim.attempt,
+            })
+        }
+    }
+
+    pub(super) async fn complete(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        let query = sqlx::query(COMPLETE)
+            .bind(biz)
+            .bind(key)
+            .bind(fence_param(claim)?)
+            .bind(snapshot)
+            .bind(self.offset_ms);
+        self.held(query, claim).await
+    }
+
+    pub(super) async fn fail(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+    ) -> Result<(), IdemError> {
+        let query = sqlx::query(FAIL)
+            .bind(biz)
+            .bind(key)
+            .bind(fence_param(claim)?)
+            .bind(self.offset_ms);
+        self.held(query, claim).await
+    }
+
+    pub(super) async fn renew(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError> {
+        let query = sqlx::query(RENEW)
+            .bind(biz)
+            .bind(key)
+            .bind(fence_param(claim)?)
+            .bind(millis(lease))
+            .bind(self.offset_ms);
+        self.held(query, claim).await
+    }
+
+    pub(super) async fn load(&mut self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
+        let Some(row) = sqlx::query(LOAD)
+            .bind(biz)
+            .bind(key)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Record {
+            biz: biz.to_owned(),
+            key: key.to_owned(),
+            status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+            attempt: attempt_of(&row)?,
+            fence: Fence::new(fence_of(&row)?),
+            fingerprint: row.try_get("fingerprint").map_err(db_error)?,
+            snapshot: row.try_get("result").map_err(db_error)?,
+            lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
+            expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+        }))
+    }
+
+    pub(super) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {
+        let done = sqlx::query(SWEEP)
+            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+            .bind(self.offset_ms)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl CasRecords for Records<'_> {
+    async fn insert_or_read(
+        &mut self,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(bool, Option<SeenRecord>), IdemError> {
+        let Some(row) = sqlx::query(CLAIM)
+            .bind(req.biz)
+            .bind(req.key)
+            .bind(req.fingerprint)
+            .bind(millis(req.lease))
+            .bind(millis(req.ttl))
+            .bind(self.offset_ms)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?
+        else {
+            return Ok((false, None));
+        };
+        let inserted: i64 = row.try_get("inserted").map_err(db_error)?;
+        Ok((
+            inserted == 1,
+            Some(SeenRecord {
+                status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+                attempt: attempt_of(&row)?,
+                fence: fence_of(&row)?,
+                fingerprint: row.try_get("fingerprint").map_err(db_error)?,
+                snapshot: row.try_get("result").map_err(db_error)?,
+                lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
+                expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+                now_ms: row.try_get("now_ms").map_err(db_error)?,
+            }),
+        ))
+    }
+
+    async fn take(
+        &mut self,
+        req: &ClaimRequest<'_>,
+        seen: &SeenRecord,
+        reset: bool,
+    ) -> Result<Option<Claim>, IdemError> {
+        let Some(row) = sqlx::query(TAKE)
+            .bind(req.biz)
+            .bind(req.key)
+            .bind(req.fingerprint)
+            .bind(millis(req.lease))
+            .bind(millis(req.ttl))
+            .bind(self.offset_ms)
+            .bind(reset)
+            .bind(i64::try_from(seen.fence).unwrap_or(i64::MAX))
+            .bind(seen.status.as_str())
+            .bind(seen.lease_until_ms)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Claim {
+            attempt: attempt_of(&row)?,
+            fence: Fence::new(fence_of(&row)?),
+        }))
+    }
+}

@@ -1,0 +1,103 @@
+//! The SQL dialects idem writes: placeholders, the database clock, identifier quoting, locking
+//! reads and savepoints. Everything here is text; each backend runs it on its own driver.
+
+/// A SQL dialect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// SQLite: `?` placeholders, `"ident"`; a `BEGIN IMMEDIATE` transaction already holds the write
+    /// lock, so reads need no `FOR UPDATE`.
+    SQLite,
+    /// MySQL / MariaDB: `?` placeholders, `` `ident` ``, `SELECT … FOR UPDATE`.
+    MySQL,
+    /// PostgreSQL: `$1`, `$2`, … placeholders, `"ident"`, `SELECT … FOR UPDATE`.
+    Postgres,
+}
+
+impl Dialect {
+    /// The character that opens and closes a quoted identifier.
+    pub const fn quote(self) -> u8 {
+        match self {
+            Dialect::SQLite | Dialect::Postgres => b'"',
+            Dialect::MySQL => b'`',
+        }
+    }
+
+    /// `name` quoted as an identifier (a quote inside is doubled); `schema.table` quotes each part.
+    pub fn quote_ident(self, name: &str) -> String {
+        let q = self.quote() as char;
+        name.split('.')
+            .map(|part| {
+                let doubled = part.replace(q, &format!("{q}{q}"));
+                format!("{q}{doubled}{q}")
+            })
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    /// What a read that must see (and lock) the current row version appends: REPEATABLE READ
+    /// snapshots in MySQL and Postgres would otherwise show a row as it was when the transaction
+    /// began.
+    pub const fn locking_read(self) -> &'static str {
+        match self {
+            Dialect::SQLite => "",
+            Dialect::MySQL | Dialect::Postgres => " FOR UPDATE",
+        }
+    }
+
+    /// The database clock in milliseconds since the Unix epoch.
+    pub const fn now_ms(self) -> &'static str {
+        match self {
+            Dialect::SQLite => "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+            Dialect::MySQL => "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
+            Dialect::Postgres => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+        }
+    }
+
+    /// What `now = "col"` writes: the database's current time (SQLite: UTC text
+    /// `YYYY-MM-DD HH:MM:SS`; MySQL: the session time zone's `DATETIME`/`TIMESTAMP`; Postgres: a
+    /// `timestamptz`, the transaction's start time).
+    pub const fn current_timestamp(self) -> &'static str {
+        "CURRENT_TIMESTAMP"
+    }
+}
+
+/// A named savepoint inside the caller's transaction: what `tx = "…"` claims and state
+/// transitions run in, so their writes and the caller's commit or roll back together. The same
+/// text works in every dialect.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Savepoint {
+    pub open: &'static str,
+    pub release: &'static str,
+    pub rollback: &'static str,
+}
+
+impl Savepoint {
+    /// The savepoint of a transactional `#[idempotent]` claim.
+    pub(crate) const CLAIM: Savepoint = Savepoint {
+        open: "SAVEPOINT idem_claim",
+        release: "RELEASE SAVEPOINT idem_claim",
+        rollback: "ROLLBACK TO SAVEPOINT idem_claim",
+    };
+    /// The savepoint of a `#[state_transition]` update and its body.
+    pub(crate) const TRANSITION: Savepoint = Savepoint {
+        open: "SAVEPOINT idem_transition",
+        release: "RELEASE SAVEPOINT idem_transition",
+        rollback: "ROLLBACK TO SAVEPOINT idem_transition",
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_identifiers_per_dialect() {
+        assert_eq!(Dialect::SQLite.quote_ident("order"), "\"order\"");
+        assert_eq!(Dialect::MySQL.quote_ident("key"), "`key`");
+        assert_eq!(
+            Dialect::Postgres.quote_ident("shop.order"),
+            "\"shop\".\"order\""
+        );
+        assert_eq!(Dialect::MySQL.quote_ident("a`b"), "`a``b`");
+    }
+}

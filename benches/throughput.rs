@@ -66,6 +66,64 @@ async fn by_hand(store: &MemoryStore, k: u64) -> Result<u64, IdemError> {
         .await
 }
 
+/// The raw loop: one connection, the statements of a hand-written dedup table, no idem. Returns
+/// (INSERT + UPDATE per key, one SELECT per key) in calls/s.
+async fn raw_sqlite(path: std::path::PathBuf, calls: u64) -> (f64, f64) {
+    use idem::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+    use idem::sqlx::{self, ConnectOptions, Row};
+    let mut conn = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .connect()
+        .await
+        .unwrap();
+    for ddl in SqliteStore::MIGRATIONS {
+        sqlx::raw_sql(ddl).execute(&mut conn).await.unwrap();
+    }
+    let t = Instant::now();
+    for k in 0..calls {
+        let key = k.to_string();
+        sqlx::query(
+            "INSERT INTO idem_record (biz_type, idem_key, status, attempt, fence, fingerprint, result, \
+             lease_until, created_at, updated_at, expire_at) VALUES (?1, ?2, 'PROCESSING', 1, ?3, NULL, \
+             NULL, ?3, ?3, ?3, ?3)",
+        )
+        .bind("BENCH")
+        .bind(&key)
+        .bind(k as i64)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let snapshot = serde_json::to_vec(&k).unwrap();
+        sqlx::query(
+            "UPDATE idem_record SET status = 'SUCCEEDED', result = ?3 WHERE biz_type = ?1 AND idem_key = ?2",
+        )
+        .bind("BENCH")
+        .bind(&key)
+        .bind(snapshot)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    let first = ops_per_sec(calls, t.elapsed());
+    let t = Instant::now();
+    for k in 0..calls {
+        let row = sqlx::query(
+            "SELECT status, result FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2",
+        )
+        .bind("BENCH")
+        .bind((k % 1024).to_string())
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        let value: Vec<u8> = row.get(1);
+        black_box(serde_json::from_slice::<u64>(&value).unwrap());
+    }
+    (first, ops_per_sec(calls, t.elapsed()))
+}
+
 fn ops_per_sec(n: u64, elapsed: Duration) -> f64 {
     n as f64 / elapsed.as_secs_f64()
 }
@@ -228,31 +286,51 @@ fn main() {
             median(named_ratio)
         );
 
-        // SQLite file store (WAL, synchronous=NORMAL).
+        // SQLite file store (WAL, synchronous=NORMAL) against a raw sqlx loop of the statements a
+        // hand-written dedup table would run, on one connection to a file with the same settings:
+        // first execution = INSERT + UPDATE, replay = one SELECT. Rounds alternate which runs
+        // first; the ratio is taken per round, then the median.
         let calls = n(20_000);
         let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (mut first, mut replay) = (Vec::new(), Vec::new());
-        for round in 0..3 {
-            let store = SqliteStore::open(dir.join(format!("b{round}.db")))
-                .await
-                .unwrap();
-            store.migrate().await.unwrap();
-            let t = Instant::now();
-            for k in 0..calls {
-                let r: Result<u64, IdemError> =
-                    Call::new("BENCH", &k).run(&store, async { Ok(k) }).await;
-                r.unwrap();
-            }
-            first.push(ops_per_sec(calls, t.elapsed()));
-            let t = Instant::now();
-            for k in 0..calls {
-                let r: Result<u64, IdemError> = Call::new("BENCH", &(k % 1024))
-                    .run(&store, async { Ok(k) })
-                    .await;
-                r.unwrap();
-            }
-            replay.push(ops_per_sec(calls, t.elapsed()));
+        let (mut raw_first, mut raw_replay) = (Vec::new(), Vec::new());
+        let (mut first_ratio, mut replay_ratio) = (Vec::new(), Vec::new());
+        for round in 0..7 {
+            let time_idem = async |path: std::path::PathBuf| {
+                let store = SqliteStore::open(path).await.unwrap();
+                store.migrate().await.unwrap();
+                let t = Instant::now();
+                for k in 0..calls {
+                    let r: Result<u64, IdemError> =
+                        Call::new("BENCH", &k).run(&store, async { Ok(k) }).await;
+                    r.unwrap();
+                }
+                let first = ops_per_sec(calls, t.elapsed());
+                let t = Instant::now();
+                for k in 0..calls {
+                    let r: Result<u64, IdemError> = Call::new("BENCH", &(k % 1024))
+                        .run(&store, async { Ok(k) })
+                        .await;
+                    r.unwrap();
+                }
+                (first, ops_per_sec(calls, t.elapsed()))
+            };
+            let idem_path = dir.join(format!("idem{round}.db"));
+            let raw_path = dir.join(format!("raw{round}.db"));
+            let (i, r) = if round % 2 == 0 {
+                let i = time_idem(idem_path).await;
+                (i, raw_sqlite(raw_path, calls).await)
+            } else {
+                let r = raw_sqlite(raw_path, calls).await;
+                (time_idem(idem_path).await, r)
+            };
+            first.push(i.0);
+            replay.push(i.1);
+            raw_first.push(r.0);
+            raw_replay.push(r.1);
+            first_ratio.push(i.0 / r.0);
+            replay_ratio.push(i.1 / r.1);
         }
         let _ = std::fs::remove_dir_all(&dir);
         println!(
@@ -261,6 +339,26 @@ fn main() {
             median(first)
         );
         println!("{:<44} {:>14.0}", "sqlite file: replay", median(replay));
+        println!(
+            "{:<44} {:>14.0}",
+            "raw sqlx: INSERT + UPDATE",
+            median(raw_first)
+        );
+        println!(
+            "{:<44} {:>14.0}",
+            "raw sqlx: one SELECT",
+            median(raw_replay)
+        );
+        println!(
+            "{:<44} {:>14.3}",
+            "ratio sqlite first execution / raw",
+            median(first_ratio)
+        );
+        println!(
+            "{:<44} {:>14.3}",
+            "ratio sqlite replay / raw",
+            median(replay_ratio)
+        );
 
         // Memory per record in the memory store.
         let records = n(200_000);

@@ -176,10 +176,38 @@ fn errors_say_whether_a_retry_can_help_and_which_http_status_fits() {
             false,
             400,
         ),
-        (IdemError::LeaseLost { attempt: 1 }, true, 500),
+        (IdemError::LeaseLost { attempt: 1 }, true, 409),
         (IdemError::unavailable("down"), true, 503),
+        (IdemError::busy(idem::Busy::Locked, "locked"), true, 503),
+        (
+            IdemError::busy(idem::Busy::LockTimeout, "lock wait"),
+            true,
+            503,
+        ),
+        (IdemError::busy(idem::Busy::Deadlock, "deadlock"), true, 409),
+        (
+            IdemError::busy(idem::Busy::Serialization, "serialization"),
+            true,
+            409,
+        ),
+        (
+            IdemError::StoreSchema {
+                hint: "run migrate()".into(),
+                source: "no such table".into(),
+            },
+            false,
+            500,
+        ),
         (IdemError::store("bad row"), false, 500),
         (IdemError::UnknownStore { name: "x".into() }, false, 500),
+        (
+            IdemError::NotSupported {
+                backend: "memory",
+                what: "state transitions",
+            },
+            false,
+            500,
+        ),
     ];
     for (e, retry, status) in cases {
         assert_eq!((e.is_retryable(), e.http_status()), (retry, status), "{e}");

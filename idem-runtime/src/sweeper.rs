@@ -3,10 +3,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{IdemError, Store};
+use crate::{IdemError, IntoSharedStore, Store};
 
 /// Sweeps expired records from a store: one pass deletes batches of at most `batch` rows until a
-/// batch comes back short, so no statement holds locks for long.
+/// batch comes back short, so no statement holds locks for long. A record is expired when its TTL
+/// has passed and no lease is live: a claim in progress is never swept.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+/// let store = idem_runtime::SqliteStore::open("idem.db").await?;
+/// let sweeper = idem_runtime::Sweeper::new(store.clone(), 500);
+/// let _task = sweeper.spawn(std::time::Duration::from_secs(60));
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Sweeper {
     store: Arc<dyn Store>,
@@ -14,10 +23,11 @@ pub struct Sweeper {
 }
 
 impl Sweeper {
-    /// A sweeper deleting `batch` rows per statement (500 is a good start).
-    pub fn new(store: Arc<dyn Store>, batch: usize) -> Self {
+    /// A sweeper of `store` (what [`crate::register_store`] takes: a store, an `Arc` of one, or an
+    /// `Arc<dyn Store>`), deleting `batch` rows per statement (500 is a good start).
+    pub fn new(store: impl IntoSharedStore, batch: usize) -> Self {
         Sweeper {
-            store,
+            store: store.into_shared(),
             batch: batch.max(1),
         }
     }

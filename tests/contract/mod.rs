@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod tx;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;

@@ -163,3 +163,54 @@ where
     report(call.biz(), outcome, claim.attempt);
     result
 }
+
+impl Call {
+    /// Runs `body` at most once for this call's `(biz, key)`, inside the caller's transaction `tx`
+    /// (what `#[idempotent(tx = "tx")]` expands to): the claim is made in a savepoint of `tx`, the
+    /// body gets `tx` for its own writes, and the mark is written in `tx` too, so claim, business
+    /// writes and mark commit or roll back together with the caller's commit or rollback. A body
+    /// `Err` rolls the claim and the body's writes back to the savepoint.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+    /// use idem_runtime::{Call, IdemError, SqliteStore};
+    /// let store = SqliteStore::in_memory().await?;
+    /// store.migrate().await?;
+    /// let mut tx = store.begin().await?;
+    /// let n: Result<i64, IdemError> = Call::new("PAY", "order-1")
+    ///     .run_in_tx(&mut tx, async |tx| {
+    ///         let one: i64 = idem_runtime::sqlx::query_scalar("SELECT 1")
+    ///             .fetch_one(&mut **tx)
+    ///             .await
+    ///             .map_err(IdemError::store)?;
+    ///         Ok(one)
+    ///     })
+    ///     .await;
+    /// tx.commit().await?;
+    /// assert_eq!(n?, 1);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The body's error, or an [`IdemError`] converted into `E`: refused repeats (`InProgress`,
+    /// `PayloadMismatch`), bad input, store failures.
+    pub async fn run_in_tx<C, T, E, F>(self, tx: &mut C, body: F) -> Result<T, E>
+    where
+        C: IdemTx + ?Sized,
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        E: From<IdemError>,
+        F: AsyncFnOnce(&mut C) -> Result<T, E>,
+    {
+        let (ok, err) = (OkType::new(), ErrType::new());
+        in_span(call_span(&self), async move {
+            let guard = match tx_claim(self, ok, tx).await {
+                Ok(TxClaim::Run(guard)) => guard,
+                Ok(TxClaim::Replay(value)) => return Ok(value),
+                Err(e) => return Err(err.from_idem(e)),
+            };
+            let out = tx_body(&guard, body(&mut *tx)).await;
+            tx_finish(guard, tx, ok, err, out).await
+        })
+        .await
+    }
+}

@@ -1,7 +1,8 @@
 //! The claim protocol of the SQL stores: insert-or-skip, then compare-and-set.
 //!
 //! Uniqueness is decided by one atomic write, never by a read: a new record is an insert that
-//! skips on the unique `(biz_type, idem_key)`; an existing one is changed only by an `UPDATE … WHERE
+//! skips on the unique `(biz_type, idem_key)` (a read before it only saves repeats the write); an
+//! existing one is changed only by an `UPDATE … WHERE
 //! fence = <seen> AND status = <seen> AND lease_until = <seen>`, so two callers that read the same
 //! row cannot both win. The loser backs off (with jitter) and reads again.
 
@@ -35,9 +36,9 @@ impl SeenRecord {
 /// The two primitive steps a SQL store provides, on one connection (a pool connection, or the
 /// caller's transaction).
 pub(crate) trait CasRecords {
-    /// Inserts a new PROCESSING record (attempt 1, a fence from the clock) unless one exists, then
-    /// reads the record: `(inserted, record)`. The record is `None` when one existed but was
-    /// deleted (swept) before it could be read.
+    /// Reads the record, or inserts a new PROCESSING record (attempt 1, a fence from the clock) when
+    /// there is none: `(inserted, record)`. `None` when a record appeared or vanished between the
+    /// read and the insert (another writer was faster): read again.
     async fn insert_or_read(
         &mut self,
         req: &ClaimRequest<'_>,

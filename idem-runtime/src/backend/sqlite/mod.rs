@@ -9,13 +9,17 @@ mod tx;
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::Row;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
+use sqlx::{Row, Sqlite};
+use tokio::sync::Mutex;
 
 use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
@@ -27,6 +31,11 @@ use records::Records;
 pub use tx::SqliteTx;
 
 /// Keeps records in an SQLite database (table `idem_record`).
+///
+/// On a database file, idem's own statements run on one connection the store keeps for itself
+/// (taken from the pool once): SQLite admits one writer at a time anyway, and a connection of its
+/// own spares every statement a pool checkout, which in sqlx pings the connection on its way back.
+/// The pool stays for [`SqliteStore::begin`] and for the application's queries.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
@@ -40,6 +49,9 @@ pub struct SqliteStore {
     pool: SqlitePool,
     limits: Limits,
     offset: ClockOffset,
+    /// The connection idem's statements run on (`None` until first use, or after it broke); absent
+    /// for an in-memory database, whose statements go through the pool's one connection.
+    own: Option<Arc<Mutex<Option<PoolConnection<Sqlite>>>>>,
 }
 
 /// A driver error as an [`IdemError`] of the right class.
@@ -87,7 +99,9 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(IdemError::unavailable)?;
-        Ok(Self::from_pool(pool))
+        let mut store = Self::from_pool(pool);
+        store.own = None;
+        Ok(store)
     }
 
     /// The pool settings idem uses: an SQLite connection is a file handle in this process, so the
@@ -101,11 +115,41 @@ impl SqliteStore {
     /// A store on an existing pool (its database must have the `idem_record` table: see
     /// [`SqliteStore::migrate`]).
     pub fn from_pool(pool: SqlitePool) -> Self {
+        let filename = pool
+            .connect_options()
+            .get_filename()
+            .to_string_lossy()
+            .into_owned();
+        let in_memory = filename == ":memory:" || filename.contains("memory");
         SqliteStore {
             pool,
             limits: Limits::default(),
             offset: ClockOffset::default(),
+            own: (!in_memory).then(Arc::default),
         }
+    }
+
+    /// Runs `work` on the store's own connection (taken from the pool on first use, and again
+    /// after one that failed), or on a pool connection for an in-memory database.
+    async fn with_conn<R>(
+        &self,
+        work: impl AsyncFnOnce(&mut SqliteConnection) -> Result<R, IdemError>,
+    ) -> Result<R, IdemError> {
+        let Some(own) = &self.own else {
+            let mut conn = self.pool.acquire().await.map_err(db_error)?;
+            return work(&mut conn).await;
+        };
+        let mut slot = own.lock().await;
+        let conn = match &mut *slot {
+            Some(conn) => conn,
+            empty => empty.insert(self.pool.acquire().await.map_err(db_error)?),
+        };
+        let result = work(conn).await;
+        if let Err(IdemError::StoreUnavailable { .. }) = &result {
+            // A broken connection goes back to the pool, which tests it; the next call takes another.
+            *slot = None;
+        }
+        result
     }
 
     /// The same store with other limits.
@@ -188,8 +232,8 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        claim_by_cas(&mut Records::new(&mut conn, self), req).await
+        self.with_conn(async |conn| claim_by_cas(&mut Records::new(conn, self), req).await)
+            .await
     }
 
     async fn complete(
@@ -199,15 +243,17 @@ impl Store for SqliteStore {
         claim: &Claim,
         snapshot: &[u8],
     ) -> Result<(), IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        Records::new(&mut conn, self)
-            .complete(biz, key, claim, snapshot)
-            .await
+        self.with_conn(async |conn| {
+            Records::new(conn, self)
+                .complete(biz, key, claim, snapshot)
+                .await
+        })
+        .await
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        Records::new(&mut conn, self).fail(biz, key, claim).await
+        self.with_conn(async |conn| Records::new(conn, self).fail(biz, key, claim).await)
+            .await
     }
 
     async fn renew(
@@ -217,20 +263,18 @@ impl Store for SqliteStore {
         claim: &Claim,
         lease: Duration,
     ) -> Result<(), IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        Records::new(&mut conn, self)
-            .renew(biz, key, claim, lease)
+        self.with_conn(async |conn| Records::new(conn, self).renew(biz, key, claim, lease).await)
             .await
     }
 
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        Records::new(&mut conn, self).load(biz, key).await
+        self.with_conn(async |conn| Records::new(conn, self).load(biz, key).await)
+            .await
     }
 
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        Records::new(&mut conn, self).sweep(batch).await
+        self.with_conn(async |conn| Records::new(conn, self).sweep(batch).await)
+            .await
     }
 
     async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {

@@ -1,8 +1,8 @@
 //! The statements of the SQLite store and the claim protocol's steps on one connection.
 //!
-//! Every statement reads the database's clock (plus the test clock's offset, bound last) and binds
-//! every value. A claim is one round trip: the insert that skips an existing record and the read
-//! of the record run as one batch, and `changes()` tells whether the insert happened.
+//! Every statement reads the database's clock (plus the test clock's offset) and binds every value.
+//! A claim is one round trip: the read of the record and, only when there is none, the insert (see
+//! `CLAIM`).
 
 use std::time::Duration;
 
@@ -31,7 +31,17 @@ macro_rules! clock_fence {
 }
 
 /// ?1 biz, ?2 key, ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 clock offset ms.
+///
+/// Read the record; if there is none, insert a new one. Both in one round trip: the claim fetches
+/// one row, and sqlx stops a batch at the row a `fetch_optional` asked for, so when the record
+/// exists (a repeat) the insert never runs and a repeat costs one read, no write lock. If the insert
+/// does run after a record appeared (another connection was faster), it skips on the unique key and
+/// returns no row: the claim reads again.
 const CLAIM: &str = concat!(
+    "SELECT status, attempt, fence, fingerprint, result, lease_until, expire_at, ",
+    now_ms!(),
+    " + ?6 AS now_ms, 0 AS inserted ",
+    "FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2; ",
     "INSERT INTO idem_record (biz_type, idem_key, status, attempt, fence, fingerprint, result, ",
     "lease_until, created_at, updated_at, expire_at) ",
     "SELECT ?1, ?2, 'PROCESSING', 1, ",
@@ -40,11 +50,9 @@ const CLAIM: &str = concat!(
     "FROM (SELECT ",
     now_ms!(),
     " + ?6 AS n) AS c WHERE true ",
-    "ON CONFLICT (biz_type, idem_key) DO NOTHING; ",
-    "SELECT status, attempt, fence, fingerprint, result, lease_until, expire_at, ",
-    now_ms!(),
-    " + ?6 AS now_ms, changes() AS inserted ",
-    "FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2"
+    "ON CONFLICT (biz_type, idem_key) DO NOTHING ",
+    "RETURNING status, attempt, fence, fingerprint, result, lease_until, expire_at, ",
+    "created_at AS now_ms, 1 AS inserted"
 );
 /// ?1 biz, ?2 key, ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 offset, ?7 reset, ?8 seen fence,
 /// ?9 seen status, ?10 seen lease end.

@@ -1,0 +1,287 @@
+//! The transaction-mode contract: every store with transactions runs these cases (see
+//! `tx_contract_suite!`). The business writes its side effect inside the caller's transaction, in
+//! a table of the store's own database, so "claim, business and mark commit or roll back together"
+//! is checked against what the database really holds.
+
+use std::sync::Arc;
+
+use idem::{Call, IdemError, IdemTx, Outcome, Status, Store};
+use tokio::sync::Barrier;
+
+use super::{PayError, Receipt, biz, call};
+
+/// A backend with transactions, as the tx suite drives it.
+pub trait TxBackend: Send + Sync + 'static {
+    /// The backend's transaction (`store.begin()`).
+    type Tx: IdemTx + Send;
+
+    /// The store the transactions are begun on.
+    fn store(&self) -> Arc<dyn Store>;
+
+    /// Begins a transaction on the store's database.
+    fn begin(&self) -> impl Future<Output = Self::Tx> + Send;
+
+    /// Commits.
+    fn commit(tx: Self::Tx) -> impl Future<Output = ()> + Send;
+
+    /// Rolls back.
+    fn rollback(tx: Self::Tx) -> impl Future<Output = ()> + Send;
+
+    /// The business's side effect, written inside `tx`; returns its row id.
+    fn write_effect(tx: &mut Self::Tx, biz: &str, key: &str) -> impl Future<Output = i64> + Send;
+
+    /// Committed side effects for `(biz, key)`.
+    fn effects(&self, biz: &str, key: &str) -> impl Future<Output = i64> + Send;
+}
+
+/// The business in a transaction: writes its effect in `tx`, then answers or declines.
+async fn pay_in<B: TxBackend>(
+    tx: &mut B::Tx,
+    biz: &str,
+    key: &str,
+    decline: bool,
+) -> Result<Receipt, PayError> {
+    let row = B::write_effect(tx, biz, key).await;
+    if decline {
+        return Err(PayError::Declined);
+    }
+    Ok(Receipt {
+        order: key.to_owned(),
+        amount: 100,
+        serial: u32::try_from(row).unwrap(),
+    })
+}
+
+async fn run<B: TxBackend>(
+    tx: &mut B::Tx,
+    c: Call,
+    biz: &str,
+    key: &str,
+    decline: bool,
+) -> Result<Receipt, PayError> {
+    c.run_in_tx(tx, async |tx: &mut B::Tx| {
+        pay_in::<B>(tx, biz, key, decline).await
+    })
+    .await
+}
+
+pub async fn commit_keeps_claim_business_and_mark_together<B: TxBackend>(b: Arc<B>) {
+    let (store, biz) = (b.store(), biz("tx_commit"));
+    let mut tx = b.begin().await;
+    let (first, report) = idem::observe(run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)).await;
+    let first = first.unwrap();
+    assert_eq!(
+        report.unwrap().outcome,
+        Outcome::Executed,
+        "tx-mode calls are reported"
+    );
+    B::commit(tx).await;
+    let rec = store.load(&biz, "k").await.unwrap().unwrap();
+    assert_eq!((rec.status, rec.attempt), (Status::Succeeded, 1));
+
+    let mut tx = b.begin().await;
+    let (again, report) = idem::observe(run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)).await;
+    B::commit(tx).await;
+    assert_eq!(again.unwrap(), first);
+    assert!(report.unwrap().replayed());
+    assert_eq!(b.effects(&biz, "k").await, 1);
+}
+
+pub async fn body_error_rolls_back_the_claim_and_the_business_writes<B: TxBackend>(b: Arc<B>) {
+    let (store, biz) = (b.store(), biz("tx_err"));
+    let mut tx = b.begin().await;
+    let (res, report) = idem::observe(run::<B>(&mut tx, call(&biz, "k"), &biz, "k", true)).await;
+    assert!(matches!(res, Err(PayError::Declined)), "{res:?}");
+    assert_eq!(report.unwrap().outcome, Outcome::Failed);
+    // Even if the caller commits after the error, neither the claim nor the business row survive.
+    B::commit(tx).await;
+    assert!(store.load(&biz, "k").await.unwrap().is_none());
+    assert_eq!(b.effects(&biz, "k").await, 0);
+
+    let mut tx = b.begin().await;
+    run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)
+        .await
+        .unwrap();
+    B::commit(tx).await;
+    assert_eq!(b.effects(&biz, "k").await, 1);
+    assert_eq!(store.load(&biz, "k").await.unwrap().unwrap().attempt, 1);
+}
+
+pub async fn caller_rollback_after_success_leaves_nothing_and_a_retry_runs<B: TxBackend>(
+    b: Arc<B>,
+) {
+    let (store, biz) = (b.store(), biz("tx_rollback"));
+    let mut tx = b.begin().await;
+    run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)
+        .await
+        .unwrap();
+    B::rollback(tx).await;
+    assert!(
+        store.load(&biz, "k").await.unwrap().is_none(),
+        "the claim must roll back with the business"
+    );
+    assert_eq!(b.effects(&biz, "k").await, 0);
+
+    let mut tx = b.begin().await;
+    run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)
+        .await
+        .unwrap();
+    B::commit(tx).await;
+    assert_eq!(b.effects(&biz, "k").await, 1);
+}
+
+/// 16 transactions carrying the same key, released at once: one executes, the others wait for its
+/// commit (the database's lock) and replay its answer.
+pub async fn concurrent_duplicates_in_transactions_execute_once<B: TxBackend>(b: Arc<B>) {
+    let biz = biz("tx_burst");
+    let barrier = Arc::new(Barrier::new(16));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (b, barrier, biz) = (b.clone(), barrier.clone(), biz.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let mut tx = b.begin().await;
+                let receipt = run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)
+                    .await
+                    .unwrap();
+                B::commit(tx).await;
+                receipt
+            })
+        })
+        .collect();
+    let mut receipts = Vec::new();
+    for t in tasks {
+        receipts.push(t.await.unwrap());
+    }
+    assert!(
+        receipts.windows(2).all(|w| w[0] == w[1]),
+        "every duplicate gets the first answer"
+    );
+    assert_eq!(b.effects(&biz, "k").await, 1);
+}
+
+pub async fn payload_mismatch_in_a_transaction_writes_nothing<B: TxBackend>(b: Arc<B>) {
+    let biz = biz("tx_fp");
+    let mut tx = b.begin().await;
+    run::<B>(&mut tx, call(&biz, "k").fingerprint(&1), &biz, "k", false)
+        .await
+        .unwrap();
+    B::commit(tx).await;
+    let mut tx = b.begin().await;
+    let res = run::<B>(&mut tx, call(&biz, "k").fingerprint(&2), &biz, "k", false).await;
+    B::commit(tx).await;
+    assert!(
+        matches!(res, Err(PayError::Idem(IdemError::PayloadMismatch))),
+        "{res:?}"
+    );
+    assert_eq!(b.effects(&biz, "k").await, 1);
+}
+
+/// Lease mode and transaction mode share one table: each replays what the other did.
+pub async fn lease_and_transaction_modes_see_each_other<B: TxBackend>(b: Arc<B>) {
+    let (store, biz) = (b.store(), biz("tx_modes"));
+    let leased: Result<Receipt, PayError> = call(&biz, "a")
+        .run(&*store, async {
+            Ok(Receipt {
+                order: "a".into(),
+                amount: 1,
+                serial: 0,
+            })
+        })
+        .await;
+    let mut tx = b.begin().await;
+    let in_tx = run::<B>(&mut tx, call(&biz, "a"), &biz, "a", false).await;
+    B::commit(tx).await;
+    assert_eq!(
+        in_tx.unwrap(),
+        leased.unwrap(),
+        "tx mode replays a lease-mode record"
+    );
+    assert_eq!(b.effects(&biz, "a").await, 0);
+
+    let mut tx = b.begin().await;
+    let first = run::<B>(&mut tx, call(&biz, "b"), &biz, "b", false)
+        .await
+        .unwrap();
+    B::commit(tx).await;
+    let replay: Result<Receipt, PayError> = call(&biz, "b")
+        .run(&*store, async { panic!("must replay, not run") })
+        .await;
+    assert_eq!(
+        replay.unwrap(),
+        first,
+        "lease mode replays a committed tx-mode record"
+    );
+}
+
+/// The body sees its claim's fence in transaction mode too, and it is the fence stored.
+pub async fn the_body_learns_its_fence_in_a_transaction<B: TxBackend>(b: Arc<B>) {
+    let (store, biz) = (b.store(), biz("tx_fence"));
+    let mut tx = b.begin().await;
+    let seen: Result<u64, IdemError> = call(&biz, "k")
+        .run_in_tx(&mut tx, async |_tx: &mut B::Tx| {
+            Ok(idem::current_claim().unwrap().fence.get())
+        })
+        .await;
+    B::commit(tx).await;
+    assert_eq!(
+        seen.unwrap(),
+        store.load(&biz, "k").await.unwrap().unwrap().fence.get()
+    );
+}
+
+/// A result that cannot be stored: the business ran, so the claim is kept as done (with the
+/// business writes, when the caller commits) and a repeat gets the same error without running.
+pub async fn an_unstorable_result_in_a_transaction_keeps_the_claim<B: TxBackend>(b: Arc<B>) {
+    let (store, biz) = (b.store(), biz("tx_unstorable"));
+    let big = "x".repeat(store.limits().max_snapshot_len + 1);
+    for round in 0..2 {
+        let mut tx = b.begin().await;
+        let (res, report) =
+            idem::observe(call(&biz, "k").run_in_tx(&mut tx, async |tx: &mut B::Tx| {
+                B::write_effect(tx, &biz, "k").await;
+                Ok::<_, PayError>(big.clone())
+            }))
+            .await;
+        B::commit(tx).await;
+        assert!(
+            matches!(
+                res,
+                Err(PayError::Idem(IdemError::ResultNotStorable { .. }))
+            ),
+            "round {round}: {res:?}"
+        );
+        assert_eq!(
+            report.unwrap().outcome,
+            Outcome::Unstorable,
+            "its own outcome"
+        );
+    }
+    assert_eq!(b.effects(&biz, "k").await, 1, "the business ran once");
+}
+
+/// Generates one `#[tokio::test]` per tx-mode case. `$make` is an async fn giving `Option<Arc<B>>`
+/// (None: the server is unreachable and the suite is skipped, unless IDEM_REQUIRE_SERVICES=1).
+#[macro_export]
+macro_rules! tx_contract_suite {
+    ($make:path) => {
+        $crate::tx_contract_suite!(@cases $make;
+            commit_keeps_claim_business_and_mark_together,
+            body_error_rolls_back_the_claim_and_the_business_writes,
+            caller_rollback_after_success_leaves_nothing_and_a_retry_runs,
+            concurrent_duplicates_in_transactions_execute_once,
+            payload_mismatch_in_a_transaction_writes_nothing,
+            lease_and_transaction_modes_see_each_other,
+            the_body_learns_its_fence_in_a_transaction,
+            an_unstorable_result_in_a_transaction_keeps_the_claim,
+        );
+    };
+    (@cases $make:path; $($case:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $case() {
+            if let Some(backend) = $make().await {
+                contract::tx::$case(backend).await;
+            }
+        }
+    )*};
+}

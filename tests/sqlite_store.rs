@@ -1,0 +1,131 @@
+//! SQLite-specific behaviour: error classes (a missing table, a locked database), the schema
+//! upgrade, and transactions that carry their store.
+
+use std::time::Duration;
+
+use idem::sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+use idem::sqlx::{self, Row};
+use idem::{Busy, Call, IdemError, SqliteStore, Status, Store};
+
+fn temp_db(name: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("idem-sqlite-{name}-{}.db", std::process::id()));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    path
+}
+
+#[tokio::test]
+async fn a_missing_table_says_to_run_migrate() {
+    let store = SqliteStore::in_memory().await.unwrap();
+    let res: Result<u8, IdemError> = Call::new("PAY", "k").run(&store, async { Ok(1) }).await;
+    match res {
+        Err(e @ IdemError::StoreSchema { .. }) => {
+            assert!(e.to_string().contains("migrate()"), "{e}");
+            assert!(!e.is_retryable());
+            assert_eq!(e.http_status(), 500);
+        }
+        other => panic!("expected StoreSchema, got {other:?}"),
+    }
+}
+
+/// Another connection holds the write lock past the busy timeout: the claim is refused as busy
+/// (retryable, 503) after idem's own retries, and nothing ran.
+#[tokio::test]
+async fn a_locked_database_is_busy_and_retryable() {
+    let path = temp_db("locked");
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .busy_timeout(Duration::from_millis(20));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = SqliteStore::from_pool(pool.clone());
+    store.migrate().await.unwrap();
+    let mut holder = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let res: Result<u8, IdemError> = Call::new("PAY", "k").run(&store, async { Ok(1) }).await;
+    match &res {
+        Err(
+            e @ IdemError::StoreBusy {
+                reason: Busy::Locked,
+                ..
+            },
+        ) => {
+            assert!(e.is_retryable());
+            assert_eq!(e.http_status(), 503);
+        }
+        other => panic!("expected StoreBusy, got {other:?}"),
+    }
+    sqlx::query("SELECT 1").execute(&mut *holder).await.unwrap();
+    holder.rollback().await.unwrap();
+    assert!(store.load("PAY", "k").await.unwrap().is_none());
+    let again: Result<u8, IdemError> = Call::new("PAY", "k").run(&store, async { Ok(1) }).await;
+    assert_eq!(
+        again.unwrap(),
+        1,
+        "once the lock is gone the call goes through"
+    );
+}
+
+/// A database made by the first schema version (no fence column) is upgraded by `migrate()`, and
+/// its records keep working.
+#[tokio::test]
+async fn migrate_upgrades_a_version_1_table() {
+    let path = temp_db("v1");
+    let store = SqliteStore::open(&path).await.unwrap();
+    sqlx::raw_sql(SqliteStore::MIGRATIONS[0])
+        .execute(store.pool())
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO idem_record (biz_type, idem_key, status, attempt, fingerprint, result, \
+         lease_until, created_at, updated_at, expire_at) VALUES ('PAY', 'old', 'SUCCEEDED', 1, NULL, \
+         CAST('{\"Ok\":7}' AS BLOB), 0, 0, 0, 9999999999999)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap(); // idempotent
+    let columns: Vec<String> = sqlx::query("SELECT name FROM pragma_table_info('idem_record')")
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert!(columns.contains(&"fence".to_owned()), "{columns:?}");
+    let old: Result<u8, IdemError> = Call::new("PAY", "old").run(&store, async { Ok(0) }).await;
+    assert_eq!(old.unwrap(), 7, "an old record replays");
+    let new: Result<u8, IdemError> = Call::new("PAY", "new").run(&store, async { Ok(1) }).await;
+    assert_eq!(new.unwrap(), 1);
+}
+
+/// Probe 6: a transaction begun on store B claims in B's table. (Before, `tx = "tx"` with
+/// `store = "a"` on a transaction of another database wrote the claim there, where A's lease-mode
+/// calls and sweeper never look.) The transaction now carries its store, so this is the only
+/// place a claim can go.
+#[tokio::test]
+async fn a_transaction_claims_in_the_store_it_was_begun_on() {
+    let a = SqliteStore::open(temp_db("tx_a")).await.unwrap();
+    let b = SqliteStore::open(temp_db("tx_b")).await.unwrap();
+    a.migrate().await.unwrap();
+    b.migrate().await.unwrap();
+    let mut tx = b.begin().await.unwrap();
+    let res: Result<u8, IdemError> = Call::new("PAY", "k")
+        .run_in_tx(&mut tx, async |_tx| Ok(1))
+        .await;
+    tx.commit().await.unwrap();
+    assert_eq!(res.unwrap(), 1);
+    assert_eq!(
+        b.load("PAY", "k").await.unwrap().unwrap().status,
+        Status::Succeeded
+    );
+    assert!(a.load("PAY", "k").await.unwrap().is_none());
+    // And store B's lease-mode calls see it.
+    let replay: Result<u8, IdemError> = Call::new("PAY", "k").run(&b, async { Ok(2) }).await;
+    assert_eq!(replay.unwrap(), 1);
+}

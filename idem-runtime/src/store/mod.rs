@@ -9,6 +9,8 @@ use crate::IdemError;
 use crate::key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN};
 
 pub(crate) mod decide;
+#[cfg(test)]
+mod model_check;
 
 use crate::transition::TransitionTx;
 

@@ -1,0 +1,454 @@
+//! A model check of the claim protocol (stateright), over the decision table the stores run.
+//!
+//! Modelled: N callers and one key; a store clock that advances in ticks; the store's operations
+//! (claim — which inserts, replays, refuses or takes over —, complete, fail, renew, sweep; TTL expiry
+//! through the clock); callers that crash while holding a claim, or stall (any caller may sit still
+//! while the clock runs). The claim decision, the takeover's new fence/lease/expiry and the
+//! expiry test are the store's own code (`decide`, `taken`, `RecordState::is_expired`); only
+//! complete/fail/renew are written here, as the contract states them (they change the record only
+//! while it is PROCESSING under the caller's fence).
+//!
+//! `Rules::Before` is the decision order before the fix of issue 6 (TTL checked before the lease,
+//! a takeover keeping the old expiry, the attempt number as the fence); the checker finds its
+//! counterexamples, so the check is known to bite.
+
+use std::time::{Duration, Instant};
+
+use stateright::{Checker, Model, Property};
+
+use super::Status;
+use super::decide::{Decision, RecordState, decide, taken};
+
+/// One tick of the store clock.
+const TICK_MS: i64 = 1000;
+
+/// Which decision table the model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Rules {
+    /// The stores' code.
+    Current,
+    /// Before issue 6.
+    Before,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Rec {
+    status: Status,
+    attempt: u32,
+    fence: u64,
+    lease_until: i64,
+    expire_at: i64,
+    /// The model's own name for the claim that holds (or last held) the record: ground truth,
+    /// independent of fences.
+    holder: u32,
+    /// The claim whose complete stored the result.
+    result_by: Option<u32>,
+}
+
+impl Rec {
+    fn state(&self) -> RecordState<'_> {
+        RecordState {
+            status: self.status,
+            fingerprint: None,
+            lease_until_ms: self.lease_until,
+            expire_at_ms: self.expire_at,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Caller {
+    /// May call; `claims` calls left (bounds retries after "in progress").
+    Ready { claims: u8 },
+    /// Holds a claim and runs the body (its side effect happens here); `claims` calls left after.
+    InBody {
+        claim: u32,
+        fence: u64,
+        lease_until: i64,
+        claims: u8,
+    },
+    /// Died; never acts again.
+    Crashed,
+    /// Got its answer.
+    Done,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct State {
+    now: i64,
+    rec: Option<Rec>,
+    callers: Vec<Caller>,
+    next_claim: u32,
+    /// Set when a step broke a rule that only the step itself can see.
+    broken: Option<&'static str>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Action {
+    Tick,
+    Sweep,
+    Claim(usize),
+    Complete(usize),
+    Fail(usize),
+    Renew(usize),
+    Crash(usize),
+}
+
+/// The protocol with `callers` callers, a lease and TTL in ticks, and the clock bounded.
+#[derive(Clone)]
+pub(crate) struct Protocol {
+    pub rules: Rules,
+    pub callers: usize,
+    pub claims_each: u8,
+    pub lease: i64,
+    pub ttl: i64,
+    pub max_tick: i64,
+}
+
+impl Protocol {
+    fn lease(&self) -> Duration {
+        Duration::from_millis((self.lease * TICK_MS) as u64)
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis((self.ttl * TICK_MS) as u64)
+    }
+
+    fn expired(&self, rec: &Rec, now: i64) -> bool {
+        match self.rules {
+            Rules::Current => rec.state().is_expired(now),
+            Rules::Before => rec.expire_at <= now,
+        }
+    }
+
+    fn decide(&self, rec: &Rec, now: i64) -> Decision {
+        match self.rules {
+            Rules::Current => decide(&rec.state(), None, now),
+            Rules::Before => {
+                if rec.expire_at <= now {
+                    return Decision::Take {
+                        how: super::Acquired::Fresh,
+                        reset: true,
+                    };
+                }
+                // The rest of the table was already right.
+                decide(
+                    &RecordState {
+                        expire_at_ms: i64::MAX,
+                        ..rec.state()
+                    },
+                    None,
+                    now,
+                )
+            }
+        }
+    }
+
+    /// The record after a take (or an insert when `old` is `None`), as the store writes it.
+    fn take(&self, old: Option<&Rec>, reset: bool, now: i64, claim: u32) -> Rec {
+        let (attempt, fence, lease_until, expire_at) = match self.rules {
+            Rules::Current => {
+                let t = taken(
+                    old.map(|r| (r.attempt, r.fence, r.expire_at)),
+                    reset,
+                    now * 1000,
+                    self.lease(),
+                    self.ttl(),
+                );
+                (t.attempt, t.fence, t.lease_until_ms, t.expire_at_ms)
+            }
+            Rules::Before => {
+                // attempt + 1 on every take, a fresh record at attempt 1, the attempt as fence, and
+                // the old expiry kept unless the record had expired.
+                let attempt = old.map_or(1, |r| r.attempt + 1);
+                let expire_at = match old {
+                    Some(r) if !reset => r.expire_at,
+                    _ => now + self.ttl * TICK_MS,
+                };
+                (
+                    attempt,
+                    u64::from(attempt),
+                    now + self.lease * TICK_MS,
+                    expire_at,
+                )
+            }
+        };
+        Rec {
+            status: Status::Processing,
+            attempt,
+            fence,
+            lease_until,
+            expire_at,
+            holder: claim,
+            result_by: None,
+        }
+    }
+
+    /// Whether `fence` holds the record (the contract's condition for complete, fail, renew).
+    fn holds(rec: &Option<Rec>, fence: u64) -> bool {
+        matches!(rec, Some(r) if r.fence == fence && r.status == Status::Processing)
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![State {
+            now: 0,
+            rec: None,
+            callers: vec![
+                Caller::Ready {
+                    claims: self.claims_each
+                };
+                self.callers
+            ],
+            next_claim: 1,
+            broken: None,
+        }]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        if state.broken.is_some() {
+            return;
+        }
+        if state.now < self.max_tick * TICK_MS {
+            actions.push(Action::Tick);
+        }
+        if let Some(rec) = &state.rec
+            && self.expired(rec, state.now)
+        {
+            actions.push(Action::Sweep);
+        }
+        for (i, caller) in state.callers.iter().enumerate() {
+            match caller {
+                Caller::Ready { claims } if *claims > 0 => actions.push(Action::Claim(i)),
+                Caller::InBody { .. } => actions.extend([
+                    Action::Complete(i),
+                    Action::Fail(i),
+                    Action::Renew(i),
+                    Action::Crash(i),
+                ]),
+                _ => {}
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        let now = s.now;
+        match action {
+            Action::Tick => s.now += TICK_MS,
+            Action::Sweep => s.rec = None,
+            Action::Claim(i) => {
+                let Caller::Ready { claims } = s.callers[i] else {
+                    return None;
+                };
+                let claim = s.next_claim;
+                let next = match &s.rec {
+                    None => Some(self.take(None, true, now, claim)),
+                    Some(rec) => match self.decide(rec, now) {
+                        Decision::Take { reset, .. } => {
+                            if rec.status == Status::Succeeded && rec.expire_at > now {
+                                s.broken = Some("a repeat within the TTL ran the body");
+                            }
+                            Some(self.take(Some(rec), reset, now, claim))
+                        }
+                        Decision::Replay => {
+                            s.callers[i] = Caller::Done;
+                            None
+                        }
+                        Decision::InProgress(_) | Decision::Mismatch => {
+                            s.callers[i] = Caller::Ready { claims: claims - 1 };
+                            None
+                        }
+                    },
+                };
+                if let Some(rec) = next {
+                    s.callers[i] = Caller::InBody {
+                        claim,
+                        fence: rec.fence,
+                        lease_until: rec.lease_until,
+                        claims: claims - 1,
+                    };
+                    s.next_claim += 1;
+                    s.rec = Some(rec);
+                }
+            }
+            Action::Complete(i) | Action::Fail(i) | Action::Renew(i) => {
+                let Caller::InBody {
+                    claim,
+                    fence,
+                    claims,
+                    ..
+                } = s.callers[i]
+                else {
+                    return None;
+                };
+                if Self::holds(&s.rec, fence) {
+                    let rec = s.rec.as_mut().expect("held");
+                    if rec.holder != claim {
+                        s.broken =
+                            Some("a stale holder's write was accepted (its fence was reused)");
+                    }
+                    match action {
+                        Action::Complete(_) => {
+                            rec.status = Status::Succeeded;
+                            rec.result_by = Some(claim);
+                            s.callers[i] = Caller::Done;
+                        }
+                        Action::Fail(_) => {
+                            rec.status = Status::Failed;
+                            s.callers[i] = Caller::Ready { claims };
+                        }
+                        _ => {
+                            rec.lease_until = now + self.lease * TICK_MS;
+                            rec.expire_at = rec.expire_at.max(rec.lease_until);
+                            let lease_until = rec.lease_until;
+                            s.callers[i] = Caller::InBody {
+                                claim,
+                                fence,
+                                lease_until,
+                                claims,
+                            };
+                        }
+                    }
+                } else {
+                    // LeaseLost: the record is untouched and the caller stops.
+                    s.callers[i] = Caller::Done;
+                }
+            }
+            Action::Crash(i) => s.callers[i] = Caller::Crashed,
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("never two bodies under live claims", |_, s: &State| {
+                let live = s
+                    .callers
+                    .iter()
+                    .filter(
+                        |c| matches!(c, Caller::InBody { lease_until, .. } if *lease_until > s.now),
+                    )
+                    .count();
+                live <= 1
+            }),
+            Property::always(
+                "a stored result is the current claim's",
+                |_, s: &State| match &s.rec {
+                    Some(rec) if rec.status == Status::Succeeded => {
+                        rec.result_by == Some(rec.holder)
+                    }
+                    _ => true,
+                },
+            ),
+            Property::always("no step breaks a rule", |_, s: &State| s.broken.is_none()),
+            Property::always(
+                "a claim whose holder is gone is taken over once its lease ends",
+                |m: &Protocol, s: &State| match &s.rec {
+                    Some(rec) if rec.status == Status::Processing && rec.lease_until <= s.now => {
+                        matches!(m.decide(rec, s.now), Decision::Take { .. })
+                    }
+                    _ => true,
+                },
+            ),
+            Property::sometimes(
+                "a takeover happens",
+                |_, s: &State| matches!(&s.rec, Some(r) if r.attempt >= 2 && r.status == Status::Processing),
+            ),
+            Property::sometimes("a sweep then a new claim happen", |_, s: &State| {
+                s.next_claim >= 3 && matches!(&s.rec, Some(r) if r.attempt == 1 && r.holder >= 2)
+            }),
+        ]
+    }
+}
+
+/// The bounds CI checks: 3 callers with 2 calls each, lease 2 ticks, TTL 3 ticks, 6 ticks.
+pub(crate) fn ci_bounds(rules: Rules) -> Protocol {
+    Protocol {
+        rules,
+        callers: 3,
+        claims_each: 2,
+        lease: 2,
+        ttl: 3,
+        max_tick: 6,
+    }
+}
+
+#[test]
+fn the_protocol_holds_its_properties() {
+    let model = match std::env::var("IDEM_MODEL_BOUNDS").as_deref() {
+        // Larger bounds, for the figures in docs/RELIABILITY.md.
+        Ok("large") => Protocol {
+            max_tick: 8,
+            ..ci_bounds(Rules::Current)
+        },
+        _ => ci_bounds(Rules::Current),
+    };
+    let started = Instant::now();
+    let checker = model.checker().spawn_bfs().join();
+    println!(
+        "model check: {} states ({} unique) in {:?}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        started.elapsed()
+    );
+    checker.assert_properties();
+}
+
+/// The checker finds the bugs of issue 6 when pointed at the old rules: two bodies running under
+/// live claims (the TTL cut a live lease), and a stale holder's write accepted (a fence reused
+/// after a sweep).
+#[test]
+fn the_check_finds_the_old_lease_and_fence_bugs() {
+    // Breadth first on one thread, so each counterexample is a shortest one.
+    let checker = ci_bounds(Rules::Before)
+        .checker()
+        .threads(1)
+        .spawn_bfs()
+        .join();
+    let two_bodies = checker
+        .discovery("never two bodies under live claims")
+        .expect("the old rules let the TTL cut a live lease");
+    println!(
+        "counterexample (lease vs TTL): {:?}",
+        two_bodies.into_actions()
+    );
+    let stale = checker
+        .discovery("no step breaks a rule")
+        .expect("the old rules reuse a fence after a sweep");
+    println!("counterexample (fence reuse): {:?}", stale.into_actions());
+}
+
+/// The probe of issue 6 as a trace: attempt 1 fails at t=0, a retry takes over at t=2 (lease to 4,
+/// TTL to 3), a third caller arrives at t=3. The old rules let it in beside the retry; the current
+/// rules tell it "in progress".
+#[test]
+fn the_probe_trace_breaks_the_old_rules_only() {
+    let trace = [
+        Action::Claim(0),
+        Action::Fail(0),
+        Action::Tick,
+        Action::Tick,
+        Action::Claim(1),
+        Action::Tick,
+        Action::Claim(2),
+    ];
+    let two_bodies = |rules| {
+        let model = ci_bounds(rules);
+        let mut state = model.init_states().remove(0);
+        for action in trace {
+            state = model
+                .next_state(&state, action)
+                .expect("every step applies");
+        }
+        let property = &model.properties()[0];
+        assert_eq!(property.name, "never two bodies under live claims");
+        !(property.condition)(&model, &state)
+    };
+    assert!(two_bodies(Rules::Before));
+    assert!(!two_bodies(Rules::Current));
+}

@@ -1,0 +1,365 @@
+//! Differential property tests of the claim protocol: random sequences of claims, completes,
+//! fails, renewals, sweeps and clock advances, run against every store that is built, each step
+//! compared with a small reference model written here from DESIGN §3 (independently of the
+//! stores' decision code). A failing sequence shrinks to a minimal case; proptest keeps it in
+//! `proptest-regressions/` and replays it first on every later run.
+//!
+//! Cases per store: 64 (`PROPTEST_CASES` raises it; the figures are in docs/RELIABILITY.md).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::{Acquired, Claim, ClaimOutcome, ClaimRequest, IdemError, Status, Store, TestClock};
+use proptest::prelude::*;
+
+const KEYS: [&str; 2] = ["a", "b"];
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Claim `key` with a fingerprint (or none), a lease and a TTL in seconds.
+    Claim {
+        key: usize,
+        fp: Option<u8>,
+        lease: u64,
+        ttl: u64,
+    },
+    /// Complete / fail / renew with the `n`-th claim handed out so far (modulo).
+    Complete(usize),
+    Fail(usize),
+    Renew(usize, u64),
+    Sweep,
+    /// Move the store's clock forward by this many seconds.
+    Advance(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..KEYS.len(), prop::option::of(0u8..2), prop_oneof![Just(5u64), Just(10), Just(40)], prop_oneof![Just(15u64), Just(30)])
+            .prop_map(|(key, fp, lease, ttl)| Op::Claim { key, fp, lease, ttl }),
+        2 => any::<usize>().prop_map(Op::Complete),
+        1 => any::<usize>().prop_map(Op::Fail),
+        1 => (any::<usize>(), prop_oneof![Just(5u64), Just(20)]).prop_map(|(n, s)| Op::Renew(n, s)),
+        1 => Just(Op::Sweep),
+        3 => prop_oneof![Just(1u64), Just(4), Just(5), Just(10), Just(16), Just(31)].prop_map(Op::Advance),
+    ]
+}
+
+/// The reference: one record per key, times in ms since the case began.
+#[derive(Debug, Clone, PartialEq)]
+struct Rec {
+    status: Status,
+    attempt: u32,
+    fence: u64,
+    fingerprint: Option<String>,
+    snapshot: Option<Vec<u8>>,
+    lease_until: i64,
+    expire_at: i64,
+}
+
+impl Rec {
+    fn expired(&self, now: i64) -> bool {
+        let live_lease = self.status == Status::Processing && self.lease_until > now;
+        self.expire_at <= now && !live_lease
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Expect {
+    /// A new claim: attempt and how (the fence is the store's; checked to grow).
+    Acquire(u32, Acquired),
+    Replay(Option<Vec<u8>>),
+    Mismatch,
+    InProgress,
+}
+
+#[derive(Default)]
+struct Reference {
+    now: i64,
+    recs: [Option<Rec>; 2],
+    /// The largest fence handed out per key.
+    last_fence: [u64; 2],
+}
+
+impl Reference {
+    fn claim(&self, key: usize, fp: Option<&str>) -> Expect {
+        let Some(rec) = &self.recs[key] else {
+            return Expect::Acquire(1, Acquired::Fresh);
+        };
+        if rec.expired(self.now) {
+            return Expect::Acquire(1, Acquired::Fresh);
+        }
+        let same = match (&rec.fingerprint, fp) {
+            (Some(stored), Some(asked)) => stored == asked,
+            _ => true,
+        };
+        match rec.status {
+            Status::Failed => Expect::Acquire(rec.attempt + 1, Acquired::RetryAfterFailure),
+            Status::Succeeded if same => Expect::Replay(rec.snapshot.clone()),
+            Status::Succeeded | Status::Processing if !same => Expect::Mismatch,
+            Status::Processing if rec.lease_until > self.now => Expect::InProgress,
+            Status::Processing => Expect::Acquire(rec.attempt + 1, Acquired::TakeOver),
+            Status::Succeeded => unreachable!(),
+        }
+    }
+
+    fn acquired(
+        &mut self,
+        key: usize,
+        claim: &Claim,
+        fp: Option<&str>,
+        lease: i64,
+        ttl: i64,
+        fresh: bool,
+    ) {
+        let now = self.now;
+        let expire_at = match &self.recs[key] {
+            Some(old) if !fresh => old.expire_at.max(now + lease),
+            _ => now + ttl,
+        };
+        self.recs[key] = Some(Rec {
+            status: Status::Processing,
+            attempt: claim.attempt,
+            fence: claim.fence.get(),
+            fingerprint: fp.map(str::to_owned),
+            snapshot: None,
+            lease_until: now + lease,
+            expire_at,
+        });
+        self.last_fence[key] = claim.fence.get();
+    }
+
+    fn holds(&self, key: usize, claim: &Claim) -> bool {
+        matches!(&self.recs[key], Some(r) if r.fence == claim.fence.get() && r.status == Status::Processing)
+    }
+}
+
+/// Runs `ops` against a fresh store and the reference, step by step.
+async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let biz = "PROP";
+    let mut model = Reference::default();
+    let mut claims: Vec<(usize, Claim)> = Vec::new();
+    let start = clock.offset();
+    for (step, op) in ops.into_iter().enumerate() {
+        match op {
+            Op::Claim {
+                key,
+                fp,
+                lease,
+                ttl,
+            } => {
+                let fp = fp.map(|f| format!("fp{f}"));
+                let req = ClaimRequest {
+                    biz,
+                    key: KEYS[key],
+                    fingerprint: fp.as_deref(),
+                    lease: Duration::from_secs(lease),
+                    ttl: Duration::from_secs(ttl),
+                };
+                let expect = model.claim(key, fp.as_deref());
+                let got = store
+                    .claim(&req)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
+                match (&expect, &got) {
+                    (
+                        Expect::Acquire(attempt, how),
+                        ClaimOutcome::Acquired {
+                            claim,
+                            how: got_how,
+                        },
+                    ) => {
+                        prop_assert_eq!(
+                            (claim.attempt, got_how),
+                            (*attempt, how),
+                            "step {}: {:?}",
+                            step,
+                            op
+                        );
+                        prop_assert!(
+                            claim.fence.get() > model.last_fence[key],
+                            "step {}: fence {} does not grow past {}",
+                            step,
+                            claim.fence,
+                            model.last_fence[key]
+                        );
+                        let fresh = *how == Acquired::Fresh;
+                        model.acquired(
+                            key,
+                            claim,
+                            fp.as_deref(),
+                            lease as i64 * 1000,
+                            ttl as i64 * 1000,
+                            fresh,
+                        );
+                        claims.push((key, *claim));
+                    }
+                    (Expect::Replay(snapshot), ClaimOutcome::Replay { snapshot: got }) => {
+                        prop_assert_eq!(
+                            snapshot.as_deref().unwrap_or_default(),
+                            &got[..],
+                            "step {}",
+                            step
+                        );
+                    }
+                    (Expect::Mismatch, ClaimOutcome::Mismatch)
+                    | (Expect::InProgress, ClaimOutcome::InProgress { .. }) => {}
+                    _ => prop_assert!(
+                        false,
+                        "step {}: {:?}: expected {:?}, store said {:?}",
+                        step,
+                        op,
+                        expect,
+                        got
+                    ),
+                }
+            }
+            Op::Complete(n) | Op::Fail(n) | Op::Renew(n, _) => {
+                if claims.is_empty() {
+                    continue;
+                }
+                let (key, claim) = claims[n % claims.len()];
+                let held = model.holds(key, &claim);
+                let got = match op {
+                    Op::Complete(_) => {
+                        store
+                            .complete(biz, KEYS[key], &claim, format!("r{step}").as_bytes())
+                            .await
+                    }
+                    Op::Fail(_) => store.fail(biz, KEYS[key], &claim).await,
+                    Op::Renew(_, secs) => {
+                        store
+                            .renew(biz, KEYS[key], &claim, Duration::from_secs(secs))
+                            .await
+                    }
+                    _ => unreachable!(),
+                };
+                match got {
+                    Ok(()) => {
+                        prop_assert!(
+                            held,
+                            "step {}: {:?} accepted a claim the store no longer holds",
+                            step,
+                            op
+                        );
+                        let now = model.now;
+                        let rec = model.recs[key].as_mut().unwrap();
+                        match op {
+                            Op::Complete(_) => {
+                                rec.status = Status::Succeeded;
+                                rec.snapshot = Some(format!("r{step}").into_bytes());
+                            }
+                            Op::Fail(_) => {
+                                rec.status = Status::Failed;
+                                rec.snapshot = None;
+                            }
+                            Op::Renew(_, secs) => {
+                                rec.lease_until = now + secs as i64 * 1000;
+                                rec.expire_at = rec.expire_at.max(rec.lease_until);
+                            }
+                            _ => unreachable!(),
+                        }
+                    }
+                    Err(IdemError::LeaseLost { .. }) => {
+                        prop_assert!(!held, "step {}: {:?} refused a claim that holds", step, op)
+                    }
+                    Err(e) => prop_assert!(false, "step {}: {}", step, e),
+                }
+            }
+            Op::Sweep => {
+                let expected = model
+                    .recs
+                    .iter()
+                    .filter(|r| matches!(r, Some(r) if r.expired(model.now)))
+                    .count() as u64;
+                let swept = store
+                    .sweep_expired(100)
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(swept, expected, "step {}: sweep", step);
+                for rec in &mut model.recs {
+                    if matches!(rec, Some(r) if r.expired(model.now)) {
+                        *rec = None;
+                    }
+                }
+            }
+            Op::Advance(secs) => {
+                clock.advance(Duration::from_secs(secs));
+                model.now += secs as i64 * 1000;
+            }
+        }
+        // The stored records agree with the reference (times within the real time that passed).
+        prop_assert_eq!((clock.offset() - start).as_millis() as i64, model.now);
+        for (key, expected) in model.recs.iter().enumerate() {
+            let got = store
+                .load(biz, KEYS[key])
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            match (expected, &got) {
+                (None, None) => {}
+                (Some(e), Some(g)) => {
+                    prop_assert_eq!(
+                        (
+                            g.status,
+                            g.attempt,
+                            g.fence.get(),
+                            &g.fingerprint,
+                            &g.snapshot
+                        ),
+                        (e.status, e.attempt, e.fence, &e.fingerprint, &e.snapshot),
+                        "step {}: record {}",
+                        step,
+                        KEYS[key]
+                    );
+                    // Lease and expiry are set by the store's clock at different calls; the real time
+                    // between them (milliseconds) is the only difference allowed.
+                    let drift = (g.expire_at_ms - g.lease_until_ms) - (e.expire_at - e.lease_until);
+                    prop_assert!(
+                        drift.abs() < 500,
+                        "step {}: expiry vs lease of {}: {:?} against {:?}",
+                        step,
+                        KEYS[key],
+                        g,
+                        e
+                    );
+                }
+                _ => prop_assert!(
+                    false,
+                    "step {}: record {}: expected {:?}, store has {:?}",
+                    step,
+                    KEYS[key],
+                    expected,
+                    got
+                ),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn memory_store_follows_the_reference(ops in prop::collection::vec(op(), 1..40)) {
+        let clock = TestClock::new();
+        let store: Arc<dyn Store> = Arc::new(idem::MemoryStore::new().with_test_clock(clock.clone()));
+        rt().block_on(run(store, clock, ops))?;
+    }
+
+    #[test]
+    fn sqlite_store_follows_the_reference(ops in prop::collection::vec(op(), 1..40)) {
+        rt().block_on(async {
+            let clock = TestClock::new();
+            let store = idem::SqliteStore::in_memory().await.unwrap().with_test_clock(clock.clone());
+            store.migrate().await.unwrap();
+            run(Arc::new(store), clock, ops).await
+        })?;
+    }
+}

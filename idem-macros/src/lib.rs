@@ -1,19 +1,14 @@
 //! Procedural macros of [idem](https://docs.rs/idem). Depend on `idem`, which re-exports them; this
 //! crate only parses, checks and expands (no I/O).
 //!
-//! Pipeline: `args.rs` parses the attribute, `validate.rs` checks it against the fn, `expand_idempotent.rs`
-//! generates code; `expand.rs` runs the three and falls back to the fn as written plus the errors.
-//! `state_machine.rs` (the derive) and `state_transition.rs` (the attribute) follow the same
-//! parse → check → expand steps, each in one file.
+//! Each macro has a folder (`idempotent/`, `state_machine/`, `state_transition/`) whose `mod.rs` runs
+//! parse (`args.rs`) → check (`check.rs`) → expand (`expand.rs`) and falls back to the item as written
+//! plus the errors; `common/` holds what every macro uses.
 
-mod args;
-mod diag;
-mod duration;
-mod expand;
-mod expand_idempotent;
+mod common;
+mod idempotent;
 mod state_machine;
 mod state_transition;
-mod validate;
 
 use proc_macro::TokenStream;
 
@@ -97,7 +92,7 @@ use proc_macro::TokenStream;
 /// ```
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
-    expand::idempotent(args.into(), item.into()).into()
+    idempotent::idempotent(args.into(), item.into()).into()
 }
 
 /// Declares a state machine stored in one column of one table: one unit variant per state.

@@ -7,7 +7,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote};
 use syn::{Data, DeriveInput, Fields, Ident, LitStr, Path};
 
-use crate::diag::{self, Errors};
+use crate::common::diag::{self, Errors};
 
 /// A checked machine.
 struct Machine {

@@ -17,7 +17,7 @@ use syn::{
     Token, Type,
 };
 
-use crate::diag::{self, Errors};
+use crate::common::diag::{self, Errors};
 use crate::state_machine::is_sql_ident;
 
 const OPTIONS: [&str; 12] = [
@@ -290,7 +290,7 @@ fn fallback(item: TokenStream) -> TokenStream {
     } = &item_fn;
     let stmts = &block.stmts;
     let body_ty = quote!(::core::result::Result<#ok_ty, #err_ty>);
-    let (outer_attrs, inner_attrs) = crate::diag::outer_and_inner(attrs);
+    let (outer_attrs, inner_attrs) = crate::common::diag::outer_and_inner(attrs);
     quote! {
         #(#outer_attrs)*
         #vis #sig {
@@ -323,7 +323,7 @@ fn try_attribute(args: TokenStream, item: TokenStream) -> syn::Result<TokenStrea
 
 /// Parameter names, in order (`self` for a receiver).
 fn parameters(item: &ItemFn) -> Vec<String> {
-    crate::validate::parameters(&item.sig)
+    crate::common::signature::parameters(&item.sig)
 }
 
 /// Lowercase single-name paths in `expr` that are no parameter.
@@ -586,7 +586,7 @@ fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
         block,
         ..
     } = item;
-    let (outer_attrs, inner_attrs) = crate::diag::outer_and_inner(attrs);
+    let (outer_attrs, inner_attrs) = crate::common::diag::outer_and_inner(attrs);
     let stmts = &block.stmts;
     let args = &spec.args;
     let krate = match &args.krate {

@@ -1,4 +1,5 @@
-//! The pipeline of each macro: parse → validate → generate, with a fallback on error.
+//! `#[idempotent]`: parse (`args.rs`) → check against the fn (`check.rs`) → generate (`expand.rs`),
+//! with a fallback on error.
 //!
 //! On any error the user's item is emitted exactly as written, followed by the errors (as tokio-macros
 //! does): the fn still exists for callers and for rust-analyzer, so only the real errors show.
@@ -7,8 +8,11 @@ use proc_macro2::TokenStream;
 use quote::quote;
 use syn::{Item, ItemFn, TraitItemFn};
 
-use crate::args::IdempotentArgs;
-use crate::{expand_idempotent, validate};
+mod args;
+mod check;
+mod expand;
+
+use args::IdempotentArgs;
 
 /// `#[idempotent(args)] item`.
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -30,8 +34,8 @@ fn try_idempotent(args: TokenStream, item: TokenStream) -> syn::Result<TokenStre
             return Err(args.errors.finish().expect_err("an error was just pushed"));
         }
     };
-    let spec = validate::check(args, &item_fn)?;
-    Ok(expand_idempotent::expand(&item_fn, &spec))
+    let spec = check::check(args, &item_fn)?;
+    Ok(expand::expand(&item_fn, &spec))
 }
 
 /// Why `item` is not something `#[idempotent]` can wrap.

@@ -4,13 +4,13 @@
 //! (spanned at the offending token) and parsing resumes at the next `,`, so one build shows them all.
 //! Checks that need the fn's signature (does the key name a parameter?) live in `validate.rs`.
 
-use proc_macro2::{Span, TokenStream, TokenTree};
-use quote::ToTokens;
+use proc_macro2::{Span, TokenStream};
 use syn::parse::{Parse, ParseStream};
-use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
+use syn::{Expr, Ident, LitStr, Path, Token};
 
-use crate::diag::{self, Errors};
-use crate::duration;
+use crate::common::diag::{self, Errors};
+use crate::common::duration;
+use crate::common::expr_arg::{ExprArg, as_lit_str, expr_arg, skip_to_comma};
 
 /// The custom keywords of the option names (`crate` is a Rust keyword and uses `Token![crate]`).
 mod kw {
@@ -92,24 +92,6 @@ impl Opt {
 
     fn names() -> impl Iterator<Item = &'static str> {
         Opt::ALL.into_iter().map(Opt::name)
-    }
-}
-
-/// A Rust expression given in a string (`key = "req.order_no"`) or bare (`key = req.order_no`).
-pub(crate) struct ExprArg {
-    /// The expression; when it came from a string, every token carries the literal's span.
-    pub(crate) expr: Expr,
-    /// The literal it was parsed from, if any.
-    pub(crate) lit: Option<LitStr>,
-}
-
-impl ExprArg {
-    /// Tokens to span an error about the whole argument at.
-    pub(crate) fn error_tokens(&self) -> TokenStream {
-        match &self.lit {
-            Some(lit) => lit.to_token_stream(),
-            None => self.expr.to_token_stream(),
-        }
     }
 }
 
@@ -257,8 +239,8 @@ fn parse_one(
         Opt::Biz => {
             args.biz = string_lit(opt, &value, errors).and_then(|lit| check_biz(lit, errors))
         }
-        Opt::Key => args.key = expr_arg(opt, value, errors),
-        Opt::Fingerprint => args.fingerprint = expr_arg(opt, value, errors),
+        Opt::Key => args.key = expr_arg(opt.name(), opt.example(), value, errors),
+        Opt::Fingerprint => args.fingerprint = expr_arg(opt.name(), opt.example(), value, errors),
         Opt::Store => args.store = store(value, errors),
         Opt::Ttl => args.ttl = duration_arg(opt, &value, errors),
         Opt::Lease => args.lease = duration_arg(opt, &value, errors),
@@ -308,26 +290,6 @@ fn parse_name(input: ParseStream) -> syn::Result<Result<(Opt, Span), Ident>> {
     )))
 }
 
-/// Skips the rest of a broken option, up to (not including) the next top-level `,`.
-fn skip_to_comma(input: ParseStream) {
-    while !input.is_empty() && !input.peek(Token![,]) {
-        if input.parse::<TokenTree>().is_err() {
-            break;
-        }
-    }
-}
-
-/// The string literal `value` is, if it is one.
-fn as_lit_str(value: &Expr) -> Option<&LitStr> {
-    match value {
-        Expr::Lit(ExprLit {
-            attrs,
-            lit: Lit::Str(lit),
-        }) if attrs.is_empty() => Some(lit),
-        _ => None,
-    }
-}
-
 /// `value` as a string literal, or an error saying the option takes one.
 fn string_lit(opt: Opt, value: &Expr, errors: &mut Errors) -> Option<LitStr> {
     let lit = as_lit_str(value).cloned();
@@ -365,46 +327,6 @@ fn check_biz(lit: LitStr, errors: &mut Errors) -> Option<LitStr> {
     };
     errors.at(lit.span(), problem);
     None
-}
-
-/// `key` / `fingerprint`: a string holding an expression, or a bare expression.
-fn expr_arg(opt: Opt, value: Expr, errors: &mut Errors) -> Option<ExprArg> {
-    let Some(lit) = as_lit_str(&value).cloned() else {
-        return Some(ExprArg {
-            expr: value,
-            lit: None,
-        });
-    };
-    if lit.value().trim().is_empty() {
-        errors.at(
-            lit.span(),
-            format!(
-                "`{}` is empty; write an expression over the parameters, e.g. `{}`",
-                opt.name(),
-                opt.example()
-            ),
-        );
-        return None;
-    }
-    // The expression's tokens all carry the literal's span, so rustc's own errors about it (a misspelled
-    // field, a type without `IdemKey`) point into the attribute.
-    match lit.parse::<Expr>() {
-        Ok(expr) => Some(ExprArg {
-            expr,
-            lit: Some(lit),
-        }),
-        Err(error) => {
-            errors.at(
-                lit.span(),
-                format!(
-                    "`{}` is not a Rust expression ({error}); write e.g. `{}`",
-                    opt.name(),
-                    opt.example()
-                ),
-            );
-            None
-        }
-    }
 }
 
 /// `store`: a registered name (non-empty string) or an expression yielding a store.

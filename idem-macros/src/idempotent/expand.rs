@@ -6,9 +6,9 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Expr, ItemFn};
 
-use crate::args::StoreSpec;
-use crate::diag::{self, located_at};
-use crate::validate::Spec;
+use super::args::StoreSpec;
+use super::check::Spec;
+use crate::common::diag::{self, located_at};
 
 /// The expansion of a checked `#[idempotent]` fn.
 pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {

@@ -1,39 +1,10 @@
-//! `#[derive(StateMachine)]`: parse the enum and its `#[state_machine]` / `#[state]` attributes, check
-//! them, and generate the `idem::StateMachine` impl, `Display`/`FromStr`, the sqlx impls (through the
-//! runtime, so the user's crate needs no sqlx features) and the hidden items `#[state_transition]`
-//! checks names against.
+//! Parsing and checks of the enum and its `#[state_machine]` / `#[state]` attributes.
 
-use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote};
+use proc_macro2::Span;
 use syn::{Data, DeriveInput, Fields, Ident, LitStr, Path};
 
+use super::{Machine, State};
 use crate::common::diag::{self, Errors};
-
-/// A checked machine.
-struct Machine {
-    ident: Ident,
-    table: String,
-    key: String,
-    status: String,
-    version: Option<String>,
-    krate: Option<Path>,
-    states: Vec<State>,
-}
-
-struct State {
-    variant: Ident,
-    name: String,
-    to: Vec<Ident>,
-    terminal: bool,
-}
-
-/// `#[derive(StateMachine)]`: on error, only the errors (a derive never re-emits the item).
-pub(crate) fn derive(input: TokenStream) -> TokenStream {
-    match syn::parse2::<DeriveInput>(input).and_then(|input| check(&input)) {
-        Ok(machine) => expand(&machine),
-        Err(error) => error.into_compile_error(),
-    }
-}
 
 /// `[A-Za-z_][A-Za-z0-9_]*`: the SQL identifiers idem writes into statements unquoted.
 pub(crate) fn is_sql_ident(name: &str) -> bool {
@@ -43,7 +14,7 @@ pub(crate) fn is_sql_ident(name: &str) -> bool {
 }
 
 /// `WaitPay` → `WAIT_PAY`.
-fn screaming_snake(ident: &str) -> String {
+pub(super) fn screaming_snake(ident: &str) -> String {
     let mut out = String::new();
     let chars: Vec<char> = ident.chars().collect();
     for (i, &c) in chars.iter().enumerate() {
@@ -60,7 +31,12 @@ fn screaming_snake(ident: &str) -> String {
 }
 
 /// A `table = "…"`-like value that must be a SQL identifier (`schema.table` where `dotted`).
-fn sql_ident(lit: &LitStr, option: &str, dotted: bool, errors: &mut Errors) -> Option<String> {
+pub(super) fn sql_ident(
+    lit: &LitStr,
+    option: &str,
+    dotted: bool,
+    errors: &mut Errors,
+) -> Option<String> {
     let value = lit.value();
     let ok = if dotted {
         let parts: Vec<&str> = value.split('.').collect();
@@ -86,7 +62,7 @@ fn sql_ident(lit: &LitStr, option: &str, dotted: bool, errors: &mut Errors) -> O
     }
 }
 
-fn check(input: &DeriveInput) -> syn::Result<Machine> {
+pub(super) fn check(input: &DeriveInput) -> syn::Result<Machine> {
     let mut errors = Errors::default();
     let Data::Enum(data) = &input.data else {
         return Err(syn::Error::new_spanned(
@@ -277,7 +253,7 @@ fn check(input: &DeriveInput) -> syn::Result<Machine> {
 }
 
 /// A stored state name: an identifier-like word, so `#[state_transition]` can check it by name.
-fn sql_text(lit: &LitStr, errors: &mut Errors) -> Option<String> {
+pub(super) fn sql_text(lit: &LitStr, errors: &mut Errors) -> Option<String> {
     let value = lit.value();
     if is_sql_ident(&value) && syn::parse_str::<Ident>(&value).is_ok() {
         Some(value)
@@ -289,117 +265,5 @@ fn sql_text(lit: &LitStr, errors: &mut Errors) -> Option<String> {
             ),
         );
         None
-    }
-}
-
-fn expand(machine: &Machine) -> TokenStream {
-    let Machine {
-        ident,
-        table,
-        key,
-        status,
-        version,
-        krate,
-        states,
-    } = machine;
-    let krate = match krate {
-        Some(path) => quote!(#path),
-        None => quote!(::idem),
-    };
-    let name = ident.to_string();
-    let version = match version {
-        Some(version) => quote!(::core::option::Option::Some(#version)),
-        None => quote!(::core::option::Option::None),
-    };
-    let names: Vec<&str> = states.iter().map(|s| s.name.as_str()).collect();
-    let variants: Vec<&Ident> = states.iter().map(|s| &s.variant).collect();
-    let terminal = states
-        .iter()
-        .filter(|s| s.terminal)
-        .map(|s| s.name.as_str());
-    let stored = |variant: &Ident| -> &str {
-        states
-            .iter()
-            .find(|s| &s.variant == variant)
-            .map_or("", |s| s.name.as_str())
-    };
-    let edges = states.iter().flat_map(|s| {
-        s.to.iter().map(move |to| {
-            let (from, to) = (s.name.as_str(), stored(to));
-            quote!((#from, #to))
-        })
-    });
-    let markers = names.iter().map(|name| Ident::new(name, Span::call_site()));
-    let module = format_ident!("__idem_sm_{}", ident);
-    quote! {
-        impl #krate::StateMachine for #ident {
-            const NAME: &'static str = #name;
-            const TABLE: &'static str = #table;
-            const KEY_COLUMN: &'static str = #key;
-            const STATUS_COLUMN: &'static str = #status;
-            const VERSION_COLUMN: ::core::option::Option<&'static str> = #version;
-            const STATES: &'static [&'static str] = &[#(#names),*];
-            const TERMINAL: &'static [&'static str] = &[#(#terminal),*];
-            const EDGES: &'static [(&'static str, &'static str)] = &[#(#edges),*];
-            fn as_str(self) -> &'static str {
-                match self {
-                    #(Self::#variants => #names,)*
-                }
-            }
-            fn parse(name: &str) -> ::core::option::Option<Self> {
-                match name {
-                    #(#names => ::core::option::Option::Some(Self::#variants),)*
-                    _ => ::core::option::Option::None,
-                }
-            }
-        }
-        impl ::core::fmt::Display for #ident {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                f.pad(#krate::StateMachine::as_str(*self))
-            }
-        }
-        impl ::core::str::FromStr for #ident {
-            type Err = #krate::UnknownState;
-            fn from_str(name: &str) -> ::core::result::Result<Self, Self::Err> {
-                <Self as #krate::StateMachine>::parse(name)
-                    .ok_or_else(|| #krate::UnknownState::new(#name, name))
-            }
-        }
-        impl #krate::__private::Machine for #ident {
-            type States = #module::__idem_states::States;
-        }
-        #krate::__private::sqlite_text!(#ident);
-
-        // What `#[state_transition]` resolves: `__IdemMachine` names the one machine of this module
-        // (two machines in one module make it ambiguous, and then `machine = …` picks one), and
-        // `States` has one const per stored name, so a misspelled name gets rustc's "similar name".
-        #[doc(hidden)]
-        #[allow(non_snake_case, non_camel_case_types, non_upper_case_globals, missing_docs, unreachable_pub)]
-        pub mod #module {
-            pub type __IdemMachine = super::#ident;
-            pub mod __idem_states {
-                pub struct States;
-                impl States {
-                    #(pub const #markers: () = ();)*
-                }
-            }
-        }
-        #[doc(hidden)]
-        #[allow(unused_imports)]
-        use #module::*;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stored_names_default_to_screaming_snake_case() {
-        assert_eq!(screaming_snake("WaitPay"), "WAIT_PAY");
-        assert_eq!(screaming_snake("Paid"), "PAID");
-        assert_eq!(screaming_snake("HTTPError"), "HTTP_ERROR");
-        assert_eq!(screaming_snake("Step2Done"), "STEP2_DONE");
-        assert!(is_sql_ident("order_no") && !is_sql_ident("order-no") && !is_sql_ident("1a"));
     }
 }

@@ -150,16 +150,6 @@ pub(crate) fn respan(tokens: TokenStream, span: Span) -> TokenStream {
         .collect()
 }
 
-/// A fn's attributes split into outer (`#[…]`, kept on the fn) and inner (`#![…]`, kept at the top of
-/// its new body).
-pub(crate) fn outer_and_inner(
-    attrs: &[syn::Attribute],
-) -> (Vec<&syn::Attribute>, Vec<&syn::Attribute>) {
-    attrs
-        .iter()
-        .partition(|attr| matches!(attr.style, syn::AttrStyle::Outer))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

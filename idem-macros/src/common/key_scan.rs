@@ -26,16 +26,27 @@ const CLOCKS: [&str; 6] = [
 
 /// Which option an expression came from, for messages.
 #[derive(Clone, Copy)]
-pub(crate) enum Role {
+pub(crate) enum Role<'a> {
+    /// `#[idempotent(key = …)]`: the idempotency key.
     Key,
+    /// `#[idempotent(fingerprint = …)]`.
     Fingerprint,
+    /// `#[state_transition(key = …)]`: the row's key.
+    RowKey,
+    /// `#[state_transition(set(column = …))]`.
+    Set(&'a str),
+    /// `#[state_transition(version = …)]`: the version the caller read.
+    Version,
 }
 
-impl Role {
-    fn name(self) -> &'static str {
+impl Role<'_> {
+    /// The option as messages name it: `key`, `set(trade_no = …)`.
+    fn name(self) -> String {
         match self {
-            Role::Key => "key",
-            Role::Fingerprint => "fingerprint",
+            Role::Key | Role::RowKey => "key".to_owned(),
+            Role::Fingerprint => "fingerprint".to_owned(),
+            Role::Set(column) => format!("set({column} = …)"),
+            Role::Version => "version".to_owned(),
         }
     }
 
@@ -51,26 +62,54 @@ impl Role {
                 "every retry would look like a different request; the fingerprint must describe the \
                  request and stay stable across retries: hash the request parameter"
             }
+            Role::RowKey => {
+                "every retry would look for another row; the key must come from the caller: build it \
+                 from the request (an order number)"
+            }
+            Role::Set(_) => {
+                "a retry would write another value than the first call did; bind values that come from \
+                 the caller, and use `now = \"column\"` for the database's current time"
+            }
+            Role::Version => {
+                "the version must be the one the caller read before; pass it in as a parameter"
+            }
         }
     }
 
-    /// What a key or fingerprint that reads no parameter leads to.
-    fn constant(self) -> &'static str {
+    /// What an expression that reads no parameter leads to, when that is a mistake.
+    fn constant(self) -> Option<&'static str> {
         match self {
-            Role::Key => {
-                "every call would share one record; build the key from the request, e.g. `key = \"req.order_no\"`"
+            Role::Key => Some(
+                "every call would share one record; build the key from the request, e.g. `key = \"req.order_no\"`",
+            ),
+            Role::Fingerprint => Some(
+                "it would be the same for every request; hash the request, e.g. `fingerprint = \"req\"`",
+            ),
+            Role::RowKey => Some(
+                "every call would move the same row; build the key from the request, e.g. `key = \"req.order_no\"`",
+            ),
+            // A constant column value or version is unusual but not wrong.
+            Role::Set(_) | Role::Version => None,
+        }
+    }
+
+    /// When the expression is evaluated, for the `.await` message.
+    fn evaluated(self) -> &'static str {
+        match self {
+            Role::Key | Role::Fingerprint => {
+                "it is computed before the claim, from the parameters alone"
             }
-            Role::Fingerprint => {
-                "it would be the same for every request; hash the request, e.g. `fingerprint = \"req\"`"
+            Role::RowKey | Role::Set(_) | Role::Version => {
+                "it is bound into the update, from the parameters alone, before the body runs"
             }
         }
     }
 }
 
-/// Checks a `key` or `fingerprint` expression against the parameters.
+/// Checks a `key`, `fingerprint`, `set` or `version` expression against the parameters.
 pub(crate) fn check_expr_arg(
     arg: &ExprArg,
-    role: Role,
+    role: Role<'_>,
     params: &[String],
     fn_name: &str,
     errors: &mut Errors,
@@ -85,7 +124,10 @@ pub(crate) fn check_expr_arg(
         errors: Errors::default(),
     };
     scan.visit_expr(&arg.expr);
-    if !scan.uses_parameter && !scan.reported {
+    if let Some(constant) = role.constant()
+        && !scan.uses_parameter
+        && !scan.reported
+    {
         let parameters = if params.is_empty() {
             format!("`{fn_name}` has no parameters, so ")
         } else {
@@ -97,9 +139,8 @@ pub(crate) fn check_expr_arg(
         scan.errors.spanned(
             arg.error_tokens(),
             format!(
-                "`{}` uses no parameter of `{fn_name}`: {parameters}{}",
+                "`{}` uses no parameter of `{fn_name}`: {parameters}{constant}",
                 role.name(),
-                role.constant()
             ),
         );
     }
@@ -108,7 +149,7 @@ pub(crate) fn check_expr_arg(
 
 /// Walks a key or fingerprint expression.
 struct Scan<'a> {
-    role: Role,
+    role: Role<'a>,
     params: &'a [String],
     /// Names bound inside the expression (closure parameters, `let`s in blocks).
     locals: Vec<String>,
@@ -143,9 +184,8 @@ impl Scan<'_> {
         let message = if self.params.is_empty() {
             format!(
                 "unknown parameter `{name}` in `{}`; the fn has no parameters: take the request as a \
-                 parameter and build the {} from it",
+                 parameter and build the value from it",
                 self.role.name(),
-                self.role.name()
             )
         } else {
             format!(
@@ -242,9 +282,10 @@ impl Scan<'_> {
         self.errors.at(
             span,
             format!(
-                "`.await` is not allowed in `{}`: it is computed before the claim, from the parameters \
-                 alone; await the value before the call and pass it in as a parameter",
-                self.role.name()
+                "`.await` is not allowed in `{}`: {}; await the value before the call and pass it in \
+                 as a parameter",
+                self.role.name(),
+                self.role.evaluated()
             ),
         );
     }

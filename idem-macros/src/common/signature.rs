@@ -1,69 +1,108 @@
-//! The fn an attribute wraps: `async`, not `const`, returning `Result<T, E>` (or a one-argument alias),
-//! and the names its parameters bind.
+//! The fn an attribute wraps: `async`, not `const`, its return type (`Result<T, E>`, a `…::Result<T>`
+//! alias, or another one-argument alias the type checker resolves), and the names its parameters bind.
 
-use syn::{FnArg, GenericArgument, Pat, PathArguments, ReturnType, Signature, Type};
+use syn::{FnArg, GenericArgument, Pat, PathArguments, Signature, Type};
 
-use crate::common::diag::Errors;
+use super::diag::Errors;
 
-/// The fn's return type, `Result<T, E>` (or a one-argument alias such as `anyhow::Result<T>`).
-pub(crate) struct ResultShape {
-    pub(crate) ret_ty: Type,
-    pub(crate) ok_ty: Type,
-    /// `None` for a one-argument alias: its error type is not written in the signature.
-    pub(crate) err_ty: Option<Type>,
+/// Why a macro needs an `async fn` that is not `const`, for messages.
+pub(crate) struct AsyncNeed {
+    /// `#[idempotent]`.
+    pub(crate) macro_name: &'static str,
+    /// What the generated code awaits: "claiming the key and storing the result await the store".
+    pub(crate) awaits: &'static str,
+    /// What is run-time work: "claiming and storing the result are run-time work".
+    pub(crate) run_time: &'static str,
 }
 
-/// `async`, not `const`, returns `Result`.
-pub(crate) fn check_signature(sig: &Signature, errors: &mut Errors) -> Option<ResultShape> {
+/// `async`, not `const`: the macro cannot wrap anything else.
+pub(crate) fn check_async(sig: &Signature, need: &AsyncNeed, errors: &mut Errors) {
+    let AsyncNeed {
+        macro_name,
+        awaits: why,
+        run_time,
+    } = need;
     if let Some(constness) = &sig.constness {
         errors.at(
             constness.span,
-            "`#[idempotent]` cannot wrap a `const fn`: claiming and storing the result are run-time work; remove `const`",
+            format!("`{macro_name}` cannot wrap a `const fn`: {run_time}; remove `const`"),
         );
     }
     if sig.asyncness.is_none() {
         errors.at(
             sig.fn_token.span,
-            "`#[idempotent]` needs an `async fn`: claiming the key and storing the result await the store; add `async` before `fn`",
+            format!("`{macro_name}` needs an `async fn`: {why}; add `async` before `fn`"),
         );
     }
-    const WANT: &str = "`#[idempotent]` needs a fn that returns `Result<T, E>` where `T: Serialize + \
-        DeserializeOwned` (the result is stored and replayed) and `E: From<idem::IdemError>`";
-    let ret_ty = match &sig.output {
-        ReturnType::Type(_, ty) => ty,
-        ReturnType::Default => {
-            errors.at(
-                sig.ident.span(),
-                format!("{WANT}; add a return type, e.g. `-> Result<Receipt, PayError>`"),
-            );
-            return None;
-        }
+}
+
+/// What a return type says about `Result`.
+pub(crate) enum ResultType<'a> {
+    /// `Result<T, E>`, `io::Result<T>`, `anyhow::Result<T>`: a type named `Result`, so its first
+    /// argument is the `Ok` type; the error type is written only in the two-argument form.
+    Named { ok: &'a Type, err: Option<&'a Type> },
+    /// `ShopResult<Receipt>`: a generic type with another name, probably an alias of `Result`. The
+    /// generated code lets the type checker find its `Ok` and `Err` types (and say so when it is no
+    /// `Result`); `first` is its first type argument, by convention the `Ok` type.
+    Alias { first: &'a Type },
+    /// `u8`, `()`, `Option<T>`, `Vec<T>`, `&T`, `impl Trait`: certainly not a `Result`.
+    NotResult,
+}
+
+/// Generic std types that are certainly no alias of `Result`.
+const NOT_RESULT: [&str; 19] = [
+    "Option",
+    "Vec",
+    "VecDeque",
+    "Box",
+    "Rc",
+    "Arc",
+    "Pin",
+    "Cow",
+    "HashMap",
+    "HashSet",
+    "BTreeMap",
+    "BTreeSet",
+    "Poll",
+    "Cell",
+    "RefCell",
+    "Mutex",
+    "RwLock",
+    "PhantomData",
+    "Transition",
+];
+
+/// Classifies `ty` (looking through parentheses and the invisible groups of `macro_rules!`).
+pub(crate) fn result_type(ty: &Type) -> ResultType<'_> {
+    let Type::Path(path) = peel(ty) else {
+        return ResultType::NotResult;
     };
-    let Some((ok_ty, err_ty)) = result_arguments(ret_ty) else {
-        errors.spanned(
-            ret_ty,
-            format!(
-                "{WANT}; wrap the return type in `Result`, e.g. `-> Result<Receipt, PayError>`"
-            ),
-        );
-        return None;
+    let Some(last) = path.path.segments.last() else {
+        return ResultType::NotResult;
     };
-    let mut concrete = true;
-    for ty in std::iter::once(ok_ty).chain(err_ty) {
-        if let Type::ImplTrait(_) = peel(ty) {
-            errors.spanned(
-                ty,
-                "`#[idempotent]` needs a named type here: the result is stored and replayed, which an \
-                 `impl Trait` type cannot promise; write the concrete type",
-            );
-            concrete = false;
-        }
+    let PathArguments::AngleBracketed(arguments) = &last.arguments else {
+        return ResultType::NotResult;
+    };
+    if path.qself.is_some() {
+        return ResultType::NotResult;
     }
-    concrete.then(|| ResultShape {
-        ret_ty: (**ret_ty).clone(),
-        ok_ty: ok_ty.clone(),
-        err_ty: err_ty.cloned(),
-    })
+    let types: Vec<&Type> = arguments
+        .args
+        .iter()
+        .filter_map(|argument| match argument {
+            GenericArgument::Type(ty) => Some(ty),
+            _ => None,
+        })
+        .collect();
+    let name = last.ident.to_string();
+    match types.as_slice() {
+        [ok] if name == "Result" => ResultType::Named { ok, err: None },
+        [ok, err] if name == "Result" => ResultType::Named { ok, err: Some(err) },
+        [first, ..] if name != "Result" && !NOT_RESULT.contains(&name.as_str()) => {
+            ResultType::Alias { first }
+        }
+        _ => ResultType::NotResult,
+    }
 }
 
 /// `ty` without invisible groups and parentheses.
@@ -75,34 +114,28 @@ pub(crate) fn peel(ty: &Type) -> &Type {
     }
 }
 
-/// `(T, Some(E))` for `…::Result<T, E>`, `(T, None)` for a one-argument alias `…::Result<T>`.
-pub(crate) fn result_arguments(ty: &Type) -> Option<(&Type, Option<&Type>)> {
+/// The type arguments of `ty` when it is a path ending in `name<…>` (`Transition<T, S>`).
+pub(crate) fn type_arguments<'a>(ty: &'a Type, name: &str) -> Option<Vec<&'a Type>> {
     let Type::Path(path) = peel(ty) else {
         return None;
     };
-    if path.qself.is_some() {
-        return None;
-    }
     let last = path.path.segments.last()?;
-    if last.ident != "Result" {
+    if path.qself.is_some() || last.ident != name {
         return None;
     }
     let PathArguments::AngleBracketed(arguments) = &last.arguments else {
         return None;
     };
-    let types: Vec<&Type> = arguments
-        .args
-        .iter()
-        .filter_map(|argument| match argument {
-            GenericArgument::Type(ty) => Some(ty),
-            _ => None,
-        })
-        .collect();
-    match types.as_slice() {
-        [ok] => Some((ok, None)),
-        [ok, err] => Some((ok, Some(err))),
-        _ => None,
-    }
+    Some(
+        arguments
+            .args
+            .iter()
+            .filter_map(|argument| match argument {
+                GenericArgument::Type(ty) => Some(ty),
+                _ => None,
+            })
+            .collect(),
+    )
 }
 
 /// The names the fn's parameters bind (`self` for a receiver), in order.
@@ -137,4 +170,58 @@ pub(crate) fn parameters(sig: &Signature) -> Vec<String> {
         }
     }
     names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn classify(ty: Type) -> &'static str {
+        match result_type(&ty) {
+            ResultType::Named { err: Some(_), .. } => "named",
+            ResultType::Named { err: None, .. } => "named, one argument",
+            ResultType::Alias { .. } => "alias",
+            ResultType::NotResult => "not a result",
+        }
+    }
+
+    #[test]
+    fn classifies_return_types() {
+        assert_eq!(classify(syn::parse_quote!(Result<u8, E>)), "named");
+        assert_eq!(
+            classify(syn::parse_quote!(std::result::Result<u8, E>)),
+            "named"
+        );
+        assert_eq!(
+            classify(syn::parse_quote!(anyhow::Result<u8>)),
+            "named, one argument"
+        );
+        assert_eq!(classify(syn::parse_quote!(ShopResult<Receipt>)), "alias");
+        assert_eq!(
+            classify(syn::parse_quote!(shop::Outcome<Receipt, E>)),
+            "alias"
+        );
+        for not in [
+            quote!(u8),
+            quote!(()),
+            quote!(Receipt),
+            quote!(Option<u8>),
+            quote!(Vec<u8>),
+            quote!(&'static str),
+            quote!(impl Future<Output = u8>),
+            quote!(Result),
+        ] {
+            let ty: Type = syn::parse2(not.clone()).unwrap();
+            assert_eq!(classify(ty), "not a result", "{not}");
+        }
+    }
+
+    #[test]
+    fn finds_type_arguments() {
+        let ty: Type = syn::parse_quote!(idem::Transition<u8, OrderStatus>);
+        let args = type_arguments(&ty, "Transition").unwrap();
+        assert_eq!(args.len(), 2);
+        assert!(type_arguments(&ty, "Result").is_none());
+    }
 }

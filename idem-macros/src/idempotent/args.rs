@@ -1,28 +1,17 @@
 //! Parsing of `#[idempotent(...)]`'s arguments.
 //!
-//! The parser never stops at the first mistake: each option is parsed on its own, every error is recorded
-//! (spanned at the offending token) and parsing resumes at the next `,`, so one build shows them all.
-//! Checks that need the fn's signature (does the key name a parameter?) live in `validate.rs`.
+//! The option list itself (unknown, duplicate and value-less options, missing commas) is read by
+//! `common::options`; this file turns each value into what `#[idempotent]` needs. Checks that need the
+//! fn's signature (does the key name a parameter?) live in `check.rs`.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::Span;
 use syn::parse::{Parse, ParseStream};
-use syn::{Expr, Ident, LitStr, Path, Token};
+use syn::{Expr, Ident, LitStr, Path};
 
-use crate::common::diag::{self, Errors};
+use crate::common::diag::Errors;
 use crate::common::duration;
-use crate::common::expr_arg::{ExprArg, as_lit_str, expr_arg, skip_to_comma};
-
-/// The custom keywords of the option names (`crate` is a Rust keyword and uses `Token![crate]`).
-mod kw {
-    syn::custom_keyword!(biz);
-    syn::custom_keyword!(key);
-    syn::custom_keyword!(store);
-    syn::custom_keyword!(ttl);
-    syn::custom_keyword!(lease);
-    syn::custom_keyword!(fingerprint);
-    syn::custom_keyword!(on_in_progress);
-    syn::custom_keyword!(tx);
-}
+use crate::common::expr_arg::{ExprArg, as_lit_str, expr_arg, ident_value, path_value, string_lit};
+use crate::common::options::{self, Form, OptionSet, Options, Value, opt};
 
 /// Default `ttl`: seven days, as the design contract says.
 pub(crate) const DEFAULT_TTL_MS: u64 = 7 * 24 * 3_600_000;
@@ -34,65 +23,33 @@ pub(crate) const MAX_BIZ_CHARS: usize = 32;
 pub(crate) const EXAMPLE: &str =
     r#"#[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite")]"#;
 
-/// The options of `#[idempotent]`.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Opt {
-    Biz,
-    Key,
-    Store,
-    Ttl,
-    Lease,
-    Fingerprint,
-    OnInProgress,
-    Tx,
-    Crate,
-}
+/// The options of `#[idempotent]`, in the order messages list them.
+const OPTIONS: OptionSet = OptionSet {
+    macro_name: "#[idempotent]",
+    options: &[
+        opt("biz", Form::Value, r#"biz = "PAY""#),
+        opt("key", Form::Value, r#"key = "req.order_no""#),
+        opt("store", Form::Value, r#"store = "sqlite""#),
+        opt("ttl", Form::Value, r#"ttl = "7d""#),
+        opt("lease", Form::Value, r#"lease = "30s""#),
+        opt("fingerprint", Form::Value, r#"fingerprint = "req""#),
+        opt(
+            "on_in_progress",
+            Form::Value,
+            r#"on_in_progress = "wait(5s)""#,
+        ),
+        opt("tx", Form::Value, r#"tx = "tx""#),
+        opt("crate", Form::Value, r#"crate = "::idem""#),
+    ],
+};
 
-impl Opt {
-    const ALL: [Opt; 9] = [
-        Opt::Biz,
-        Opt::Key,
-        Opt::Store,
-        Opt::Ttl,
-        Opt::Lease,
-        Opt::Fingerprint,
-        Opt::OnInProgress,
-        Opt::Tx,
-        Opt::Crate,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Opt::Biz => "biz",
-            Opt::Key => "key",
-            Opt::Store => "store",
-            Opt::Ttl => "ttl",
-            Opt::Lease => "lease",
-            Opt::Fingerprint => "fingerprint",
-            Opt::OnInProgress => "on_in_progress",
-            Opt::Tx => "tx",
-            Opt::Crate => "crate",
-        }
-    }
-
-    /// How the option is written, for messages.
-    fn example(self) -> &'static str {
-        match self {
-            Opt::Biz => r#"biz = "PAY""#,
-            Opt::Key => r#"key = "req.order_no""#,
-            Opt::Store => r#"store = "sqlite""#,
-            Opt::Ttl => r#"ttl = "7d""#,
-            Opt::Lease => r#"lease = "30s""#,
-            Opt::Fingerprint => r#"fingerprint = "req""#,
-            Opt::OnInProgress => r#"on_in_progress = "wait(5s)""#,
-            Opt::Tx => r#"tx = "tx""#,
-            Opt::Crate => r#"crate = "::idem""#,
-        }
-    }
-
-    fn names() -> impl Iterator<Item = &'static str> {
-        Opt::ALL.into_iter().map(Opt::name)
-    }
+/// How `name` is written, for messages.
+fn example(name: &str) -> &'static str {
+    OPTIONS
+        .options
+        .iter()
+        .find(|def| def.name == name)
+        .map_or("", |def| def.example)
 }
 
 /// Where the records live.
@@ -121,8 +78,6 @@ pub(crate) enum InProgress {
 ///
 /// An option that was given but invalid is `None` here and has an error in `errors`.
 pub(crate) struct IdempotentArgs {
-    /// All of the attribute's tokens, to span errors about the attribute as a whole.
-    pub(crate) tokens: TokenStream,
     pub(crate) biz: Option<LitStr>,
     pub(crate) key: Option<ExprArg>,
     pub(crate) store: Option<StoreSpec>,
@@ -138,9 +93,8 @@ pub(crate) struct IdempotentArgs {
 
 impl Parse for IdempotentArgs {
     fn parse(input: ParseStream) -> syn::Result<Self> {
-        let tokens: TokenStream = input.fork().parse()?;
+        let mut options = options::parse(input, &OPTIONS)?;
         let mut args = IdempotentArgs {
-            tokens,
             biz: None,
             key: None,
             store: None,
@@ -150,160 +104,41 @@ impl Parse for IdempotentArgs {
             on_in_progress: None,
             tx: None,
             krate: None,
-            errors: Errors::default(),
+            errors: std::mem::take(&mut options.errors),
         };
-        // Options seen (valid or not), and options an unknown name was taken for: neither is "missing".
-        let mut seen: Vec<Opt> = Vec::new();
-        let mut suggested: Vec<&'static str> = Vec::new();
-
-        while !input.is_empty() {
-            match parse_one(input, &mut args, &mut seen, &mut suggested) {
-                Ok(()) => {}
-                Err(error) => {
-                    args.errors.push(error);
-                    skip_to_comma(input);
+        for given in std::mem::take(&mut options.given) {
+            let Value::Expr(value) = given.value else {
+                continue;
+            };
+            let (name, errors) = (given.name, &mut args.errors);
+            match name {
+                "biz" => {
+                    args.biz = string_lit(name, example(name), &value, errors)
+                        .and_then(|lit| check_biz(lit, errors))
                 }
-            }
-            if input.is_empty() {
-                break;
-            }
-            if input.peek(Token![,]) {
-                input.parse::<Token![,]>()?;
-            } else {
-                args.errors.at(
-                    input.span(),
-                    "expected `,` between the options of `#[idempotent]`",
-                );
-                skip_to_comma(input);
-                if input.peek(Token![,]) {
-                    input.parse::<Token![,]>()?;
+                "key" => args.key = expr_arg(name, example(name), value, errors),
+                "fingerprint" => args.fingerprint = expr_arg(name, example(name), value, errors),
+                "store" => args.store = store(value, errors),
+                "ttl" | "lease" => {
+                    let duration = duration_arg(name, &value, errors);
+                    if name == "ttl" {
+                        args.ttl = duration;
+                    } else {
+                        args.lease = duration;
+                    }
                 }
+                "on_in_progress" => {
+                    args.on_in_progress = string_lit(name, example(name), &value, errors)
+                        .and_then(|lit| in_progress(lit, errors))
+                }
+                "tx" => args.tx = tx(&value, errors),
+                _ => args.krate = crate_path(&value, errors),
             }
         }
-
-        args.check_missing(&seen, &suggested);
-        args.check_ttl_outlives_lease(&seen);
+        args.check_missing(&options);
+        args.check_ttl_outlives_lease(&options);
         Ok(args)
     }
-}
-
-/// Parses one `name = value` and records it (or its errors) in `args`.
-fn parse_one(
-    input: ParseStream,
-    args: &mut IdempotentArgs,
-    seen: &mut Vec<Opt>,
-    suggested: &mut Vec<&'static str>,
-) -> syn::Result<()> {
-    let (opt, name_span) = match parse_name(input)? {
-        Ok(known) => known,
-        Err(unknown) => {
-            let name = unknown.to_string();
-            let suggestion = diag::did_you_mean(&name, Opt::names());
-            suggested.extend(suggestion);
-            let did_you_mean = diag::did_you_mean_clause(&name, Opt::names());
-            args.errors.at(
-                unknown.span(),
-                format!(
-                    "unknown option `{name}` in `#[idempotent]`{did_you_mean} the options are {}",
-                    diag::backticked(Opt::names()),
-                ),
-            );
-            skip_to_comma(input);
-            return Ok(());
-        }
-    };
-    let duplicate = seen.contains(&opt);
-    if !duplicate {
-        seen.push(opt);
-    }
-    if !input.peek(Token![=]) {
-        return Err(syn::Error::new(
-            name_span,
-            format!("`{}` needs a value, e.g. `{}`", opt.name(), opt.example()),
-        ));
-    }
-    input.parse::<Token![=]>()?;
-    let value: Expr = input.parse()?;
-    if duplicate {
-        args.errors.at(
-            name_span,
-            format!(
-                "duplicate option `{}`; each option may be given once, remove this one",
-                opt.name()
-            ),
-        );
-        return Ok(());
-    }
-    let errors = &mut args.errors;
-    match opt {
-        Opt::Biz => {
-            args.biz = string_lit(opt, &value, errors).and_then(|lit| check_biz(lit, errors))
-        }
-        Opt::Key => args.key = expr_arg(opt.name(), opt.example(), value, errors),
-        Opt::Fingerprint => args.fingerprint = expr_arg(opt.name(), opt.example(), value, errors),
-        Opt::Store => args.store = store(value, errors),
-        Opt::Ttl => args.ttl = duration_arg(opt, &value, errors),
-        Opt::Lease => args.lease = duration_arg(opt, &value, errors),
-        Opt::OnInProgress => {
-            args.on_in_progress =
-                string_lit(opt, &value, errors).and_then(|lit| in_progress(lit, errors))
-        }
-        Opt::Tx => args.tx = tx(&value, errors),
-        Opt::Crate => args.krate = crate_path(&value, errors),
-    }
-    Ok(())
-}
-
-/// The option name: one of the custom keywords, `crate`, or an unknown identifier (`Err`).
-fn parse_name(input: ParseStream) -> syn::Result<Result<(Opt, Span), Ident>> {
-    macro_rules! known {
-        ($($kw:path => $opt:expr),* $(,)?) => {
-            $(
-                if input.peek($kw) {
-                    let keyword: $kw = input.parse()?;
-                    return Ok(Ok(($opt, keyword.span)));
-                }
-            )*
-        };
-    }
-    known! {
-        kw::biz => Opt::Biz,
-        kw::key => Opt::Key,
-        kw::store => Opt::Store,
-        kw::ttl => Opt::Ttl,
-        kw::lease => Opt::Lease,
-        kw::fingerprint => Opt::Fingerprint,
-        kw::on_in_progress => Opt::OnInProgress,
-        kw::tx => Opt::Tx,
-    }
-    if input.peek(Token![crate]) {
-        let keyword: Token![crate] = input.parse()?;
-        return Ok(Ok((Opt::Crate, keyword.span)));
-    }
-    if input.peek(<Ident as syn::ext::IdentExt>::peek_any) {
-        let unknown = <Ident as syn::ext::IdentExt>::parse_any(input)?;
-        return Ok(Err(unknown));
-    }
-    Err(input.error(format!(
-        "expected an option such as `biz = \"PAY\"`; the options are {}",
-        diag::backticked(Opt::names()),
-    )))
-}
-
-/// `value` as a string literal, or an error saying the option takes one.
-fn string_lit(opt: Opt, value: &Expr, errors: &mut Errors) -> Option<LitStr> {
-    let lit = as_lit_str(value).cloned();
-    if lit.is_none() {
-        errors.spanned(
-            value,
-            format!(
-                "`{}` takes a string literal, e.g. `{}`",
-                opt.name(),
-                opt.example()
-            ),
-        );
-    }
-    lit
 }
 
 /// `biz`: non-empty, at most 32 characters, no whitespace.
@@ -331,6 +166,7 @@ fn check_biz(lit: LitStr, errors: &mut Errors) -> Option<LitStr> {
 
 /// `store`: a registered name (non-empty string) or an expression yielding a store.
 fn store(value: Expr, errors: &mut Errors) -> Option<StoreSpec> {
+    // `as_lit_str` looks through the group of a `$store:literal`: a name, not an expression.
     match as_lit_str(&value) {
         Some(lit) if lit.value().trim().is_empty() => {
             errors.at(
@@ -346,16 +182,15 @@ fn store(value: Expr, errors: &mut Errors) -> Option<StoreSpec> {
 }
 
 /// `ttl` / `lease`: `"7d"`, `"30s"`, ….
-fn duration_arg(opt: Opt, value: &Expr, errors: &mut Errors) -> Option<DurationArg> {
-    let lit = string_lit(opt, value, errors)?;
+fn duration_arg(name: &str, value: &Expr, errors: &mut Errors) -> Option<DurationArg> {
+    let lit = string_lit(name, example(name), value, errors)?;
     match duration::parse_millis(&lit.value()) {
         Ok(millis) => Some(DurationArg { millis, lit }),
         Err(error) => {
             errors.at(
                 lit.span(),
                 format!(
-                    "invalid `{}` duration `\"{}\"`: {error}",
-                    opt.name(),
+                    "invalid `{name}` duration `\"{}\"`: {error}",
                     lit.value().escape_default()
                 ),
             );
@@ -402,16 +237,9 @@ fn in_progress(lit: LitStr, errors: &mut Errors) -> Option<InProgress> {
 
 /// `tx = "tx"` (or `tx = tx`): the name of the transaction parameter.
 fn tx(value: &Expr, errors: &mut Errors) -> Option<Ident> {
-    if let Some(lit) = as_lit_str(value) {
-        // `LitStr::parse` gives the ident the literal's span, so errors about it land on the literal.
-        if let Ok(ident) = lit.parse::<Ident>() {
-            return Some(ident);
-        }
-    } else if let Expr::Path(path) = value
-        && path.qself.is_none()
-        && let Some(ident) = path.path.get_ident()
-    {
-        return Some(ident.clone());
+    let ident = ident_value(value);
+    if ident.is_some() {
+        return ident;
     }
     errors.spanned(
         value,
@@ -422,14 +250,9 @@ fn tx(value: &Expr, errors: &mut Errors) -> Option<Ident> {
 
 /// `crate = "::idem"` (or a bare path): where generated code finds idem.
 fn crate_path(value: &Expr, errors: &mut Errors) -> Option<Path> {
-    if let Some(lit) = as_lit_str(value) {
-        if let Ok(path) = lit.parse_with(Path::parse_mod_style) {
-            return Some(path);
-        }
-    } else if let Expr::Path(path) = value
-        && path.qself.is_none()
-    {
-        return Some(path.path.clone());
+    let path = path_value(value);
+    if path.is_some() {
+        return path;
     }
     errors.spanned(
         value,
@@ -440,12 +263,8 @@ fn crate_path(value: &Expr, errors: &mut Errors) -> Option<Path> {
 
 impl IdempotentArgs {
     /// One error naming every required option that is absent, with a complete example.
-    fn check_missing(&mut self, seen: &[Opt], suggested: &[&str]) {
-        let missing: Vec<&str> = [Opt::Biz, Opt::Key, Opt::Store]
-            .into_iter()
-            .filter(|opt| !seen.contains(opt) && !suggested.contains(&opt.name()))
-            .map(Opt::name)
-            .collect();
+    fn check_missing(&mut self, options: &Options) {
+        let missing = options.missing(&["biz", "key", "store"]);
         if missing.is_empty() {
             return;
         }
@@ -466,19 +285,14 @@ impl IdempotentArgs {
             "missing {names} in `#[idempotent]` ({}); write e.g. `{EXAMPLE}`",
             meanings.join(", ")
         );
-        if self.tokens.is_empty() {
-            // `#[idempotent]` with no arguments: there is no argument token to point at.
-            self.errors.at(Span::call_site(), message);
-        } else {
-            self.errors.spanned(self.tokens.clone(), message);
-        }
+        self.errors.push(options.error_at(message));
     }
 
     /// The record must outlive the lease that protects it, else a slow first call loses its record.
-    fn check_ttl_outlives_lease(&mut self, seen: &[Opt]) {
+    fn check_ttl_outlives_lease(&mut self, options: &Options) {
         // An option given but invalid has its own error already.
-        if (seen.contains(&Opt::Ttl) && self.ttl.is_none())
-            || (seen.contains(&Opt::Lease) && self.lease.is_none())
+        if (options.has("ttl") && self.ttl.is_none())
+            || (options.has("lease") && self.lease.is_none())
         {
             return;
         }
@@ -512,6 +326,8 @@ impl IdempotentArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::diag;
+    use proc_macro2::TokenStream;
     use quote::quote;
 
     fn parse(tokens: TokenStream) -> IdempotentArgs {

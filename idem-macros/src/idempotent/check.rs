@@ -4,13 +4,19 @@
 //! The output is a [`Spec`]: everything code generation needs, with no `Option` left to unwrap.
 
 use proc_macro2::Span;
-use syn::{Expr, Ident, ItemFn, LitStr, Path};
+use syn::{Expr, Ident, ItemFn, LitStr, Path, ReturnType, Signature, Type};
 
 use super::args::{self, IdempotentArgs, InProgress, StoreSpec};
 use crate::common::diag::{self, Errors};
 use crate::common::expr_arg::ExprArg;
 use crate::common::key_scan::{Role, check_expr_arg};
-use crate::common::signature::{ResultShape, check_signature, parameters};
+use crate::common::signature::{AsyncNeed, ResultType, check_async, parameters, peel, result_type};
+
+const ASYNC: AsyncNeed = AsyncNeed {
+    macro_name: "#[idempotent]",
+    awaits: "claiming the key and storing the result await the store",
+    run_time: "claiming and storing the result are run-time work",
+};
 
 /// Everything the expansion needs, checked.
 pub(crate) struct Spec {
@@ -28,6 +34,15 @@ pub(crate) struct Spec {
     pub(crate) ret: ResultShape,
 }
 
+/// The fn's return type: `Result<T, E>`, or an alias whose `Ok` / `Err` types the type checker finds.
+pub(crate) struct ResultShape {
+    pub(crate) ret_ty: Type,
+    /// The `Ok` type as written; `None` for an alias other than `…::Result<T>` (`ShopResult<T>`).
+    pub(crate) ok_ty: Option<Type>,
+    /// The error type as written; `None` for a one-argument alias (`anyhow::Result<T>`).
+    pub(crate) err_ty: Option<Type>,
+}
+
 /// Checks `args` against `item`; every error found, in the order the user reads them.
 pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
     let IdempotentArgs {
@@ -41,10 +56,10 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
         tx,
         krate,
         mut errors,
-        tokens: _,
     } = args;
 
-    let ret = check_signature(&item.sig, &mut errors);
+    check_async(&item.sig, &ASYNC, &mut errors);
+    let ret = check_return(&item.sig, &mut errors);
     let params = parameters(&item.sig);
     let fn_name = item.sig.ident.to_string();
     if let Some(key) = &key {
@@ -78,11 +93,11 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
     match (biz, key, store, ret) {
         (Some(biz), Some(key), Some(store), Some(ret)) => Ok(Spec {
             biz,
-            key: emitted(key),
+            key: key.emitted(),
             store,
             ttl_ms: ttl.map_or(args::DEFAULT_TTL_MS, |ttl| ttl.millis),
             lease_ms: lease.map_or(args::DEFAULT_LEASE_MS, |lease| lease.millis),
-            fingerprint: fingerprint.map(emitted),
+            fingerprint: fingerprint.as_ref().map(ExprArg::emitted),
             wait: match on_in_progress {
                 Some(InProgress::Wait(wait)) => Some((wait.millis, wait.lit.span())),
                 Some(InProgress::Reject) | None => None,
@@ -99,16 +114,50 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
     }
 }
 
-/// The expression as it goes into the expansion (see [`diag::inside_literal`]).
-fn emitted(arg: ExprArg) -> Expr {
-    let Some(lit) = &arg.lit else {
-        return arg.expr;
+/// The fn returns `Result<T, E>` (or an alias of it) with named `Ok` and error types.
+fn check_return(sig: &Signature, errors: &mut Errors) -> Option<ResultShape> {
+    const WANT: &str = "`#[idempotent]` needs a fn that returns `Result<T, E>` where `T: Serialize + \
+        DeserializeOwned` (the result is stored and replayed) and `E: From<idem::IdemError>`";
+    let ret_ty = match &sig.output {
+        ReturnType::Type(_, ty) => &**ty,
+        ReturnType::Default => {
+            errors.at(
+                sig.ident.span(),
+                format!("{WANT}; add a return type, e.g. `-> Result<Receipt, PayError>`"),
+            );
+            return None;
+        }
     };
-    let tokens = diag::inside_literal(
-        quote::ToTokens::into_token_stream(arg.expr.clone()),
-        lit.span(),
-    );
-    syn::parse2(tokens).unwrap_or(arg.expr)
+    let (ok_ty, err_ty, written) = match result_type(ret_ty) {
+        ResultType::Named { ok, err } => (Some(ok), err, vec![Some(ok), err]),
+        // The type checker finds `Ok` and `Err` (and says so when it is no `Result`).
+        ResultType::Alias { first } => (None, None, vec![Some(first)]),
+        ResultType::NotResult => {
+            errors.spanned(
+                ret_ty,
+                format!(
+                    "{WANT}; wrap the return type in `Result`, e.g. `-> Result<Receipt, PayError>`"
+                ),
+            );
+            return None;
+        }
+    };
+    let mut concrete = true;
+    for ty in written.into_iter().flatten() {
+        if let Type::ImplTrait(_) = peel(ty) {
+            errors.spanned(
+                ty,
+                "`#[idempotent]` needs a named type here: the result is stored and replayed, which an \
+                 `impl Trait` type cannot promise; write the concrete type",
+            );
+            concrete = false;
+        }
+    }
+    concrete.then(|| ResultShape {
+        ret_ty: ret_ty.clone(),
+        ok_ty: ok_ty.cloned(),
+        err_ty: err_ty.cloned(),
+    })
 }
 
 /// `tx = "tx"` must name a parameter.
@@ -205,7 +254,7 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(spec.ttl_ms, args::DEFAULT_TTL_MS);
         assert_eq!(spec.lease_ms, args::DEFAULT_LEASE_MS);
-        let ok = &spec.ret.ok_ty;
+        let ok = spec.ret.ok_ty.as_ref().unwrap();
         assert_eq!(quote!(#ok).to_string(), "Receipt");
         assert!(spec.ret.err_ty.is_some());
         assert!(spec.fingerprint.is_some());

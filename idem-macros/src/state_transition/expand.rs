@@ -30,7 +30,7 @@ pub(super) fn fallback(item: TokenStream) -> TokenStream {
     } = &item_fn;
     let stmts = &block.stmts;
     let body_ty = quote!(::core::result::Result<#ok_ty, #err_ty>);
-    let (outer_attrs, inner_attrs) = crate::common::diag::outer_and_inner(attrs);
+    let (outer_attrs, inner_attrs) = crate::common::body::outer_and_inner(attrs);
     quote! {
         #(#outer_attrs)*
         #vis #sig {
@@ -56,7 +56,7 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
         block,
         ..
     } = item;
-    let (outer_attrs, inner_attrs) = crate::common::diag::outer_and_inner(attrs);
+    let (outer_attrs, inner_attrs) = crate::common::body::outer_and_inner(attrs);
     let stmts = &block.stmts;
     let args = &spec.args;
     let krate = match &args.krate {

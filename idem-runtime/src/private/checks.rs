@@ -84,6 +84,41 @@ pub trait CarriesIdemError: From<IdemError> {}
 #[diagnostic::do_not_recommend]
 impl<E: From<IdemError>> CarriesIdemError for E {}
 
+/// The `Ok` and `Err` types of a fn's return type that the signature does not spell out as
+/// `Result<T, E>`: the `Err` of `anyhow::Result<T>`, both of `ShopResult<T>`. The generated code names
+/// `<Ret as IsResult>::Ok`, so the type checker resolves the alias, and a return type that is no
+/// `Result` gets this message at the return type (once: every projection is spanned there).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a `Result`",
+    label = "the fn must return `Result<T, E>`, or an alias of it",
+    note = "write `-> Result<T, E>`, or make `{Self}` an alias of it, e.g. `type ShopResult<T> = Result<T, ShopError>;`"
+)]
+pub trait IsResult {
+    /// `T` of `Result<T, E>`.
+    type Ok;
+    /// `E` of `Result<T, E>`.
+    type Err;
+
+    /// The body's value as the `Result` the engine takes (the identity).
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+
+    /// The engine's result as the declared return type (the identity).
+    fn from_result(result: Result<Self::Ok, Self::Err>) -> Self;
+}
+
+impl<T, E> IsResult for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+
+    fn into_result(self) -> Result<T, E> {
+        self
+    }
+
+    fn from_result(result: Result<T, E>) -> Self {
+        result
+    }
+}
+
 /// Compile-time check that `T` can be stored (spanned at the user's `Ok` type); its proof is what
 /// the engine calls take, so they need no bounds and repeat no error.
 pub fn check_ok_type<T: Storable>() -> OkType<T> {

@@ -14,6 +14,13 @@ pub(crate) fn outer_and_inner(attrs: &[Attribute]) -> (Vec<&Attribute>, Vec<&Att
         .partition(|attr| matches!(attr.style, syn::AttrStyle::Outer))
 }
 
+/// A variable of the generated code, resolved at the macro call whatever span the statement binding it
+/// carries: a user's type may come from another hygiene context (a `macro_rules!` fragment), and a
+/// binding spanned there would not be found by the uses.
+pub(crate) fn binding(name: &str) -> syn::Ident {
+    syn::Ident::new(name, Span::call_site())
+}
+
 /// A statement that never runs but pins the output of the async block it starts to `ty`, so `?` and
 /// `return` in the user's body infer as they did in the fn, and a mismatch is reported at `span`, the
 /// user's return type (the trick of tracing's `#[instrument]`).

@@ -40,11 +40,13 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     };
     let ok_check = {
         let private = located_at(private.clone(), ok_span);
-        quote_spanned!(ok_span=> let __idem_ok = #private::check_ok_type::<#ok_ty>();)
+        let name = body::binding("__idem_ok");
+        quote_spanned!(ok_span=> let #name = #private::check_ok_type::<#ok_ty>();)
     };
     let err_check = {
         let private = located_at(private.clone(), err_span);
-        quote_spanned!(err_span=> let __idem_err = #private::check_err_type::<#err_ty>();)
+        let name = body::binding("__idem_err");
+        quote_spanned!(err_span=> let #name = #private::check_err_type::<#err_ty>();)
     };
     // The checks return proofs (encoder/decoder, error conversion) that the engine calls take
     // instead of bounds of their own, so a bad type is reported once, at the type. Types named

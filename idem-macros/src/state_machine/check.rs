@@ -1,8 +1,9 @@
-//! Parsing and checks of the enum and its `#[state_machine]` / `#[state]` attributes.
+//! Checks of the enum and its `#[state_machine]` / `#[state]` options: SQL identifiers, unit
+//! variants, `to(…)` naming variants, `terminal` without `to(…)`, one stored name per state.
 
-use proc_macro2::Span;
-use syn::{Data, DeriveInput, Fields, Ident, LitStr, Path};
+use syn::{DeriveInput, Fields, Ident, LitStr};
 
+use super::args::MachineArgs;
 use super::{Machine, State};
 use crate::common::diag::{self, Errors};
 
@@ -14,7 +15,7 @@ pub(crate) fn is_sql_ident(name: &str) -> bool {
 }
 
 /// `WaitPay` → `WAIT_PAY`.
-pub(super) fn screaming_snake(ident: &str) -> String {
+pub(crate) fn screaming_snake(ident: &str) -> String {
     let mut out = String::new();
     let chars: Vec<char> = ident.chars().collect();
     for (i, &c) in chars.iter().enumerate() {
@@ -62,13 +63,15 @@ pub(super) fn sql_ident(
     }
 }
 
-pub(super) fn check(input: &DeriveInput) -> syn::Result<Machine> {
-    let mut errors = Errors::default();
-    let Data::Enum(data) = &input.data else {
-        return Err(syn::Error::new_spanned(
+/// Checks the parsed enum: every error found, in the order the user reads them.
+pub(super) fn check(input: &DeriveInput, args: &mut MachineArgs) -> syn::Result<Machine> {
+    let mut errors = std::mem::take(&mut args.errors);
+    let Some(states_args) = &args.states else {
+        errors.spanned(
             &input.ident,
             "`#[derive(StateMachine)]` goes on an enum of unit variants, one per state",
-        ));
+        );
+        return Err(errors.finish().expect_err("an error was just recorded"));
     };
     if !input.generics.params.is_empty() {
         errors.spanned(
@@ -77,66 +80,15 @@ pub(super) fn check(input: &DeriveInput) -> syn::Result<Machine> {
         );
     }
 
-    let (mut table, mut key, mut status, mut version, mut krate) = (None, None, None, None, None);
-    let mut found = false;
-    for attr in input
-        .attrs
-        .iter()
-        .filter(|a| a.path().is_ident("state_machine"))
-    {
-        found = true;
-        let parsed = attr.parse_nested_meta(|meta| {
-            let name = meta.path.get_ident().map(Ident::to_string).unwrap_or_default();
-            match name.as_str() {
-                "table" | "key" | "status" | "version" => {
-                    let lit: LitStr = meta.value()?.parse()?;
-                    let value = sql_ident(&lit, &name, name == "table", &mut errors);
-                    let slot = match name.as_str() {
-                        "table" => &mut table,
-                        "key" => &mut key,
-                        "status" => &mut status,
-                        _ => &mut version,
-                    };
-                    if slot.is_some() {
-                        errors.spanned(&meta.path, format!("duplicate option `{name}`; remove one"));
-                    }
-                    *slot = Some(value);
-                }
-                "crate" => {
-                    let lit: LitStr = meta.value()?.parse()?;
-                    krate = Some(lit.parse::<Path>()?);
-                }
-                _ => {
-                    const OPTIONS: [&str; 5] = ["table", "key", "status", "version", "crate"];
-                    let did_you_mean = diag::did_you_mean_clause(&name, OPTIONS);
-                    errors.spanned(
-                        &meta.path,
-                        format!(
-                            "unknown option `{name}` in `#[state_machine]`{did_you_mean} the options are {}",
-                            diag::backticked(OPTIONS)
-                        ),
-                    );
-                    // Skip its value, if any.
-                    if meta.input.peek(syn::Token![=]) {
-                        let _: syn::Expr = meta.value()?.parse()?;
-                    }
-                }
-            }
-            Ok(())
-        });
-        if let Err(error) = parsed {
-            errors.push(error);
-        }
-    }
     const EXAMPLE: &str =
         r#"#[state_machine(table = "orders", key = "order_no", status = "status")]"#;
-    if !found {
+    if !args.declared {
         errors.spanned(
             &input.ident,
             format!("`#[derive(StateMachine)]` needs the table and columns: add `{EXAMPLE}`"),
         );
     } else {
-        for (slot, name) in [(&table, "table"), (&key, "key")] {
+        for (slot, name) in [(&args.table, "table"), (&args.key, "key")] {
             if slot.is_none() {
                 errors.spanned(
                     &input.ident,
@@ -145,77 +97,41 @@ pub(super) fn check(input: &DeriveInput) -> syn::Result<Machine> {
             }
         }
     }
+    let mut column = |lit: &Option<LitStr>, option: &str, dotted: bool| {
+        lit.as_ref()
+            .and_then(|lit| sql_ident(lit, option, dotted, &mut errors))
+    };
+    let table = column(&args.table, "table", true);
+    let key = column(&args.key, "key", false);
+    let status = column(&args.status, "status", false);
+    let version = column(&args.version, "version", false);
 
-    let variants: Vec<&Ident> = data.variants.iter().map(|v| &v.ident).collect();
+    let variants: Vec<&Ident> = states_args.iter().map(|state| &state.variant).collect();
+    let variant_names: Vec<String> = variants.iter().map(|v| v.to_string()).collect();
     let mut states = Vec::new();
-    for variant in &data.variants {
-        if !matches!(variant.fields, Fields::Unit) {
+    for state in states_args {
+        if !matches!(state.fields, Fields::Unit) {
             errors.spanned(
-                &variant.fields,
+                &state.fields,
                 format!(
                     "state `{}` must be a unit variant: a state is only a name",
-                    variant.ident
+                    state.variant
                 ),
             );
         }
-        let mut state = State {
-            variant: variant.ident.clone(),
-            name: screaming_snake(&variant.ident.to_string()),
-            to: Vec::new(),
-            terminal: false,
-        };
-        let mut terminal_span = None;
-        for attr in variant.attrs.iter().filter(|a| a.path().is_ident("state")) {
-            let parsed = attr.parse_nested_meta(|meta| {
-                if meta.path.is_ident("name") {
-                    let lit: LitStr = meta.value()?.parse()?;
-                    if let Some(name) = sql_text(&lit, &mut errors) {
-                        state.name = name;
-                    }
-                } else if meta.path.is_ident("terminal") {
-                    state.terminal = true;
-                    terminal_span = Some(meta.path.get_ident().map_or_else(Span::call_site, Ident::span));
-                } else if meta.path.is_ident("to") {
-                    meta.parse_nested_meta(|target| {
-                        match target.path.get_ident() {
-                            Some(ident) if variants.contains(&ident) => state.to.push(ident.clone()),
-                            _ => {
-                                let name = diag::path_to_string(&target.path);
-                                let did_you_mean = diag::did_you_mean_clause(
-                                    &name,
-                                    variants.iter().map(|v| v.to_string()).collect::<Vec<_>>().iter().map(String::as_str),
-                                );
-                                errors.spanned(
-                                    &target.path,
-                                    format!(
-                                        "`to({name})` names no variant of `{}`{did_you_mean} the variants are {}",
-                                        input.ident,
-                                        diag::backticked(variants.iter().map(|v| v.to_string()).collect::<Vec<_>>().iter().map(String::as_str)),
-                                    ),
-                                );
-                            }
-                        }
-                        Ok(())
-                    })?;
-                } else {
-                    let name = diag::path_to_string(&meta.path);
-                    const OPTIONS: [&str; 3] = ["name", "to", "terminal"];
-                    let did_you_mean = diag::did_you_mean_clause(&name, OPTIONS);
-                    errors.spanned(
-                        &meta.path,
-                        format!(
-                            "unknown option `{name}` in `#[state]`{did_you_mean} the options are {}",
-                            diag::backticked(OPTIONS)
-                        ),
-                    );
-                }
-                Ok(())
-            });
-            if let Err(error) = parsed {
-                errors.push(error);
-            }
+        for target in state.to.iter().filter(|target| !variants.contains(target)) {
+            let name = target.to_string();
+            errors.spanned(
+                target,
+                format!(
+                    "`to({name})` names no variant of `{}`{} the variants are {}",
+                    input.ident,
+                    diag::did_you_mean_clause(&name, variant_names.iter().map(String::as_str)),
+                    diag::backticked(variant_names.iter().map(String::as_str)),
+                ),
+            );
         }
-        if let Some(span) = terminal_span
+        if let Some(span) = state.terminal
             && !state.to.is_empty()
         {
             errors.at(
@@ -223,11 +139,25 @@ pub(super) fn check(input: &DeriveInput) -> syn::Result<Machine> {
                 format!(
                     "state `{}` is `terminal` and has `to(…)`: no transition leaves a terminal state; \
                      remove `terminal` or the `to(…)`",
-                    variant.ident
+                    state.variant
                 ),
             );
         }
-        states.push(state);
+        let name = match &state.name {
+            Some(lit) => sql_text(lit, &mut errors),
+            None => Some(screaming_snake(&state.variant.to_string())),
+        };
+        states.push(State {
+            variant: state.variant.clone(),
+            name: name.unwrap_or_default(),
+            to: state
+                .to
+                .iter()
+                .filter(|target| variants.contains(target))
+                .cloned()
+                .collect(),
+            terminal: state.terminal.is_some(),
+        });
     }
     for (i, state) in states.iter().enumerate() {
         if let Some(first) = states[..i].iter().find(|s| s.name == state.name) {
@@ -243,11 +173,11 @@ pub(super) fn check(input: &DeriveInput) -> syn::Result<Machine> {
     errors.finish()?;
     Ok(Machine {
         ident: input.ident.clone(),
-        table: table.flatten().unwrap_or_default(),
-        key: key.flatten().unwrap_or_default(),
-        status: status.flatten().unwrap_or_else(|| "status".to_owned()),
-        version: version.flatten(),
-        krate,
+        table: table.unwrap_or_default(),
+        key: key.unwrap_or_default(),
+        status: status.unwrap_or_else(|| "status".to_owned()),
+        version,
+        krate: args.krate.clone(),
         states,
     })
 }

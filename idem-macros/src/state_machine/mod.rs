@@ -1,17 +1,18 @@
-//! `#[derive(StateMachine)]`: parse the enum and its `#[state_machine]` / `#[state]` attributes, check
-//! them, and generate the `idem::StateMachine` impl, `Display`/`FromStr`, the sqlx impls (through the
-//! runtime, so the user's crate needs no sqlx features) and the hidden items `#[state_transition]`
-//! checks names against.
+//! `#[derive(StateMachine)]`: parse the enum and its `#[state_machine]` / `#[state]` attributes
+//! (`args.rs`), check them (`check.rs`), and generate the `idem::StateMachine` impl, `Display` /
+//! `FromStr`, the sqlx impls and the machine's hidden macro `#[state_transition]` checks against
+//! (`expand.rs`, with the machine's description in `description.rs`).
 
+mod args;
 mod check;
+pub(crate) mod description;
 mod expand;
 
 use proc_macro2::TokenStream;
+use quote::quote;
 use syn::{DeriveInput, Ident, Path};
 
-use check::check;
-pub(crate) use check::is_sql_ident;
-use expand::expand;
+pub(crate) use check::{is_sql_ident, screaming_snake};
 
 /// A checked machine.
 pub(super) struct Machine {
@@ -31,11 +32,23 @@ pub(super) struct State {
     pub(super) terminal: bool,
 }
 
-/// `#[derive(StateMachine)]`: on error, only the errors (a derive never re-emits the item).
+/// `#[derive(StateMachine)]`. On error: the errors, and a stub of the impls (a derive never
+/// re-emits the item), so code using the machine adds no errors of its own.
 pub(crate) fn derive(input: TokenStream) -> TokenStream {
-    match syn::parse2::<DeriveInput>(input).and_then(|input| check(&input)) {
-        Ok(machine) => expand(&machine),
-        Err(error) => error.into_compile_error(),
+    let input = match syn::parse2::<DeriveInput>(input) {
+        Ok(input) => input,
+        Err(error) => return error.into_compile_error(),
+    };
+    let mut args = args::parse(&input);
+    match check::check(&input, &mut args) {
+        Ok(machine) => expand::expand(&machine),
+        Err(error) => {
+            let errors = error.into_compile_error();
+            // No stub for what is no enum, or a generic one: its one error is about that.
+            let stub = (args.states.is_some() && input.generics.params.is_empty())
+                .then(|| expand::stub(&input.ident, args.krate.as_ref()));
+            quote!(#errors #stub)
+        }
     }
 }
 

@@ -1,25 +1,19 @@
 //! The SQL a `#[state_transition]` fn documents in its rustdoc.
 
-use proc_macro2::TokenStream;
-
 use super::check::Spec;
+use crate::common::diag;
 
 /// The doc lines that show the statement (table and key/status columns come from the machine).
-pub(super) fn docs(spec: &Spec, machine: &TokenStream) -> Vec<String> {
+pub(super) fn docs(spec: &Spec) -> Vec<String> {
     let args = &spec.args;
-    let machine = machine.to_string().replace(' ', "");
-    let machine = if machine == "__IdemMachine" {
-        "the module's machine".to_owned()
-    } else {
-        format!("`{machine}`")
-    };
+    let machine = format!("`{}`", diag::path_to_string(&spec.machine));
     let from: Vec<String> = spec.from.iter().map(|f| format!("`{}`", f.name)).collect();
     let mut set = String::new();
     for column in &args.set {
         set.push_str(&format!(", {} = ?", column.column));
     }
     if let Some(now) = &args.now {
-        set.push_str(&format!(", {} = CURRENT_TIMESTAMP", now.value()));
+        set.push_str(&format!(", {} = CURRENT_TIMESTAMP", now));
     }
     if args.version.is_some() {
         set.push_str(", {version} = {version} + 1");

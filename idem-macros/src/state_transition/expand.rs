@@ -1,51 +1,95 @@
-//! Code generation for `#[state_transition]`.
+//! Code generation for `#[state_transition]`: the checks against the machine (handed to the machine's
+//! own macro), the SQL (built at compile time from the machine's consts), and the fn's new body,
+//! which runs the update and the user's body in one transaction through `<idem>::__private`.
+//!
+//! Every call into the runtime's transition support is in [`expand`]'s `core` and `run` blocks.
 
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{Ident, ItemFn};
+use syn::{Ident, ItemFn, Path};
 
-use super::args::ExprArg;
-use super::check::{Spec, transition_types};
+use super::check::{Spec, TransitionReturn, transition_types};
 use super::docs::docs;
+use crate::common::body;
+use crate::common::diag::located_at;
+use crate::common::expr_arg::ExprArg;
 
-/// The fn as written, for callers, when the attribute is wrong. Its body returns `Result<T, E>` while
-/// the fn returns `Result<Transition<T, S>, E>`, so emitting it verbatim would add a type error that is
-/// not the user's: the body is kept (and type-checked) in an async block that is never run.
-pub(super) fn fallback(item: TokenStream) -> TokenStream {
-    let Ok(item_fn) = syn::parse2::<ItemFn>(item.clone()) else {
-        return item;
+/// The fn of a bad attribute, for callers and rust-analyzer: its body is kept and type-checked as
+/// written, and adds no warnings of its own (its parameters are marked used). The body returns
+/// `Result<T, E>` while the fn returns `Result<Transition<T, M>, E>`, so it is awaited (or called)
+/// and its value wrapped, `Ok(v)` as `Transition::Applied(v)`. It never runs: the crate does not
+/// compile.
+pub(super) fn fallback(item: &ItemFn, krate: Option<&Path>) -> TokenStream {
+    let Some(ret) = transition_types(&item.sig) else {
+        return body::fallback_fn(item, None);
     };
-    let (Some((ok_ty, err_ty)), Some(_)) =
-        (transition_types(&item_fn.sig.output), item_fn.sig.asyncness)
-    else {
-        return item;
+    let krate = crate_path(krate);
+    let TransitionReturn { ok_ty, err_ty, .. } = &ret;
+    let err_ty = match err_ty {
+        Some(err_ty) => quote!(#err_ty),
+        None => quote!(_),
     };
-    let ItemFn {
-        attrs,
-        vis,
-        sig,
-        block,
-        ..
-    } = &item_fn;
-    let stmts = &block.stmts;
     let body_ty = quote!(::core::result::Result<#ok_ty, #err_ty>);
-    let (outer_attrs, inner_attrs) = crate::common::body::outer_and_inner(attrs);
+    let fake_return = body::fake_return(&body_ty, ret.ret_ty.span());
+    let stmts = &item.block.stmts;
+    let value = if item.sig.asyncness.is_some() {
+        quote!(async { #fake_return #(#stmts)* }.await)
+    } else {
+        quote!((|| { #fake_return #(#stmts)* })())
+    };
+    let wrapped = quote! {
+        match #value {
+            ::core::result::Result::Ok(value) => {
+                ::core::result::Result::Ok(#krate::Transition::Applied(value))
+            }
+            ::core::result::Result::Err(error) => ::core::result::Result::Err(error),
+        }
+    };
+    body::fallback_fn(item, Some(wrapped))
+}
+
+/// `::idem`, or the `crate = "…"` path.
+fn crate_path(krate: Option<&Path>) -> TokenStream {
+    match krate {
+        Some(path) => quote!(#path),
+        None => quote!(::idem),
+    }
+}
+
+/// `M! { (checker) transition { … } }`: the machine's hidden macro (see the derive) hands the
+/// transition's own tokens, with the machine's description, to `check_transition!`, which reports an
+/// unknown state, an undeclared transition, a move out of a terminal state, a defaulted key not named
+/// like the key column and `version` without a version column, each at the user's token.
+fn machine_check(spec: &Spec, krate: &TokenStream) -> TokenStream {
+    let machine = &spec.machine;
+    let from = spec.from.iter().map(|state| &state.lit);
+    let to = &spec.to.lit;
+    let key = spec
+        .key_defaulted
+        .as_ref()
+        .map(|param| quote!(key = #param;));
+    let version = spec.args.version.as_ref().map(|version| {
+        let tokens = version.error_tokens();
+        quote!(version = (#tokens);)
+    });
     quote! {
-        #(#outer_attrs)*
-        #vis #sig {
-            #(#inner_attrs)*
-            #[allow(unreachable_code, clippy::diverging_sub_expression, clippy::empty_loop, clippy::needless_return)]
-            let _ = async {
-                if false {
-                    let __idem_fake_return: #body_ty = loop {};
-                    return __idem_fake_return;
-                }
-                #(#stmts)*
-            };
-            ::core::unreachable!("`#[state_transition]` failed to expand")
+        #machine! {
+            (#krate::__macros::check_transition)
+            transition {
+                from = [#(#from),*];
+                to = #to;
+                #key
+                #version
+            }
         }
     }
+}
+
+/// A `.bind(&(expr))`, spanned at the expression as written.
+fn bind(value: &ExprArg) -> TokenStream {
+    let expr = value.emitted();
+    quote_spanned!(value.span()=> .bind(&(#expr)))
 }
 
 pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
@@ -56,79 +100,15 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
         block,
         ..
     } = item;
-    let (outer_attrs, inner_attrs) = crate::common::body::outer_and_inner(attrs);
+    let (outer_attrs, inner_attrs) = body::outer_and_inner(attrs);
     let stmts = &block.stmts;
     let args = &spec.args;
-    let krate = match &args.krate {
-        Some(path) => quote!(#path),
-        None => quote!(::idem),
-    };
+    let krate = crate_path(args.krate.as_ref());
     let private = quote!(#krate::__private);
-    let (ok_ty, err_ty) = (&spec.ok_ty, &spec.err_ty);
-    let machine = match &args.machine {
-        Some(path) => quote!(#path),
-        // The alias `#[derive(StateMachine)]` puts in the module of the enum (see there).
-        None => quote!(__IdemMachine),
-    };
+    let machine = &spec.machine;
+    let machine_check = machine_check(spec, &krate);
     let to = spec.to.name.as_str();
     let from: Vec<&str> = spec.from.iter().map(|f| f.name.as_str()).collect();
-
-    // Every state name as a path to the machine's `States` const, spanned at the literal: a typo is
-    // rustc's "no associated item named `PAYED`" with "an associated constant with a similar name exists".
-    let name_checks = spec
-        .from
-        .iter()
-        .chain(std::iter::once(&spec.to))
-        .map(|state| {
-            let span = state.lit.span();
-            // Spanned at the literal itself: rustc's "similar name" help needs the token's own span.
-            let marker = Ident::new(&state.name, span);
-            quote_spanned!(span=> let () = <<__IdemM as #private::Machine>::States>::#marker;)
-        });
-    // Edges and terminal states, by const evaluation: a panic message names both states and the fix.
-    let edge_checks = spec.from.iter().map(|from_state| {
-        let from = from_state.name.as_str();
-        let span = from_state.lit.span();
-        let terminal = format!(
-            "`{from}` is a terminal state of the machine: no transition leaves it, so `{from}` → `{to}` \
-             can never apply; remove `{from}` from `from`, or drop `terminal` from its `#[state(…)]`"
-        );
-        let undeclared = format!(
-            "the machine declares no transition from `{from}` to `{to}`; add `to(…)` naming the `{to}` \
-             variant to the `#[state(…)]` of `{from}`, or fix `from`/`to`"
-        );
-        quote_spanned! {span=>
-            const _: () = {
-                let m = <__IdemM as #krate::StateMachine>::STATES;
-                if #private::contains(m, #from) && #private::contains(m, #to) {
-                    if #private::contains(<__IdemM as #krate::StateMachine>::TERMINAL, #from) {
-                        ::core::panic!(#terminal);
-                    }
-                    if !#private::has_edge(<__IdemM as #krate::StateMachine>::EDGES, #from, #to) {
-                        ::core::panic!(#undeclared);
-                    }
-                }
-            };
-        }
-    });
-    let key_check = spec.key_defaulted.as_ref().map(|param| {
-        let message = format!(
-            "without `key = \"…\"` the first parameter, `{param}`, is the row's key and must be named \
-             like the machine's key column; rename it or add `key = \"{param}\"` naming the value"
-        );
-        quote_spanned! {spec.key.span=>
-            const _: () = if !#private::str_eq(<__IdemM as #krate::StateMachine>::KEY_COLUMN, #param) {
-                ::core::panic!(#message);
-            };
-        }
-    });
-    let version_check = args.version.as_ref().map(|version| {
-        quote_spanned! {version.span=>
-            const _: () = if <__IdemM as #krate::StateMachine>::VERSION_COLUMN.is_none() {
-                ::core::panic!("`version = …` needs the machine's version column: add `version = \"version\"` to its `#[state_machine(…)]`");
-            };
-        }
-    });
 
     let set_columns: Vec<String> = args.set.iter().map(|s| s.column.to_string()).collect();
     let match_columns: Vec<String> = args.matches.iter().map(Ident::to_string).collect();
@@ -139,10 +119,6 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     let from_count = from.len();
     let versioned = args.version.is_some();
 
-    let bind = |value: &ExprArg| {
-        let expr = &value.expr;
-        quote_spanned!(value.span=> .bind(&(#expr)))
-    };
     let set_binds = args.set.iter().map(|s| bind(&s.value));
     let match_binds = args.matches.iter().filter_map(|column| {
         args.set
@@ -153,8 +129,9 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     let key_bind = bind(&spec.key);
     let key_bind_again = key_bind.clone();
     let version_let = args.version.as_ref().map(|version| {
-        let expr = &version.expr;
-        quote_spanned!(version.span=> let __idem_version: i64 = #expr;)
+        let expr = version.emitted();
+        let name = body::binding("__idem_version");
+        quote_spanned!(version.span()=> let #name: i64 = #expr;)
     });
     let version_bind = versioned.then(|| quote!(.bind(__idem_version)));
     let expected_version = if versioned {
@@ -170,10 +147,28 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
         ),
         None => (quote!(#private::transition_conn(&mut __idem_tx)), None),
     };
+    // The body returns `Result<T, E>`; `E` is the fn's error type, or for an alias
+    // (`anyhow::Result<Transition<T, M>>`) the one the type checker finds through the return type.
+    let TransitionReturn {
+        ret_ty,
+        ok_ty,
+        err_ty,
+        ..
+    } = &spec.ret;
+    let (err_ty, err_span) = match err_ty {
+        Some(err_ty) => (quote!(#err_ty), err_ty.span()),
+        None => {
+            let span = ret_ty.span();
+            let is_result = located_at(quote!(#private::IsResult), span);
+            (quote_spanned!(span=> <#ret_ty as #is_result>::Err), span)
+        }
+    };
     let body_ty = quote!(::core::result::Result<#ok_ty, #err_ty>);
+    let fake_return = body::fake_return(&body_ty, ret_ty.span());
     let err_check = {
-        let span = err_ty.span();
-        quote_spanned!(span=> let __idem_err = #private::check_err_type::<#err_ty>();)
+        let private = located_at(private.clone(), err_span);
+        let name = body::binding("__idem_err");
+        quote_spanned!(err_span=> let #name = #private::check_err_type::<#err_ty>();)
     };
 
     let core = quote! {
@@ -195,11 +190,7 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
                 ::core::result::Result::Ok(1) => {
                     // The row moved: run the body in the same transaction; its `Err` undoes the move.
                     let __idem_out: #body_ty = async {
-                        #[allow(unreachable_code, clippy::diverging_sub_expression, clippy::empty_loop, clippy::needless_return)]
-                        if false {
-                            let __idem_fake_return: #body_ty = loop {};
-                            return __idem_fake_return;
-                        }
+                        #fake_return
                         #(#stmts)*
                     }
                     .await;
@@ -268,7 +259,7 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
         },
     };
 
-    let docs = docs(spec, &machine);
+    let docs = docs(spec);
     let sql_static = format_ident!("__IDEM_SQL");
     quote! {
         #(#outer_attrs)*
@@ -276,11 +267,8 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
         #vis #sig {
             #(#inner_attrs)*
             #private::require_sqlite!();
+            #machine_check
             type __IdemM = #machine;
-            #(#name_checks)*
-            #(#edge_checks)*
-            #key_check
-            #version_check
             #tx_check
             #err_check
             #version_let

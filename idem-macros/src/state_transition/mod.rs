@@ -1,47 +1,60 @@
-//! `#[state_transition(from = "WAIT_PAY", to = "PAID", …)]`: parse, check against the fn, generate.
+//! `#[state_transition(from = "WAIT_PAY", to = "PAID", …)]`: parse the options (`args.rs`), check
+//! them against the fn (`check.rs`), generate the new body (`expand.rs`) and the SQL it documents
+//! (`docs.rs`).
 //!
-//! What only the machine knows (its table, columns, states and edges) is checked by the generated code at
-//! compile time: state names through the machine's hidden `States` consts (rustc's "similar name" help
-//! for a typo) and edges, terminal states, the key column and the version column through `const`
-//! assertions whose panic messages name the states and the fix. The SQL is built by a `const fn` of the
-//! runtime from the machine's consts.
+//! What only the machine knows (its states, transitions, key and version columns) is checked against
+//! the machine's own description: the expansion calls the macro `#[derive(StateMachine)]` put next to
+//! the enum, named like it, which hands the transition's tokens to the hidden [`check_transition!`]
+//! (`machine_check.rs`); each mistake is reported at the user's literal. The SQL is built by a
+//! `const fn` of the runtime from the machine's consts.
+//!
+//! [`check_transition!`]: crate::check_transition
 
 mod args;
 mod check;
 mod docs;
 mod expand;
+mod machine_check;
 
 use proc_macro2::TokenStream;
 use quote::quote;
 use syn::ItemFn;
 
 use args::Args;
-use check::check;
-use expand::{expand, fallback};
+pub(crate) use machine_check::check_transition;
 
-/// `#[state_transition(args)] item`: on error the fn as written plus every error.
+/// `#[state_transition(args)] item`: on error the fn (its body kept) plus every error.
 pub(crate) fn attribute(args: TokenStream, item: TokenStream) -> TokenStream {
-    match try_attribute(args, item.clone()) {
-        Ok(expanded) => expanded,
+    let args: Args = match syn::parse2(args) {
+        Ok(args) => args,
         Err(error) => {
             let errors = error.into_compile_error();
-            let item = fallback(item);
+            return quote!(#item #errors);
+        }
+    };
+    let item_fn: ItemFn = match syn::parse2(item.clone()) {
+        Ok(item_fn) => item_fn,
+        Err(error) => {
+            let mut errors = args.errors;
+            errors.push(syn::Error::new(
+                error.span(),
+                "`#[state_transition]` goes on an `async fn` with a body that returns \
+                 `Result<idem::Transition<T, Machine>, E>`",
+            ));
+            let errors = errors.finish().expect_err("an error was just recorded");
+            let errors = errors.into_compile_error();
+            return quote!(#item #errors);
+        }
+    };
+    let krate = args.krate.clone();
+    match check::check(args, &item_fn) {
+        Ok(spec) => expand::expand(&item_fn, &spec),
+        Err(error) => {
+            let errors = error.into_compile_error();
+            let item = expand::fallback(&item_fn, krate.as_ref());
             quote!(#item #errors)
         }
     }
-}
-
-fn try_attribute(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
-    let args: Args = syn::parse2(args.clone())?;
-    let item_fn: ItemFn = syn::parse2(item.clone()).map_err(|error| {
-        syn::Error::new(
-            error.span(),
-            "`#[state_transition]` goes on an `async fn` with a body that returns \
-             `Result<idem::Transition<T, Machine>, E>`",
-        )
-    })?;
-    let spec = check(args, &item_fn)?;
-    Ok(expand(&item_fn, &spec))
 }
 
 #[cfg(test)]
@@ -65,10 +78,9 @@ mod tests {
         );
         assert!(!out.contains("compile_error"), "{out}");
         for expected in [
-            "type __IdemM = __IdemMachine ;",
-            "let () = << __IdemM as :: idem :: __private :: Machine > :: States > :: WAIT_PAY ;",
-            ":: idem :: __private :: has_edge",
-            ":: idem :: __private :: str_eq (< __IdemM as :: idem :: StateMachine > :: KEY_COLUMN , \"order_no\")",
+            // The machine comes from the return type, and checks the transition through its macro.
+            "S ! { (:: idem :: __macros :: check_transition) transition { from = [\"WAIT_PAY\"] ; to = \"PAID\" ; key = order_no ; } }",
+            "type __IdemM = S ;",
             ":: idem :: __private :: transition_conn (& mut * tx)",
             ". bind (\"PAID\") . bind (& (order_no)) . bind (\"WAIT_PAY\") . execute",
             "let __idem_out : :: core :: result :: Result < u8 , E > = async {",
@@ -184,9 +196,18 @@ mod tests {
                 }
             },
         );
-        // unknown `fro`, missing `from`
-        assert_eq!(out.matches("compile_error").count(), 2, "{out}");
-        assert!(out.contains("async fn pay (tx : & mut Tx < '_ > , order_no : & str) -> Result < Transition < u8 , S > , E >"), "{out}");
-        assert!(!out.contains("__IdemM "), "{out}");
+        // unknown `fro` (not also "missing `from`"), `from` equal to `to` is not judged without `from`
+        assert_eq!(out.matches("compile_error").count(), 1, "{out}");
+        // The fn with its body, awaited and wrapped, its parameters used: no error or warning of its own.
+        for expected in [
+            "async fn pay (tx : & mut Tx < '_ > , order_no : & str) -> Result < Transition < u8 , S > , E > { let _ = & tx ; let _ = & order_no ; match async {",
+            "Ok (1) } . await { :: core :: result :: Result :: Ok (value) => { :: core :: result :: Result :: Ok (:: idem :: Transition :: Applied (value)) }",
+        ] {
+            assert!(out.contains(expected), "missing `{expected}` in\n{out}");
+        }
+        assert!(
+            !out.contains("__IdemM ") && !out.contains("unreachable !"),
+            "{out}"
+        );
     }
 }

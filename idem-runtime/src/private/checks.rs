@@ -132,11 +132,3 @@ pub fn check_err_type<E: CarriesIdemError>() -> ErrType<E> {
 
 /// Compile-time check that the `tx` parameter is a transaction idem can join.
 pub fn check_tx_conn<C: crate::engine::tx_conn::TxConnection + ?Sized>(_conn: &C) {}
-
-/// The marker of a machine's states, for compile-time name checks: `#[derive(StateMachine)]` gives
-/// `States` one associated const per stored state name, so a misspelled name in
-/// `#[state_transition]` is a rustc "no associated item" error with a "similar name" suggestion.
-pub trait Machine: crate::StateMachine {
-    /// A struct with one associated const per stored state name.
-    type States;
-}

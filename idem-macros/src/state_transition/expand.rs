@@ -107,6 +107,13 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     let private = quote!(#krate::__private);
     let machine = &spec.machine;
     let machine_check = machine_check(spec, &krate);
+    // Through `IsMachine`, spanned at the machine as the user wrote it: a type that is no machine
+    // is reported there, once (every use has the same span), with the runtime's message.
+    let machine_alias = {
+        let span = machine.span();
+        let is_machine = located_at(quote!(#private::IsMachine), span);
+        quote_spanned!(span=> <#machine as #is_machine>::Machine)
+    };
     let to = spec.to.name.as_str();
     let from: Vec<&str> = spec.from.iter().map(|f| f.name.as_str()).collect();
 
@@ -226,7 +233,7 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
                 #key_bind_again
                 .fetch_optional(#conn)
                 .await;
-            let __idem_outcome = #private::transition_outcome::<#ok_ty, __IdemM>(
+            let __idem_outcome = #private::transition_outcome::<#ok_ty, #machine_alias>(
                 __idem_row,
                 &[#(#from),*],
                 #expected_version,
@@ -268,13 +275,12 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
             #(#inner_attrs)*
             #private::require_sqlite!();
             #machine_check
-            type __IdemM = #machine;
             #tx_check
             #err_check
             #version_let
             // Built at compile time from the machine's table and columns, one string per dialect; the
             // SQLite one runs (the only backend wired today).
-            static #sql_static: #krate::TransitionSql = #krate::TransitionSql::build::<__IdemM>(
+            static #sql_static: #krate::TransitionSql = #krate::TransitionSql::build::<#machine_alias>(
                 &#private::TransitionShape {
                     set: &[#(#set_columns),*],
                     now: #now,

@@ -80,7 +80,7 @@ mod tests {
         for expected in [
             // The machine comes from the return type, and checks the transition through its macro.
             "S ! { (:: idem :: __macros :: check_transition) transition { from = [\"WAIT_PAY\"] ; to = \"PAID\" ; key = order_no ; } }",
-            "type __IdemM = S ;",
+            "TransitionSql :: build :: < < S as :: idem :: __private :: IsMachine > :: Machine >",
             ":: idem :: __private :: transition_conn (& mut * tx)",
             ". bind (\"PAID\") . bind (& (order_no)) . bind (\"WAIT_PAY\") . execute",
             "let __idem_out : :: core :: result :: Result < u8 , E > = async {",
@@ -174,7 +174,8 @@ mod tests {
         );
         assert!(!out.contains("compile_error"), "{out}");
         for expected in [
-            "type __IdemM = crate :: OrderStatus ;",
+            "crate :: OrderStatus ! {",
+            "transition_outcome :: < () , < crate :: OrderStatus as :: idem :: __private :: IsMachine > :: Machine >",
             ":: idem :: __private :: transition_begin (\"sqlite\")",
             "set : & [\"trade_no\"] , now : :: core :: option :: Option :: Some (\"paid_at\") , matches : & [\"trade_no\"] , from_count : 2usize , versioned : true",
             ". bind (\"PAID\") . bind (& (cb . trade_no)) . bind (& (cb . order_no)) . bind (\"WAIT_PAY\") . bind (\"PAY_FAILED\") . bind (__idem_version)",
@@ -206,7 +207,7 @@ mod tests {
             assert!(out.contains(expected), "missing `{expected}` in\n{out}");
         }
         assert!(
-            !out.contains("__IdemM ") && !out.contains("unreachable !"),
+            !out.contains("IsMachine") && !out.contains("unreachable !"),
             "{out}"
         );
     }

@@ -132,3 +132,16 @@ pub fn check_err_type<E: CarriesIdemError>() -> ErrType<E> {
 
 /// Compile-time check that the `tx` parameter is a transaction idem can join.
 pub fn check_tx_conn<C: crate::engine::tx_conn::TxConnection + ?Sized>(_conn: &C) {}
+
+/// The machine of a `#[state_transition]` fn (the `M` of `Transition<T, M>`, or `machine = …`), as
+/// the generated code names it: `<M as IsMachine>::Machine`, spanned at the user's type, so a type
+/// that is no machine gets one "`M: StateMachine` is not satisfied" there, instead of one per use
+/// inside the generated code.
+pub trait IsMachine {
+    /// The machine itself.
+    type Machine: crate::StateMachine;
+}
+
+impl<M: crate::StateMachine> IsMachine for M {
+    type Machine = M;
+}

@@ -41,12 +41,12 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     let ok_check = {
         let private = located_at(private.clone(), ok_span);
         let name = body::binding("__idem_ok");
-        quote_spanned!(ok_span=> let #name = #private::check_ok_type::<#ok_ty>();)
+        quote_spanned!(ok_span=> let #name = <#ok_ty as #private::Storable>::proof();)
     };
     let err_check = {
         let private = located_at(private.clone(), err_span);
         let name = body::binding("__idem_err");
-        quote_spanned!(err_span=> let #name = #private::check_err_type::<#err_ty>();)
+        quote_spanned!(err_span=> let #name = <#err_ty as #private::CarriesIdemError>::proof();)
     };
     // The checks return proofs (encoder/decoder, error conversion) that the engine calls take
     // instead of bounds of their own, so a bad type is reported once, at the type. Types named
@@ -104,7 +104,7 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
             let span = tx.span();
             let check_tx = {
                 let private = located_at(private.clone(), span);
-                quote_spanned!(span=> #private::check_tx_conn(&*#tx);)
+                quote_spanned!(span=> #private::JoinableTx::joinable(&*#tx);)
             };
             let conn = quote_spanned!(span=> &mut *#tx);
             let claim = engine_call(

@@ -98,8 +98,8 @@ mod tests {
         assert_eq!(compile_errors(&out), 0, "{out}");
         for expected in [
             "# [doc = r\" Pays.\"] # [inline] pub async fn pay (req : & PayReq) -> Result < Receipt , PayError > { # ! [allow (unused)]",
-            "let __idem_ok = :: idem :: __private :: check_ok_type :: < Receipt > () ;",
-            "let __idem_err = :: idem :: __private :: check_err_type :: < PayError > () ;",
+            "let __idem_ok = < Receipt as :: idem :: __private :: Storable > :: proof () ;",
+            "let __idem_err = < PayError as :: idem :: __private :: CarriesIdemError > :: proof () ;",
             "let __idem_call = :: idem :: __private :: Call :: new (\"PAY\" , & (req . order_no)) \
              . ttl (:: core :: time :: Duration :: from_millis (604800000u64)) \
              . lease (:: core :: time :: Duration :: from_millis (30000u64)) ;",
@@ -165,7 +165,7 @@ mod tests {
         );
         assert_eq!(compile_errors(&out), 0, "{out}");
         for expected in [
-            ":: idem :: __private :: check_tx_conn (& * tx) ;",
+            ":: idem :: __private :: JoinableTx :: joinable (& * tx) ;",
             "match :: idem :: __private :: tx_claim :: < Receipt , _ > (:: idem :: __private :: StoreArg :: Named (\"sqlite\") , __idem_call , __idem_ok , & mut * tx) . await",
             "return :: core :: result :: Result :: Ok (__idem_value) ;",
             "return :: core :: result :: Result :: Err (__idem_err . from_idem (__idem_error)) ;",
@@ -186,10 +186,15 @@ mod tests {
                 }
             ),
         );
-        assert!(out.contains("check_ok_type :: < u64 >"), "{out}");
+        assert!(
+            out.contains("< u64 as :: idem :: __private :: Storable >"),
+            "{out}"
+        );
         let err = "< anyhow :: Result < u64 > as :: idem :: __private :: IsResult > :: Err";
         assert!(
-            out.contains(&format!("check_err_type :: < {err} >")),
+            out.contains(&format!(
+                "< {err} as :: idem :: __private :: CarriesIdemError > :: proof ()"
+            )),
             "{out}"
         );
         assert!(out.contains("run :: < u64 , _ , _ >"), "{out}");

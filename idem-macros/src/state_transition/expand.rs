@@ -175,7 +175,7 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     let err_check = {
         let private = located_at(private.clone(), err_span);
         let name = body::binding("__idem_err");
-        quote_spanned!(err_span=> let #name = #private::check_err_type::<#err_ty>();)
+        quote_spanned!(err_span=> let #name = <#err_ty as #private::CarriesIdemError>::proof();)
     };
 
     let core = quote! {

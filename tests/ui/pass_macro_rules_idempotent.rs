@@ -23,15 +23,15 @@ handler!(pay, "PAY", "memory", "req.order_no", "1d", ::idem);
 // A bare key names the parameter the caller named: `macro_rules!` hygiene keeps a parameter the
 // wrapper wrote out of reach of the caller's tokens.
 macro_rules! handler_bare_key {
-    ($name:ident, $req:ident, $key:expr) => {
-        #[idempotent(biz = "REFUND", key = $key, store = "sqlite")]
+    ($name:ident, $req:ident, $key:expr, $lease:literal, $wait:literal) => {
+        #[idempotent(biz = "REFUND", key = $key, store = "sqlite", lease = $lease, on_in_progress = $wait)]
         async fn $name($req: &PayReq) -> Result<Receipt, PayError> {
             Ok(Receipt { id: $req.user_id })
         }
     };
 }
 
-handler_bare_key!(refund, req, (req.user_id, req.order_no));
+handler_bare_key!(refund, req, (req.user_id, req.order_no), "10s", "wait(5s)");
 
 // The result and error types as `ty` fragments.
 macro_rules! typed {
@@ -46,7 +46,7 @@ macro_rules! typed {
 typed!(pay_typed, Receipt, PayError);
 
 macro_rules! in_tx {
-    ($name:ident, $tx:ident, $fingerprint:expr, $wait:literal) => {
+    ($name:ident, $tx:ident, $fingerprint:expr) => {
         #[idempotent(biz = "TX", key = "req.order_no", store = "sqlite", tx = $tx, fingerprint = $fingerprint)]
         async fn $name(
             $tx: &mut idem::sqlx::Transaction<'_, idem::sqlx::Sqlite>,
@@ -57,7 +57,7 @@ macro_rules! in_tx {
     };
 }
 
-in_tx!(pay_in_tx, conn, "req", "wait(5s)");
+in_tx!(pay_in_tx, conn, "req");
 
 fn main() {
     let _ = (pay, refund, pay_in_tx, pay_typed);

@@ -41,9 +41,11 @@ use proc_macro::TokenStream;
 /// # What the fn must look like
 ///
 /// - `async fn`, not `const`; methods (`&self`, `&mut self`, `self`), generics and `where` clauses work.
-/// - It returns `Result<T, E>` (or a one-argument alias such as `anyhow::Result<T>`) where
-///   `T: Serialize + DeserializeOwned` (the result is stored and replayed) and `E: From<idem::IdemError>`
-///   (idem's own failures — store down, in progress, payload mismatch — are returned through it).
+/// - It returns `Result<T, E>` where `T: Serialize + DeserializeOwned` (the result is stored and
+///   replayed) and `E: From<idem::IdemError>` (idem's own failures — store down, in progress, payload
+///   mismatch — are returned through it). An alias works too, `anyhow::Result<T>` or one under any
+///   name, `ShopResult<Receipt>`: the type checker resolves it, and a generic type that is no `Result`
+///   is one error at the return type.
 ///
 /// # Checked at compile time
 ///
@@ -59,8 +61,11 @@ use proc_macro::TokenStream;
 /// - a fn that is not `async`, is `const`, or does not return `Result`; an Ok type that cannot be stored
 ///   or an error type without `From<IdemError>` (one error, at the type).
 ///
-/// When the attribute is wrong, the fn is still emitted as written next to the errors, so its callers
-/// compile and only the real errors show.
+/// When the attribute is wrong, the fn is still emitted as written next to the errors (its parameters
+/// marked used, so no warning joins them), so its callers compile and only the real errors show.
+///
+/// Every option also takes its value from a `macro_rules!` fragment (`$biz:literal`, `$key:expr`,
+/// `$store:literal`, `$tx:ident`, `$krate:path`), so handlers can be declared by a wrapper macro.
 ///
 /// # More
 ///

@@ -36,6 +36,8 @@ const STATE: OptionSet = OptionSet {
 pub(super) struct MachineArgs {
     /// Whether any `#[state_machine(…)]` was written.
     pub(super) declared: bool,
+    /// Options a misspelled name was probably meant as: they are not "missing".
+    pub(super) suggested: Vec<&'static str>,
     pub(super) table: Option<LitStr>,
     pub(super) key: Option<LitStr>,
     pub(super) status: Option<LitStr>,
@@ -60,6 +62,7 @@ pub(super) struct StateArgs {
 pub(super) fn parse(input: &DeriveInput) -> MachineArgs {
     let mut args = MachineArgs {
         declared: false,
+        suggested: Vec::new(),
         table: None,
         key: None,
         status: None,
@@ -70,9 +73,10 @@ pub(super) fn parse(input: &DeriveInput) -> MachineArgs {
     };
     for tokens in attribute_lists(&input.attrs, "state_machine", &mut args.errors) {
         args.declared = true;
-        let Some(options) = read(tokens, &MACHINE, &mut args.errors) else {
+        let Some((options, suggested)) = read(tokens, &MACHINE, &mut args.errors) else {
             continue;
         };
+        args.suggested.extend(suggested);
         for given in options {
             let Value::Expr(value) = given.value else {
                 continue;
@@ -130,7 +134,7 @@ fn state(variant: &syn::Variant, errors: &mut Errors) -> StateArgs {
         terminal: None,
     };
     for tokens in attribute_lists(&variant.attrs, "state", errors) {
-        let Some(options) = read(tokens, &STATE, errors) else {
+        let Some((options, _)) = read(tokens, &STATE, errors) else {
             continue;
         };
         for given in options {
@@ -173,12 +177,17 @@ fn attribute_lists(attrs: &[Attribute], name: &str, errors: &mut Errors) -> Vec<
         .collect()
 }
 
-/// The options in `tokens`, their errors moved to `errors`.
-fn read(tokens: TokenStream, set: &OptionSet, errors: &mut Errors) -> Option<Vec<options::Given>> {
+/// The options in `tokens` and the names misspellings were taken for, their errors moved to
+/// `errors`.
+fn read(
+    tokens: TokenStream,
+    set: &OptionSet,
+    errors: &mut Errors,
+) -> Option<(Vec<options::Given>, Vec<&'static str>)> {
     match (|input: ParseStream| options::parse(input, set)).parse2(tokens) {
         Ok(mut options) => {
             errors.append(std::mem::take(&mut options.errors));
-            Some(options.given)
+            Some((options.given, options.suggested))
         }
         Err(error) => {
             errors.push(error);

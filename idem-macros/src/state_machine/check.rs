@@ -89,7 +89,7 @@ pub(super) fn check(input: &DeriveInput, args: &mut MachineArgs) -> syn::Result<
         );
     } else {
         for (slot, name) in [(&args.table, "table"), (&args.key, "key")] {
-            if slot.is_none() {
+            if slot.is_none() && !args.suggested.contains(&name) {
                 errors.spanned(
                     &input.ident,
                     format!("`#[state_machine]` is missing `{name} = \"…\"`, e.g. `{EXAMPLE}`"),

@@ -108,7 +108,7 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     let machine = &spec.machine;
     let machine_check = machine_check(spec, &krate);
     // Through `IsMachine`, spanned at the machine as the user wrote it: a type that is no machine
-    // is reported there, once (every use has the same span), with the runtime's message.
+    // is reported there, once (every use has the same span), as "`M: StateMachine` is not satisfied".
     let machine_alias = {
         let span = machine.span();
         let is_machine = located_at(quote!(#private::IsMachine), span);

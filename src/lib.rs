@@ -22,6 +22,12 @@ pub use idem_macros::idempotent;
 pub use idem_macros::{StateMachine, state_transition};
 pub use idem_runtime::*;
 
+/// What the code the macros generate calls back into the macro crate. Not a public API.
+#[doc(hidden)]
+pub mod __macros {
+    pub use idem_macros::check_transition;
+}
+
 /// The sqlx this crate was built with, for `tx = "…"` parameters (`idem::sqlx::Transaction`).
 #[cfg(feature = "sqlite")]
 pub use idem_runtime::sqlx;

@@ -1,19 +1,14 @@
 //! Procedural macros of [idem](https://docs.rs/idem). Depend on `idem`, which re-exports them; this
 //! crate only parses, checks and expands (no I/O).
 //!
-//! Pipeline: `args.rs` parses the attribute, `validate.rs` checks it against the fn, `expand_idempotent.rs`
-//! generates code; `expand.rs` runs the three and falls back to the fn as written plus the errors.
-//! `state_machine.rs` (the derive) and `state_transition.rs` (the attribute) follow the same
-//! parse → check → expand steps, each in one file.
+//! Each macro has a folder (`idempotent/`, `state_machine/`, `state_transition/`) whose `mod.rs` runs
+//! parse (`args.rs`) → check (`check.rs`) → expand (`expand.rs`) and falls back to the item as written
+//! plus the errors; `common/` holds what every macro uses.
 
-mod args;
-mod diag;
-mod duration;
-mod expand;
-mod expand_idempotent;
+mod common;
+mod idempotent;
 mod state_machine;
 mod state_transition;
-mod validate;
 
 use proc_macro::TokenStream;
 
@@ -46,9 +41,11 @@ use proc_macro::TokenStream;
 /// # What the fn must look like
 ///
 /// - `async fn`, not `const`; methods (`&self`, `&mut self`, `self`), generics and `where` clauses work.
-/// - It returns `Result<T, E>` (or a one-argument alias such as `anyhow::Result<T>`) where
-///   `T: Serialize + DeserializeOwned` (the result is stored and replayed) and `E: From<idem::IdemError>`
-///   (idem's own failures — store down, in progress, payload mismatch — are returned through it).
+/// - It returns `Result<T, E>` where `T: Serialize + DeserializeOwned` (the result is stored and
+///   replayed) and `E: From<idem::IdemError>` (idem's own failures — store down, in progress, payload
+///   mismatch — are returned through it). An alias works too, `anyhow::Result<T>` or one under any
+///   name, `ShopResult<Receipt>`: the type checker resolves it, and a generic type that is no `Result`
+///   is one error at the return type.
 ///
 /// # Checked at compile time
 ///
@@ -64,8 +61,11 @@ use proc_macro::TokenStream;
 /// - a fn that is not `async`, is `const`, or does not return `Result`; an Ok type that cannot be stored
 ///   or an error type without `From<IdemError>` (one error, at the type).
 ///
-/// When the attribute is wrong, the fn is still emitted as written next to the errors, so its callers
-/// compile and only the real errors show.
+/// When the attribute is wrong, the fn is still emitted as written next to the errors (its parameters
+/// marked used, so no warning joins them), so its callers compile and only the real errors show.
+///
+/// Every option also takes its value from a `macro_rules!` fragment (`$biz:literal`, `$key:expr`,
+/// `$store:literal`, `$tx:ident`, `$krate:path`), so handlers can be declared by a wrapper macro.
 ///
 /// # More
 ///
@@ -97,7 +97,7 @@ use proc_macro::TokenStream;
 /// ```
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
-    expand::idempotent(args.into(), item.into()).into()
+    idempotent::idempotent(args.into(), item.into()).into()
 }
 
 /// Declares a state machine stored in one column of one table: one unit variant per state.
@@ -135,9 +135,12 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 /// Generates `impl idem::StateMachine` (table, columns, states, terminal states, edges, `as_str`,
 /// `parse`), `Display` and `FromStr` (the stored name), and sqlx `Type`/`Encode`/`Decode` for SQLite as
 /// TEXT (with idem's `sqlite` feature; the user's crate needs no sqlx features). It also emits a hidden
-/// module `__idem_sm_<Enum>` and a glob import of it: `#[state_transition]` finds the module's machine
-/// through it when `machine = …` is not given (two machines in one module make that name ambiguous,
-/// then give `machine = …`), and checks state names against it. Declare the enum at module level.
+/// macro under the enum's own name (macros and types are separate namespaces, so importing the enum
+/// imports it too): `#[state_transition]` calls it to check its states, transition, key and version
+/// against the machine. The enum may live in any module, inside a fn, or in another crate.
+///
+/// When the derive reports an error, it still emits the impls (empty), so the code using the machine
+/// adds no errors of its own.
 #[proc_macro_derive(StateMachine, attributes(state_machine, state))]
 pub fn derive_state_machine(item: TokenStream) -> TokenStream {
     state_machine::derive(item.into()).into()
@@ -163,7 +166,7 @@ pub fn derive_state_machine(item: TokenStream) -> TokenStream {
 /// | --- | --- | --- |
 /// | `from = "WAIT_PAY"` or `from = ["WAIT_PAY", "PAY_FAILED"]` | required | the stored states the row may move from |
 /// | `to = "PAID"` | required | the stored state it moves to |
-/// | `machine = OrderStatus` | the one machine derived in this module | the `#[derive(StateMachine)]` enum, by path |
+/// | `machine = OrderStatus` | the `Machine` of the return type `Result<Transition<T, Machine>, E>` | the `#[derive(StateMachine)]` enum, by path |
 /// | `key = "req.order_no"` | the first parameter (not `tx`, not `self`), which must then be named like the key column (checked at compile time) | an expression over the parameters, bound to the key column |
 /// | `set(trade_no = "cb.trade_no", …)` | none | more columns written by the update, each bound from an expression over the parameters |
 /// | `now = "paid_at"` | none | a column set to the database's `CURRENT_TIMESTAMP` |
@@ -190,12 +193,15 @@ pub fn derive_state_machine(item: TokenStream) -> TokenStream {
 ///
 /// # Checked at compile time
 ///
-/// At the offending token, naming the states and the fix: an unknown state name (with rustc's
-/// "similar name" help), a transition the machine does not declare, a move out of a terminal state,
-/// `from` equal to `to`, a column that is no SQL identifier, a `set`/`key`/`version` expression naming
-/// no parameter, `match` on a column not in `set`, `version` without the machine's version column, a
-/// defaulted key whose parameter is not named like the key column, a fn that is not `async` or does not
-/// return `Result<Transition<…>, E>`. A bad attribute still emits the fn, so its callers compile.
+/// At the offending token, naming the machine, the states and the fix: an unknown state name (with the
+/// closest stored name, or the stored name of a variant written instead), a transition the machine
+/// does not declare, a move out of a terminal state, `from` equal to `to`, a column that is no SQL
+/// identifier, a `set`/`key`/`version` expression naming an unknown parameter (with "did you mean"),
+/// containing `.await` or calling something that differs on every call (`Uuid::new_v4()`, …), a `key`
+/// that uses no parameter, `match` on a column not in `set`, `version` without the machine's version
+/// column, a defaulted key whose parameter is not named like the key column, a fn that is not `async`
+/// or does not return `Result<Transition<…>, E>`. A bad attribute still emits the fn with its body, so
+/// its callers compile and only the real errors show.
 ///
 /// # The SQL
 ///
@@ -212,4 +218,12 @@ pub fn derive_state_machine(item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn state_transition(args: TokenStream, item: TokenStream) -> TokenStream {
     state_transition::attribute(args.into(), item.into()).into()
+}
+
+/// Not a public API: what a machine's hidden macro calls to check a `#[state_transition]` against
+/// the machine (see `state_transition/machine_check.rs`). Reached as `idem::__macros::check_transition`.
+#[doc(hidden)]
+#[proc_macro]
+pub fn check_transition(input: TokenStream) -> TokenStream {
+    state_transition::check_transition(input.into()).into()
 }

@@ -1,5 +1,5 @@
-// Two machines in one module: each transition names its machine with `machine = …`; a machine in
-// another module is named by path. `store = "…"` mode and every option compile.
+// Every option, `store = "…"` mode, and `machine = …` naming the machine explicitly (by path, also
+// from another module) compile.
 use idem::{IdemError, StateMachine, Transition, state_transition};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, StateMachine)]

@@ -24,4 +24,12 @@ pub async fn pay(
     Ok(())
 }
 
+#[state_transition(from = "WAIT_PAY", to = "PAYED")]
+pub async fn pay_again(
+    tx: &mut Transaction<'_, Sqlite>,
+    order_no: &str,
+) -> Result<Transition<(), OrderStatus>, IdemError> {
+    Ok(())
+}
+
 fn main() {}

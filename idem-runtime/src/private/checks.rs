@@ -63,45 +63,110 @@ impl<T: ?Sized> AsStoreRef for &T {
 }
 
 /// A type an idempotent fn may return in `Ok`: it is stored and replayed.
+///
+/// The generated code calls `<T as Storable>::proof()` spanned at the user's `Ok` type, so a type
+/// that cannot be stored is reported there, once, with this message; the proof is what the engine
+/// calls take, so they need no bounds of their own and repeat no error.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be stored as an idempotent result",
     label = "the `Ok` type must implement `Serialize` and `DeserializeOwned`",
     note = "derive them: `#[derive(serde::Serialize, serde::Deserialize)]` on `{Self}`"
 )]
-pub trait Storable: serde::Serialize + serde::de::DeserializeOwned {}
+pub trait Storable: Sized {
+    /// The encoder/decoder the engine takes.
+    fn proof() -> OkType<Self>;
+}
 // `do_not_recommend`: report the missing `Storable` with the message above, once, instead of
 // one rustc error per missing serde trait.
 #[diagnostic::do_not_recommend]
-impl<T: serde::Serialize + serde::de::DeserializeOwned> Storable for T {}
+impl<T: serde::Serialize + serde::de::DeserializeOwned> Storable for T {
+    fn proof() -> OkType<T> {
+        OkType::new()
+    }
+}
 
-/// An error type an idempotent fn may return: it can carry idem's own refusals.
+/// An error type an idempotent fn may return: it can carry idem's own refusals. Checked like
+/// [`Storable`], at the user's error type.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot carry an idem error",
     label = "the error type must implement `From<idem::IdemError>`",
     note = "add `impl From<idem::IdemError> for {Self}` (or a `#[from] idem::IdemError` variant with thiserror)"
 )]
-pub trait CarriesIdemError: From<IdemError> {}
+pub trait CarriesIdemError: Sized {
+    /// The conversion the engine takes.
+    fn proof() -> ErrType<Self>;
+}
 #[diagnostic::do_not_recommend]
-impl<E: From<IdemError>> CarriesIdemError for E {}
-
-/// Compile-time check that `T` can be stored (spanned at the user's `Ok` type); its proof is what
-/// the engine calls take, so they need no bounds and repeat no error.
-pub fn check_ok_type<T: Storable>() -> OkType<T> {
-    OkType::new()
+impl<E: From<IdemError>> CarriesIdemError for E {
+    fn proof() -> ErrType<E> {
+        ErrType::new()
+    }
 }
 
-/// Compile-time check that `E` can carry an [`IdemError`] (spanned at the user's error type).
-pub fn check_err_type<E: CarriesIdemError>() -> ErrType<E> {
-    ErrType::new()
+/// What `tx = "…"` may name: a transaction begun on a store (`store.begin()`), which carries that
+/// store. The generated code calls `JoinableTx::joinable(&*tx)` spanned at the `tx` option.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a transaction idem can join",
+    label = "`tx` must name a `&mut` transaction from the store's `begin()`",
+    note = "begin it with `store.begin().await?` on the store that keeps the records (for SQLite that is an \
+            `idem::SqliteTx`, which derefs to the connection for your own queries): a `sqlx::Transaction`, of \
+            any sqlx version, does not say which store it belongs to, so idem could claim in a database \
+            where the store never looks"
+)]
+pub trait JoinableTx {
+    /// Nothing: the call is the check.
+    fn joinable(&self) {}
+}
+#[diagnostic::do_not_recommend]
+impl<C: crate::engine::tx::IdemTx + ?Sized> JoinableTx for C {}
+
+/// The `Ok` and `Err` types of a fn's return type that the signature does not spell out as
+/// `Result<T, E>`: the `Err` of `anyhow::Result<T>`, both of `ShopResult<T>`. The generated code names
+/// `<Ret as IsResult>::Ok`, so the type checker resolves the alias, and a return type that is no
+/// `Result` gets this message at the return type (once: every projection is spanned there).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a `Result`",
+    label = "the fn must return `Result<T, E>`, or an alias of it",
+    note = "write `-> Result<T, E>`, or make `{Self}` an alias of it, e.g. `type ShopResult<T> = Result<T, ShopError>;`"
+)]
+pub trait IsResult {
+    /// `T` of `Result<T, E>`.
+    type Ok;
+    /// `E` of `Result<T, E>`.
+    type Err;
+
+    /// The body's value as the `Result` the engine takes (the identity).
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+
+    /// The engine's result as the declared return type (the identity).
+    fn from_result(result: Result<Self::Ok, Self::Err>) -> Self;
 }
 
-/// Compile-time check that the `tx` parameter is a transaction idem can join.
-pub fn check_tx_conn<C: crate::engine::tx::IdemTx + ?Sized>(_conn: &C) {}
+// `do_not_recommend`: a return type that is no `Result` gets the message above, without rustc
+// pointing into idem's source for the one impl.
+#[diagnostic::do_not_recommend]
+impl<T, E> IsResult for Result<T, E> {
+    type Ok = T;
+    type Err = E;
 
-/// The marker of a machine's states, for compile-time name checks: `#[derive(StateMachine)]` gives
-/// `States` one associated const per stored state name, so a misspelled name in
-/// `#[state_transition]` is a rustc "no associated item" error with a "similar name" suggestion.
-pub trait Machine: crate::StateMachine {
-    /// A struct with one associated const per stored state name.
-    type States;
+    fn into_result(self) -> Result<T, E> {
+        self
+    }
+
+    fn from_result(result: Result<T, E>) -> Self {
+        result
+    }
+}
+
+/// The machine of a `#[state_transition]` fn (the `M` of `Transition<T, M>`, or `machine = …`), as
+/// the generated code names it: `<M as IsMachine>::Machine`, spanned at the user's type, so a type
+/// that is no machine gets one "`M: StateMachine` is not satisfied" there, instead of one per use
+/// inside the generated code.
+pub trait IsMachine {
+    /// The machine itself.
+    type Machine: crate::StateMachine;
+}
+
+impl<M: crate::StateMachine> IsMachine for M {
+    type Machine = M;
 }

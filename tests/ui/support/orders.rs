@@ -1,7 +1,6 @@
-// The order machine the `#[state_transition]` UI tests share: `include!("support/orders.rs");`.
-// Included as text, not as a `mod`: the derive puts the `__IdemMachine` alias that a transition
-// without `machine = …` resolves into the module of the enum, and a glob import of another module
-// does not carry it, so the enum must be declared in the test's own module.
+// The order machine the `#[state_transition]` UI tests share: `include!("support/orders.rs");`
+// (each test is a crate of its own; including the text keeps the machine in the test's own module,
+// next to the transitions, as most users declare it).
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, idem::StateMachine)]
 #[state_machine(table = "orders", key = "order_no", status = "status")]

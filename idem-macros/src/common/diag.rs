@@ -103,7 +103,7 @@ pub(crate) fn path_to_string(path: &Path) -> String {
 
 /// `tokens` with every span moved to `target`'s location, keeping each token's own hygiene.
 ///
-/// Used for paths the macro inserts (`::idem::__private::check_ok_type`), so an error on them is shown at
+/// Used for paths the macro inserts (`::idem::__private::Storable`), so an error on them is shown at
 /// the user's type while name resolution stays as it was.
 pub(crate) fn located_at(tokens: TokenStream, target: Span) -> TokenStream {
     tokens
@@ -148,16 +148,6 @@ pub(crate) fn respan(tokens: TokenStream, span: Span) -> TokenStream {
             token
         })
         .collect()
-}
-
-/// A fn's attributes split into outer (`#[…]`, kept on the fn) and inner (`#![…]`, kept at the top of
-/// its new body).
-pub(crate) fn outer_and_inner(
-    attrs: &[syn::Attribute],
-) -> (Vec<&syn::Attribute>, Vec<&syn::Attribute>) {
-    attrs
-        .iter()
-        .partition(|attr| matches!(attr.style, syn::AttrStyle::Outer))
 }
 
 #[cfg(test)]

@@ -6,9 +6,10 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Expr, ItemFn};
 
-use crate::args::StoreSpec;
-use crate::diag::{self, located_at};
-use crate::validate::Spec;
+use super::args::StoreSpec;
+use super::check::Spec;
+use crate::common::body;
+use crate::common::diag::{self, located_at};
 
 /// The expansion of a checked `#[idempotent]` fn.
 pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
@@ -19,39 +20,71 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
         block,
         ..
     } = item;
-    let (outer_attrs, inner_attrs) = diag::outer_and_inner(attrs);
+    let (outer_attrs, inner_attrs) = body::outer_and_inner(attrs);
     let private = private_path(spec);
     let stmts = &block.stmts;
 
     // The bound checks are calls of their own, spanned at the user's types: an Ok type that cannot be
     // stored or an error type without `From<IdemError>` is reported at that type, with the runtime's
-    // `#[diagnostic::on_unimplemented]` message.
-    let ok_ty = &spec.ret.ok_ty;
-    let ok_check = {
-        let span = ok_ty.span();
-        let private = located_at(private.clone(), span);
-        quote_spanned!(span=> let __idem_ok = #private::check_ok_type::<#ok_ty>();)
+    // `#[diagnostic::on_unimplemented]` message. A type the signature does not spell out (the `Err` of
+    // `anyhow::Result<T>`, both of `ShopResult<T>`) is named through the return type, and reported there.
+    let ret_ty = &spec.ret.ret_ty;
+    let ret_span = ret_ty.span();
+    let (ok_ty, ok_span) = match &spec.ret.ok_ty {
+        Some(ok_ty) => (quote!(#ok_ty), ok_ty.span()),
+        None => (result_part(ret_ty, &private, "Ok"), ret_span),
     };
-    // A one-argument alias (`anyhow::Result<T>`) leaves the error type to inference.
-    let err_check = match &spec.ret.err_ty {
-        Some(err_ty) => {
-            let span = err_ty.span();
-            let private = located_at(private.clone(), span);
-            quote_spanned!(span=> let __idem_err = #private::check_err_type::<#err_ty>();)
-        }
-        None => quote!(let __idem_err = #private::check_err_type();),
+    let (err_ty, err_span) = match &spec.ret.err_ty {
+        Some(err_ty) => (quote!(#err_ty), err_ty.span()),
+        None => (result_part(ret_ty, &private, "Err"), ret_span),
+    };
+    let ok_check = {
+        let private = located_at(private.clone(), ok_span);
+        let name = body::binding("__idem_ok");
+        quote_spanned!(ok_span=> let #name = <#ok_ty as #private::Storable>::proof();)
+    };
+    let err_check = {
+        let private = located_at(private.clone(), err_span);
+        let name = body::binding("__idem_err");
+        quote_spanned!(err_span=> let #name = <#err_ty as #private::CarriesIdemError>::proof();)
     };
     // The checks return proofs (encoder/decoder, error conversion) that the engine calls take
-    // instead of bounds of their own, so a bad type is reported once, at the type.
-    let ok_arg = quote!(#ok_ty);
-    let err_arg = match &spec.ret.err_ty {
-        Some(err_ty) => quote!(#err_ty),
-        None => quote!(_),
+    // instead of bounds of their own, so a bad type is reported once, at the type. Types named
+    // through the return type are left to inference here: the engine calls are spanned elsewhere, and
+    // the same projection at another span would repeat its error.
+    let alias = spec.ret.ok_ty.is_none();
+    let (ok_arg, err_arg) = match (&spec.ret.ok_ty, &spec.ret.err_ty) {
+        (Some(ok), Some(err)) => (quote!(#ok), quote!(#err)),
+        (Some(ok), None) => (quote!(#ok), quote!(_)),
+        (None, _) => (quote!(_), quote!(_)),
     };
 
     let call = call(spec, &private);
     let (use_as_store, store_arg) = store_arg(&spec.store, &private);
-    let fake_return = fake_return(spec);
+    let fake_return = body::fake_return(&quote!(#ret_ty), ret_span);
+    // The user's body, as the engine takes it: an async block that yields `Result<T, E>`. For an
+    // alias, the body yields the declared type and `IsResult::into_result` (the identity) makes it a
+    // `Result`, so a return type that is no `Result` fails there, once, and nowhere else.
+    let user_body = if alias {
+        let into_result = over_tokens(ret_ty, &private, "into_result", quote!(__idem_out));
+        quote! {
+            async {
+                let __idem_out = async {
+                    #fake_return
+                    #(#stmts)*
+                }
+                .await;
+                #into_result
+            }
+        }
+    } else {
+        quote! {
+            async {
+                #fake_return
+                #(#stmts)*
+            }
+        }
+    };
 
     let body = match &spec.tx {
         None => {
@@ -61,12 +94,7 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
                 return_type_anchor(spec),
                 &private,
                 quote!(run::<#ok_arg, #err_arg, _>),
-                quote! {
-                    #store_arg, __idem_call, __idem_ok, __idem_err, async {
-                        #fake_return
-                        #(#stmts)*
-                    }
-                },
+                quote!(#store_arg, __idem_call, __idem_ok, __idem_err, #user_body),
             );
             quote!(#run)
         }
@@ -76,7 +104,7 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
             let span = tx.span();
             let check_tx = {
                 let private = located_at(private.clone(), span);
-                quote_spanned!(span=> #private::check_tx_conn(&*#tx);)
+                quote_spanned!(span=> #private::JoinableTx::joinable(&*#tx);)
             };
             let conn = quote_spanned!(span=> &mut *#tx);
             let claim = engine_call(
@@ -106,14 +134,23 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
                 };
                 // The original body, in a non-`move` async block: it borrows `tx` and the other
                 // parameters, so `tx` can be borrowed again below to mark the record.
-                let __idem_out = async {
-                    #fake_return
-                    #(#stmts)*
-                }
-                .await;
+                let __idem_out = #user_body.await;
                 #finish
             }
         }
+    };
+
+    // An alias the type checker resolves: the engine's `Result` becomes the declared type through
+    // `IsResult::from_result`, whose path covers exactly the return type's tokens, so a return type
+    // that is no `Result` is reported once, with the projections above.
+    let body = if alias {
+        let from_result = over_tokens(ret_ty, &private, "from_result", quote!(__idem_result));
+        quote! {
+            let __idem_result = async { #body }.await;
+            #from_result
+        }
+    } else {
+        body
     };
 
     quote! {
@@ -230,28 +267,37 @@ fn store_arg(store: &StoreSpec, private: &TokenStream) -> (TokenStream, TokenStr
     }
 }
 
-/// A statement that never runs but pins the async block's output to the fn's return type, so `?` and
-/// `return` in the body infer as they did in the fn, and a mismatch points at the user's return type
-/// (the trick of tracing's `#[instrument]`).
-fn fake_return(spec: &Spec) -> TokenStream {
-    let ret_ty = &spec.ret.ret_ty;
+/// `<Ret as IsResult>::item(arg)`, its first token at the return type's first token and its last at
+/// the return type's last: rustc reports an unmet bound of this call at the same place as one of the
+/// projections `<Ret as IsResult>::Ok`, and then only once.
+fn over_tokens(
+    ret_ty: &syn::Type,
+    private: &TokenStream,
+    item: &str,
+    arg: TokenStream,
+) -> TokenStream {
+    let tokens = ret_ty.to_token_stream();
+    let first = tokens.clone().into_iter().next().map(|t| t.span());
+    let last = tokens.into_iter().last().map(|t| t.span());
+    let (Some(first), Some(last)) = (first, last) else {
+        let item = syn::Ident::new(item, Span::call_site());
+        return quote!(<#ret_ty as #private::IsResult>::#item(#arg));
+    };
+    let private = located_at(private.clone(), last);
+    let item = syn::Ident::new(item, last);
+    let open = quote_spanned!(first=> <);
+    let mut args = Group::new(Delimiter::Parenthesis, arg);
+    args.set_span(last);
+    let rest = quote_spanned!(last=> as #private::IsResult>::#item);
+    quote!(#open #ret_ty #rest #args)
+}
+
+/// `<Ret as IsResult>::Ok`: a part of the return type the signature does not spell out, found by the
+/// type checker; a return type that is no `Result` is reported once, at the return type, with the
+/// runtime's message.
+fn result_part(ret_ty: &syn::Type, private: &TokenStream, part: &str) -> TokenStream {
     let span = ret_ty.span();
-    let call_site = Span::call_site().located_at(span);
-    let name = syn::Ident::new("__idem_fake_return", call_site);
-    quote_spanned! {span=>
-        #[allow(
-            unknown_lints,
-            unreachable_code,
-            clippy::diverging_sub_expression,
-            clippy::empty_loop,
-            clippy::let_unit_value,
-            clippy::let_with_type_underscore,
-            clippy::needless_return,
-            clippy::unreachable
-        )]
-        if false {
-            let #name: #ret_ty = loop {};
-            return #name;
-        }
-    }
+    let private = located_at(private.clone(), span);
+    let part = syn::Ident::new(part, span);
+    quote_spanned!(span=> <#ret_ty as #private::IsResult>::#part)
 }

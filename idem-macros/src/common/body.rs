@@ -1,0 +1,125 @@
+//! What every attribute does with the fn it wraps: keep its attributes, signature and body, pin the
+//! body's type with a "fake return", and, when the attribute is wrong, emit the fn anyway.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::visit::Visit;
+use syn::{Attribute, ItemFn, Signature};
+
+/// A fn's attributes split into outer (`#[…]`, kept on the fn) and inner (`#![…]`, kept at the top of
+/// its new body).
+pub(crate) fn outer_and_inner(attrs: &[Attribute]) -> (Vec<&Attribute>, Vec<&Attribute>) {
+    attrs
+        .iter()
+        .partition(|attr| matches!(attr.style, syn::AttrStyle::Outer))
+}
+
+/// A variable of the generated code, resolved at the macro call whatever span the statement binding it
+/// carries: a user's type may come from another hygiene context (a `macro_rules!` fragment), and a
+/// binding spanned there would not be found by the uses.
+pub(crate) fn binding(name: &str) -> syn::Ident {
+    syn::Ident::new(name, Span::call_site())
+}
+
+/// A statement that never runs but pins the output of the async block it starts to `ty`, so `?` and
+/// `return` in the user's body infer as they did in the fn, and a mismatch is reported at `span`, the
+/// user's return type (the trick of tracing's `#[instrument]`).
+pub(crate) fn fake_return(ty: &TokenStream, span: Span) -> TokenStream {
+    let name = format_ident!(
+        "__idem_fake_return",
+        span = Span::call_site().located_at(span)
+    );
+    quote_spanned! {span=>
+        #[allow(
+            unknown_lints,
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_unit_value,
+            clippy::let_with_type_underscore,
+            clippy::needless_return,
+            clippy::unreachable
+        )]
+        if false {
+            let #name: #ty = loop {};
+            return #name;
+        }
+    }
+}
+
+/// `let _ = &name;` for every name the parameters bind: the fallback of a bad attribute does not use
+/// the parameters the generated code would have used (the transaction, the key), and must not add
+/// "unused variable" warnings to the real errors.
+pub(crate) fn use_parameters(sig: &Signature) -> TokenStream {
+    struct Names(Vec<syn::Ident>);
+    impl<'ast> Visit<'ast> for Names {
+        fn visit_pat_ident(&mut self, node: &'ast syn::PatIdent) {
+            self.0.push(node.ident.clone());
+            syn::visit::visit_pat_ident(self, node);
+        }
+    }
+    let mut names = Names(Vec::new());
+    let mut receiver = None;
+    for input in &sig.inputs {
+        match input {
+            syn::FnArg::Receiver(this) => receiver = Some(this.self_token),
+            syn::FnArg::Typed(typed) => names.visit_pat(&typed.pat),
+        }
+    }
+    let receiver = receiver.map(|this| quote!(let _ = &#this;));
+    let names = names.0.iter().map(|name| quote!(let _ = &#name;));
+    quote!(#receiver #(#names)*)
+}
+
+/// The fn of a bad attribute, for callers and rust-analyzer: as written, with its parameters marked
+/// used, and with `body` instead of its statements when given (a body adapted to the signature).
+pub(crate) fn fallback_fn(item: &ItemFn, body: Option<TokenStream>) -> TokenStream {
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+        ..
+    } = item;
+    let (outer_attrs, inner_attrs) = outer_and_inner(attrs);
+    let used = use_parameters(sig);
+    let body = body.unwrap_or_else(|| {
+        let stmts = &block.stmts;
+        quote!(#(#stmts)*)
+    });
+    quote! {
+        #(#outer_attrs)*
+        #vis #sig {
+            #(#inner_attrs)*
+            #used
+            #body
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_every_parameter_used() {
+        let sig: Signature =
+            syn::parse_quote!(fn pay(&self, tx: &mut Tx, (a, mut b): (u8, u8), _: u8));
+        assert_eq!(
+            use_parameters(&sig).to_string(),
+            "let _ = & self ; let _ = & tx ; let _ = & a ; let _ = & b ;"
+        );
+    }
+
+    #[test]
+    fn keeps_the_fn_as_written() {
+        let item: ItemFn = syn::parse_quote! {
+            #[inline]
+            pub fn pay(req: &Req) -> u8 { #![allow(unused)] 1 }
+        };
+        assert_eq!(
+            fallback_fn(&item, None).to_string(),
+            "# [inline] pub fn pay (req : & Req) -> u8 { # ! [allow (unused)] let _ = & req ; 1 }"
+        );
+    }
+}

@@ -1,0 +1,324 @@
+//! Parsing of `#[idempotent(...)]`'s arguments.
+//!
+//! The option list itself (unknown, duplicate and value-less options, missing commas) is read by
+//! `common::options`; this file turns each value into what `#[idempotent]` needs. Checks that need the
+//! fn's signature (does the key name a parameter?) live in `check.rs`.
+
+use proc_macro2::Span;
+use syn::parse::{Parse, ParseStream};
+use syn::{Expr, Ident, LitStr, Path};
+
+use crate::common::diag::Errors;
+use crate::common::duration;
+use crate::common::expr_arg::{ExprArg, as_lit_str, expr_arg, ident_value, path_value, string_lit};
+use crate::common::options::{self, Form, OptionSet, Options, Value, opt};
+
+/// Default `ttl`: seven days, as the design contract says.
+pub(crate) const DEFAULT_TTL_MS: u64 = 7 * 24 * 3_600_000;
+/// Default `lease`: thirty seconds.
+pub(crate) const DEFAULT_LEASE_MS: u64 = 30_000;
+/// Longest accepted `biz`, in characters.
+pub(crate) const MAX_BIZ_CHARS: usize = 32;
+/// A complete attribute, shown whenever a required option is missing.
+pub(crate) const EXAMPLE: &str =
+    r#"#[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite")]"#;
+
+/// The options of `#[idempotent]`, in the order messages list them.
+const OPTIONS: OptionSet = OptionSet {
+    macro_name: "#[idempotent]",
+    options: &[
+        opt("biz", Form::Value, r#"biz = "PAY""#),
+        opt("key", Form::Value, r#"key = "req.order_no""#),
+        opt("store", Form::Value, r#"store = "sqlite""#),
+        opt("ttl", Form::Value, r#"ttl = "7d""#),
+        opt("lease", Form::Value, r#"lease = "30s""#),
+        opt("fingerprint", Form::Value, r#"fingerprint = "req""#),
+        opt(
+            "on_in_progress",
+            Form::Value,
+            r#"on_in_progress = "wait(5s)""#,
+        ),
+        opt("tx", Form::Value, r#"tx = "tx""#),
+        opt("crate", Form::Value, r#"crate = "::idem""#),
+    ],
+};
+
+/// How `name` is written, for messages.
+fn example(name: &str) -> &'static str {
+    OPTIONS
+        .options
+        .iter()
+        .find(|def| def.name == name)
+        .map_or("", |def| def.example)
+}
+
+/// Where the records live.
+pub(crate) enum StoreSpec {
+    /// `store = "sqlite"`: a store registered under that name at start-up.
+    Named(LitStr),
+    /// `store = self.store`: an expression that yields a store.
+    Given(Expr),
+}
+
+/// A duration option, already converted to milliseconds.
+pub(crate) struct DurationArg {
+    pub(crate) millis: u64,
+    pub(crate) lit: LitStr,
+}
+
+/// `on_in_progress`: what a repeat does while the first call is still running.
+pub(crate) enum InProgress {
+    /// Answer `IdemError::InProgress` at once (the default).
+    Reject,
+    /// Wait up to this long for the first call to finish, then replay its result.
+    Wait(DurationArg),
+}
+
+/// Everything `#[idempotent(...)]` was given, plus every error found while parsing it.
+///
+/// An option that was given but invalid is `None` here and has an error in `errors`.
+pub(crate) struct IdempotentArgs {
+    pub(crate) biz: Option<LitStr>,
+    pub(crate) key: Option<ExprArg>,
+    pub(crate) store: Option<StoreSpec>,
+    pub(crate) ttl: Option<DurationArg>,
+    pub(crate) lease: Option<DurationArg>,
+    pub(crate) fingerprint: Option<ExprArg>,
+    pub(crate) on_in_progress: Option<InProgress>,
+    /// The transaction parameter, spanned at the literal that named it.
+    pub(crate) tx: Option<Ident>,
+    pub(crate) krate: Option<Path>,
+    pub(crate) errors: Errors,
+}
+
+impl Parse for IdempotentArgs {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let mut options = options::parse(input, &OPTIONS)?;
+        let mut args = IdempotentArgs {
+            biz: None,
+            key: None,
+            store: None,
+            ttl: None,
+            lease: None,
+            fingerprint: None,
+            on_in_progress: None,
+            tx: None,
+            krate: None,
+            errors: std::mem::take(&mut options.errors),
+        };
+        for given in std::mem::take(&mut options.given) {
+            let Value::Expr(value) = given.value else {
+                continue;
+            };
+            let (name, errors) = (given.name, &mut args.errors);
+            match name {
+                "biz" => {
+                    args.biz = string_lit(name, example(name), &value, errors)
+                        .and_then(|lit| check_biz(lit, errors))
+                }
+                "key" => args.key = expr_arg(name, example(name), value, errors),
+                "fingerprint" => args.fingerprint = expr_arg(name, example(name), value, errors),
+                "store" => args.store = store(value, errors),
+                "ttl" | "lease" => {
+                    let duration = duration_arg(name, &value, errors);
+                    if name == "ttl" {
+                        args.ttl = duration;
+                    } else {
+                        args.lease = duration;
+                    }
+                }
+                "on_in_progress" => {
+                    args.on_in_progress = string_lit(name, example(name), &value, errors)
+                        .and_then(|lit| in_progress(lit, errors))
+                }
+                "tx" => args.tx = tx(&value, errors),
+                _ => args.krate = crate_path(&value, errors),
+            }
+        }
+        args.check_missing(&options);
+        args.check_ttl_outlives_lease(&options);
+        Ok(args)
+    }
+}
+
+/// `biz`: non-empty, at most 32 characters, no whitespace.
+fn check_biz(lit: LitStr, errors: &mut Errors) -> Option<LitStr> {
+    let value = lit.value();
+    let chars = value.chars().count();
+    let problem = if value.is_empty() {
+        "`biz` is empty; name the business action, e.g. `biz = \"PAY\"`".to_owned()
+    } else if value.chars().any(char::is_whitespace) {
+        format!(
+            "`biz` must not contain whitespace, but `{}` does; join the words with `_`, e.g. `biz = \"{}\"`",
+            value.escape_default(),
+            value.split_whitespace().collect::<Vec<_>>().join("_"),
+        )
+    } else if chars > MAX_BIZ_CHARS {
+        format!(
+            "`biz` is {chars} characters long; keep it at most {MAX_BIZ_CHARS} (it is stored with every record), e.g. `biz = \"PAY\"`"
+        )
+    } else {
+        return Some(lit);
+    };
+    errors.at(lit.span(), problem);
+    None
+}
+
+/// `store`: a registered name (non-empty string) or an expression yielding a store.
+fn store(value: Expr, errors: &mut Errors) -> Option<StoreSpec> {
+    // `as_lit_str` looks through the group of a `$store:literal`: a name, not an expression.
+    match as_lit_str(&value) {
+        Some(lit) if lit.value().trim().is_empty() => {
+            errors.at(
+                lit.span(),
+                "`store` is empty; name a store registered at start-up, e.g. `store = \"sqlite\"`, \
+                 or pass an expression, e.g. `store = self.store`",
+            );
+            None
+        }
+        Some(lit) => Some(StoreSpec::Named(lit.clone())),
+        None => Some(StoreSpec::Given(value)),
+    }
+}
+
+/// `ttl` / `lease`: `"7d"`, `"30s"`, ….
+fn duration_arg(name: &str, value: &Expr, errors: &mut Errors) -> Option<DurationArg> {
+    let lit = string_lit(name, example(name), value, errors)?;
+    match duration::parse_millis(&lit.value()) {
+        Ok(millis) => Some(DurationArg { millis, lit }),
+        Err(error) => {
+            errors.at(
+                lit.span(),
+                format!(
+                    "invalid `{name}` duration `\"{}\"`: {error}",
+                    lit.value().escape_default()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// `on_in_progress`: `"reject"` or `"wait(5s)"`.
+fn in_progress(lit: LitStr, errors: &mut Errors) -> Option<InProgress> {
+    let value = lit.value();
+    if value == "reject" {
+        return Some(InProgress::Reject);
+    }
+    if let Some(inner) = value
+        .strip_prefix("wait(")
+        .and_then(|rest| rest.strip_suffix(')'))
+    {
+        return match duration::parse_millis(inner) {
+            Ok(millis) => Some(InProgress::Wait(DurationArg { millis, lit })),
+            Err(error) => {
+                errors.at(
+                    lit.span(),
+                    format!(
+                        "invalid duration `{}` in `on_in_progress = \"wait(..)\"`: {error}",
+                        inner.escape_default()
+                    ),
+                );
+                None
+            }
+        };
+    }
+    errors.at(
+        lit.span(),
+        format!(
+            "unknown `on_in_progress` value `\"{}\"`; the choices are `\"reject\"` (the default: answer \
+             `IdemError::InProgress` at once) and `\"wait(<duration>)\"` (wait for the first call to finish, \
+             e.g. `\"wait(5s)\"`)",
+            value.escape_default()
+        ),
+    );
+    None
+}
+
+/// `tx = "tx"` (or `tx = tx`): the name of the transaction parameter.
+fn tx(value: &Expr, errors: &mut Errors) -> Option<Ident> {
+    let ident = ident_value(value);
+    if ident.is_some() {
+        return ident;
+    }
+    errors.spanned(
+        value,
+        "`tx` takes the name of the transaction parameter, e.g. `tx = \"tx\"` for `tx: &mut sqlx::Transaction<'_, Sqlite>`",
+    );
+    None
+}
+
+/// `crate = "::idem"` (or a bare path): where generated code finds idem.
+fn crate_path(value: &Expr, errors: &mut Errors) -> Option<Path> {
+    let path = path_value(value);
+    if path.is_some() {
+        return path;
+    }
+    errors.spanned(
+        value,
+        "`crate` takes the path at which idem is reachable, e.g. `crate = \"::idem\"` or `crate = \"my_app::idem\"`",
+    );
+    None
+}
+
+impl IdempotentArgs {
+    /// One error naming every required option that is absent, with a complete example.
+    fn check_missing(&mut self, options: &Options) {
+        let missing = options.missing(&["biz", "key", "store"]);
+        if missing.is_empty() {
+            return;
+        }
+        let names = match missing.as_slice() {
+            [one] => format!("`{one}`"),
+            [first, second] => format!("`{first}` and `{second}`"),
+            _ => "`biz`, `key` and `store`".to_owned(),
+        };
+        let meanings: Vec<&str> = missing
+            .iter()
+            .map(|name| match *name {
+                "biz" => "`biz` names the business action",
+                "key" => "`key` is the caller's idempotency key, built from the parameters",
+                _ => "`store` says where records live",
+            })
+            .collect();
+        let message = format!(
+            "missing {names} in `#[idempotent]` ({}); write e.g. `{EXAMPLE}`",
+            meanings.join(", ")
+        );
+        self.errors.push(options.error_at(message));
+    }
+
+    /// The record must outlive the lease that protects it, else a slow first call loses its record.
+    fn check_ttl_outlives_lease(&mut self, options: &Options) {
+        // An option given but invalid has its own error already.
+        if (options.has("ttl") && self.ttl.is_none())
+            || (options.has("lease") && self.lease.is_none())
+        {
+            return;
+        }
+        let ttl = self.ttl.as_ref().map_or(DEFAULT_TTL_MS, |ttl| ttl.millis);
+        let lease = self
+            .lease
+            .as_ref()
+            .map_or(DEFAULT_LEASE_MS, |lease| lease.millis);
+        if ttl > lease {
+            return;
+        }
+        let describe = |arg: &Option<DurationArg>, millis| match arg {
+            Some(_) => duration::format_millis(millis),
+            None => format!("{}, the default", duration::format_millis(millis)),
+        };
+        let message = format!(
+            "`ttl` ({}) must be longer than `lease` ({}): the record must outlive the lease that protects \
+             it; raise `ttl` or lower `lease`",
+            describe(&self.ttl, ttl),
+            describe(&self.lease, lease),
+        );
+        let span = match (&self.ttl, &self.lease) {
+            (Some(ttl), _) => ttl.lit.span(),
+            (None, Some(lease)) => lease.lit.span(),
+            (None, None) => Span::call_site(),
+        };
+        self.errors.at(span, message);
+    }
+}

@@ -1,0 +1,207 @@
+//! Checks of the attribute against the fn it is on: the signature (async, returns `Result`), and the
+//! expressions of `key`, `fingerprint` and `tx` against the fn's parameters.
+//!
+//! The output is a [`Spec`]: everything code generation needs, with no `Option` left to unwrap.
+
+use proc_macro2::Span;
+use syn::{Expr, Ident, ItemFn, LitStr, Path, ReturnType, Signature, Type};
+
+use super::args::{self, IdempotentArgs, InProgress, StoreSpec};
+use crate::common::diag::{self, Errors};
+use crate::common::expr_arg::ExprArg;
+use crate::common::key_scan::{Role, check_expr_arg};
+use crate::common::signature::{AsyncNeed, ResultType, check_async, parameters, peel, result_type};
+
+const ASYNC: AsyncNeed = AsyncNeed {
+    macro_name: "#[idempotent]",
+    awaits: "claiming the key and storing the result await the store",
+    run_time: "claiming and storing the result are run-time work",
+};
+
+/// Everything the expansion needs, checked.
+pub(crate) struct Spec {
+    pub(crate) biz: LitStr,
+    pub(crate) key: Expr,
+    pub(crate) store: StoreSpec,
+    pub(crate) ttl_ms: u64,
+    pub(crate) lease_ms: u64,
+    pub(crate) fingerprint: Option<Expr>,
+    /// `on_in_progress = "wait(..)"`, in milliseconds, with the literal's span.
+    pub(crate) wait: Option<(u64, Span)>,
+    pub(crate) tx: Option<Ident>,
+    /// `crate = "…"`, or `None` for `::idem`.
+    pub(crate) krate: Option<Path>,
+    pub(crate) ret: ResultShape,
+}
+
+/// The fn's return type: `Result<T, E>`, or an alias whose `Ok` / `Err` types the type checker finds.
+pub(crate) struct ResultShape {
+    pub(crate) ret_ty: Type,
+    /// The `Ok` type as written; `None` for an alias other than `…::Result<T>` (`ShopResult<T>`).
+    pub(crate) ok_ty: Option<Type>,
+    /// The error type as written; `None` for a one-argument alias (`anyhow::Result<T>`).
+    pub(crate) err_ty: Option<Type>,
+}
+
+/// Checks `args` against `item`; every error found, in the order the user reads them.
+pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
+    let IdempotentArgs {
+        biz,
+        key,
+        store,
+        ttl,
+        lease,
+        fingerprint,
+        on_in_progress,
+        tx,
+        krate,
+        mut errors,
+    } = args;
+
+    check_async(&item.sig, &ASYNC, &mut errors);
+    let ret = check_return(&item.sig, &mut errors);
+    let params = parameters(&item.sig);
+    let fn_name = item.sig.ident.to_string();
+    if let Some(key) = &key {
+        check_expr_arg(key, Role::Key, &params, &fn_name, &mut errors);
+    }
+    if let Some(fingerprint) = &fingerprint {
+        check_expr_arg(
+            fingerprint,
+            Role::Fingerprint,
+            &params,
+            &fn_name,
+            &mut errors,
+        );
+    }
+    if let Some(tx) = &tx {
+        check_tx(tx, &params, &fn_name, &mut errors);
+        if let Some(InProgress::Wait(wait)) = &on_in_progress {
+            // Waiting inside the transaction would hold its locks while the other call needs them.
+            errors.at(
+                wait.lit.span(),
+                "`on_in_progress = \"wait(..)\"` cannot be combined with `tx`: a duplicate in a \
+                 transaction already waits on the record's lock and then replays; remove `on_in_progress`",
+            );
+        }
+    }
+    if let Some(StoreSpec::Given(expr)) = &store {
+        check_store_expr(expr, &params, &mut errors);
+    }
+    errors.finish()?;
+
+    match (biz, key, store, ret) {
+        (Some(biz), Some(key), Some(store), Some(ret)) => Ok(Spec {
+            biz,
+            key: key.emitted(),
+            store,
+            ttl_ms: ttl.map_or(args::DEFAULT_TTL_MS, |ttl| ttl.millis),
+            lease_ms: lease.map_or(args::DEFAULT_LEASE_MS, |lease| lease.millis),
+            fingerprint: fingerprint.as_ref().map(ExprArg::emitted),
+            wait: match on_in_progress {
+                Some(InProgress::Wait(wait)) => Some((wait.millis, wait.lit.span())),
+                Some(InProgress::Reject) | None => None,
+            },
+            tx,
+            krate,
+            ret,
+        }),
+        // Unreachable: a missing option or a bad return type always records an error above.
+        _ => Err(syn::Error::new(
+            item.sig.ident.span(),
+            "internal error in `#[idempotent]`: an option is missing but no error was recorded; please report it",
+        )),
+    }
+}
+
+/// The fn returns `Result<T, E>` (or an alias of it) with named `Ok` and error types.
+fn check_return(sig: &Signature, errors: &mut Errors) -> Option<ResultShape> {
+    const WANT: &str = "`#[idempotent]` needs a fn that returns `Result<T, E>` where `T: Serialize + \
+        DeserializeOwned` (the result is stored and replayed) and `E: From<idem::IdemError>`";
+    let ret_ty = match &sig.output {
+        ReturnType::Type(_, ty) => &**ty,
+        ReturnType::Default => {
+            errors.at(
+                sig.ident.span(),
+                format!("{WANT}; add a return type, e.g. `-> Result<Receipt, PayError>`"),
+            );
+            return None;
+        }
+    };
+    let (ok_ty, err_ty, written) = match result_type(ret_ty) {
+        ResultType::Named { ok, err } => (Some(ok), err, vec![Some(ok), err]),
+        // The type checker finds `Ok` and `Err` (and says so when it is no `Result`).
+        ResultType::Alias { first } => (None, None, vec![Some(first)]),
+        ResultType::NotResult => {
+            errors.spanned(
+                ret_ty,
+                format!(
+                    "{WANT}; wrap the return type in `Result`, e.g. `-> Result<Receipt, PayError>`"
+                ),
+            );
+            return None;
+        }
+    };
+    let mut concrete = true;
+    for ty in written.into_iter().flatten() {
+        if let Type::ImplTrait(_) = peel(ty) {
+            errors.spanned(
+                ty,
+                "`#[idempotent]` needs a named type here: the result is stored and replayed, which an \
+                 `impl Trait` type cannot promise; write the concrete type",
+            );
+            concrete = false;
+        }
+    }
+    concrete.then(|| ResultShape {
+        ret_ty: ret_ty.clone(),
+        ok_ty: ok_ty.cloned(),
+        err_ty: err_ty.cloned(),
+    })
+}
+
+/// `tx = "tx"` must name a parameter.
+fn check_tx(tx: &Ident, params: &[String], fn_name: &str, errors: &mut Errors) {
+    let name = tx.to_string();
+    if params.contains(&name) {
+        return;
+    }
+    let names = params.iter().map(String::as_str);
+    let message = if params.is_empty() {
+        format!(
+            "`tx` names `{name}`, but `{fn_name}` has no parameters; add the transaction as a parameter, \
+             e.g. `{name}: &mut sqlx::Transaction<'_, sqlx::Sqlite>`"
+        )
+    } else {
+        format!(
+            "`tx` names `{name}`, which is not a parameter of `{fn_name}`{} the parameters are {}; name \
+             the `&mut` transaction or connection parameter",
+            diag::did_you_mean_clause(&name, names.clone()),
+            diag::backticked(names),
+        )
+    };
+    errors.at(tx.span(), message);
+}
+
+/// `store = sqlite` (bare) where `store = "sqlite"` was meant.
+fn check_store_expr(expr: &Expr, params: &[String], errors: &mut Errors) {
+    let Expr::Path(path) = expr else { return };
+    let Some(ident) = path.path.get_ident() else {
+        return;
+    };
+    let name = ident.to_string();
+    if path.qself.is_some()
+        || params.contains(&name)
+        || !name.starts_with(|c: char| c.is_lowercase())
+    {
+        return;
+    }
+    errors.at(
+        ident.span(),
+        format!(
+            "`store = {name}` names no parameter; to use the store registered as `{name}`, write \
+             `store = \"{name}\"`; to pass a store, give an expression such as `store = self.store` or \
+             `store = STORE`"
+        ),
+    );
+}

@@ -1,10 +1,12 @@
-//! Transaction mode on SQLite: the claim, the business writes and the mark commit or roll back
-//! together, in the caller's transaction.
+//! `#[idempotent(tx = "tx")]` on SQLite, through the macro: the transaction from `store.begin()`
+//! carries its store, so the attribute needs no `store = …`; claim, business writes and mark commit
+//! or roll back together; the call is reported like any other (span, counters, `observe`). The
+//! semantics for every backend are in the tx contract suite (`tests/contract/tx.rs`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use idem::sqlx::{self, Sqlite, SqlitePool, Transaction};
-use idem::{IdemError, SqliteStore, Status, Store, idempotent};
+use idem::sqlx::{self, SqlitePool};
+use idem::{IdemError, Outcome, SqliteStore, SqliteTx, Status, Store, idempotent};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
@@ -18,6 +20,7 @@ struct PayReq {
 struct Receipt {
     order_no: String,
     row: i64,
+    fence: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -32,8 +35,8 @@ enum PayError {
 
 static STORE: OnceCell<Arc<SqliteStore>> = OnceCell::const_new();
 
-/// One file database per test binary, registered as `tx_sqlite`, with an `orders` table
-/// (no unique constraint: only idem keeps it free of duplicates).
+/// One file database per test binary, with an `orders` table (no unique constraint: only idem
+/// keeps it free of duplicates).
 async fn store() -> &'static Arc<SqliteStore> {
     STORE
         .get_or_init(|| async {
@@ -45,15 +48,9 @@ async fn store() -> &'static Arc<SqliteStore> {
                 .execute(store.pool())
                 .await
                 .unwrap();
-            idem::register_store("tx_sqlite", store.clone());
-            idem::register_store("not_sqlite", idem::MemoryStore::new());
             store
         })
         .await
-}
-
-async fn begin(pool: &SqlitePool) -> Transaction<'static, Sqlite> {
-    SqliteStore::from_pool(pool.clone()).begin().await.unwrap()
 }
 
 async fn orders(pool: &SqlitePool, order_no: &str) -> i64 {
@@ -64,18 +61,8 @@ async fn orders(pool: &SqlitePool, order_no: &str) -> i64 {
         .unwrap()
 }
 
-#[idempotent(
-    biz = "TXPAY",
-    key = "req.order_no",
-    store = "tx_sqlite",
-    tx = "tx",
-    fingerprint = "req"
-)]
-async fn pay(
-    tx: &mut Transaction<'_, Sqlite>,
-    req: &PayReq,
-    decline: bool,
-) -> Result<Receipt, PayError> {
+#[idempotent(biz = "TXPAY", key = "req.order_no", tx = "tx", fingerprint = "req")]
+async fn pay(tx: &mut SqliteTx, req: &PayReq, decline: bool) -> Result<Receipt, PayError> {
     let row = sqlx::query("INSERT INTO orders (order_no, amount) VALUES (?1, ?2)")
         .bind(&req.order_no)
         .bind(req.amount)
@@ -88,18 +75,10 @@ async fn pay(
     Ok(Receipt {
         order_no: req.order_no.clone(),
         row,
-    })
-}
-
-#[idempotent(biz = "TXPAY", key = "req.order_no", store = "not_sqlite", tx = "tx")]
-async fn pay_on_wrong_store(
-    tx: &mut Transaction<'_, Sqlite>,
-    req: &PayReq,
-) -> Result<Receipt, PayError> {
-    let _ = tx;
-    Ok(Receipt {
-        order_no: req.order_no.clone(),
-        row: 0,
+        fence: idem::current_claim()
+            .expect("the body holds a claim")
+            .fence
+            .get(),
     })
 }
 
@@ -111,16 +90,23 @@ fn req(order_no: &str) -> PayReq {
 }
 
 #[tokio::test]
-async fn commit_keeps_claim_business_and_mark_together() {
+async fn commit_keeps_claim_business_and_mark_together_and_a_repeat_replays() {
     let store = store().await;
     let pool = store.pool();
-    let mut tx = begin(pool).await;
-    let first = pay(&mut tx, &req("T-1"), false).await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    let (first, report) = idem::observe(pay(&mut tx, &req("T-1"), false)).await;
     tx.commit().await.unwrap();
+    let first = first.unwrap();
+    assert_eq!(report.unwrap().outcome, Outcome::Executed);
     let rec = store.load("TXPAY", "T-1").await.unwrap().unwrap();
     assert_eq!((rec.status, rec.attempt), (Status::Succeeded, 1));
+    assert_eq!(
+        first.fence,
+        rec.fence.get(),
+        "the body saw its claim's fence"
+    );
 
-    let mut tx = begin(pool).await;
+    let mut tx = store.begin().await.unwrap();
     let (again, report) = idem::observe(pay(&mut tx, &req("T-1"), false)).await;
     tx.commit().await.unwrap();
     assert_eq!(again.unwrap(), first);
@@ -132,41 +118,13 @@ async fn commit_keeps_claim_business_and_mark_together() {
 async fn body_error_rolls_back_the_claim_and_the_business_writes() {
     let store = store().await;
     let pool = store.pool();
-    let mut tx = begin(pool).await;
-    let res = pay(&mut tx, &req("T-2"), true).await;
+    let mut tx = store.begin().await.unwrap();
+    let (res, report) = idem::observe(pay(&mut tx, &req("T-2"), true)).await;
     assert!(matches!(res, Err(PayError::Declined)), "{res:?}");
-    // Even if the caller commits after the error, neither the claim nor the order row survive.
+    assert_eq!(report.unwrap().outcome, Outcome::Failed);
     tx.commit().await.unwrap();
     assert!(store.load("TXPAY", "T-2").await.unwrap().is_none());
     assert_eq!(orders(pool, "T-2").await, 0);
-
-    let mut tx = begin(pool).await;
-    pay(&mut tx, &req("T-2"), false).await.unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(orders(pool, "T-2").await, 1);
-    assert_eq!(
-        store.load("TXPAY", "T-2").await.unwrap().unwrap().attempt,
-        1
-    );
-}
-
-#[tokio::test]
-async fn caller_rollback_after_success_leaves_nothing_and_a_retry_runs() {
-    let store = store().await;
-    let pool = store.pool();
-    let mut tx = begin(pool).await;
-    pay(&mut tx, &req("T-3"), false).await.unwrap();
-    tx.rollback().await.unwrap();
-    assert!(
-        store.load("TXPAY", "T-3").await.unwrap().is_none(),
-        "the claim must roll back with the business"
-    );
-    assert_eq!(orders(pool, "T-3").await, 0);
-
-    let mut tx = begin(pool).await;
-    pay(&mut tx, &req("T-3"), false).await.unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(orders(pool, "T-3").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,10 +133,10 @@ async fn concurrent_duplicates_in_transactions_execute_once() {
     let barrier = Arc::new(tokio::sync::Barrier::new(16));
     let tasks: Vec<_> = (0..16)
         .map(|_| {
-            let (pool, barrier) = (store.pool().clone(), barrier.clone());
+            let (store, barrier) = (store.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                let mut tx = begin(&pool).await;
+                let mut tx = store.begin().await.unwrap();
                 let receipt = pay(&mut tx, &req("T-4"), false).await.unwrap();
                 tx.commit().await.unwrap();
                 receipt
@@ -196,37 +154,76 @@ async fn concurrent_duplicates_in_transactions_execute_once() {
     assert_eq!(orders(store.pool(), "T-4").await, 1);
 }
 
-#[tokio::test]
-async fn payload_mismatch_in_a_transaction_writes_nothing() {
-    let store = store().await;
-    let pool = store.pool();
-    let mut tx = begin(pool).await;
-    pay(&mut tx, &req("T-5"), false).await.unwrap();
-    tx.commit().await.unwrap();
-    let mut tx = begin(pool).await;
-    let other = PayReq {
-        amount: 999,
-        ..req("T-5")
-    };
-    let res = pay(&mut tx, &other, false).await;
-    tx.commit().await.unwrap();
-    assert!(
-        matches!(res, Err(PayError::Idem(IdemError::PayloadMismatch))),
-        "{res:?}"
-    );
-    assert_eq!(orders(pool, "T-5").await, 1);
-}
+/// A tx-mode call is an `idem` span with its outcome and attempt, like a lease-mode call.
+#[test]
+fn a_transactional_call_is_a_span_with_its_outcome() {
+    use tracing::field::{Field, Visit};
+    use tracing_subscriber::layer::SubscriberExt;
 
-#[tokio::test]
-async fn a_store_of_another_backend_cannot_join_the_transaction() {
-    let store = store().await;
-    let pool = store.pool();
-    let mut tx = begin(pool).await;
-    let res = pay_on_wrong_store(&mut tx, &req("T-6")).await;
-    tx.commit().await.unwrap();
-    assert!(
-        matches!(res, Err(PayError::Idem(IdemError::TxStoreMismatch { .. }))),
-        "{res:?}"
-    );
-    assert!(store.load("TXPAY", "T-6").await.unwrap().is_none());
+    #[derive(Clone, Default)]
+    struct Seen(Arc<Mutex<Vec<(String, String)>>>);
+    struct Visitor<'a>(&'a Mutex<Vec<(String, String)>>);
+    impl Visit for Visitor<'_> {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((field.name().to_owned(), format!("{value:?}")));
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((field.name().to_owned(), value.to_owned()));
+        }
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Seen {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _: &tracing::span::Id,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if attrs.metadata().name() == "idem" {
+                attrs.record(&mut Visitor(&self.0));
+            }
+        }
+        fn on_record(
+            &self,
+            _: &tracing::span::Id,
+            values: &tracing::span::Record<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            values.record(&mut Visitor(&self.0));
+        }
+    }
+
+    let seen = Seen::default();
+    let subscriber = tracing_subscriber::registry().with(seen.clone());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        rt.block_on(async {
+            let store = SqliteStore::in_memory().await.unwrap();
+            store.migrate().await.unwrap();
+            sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, order_no TEXT NOT NULL, amount INTEGER NOT NULL)")
+                .execute(store.pool())
+                .await
+                .unwrap();
+            let mut tx = store.begin().await.unwrap();
+            pay(&mut tx, &req("S-1"), false).await.unwrap();
+            tx.commit().await.unwrap();
+        })
+    });
+    let fields = seen.0.lock().unwrap().clone();
+    for expected in [("biz", "TXPAY"), ("outcome", "executed"), ("attempt", "1")] {
+        assert!(
+            fields
+                .iter()
+                .any(|(k, v)| (k.as_str(), v.as_str()) == expected),
+            "{expected:?} in {fields:?}"
+        );
+    }
 }

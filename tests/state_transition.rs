@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use idem::SqliteTx;
 use idem::sqlx::{self, Sqlite, SqlitePool, Transaction};
 use idem::{IdemError, SqliteStore, StateMachine, Transition, state_transition};
 
@@ -89,7 +90,7 @@ async fn coupons(pool: &SqlitePool, order_no: &str) -> i64 {
 // The short form: `tx` is the caller's transaction, the first other parameter is the key column.
 #[state_transition(from = "WAIT_PAY", to = "PAID")]
 async fn pay(
-    tx: &mut Transaction<'_, Sqlite>,
+    tx: &mut SqliteTx,
     order_no: &str,
 ) -> Result<Transition<u64, OrderStatus>, OrderError> {
     sqlx::query("INSERT INTO coupons (order_no) VALUES (?)")
@@ -109,7 +110,7 @@ async fn pay(
     match(trade_no),
 )]
 async fn on_paid(
-    tx: &mut Transaction<'_, Sqlite>,
+    tx: &mut SqliteTx,
     callback: &Callback,
 ) -> Result<Transition<(), OrderStatus>, OrderError> {
     sqlx::query("INSERT INTO coupons (order_no) VALUES (?)")
@@ -228,7 +229,8 @@ async fn a_body_error_rolls_the_transition_back() {
     let store = setup("rollback").await;
     let pool = store.pool();
     insert(pool, "C1", OrderStatus::WaitPay).await;
-    let mut tx = store.begin().await.unwrap();
+    // A transaction of `idem::sqlx` begun on the pool works too (not only `store.begin()`'s).
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
     let out = close_but_refuse("C1", &mut tx).await;
     assert!(matches!(out, Err(OrderError::Refused)), "{out:?}");
     // The caller's transaction is still usable and commits nothing of the failed transition.
@@ -312,7 +314,8 @@ fn the_machine_and_its_sql_are_readable() {
     assert!(OrderStatus::WaitPay.can_move_to(OrderStatus::Paid));
     assert!(OrderStatus::Refunded.is_terminal());
     assert_eq!(OrderStatus::TABLE, "orders");
-    let sql = idem::TransitionSql::build::<OrderStatus>(&idem::__private::TransitionShape {
+    // The exact SQL of a transition, per dialect, through public API (what the fn's docs show).
+    let sql = idem::TransitionSql::build::<OrderStatus>(&idem::TransitionShape {
         set: &["trade_no"],
         now: Some("paid_at"),
         matches: &["trade_no"],
@@ -321,7 +324,12 @@ fn the_machine_and_its_sql_are_readable() {
     });
     assert_eq!(
         sql.postgres.update.as_str(),
-        "UPDATE orders SET status = $1, trade_no = $2, paid_at = CURRENT_TIMESTAMP \
-         WHERE order_no = $3 AND status IN ($4, $5)"
+        "UPDATE \"orders\" SET \"status\" = $1, \"trade_no\" = $2, \"paid_at\" = CURRENT_TIMESTAMP, \
+         \"version\" = \"version\" + 1 WHERE \"order_no\" = $3 AND \"status\" IN ($4, $5)"
+    );
+    assert_eq!(
+        sql.mysql.read.as_str(),
+        "SELECT `status`, CASE WHEN `status` = ? AND `trade_no` = ? THEN 1 ELSE 0 END, `version` \
+         FROM `orders` WHERE `order_no` = ? FOR UPDATE"
     );
 }

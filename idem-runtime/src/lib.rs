@@ -56,27 +56,12 @@ macro_rules! __idem_sqlite_text {
     ($machine:ty) => {};
 }
 
-/// `#[state_transition]` runs on SQLite only today: without the feature it is a compile error that
-/// names the feature.
-#[cfg(feature = "sqlite")]
+// The check traits the generated code names, also at the crate root: rustc names an unmet trait
+// by its shortest visible path, and `__private` is hidden.
 #[doc(hidden)]
-#[macro_export]
-macro_rules! __idem_require_sqlite {
-    () => {};
-}
-
-/// `#[state_transition]` runs on SQLite only today: without the feature it is a compile error that
-/// names the feature.
-#[cfg(not(feature = "sqlite"))]
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __idem_require_sqlite {
-    () => {
-        ::core::compile_error!(
-            "`#[state_transition]` needs the `sqlite` feature of `idem` (the only backend it runs on today)"
-        );
-    };
-}
+pub use __private::{
+    AsStore, AsStoreRef, CarriesIdemError, IsMachine, IsResult, JoinableTx, Storable,
+};
 
 #[cfg(feature = "sqlite")]
 #[doc(no_inline)]

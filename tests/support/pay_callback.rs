@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use idem::sqlx::{self, Sqlite, Transaction};
-use idem::{IdemError, SqliteStore, Transition, state_transition};
+use idem::sqlx;
+use idem::{IdemError, SqliteStore, SqliteTx, Transition, state_transition};
 
 /// The order's life: paid once, refunded only after a refund request, nothing leaves a terminal state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, idem::StateMachine)]
@@ -64,7 +64,7 @@ pub enum Callback {
     match(trade_no)
 )]
 pub async fn on_paid(
-    tx: &mut Transaction<'_, Sqlite>,
+    tx: &mut SqliteTx,
     order_no: &str,
     trade_no: &str,
 ) -> Result<Transition<(), PayStatus>, ScenarioError> {
@@ -79,7 +79,7 @@ pub async fn on_paid(
 /// The user asks for a refund: PAID → REFUNDING.
 #[state_transition(from = "PAID", to = "REFUNDING")]
 pub async fn request_refund(
-    tx: &mut Transaction<'_, Sqlite>,
+    tx: &mut SqliteTx,
     order_no: &str,
 ) -> Result<Transition<(), PayStatus>, ScenarioError> {
     history(tx, order_no, PayStatus::Refunding).await
@@ -94,7 +94,7 @@ pub async fn request_refund(
     match(refund_no)
 )]
 pub async fn on_refunded(
-    tx: &mut Transaction<'_, Sqlite>,
+    tx: &mut SqliteTx,
     order_no: &str,
     refund_no: &str,
 ) -> Result<Transition<(), PayStatus>, ScenarioError> {
@@ -103,7 +103,7 @@ pub async fn on_refunded(
 }
 
 async fn book(
-    tx: &mut Transaction<'_, Sqlite>,
+    tx: &mut SqliteTx,
     order_no: &str,
     kind: &str,
     amount: i64,
@@ -117,11 +117,7 @@ async fn book(
     Ok(())
 }
 
-async fn history(
-    tx: &mut Transaction<'_, Sqlite>,
-    order_no: &str,
-    to: PayStatus,
-) -> Result<(), ScenarioError> {
+async fn history(tx: &mut SqliteTx, order_no: &str, to: PayStatus) -> Result<(), ScenarioError> {
     sqlx::query("INSERT INTO history (order_no, status) VALUES (?, ?)")
         .bind(order_no)
         .bind(to)

@@ -4,10 +4,10 @@ use idem::idempotent;
 mod pay_types;
 use pay_types::*;
 
-use idem::sqlx::{Sqlite, Transaction};
+use idem::SqliteTx;
 
-#[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite", tx = "txn")]
-async fn pay(tx: &mut Transaction<'_, Sqlite>, req: &PayReq) -> Result<Receipt, PayError> {
+#[idempotent(biz = "PAY", key = "req.order_no", tx = "txn")]
+async fn pay(tx: &mut SqliteTx, req: &PayReq) -> Result<Receipt, PayError> {
     let _ = tx;
     Ok(Receipt { id: req.user_id })
 }

@@ -1,5 +1,5 @@
 use idem::idempotent;
-use idem::sqlx::{Sqlite, Transaction};
+use idem::SqliteTx;
 
 #[derive(serde::Serialize, serde::Deserialize)]
 pub struct Receipt;
@@ -17,8 +17,8 @@ impl From<idem::IdemError> for PayError {
     }
 }
 
-#[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite", tx = "tx", on_in_progress = "wait(5s)")]
-async fn pay(tx: &mut Transaction<'_, Sqlite>, req: &PayReq) -> Result<Receipt, PayError> {
+#[idempotent(biz = "PAY", key = "req.order_no", tx = "tx", on_in_progress = "wait(5s)")]
+async fn pay(tx: &mut SqliteTx, req: &PayReq) -> Result<Receipt, PayError> {
     let _ = (tx, req);
     Ok(Receipt)
 }

@@ -47,9 +47,9 @@ typed!(pay_typed, Receipt, PayError);
 
 macro_rules! in_tx {
     ($name:ident, $tx:ident, $fingerprint:expr) => {
-        #[idempotent(biz = "TX", key = "req.order_no", store = "sqlite", tx = $tx, fingerprint = $fingerprint)]
+        #[idempotent(biz = "TX", key = "req.order_no", tx = $tx, fingerprint = $fingerprint)]
         async fn $name(
-            $tx: &mut idem::sqlx::Transaction<'_, idem::sqlx::Sqlite>,
+            $tx: &mut idem::SqliteTx,
             req: &PayReq,
         ) -> Result<Receipt, PayError> {
             Ok(Receipt { id: req.user_id })

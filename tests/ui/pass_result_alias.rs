@@ -23,9 +23,9 @@ async fn refund(req: &PayReq) -> shop::Outcome<Receipt, PayError> {
 }
 
 // In tx mode too.
-#[idempotent(biz = "PAY_TX", key = "req.order_no", store = "sqlite", tx = "tx")]
+#[idempotent(biz = "PAY_TX", key = "req.order_no", tx = "tx")]
 async fn pay_in_tx(
-    tx: &mut idem::sqlx::Transaction<'_, idem::sqlx::Sqlite>,
+    tx: &mut idem::SqliteTx,
     req: &PayReq,
 ) -> ShopResult<Receipt> {
     let _ = tx;

@@ -1,5 +1,4 @@
-use idem::sqlx::{Sqlite, SqliteConnection, Transaction};
-use idem::{IdemError, idempotent};
+use idem::{IdemError, SqliteTx, idempotent};
 use serde::{Deserialize, Serialize};
 
 pub struct PayReq {
@@ -30,9 +29,9 @@ impl From<idem::sqlx::Error> for PayError {
     }
 }
 
-// Claim, business write and mark in the caller's transaction.
-#[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite", tx = "tx")]
-pub async fn pay(tx: &mut Transaction<'_, Sqlite>, req: &PayReq) -> Result<Receipt, PayError> {
+// Claim, business write and mark in the caller's transaction, which carries its store (no `store`).
+#[idempotent(biz = "PAY", key = "req.order_no", tx = "tx")]
+pub async fn pay(tx: &mut SqliteTx, req: &PayReq) -> Result<Receipt, PayError> {
     let done = idem::sqlx::query("INSERT INTO payments (order_no, amount) VALUES (?, ?)")
         .bind(&req.order_no)
         .bind(req.amount)
@@ -43,13 +42,13 @@ pub async fn pay(tx: &mut Transaction<'_, Sqlite>, req: &PayReq) -> Result<Recei
     })
 }
 
-// A bare connection works too, and `tx` may be any parameter.
-#[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite", tx = "conn")]
-pub async fn pay_on(req: &PayReq, conn: &mut SqliteConnection) -> Result<Receipt, PayError> {
+// `tx` may be any parameter, here with a heartbeat-free lease call beside it.
+#[idempotent(biz = "PAY", key = "req.order_no", tx = "conn")]
+pub async fn pay_on(req: &PayReq, conn: &mut SqliteTx) -> Result<Receipt, PayError> {
     let done = idem::sqlx::query("INSERT INTO payments (order_no, amount) VALUES (?, ?)")
         .bind(&req.order_no)
         .bind(req.amount)
-        .execute(&mut *conn)
+        .execute(&mut **conn)
         .await?;
     Ok(Receipt {
         id: done.last_insert_rowid(),

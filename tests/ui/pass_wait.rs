@@ -26,6 +26,12 @@ async fn pay_rejecting(req: &PayReq) -> Result<Receipt, PayError> {
     Ok(Receipt { id: req.user_id })
 }
 
+// A slow body keeps its claim: the lease is renewed every 10 s while it runs.
+#[idempotent(biz = "REPORT", key = "req.order_no", store = "sqlite", lease = "30s", heartbeat = "10s")]
+async fn build_report(req: &PayReq) -> Result<Receipt, PayError> {
+    Ok(Receipt { id: req.user_id })
+}
+
 fn main() {
     let req = PayReq {
         order_no: "A-1".into(),
@@ -33,4 +39,5 @@ fn main() {
     };
     drop(pay(&req));
     drop(pay_rejecting(&req));
+    drop(build_report(&req));
 }

@@ -17,8 +17,8 @@ use crate::common::options::{self, Form, OptionSet, Options, Value, opt};
 pub(crate) const DEFAULT_TTL_MS: u64 = 7 * 24 * 3_600_000;
 /// Default `lease`: thirty seconds.
 pub(crate) const DEFAULT_LEASE_MS: u64 = 30_000;
-/// Longest accepted `biz`, in characters.
-pub(crate) const MAX_BIZ_CHARS: usize = 32;
+/// Longest accepted `biz`, in bytes (the runtime's `DEFAULT_MAX_BIZ_LEN`, in the same unit).
+pub(crate) const MAX_BIZ_BYTES: usize = 32;
 /// A complete attribute, shown whenever a required option is missing.
 pub(crate) const EXAMPLE: &str =
     r#"#[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite")]"#;
@@ -39,6 +39,7 @@ const OPTIONS: OptionSet = OptionSet {
             r#"on_in_progress = "wait(5s)""#,
         ),
         opt("tx", Form::Value, r#"tx = "tx""#),
+        opt("heartbeat", Form::Value, r#"heartbeat = "10s""#),
         opt("crate", Form::Value, r#"crate = "::idem""#),
     ],
 };
@@ -87,6 +88,8 @@ pub(crate) struct IdempotentArgs {
     pub(crate) on_in_progress: Option<InProgress>,
     /// The transaction parameter, spanned at the literal that named it.
     pub(crate) tx: Option<Ident>,
+    /// `heartbeat = "10s"`: renew the lease this often while the body runs.
+    pub(crate) heartbeat: Option<DurationArg>,
     pub(crate) krate: Option<Path>,
     pub(crate) errors: Errors,
 }
@@ -103,10 +106,15 @@ impl Parse for IdempotentArgs {
             fingerprint: None,
             on_in_progress: None,
             tx: None,
+            heartbeat: None,
             krate: None,
             errors: std::mem::take(&mut options.errors),
         };
+        let mut store_span = None;
         for given in std::mem::take(&mut options.given) {
+            if given.name == "store" {
+                store_span = Some(given.span);
+            }
             let Value::Expr(value) = given.value else {
                 continue;
             };
@@ -119,12 +127,12 @@ impl Parse for IdempotentArgs {
                 "key" => args.key = expr_arg(name, example(name), value, errors),
                 "fingerprint" => args.fingerprint = expr_arg(name, example(name), value, errors),
                 "store" => args.store = store(value, errors),
-                "ttl" | "lease" => {
+                "ttl" | "lease" | "heartbeat" => {
                     let duration = duration_arg(name, &value, errors);
-                    if name == "ttl" {
-                        args.ttl = duration;
-                    } else {
-                        args.lease = duration;
+                    match name {
+                        "ttl" => args.ttl = duration,
+                        "lease" => args.lease = duration,
+                        _ => args.heartbeat = duration,
                     }
                 }
                 "on_in_progress" => {
@@ -136,15 +144,18 @@ impl Parse for IdempotentArgs {
             }
         }
         args.check_missing(&options);
+        args.check_store_with_tx(&options, store_span);
         args.check_ttl_outlives_lease(&options);
+        args.check_heartbeat(&options);
         Ok(args)
     }
 }
 
-/// `biz`: non-empty, at most 32 characters, no whitespace.
+/// `biz`: non-empty, at most 32 bytes (the limit the store enforces, in the same unit), no
+/// whitespace.
 fn check_biz(lit: LitStr, errors: &mut Errors) -> Option<LitStr> {
     let value = lit.value();
-    let chars = value.chars().count();
+    let bytes = value.len();
     let problem = if value.is_empty() {
         "`biz` is empty; name the business action, e.g. `biz = \"PAY\"`".to_owned()
     } else if value.chars().any(char::is_whitespace) {
@@ -153,9 +164,9 @@ fn check_biz(lit: LitStr, errors: &mut Errors) -> Option<LitStr> {
             value.escape_default(),
             value.split_whitespace().collect::<Vec<_>>().join("_"),
         )
-    } else if chars > MAX_BIZ_CHARS {
+    } else if bytes > MAX_BIZ_BYTES {
         format!(
-            "`biz` is {chars} characters long; keep it at most {MAX_BIZ_CHARS} (it is stored with every record), e.g. `biz = \"PAY\"`"
+            "`biz` is {bytes} bytes long in UTF-8; keep it at most {MAX_BIZ_BYTES} bytes (the store's limit: it is stored with every record), e.g. `biz = \"PAY\"`"
         )
     } else {
         return Some(lit);
@@ -262,9 +273,15 @@ fn crate_path(value: &Expr, errors: &mut Errors) -> Option<Path> {
 }
 
 impl IdempotentArgs {
-    /// One error naming every required option that is absent, with a complete example.
+    /// One error naming every required option that is absent, with a complete example. `store` is
+    /// not needed with `tx`: the transaction carries its store.
     fn check_missing(&mut self, options: &Options) {
-        let missing = options.missing(&["biz", "key", "store"]);
+        let required: &[&'static str] = if options.has("tx") {
+            &["biz", "key"]
+        } else {
+            &["biz", "key", "store"]
+        };
+        let missing = options.missing(required);
         if missing.is_empty() {
             return;
         }
@@ -286,6 +303,55 @@ impl IdempotentArgs {
             meanings.join(", ")
         );
         self.errors.push(options.error_at(message));
+    }
+
+    /// With `tx`, the store is the one the transaction was begun on, by construction; a `store`
+    /// beside it could only disagree.
+    fn check_store_with_tx(&mut self, options: &Options, store_span: Option<Span>) {
+        if !options.has("tx") {
+            return;
+        }
+        if let Some(span) = store_span {
+            self.errors.at(
+                span,
+                "with `tx`, the records go to the store the transaction was begun on \
+                 (`store.begin()`), so `store` is not needed; remove `store = …`",
+            );
+            self.store = None;
+        }
+    }
+
+    /// A heartbeat renews the lease while the body runs: it must beat more often than the lease
+    /// runs out, and it has nothing to renew in a transaction (the claim is not visible to others
+    /// before the commit).
+    fn check_heartbeat(&mut self, options: &Options) {
+        let Some(heartbeat) = &self.heartbeat else {
+            return;
+        };
+        if options.has("tx") {
+            self.errors.at(
+                heartbeat.lit.span(),
+                "`heartbeat` cannot be combined with `tx`: a claim in a transaction is invisible to \
+                 other calls until the commit, so there is no lease to renew; remove `heartbeat`",
+            );
+            return;
+        }
+        if options.has("lease") && self.lease.is_none() {
+            return;
+        }
+        let lease = self.lease.as_ref().map_or(DEFAULT_LEASE_MS, |l| l.millis);
+        if heartbeat.millis >= lease {
+            self.errors.at(
+                heartbeat.lit.span(),
+                format!(
+                    "`heartbeat` ({}) must be shorter than `lease` ({}): each beat renews the lease \
+                     before it runs out; a third of the lease is usual, e.g. `heartbeat = \"{}\"`",
+                    duration::format_millis(heartbeat.millis),
+                    duration::format_millis(lease),
+                    duration::format_millis((lease / 3).max(1)),
+                ),
+            );
+        }
     }
 
     /// The record must outlive the lease that protects it, else a slow first call loses its record.

@@ -22,12 +22,15 @@ const ASYNC: AsyncNeed = AsyncNeed {
 pub(crate) struct Spec {
     pub(crate) biz: LitStr,
     pub(crate) key: Expr,
-    pub(crate) store: StoreSpec,
+    /// `None` in transaction mode: the transaction carries its store.
+    pub(crate) store: Option<StoreSpec>,
     pub(crate) ttl_ms: u64,
     pub(crate) lease_ms: u64,
     pub(crate) fingerprint: Option<Expr>,
     /// `on_in_progress = "wait(..)"`, in milliseconds, with the literal's span.
     pub(crate) wait: Option<(u64, Span)>,
+    /// `heartbeat = "…"`, in milliseconds, with the literal's span.
+    pub(crate) heartbeat: Option<(u64, Span)>,
     pub(crate) tx: Option<Ident>,
     /// `crate = "…"`, or `None` for `::idem`.
     pub(crate) krate: Option<Path>,
@@ -54,6 +57,7 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
         fingerprint,
         on_in_progress,
         tx,
+        heartbeat,
         krate,
         mut errors,
     } = args;
@@ -90,11 +94,18 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
     }
     errors.finish()?;
 
+    // With `tx` there is no store option (refused when given); without, it is required.
+    let store = match (&tx, store) {
+        (Some(_), _) => Some(None),
+        (None, Some(store)) => Some(Some(store)),
+        (None, None) => None,
+    };
     match (biz, key, store, ret) {
         (Some(biz), Some(key), Some(store), Some(ret)) => Ok(Spec {
             biz,
             key: key.emitted(),
             store,
+            heartbeat: heartbeat.map(|h| (h.millis, h.lit.span())),
             ttl_ms: ttl.map_or(args::DEFAULT_TTL_MS, |ttl| ttl.millis),
             lease_ms: lease.map_or(args::DEFAULT_LEASE_MS, |lease| lease.millis),
             fingerprint: fingerprint.as_ref().map(ExprArg::emitted),

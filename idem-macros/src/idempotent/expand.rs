@@ -60,7 +60,10 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     };
 
     let call = call(spec, &private);
-    let (use_as_store, store_arg) = store_arg(&spec.store, &private);
+    let (use_as_store, store_arg) = match &spec.store {
+        Some(store) => store_arg(store, &private),
+        None => (TokenStream::new(), TokenStream::new()),
+    };
     let fake_return = body::fake_return(&quote!(#ret_ty), ret_span);
     // The user's body, as the engine takes it: an async block that yields `Result<T, E>`. For an
     // alias, the body yields the declared type and `IsResult::into_result` (the identity) makes it a
@@ -111,7 +114,7 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
                 span,
                 &private,
                 quote!(tx_claim::<#ok_arg, _>),
-                quote!(#store_arg, __idem_call, __idem_ok, #conn),
+                quote!(__idem_call, __idem_ok, #conn),
             );
             let finish = engine_call(
                 span,
@@ -121,21 +124,28 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
             );
             quote! {
                 #check_tx
-                // The claim row is written inside the caller's transaction: it commits or rolls back
-                // with the business writes. A repeat that finds a stored result returns it at once.
-                let __idem_guard = match #claim {
-                    ::core::result::Result::Ok(#private::TxClaim::Run(__idem_guard)) => __idem_guard,
-                    ::core::result::Result::Ok(#private::TxClaim::Replay(__idem_value)) => {
-                        return ::core::result::Result::Ok(__idem_value);
-                    }
-                    ::core::result::Result::Err(__idem_error) => {
-                        return ::core::result::Result::Err(__idem_err.from_idem(__idem_error));
-                    }
-                };
-                // The original body, in a non-`move` async block: it borrows `tx` and the other
-                // parameters, so `tx` can be borrowed again below to mark the record.
-                let __idem_out = #user_body.await;
-                #finish
+                // Claim, body and mark run in the call's span (outcome, attempt), like a lease-mode
+                // call: the runtime reports every mode the same way.
+                let __idem_span = #private::call_span(&__idem_call);
+                #private::in_span(__idem_span, async {
+                    // The claim row is written inside the caller's transaction: it commits or rolls
+                    // back with the business writes. A repeat that finds a stored result returns it.
+                    let __idem_guard = match #claim {
+                        ::core::result::Result::Ok(#private::TxClaim::Run(__idem_guard)) => __idem_guard,
+                        ::core::result::Result::Ok(#private::TxClaim::Replay(__idem_value)) => {
+                            return ::core::result::Result::Ok(__idem_value);
+                        }
+                        ::core::result::Result::Err(__idem_error) => {
+                            return ::core::result::Result::Err(__idem_err.from_idem(__idem_error));
+                        }
+                    };
+                    // The original body, in a non-`move` async block: it borrows `tx` and the other
+                    // parameters, so `tx` can be borrowed again below to mark the record. It runs as
+                    // the holder of the claim (`idem::current_claim()`).
+                    let __idem_out = #private::tx_body(&__idem_guard, #user_body).await;
+                    #finish
+                })
+                .await
             }
         }
     };
@@ -230,6 +240,10 @@ fn call(spec: &Spec, private: &TokenStream) -> TokenStream {
         let wait = Literal::u64_suffixed(*wait_ms);
         call.extend(quote_spanned!(*span=> .wait(::core::time::Duration::from_millis(#wait))));
     }
+    if let Some((beat_ms, span)) = &spec.heartbeat {
+        let beat = Literal::u64_suffixed(*beat_ms);
+        call.extend(quote_spanned!(*span=> .heartbeat(::core::time::Duration::from_millis(#beat))));
+    }
     call
 }
 
@@ -258,7 +272,7 @@ fn store_arg(store: &StoreSpec, private: &TokenStream) -> (TokenStream, TokenStr
             // and for anything else fails with `AsStore`'s message rather than "no method found".
             // Spanned at the expression so a value that is not a store is reported there.
             let span = expr.span();
-            let as_store = quote_spanned!(span=> (&(#expr)).__idem_as_store());
+            let as_store = quote_spanned!(span=> (&(#expr)).as_idem_store());
             (
                 quote!(use #private::{AsStore as _, AsStoreRef as _};),
                 quote!(#private::StoreArg::Given(#as_store)),

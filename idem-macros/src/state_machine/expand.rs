@@ -129,7 +129,8 @@ fn crate_path(krate: Option<&Path>) -> TokenStream {
     }
 }
 
-/// `Display` and `FromStr` through the stored name, and the sqlx impls.
+/// `Display` and `FromStr` through the stored name, binding as a SQL value (its stored name, for
+/// `set(status_copy = …)` and the like), and the sqlx impls.
 fn display_and_sqlx(ident: &Ident, krate: &TokenStream) -> TokenStream {
     let name = ident.to_string();
     quote! {
@@ -143,6 +144,15 @@ fn display_and_sqlx(ident: &Ident, krate: &TokenStream) -> TokenStream {
             fn from_str(name: &str) -> ::core::result::Result<Self, Self::Err> {
                 <Self as #krate::StateMachine>::parse(name)
                     .ok_or_else(|| #krate::UnknownState::new(#name, name))
+            }
+        }
+        impl #krate::ToSqlValue for #ident {
+            fn to_sql_value(
+                &self,
+            ) -> ::core::result::Result<#krate::SqlValue<'_>, #krate::IdemError> {
+                ::core::result::Result::Ok(#krate::SqlValue::Text(
+                    ::std::borrow::Cow::Borrowed(#krate::StateMachine::as_str(*self)),
+                ))
             }
         }
         #krate::__private::sqlite_text!(#ident);

@@ -86,10 +86,18 @@ fn machine_check(spec: &Spec, krate: &TokenStream) -> TokenStream {
     }
 }
 
-/// A `.bind(&(expr))`, spanned at the expression as written.
-fn bind(value: &ExprArg) -> TokenStream {
+/// `let <name> = &(expr);` (a temporary the expression makes lives on with the binding), and the
+/// binding as `&dyn ToSqlValue`, both spanned at the expression as written: a value idem cannot
+/// bind is reported there, with `ToSqlValue`'s message.
+fn value(value: &ExprArg, name: &str, private: &TokenStream) -> (TokenStream, TokenStream) {
     let expr = value.emitted();
-    quote_spanned!(value.span()=> .bind(&(#expr)))
+    let span = value.span();
+    let to_sql = located_at(quote!(#private::ToSqlValue), span);
+    let name = body::binding(name);
+    (
+        quote_spanned!(span=> let #name = &(#expr);),
+        quote_spanned!(span=> #name as &dyn #to_sql),
+    )
 }
 
 pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
@@ -126,33 +134,42 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     let from_count = from.len();
     let versioned = args.version.is_some();
 
-    let set_binds = args.set.iter().map(|s| bind(&s.value));
-    let match_binds = args.matches.iter().filter_map(|column| {
-        args.set
-            .iter()
-            .find(|s| s.column == *column)
-            .map(|s| bind(&s.value))
-    });
-    let key_bind = bind(&spec.key);
-    let key_bind_again = key_bind.clone();
+    let (set_lets, set_values): (Vec<_>, Vec<_>) = args
+        .set
+        .iter()
+        .enumerate()
+        .map(|(i, s)| value(&s.value, &format!("__idem_set{i}"), &private))
+        .unzip();
+    let (key_let, key_value) = value(&spec.key, "__idem_key", &private);
     let version_let = args.version.as_ref().map(|version| {
         let expr = version.emitted();
         let name = body::binding("__idem_version");
         quote_spanned!(version.span()=> let #name: i64 = #expr;)
     });
-    let version_bind = versioned.then(|| quote!(.bind(__idem_version)));
     let expected_version = if versioned {
         quote!(::core::option::Option::Some(__idem_version))
     } else {
         quote!(::core::option::Option::None)
     };
 
+    // The connection the transition runs on: the caller's (`tx`), checked at the `tx` token against
+    // `TransitionConn` (the trait every backend's transaction implements), or a transaction of its
+    // own on a registered store.
     let (conn, tx_check) = match &spec.tx {
-        Some(tx) => (
-            quote_spanned!(tx.span()=> #private::transition_conn(&mut *#tx)),
-            Some(quote_spanned!(tx.span()=> let _ = #private::transition_conn(&mut *#tx);)),
-        ),
-        None => (quote!(#private::transition_conn(&mut __idem_tx)), None),
+        Some(tx) => {
+            // Every use is the same cast at the `tx` token: a type that is no transaction is one
+            // error there (rustc reports identical diagnostics once).
+            let span = tx.span();
+            let conn_trait = located_at(quote!(#private::TransitionConn), span);
+            (
+                quote_spanned!(span=> (&mut *#tx as &mut dyn #conn_trait)),
+                Some(quote_spanned!(span=> let _ = (&mut *#tx as &mut dyn #conn_trait);)),
+            )
+        }
+        None => {
+            let conn_trait = quote!(#private::TransitionConn);
+            (quote!((&mut *__idem_tx as &mut dyn #conn_trait)), None)
+        }
     };
     // The body returns `Result<T, E>`; `E` is the fn's error type, or for an alias
     // (`anyhow::Result<Transition<T, M>>`) the one the type checker finds through the return type.
@@ -178,110 +195,67 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
         quote_spanned!(err_span=> let #name = <#err_ty as #private::CarriesIdemError>::proof();)
     };
 
+    // One runtime entry point: the update (its SQL picked by the connection's dialect), the body in
+    // the same savepoint when one row moved, and why not otherwise.
     let core = quote! {
         async {
-            if let ::core::result::Result::Err(e) = #private::transition_savepoint(#conn).await {
-                return ::core::result::Result::Err(__idem_err.from_idem(e));
-            }
-            let __idem_rows = #private::transition_rows(
-                #private::transition_query(__idem_sql.update.as_str())
-                    .bind(#to)
-                    #(#set_binds)*
-                    #key_bind
-                    #(.bind(#from))*
-                    #version_bind
-                    .execute(#conn)
-                    .await,
-            );
-            match __idem_rows {
-                ::core::result::Result::Ok(1) => {
-                    // The row moved: run the body in the same transaction; its `Err` undoes the move.
-                    let __idem_out: #body_ty = async {
-                        #fake_return
-                        #(#stmts)*
-                    }
-                    .await;
-                    return match __idem_out {
-                        ::core::result::Result::Ok(value) => match #private::transition_release(#conn).await {
-                            ::core::result::Result::Ok(()) => ::core::result::Result::Ok(#krate::Transition::Applied(value)),
-                            ::core::result::Result::Err(e) => ::core::result::Result::Err(__idem_err.from_idem(e)),
-                        },
-                        ::core::result::Result::Err(error) => {
-                            // The body's error is what the caller needs; a failed rollback-to-savepoint
-                            // also fails the enclosing transaction's commit.
-                            let _ = #private::transition_abort(#conn).await;
-                            ::core::result::Result::Err(error)
-                        }
-                    };
-                }
-                ::core::result::Result::Ok(0) => {}
-                ::core::result::Result::Ok(rows) => {
-                    let _ = #private::transition_abort(#conn).await;
-                    return ::core::result::Result::Err(__idem_err.from_idem(#krate::IdemError::store(
-                        ::std::format!("the key matched {rows} rows; the machine's key column must be unique"),
-                    )));
+            #key_let
+            #(#set_lets)*
+            // Converted before the first await: the future holds plain values only.
+            let __idem_values = #private::TransitionValues::new(#key_value, &[#(#set_values),*]);
+            let __idem_guard = match __idem_call
+                .start(#conn, __idem_values, #expected_version)
+                .await
+            {
+                ::core::result::Result::Ok(#private::TransitionStep::Apply(guard)) => guard,
+                ::core::result::Result::Ok(#private::TransitionStep::Done(done)) => {
+                    return ::core::result::Result::Ok(done.into_transition());
                 }
                 ::core::result::Result::Err(e) => {
-                    let _ = #private::transition_abort(#conn).await;
                     return ::core::result::Result::Err(__idem_err.from_idem(e));
                 }
+            };
+            // The row moved: run the body in the same transaction; its `Err` undoes the move.
+            let __idem_out: #body_ty = async {
+                #fake_return
+                #(#stmts)*
             }
-            // No row moved: read it (under the transaction's write lock) to tell why.
-            let __idem_row = #private::transition_query(__idem_sql.read.as_str())
-                .bind(#to)
-                #(#match_binds)*
-                #key_bind_again
-                .fetch_optional(#conn)
-                .await;
-            let __idem_outcome = #private::transition_outcome::<#ok_ty, #machine_alias>(
-                __idem_row,
-                &[#(#from),*],
-                #expected_version,
-            );
-            if let ::core::result::Result::Err(e) = #private::transition_release(#conn).await {
-                return ::core::result::Result::Err(__idem_err.from_idem(e));
-            }
-            __idem_outcome.map_err(|e| __idem_err.from_idem(e))
+            .await;
+            __idem_call.finish(__idem_guard, #conn, __idem_err, __idem_out).await
         }
     };
 
     let run = match &spec.store {
         None => quote!(#core.await),
         Some(store) => quote! {
-            let mut __idem_tx = match #private::transition_begin(#store).await {
+            let mut __idem_tx = match __idem_call.begin(#private::StoreArg::Named(#store)).await {
                 ::core::result::Result::Ok(tx) => tx,
-                ::core::result::Result::Err(e) => return ::core::result::Result::Err(__idem_err.from_idem(e)),
+                ::core::result::Result::Err(e) => {
+                    return ::core::result::Result::Err(__idem_err.from_idem(e));
+                }
             };
             let __idem_result = #core.await;
-            match __idem_result {
-                ::core::result::Result::Ok(outcome) => match #private::transition_commit(__idem_tx).await {
-                    ::core::result::Result::Ok(()) => ::core::result::Result::Ok(outcome),
-                    ::core::result::Result::Err(e) => ::core::result::Result::Err(__idem_err.from_idem(e)),
-                },
-                ::core::result::Result::Err(error) => {
-                    let _ = #private::transition_rollback(__idem_tx).await;
-                    ::core::result::Result::Err(error)
-                }
-            }
+            __idem_call.end(__idem_tx, __idem_err, __idem_result).await
         },
     };
 
     let docs = docs(spec);
-    let sql_static = format_ident!("__IDEM_SQL");
+    let spec_static = format_ident!("__IDEM_TRANSITION");
     quote! {
         #(#outer_attrs)*
         #(#[doc = #docs])*
         #vis #sig {
             #(#inner_attrs)*
-            #private::require_sqlite!();
             #machine_check
             #tx_check
             #err_check
             #version_let
-            // Built at compile time from the machine's table and columns, one string per dialect; the
-            // SQLite one runs (the only backend wired today).
-            static #sql_static: #krate::TransitionSql = #krate::TransitionSql::build::<#machine_alias>(
-                &#private::TransitionShape {
+            // The transition, described once: its states, and its statements in every dialect,
+            // built at compile time from the machine's table and columns.
+            static #spec_static: #private::TransitionSpec<#machine_alias> = #private::TransitionSpec::new(
+                #to,
+                &[#(#from),*],
+                #private::TransitionShape {
                     set: &[#(#set_columns),*],
                     now: #now,
                     matches: &[#(#match_columns),*],
@@ -289,8 +263,9 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
                     versioned: #versioned,
                 },
             );
-            let __idem_sql = &#sql_static.sqlite;
-            #run
+            // Every call, in every mode, gets the `idem` span, the counters and the report.
+            let __idem_call = #spec_static.call();
+            __idem_call.run(async { #run }).await
         }
     }
 }

@@ -80,15 +80,19 @@ mod tests {
         for expected in [
             // The machine comes from the return type, and checks the transition through its macro.
             "S ! { (:: idem :: __macros :: check_transition) transition { from = [\"WAIT_PAY\"] ; to = \"PAID\" ; key = order_no ; } }",
-            "TransitionSql :: build :: < < S as :: idem :: __private :: IsMachine > :: Machine >",
-            ":: idem :: __private :: transition_conn (& mut * tx)",
-            ". bind (\"PAID\") . bind (& (order_no)) . bind (\"WAIT_PAY\") . execute",
+            "static __IDEM_TRANSITION : :: idem :: __private :: TransitionSpec < < S as :: idem :: __private :: IsMachine > :: Machine > = :: idem :: __private :: TransitionSpec :: new (\"PAID\" , & [\"WAIT_PAY\"] ,",
+            "let _ = (& mut * tx as & mut dyn :: idem :: __private :: TransitionConn) ;",
+            "let __idem_key = & (order_no) ;",
+            "let __idem_values = :: idem :: __private :: TransitionValues :: new (__idem_key as & dyn :: idem :: __private :: ToSqlValue , & []) ;",
+            ". start ((& mut * tx as & mut dyn :: idem :: __private :: TransitionConn) , __idem_values , :: core :: option :: Option :: None)",
             "let __idem_out : :: core :: result :: Result < u8 , E > = async {",
-            "UPDATE {table} SET {status} = ? WHERE {key} = ? AND {status} = ?",
+            "__idem_call . finish (__idem_guard , (& mut * tx as & mut dyn :: idem :: __private :: TransitionConn) , __idem_err , __idem_out) . await",
+            "__idem_call . run (async {",
+            "UPDATE \\\"{table}\\\" SET \\\"{status}\\\" = ?, \\\"{version}\\\" = \\\"{version}\\\" + 1 WHERE \\\"{key}\\\" = ? AND \\\"{status}\\\" = ?",
         ] {
             assert!(out.contains(expected), "missing `{expected}` in\n{out}");
         }
-        assert!(!out.contains("transition_begin"), "{out}");
+        assert!(!out.contains(". begin ("), "{out}");
     }
 
     /// The docs render the statements by hand (the macro cannot see the machine's table); this
@@ -135,23 +139,37 @@ mod tests {
                 .find(start)
                 .unwrap_or_else(|| panic!("no `{start}` in the docs:\n{out}"));
             let text = &out[at..];
-            text[..text.find('"').expect("the doc string ends")]
-                .replace("{table}", "orders")
+            // The doc string's text up to its end (an unescaped `"`), unescaped.
+            let end = text.find("\n").unwrap_or(text.len());
+            let mut line = String::new();
+            let mut chars = text[..end].chars();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => line.extend(chars.next()),
+                    '"' => break,
+                    c => line.push(c),
+                }
+            }
+            line.replace("{table}", "orders")
                 .replace("{status}", "status")
                 .replace("{key}", "order_no")
                 .replace("{version}", "version")
         };
-        let built = idem_runtime::TransitionSql::build::<Orders>(
-            &idem_runtime::__private::TransitionShape {
-                set: &["trade_no"],
-                now: Some("paid_at"),
-                matches: &["trade_no"],
-                from_count: 2,
-                versioned: true,
-            },
+        let built = idem_runtime::TransitionSql::build::<Orders>(&idem_runtime::TransitionShape {
+            set: &["trade_no"],
+            now: Some("paid_at"),
+            matches: &["trade_no"],
+            from_count: 2,
+            versioned: true,
+        });
+        assert_eq!(
+            documented("UPDATE \\\"{table}"),
+            built.sqlite.update.as_str()
         );
-        assert_eq!(documented("UPDATE {table}"), built.sqlite.update.as_str());
-        assert_eq!(documented("SELECT {status}"), built.sqlite.read.as_str());
+        assert_eq!(
+            documented("SELECT \\\"{status}"),
+            built.sqlite.read.as_str()
+        );
     }
 
     #[test]
@@ -175,13 +193,15 @@ mod tests {
         assert!(!out.contains("compile_error"), "{out}");
         for expected in [
             "crate :: OrderStatus ! {",
-            "transition_outcome :: < () , < crate :: OrderStatus as :: idem :: __private :: IsMachine > :: Machine >",
-            ":: idem :: __private :: transition_begin (\"sqlite\")",
+            "TransitionSpec < < crate :: OrderStatus as :: idem :: __private :: IsMachine > :: Machine >",
+            "__idem_call . begin (:: idem :: __private :: StoreArg :: Named (\"sqlite\")) . await",
             "set : & [\"trade_no\"] , now : :: core :: option :: Option :: Some (\"paid_at\") , matches : & [\"trade_no\"] , from_count : 2usize , versioned : true",
-            ". bind (\"PAID\") . bind (& (cb . trade_no)) . bind (& (cb . order_no)) . bind (\"WAIT_PAY\") . bind (\"PAY_FAILED\") . bind (__idem_version)",
+            "let __idem_key = & (cb . order_no) ; let __idem_set0 = & (cb . trade_no) ;",
+            "TransitionValues :: new (__idem_key as & dyn :: idem :: __private :: ToSqlValue , & [__idem_set0 as & dyn :: idem :: __private :: ToSqlValue]) ;",
+            ". start ((& mut * __idem_tx as & mut dyn :: idem :: __private :: TransitionConn) , __idem_values , :: core :: option :: Option :: Some (__idem_version))",
             "let __idem_version : i64 = v ;",
-            "UPDATE {table} SET {status} = ?, trade_no = ?, paid_at = CURRENT_TIMESTAMP, {version} = {version} + 1 WHERE {key} = ? AND {status} IN (?, ?) AND {version} = ?",
-            "transition_commit (__idem_tx)",
+            "__idem_call . end (__idem_tx , __idem_err , __idem_result) . await",
+            "idem::TransitionSql::build::<crate::OrderStatus>(&idem::TransitionShape { set: &[\\\"trade_no\\\"], now: Some(\\\"paid_at\\\"), matches: &[\\\"trade_no\\\"], from_count: 2, versioned: true })",
         ] {
             assert!(out.contains(expected), "missing `{expected}` in\n{out}");
         }

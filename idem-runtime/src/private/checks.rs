@@ -15,28 +15,28 @@ use crate::{IdemError, Store};
 )]
 pub trait AsStore {
     /// The store.
-    fn __idem_as_store(&self) -> &dyn Store;
+    fn as_idem_store(&self) -> &dyn Store;
 }
 
 impl<S: Store> AsStore for S {
-    fn __idem_as_store(&self) -> &dyn Store {
+    fn as_idem_store(&self) -> &dyn Store {
         self
     }
 }
 
 impl AsStore for dyn Store {
-    fn __idem_as_store(&self) -> &dyn Store {
+    fn as_idem_store(&self) -> &dyn Store {
         self
     }
 }
 
 impl<S: AsStore + ?Sized> AsStore for Arc<S> {
-    fn __idem_as_store(&self) -> &dyn Store {
-        (**self).__idem_as_store()
+    fn as_idem_store(&self) -> &dyn Store {
+        (**self).as_idem_store()
     }
 }
 
-/// The second choice of `(&(expr)).__idem_as_store()`, found one auto-ref later than
+/// The second choice of `(&(expr)).as_idem_store()`, found one auto-ref later than
 /// [`AsStore`]: it takes a reference to a store (`store: &MemoryStore`), and for anything that is
 /// not a store its method's bound fails with [`AsStore`]'s message instead of rustc's "method
 /// not found".
@@ -46,7 +46,7 @@ pub trait AsStoreRef {
 
     /// The store behind the reference. The bound sits on the method, not on the impl, so the
     /// method is always found and the bound is what fails.
-    fn __idem_as_store(&self) -> &dyn Store
+    fn as_idem_store(&self) -> &dyn Store
     where
         Self::Target: AsStore;
 }
@@ -54,11 +54,11 @@ pub trait AsStoreRef {
 impl<T: ?Sized> AsStoreRef for &T {
     type Target = T;
 
-    fn __idem_as_store(&self) -> &dyn Store
+    fn as_idem_store(&self) -> &dyn Store
     where
         T: AsStore,
     {
-        (**self).__idem_as_store()
+        (**self).as_idem_store()
     }
 }
 

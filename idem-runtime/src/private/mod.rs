@@ -12,8 +12,8 @@ mod checks;
 pub use checks::*;
 
 // State transitions: one backend-neutral entry point; the connection picks its dialect.
+pub use crate::__idem_sqlite_text as sqlite_text;
 pub use crate::transition::{
     Done, ToSqlValue, TransitionCall, TransitionConn, TransitionGuard, TransitionShape,
-    TransitionSpec, TransitionStep, contains, has_edge, str_eq,
+    TransitionSpec, TransitionStep, TransitionValues,
 };
-pub use crate::{__idem_require_sqlite as require_sqlite, __idem_sqlite_text as sqlite_text};

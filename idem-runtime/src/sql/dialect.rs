@@ -73,6 +73,7 @@ pub(crate) struct Savepoint {
 
 impl Savepoint {
     /// The savepoint of a transactional `#[idempotent]` claim.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) const CLAIM: Savepoint = Savepoint {
         open: "SAVEPOINT idem_claim",
         release: "RELEASE SAVEPOINT idem_claim",

@@ -13,9 +13,10 @@ mod sql;
 mod value;
 
 pub use conn::{StateRow, TransitionConn, TransitionTx};
-pub use run::{Done, TransitionCall, TransitionGuard, TransitionSpec, TransitionStep};
+pub use run::{
+    Done, TransitionCall, TransitionGuard, TransitionSpec, TransitionStep, TransitionValues,
+};
 pub use sql::{Dialect, DialectSql, SqlText, TransitionShape, TransitionSql};
-pub use sql::{contains, has_edge, str_eq};
 pub use value::{SqlValue, ToSqlValue};
 
 /// A state machine stored in one column of one table, declared with `#[derive(idem::StateMachine)]`.

@@ -2,9 +2,9 @@
 //! (a [`TransitionSpec`]) and calls [`TransitionCall`]'s steps; the connection picks its dialect's
 //! statement. A new backend implements [`TransitionConn`] and needs no change in the macro.
 
-use std::cell::Cell;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tracing::Instrument;
 
@@ -53,8 +53,28 @@ impl<M: StateMachine> TransitionSpec<M> {
     pub fn call(&'static self) -> TransitionCall<M> {
         TransitionCall {
             spec: self,
-            outcome: Cell::new(None),
+            outcome: Recorded::default(),
         }
+    }
+}
+
+/// The key and `set` values of one call, converted for binding before any await (so the fn's
+/// future holds only plain values).
+pub struct TransitionValues<'a>(Result<(SqlValue<'a>, Vec<SqlValue<'a>>), IdemError>);
+
+impl<'a> TransitionValues<'a> {
+    /// The key's value and the `set` values, in the order of the attribute's `set(…)`.
+    pub fn new(key: &'a dyn ToSqlValue, set: &[&'a dyn ToSqlValue]) -> Self {
+        TransitionValues(key.to_sql_value().and_then(|key| {
+            let set = set
+                .iter()
+                .map(|v: &&'a dyn ToSqlValue| {
+                    let v: &'a dyn ToSqlValue = *v;
+                    v.to_sql_value()
+                })
+                .collect::<Result<_, _>>()?;
+            Ok((key, set))
+        }))
     }
 }
 
@@ -108,7 +128,27 @@ impl<M> Done<M> {
 /// once in the `idem` span, the counters (under the machine's name) and `idem::observe`.
 pub struct TransitionCall<M: 'static> {
     spec: &'static TransitionSpec<M>,
-    outcome: Cell<Option<Outcome>>,
+    outcome: Recorded,
+}
+
+/// The outcome a step recorded (an atomic, so the fn's future stays `Send`).
+#[derive(Default)]
+struct Recorded(AtomicUsize);
+
+impl Recorded {
+    fn set(&self, outcome: Option<Outcome>) {
+        let index = outcome.map_or(0, |o| {
+            Outcome::ALL.iter().position(|x| *x == o).unwrap_or(0) + 1
+        });
+        self.0.store(index, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Option<Outcome> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            i => Outcome::ALL.get(i - 1).copied(),
+        }
+    }
 }
 
 impl<M: StateMachine> TransitionCall<M> {
@@ -148,11 +188,13 @@ impl<M: StateMachine> TransitionCall<M> {
     pub async fn start<C: TransitionConn + ?Sized>(
         &self,
         conn: &mut C,
-        key: &dyn ToSqlValue,
-        set: &[&dyn ToSqlValue],
+        values: TransitionValues<'_>,
         version: Option<i64>,
     ) -> Result<TransitionStep<M>, IdemError> {
-        let step = self.try_start(conn, key, set, version).await;
+        let step = match values.0 {
+            Ok((key, set)) => self.try_start(conn, key, set, version).await,
+            Err(e) => Err(e),
+        };
         match &step {
             Ok(TransitionStep::Done(done)) => self.outcome.set(Some(done.outcome())),
             Ok(TransitionStep::Apply(_)) => {}
@@ -164,16 +206,11 @@ impl<M: StateMachine> TransitionCall<M> {
     async fn try_start<C: TransitionConn + ?Sized>(
         &self,
         conn: &mut C,
-        key: &dyn ToSqlValue,
-        set: &[&dyn ToSqlValue],
+        key: SqlValue<'_>,
+        set: Vec<SqlValue<'_>>,
         version: Option<i64>,
     ) -> Result<TransitionStep<M>, IdemError> {
         let spec = self.spec;
-        let key = key.to_sql_value()?;
-        let set: Vec<SqlValue<'_>> = set
-            .iter()
-            .map(|v| v.to_sql_value())
-            .collect::<Result<_, _>>()?;
         let sql = spec.sql.get(conn.dialect());
         // Update binds: target, set values, key, from states, expected version.
         let mut args = Vec::with_capacity(3 + set.len() + spec.from.len());

@@ -270,46 +270,6 @@ const fn dialect_sql<M: StateMachine>(shape: &TransitionShape, dialect: Dialect)
     DialectSql { update, read }
 }
 
-/// `a == b` in a const context.
-pub const fn str_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
-
-/// Whether `(from, to)` is among `edges`, in a const context.
-pub const fn has_edge(edges: &[(&str, &str)], from: &str, to: &str) -> bool {
-    let mut i = 0;
-    while i < edges.len() {
-        if str_eq(edges[i].0, from) && str_eq(edges[i].1, to) {
-            return true;
-        }
-        i += 1;
-    }
-    false
-}
-
-/// Whether `name` is in `names`, in a const context.
-pub const fn contains(names: &[&str], name: &str) -> bool {
-    let mut i = 0;
-    while i < names.len() {
-        if str_eq(names[i], name) {
-            return true;
-        }
-        i += 1;
-    }
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,7 +347,6 @@ mod tests {
              FROM \"order\" WHERE \"key\" = $3 FOR UPDATE"
         );
         assert!(S::A.can_move_to(S::B) && !S::B.can_move_to(S::A) && S::B.is_terminal());
-        assert!(has_edge(S::EDGES, "A", "B") && !has_edge(S::EDGES, "B", "A"));
     }
 
     /// Without `version = …` the version is not compared, but it is still bumped.

@@ -20,7 +20,7 @@ fn messages(args: IdempotentArgs) -> Vec<String> {
 fn parses_a_full_attribute() {
     let args = parse(quote! {
         biz = "PAY", key = "req.order_no", store = "sqlite", ttl = "1d", lease = "10s",
-        fingerprint = req, on_in_progress = "wait(5s)", tx = "tx", crate = "renamed"
+        fingerprint = req, on_in_progress = "wait(5s)", heartbeat = "3s", crate = "renamed"
     });
     assert_eq!(args.biz.as_ref().unwrap().value(), "PAY");
     let key = args.key.as_ref().unwrap();
@@ -35,18 +35,25 @@ fn parses_a_full_attribute() {
         args.on_in_progress,
         Some(InProgress::Wait(DurationArg { millis: 5_000, .. }))
     ));
-    assert_eq!(args.tx.as_ref().unwrap().to_string(), "tx");
+    assert_eq!(args.heartbeat.as_ref().unwrap().millis, 3_000);
     assert_eq!(
         diag::path_to_string(args.krate.as_ref().unwrap()),
         "renamed"
     );
     assert!(messages(args).is_empty());
+    let args = parse(quote! { biz = "PAY", key = "req.order_no", tx = "tx" });
+    assert_eq!(args.tx.as_ref().unwrap().to_string(), "tx");
+    assert!(args.store.is_none());
+    assert!(
+        messages(args).is_empty(),
+        "with `tx`, `store` is not needed"
+    );
 }
 
 #[test]
 fn accepts_bare_expressions() {
     let args = parse(quote! {
-        biz = "PAY", key = (req.user_id, req.client_req_id), store = self.store, tx = tx, crate = ::idem
+        biz = "PAY", key = (req.user_id, req.client_req_id), store = self.store, crate = ::idem
     });
     assert!(args.key.as_ref().unwrap().lit.is_none());
     assert!(matches!(args.store, Some(StoreSpec::Given(_))));
@@ -89,7 +96,7 @@ fn suggests_a_close_option_and_lists_all() {
         "a suggested option is not reported missing too: {found:?}"
     );
     assert!(found[0].starts_with("unknown option `bizz` in `#[idempotent]`; did you mean `biz`?"));
-    assert!(found[0].contains("`on_in_progress`, `tx`, `crate`"));
+    assert!(found[0].contains("`on_in_progress`, `tx`, `heartbeat`, `crate`"));
 
     let found = messages(parse(
         quote! { biz = "P", key = "r.id", store = "s", colour = "red" },
@@ -114,7 +121,8 @@ fn collects_every_bad_value() {
         biz = "PAY ORDER", key = "", store = "", ttl = "7x", lease = 30, on_in_progress = "later",
         tx = "a b", crate = "1"
     }));
-    assert_eq!(found.len(), 8, "{found:#?}");
+    // (`tx` was given, so the `store` given beside it is refused too: 9 errors.)
+    assert_eq!(found.len(), 9, "{found:#?}");
     assert!(found[0].contains("must not contain whitespace") && found[0].contains("PAY_ORDER"));
     assert!(found[1].starts_with("`key` is empty"));
     assert!(found[2].starts_with("`store` is empty"));
@@ -123,6 +131,9 @@ fn collects_every_bad_value() {
     assert!(found[5].starts_with("unknown `on_in_progress` value `\"later\"`; the choices are"));
     assert!(found[6].starts_with("`tx` takes the name of the transaction parameter"));
     assert!(found[7].starts_with("`crate` takes the path"));
+    assert!(
+        found[8].starts_with("with `tx`, the records go to the store the transaction was begun on")
+    );
 }
 
 #[test]
@@ -130,9 +141,21 @@ fn checks_biz() {
     let long = "P".repeat(33);
     let found = messages(parse(quote! { biz = #long, key = "r.id", store = "s" }));
     assert!(
-        found[0].starts_with("`biz` is 33 characters long; keep it at most 32"),
+        found[0].starts_with("`biz` is 33 bytes long in UTF-8; keep it at most 32 bytes"),
         "{found:?}"
     );
+    // Bytes, as the store counts them: 11 CJK characters are 33 bytes.
+    let cjk = "支付订单退款支付订单退款"
+        .chars()
+        .take(11)
+        .collect::<String>();
+    let found = messages(parse(quote! { biz = #cjk, key = "r.id", store = "s" }));
+    assert!(found[0].starts_with("`biz` is 33 bytes long"), "{found:?}");
+    let cjk_ok = "支付订单退款支付订单退"
+        .chars()
+        .take(10)
+        .collect::<String>();
+    assert!(messages(parse(quote! { biz = #cjk_ok, key = "r.id", store = "s" })).is_empty());
     let found = messages(parse(quote! { biz = "", key = "r.id", store = "s" }));
     assert!(found[0].starts_with("`biz` is empty"));
     let ok = "P".repeat(32);
@@ -203,5 +226,31 @@ fn parses_on_in_progress() {
     assert!(
         found[0].starts_with("invalid duration `5` in `on_in_progress"),
         "{found:?}"
+    );
+}
+
+#[test]
+fn checks_heartbeat() {
+    let found = messages(parse(
+        quote! { biz = "P", key = "r.id", store = "s", heartbeat = "30s" },
+    ));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("`heartbeat` (30s) must be shorter than `lease` (30s)")
+            && found[0].contains("heartbeat = \"10s\""),
+        "{found:?}"
+    );
+    let found = messages(parse(
+        quote! { biz = "P", key = "r.id", tx = "tx", heartbeat = "1s" },
+    ));
+    assert!(
+        found[0].starts_with("`heartbeat` cannot be combined with `tx`"),
+        "{found:?}"
+    );
+    assert!(
+        messages(parse(
+            quote! { biz = "P", key = "r.id", store = "s", lease = "9s", heartbeat = "3s" }
+        ))
+        .is_empty()
     );
 }

@@ -231,7 +231,7 @@ fn checks_the_fingerprint_like_the_key() {
 #[test]
 fn checks_that_tx_names_a_parameter() {
     let found = errors(
-        quote!(biz = "PAY", key = "req.id", store = "s", tx = "txn"),
+        quote!(biz = "PAY", key = "req.id", tx = "txn"),
         quote!(
             async fn pay(tx: &mut Tx, req: &Req) -> Result<u8, E> {
                 todo!()

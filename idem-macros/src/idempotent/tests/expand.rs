@@ -69,7 +69,7 @@ fn expands_options_and_a_given_store() {
         "use renamed :: __private :: { AsStore as _ , AsStoreRef as _ } ;",
         "renamed :: __private :: Call :: new (\"PAY\" , & ((& (req . a) , & (req . b) ,)))",
         ". fingerprint (& (req)) . wait (:: core :: time :: Duration :: from_millis (5000u64)) ;",
-        "renamed :: __private :: StoreArg :: Given ((& (self . store)) . __idem_as_store ())",
+        "renamed :: __private :: StoreArg :: Given ((& (self . store)) . as_idem_store ())",
     ] {
         assert!(out.contains(expected), "missing `{expected}` in\n{out}");
     }
@@ -79,12 +79,7 @@ fn expands_options_and_a_given_store() {
 #[test]
 fn expands_the_tx_mode() {
     let out = expand(
-        quote!(
-            biz = "PAY",
-            key = "req.order_no",
-            store = "sqlite",
-            tx = "tx"
-        ),
+        quote!(biz = "PAY", key = "req.order_no", tx = "tx"),
         quote!(
             async fn pay(tx: &mut Tx<'_>, req: &PayReq) -> Result<Receipt, PayError> {
                 todo!()
@@ -94,11 +89,12 @@ fn expands_the_tx_mode() {
     assert_eq!(compile_errors(&out), 0, "{out}");
     for expected in [
         ":: idem :: __private :: JoinableTx :: joinable (& * tx) ;",
-        "match :: idem :: __private :: tx_claim :: < Receipt , _ > (:: idem :: __private :: StoreArg :: Named (\"sqlite\") , __idem_call , __idem_ok , & mut * tx) . await",
+        "let __idem_span = :: idem :: __private :: call_span (& __idem_call) ; :: idem :: __private :: in_span (__idem_span , async {",
+        "match :: idem :: __private :: tx_claim :: < Receipt , _ > (__idem_call , __idem_ok , & mut * tx) . await",
         "return :: core :: result :: Result :: Ok (__idem_value) ;",
         "return :: core :: result :: Result :: Err (__idem_err . from_idem (__idem_error)) ;",
-        "let __idem_out = async {",
-        ":: idem :: __private :: tx_finish :: < Receipt , PayError , _ > (__idem_guard , & mut * tx , __idem_ok , __idem_err , __idem_out) . await }",
+        "let __idem_out = :: idem :: __private :: tx_body (& __idem_guard , async {",
+        ":: idem :: __private :: tx_finish :: < Receipt , PayError , _ > (__idem_guard , & mut * tx , __idem_ok , __idem_err , __idem_out) . await }) . await",
     ] {
         assert!(out.contains(expected), "missing `{expected}` in\n{out}");
     }

@@ -153,8 +153,10 @@ fn main() {
     println!("{:<44} {:>14}", "scenario", "calls/s");
 
     // IDEM_BENCH_ONLY=macro|named|hand: one loop of 100k first executions, for instruction counting
-    // under `valgrind --tool=callgrind`.
-    if let Ok(only) = std::env::var("IDEM_BENCH_ONLY") {
+    // under `valgrind --tool=callgrind`; IDEM_BENCH_ONLY=sqlite: the SQLite rows only.
+    let only = std::env::var("IDEM_BENCH_ONLY").ok();
+    let sqlite_only = only.as_deref() == Some("sqlite");
+    if let Some(only) = only.filter(|o| o != "sqlite") {
         rt.block_on(async {
             let store = MemoryStore::new();
             idem::register_store("bench_mem", MemoryStore::new());
@@ -169,123 +171,124 @@ fn main() {
         return;
     }
     rt.block_on(async {
-        // Memory store: first executions and replays, by hand.
-        let calls = n(1_000_000);
-        let mut first = Vec::new();
-        let mut replay = Vec::new();
-        let mut presized = Vec::new();
-        for _ in 0..rounds {
-            let store = MemoryStore::new().with_capacity(calls as usize);
-            let t = Instant::now();
-            for k in 0..calls {
-                by_hand(&store, k).await.unwrap();
-            }
-            presized.push(ops_per_sec(calls, t.elapsed()));
-        }
-        for _ in 0..rounds {
-            let store = MemoryStore::new();
-            let t = Instant::now();
-            for k in 0..calls {
-                by_hand(&store, k).await.unwrap();
-            }
-            first.push(ops_per_sec(calls, t.elapsed()));
-            let t = Instant::now();
-            for k in 0..calls {
-                by_hand(&store, k % 1024).await.unwrap();
-            }
-            replay.push(ops_per_sec(calls, t.elapsed()));
-        }
-        println!("{:<44} {:>14.0}", "memory: first execution", median(first));
-        println!(
-            "{:<44} {:>14.0}",
-            "memory: first execution, map pre-sized",
-            median(presized)
-        );
-        println!("{:<44} {:>14.0}", "memory: replay", median(replay));
-
-        // Macro path against the same engine call written by hand: many short rounds, the order
-        // alternating, each round's ratio taken on its own, then the median of the ratios.
-        let calls = n(100_000);
-        let ratio_rounds = 21;
-        let (mut first_ratio, mut replay_ratio, mut named_ratio) =
-            (Vec::new(), Vec::new(), Vec::new());
-        let (mut hand_ops, mut macro_ops) = (Vec::new(), Vec::new());
-        for round in 0..ratio_rounds {
-            let base = 10_000_000 + round as u64 * calls;
-            let time_hand = |keys: std::ops::Range<u64>| async move {
-                let store = MemoryStore::new();
+        if !sqlite_only {
+            // Memory store: first executions and replays, by hand.
+            let calls = n(1_000_000);
+            let mut first = Vec::new();
+            let mut replay = Vec::new();
+            let mut presized = Vec::new();
+            for _ in 0..rounds {
+                let store = MemoryStore::new().with_capacity(calls as usize);
                 let t = Instant::now();
-                for k in keys.clone() {
+                for k in 0..calls {
                     by_hand(&store, k).await.unwrap();
                 }
-                let first = ops_per_sec(calls, t.elapsed());
-                let t = Instant::now();
-                for k in keys {
-                    by_hand(&store, k).await.unwrap();
-                }
-                (first, ops_per_sec(calls, t.elapsed()))
-            };
-            let time_macro = |keys: std::ops::Range<u64>| async move {
+                presized.push(ops_per_sec(calls, t.elapsed()));
+            }
+            for _ in 0..rounds {
                 let store = MemoryStore::new();
                 let t = Instant::now();
-                for k in keys.clone() {
-                    via_macro(&store, k).await.unwrap();
+                for k in 0..calls {
+                    by_hand(&store, k).await.unwrap();
                 }
-                let first = ops_per_sec(calls, t.elapsed());
+                first.push(ops_per_sec(calls, t.elapsed()));
                 let t = Instant::now();
-                for k in keys {
-                    via_macro(&store, k).await.unwrap();
+                for k in 0..calls {
+                    by_hand(&store, k % 1024).await.unwrap();
                 }
-                (first, ops_per_sec(calls, t.elapsed()))
-            };
-            let keys = base..base + calls;
-            let (hand, mac) = if round % 2 == 0 {
-                let h = time_hand(keys.clone()).await;
-                (h, time_macro(keys).await)
-            } else {
-                let m = time_macro(keys.clone()).await;
-                (time_hand(keys).await, m)
-            };
-            first_ratio.push(mac.0 / hand.0);
-            replay_ratio.push(mac.1 / hand.1);
-            hand_ops.push(hand.0);
-            macro_ops.push(mac.0);
-            idem::register_store("bench_mem", MemoryStore::new());
-            // Look the new store up once, so the previous round's store is dropped (from this
-            // thread's lookup cache) before the clock starts.
-            drop(idem::store("bench_mem"));
-            let t = Instant::now();
-            for k in base..base + calls {
-                via_macro_named(k).await.unwrap();
+                replay.push(ops_per_sec(calls, t.elapsed()));
             }
-            named_ratio.push(ops_per_sec(calls, t.elapsed()) / hand.0);
-        }
-        println!(
-            "{:<44} {:>14.0}",
-            "memory: first execution, by hand",
-            median(hand_ops)
-        );
-        println!(
-            "{:<44} {:>14.0}",
-            "memory: first execution, #[idempotent]",
-            median(macro_ops)
-        );
-        println!(
-            "{:<44} {:>14.3}",
-            "ratio macro / hand, first execution",
-            median(first_ratio)
-        );
-        println!(
-            "{:<44} {:>14.3}",
-            "ratio macro / hand, replay",
-            median(replay_ratio)
-        );
-        println!(
-            "{:<44} {:>14.3}",
-            "ratio macro (store by name) / hand, first",
-            median(named_ratio)
-        );
+            println!("{:<44} {:>14.0}", "memory: first execution", median(first));
+            println!(
+                "{:<44} {:>14.0}",
+                "memory: first execution, map pre-sized",
+                median(presized)
+            );
+            println!("{:<44} {:>14.0}", "memory: replay", median(replay));
 
+            // Macro path against the same engine call written by hand: many short rounds, the order
+            // alternating, each round's ratio taken on its own, then the median of the ratios.
+            let calls = n(100_000);
+            let ratio_rounds = 21;
+            let (mut first_ratio, mut replay_ratio, mut named_ratio) =
+                (Vec::new(), Vec::new(), Vec::new());
+            let (mut hand_ops, mut macro_ops) = (Vec::new(), Vec::new());
+            for round in 0..ratio_rounds {
+                let base = 10_000_000 + round as u64 * calls;
+                let time_hand = |keys: std::ops::Range<u64>| async move {
+                    let store = MemoryStore::new();
+                    let t = Instant::now();
+                    for k in keys.clone() {
+                        by_hand(&store, k).await.unwrap();
+                    }
+                    let first = ops_per_sec(calls, t.elapsed());
+                    let t = Instant::now();
+                    for k in keys {
+                        by_hand(&store, k).await.unwrap();
+                    }
+                    (first, ops_per_sec(calls, t.elapsed()))
+                };
+                let time_macro = |keys: std::ops::Range<u64>| async move {
+                    let store = MemoryStore::new();
+                    let t = Instant::now();
+                    for k in keys.clone() {
+                        via_macro(&store, k).await.unwrap();
+                    }
+                    let first = ops_per_sec(calls, t.elapsed());
+                    let t = Instant::now();
+                    for k in keys {
+                        via_macro(&store, k).await.unwrap();
+                    }
+                    (first, ops_per_sec(calls, t.elapsed()))
+                };
+                let keys = base..base + calls;
+                let (hand, mac) = if round % 2 == 0 {
+                    let h = time_hand(keys.clone()).await;
+                    (h, time_macro(keys).await)
+                } else {
+                    let m = time_macro(keys.clone()).await;
+                    (time_hand(keys).await, m)
+                };
+                first_ratio.push(mac.0 / hand.0);
+                replay_ratio.push(mac.1 / hand.1);
+                hand_ops.push(hand.0);
+                macro_ops.push(mac.0);
+                idem::register_store("bench_mem", MemoryStore::new());
+                // Look the new store up once, so the previous round's store is dropped (from this
+                // thread's lookup cache) before the clock starts.
+                drop(idem::store("bench_mem"));
+                let t = Instant::now();
+                for k in base..base + calls {
+                    via_macro_named(k).await.unwrap();
+                }
+                named_ratio.push(ops_per_sec(calls, t.elapsed()) / hand.0);
+            }
+            println!(
+                "{:<44} {:>14.0}",
+                "memory: first execution, by hand",
+                median(hand_ops)
+            );
+            println!(
+                "{:<44} {:>14.0}",
+                "memory: first execution, #[idempotent]",
+                median(macro_ops)
+            );
+            println!(
+                "{:<44} {:>14.3}",
+                "ratio macro / hand, first execution",
+                median(first_ratio)
+            );
+            println!(
+                "{:<44} {:>14.3}",
+                "ratio macro / hand, replay",
+                median(replay_ratio)
+            );
+            println!(
+                "{:<44} {:>14.3}",
+                "ratio macro (store by name) / hand, first",
+                median(named_ratio)
+            );
+        }
         // SQLite file store (WAL, synchronous=NORMAL) against a raw sqlx loop of the statements a
         // hand-written dedup table would run, on one connection to a file with the same settings:
         // first execution = INSERT + UPDATE, replay = one SELECT. Rounds alternate which runs
@@ -360,6 +363,9 @@ fn main() {
             median(replay_ratio)
         );
 
+        if sqlite_only {
+            return;
+        }
         // Memory per record in the memory store.
         let records = n(200_000);
         let store = MemoryStore::new();

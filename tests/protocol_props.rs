@@ -344,7 +344,10 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(64),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn memory_store_follows_the_reference(ops in prop::collection::vec(op(), 1..40)) {

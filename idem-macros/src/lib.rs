@@ -24,18 +24,21 @@ use proc_macro::TokenStream;
 /// }
 /// ```
 ///
+/// (Compiled, runnable examples: the `idem` crate's front page and README.)
+///
 /// # Options
 ///
 /// | option | required | value | default |
 /// | --- | --- | --- | --- |
-/// | `biz` | yes | string literal: the business action, non-empty, at most 32 characters, no whitespace. The same key in two `biz` is two records. | |
+/// | `biz` | yes | string literal: the business action, non-empty, at most 32 bytes (UTF-8, the unit the store counts in), no whitespace. The same key in two `biz` is two records. | |
 /// | `key` | yes | a Rust expression over the fn's parameters, in a string (`key = "req.order_no"`) or bare (`key = req.order_no`); composite keys are tuples: `key = "(req.user_id, req.client_req_id)"` | |
-/// | `store` | yes | a store name registered at start-up (`store = "sqlite"`), or an expression yielding a store (`store = self.store`, `store = STORE`) | |
+/// | `store` | yes, but not with `tx` | a store name registered at start-up (`store = "sqlite"`), or an expression yielding a store (`store = self.store`, `store = STORE`) | |
 /// | `ttl` | no | how long a record is kept: a positive integer and a unit, `ms`, `s`, `m`, `h` or `d` | `"7d"` |
 /// | `lease` | no | how long a claim in progress is protected before another attempt may take over; must be shorter than `ttl` | `"30s"` |
 /// | `fingerprint` | no | an expression over the parameters (string or bare) whose serialized hash is stored; a repeat with the same key and another fingerprint gets `IdemError::PayloadMismatch` | none |
 /// | `on_in_progress` | no | `"reject"`: a repeat while the first call runs gets `IdemError::InProgress`; `"wait(5s)"`: it waits up to that long for the first result | `"reject"` |
-/// | `tx` | no | the name of a `&mut sqlx::Transaction<'_, Sqlite>` (or `&mut SqliteConnection`) parameter: claim, body and mark commit or roll back together in it | none |
+/// | `tx` | no | the name of a `&mut` parameter holding a transaction begun with the store's `begin()` (`&mut idem::SqliteTx`): claim, body and mark commit or roll back together in it. The transaction carries its store, so `store` is not given (and is refused): the claim goes to that store's table by construction | none |
+/// | `heartbeat` | no | renew the lease this often while the body runs, so a slow but healthy body is not taken over (shorter than `lease`; a third of it is usual; not with `tx`) | none |
 /// | `crate` | no | the path at which idem is reachable, when it is renamed or re-exported (like serde's) | `"::idem"` |
 ///
 /// # What the fn must look like
@@ -52,7 +55,8 @@ use proc_macro::TokenStream;
 /// Each mistake is a compile error at the offending token, saying what to do:
 ///
 /// - a missing, unknown (with "did you mean") or duplicate option; a bad `biz`, duration or
-///   `on_in_progress`; `ttl` not longer than `lease`; `tx` naming no parameter;
+///   `on_in_progress`; `ttl` not longer than `lease`; a `heartbeat` not shorter than `lease`; `tx`
+///   naming no parameter or a parameter that is no transaction of a store, `store` beside `tx`;
 /// - a `key` or `fingerprint` that names an unknown parameter, reads no parameter at all (every call
 ///   would share one record), contains `.await`, or calls something that differs on every retry
 ///   (`Uuid::new_v4()`, `SystemTime::now()`, `rand::random()`, …): the key must come from the caller and
@@ -84,12 +88,19 @@ use proc_macro::TokenStream;
 ///     async fn refund(&self, req: &RefundReq) -> Result<Refund, PayError> { /* … */ }
 /// }
 ///
-/// // Claim, business writes and mark in one transaction: all commit or none.
-/// #[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite", tx = "tx")]
-/// async fn pay_in_tx(
-///     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-///     req: &PayReq,
-/// ) -> Result<Receipt, PayError> { /* … */ }
+/// // Claim, business writes and mark in one transaction (from `store.begin()`): all commit or none.
+/// #[idempotent(biz = "PAY", key = "req.order_no", tx = "tx")]
+/// async fn pay_in_tx(tx: &mut idem::SqliteTx, req: &PayReq) -> Result<Receipt, PayError> {
+///     idem::sqlx::query("INSERT INTO payments (order_no) VALUES (?)")
+///         .bind(&req.order_no)
+///         .execute(&mut **tx)
+///         .await?;
+///     /* … */
+/// }
+///
+/// // A slow body keeps its claim: the lease is renewed every 10 s while it runs.
+/// #[idempotent(biz = "REPORT", key = "req.id", store = "sqlite", lease = "30s", heartbeat = "10s")]
+/// async fn build_report(req: &ReportReq) -> Result<Report, ReportError> { /* … */ }
 ///
 /// // idem re-exported by another crate.
 /// #[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite", crate = "my_platform::idem")]
@@ -128,13 +139,15 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 /// | `terminal` | no transition leaves it (cannot be combined with `to`) |
 /// | `name = "X"` | the stored name; default: the variant in `SCREAMING_SNAKE_CASE` |
 ///
-/// Identifiers must match `[A-Za-z_][A-Za-z0-9_]*` (they are written into SQL unquoted; values are
-/// always bound). A `to` naming no variant ("did you mean"), `terminal` with `to`, a bad identifier and
-/// two states stored under one name are compile errors at the offending token.
+/// Identifiers must match `[A-Za-z_][A-Za-z0-9_]*` (`schema.table` for the table); they are quoted
+/// per dialect in every statement, so reserved words (`order`, `key`) work, and values are always
+/// bound. A `to` naming no variant ("did you mean"), `terminal` with `to`, a bad identifier and two
+/// states stored under one name are compile errors at the offending token.
 ///
 /// Generates `impl idem::StateMachine` (table, columns, states, terminal states, edges, `as_str`,
-/// `parse`), `Display` and `FromStr` (the stored name), and sqlx `Type`/`Encode`/`Decode` for SQLite as
-/// TEXT (with idem's `sqlite` feature; the user's crate needs no sqlx features). It also emits a hidden
+/// `parse`), `Display` and `FromStr` (the stored name), `idem::ToSqlValue` (the stored name, for
+/// `set(…)`), and sqlx `Type`/`Encode`/`Decode` for SQLite as TEXT (with idem's `sqlite` feature;
+/// the user's crate needs no sqlx features). It also emits a hidden
 /// macro under the enum's own name (macros and types are separate namespaces, so importing the enum
 /// imports it too): `#[state_transition]` calls it to check its states, transition, key and version
 /// against the machine. The enum may live in any module, inside a fn, or in another crate.
@@ -152,13 +165,15 @@ pub fn derive_state_machine(item: TokenStream) -> TokenStream {
 /// ```ignore
 /// #[state_transition(from = "WAIT_PAY", to = "PAID")]
 /// async fn mark_paid(
-///     tx: &mut sqlx::Transaction<'_, Sqlite>,    // the caller's transaction (`store.begin()`)
+///     tx: &mut idem::SqliteTx,                   // the caller's transaction (`store.begin()`)
 ///     order_no: &str,                            // the key: named like the machine's key column
 /// ) -> Result<idem::Transition<Receipt, OrderStatus>, PayError> {
 ///     issue_coupon(tx, order_no).await?;         // runs only when the row moved, in the same tx
 ///     Ok(Receipt { .. })                         // the body returns Result<T, E>
 /// }
 /// ```
+///
+/// (A compiled, runnable example: the `idem` crate's README.)
 ///
 /// # Options
 ///
@@ -169,11 +184,11 @@ pub fn derive_state_machine(item: TokenStream) -> TokenStream {
 /// | `machine = OrderStatus` | the `Machine` of the return type `Result<Transition<T, Machine>, E>` | the `#[derive(StateMachine)]` enum, by path |
 /// | `key = "req.order_no"` | the first parameter (not `tx`, not `self`), which must then be named like the key column (checked at compile time) | an expression over the parameters, bound to the key column |
 /// | `set(trade_no = "cb.trade_no", …)` | none | more columns written by the update, each bound from an expression over the parameters |
-/// | `now = "paid_at"` | none | a column set to the database's `CURRENT_TIMESTAMP` |
+/// | `now = "paid_at"` | none | a column set to the database's `CURRENT_TIMESTAMP`: on SQLite UTC text `YYYY-MM-DD HH:MM:SS`; on MySQL the session time zone's date-time; on Postgres a `timestamptz`, the transaction's start time |
 /// | `match(trade_no, …)` | none | `set` columns that must equal the stored values for a repeat to count as `AlreadyApplied` (same `trade_no`: the same payment; another: `Rejected`) |
-/// | `version = "seen_version"` | none | optimistic lock: adds `AND version = ?` and `version = version + 1`; an `i64` expression; the machine needs `version = "…"` |
-/// | `tx = "tx"` | a parameter named `tx` | a `&mut sqlx::Transaction<'_, Sqlite>` (or `&mut SqliteConnection`) parameter: update and body run in a savepoint of the caller's transaction; the caller commits |
-/// | `store = "sqlite"` | none | instead of `tx`: a registered `SqliteStore`; the fn begins `BEGIN IMMEDIATE` on it, commits on `Ok`, rolls back on `Err`. The body cannot see this transaction: a body writing to the same SQLite database would wait for its lock, so use `tx` mode for such bodies |
+/// | `version = "seen_version"` | none | optimistic lock: adds `AND version = ?`; an `i64` expression; the machine needs `version = "…"`. (A machine with a version column has it bumped by every transition, with or without this option.) |
+/// | `tx = "tx"` | a parameter named `tx` | the caller's transaction: `&mut idem::SqliteTx` (from `store.begin()`), or an `idem::sqlx` `Transaction` / connection; update and body run in a savepoint of it; the caller commits |
+/// | `store = "sqlite"` | none | instead of `tx`: a registered store with a database; the fn begins a transaction on it (`BEGIN IMMEDIATE` on SQLite), commits on `Ok`, rolls back on `Err`. The body cannot see this transaction: a body writing to the same SQLite database would wait for its lock, so use `tx` mode for such bodies |
 /// | `crate = "path"` | `"::idem"` | where idem is reachable when renamed |
 ///
 /// # The fn
@@ -189,7 +204,9 @@ pub fn derive_state_machine(item: TokenStream) -> TokenStream {
 /// - `VersionConflict { current, version }`: the row is in a `from` state at another version.
 /// - `NotFound`: no row has the key.
 ///
-/// Database failures come back as `IdemError::Store` / `IdemError::StoreUnavailable` through `E`.
+/// Database failures come back through `E` as `IdemError::StoreBusy` / `StoreUnavailable`
+/// (retryable), `StoreSchema` or `Store`. Every call is an `idem` span (`biz` = the machine's name,
+/// `transition`, `outcome`), counted under the machine's name and seen by `idem::observe`.
 ///
 /// # Checked at compile time
 ///
@@ -205,15 +222,17 @@ pub fn derive_state_machine(item: TokenStream) -> TokenStream {
 ///
 /// # The SQL
 ///
-/// Listed in the fn's docs; built at compile time from the machine's consts by
-/// `idem::TransitionSql::build`, one string per backend (`?` for SQLite and MySQL, `$n` for
-/// Postgres; only SQLite runs today). For `from = "WAIT_PAY", to = "PAID", set(trade_no = …),
-/// now = "paid_at", match(trade_no)` on `orders`:
+/// Listed in the fn's docs, with the public expression that gives the exact strings:
+/// `idem::TransitionSql::build::<Machine>(&idem::TransitionShape { … })`, built at compile time from
+/// the machine's consts, one pair of statements per dialect (`?` for SQLite and MySQL, `$n` for
+/// Postgres; identifiers quoted `"…"` or `` `…` ``). The connection the fn runs on picks its
+/// dialect's statement, so a new backend needs no change here. For `from = "WAIT_PAY", to = "PAID",
+/// set(trade_no = …), now = "paid_at", match(trade_no)` on `orders` (SQLite):
 ///
 /// ```sql
-/// UPDATE orders SET status = ?, trade_no = ?, paid_at = CURRENT_TIMESTAMP WHERE order_no = ? AND status = ?
+/// UPDATE "orders" SET "status" = ?, "trade_no" = ?, "paid_at" = CURRENT_TIMESTAMP WHERE "order_no" = ? AND "status" = ?
 /// -- no row changed: why? (MySQL/Postgres add FOR UPDATE; SQLite's BEGIN IMMEDIATE holds the lock)
-/// SELECT status, CASE WHEN status = ? AND trade_no = ? THEN 1 ELSE 0 END FROM orders WHERE order_no = ?
+/// SELECT "status", CASE WHEN "status" = ? AND "trade_no" = ? THEN 1 ELSE 0 END FROM "orders" WHERE "order_no" = ?
 /// ```
 #[proc_macro_attribute]
 pub fn state_transition(args: TokenStream, item: TokenStream) -> TokenStream {

@@ -129,3 +129,102 @@ async fn a_transaction_claims_in_the_store_it_was_begun_on() {
     let replay: Result<u8, IdemError> = Call::new("PAY", "k").run(&b, async { Ok(2) }).await;
     assert_eq!(replay.unwrap(), 1);
 }
+
+/// A store that wraps another (here: one that counts claims) can hand out transactions that wrap
+/// the inner store's, and a `tx = "…"` call joins them through the wrapper: the transaction type
+/// carries the store, whatever is layered on it.
+#[tokio::test]
+async fn a_wrapping_store_hands_out_its_own_transactions() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use async_trait::async_trait;
+    use idem::{Claim, ClaimOutcome, ClaimRequest, IdemTx, Limits, Record, SqliteTx};
+
+    struct Counting {
+        inner: SqliteStore,
+        claims: AtomicU32,
+    }
+    struct CountingTx<'s> {
+        tx: SqliteTx,
+        store: &'s Counting,
+    }
+
+    #[async_trait]
+    impl Store for Counting {
+        fn backend(&self) -> &'static str {
+            "counting"
+        }
+        fn limits(&self) -> &Limits {
+            self.inner.limits()
+        }
+        async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+            self.claims.fetch_add(1, Ordering::SeqCst);
+            self.inner.claim(req).await
+        }
+        async fn complete(&self, b: &str, k: &str, c: &Claim, s: &[u8]) -> Result<(), IdemError> {
+            self.inner.complete(b, k, c, s).await
+        }
+        async fn fail(&self, b: &str, k: &str, c: &Claim) -> Result<(), IdemError> {
+            self.inner.fail(b, k, c).await
+        }
+        async fn renew(&self, b: &str, k: &str, c: &Claim, l: Duration) -> Result<(), IdemError> {
+            self.inner.renew(b, k, c, l).await
+        }
+        async fn load(&self, b: &str, k: &str) -> Result<Option<Record>, IdemError> {
+            self.inner.load(b, k).await
+        }
+        async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
+            self.inner.sweep_expired(batch).await
+        }
+    }
+
+    #[async_trait]
+    impl IdemTx for CountingTx<'_> {
+        fn store(&self) -> &dyn Store {
+            self.store
+        }
+        async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+            self.store.claims.fetch_add(1, Ordering::SeqCst);
+            self.tx.claim(req).await
+        }
+        async fn complete(
+            &mut self,
+            b: &str,
+            k: &str,
+            c: &Claim,
+            s: &[u8],
+        ) -> Result<(), IdemError> {
+            self.tx.complete(b, k, c, s).await
+        }
+        async fn abort(&mut self) -> Result<(), IdemError> {
+            self.tx.abort().await
+        }
+    }
+
+    let inner = SqliteStore::open(temp_db("wrapped")).await.unwrap();
+    inner.migrate().await.unwrap();
+    let store = Counting {
+        inner,
+        claims: AtomicU32::new(0),
+    };
+    let mut tx = CountingTx {
+        tx: store.inner.begin().await.unwrap(),
+        store: &store,
+    };
+    let res: Result<u8, IdemError> = Call::new("PAY", "w")
+        .run_in_tx(&mut tx, async |_tx| Ok(1))
+        .await;
+    tx.tx.commit().await.unwrap();
+    assert_eq!(res.unwrap(), 1);
+    assert_eq!(
+        store.claims.load(Ordering::SeqCst),
+        1,
+        "the claim went through the wrapper"
+    );
+    let replay: Result<u8, IdemError> = Call::new("PAY", "w").run(&store, async { Ok(2) }).await;
+    assert_eq!(
+        replay.unwrap(),
+        1,
+        "and landed in the wrapped store's table"
+    );
+}

@@ -174,6 +174,37 @@ async fn the_short_form_applies_once() {
     tx.commit().await.unwrap();
 }
 
+/// Transitions are reported like every other call: `observe` sees the outcome, and the counters
+/// count it under the machine's name.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_transition_is_observed_and_counted() {
+    use idem::Outcome;
+    let store = setup("observed").await;
+    let pool = store.pool();
+    insert(pool, "O1", OrderStatus::WaitPay).await;
+    let before = idem::counts_for("OrderStatus");
+    let mut outcomes = Vec::new();
+    for key in ["O1", "O1", "nope"] {
+        let mut tx = store.begin().await.unwrap();
+        let (res, report) = idem::observe(pay(&mut tx, key)).await;
+        tx.commit().await.unwrap();
+        res.unwrap();
+        let report = report.expect("a transition reports");
+        assert_eq!(report.biz, "OrderStatus");
+        outcomes.push(report.outcome);
+    }
+    assert_eq!(
+        outcomes,
+        [Outcome::Executed, Outcome::Replayed, Outcome::NotFound]
+    );
+    let counted = idem::counts_for("OrderStatus").since(&before);
+    // Other tests of this binary run transitions of the same machine concurrently: at least ours.
+    assert!(
+        counted.get(Outcome::Executed) >= 1 && counted.get(Outcome::NotFound) >= 1,
+        "{counted:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn from_lists_set_now_and_match() {
     let store = setup("callback").await;

@@ -888,12 +888,16 @@ pub async fn unstorable_results_keep_the_claim(s: Subject) {
     // Over the snapshot limit.
     let big = "x".repeat(store.limits().max_snapshot_len + 1);
     for _ in 0..2 {
-        let res: Result<String, PayError> = call(&biz, "big")
-            .run(&*store, async {
-                fx.record(&biz, "big").await;
-                Ok(big.clone())
-            })
-            .await;
+        let (res, report) = idem::observe(call(&biz, "big").run(&*store, async {
+            fx.record(&biz, "big").await;
+            Ok::<String, PayError>(big.clone())
+        }))
+        .await;
+        assert_eq!(
+            report.unwrap().outcome,
+            idem::Outcome::Unstorable,
+            "a result that could not be stored is its own outcome, not executed or replayed"
+        );
         assert!(
             matches!(
                 res,

@@ -188,7 +188,7 @@ async fn every_transition_is_observed_and_counted() {
         let mut tx = store.begin().await.unwrap();
         let (res, report) = idem::observe(pay(&mut tx, key)).await;
         tx.commit().await.unwrap();
-        res.unwrap();
+        let _ = res.unwrap();
         let report = report.expect("a transition reports");
         assert_eq!(report.biz, "OrderStatus");
         outcomes.push(report.outcome);

@@ -74,24 +74,26 @@ pub(crate) fn use_parameters(sig: &Signature) -> TokenStream {
 /// The fn of a bad attribute, for callers and rust-analyzer: as written, with its parameters marked
 /// used, and with `body` instead of its statements when given (a body adapted to the signature).
 pub(crate) fn fallback_fn(item: &ItemFn, body: Option<TokenStream>) -> TokenStream {
-    let ItemFn {
-        attrs,
-        vis,
-        sig,
-        block,
-        ..
-    } = item;
-    let (outer_attrs, inner_attrs) = outer_and_inner(attrs);
-    let used = use_parameters(sig);
+    let used = use_parameters(&item.sig);
     let body = body.unwrap_or_else(|| {
-        let stmts = &block.stmts;
+        let stmts = &item.block.stmts;
         quote!(#(#stmts)*)
     });
+    rewrap(item, TokenStream::new(), quote!(#used #body))
+}
+
+/// The fn with its attributes, visibility and signature kept, `extra_attrs` after its own outer
+/// attributes, and `body` after its inner attributes (`#![…]` stay first in the block).
+pub(crate) fn rewrap(item: &ItemFn, extra_attrs: TokenStream, body: TokenStream) -> TokenStream {
+    let ItemFn {
+        attrs, vis, sig, ..
+    } = item;
+    let (outer_attrs, inner_attrs) = outer_and_inner(attrs);
     quote! {
         #(#outer_attrs)*
+        #extra_attrs
         #vis #sig {
             #(#inner_attrs)*
-            #used
             #body
         }
     }

@@ -13,16 +13,8 @@ use crate::common::diag::{self, located_at};
 
 /// The expansion of a checked `#[idempotent]` fn.
 pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
-    let ItemFn {
-        attrs,
-        vis,
-        sig,
-        block,
-        ..
-    } = item;
-    let (outer_attrs, inner_attrs) = body::outer_and_inner(attrs);
     let private = private_path(spec);
-    let stmts = &block.stmts;
+    let stmts = &item.block.stmts;
 
     // The bound checks are calls of their own, spanned at the user's types: an Ok type that cannot be
     // stored or an error type without `From<IdemError>` is reported at that type, with the runtime's
@@ -163,17 +155,17 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
         body
     };
 
-    quote! {
-        #(#outer_attrs)*
-        #vis #sig {
-            #(#inner_attrs)*
+    body::rewrap(
+        item,
+        TokenStream::new(),
+        quote! {
             #use_as_store
             #ok_check
             #err_check
             let __idem_call = #call;
             #body
-        }
-    }
+        },
+    )
 }
 
 /// `<private>::<function>(<args>).await`, with the path, the parentheses and `.await` all at `anchor`.

@@ -101,15 +101,7 @@ fn value(value: &ExprArg, name: &str, private: &TokenStream) -> (TokenStream, To
 }
 
 pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
-    let ItemFn {
-        attrs,
-        vis,
-        sig,
-        block,
-        ..
-    } = item;
-    let (outer_attrs, inner_attrs) = body::outer_and_inner(attrs);
-    let stmts = &block.stmts;
+    let stmts = &item.block.stmts;
     let args = &spec.args;
     let krate = crate_path(args.krate.as_ref());
     let private = quote!(#krate::__private);
@@ -241,11 +233,10 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
 
     let docs = docs(spec);
     let spec_static = format_ident!("__IDEM_TRANSITION");
-    quote! {
-        #(#outer_attrs)*
-        #(#[doc = #docs])*
-        #vis #sig {
-            #(#inner_attrs)*
+    body::rewrap(
+        item,
+        quote!(#(#[doc = #docs])*),
+        quote! {
             #machine_check
             #tx_check
             #err_check
@@ -266,6 +257,6 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
             // Every call, in every mode, gets the `idem` span, the counters and the report.
             let __idem_call = #spec_static.call();
             __idem_call.run(async { #run }).await
-        }
-    }
+        },
+    )
 }

@@ -14,7 +14,7 @@ pub use idem_runtime::*;
 /// (`idem::sqlx::query(…).execute(&mut **tx)`) and for `#[state_transition]` on an `idem::sqlx`
 /// transaction. A `sqlx` of another version in your build is another crate: its types are not
 /// these.
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub use idem_runtime::sqlx;
 
 /// What the macros' generated code reaches in the macro crate. Not a public API.

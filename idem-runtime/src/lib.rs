@@ -63,6 +63,6 @@ pub use __private::{
     AsStore, AsStoreRef, CarriesIdemError, IsMachine, IsResult, JoinableTx, Storable,
 };
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 #[doc(no_inline)]
 pub use sqlx;

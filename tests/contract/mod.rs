@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod server;
 pub mod tx;
 
 use std::sync::Arc;

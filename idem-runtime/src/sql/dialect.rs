@@ -61,30 +61,49 @@ impl Dialect {
     }
 }
 
-/// A named savepoint inside the caller's transaction: what `tx = "…"` claims and state
-/// transitions run in, so their writes and the caller's commit or roll back together. The same
-/// text works in every dialect.
-#[derive(Debug, Clone, Copy)]
+/// A savepoint inside the caller's transaction: what `tx = "…"` claims and state transitions run in,
+/// so their writes and the caller's commit or roll back together. Each call gets a name of its own
+/// (`idem_claim_17`): MySQL replaces a savepoint of the same name, so nested calls with one fixed
+/// name would release each other's. The same text works in every dialect.
+#[derive(Debug)]
 pub(crate) struct Savepoint {
-    pub open: &'static str,
-    pub release: &'static str,
-    pub rollback: &'static str,
+    name: String,
 }
 
 impl Savepoint {
+    /// A savepoint for one call; `purpose` starts its name (`idem_claim`, `idem_transition`).
+    pub(crate) fn new(purpose: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Savepoint {
+            name: format!("{purpose}_{n}"),
+        }
+    }
+
     /// The savepoint of a transactional `#[idempotent]` claim.
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-    pub(crate) const CLAIM: Savepoint = Savepoint {
-        open: "SAVEPOINT idem_claim",
-        release: "RELEASE SAVEPOINT idem_claim",
-        rollback: "ROLLBACK TO SAVEPOINT idem_claim",
-    };
+    pub(crate) fn claim() -> Self {
+        Self::new("idem_claim")
+    }
+
     /// The savepoint of a `#[state_transition]` update and its body.
-    pub(crate) const TRANSITION: Savepoint = Savepoint {
-        open: "SAVEPOINT idem_transition",
-        release: "RELEASE SAVEPOINT idem_transition",
-        rollback: "ROLLBACK TO SAVEPOINT idem_transition",
-    };
+    pub(crate) fn transition() -> Self {
+        Self::new("idem_transition")
+    }
+
+    pub(crate) fn open(&self) -> String {
+        format!("SAVEPOINT {}", self.name)
+    }
+
+    /// Keeps what was written since it opened (the enclosing transaction decides the rest).
+    pub(crate) fn release(&self) -> String {
+        format!("RELEASE SAVEPOINT {}", self.name)
+    }
+
+    /// Undoes everything written since it opened (release it after).
+    pub(crate) fn rollback(&self) -> String {
+        format!("ROLLBACK TO SAVEPOINT {}", self.name)
+    }
 }
 
 #[cfg(test)]
@@ -100,5 +119,13 @@ mod tests {
             "\"shop\".\"order\""
         );
         assert_eq!(Dialect::MySQL.quote_ident("a`b"), "`a``b`");
+    }
+
+    #[test]
+    fn every_call_gets_its_own_savepoint() {
+        let (a, b) = (Savepoint::claim(), Savepoint::claim());
+        assert_ne!(a.open(), b.open());
+        assert!(a.open().starts_with("SAVEPOINT idem_claim_"));
+        assert_eq!(a.rollback().replace("ROLLBACK TO ", ""), a.open());
     }
 }

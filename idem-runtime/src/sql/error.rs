@@ -14,7 +14,10 @@ pub(crate) fn store_error(e: sqlx::Error, dialect: Dialect) -> IdemError {
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::BeginFailed => IdemError::unavailable(e),
         sqlx::Error::Database(db) => {
-            let class = classify(dialect, db.code().as_deref(), db.message());
+            let class = match mysql_number(&*db) {
+                Some(number) => classify_mysql(number, db.message()),
+                None => classify(dialect, db.code().as_deref(), db.message()),
+            };
             match class {
                 Class::Unavailable => IdemError::unavailable(sqlx::Error::Database(db)),
                 Class::Busy(reason) => IdemError::busy(reason, sqlx::Error::Database(db)),
@@ -29,6 +32,33 @@ pub(crate) fn store_error(e: sqlx::Error, dialect: Dialect) -> IdemError {
             }
         }
         other => IdemError::store(other),
+    }
+}
+
+/// The server's error number, for MySQL and MariaDB (their SQLSTATE is too coarse: a lock wait
+/// timeout is `HY000`).
+#[cfg(feature = "mysql")]
+fn mysql_number(db: &dyn sqlx::error::DatabaseError) -> Option<u16> {
+    db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .map(|e| e.number())
+}
+
+#[cfg(not(feature = "mysql"))]
+fn mysql_number(_: &dyn sqlx::error::DatabaseError) -> Option<u16> {
+    None
+}
+
+/// Sorts a MySQL / MariaDB error by its number.
+fn classify_mysql(number: u16, message: &str) -> Class {
+    match number {
+        1213 => Class::Busy(Busy::Deadlock),
+        // 1205: lock wait timeout; 3572: NOWAIT found a lock; 1969: MariaDB's max_statement_time.
+        1205 | 3572 | 1969 => Class::Busy(Busy::LockTimeout),
+        // 1146: no such table; 1054: unknown column.
+        1146 | 1054 => Class::MissingSchema,
+        // 1040 too many connections, 1053 shutdown in progress, 2006/2013 server gone / lost.
+        1040 | 1053 | 2006 | 2013 => Class::Unavailable,
+        _ => classify(Dialect::MySQL, None, message),
     }
 }
 

@@ -1,9 +1,12 @@
 //! What every SQL backend shares: the claim protocol (`claim.rs`), the dialects (`dialect.rs`:
-//! placeholders, the clock, identifier quoting, locking reads, savepoints) and the error classes
-//! (`error.rs`: which database errors are transient, which mean a missing table).
+//! placeholders, the clock, identifier quoting, locking reads, savepoints), the error classes
+//! (`error.rs`: which database errors are transient, which mean a missing table) and table names
+//! (`table.rs`).
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub(crate) mod claim;
 pub(crate) mod dialect;
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub(crate) mod error;
+#[cfg(any(feature = "mysql", feature = "postgres", test))]
+pub(crate) mod table;

@@ -40,6 +40,13 @@ pub trait TransitionConn: Send {
     async fn execute(&mut self, sql: &'static str, args: &[SqlValue<'_>])
     -> Result<u64, IdemError>;
 
+    /// Runs a statement without parameters and without preparing it (savepoints, whose names
+    /// differ per call).
+    ///
+    /// # Errors
+    /// The database's error, classified.
+    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError>;
+
     /// Runs a transition's read statement: the row's state, the "already applied" flag, and the
     /// version when `versioned` (the machine has a version column).
     ///

@@ -86,8 +86,8 @@ pub enum TransitionStep<M> {
     Done(Done<M>),
 }
 
-/// Proof that the update moved the row, inside the transition's savepoint.
-pub struct TransitionGuard(());
+/// Proof that the update moved the row, inside the transition's savepoint (which it names).
+pub struct TransitionGuard(Savepoint);
 
 /// Why a transition moved no row.
 pub enum Done<M> {
@@ -221,13 +221,14 @@ impl<M: StateMachine> TransitionCall<M> {
         if spec.shape.versioned {
             args.push(version.map_or(SqlValue::Null, SqlValue::Int));
         }
-        conn.execute(Savepoint::TRANSITION.open, &[]).await?;
+        let savepoint = Savepoint::transition();
+        conn.execute_unprepared(&savepoint.open()).await?;
         let rows = match conn.execute(sql.update.as_str(), &args).await {
             Ok(rows) => rows,
-            Err(e) => return Err(abort(conn, e).await),
+            Err(e) => return Err(abort(conn, &savepoint, e).await),
         };
         match rows {
-            1 => return Ok(TransitionStep::Apply(TransitionGuard(()))),
+            1 => return Ok(TransitionStep::Apply(TransitionGuard(savepoint))),
             0 => {}
             n => {
                 let e = IdemError::store(format!(
@@ -235,7 +236,7 @@ impl<M: StateMachine> TransitionCall<M> {
                     M::TABLE,
                     M::KEY_COLUMN
                 ));
-                return Err(abort(conn, e).await);
+                return Err(abort(conn, &savepoint, e).await);
             }
         }
         // No row moved: read it (locked, in the same transaction) to tell why.
@@ -252,9 +253,9 @@ impl<M: StateMachine> TransitionCall<M> {
             .await
         {
             Ok(row) => row,
-            Err(e) => return Err(abort(conn, e).await),
+            Err(e) => return Err(abort(conn, &savepoint, e).await),
         };
-        conn.execute(Savepoint::TRANSITION.release, &[]).await?;
+        conn.execute_unprepared(&savepoint.release()).await?;
         let Some(row) = row else {
             return Ok(TransitionStep::Done(Done::NotFound));
         };
@@ -289,13 +290,13 @@ impl<M: StateMachine> TransitionCall<M> {
     /// The body's error, or the database's converted into `E`.
     pub async fn finish<T, E, C: TransitionConn + ?Sized>(
         &self,
-        _guard: TransitionGuard,
+        guard: TransitionGuard,
         conn: &mut C,
         err: ErrType<E>,
         out: Result<T, E>,
     ) -> Result<Transition<T, M>, E> {
         match out {
-            Ok(value) => match conn.execute(Savepoint::TRANSITION.release, &[]).await {
+            Ok(value) => match conn.execute_unprepared(&guard.0.release()).await {
                 Ok(_) => {
                     self.outcome.set(Some(Outcome::Executed));
                     Ok(Transition::Applied(value))
@@ -309,7 +310,7 @@ impl<M: StateMachine> TransitionCall<M> {
                 self.outcome.set(Some(Outcome::Failed));
                 // The body's error is what the caller needs; a failed rollback-to-savepoint also
                 // fails the enclosing transaction's commit.
-                let _ = abort(conn, IdemError::store("")).await;
+                let _ = abort(conn, &guard.0, IdemError::store("")).await;
                 Err(error)
             }
         }
@@ -345,13 +346,9 @@ impl<M: StateMachine> TransitionCall<M> {
 }
 
 /// Rolls the savepoint back after `e`, and returns `e`.
-async fn abort<C: TransitionConn + ?Sized>(conn: &mut C, e: IdemError) -> IdemError {
-    if conn
-        .execute(Savepoint::TRANSITION.rollback, &[])
-        .await
-        .is_ok()
-    {
-        let _ = conn.execute(Savepoint::TRANSITION.release, &[]).await;
+async fn abort<C: TransitionConn + ?Sized>(conn: &mut C, savepoint: &Savepoint, e: IdemError) -> IdemError {
+    if conn.execute_unprepared(&savepoint.rollback()).await.is_ok() {
+        let _ = conn.execute_unprepared(&savepoint.release()).await;
     }
     e
 }

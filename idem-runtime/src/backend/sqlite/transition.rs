@@ -40,6 +40,14 @@ impl TransitionConn for SqliteConnection {
         Ok(done.rows_affected())
     }
 
+    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(self)
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+
     async fn read_state(
         &mut self,
         sql: &'static str,
@@ -78,6 +86,10 @@ impl TransitionConn for Transaction<'_, Sqlite> {
         args: &[SqlValue<'_>],
     ) -> Result<u64, IdemError> {
         TransitionConn::execute(&mut **self, sql, args).await
+    }
+
+    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
+        TransitionConn::execute_unprepared(&mut **self, sql).await
     }
 
     async fn read_state(

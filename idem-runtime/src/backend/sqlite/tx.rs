@@ -26,11 +26,17 @@ use crate::transition::{SqlValue, StateRow, TransitionConn, TransitionTx};
 pub struct SqliteTx {
     tx: Transaction<'static, Sqlite>,
     store: SqliteStore,
+    /// The savepoint of the claim in progress (between `claim` and `complete`/`abort`).
+    claim: Option<Savepoint>,
 }
 
 impl SqliteTx {
     pub(super) fn new(tx: Transaction<'static, Sqlite>, store: SqliteStore) -> Self {
-        SqliteTx { tx, store }
+        SqliteTx {
+            tx,
+            store,
+            claim: None,
+        }
     }
 
     /// The store this transaction belongs to.
@@ -59,12 +65,9 @@ impl SqliteTx {
         self.tx.rollback().await.map_err(db_error)
     }
 
-    async fn exec(&mut self, sql: &'static str) -> Result<(), IdemError> {
-        sqlx::query(sql)
-            .execute(&mut *self.tx)
-            .await
-            .map_err(db_error)?;
-        Ok(())
+    /// Runs a savepoint statement.
+    async fn exec(&mut self, sql: String) -> Result<(), IdemError> {
+        TransitionConn::execute_unprepared(&mut *self.tx, &sql).await
     }
 }
 
@@ -98,12 +101,16 @@ impl IdemTx for SqliteTx {
     }
 
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        self.exec(Savepoint::CLAIM.open).await?;
+        let savepoint = Savepoint::claim();
+        self.exec(savepoint.open()).await?;
+        let release = savepoint.release();
+        self.claim = Some(savepoint);
         let outcome = claim_by_cas(&mut Records::new(&mut self.tx, &self.store), req).await;
         match outcome {
             Ok(outcome @ ClaimOutcome::Acquired { .. }) => Ok(outcome),
             Ok(outcome) => {
-                self.exec(Savepoint::CLAIM.release).await?;
+                self.claim = None;
+                self.exec(release).await?;
                 Ok(outcome)
             }
             Err(e) => {
@@ -124,7 +131,10 @@ impl IdemTx for SqliteTx {
             .complete(biz, key, claim, snapshot)
             .await;
         match done {
-            Ok(()) => self.exec(Savepoint::CLAIM.release).await,
+            Ok(()) => match self.claim.take() {
+                Some(savepoint) => self.exec(savepoint.release()).await,
+                None => Ok(()),
+            },
             Err(e) => {
                 let _ = IdemTx::abort(self).await;
                 Err(e)
@@ -133,8 +143,11 @@ impl IdemTx for SqliteTx {
     }
 
     async fn abort(&mut self) -> Result<(), IdemError> {
-        self.exec(Savepoint::CLAIM.rollback).await?;
-        self.exec(Savepoint::CLAIM.release).await
+        let Some(savepoint) = self.claim.take() else {
+            return Ok(());
+        };
+        self.exec(savepoint.rollback()).await?;
+        self.exec(savepoint.release()).await
     }
 }
 
@@ -150,6 +163,10 @@ impl TransitionConn for SqliteTx {
         args: &[SqlValue<'_>],
     ) -> Result<u64, IdemError> {
         TransitionConn::execute(&mut *self.tx, sql, args).await
+    }
+
+    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
+        TransitionConn::execute_unprepared(&mut *self.tx, sql).await
     }
 
     async fn read_state(

@@ -1,0 +1,80 @@
+//! The name of a store's table: configurable (each service, or each test, may keep its records in a
+//! table of its own) and validated before it is written into any statement.
+
+use super::dialect::Dialect;
+use crate::IdemError;
+
+/// A validated table name: `[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.table`, each part at most 63
+/// bytes (the shortest limit among MySQL, Postgres and the distributed engines that speak their
+/// dialects). Quoted per dialect in every statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableName(String);
+
+impl TableName {
+    /// The default table: `idem_record`.
+    pub fn default_table() -> Self {
+        TableName("idem_record".to_owned())
+    }
+
+    /// Checks `name`.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] saying what is wrong.
+    pub fn new(name: &str) -> Result<Self, IdemError> {
+        let parts: Vec<&str> = name.split('.').collect();
+        let ok_part = |part: &str| {
+            let mut chars = part.chars();
+            matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && part.len() <= 63
+        };
+        if parts.len() <= 2 && parts.iter().all(|part| ok_part(part)) {
+            Ok(TableName(name.to_owned()))
+        } else {
+            Err(IdemError::InvalidOptions {
+                reason: format!(
+                    "`{}` is not a table name idem can use: write `[A-Za-z_][A-Za-z0-9_]*` (at most 63 \
+                     bytes), optionally `schema.table`",
+                    name.escape_default()
+                ),
+            })
+        }
+    }
+
+    /// The name as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name quoted for `dialect`.
+    pub fn quoted(&self, dialect: Dialect) -> String {
+        dialect.quote_ident(&self.0)
+    }
+
+    /// A name for an index on `column` of this table (`idem_record_expire_at`), unquoted, without
+    /// the schema (indexes live in their table's schema).
+    pub fn index_name(&self, column: &str) -> String {
+        let table = self.0.rsplit('.').next().unwrap_or(&self.0);
+        let mut name = format!("{table}_{column}");
+        name.truncate(63);
+        name
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validates_and_quotes() {
+        assert!(TableName::new("idem_record").is_ok());
+        assert!(TableName::new("shop.idem_record").is_ok());
+        for bad in ["", "1x", "a-b", "a.b.c", "x; DROP TABLE y", &"t".repeat(64)] {
+            assert!(matches!(TableName::new(bad), Err(IdemError::InvalidOptions { .. })), "{bad}");
+        }
+        let t = TableName::new("shop.order").unwrap();
+        assert_eq!(t.quoted(Dialect::MySQL), "`shop`.`order`");
+        assert_eq!(t.quoted(Dialect::Postgres), "\"shop\".\"order\"");
+        assert_eq!(t.index_name("expire_at"), "order_expire_at");
+    }
+}

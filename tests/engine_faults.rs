@@ -209,3 +209,34 @@ async fn a_heartbeat_must_be_shorter_than_the_lease() {
     );
     assert!(store.load("BEAT", "x").await.unwrap().is_none());
 }
+
+/// A transaction the database rolled back (a deadlock victim) runs again; other errors do not.
+#[tokio::test]
+async fn a_rolled_back_transaction_runs_again() {
+    let runs = AtomicU32::new(0);
+    let n = idem::retry_transaction(|| async {
+        let run = runs.fetch_add(1, Ordering::SeqCst);
+        if run < 2 {
+            return Err(IdemError::busy(
+                Busy::Deadlock,
+                "Deadlock found when trying to get lock",
+            ));
+        }
+        Ok(run)
+    })
+    .await
+    .unwrap();
+    assert_eq!(n, 2);
+    let runs = AtomicU32::new(0);
+    let res: Result<u32, IdemError> = idem::retry_transaction(|| async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Err(IdemError::busy(Busy::Locked, "locked"))
+    })
+    .await;
+    assert!(res.is_err());
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "only a rolled-back transaction runs again"
+    );
+}

@@ -148,8 +148,13 @@ impl std::fmt::Display for Busy {
         f.write_str(match self {
             Busy::Locked => "locked",
             Busy::LockTimeout => "lock wait timeout",
-            Busy::Deadlock => "deadlock",
-            Busy::Serialization => "serialization failure",
+            Busy::Deadlock => {
+                "deadlock; the database rolled the transaction back: run it again \
+                 (idem::retry_transaction)"
+            }
+            Busy::Serialization => {
+                "serialization failure; the transaction must run again (idem::retry_transaction)"
+            }
         })
     }
 }
@@ -185,6 +190,19 @@ impl IdemError {
             IdemError::StoreUnavailable { .. } | IdemError::StoreBusy { .. } => 503,
             _ => 500,
         }
+    }
+
+    /// Whether the database rolled the whole transaction back (a deadlock victim, a serialization
+    /// failure): in transaction mode, run the transaction again from its `begin()`
+    /// ([`crate::retry_transaction`] does that).
+    pub fn restarts_transaction(&self) -> bool {
+        matches!(
+            self,
+            IdemError::StoreBusy {
+                reason: Busy::Deadlock | Busy::Serialization,
+                ..
+            }
+        )
     }
 
     /// Wraps a backend error as [`IdemError::Store`].

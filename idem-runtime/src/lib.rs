@@ -32,6 +32,7 @@ pub use backend::memory::MemoryStore;
 pub use backend::sqlite::{SqliteStore, SqliteTx};
 pub use clock::TestClock;
 pub use engine::current::current_claim;
+pub use engine::retry::{RestartsTransaction, retry_transaction};
 pub use engine::tx::IdemTx;
 pub use engine::{Call, DEFAULT_LEASE, DEFAULT_TTL};
 pub use error::{BoxError, Busy, IdemError};
@@ -47,14 +48,6 @@ pub use transition::{
     Dialect, DialectSql, SqlText, SqlValue, StateMachine, StateRow, ToSqlValue, Transition,
     TransitionConn, TransitionShape, TransitionSql, TransitionTx, UnknownState,
 };
-
-/// Without the `sqlite` feature a machine gets no sqlx impls (see `backend/sqlite/transition.rs`).
-#[cfg(not(feature = "sqlite"))]
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __idem_sqlite_text {
-    ($machine:ty) => {};
-}
 
 // The check traits the generated code names, also at the crate root: rustc names an unmet trait
 // by its shortest visible path, and `__private` is hidden.

@@ -40,5 +40,9 @@ pub async fn reach<T, E: std::fmt::Display>(
 /// A name no other test of this run (or a concurrent run) uses: `prefix_<pid>_<n>`.
 pub fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
-    format!("{prefix}_{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }

@@ -155,7 +155,7 @@ fn display_and_sqlx(ident: &Ident, krate: &TokenStream) -> TokenStream {
                 ))
             }
         }
-        #krate::__private::sqlite_text!(#ident);
+        #krate::__private::sql_text!(#ident);
     }
 }
 

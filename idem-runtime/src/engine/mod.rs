@@ -7,6 +7,7 @@
 
 mod call;
 pub(crate) mod current;
+pub(crate) mod retry;
 pub(crate) mod snapshot;
 pub(crate) mod tx;
 

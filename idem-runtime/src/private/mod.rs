@@ -12,7 +12,7 @@ mod checks;
 pub use checks::*;
 
 // State transitions: one backend-neutral entry point; the connection picks its dialect.
-pub use crate::__idem_sqlite_text as sqlite_text;
+pub use crate::__idem_sql_text as sql_text;
 pub use crate::transition::{
     Done, ToSqlValue, TransitionCall, TransitionConn, TransitionGuard, TransitionShape,
     TransitionSpec, TransitionStep, TransitionValues,

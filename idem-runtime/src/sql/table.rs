@@ -70,7 +70,10 @@ mod tests {
         assert!(TableName::new("idem_record").is_ok());
         assert!(TableName::new("shop.idem_record").is_ok());
         for bad in ["", "1x", "a-b", "a.b.c", "x; DROP TABLE y", &"t".repeat(64)] {
-            assert!(matches!(TableName::new(bad), Err(IdemError::InvalidOptions { .. })), "{bad}");
+            assert!(
+                matches!(TableName::new(bad), Err(IdemError::InvalidOptions { .. })),
+                "{bad}"
+            );
         }
         let t = TableName::new("shop.order").unwrap();
         assert_eq!(t.quoted(Dialect::MySQL), "`shop`.`order`");

@@ -10,6 +10,7 @@ use std::fmt;
 mod conn;
 mod run;
 mod sql;
+mod sqlx_impls;
 mod value;
 
 pub use conn::{StateRow, TransitionConn, TransitionTx};

@@ -221,25 +221,6 @@ impl<M: StateMachine> TransitionCall<M> {
         if spec.shape.versioned {
             args.push(version.map_or(SqlValue::Null, SqlValue::Int));
         }
-        let savepoint = Savepoint::transition();
-        conn.execute_unprepared(&savepoint.open()).await?;
-        let rows = match conn.execute(sql.update.as_str(), &args).await {
-            Ok(rows) => rows,
-            Err(e) => return Err(abort(conn, &savepoint, e).await),
-        };
-        match rows {
-            1 => return Ok(TransitionStep::Apply(TransitionGuard(savepoint))),
-            0 => {}
-            n => {
-                let e = IdemError::store(format!(
-                    "the key matched {n} rows of `{}`; the machine's key column `{}` must be unique",
-                    M::TABLE,
-                    M::KEY_COLUMN
-                ));
-                return Err(abort(conn, &savepoint, e).await);
-            }
-        }
-        // No row moved: read it (locked, in the same transaction) to tell why.
         let mut read_args = Vec::with_capacity(2 + spec.shape.matches.len());
         read_args.push(SqlValue::Text(spec.to.into()));
         for column in spec.shape.matches {
@@ -248,12 +229,45 @@ impl<M: StateMachine> TransitionCall<M> {
             }
         }
         read_args.push(key);
-        let row = match conn
-            .read_state(sql.read.as_str(), &read_args, M::VERSION_COLUMN.is_some())
-            .await
-        {
-            Ok(row) => row,
-            Err(e) => return Err(abort(conn, &savepoint, e).await),
+        let savepoint = Savepoint::transition();
+        conn.execute_unprepared(&savepoint.open()).await?;
+        let mut updated_again = false;
+        let row = loop {
+            let rows = match conn.execute(sql.update.as_str(), &args).await {
+                Ok(rows) => rows,
+                Err(e) => return Err(abort(conn, &savepoint, e).await),
+            };
+            match rows {
+                1 => return Ok(TransitionStep::Apply(TransitionGuard(savepoint))),
+                0 => {}
+                n => {
+                    let e = IdemError::store(format!(
+                        "the key matched {n} rows of `{}`; the machine's key column `{}` must be unique",
+                        M::TABLE,
+                        M::KEY_COLUMN
+                    ));
+                    return Err(abort(conn, &savepoint, e).await);
+                }
+            }
+            // No row moved: read it (locked, in the same transaction) to tell why.
+            let row = match conn
+                .read_state(sql.read.as_str(), &read_args, M::VERSION_COLUMN.is_some())
+                .await
+            {
+                Ok(row) => row,
+                Err(e) => return Err(abort(conn, &savepoint, e).await),
+            };
+            // Under READ COMMITTED the locking read sees a newer row than the update's snapshot
+            // did: a row that moved into a `from` state just now reads as movable. Update once more.
+            let movable = row.as_ref().is_some_and(|row| {
+                spec.from.contains(&row.status.as_str())
+                    && !(spec.shape.versioned && version.is_some() && row.version != version)
+            });
+            if movable && !updated_again {
+                updated_again = true;
+                continue;
+            }
+            break row;
         };
         conn.execute_unprepared(&savepoint.release()).await?;
         let Some(row) = row else {
@@ -346,7 +360,11 @@ impl<M: StateMachine> TransitionCall<M> {
 }
 
 /// Rolls the savepoint back after `e`, and returns `e`.
-async fn abort<C: TransitionConn + ?Sized>(conn: &mut C, savepoint: &Savepoint, e: IdemError) -> IdemError {
+async fn abort<C: TransitionConn + ?Sized>(
+    conn: &mut C,
+    savepoint: &Savepoint,
+    e: IdemError,
+) -> IdemError {
     if conn.execute_unprepared(&savepoint.rollback()).await.is_ok() {
         let _ = conn.execute_unprepared(&savepoint.release()).await;
     }

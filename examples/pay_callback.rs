@@ -12,7 +12,8 @@ mod scenario;
 #[tokio::main]
 async fn main() -> Result<(), scenario::ScenarioError> {
     let path = std::env::temp_dir().join("idem-pay-callback.db");
-    let report = scenario::run(&path).await?;
+    let backend = scenario::Sqlite::open(&path).await?;
+    let report = scenario::run(std::sync::Arc::new(backend)).await?;
     println!("deliveries: {}", report.deliveries);
     for (outcome, count) in &report.outcomes {
         println!("  {outcome:<16} {count}");

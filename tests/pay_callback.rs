@@ -9,7 +9,8 @@ use scenario::PayStatus;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_retry_storm_changes_nothing_it_should_not() {
     let path = std::env::temp_dir().join(format!("idem-pay-callback-{}.db", std::process::id()));
-    let report = scenario::run(&path).await.unwrap();
+    let backend = scenario::Sqlite::open(&path).await.unwrap();
+    let report = scenario::run(std::sync::Arc::new(backend)).await.unwrap();
     report.check().unwrap();
     assert_eq!(report.deliveries, 47);
     // 16 payments + 5 refunds applied before the storm; the storm applies nothing.

@@ -3,14 +3,23 @@
 //! `#[state_transition]`: duplicates are `AlreadyApplied`, late or illegal moves are `Rejected`, the
 //! coupon (seed 000's 发券) and the ledger rows are written only by the transition that applied.
 //!
+//! The transitions are generic over the connection (`C: TransitionConn`) and write the business rows
+//! through it, so one scenario runs on every backend: a [`Backend`] sets the tables up, begins and
+//! commits the delivery transactions, and reads the tables back for the audit. [`Sqlite`] is the
+//! embedded one; each server store's suite adds its own.
+//!
 //! Shared by `examples/pay_callback.rs` (prints the report) and `tests/pay_callback.rs` (asserts it).
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 
 use idem::sqlx;
-use idem::{IdemError, SqliteStore, SqliteTx, Transition, state_transition};
+use idem::{
+    Dialect, IdemError, SqlValue, SqliteStore, SqliteTx, Transition, TransitionConn,
+    state_transition,
+};
 
 /// The order's life: paid once, refunded only after a refund request, nothing leaves a terminal state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, idem::StateMachine)]
@@ -31,12 +40,65 @@ pub enum PayStatus {
 /// What went wrong in a handler.
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
-    /// idem's refusal or a store failure.
+    /// idem's refusal, a store failure, or a failed business write.
     #[error(transparent)]
     Idem(#[from] IdemError),
-    /// The business writes failed.
+    /// The setup or the audit failed.
     #[error(transparent)]
     Db(#[from] sqlx::Error),
+}
+
+impl idem::RestartsTransaction for ScenarioError {
+    fn restarts_transaction(&self) -> bool {
+        matches!(self, ScenarioError::Idem(e) if e.restarts_transaction())
+    }
+}
+
+/// Where the scenario runs: a database with the tables `pay_orders`, `coupons`, `ledger` and
+/// `history` (see [`Sqlite::setup`] for their columns, in SQLite's words).
+pub trait Backend: Send + Sync + 'static {
+    /// A delivery's transaction.
+    type Tx: TransitionConn + Send;
+
+    /// Begins a delivery's transaction.
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, ScenarioError>> + Send;
+
+    /// Commits it.
+    fn commit(tx: Self::Tx) -> impl Future<Output = Result<(), ScenarioError>> + Send;
+
+    /// Creates the tables (empty) and the orders, all `WAIT_PAY`.
+    fn setup(&self, orders: &[String]) -> impl Future<Output = Result<(), ScenarioError>> + Send;
+
+    /// The audit's view of the tables.
+    fn read_back(&self) -> impl Future<Output = Result<Tables, ScenarioError>> + Send;
+}
+
+/// The tables as the audit reads them.
+#[derive(Debug, Default)]
+pub struct Tables {
+    /// (order, state) of every order.
+    pub states: Vec<(String, PayStatus)>,
+    /// (order, coupons) of every order that has one.
+    pub coupons: Vec<(String, i64)>,
+    /// Sum of the ledger, in cents.
+    pub ledger_sum: i64,
+    /// (order, state) of the history, in the order it was written.
+    pub history: Vec<(String, PayStatus)>,
+}
+
+/// One business write, in the connection's dialect (`?` or `$n` placeholders).
+async fn write<C: TransitionConn>(
+    tx: &mut C,
+    sqlite_and_mysql: &'static str,
+    postgres: &'static str,
+    args: &[SqlValue<'_>],
+) -> Result<(), ScenarioError> {
+    let sql = match tx.dialect() {
+        Dialect::Postgres => postgres,
+        _ => sqlite_and_mysql,
+    };
+    tx.execute(sql, args).await?;
+    Ok(())
 }
 
 /// Price of every order, in cents (the incident's average ¥299).
@@ -63,23 +125,26 @@ pub enum Callback {
     now = "paid_at",
     match(trade_no)
 )]
-pub async fn on_paid(
-    tx: &mut SqliteTx,
+pub async fn on_paid<C: TransitionConn>(
+    tx: &mut C,
     order_no: &str,
     trade_no: &str,
 ) -> Result<Transition<(), PayStatus>, ScenarioError> {
-    sqlx::query("INSERT INTO coupons (order_no) VALUES (?)")
-        .bind(order_no)
-        .execute(&mut **tx)
-        .await?;
+    write(
+        tx,
+        "INSERT INTO coupons (order_no) VALUES (?)",
+        "INSERT INTO coupons (order_no) VALUES ($1)",
+        &[SqlValue::Text(order_no.into())],
+    )
+    .await?;
     book(tx, order_no, "PAY", AMOUNT).await?;
     history(tx, order_no, PayStatus::Paid).await
 }
 
 /// The user asks for a refund: PAID → REFUNDING.
 #[state_transition(from = "PAID", to = "REFUNDING")]
-pub async fn request_refund(
-    tx: &mut SqliteTx,
+pub async fn request_refund<C: TransitionConn>(
+    tx: &mut C,
     order_no: &str,
 ) -> Result<Transition<(), PayStatus>, ScenarioError> {
     history(tx, order_no, PayStatus::Refunding).await
@@ -93,8 +158,8 @@ pub async fn request_refund(
     set(refund_no = "refund_no"),
     match(refund_no)
 )]
-pub async fn on_refunded(
-    tx: &mut SqliteTx,
+pub async fn on_refunded<C: TransitionConn>(
+    tx: &mut C,
     order_no: &str,
     refund_no: &str,
 ) -> Result<Transition<(), PayStatus>, ScenarioError> {
@@ -102,31 +167,43 @@ pub async fn on_refunded(
     history(tx, order_no, PayStatus::Refunded).await
 }
 
-async fn book(
-    tx: &mut SqliteTx,
+async fn book<C: TransitionConn>(
+    tx: &mut C,
     order_no: &str,
     kind: &str,
     amount: i64,
 ) -> Result<(), ScenarioError> {
-    sqlx::query("INSERT INTO ledger (order_no, kind, amount) VALUES (?, ?, ?)")
-        .bind(order_no)
-        .bind(kind)
-        .bind(amount)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
+    write(
+        tx,
+        "INSERT INTO ledger (order_no, kind, amount) VALUES (?, ?, ?)",
+        "INSERT INTO ledger (order_no, kind, amount) VALUES ($1, $2, $3)",
+        &[
+            SqlValue::Text(order_no.into()),
+            SqlValue::Text(kind.into()),
+            SqlValue::Int(amount),
+        ],
+    )
+    .await
 }
 
-async fn history(tx: &mut SqliteTx, order_no: &str, to: PayStatus) -> Result<(), ScenarioError> {
-    sqlx::query("INSERT INTO history (order_no, status) VALUES (?, ?)")
-        .bind(order_no)
-        .bind(to)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
+async fn history<C: TransitionConn>(
+    tx: &mut C,
+    order_no: &str,
+    to: PayStatus,
+) -> Result<(), ScenarioError> {
+    write(
+        tx,
+        "INSERT INTO history (order_no, status) VALUES (?, ?)",
+        "INSERT INTO history (order_no, status) VALUES ($1, $2)",
+        &[
+            SqlValue::Text(order_no.into()),
+            SqlValue::Text(idem::StateMachine::as_str(to).into()),
+        ],
+    )
+    .await
 }
 
-fn order_no(i: usize) -> String {
+pub fn order_no(i: usize) -> String {
     format!("O{i:02}")
 }
 
@@ -222,44 +299,92 @@ impl Report {
     }
 }
 
-/// Runs the scenario on a fresh SQLite file at `path`.
+/// The scenario on a fresh SQLite file.
+pub struct Sqlite(pub SqliteStore);
+
+impl Sqlite {
+    /// A fresh database file at `path`.
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn open(path: &Path) -> Result<Self, ScenarioError> {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        Ok(Sqlite(SqliteStore::open(path).await?))
+    }
+}
+
+impl Backend for Sqlite {
+    type Tx = SqliteTx;
+
+    async fn begin(&self) -> Result<SqliteTx, ScenarioError> {
+        Ok(self.0.begin().await?)
+    }
+
+    async fn commit(tx: SqliteTx) -> Result<(), ScenarioError> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn setup(&self, orders: &[String]) -> Result<(), ScenarioError> {
+        let pool = self.0.pool();
+        for ddl in [
+            "CREATE TABLE pay_orders (order_no TEXT PRIMARY KEY, status TEXT NOT NULL, \
+             trade_no TEXT, refund_no TEXT, paid_at TEXT)",
+            // No unique index on coupons or the ledger: only the transitions keep them single.
+            "CREATE TABLE coupons (order_no TEXT NOT NULL)",
+            "CREATE TABLE ledger (order_no TEXT NOT NULL, kind TEXT NOT NULL, amount INTEGER NOT NULL)",
+            "CREATE TABLE history (seq INTEGER PRIMARY KEY, order_no TEXT NOT NULL, status TEXT NOT NULL)",
+        ] {
+            sqlx::query(ddl).execute(pool).await?;
+        }
+        for order in orders {
+            sqlx::query("INSERT INTO pay_orders (order_no, status) VALUES (?, ?)")
+                .bind(order)
+                .bind(PayStatus::WaitPay)
+                .execute(pool)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn read_back(&self) -> Result<Tables, ScenarioError> {
+        let pool = self.0.pool();
+        Ok(Tables {
+            states: sqlx::query_as("SELECT order_no, status FROM pay_orders")
+                .fetch_all(pool)
+                .await?,
+            coupons: sqlx::query_as("SELECT order_no, COUNT(*) FROM coupons GROUP BY order_no")
+                .fetch_all(pool)
+                .await?,
+            ledger_sum: sqlx::query_scalar("SELECT COALESCE(SUM(amount), 0) FROM ledger")
+                .fetch_one(pool)
+                .await?,
+            history: sqlx::query_as("SELECT order_no, status FROM history ORDER BY seq")
+                .fetch_all(pool)
+                .await?,
+        })
+    }
+}
+
+/// Runs the scenario on `backend` (its tables must not exist yet).
 ///
 /// # Errors
 /// A store or database failure.
-pub async fn run(path: &Path) -> Result<Report, ScenarioError> {
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
-    let store = Arc::new(SqliteStore::open(path).await?);
-    let pool = store.pool();
-    for ddl in [
-        "CREATE TABLE pay_orders (order_no TEXT PRIMARY KEY, status TEXT NOT NULL, \
-         trade_no TEXT, refund_no TEXT, paid_at TEXT)",
-        // No unique index on coupons or the ledger: only the transitions keep them single.
-        "CREATE TABLE coupons (order_no TEXT NOT NULL)",
-        "CREATE TABLE ledger (order_no TEXT NOT NULL, kind TEXT NOT NULL, amount INTEGER NOT NULL)",
-        "CREATE TABLE history (seq INTEGER PRIMARY KEY, order_no TEXT NOT NULL, status TEXT NOT NULL)",
-    ] {
-        sqlx::query(ddl).execute(pool).await?;
-    }
-    for i in 0..ORDERS {
-        sqlx::query("INSERT INTO pay_orders (order_no, status) VALUES (?, ?)")
-            .bind(order_no(i))
-            .bind(PayStatus::WaitPay)
-            .execute(pool)
-            .await?;
-    }
+pub async fn run<B: Backend>(backend: Arc<B>) -> Result<Report, ScenarioError> {
+    let orders: Vec<String> = (0..ORDERS).map(order_no).collect();
+    backend.setup(&orders).await?;
 
     let (payments, refund_requests, refunds, storm) = deliveries();
     let mut report = Report::default();
     for callback in payments {
-        let outcome = deliver(&store, &callback).await?;
+        let outcome = deliver(&*backend, &callback).await?;
         tally(&mut report, &callback, outcome);
     }
     for i in refund_requests {
-        let mut tx = store.begin().await?;
+        let mut tx = backend.begin().await?;
         let outcome = request_refund(&mut tx, &order_no(i)).await?;
-        tx.commit().await?;
+        B::commit(tx).await?;
         assert!(
             outcome.is_applied(),
             "refund request of {}: {outcome:?}",
@@ -267,7 +392,7 @@ pub async fn run(path: &Path) -> Result<Report, ScenarioError> {
         );
     }
     for callback in refunds {
-        let outcome = deliver(&store, &callback).await?;
+        let outcome = deliver(&*backend, &callback).await?;
         tally(&mut report, &callback, outcome);
     }
     // The retry storm: every delivery at once, released together.
@@ -275,10 +400,10 @@ pub async fn run(path: &Path) -> Result<Report, ScenarioError> {
     let tasks: Vec<_> = storm
         .into_iter()
         .map(|callback| {
-            let (store, barrier) = (store.clone(), barrier.clone());
+            let (backend, barrier) = (backend.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                let outcome = deliver(&store, &callback).await;
+                let outcome = deliver(&*backend, &callback).await;
                 (callback, outcome)
             })
         })
@@ -289,43 +414,35 @@ pub async fn run(path: &Path) -> Result<Report, ScenarioError> {
     }
 
     // The audit, from the tables.
-    let rows: Vec<(String, PayStatus)> = sqlx::query_as("SELECT order_no, status FROM pay_orders")
-        .fetch_all(pool)
-        .await?;
-    report.states = rows.into_iter().collect();
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT order_no, COUNT(*) FROM coupons GROUP BY order_no")
-            .fetch_all(pool)
-            .await?;
-    report.coupons = rows.into_iter().collect();
-    report.ledger_sum = sqlx::query_scalar("SELECT COALESCE(SUM(amount), 0) FROM ledger")
-        .fetch_one(pool)
-        .await?;
-    let rows: Vec<(String, PayStatus)> =
-        sqlx::query_as("SELECT order_no, status FROM history ORDER BY seq")
-            .fetch_all(pool)
-            .await?;
-    for (order, status) in rows {
+    let tables = backend.read_back().await?;
+    report.states = tables.states.into_iter().collect();
+    report.coupons = tables.coupons.into_iter().collect();
+    report.ledger_sum = tables.ledger_sum;
+    for (order, status) in tables.history {
         report.history.entry(order).or_default().push(status);
     }
     Ok(report)
 }
 
-/// One delivery in its own `BEGIN IMMEDIATE` transaction, as a callback handler would run it.
-async fn deliver(
-    store: &SqliteStore,
+/// One delivery in its own transaction, as a callback handler would run it (run again if the
+/// database rolled it back).
+async fn deliver<B: Backend>(
+    backend: &B,
     callback: &Callback,
 ) -> Result<Transition<(), PayStatus>, ScenarioError> {
-    let mut tx = store.begin().await?;
-    let outcome = match callback {
-        Callback::Paid { order_no, trade_no } => on_paid(&mut tx, order_no, trade_no).await?,
-        Callback::Refunded {
-            order_no,
-            refund_no,
-        } => on_refunded(&mut tx, order_no, refund_no).await?,
-    };
-    tx.commit().await?;
-    Ok(outcome)
+    idem::retry_transaction(|| async {
+        let mut tx = backend.begin().await?;
+        let outcome = match callback {
+            Callback::Paid { order_no, trade_no } => on_paid(&mut tx, order_no, trade_no).await?,
+            Callback::Refunded {
+                order_no,
+                refund_no,
+            } => on_refunded(&mut tx, order_no, refund_no).await?,
+        };
+        B::commit(tx).await?;
+        Ok(outcome)
+    })
+    .await
 }
 
 fn tally(report: &mut Report, callback: &Callback, outcome: Transition<(), PayStatus>) {

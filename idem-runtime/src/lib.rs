@@ -28,12 +28,13 @@ mod transition;
 pub mod __private;
 
 pub use backend::memory::MemoryStore;
+pub use backend::sharded::{ShardedStore, ShardedTx};
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite::{SqliteStore, SqliteTx};
 pub use clock::TestClock;
 pub use engine::current::current_claim;
 pub use engine::retry::{RestartsTransaction, retry_transaction};
-pub use engine::tx::IdemTx;
+pub use engine::tx::{IdemTx, TransactionalStore};
 pub use engine::{Call, DEFAULT_LEASE, DEFAULT_TTL};
 pub use error::{BoxError, Busy, IdemError};
 pub use fingerprint::fingerprint;

@@ -21,6 +21,13 @@ pub trait TxBackend: Send + Sync + 'static {
     /// Begins a transaction on the store's database.
     fn begin(&self) -> impl Future<Output = Self::Tx> + Send;
 
+    /// Begins a transaction for a call that claims `(biz, key)` (a sharded store begins it on the
+    /// key's shard); by default [`TxBackend::begin`].
+    fn begin_for(&self, biz: &str, key: &str) -> impl Future<Output = Self::Tx> + Send {
+        let _ = (biz, key);
+        self.begin()
+    }
+
     /// Commits.
     fn commit(tx: Self::Tx) -> impl Future<Output = ()> + Send;
 
@@ -67,7 +74,7 @@ async fn run<B: TxBackend>(
 
 pub async fn commit_keeps_claim_business_and_mark_together<B: TxBackend>(b: Arc<B>) {
     let (store, biz) = (b.store(), biz("tx_commit"));
-    let mut tx = b.begin().await;
+    let mut tx = b.begin_for(&biz, "k").await;
     let (first, report) = idem::observe(run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)).await;
     let first = first.unwrap();
     assert_eq!(
@@ -79,7 +86,7 @@ pub async fn commit_keeps_claim_business_and_mark_together<B: TxBackend>(b: Arc<
     let rec = store.load(&biz, "k").await.unwrap().unwrap();
     assert_eq!((rec.status, rec.attempt), (Status::Succeeded, 1));
 
-    let mut tx = b.begin().await;
+    let mut tx = b.begin_for(&biz, "k").await;
     let (again, report) = idem::observe(run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)).await;
     B::commit(tx).await;
     assert_eq!(again.unwrap(), first);
@@ -89,7 +96,7 @@ pub async fn commit_keeps_claim_business_and_mark_together<B: TxBackend>(b: Arc<
 
 pub async fn body_error_rolls_back_the_claim_and_the_business_writes<B: TxBackend>(b: Arc<B>) {
     let (store, biz) = (b.store(), biz("tx_err"));
-    let mut tx = b.begin().await;
+    let mut tx = b.begin_for(&biz, "k").await;
     let (res, report) = idem::observe(run::<B>(&mut tx, call(&biz, "k"), &biz, "k", true)).await;
     assert!(matches!(res, Err(PayError::Declined)), "{res:?}");
     assert_eq!(report.unwrap().outcome, Outcome::Failed);
@@ -98,7 +105,7 @@ pub async fn body_error_rolls_back_the_claim_and_the_business_writes<B: TxBacken
     assert!(store.load(&biz, "k").await.unwrap().is_none());
     assert_eq!(b.effects(&biz, "k").await, 0);
 
-    let mut tx = b.begin().await;
+    let mut tx = b.begin_for(&biz, "k").await;
     run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)
         .await
         .unwrap();
@@ -111,7 +118,7 @@ pub async fn caller_rollback_after_success_leaves_nothing_and_a_retry_runs<B: Tx
     b: Arc<B>,
 ) {
     let (store, biz) = (b.store(), biz("tx_rollback"));
-    let mut tx = b.begin().await;
+    let mut tx = b.begin_for(&biz, "k").await;
     run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)
         .await
         .unwrap();
@@ -122,7 +129,7 @@ pub async fn caller_rollback_after_success_leaves_nothing_and_a_retry_runs<B: Tx
     );
     assert_eq!(b.effects(&biz, "k").await, 0);
 
-    let mut tx = b.begin().await;
+    let mut tx = b.begin_for(&biz, "k").await;
     run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)
         .await
         .unwrap();
@@ -140,7 +147,7 @@ pub async fn concurrent_duplicates_in_transactions_execute_once<B: TxBackend>(b:
             let (b, barrier, biz) = (b.clone(), barrier.clone(), biz.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                let mut tx = b.begin().await;
+                let mut tx = b.begin_for(&biz, "k").await;
                 let receipt = run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)
                     .await
                     .unwrap();
@@ -162,12 +169,12 @@ pub async fn concurrent_duplicates_in_transactions_execute_once<B: TxBackend>(b:
 
 pub async fn payload_mismatch_in_a_transaction_writes_nothing<B: TxBackend>(b: Arc<B>) {
     let biz = biz("tx_fp");
-    let mut tx = b.begin().await;
+    let mut tx = b.begin_for(&biz, "k").await;
     run::<B>(&mut tx, call(&biz, "k").fingerprint(&1), &biz, "k", false)
         .await
         .unwrap();
     B::commit(tx).await;
-    let mut tx = b.begin().await;
+    let mut tx = b.begin_for(&biz, "k").await;
     let res = run::<B>(&mut tx, call(&biz, "k").fingerprint(&2), &biz, "k", false).await;
     B::commit(tx).await;
     assert!(
@@ -189,7 +196,7 @@ pub async fn lease_and_transaction_modes_see_each_other<B: TxBackend>(b: Arc<B>)
             })
         })
         .await;
-    let mut tx = b.begin().await;
+    let mut tx = b.begin_for(&biz, "a").await;
     let in_tx = run::<B>(&mut tx, call(&biz, "a"), &biz, "a", false).await;
     B::commit(tx).await;
     assert_eq!(
@@ -199,7 +206,7 @@ pub async fn lease_and_transaction_modes_see_each_other<B: TxBackend>(b: Arc<B>)
     );
     assert_eq!(b.effects(&biz, "a").await, 0);
 
-    let mut tx = b.begin().await;
+    let mut tx = b.begin_for(&biz, "b").await;
     let first = run::<B>(&mut tx, call(&biz, "b"), &biz, "b", false)
         .await
         .unwrap();
@@ -217,7 +224,7 @@ pub async fn lease_and_transaction_modes_see_each_other<B: TxBackend>(b: Arc<B>)
 /// The body sees its claim's fence in transaction mode too, and it is the fence stored.
 pub async fn the_body_learns_its_fence_in_a_transaction<B: TxBackend>(b: Arc<B>) {
     let (store, biz) = (b.store(), biz("tx_fence"));
-    let mut tx = b.begin().await;
+    let mut tx = b.begin_for(&biz, "k").await;
     let seen: Result<u64, IdemError> = call(&biz, "k")
         .run_in_tx(&mut tx, async |_tx: &mut B::Tx| {
             Ok(idem::current_claim().unwrap().fence.get())
@@ -236,7 +243,7 @@ pub async fn an_unstorable_result_in_a_transaction_keeps_the_claim<B: TxBackend>
     let (store, biz) = (b.store(), biz("tx_unstorable"));
     let big = "x".repeat(store.limits().max_snapshot_len + 1);
     for round in 0..2 {
-        let mut tx = b.begin().await;
+        let mut tx = b.begin_for(&biz, "k").await;
         let (res, report) =
             idem::observe(call(&biz, "k").run_in_tx(&mut tx, async |tx: &mut B::Tx| {
                 B::write_effect(tx, &biz, "k").await;

@@ -2,5 +2,6 @@
 //! A backend folder holds its store, its transaction support and its state-transition support.
 
 pub(crate) mod memory;
+pub(crate) mod sharded;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;

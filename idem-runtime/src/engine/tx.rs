@@ -58,6 +58,20 @@ pub trait IdemTx: Send {
     async fn abort(&mut self) -> Result<(), IdemError>;
 }
 
+/// A store whose database has transactions a `tx = "…"` call can join: its `begin()` hands out an
+/// [`IdemTx`] that carries the store. Implemented by every SQL store; [`crate::ShardedStore`] uses
+/// it to begin a transaction on the shard a key belongs to.
+pub trait TransactionalStore: Store {
+    /// The store's transaction (`SqliteTx`, …).
+    type Tx: IdemTx + Send;
+
+    /// Begins a transaction on the store's database.
+    ///
+    /// # Errors
+    /// The store's error.
+    fn begin_tx(&self) -> impl Future<Output = Result<Self::Tx, IdemError>> + Send;
+}
+
 /// The claim a transactional call holds while its body runs.
 pub struct TxGuard {
     call: Call,

@@ -221,6 +221,14 @@ impl SqliteStore {
     }
 }
 
+impl crate::TransactionalStore for SqliteStore {
+    type Tx = SqliteTx;
+
+    async fn begin_tx(&self) -> Result<SqliteTx, IdemError> {
+        self.begin().await
+    }
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {

@@ -1,0 +1,181 @@
+//! `ShardedStore`: records spread over N stores of one backend, each key on the shard a stable hash
+//! of `(biz, key)` picks. Beyond one database: several MySQL or Postgres databases (or engines that
+//! speak their dialects), or several SQLite files.
+
+mod route;
+mod tx;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
+use crate::{IdemError, TransactionalStore};
+pub use tx::ShardedTx;
+
+/// Records spread over several stores of one kind.
+///
+/// Each `(biz, key)` lives on one shard, picked by a hash that is stable across processes, builds
+/// and versions of idem: SHA-256 of the business type's length (4 bytes, little-endian), the business
+/// type and the key; its first 8 bytes (big-endian) go through jump consistent hashing (Lamping and
+/// Veach, 2014) to a shard index. So every instance of a service, whatever its build, finds a key on
+/// the same shard; and adding a shard at the end moves only about 1/N of the keys (which then look
+/// absent: add shards when their TTL-bounded history can be given up, or copy it over first). The
+/// order of the shards is part of the routing: keep it.
+///
+/// Its limits are the strictest of its shards'. Lease-mode calls route by themselves; a
+/// transactional call begins its transaction on the key's own shard with
+/// [`ShardedStore::begin_for`], and a claim for a key of another shard in it is refused before
+/// anything is written.
+///
+/// ```
+/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+/// use idem_runtime::{Call, IdemError, ShardedStore, SqliteStore};
+/// let mut shards = Vec::new();
+/// for _ in 0..4 {
+///     let shard = SqliteStore::in_memory().await?;
+///     shard.migrate().await?;
+///     shards.push(shard);
+/// }
+/// let store = ShardedStore::new(shards)?;
+/// let n: Result<u8, IdemError> = Call::new("PAY", "order-1").run(&store, async { Ok(1) }).await;
+/// assert_eq!(n?, 1);
+/// assert!(store.shard_of("PAY", "order-1").load("PAY", "order-1").await?.is_some());
+/// # Ok(()) }
+/// ```
+pub struct ShardedStore<S> {
+    inner: Arc<Inner<S>>,
+}
+
+struct Inner<S> {
+    shards: Vec<S>,
+    limits: Limits,
+}
+
+impl<S> Clone for ShardedStore<S> {
+    fn clone(&self) -> Self {
+        ShardedStore {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S: Store> ShardedStore<S> {
+    /// A store over `shards`, in this order (the order is part of the routing).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for no shards, or more than 2³¹.
+    pub fn new(shards: impl IntoIterator<Item = S>) -> Result<Self, IdemError> {
+        let shards: Vec<S> = shards.into_iter().collect();
+        if shards.is_empty() || shards.len() > i32::MAX as usize {
+            return Err(IdemError::InvalidOptions {
+                reason: format!(
+                    "a sharded store needs 1 to 2^31 shards; it was given {}",
+                    shards.len()
+                ),
+            });
+        }
+        let limits = shards.iter().map(|s| s.limits()).fold(
+            Limits {
+                max_key_len: usize::MAX,
+                max_biz_len: usize::MAX,
+                max_snapshot_len: usize::MAX,
+            },
+            |strictest, l| Limits {
+                max_key_len: strictest.max_key_len.min(l.max_key_len),
+                max_biz_len: strictest.max_biz_len.min(l.max_biz_len),
+                max_snapshot_len: strictest.max_snapshot_len.min(l.max_snapshot_len),
+            },
+        );
+        Ok(ShardedStore {
+            inner: Arc::new(Inner { shards, limits }),
+        })
+    }
+
+    /// The shards, in routing order.
+    pub fn shards(&self) -> &[S] {
+        &self.inner.shards
+    }
+
+    /// The index of the shard `(biz, key)` lives on.
+    pub fn shard_index(&self, biz: &str, key: &str) -> usize {
+        route::shard(biz, key, self.inner.shards.len())
+    }
+
+    /// The shard `(biz, key)` lives on.
+    pub fn shard_of(&self, biz: &str, key: &str) -> &S {
+        &self.inner.shards[self.shard_index(biz, key)]
+    }
+}
+
+impl<S: TransactionalStore> ShardedStore<S> {
+    /// Begins a transaction on the shard of `(biz, key)`, for a `tx = "…"` call with that key (its
+    /// `biz` and its key as the attribute computes it, e.g. `idem::IdemKey::to_key(&order_no)`).
+    ///
+    /// # Errors
+    /// The shard's error.
+    pub async fn begin_for(&self, biz: &str, key: &str) -> Result<ShardedTx<S>, IdemError> {
+        let shard = self.shard_index(biz, key);
+        let tx = self.inner.shards[shard].begin_tx().await?;
+        Ok(ShardedTx::new(tx, self.clone(), shard))
+    }
+}
+
+#[async_trait]
+impl<S: Store> Store for ShardedStore<S> {
+    fn backend(&self) -> &'static str {
+        "sharded"
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        self.shard_of(req.biz, req.key).claim(req).await
+    }
+
+    async fn complete(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        self.shard_of(biz, key)
+            .complete(biz, key, claim, snapshot)
+            .await
+    }
+
+    async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
+        self.shard_of(biz, key).fail(biz, key, claim).await
+    }
+
+    async fn renew(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError> {
+        self.shard_of(biz, key).renew(biz, key, claim, lease).await
+    }
+
+    async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
+        self.shard_of(biz, key).load(biz, key).await
+    }
+
+    /// Sweeps the shards in turn, at most `batch` records in all.
+    async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
+        let mut deleted = 0u64;
+        for shard in &self.inner.shards {
+            let left = batch.saturating_sub(usize::try_from(deleted).unwrap_or(usize::MAX));
+            if left == 0 {
+                break;
+            }
+            deleted += shard.sweep_expired(left).await?;
+        }
+        Ok(deleted)
+    }
+}

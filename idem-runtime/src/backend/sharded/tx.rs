@@ -1,0 +1,129 @@
+//! A transaction on one shard, for `tx = "…"` calls whose key lives there.
+
+use std::ops::{Deref, DerefMut};
+
+use async_trait::async_trait;
+
+use super::ShardedStore;
+use crate::sql::dialect::Dialect;
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
+use crate::transition::{SqlValue, StateRow, TransitionConn};
+use crate::{IdemError, IdemTx, TransactionalStore};
+
+/// A transaction on the shard of one key, from [`ShardedStore::begin_for`]. A `tx = "…"` call
+/// claims in it only for a key of this shard (any other is refused before anything is written);
+/// lease-mode calls and the sweeper find the record on the same shard. It derefs to the shard's
+/// connection like the shard's own transaction; [`ShardedTx::into_inner`] gives that transaction
+/// to commit.
+pub struct ShardedTx<S: TransactionalStore> {
+    tx: S::Tx,
+    store: ShardedStore<S>,
+    shard: usize,
+}
+
+impl<S: TransactionalStore> ShardedTx<S> {
+    pub(super) fn new(tx: S::Tx, store: ShardedStore<S>, shard: usize) -> Self {
+        ShardedTx { tx, store, shard }
+    }
+
+    /// The index of the shard this transaction is on.
+    pub fn shard(&self) -> usize {
+        self.shard
+    }
+
+    /// The shard's transaction, e.g. to `commit()` it.
+    pub fn into_inner(self) -> S::Tx {
+        self.tx
+    }
+
+    /// The shard's transaction.
+    pub fn inner_mut(&mut self) -> &mut S::Tx {
+        &mut self.tx
+    }
+}
+
+impl<S: TransactionalStore> Deref for ShardedTx<S>
+where
+    S::Tx: Deref,
+{
+    type Target = <S::Tx as Deref>::Target;
+
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl<S: TransactionalStore> DerefMut for ShardedTx<S>
+where
+    S::Tx: DerefMut,
+{
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
+
+#[async_trait]
+impl<S: TransactionalStore> IdemTx for ShardedTx<S> {
+    fn store(&self) -> &dyn Store {
+        &self.store
+    }
+
+    async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        let home = self.store.shard_index(req.biz, req.key);
+        if home != self.shard {
+            return Err(IdemError::InvalidOptions {
+                reason: format!(
+                    "({}, {}) lives on shard {home}, but this transaction is on shard {}: begin it \
+                     with `begin_for(biz, key)` for the key the call claims",
+                    req.biz, req.key, self.shard
+                ),
+            });
+        }
+        self.tx.claim(req).await
+    }
+
+    async fn complete(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        self.tx.complete(biz, key, claim, snapshot).await
+    }
+
+    async fn abort(&mut self) -> Result<(), IdemError> {
+        self.tx.abort().await
+    }
+}
+
+#[async_trait]
+impl<S: TransactionalStore> TransitionConn for ShardedTx<S>
+where
+    S::Tx: TransitionConn,
+{
+    fn dialect(&self) -> Dialect {
+        self.tx.dialect()
+    }
+
+    async fn execute(
+        &mut self,
+        sql: &'static str,
+        args: &[SqlValue<'_>],
+    ) -> Result<u64, IdemError> {
+        self.tx.execute(sql, args).await
+    }
+
+    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
+        self.tx.execute_unprepared(sql).await
+    }
+
+    async fn read_state(
+        &mut self,
+        sql: &'static str,
+        args: &[SqlValue<'_>],
+        versioned: bool,
+    ) -> Result<Option<StateRow>, IdemError> {
+        self.tx.read_state(sql, args, versioned).await
+    }
+}

@@ -128,8 +128,11 @@ impl Reference {
         self.last_fence[key] = claim.fence.get();
     }
 
-    fn holds(&self, key: usize, claim: &Claim) -> bool {
-        matches!(&self.recs[key], Some(r) if r.fence == claim.fence.get() && r.status == Status::Processing)
+    /// Whether a mark by `claim` that leaves the record `done` is accepted: the record is
+    /// PROCESSING under its fence, or already `done` under it (the same mark again).
+    fn holds(&self, key: usize, claim: &Claim, done: Status) -> bool {
+        matches!(&self.recs[key], Some(r) if r.fence == claim.fence.get()
+            && (r.status == Status::Processing || r.status == done))
     }
 }
 
@@ -218,7 +221,12 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                     continue;
                 }
                 let (key, claim) = claims[n % claims.len()];
-                let held = model.holds(key, &claim);
+                let done = match op {
+                    Op::Complete(_) => Status::Succeeded,
+                    Op::Fail(_) => Status::Failed,
+                    _ => Status::Processing,
+                };
+                let held = model.holds(key, &claim, done);
                 let got = match op {
                     Op::Complete(_) => {
                         store
@@ -245,8 +253,10 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                         let rec = model.recs[key].as_mut().unwrap();
                         match op {
                             Op::Complete(_) => {
-                                rec.status = Status::Succeeded;
-                                rec.snapshot = Some(format!("r{step}").into_bytes());
+                                if rec.status == Status::Processing {
+                                    rec.status = Status::Succeeded;
+                                    rec.snapshot = Some(format!("r{step}").into_bytes());
+                                }
                             }
                             Op::Fail(_) => {
                                 rec.status = Status::Failed;
@@ -364,5 +374,37 @@ proptest! {
             store.migrate().await.unwrap();
             run(Arc::new(store), clock, ops).await
         })?;
+    }
+}
+
+#[cfg(feature = "redis")]
+#[path = "contract/server.rs"]
+mod server;
+
+#[cfg(feature = "redis")]
+mod redis_store {
+    use super::*;
+
+    use super::server;
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(64),
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn redis_store_follows_the_reference(ops in prop::collection::vec(op(), 1..40)) {
+            rt().block_on(async {
+                let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+                let Some(store) = server::reach("Redis", &url, idem::RedisStore::connect(&url)).await else {
+                    return Ok(());
+                };
+                let clock = TestClock::new();
+                let prefix = format!("{}:", server::unique("idemp"));
+                let store = store.with_test_clock(clock.clone()).with_prefix(&prefix).unwrap();
+                run(Arc::new(store), clock, ops).await
+            })?;
+        }
     }
 }

@@ -28,6 +28,8 @@ mod transition;
 pub mod __private;
 
 pub use backend::memory::MemoryStore;
+#[cfg(feature = "redis")]
+pub use backend::redis::{RedisClusterStore, RedisStore};
 pub use backend::sharded::{ShardedStore, ShardedTx};
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite::{SqliteStore, SqliteTx};

@@ -530,6 +530,45 @@ pub async fn complete_after_a_sweep_is_lease_lost(s: Subject) {
     );
 }
 
+/// A mark sent again by the same claim (after its reply was lost, say) succeeds and changes
+/// nothing; a complete after a fail (or the reverse) is refused.
+pub async fn marking_again_with_the_same_claim_succeeds(s: Subject) {
+    let (store, biz) = (s.store, biz("mark_again"));
+    let (done, _) = acquire(&*store, &req(&biz, "c", secs(10))).await;
+    store
+        .complete(&biz, "c", &done, b"{\"Ok\":1}")
+        .await
+        .unwrap();
+    store
+        .complete(&biz, "c", &done, b"{\"Ok\":1}")
+        .await
+        .expect("the same mark again");
+    assert!(matches!(
+        store.fail(&biz, "c", &done).await,
+        Err(IdemError::LeaseLost { .. })
+    ));
+    let rec = store.load(&biz, "c").await.unwrap().unwrap();
+    assert_eq!(
+        (rec.status, rec.snapshot.as_deref()),
+        (Status::Succeeded, Some(&b"{\"Ok\":1}"[..]))
+    );
+
+    let (failed, _) = acquire(&*store, &req(&biz, "f", secs(10))).await;
+    store.fail(&biz, "f", &failed).await.unwrap();
+    store
+        .fail(&biz, "f", &failed)
+        .await
+        .expect("the same mark again");
+    assert!(matches!(
+        store.complete(&biz, "f", &failed, b"{\"Ok\":2}").await,
+        Err(IdemError::LeaseLost { .. })
+    ));
+    assert_eq!(
+        store.load(&biz, "f").await.unwrap().unwrap().status,
+        Status::Failed
+    );
+}
+
 /// Renewal extends a held lease (and the record's life with it) and is refused to a stale claim.
 pub async fn renew_extends_a_held_lease(s: Subject) {
     let (store, clock, biz) = (s.store, s.clock, biz("renew"));
@@ -1016,6 +1055,7 @@ macro_rules! contract_suite {
             a_fence_never_repeats_after_a_sweep,
             complete_after_a_sweep_is_lease_lost,
             renew_extends_a_held_lease,
+            marking_again_with_the_same_claim_succeeds,
             a_takeover_racing_a_late_complete_has_one_winner,
             a_contended_takeover_runs_the_business_once,
             a_burst_with_failing_bodies_executes_each_key_once,

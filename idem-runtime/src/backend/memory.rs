@@ -115,19 +115,23 @@ impl MemoryStore {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `change` on the record if it is PROCESSING under `claim`'s fence.
-    fn with_held<R>(
+    /// Runs `change` on the record if it is PROCESSING under `claim`'s fence; a record already
+    /// `done` under it (the same mark again) is left as it is.
+    fn with_held(
         &self,
         biz: &str,
         key: &str,
         claim: &Claim,
-        change: impl FnOnce(&mut Entry) -> R,
-    ) -> Result<R, IdemError> {
+        done: Status,
+        change: impl FnOnce(&mut Entry),
+    ) -> Result<(), IdemError> {
         let mut records = self.lock();
         match records.get_mut(biz).and_then(|m| m.get_mut(key)) {
             Some(e) if e.fence == claim.fence.get() && e.status == Status::Processing => {
-                Ok(change(e))
+                change(e);
+                Ok(())
             }
+            Some(e) if e.fence == claim.fence.get() && e.status == done => Ok(()),
             _ => Err(IdemError::LeaseLost {
                 attempt: claim.attempt,
             }),
@@ -202,14 +206,14 @@ impl Store for MemoryStore {
         claim: &Claim,
         snapshot: &[u8],
     ) -> Result<(), IdemError> {
-        self.with_held(biz, key, claim, |e| {
+        self.with_held(biz, key, claim, Status::Succeeded, |e| {
             e.status = Status::Succeeded;
             e.snapshot = Some(snapshot.to_vec());
         })
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
-        self.with_held(biz, key, claim, |e| {
+        self.with_held(biz, key, claim, Status::Failed, |e| {
             e.status = Status::Failed;
             e.snapshot = None;
         })
@@ -223,7 +227,7 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> Result<(), IdemError> {
         let now = self.now_ms();
-        self.with_held(biz, key, claim, |e| {
+        self.with_held(biz, key, claim, Status::Processing, |e| {
             e.lease_until = now.saturating_add(millis(lease));
             e.expire_at = e.expire_at.max(e.lease_until);
         })

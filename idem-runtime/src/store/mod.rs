@@ -207,7 +207,8 @@ pub trait Store: Send + Sync + 'static {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError>;
 
     /// Marks the record SUCCEEDED with `snapshot`, only if it is still PROCESSING under `claim`'s
-    /// fence.
+    /// fence. Marking again a record already SUCCEEDED under the same fence succeeds (a mark sent
+    /// again after its reply was lost), so a transient error can be retried safely.
     ///
     /// # Errors
     /// [`IdemError::LeaseLost`] when another attempt took the record over or it was swept
@@ -221,7 +222,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), IdemError>;
 
     /// Marks the record FAILED (a retry may run), only if it is still PROCESSING under `claim`'s
-    /// fence.
+    /// fence (or already FAILED under it).
     ///
     /// # Errors
     /// [`IdemError::LeaseLost`] when another attempt took the record over (nothing is changed);

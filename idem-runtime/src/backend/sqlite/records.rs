@@ -82,17 +82,19 @@ const TAKE: &str = concat!(
     "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?8 AND status = ?9 AND lease_until = ?10 ",
     "RETURNING attempt, fence"
 );
-/// ?1 biz, ?2 key, ?3 fence, ?4 result, ?5 offset.
+/// ?1 biz, ?2 key, ?3 fence, ?4 result, ?5 offset. A record already SUCCEEDED under the fence
+/// counts as held: a mark sent again after a lost reply succeeds (and FAILED likewise for `FAIL`).
 const COMPLETE: &str = concat!(
-    "UPDATE idem_record SET status = 'SUCCEEDED', result = ?4, updated_at = ",
+    "UPDATE idem_record SET result = CASE WHEN status = 'PROCESSING' THEN ?4 ELSE result END, ",
+    "status = 'SUCCEEDED', updated_at = ",
     now_ms!(),
-    " + ?5 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'"
+    " + ?5 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'SUCCEEDED')"
 );
 /// ?1 biz, ?2 key, ?3 fence, ?4 offset.
 const FAIL: &str = concat!(
     "UPDATE idem_record SET status = 'FAILED', result = NULL, updated_at = ",
     now_ms!(),
-    " + ?4 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'"
+    " + ?4 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'FAILED')"
 );
 /// ?1 biz, ?2 key, ?3 fence, ?4 lease ms, ?5 offset.
 const RENEW: &str = concat!(

@@ -1,0 +1,477 @@
+//! Redis stores (feature `redis`): [`RedisStore`] on one server (a `ConnectionManager`, which
+//! reconnects by itself) and [`RedisClusterStore`] on a Redis Cluster. One hash per record under a
+//! hash-tagged key, `idem:{biz:key}`, so every script touches one slot; every step of the protocol
+//! is one Lua script (`scripts.rs`), sent as EVALSHA and loaded again on NOSCRIPT.
+
+mod conn;
+mod scripts;
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::{Script, Value};
+
+use crate::clock::{ClockOffset, TestClock};
+use crate::store::decide::millis;
+use crate::store::{
+    Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store,
+};
+use crate::{Busy, IdemError};
+use conn::Conn;
+
+/// How long a command may wait for its reply.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLAIM));
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLETE));
+static FAIL: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::FAIL));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RENEW));
+static SWEEP: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SWEEP));
+
+/// A Redis error as an [`IdemError`] of the right class: a lost or refused connection is
+/// unavailable; a cluster that is resharding or down, or a busy script, is busy; the rest is a
+/// store error.
+pub(crate) fn redis_error(e: redis::RedisError) -> IdemError {
+    use redis::{ErrorKind, ServerErrorKind};
+    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
+        return IdemError::unavailable(e);
+    }
+    match e.kind() {
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown,
+        )
+        | ErrorKind::Server(ServerErrorKind::BusyLoading) => IdemError::busy(Busy::Locked, e),
+        ErrorKind::ClusterConnectionNotFound => IdemError::unavailable(e),
+        _ => IdemError::store(e),
+    }
+}
+
+/// The key of a record: `<prefix>{biz:key}` (prefix `idem:` by default). The braces make biz and
+/// key the hash tag, so the whole record is one slot on a cluster.
+pub(crate) fn record_key(prefix: &str, biz: &str, key: &str) -> String {
+    let mut k = String::with_capacity(prefix.len() + 3 + biz.len() + key.len());
+    k.push_str(prefix);
+    k.push('{');
+    k.push_str(biz);
+    k.push(':');
+    k.push_str(key);
+    k.push('}');
+    k
+}
+
+/// Checks a key prefix: letters, digits, `:`, `_`, `-` (it is also a SCAN pattern).
+fn valid_prefix(prefix: &str) -> Result<(), IdemError> {
+    if !prefix.is_empty()
+        && prefix.len() <= 64
+        && prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '-'))
+    {
+        Ok(())
+    } else {
+        Err(IdemError::InvalidOptions {
+            reason: format!(
+                "`{}` is not a key prefix idem can use: 1 to 64 of letters, digits, `:`, `_`, `-`",
+                prefix.escape_default()
+            ),
+        })
+    }
+}
+
+/// What the two Redis stores share.
+#[derive(Clone)]
+struct Records {
+    conn: Conn,
+    limits: Limits,
+    offset: ClockOffset,
+    prefix: String,
+}
+
+fn int(v: &Value, what: &str) -> Result<i64, IdemError> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| IdemError::store(format!("{what} is not a number in the store"))),
+        Value::SimpleString(s) => s
+            .parse()
+            .map_err(|_| IdemError::store(format!("{what} is not a number in the store"))),
+        _ => Err(IdemError::store(format!("{what} is missing in the store"))),
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+impl Records {
+    fn key(&self, biz: &str, key: &str) -> String {
+        record_key(&self.prefix, biz, key)
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = CLAIM
+            .key(self.key(req.biz, req.key))
+            .arg(req.fingerprint.unwrap_or(""))
+            .arg(millis(req.lease))
+            .arg(millis(req.ttl))
+            .arg(self.offset.ms())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        let tag = reply.first().and_then(text).unwrap_or_default();
+        match (tag.as_str(), reply.as_slice()) {
+            ("A", [_, attempt, fence, how]) => {
+                let attempt = u32::try_from(int(attempt, "attempt")?)
+                    .map_err(|_| IdemError::store("attempt out of range"))?;
+                let fence = u64::try_from(int(fence, "fence")?)
+                    .map_err(|_| IdemError::store("fence out of range"))?;
+                let how = match text(how).as_deref() {
+                    Some("retry") => Acquired::RetryAfterFailure,
+                    Some("takeover") => Acquired::TakeOver,
+                    _ => Acquired::Fresh,
+                };
+                Ok(ClaimOutcome::Acquired {
+                    claim: Claim {
+                        attempt,
+                        fence: Fence::new(fence),
+                    },
+                    how,
+                })
+            }
+            ("R", [_, result]) => Ok(ClaimOutcome::Replay {
+                snapshot: match result {
+                    Value::BulkString(b) => b.clone(),
+                    _ => Vec::new(),
+                },
+            }),
+            ("M", _) => Ok(ClaimOutcome::Mismatch),
+            ("P", [_, left]) => Ok(ClaimOutcome::InProgress {
+                retry_after: Duration::from_millis(u64::try_from(int(left, "lease")?).unwrap_or(0)),
+            }),
+            _ => Err(IdemError::store(format!(
+                "unexpected reply from the claim script: {reply:?}"
+            ))),
+        }
+    }
+
+    /// Runs a script that changes the record only under `claim`'s fence.
+    async fn held(
+        &self,
+        script: &Script,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        extra: &[&[u8]],
+    ) -> Result<(), IdemError> {
+        let mut conn = self.conn.clone();
+        let mut invocation = script.key(self.key(biz, key));
+        invocation.arg(claim.fence.get().to_string());
+        for arg in extra {
+            invocation.arg(*arg);
+        }
+        invocation.arg(self.offset.ms());
+        let changed: i64 = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        if changed == 1 {
+            Ok(())
+        } else {
+            Err(IdemError::LeaseLost {
+                attempt: claim.attempt,
+            })
+        }
+    }
+
+    async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
+        let mut conn = self.conn.clone();
+        let fields: Vec<Value> = redis::cmd("HMGET")
+            .arg(self.key(biz, key))
+            .arg(&["s", "a", "f", "fp", "lu", "ex", "r"])
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        let [s, a, f, fp, lu, ex, r] = fields.as_slice() else {
+            return Err(IdemError::store("HMGET returned an unexpected reply"));
+        };
+        let Some(status) = text(s) else {
+            return Ok(None);
+        };
+        Ok(Some(Record {
+            biz: biz.to_owned(),
+            key: key.to_owned(),
+            status: Status::parse(&status)?,
+            attempt: u32::try_from(int(a, "attempt")?).unwrap_or(0),
+            fence: Fence::new(u64::try_from(int(f, "fence")?).unwrap_or(0)),
+            fingerprint: text(fp).filter(|fp| !fp.is_empty()),
+            snapshot: match r {
+                Value::BulkString(b) => Some(b.clone()),
+                _ => None,
+            },
+            lease_until_ms: int(lu, "lease")?,
+            expire_at_ms: int(ex, "expiry")?,
+        }))
+    }
+
+    /// Deletes at most `batch` records expired by the store's clock. Redis expires records by
+    /// itself (`PEXPIREAT` at the end of their TTL or lease, whichever is later); this scans for
+    /// the ones a test clock ran past, so it is for tests, not for production use.
+    async fn sweep(&self, batch: usize) -> Result<u64, IdemError> {
+        let mut deleted = 0u64;
+        let pattern = format!("{}*", self.prefix);
+        for key in self.conn.scan_keys(&pattern).await.map_err(redis_error)? {
+            if deleted as usize >= batch {
+                break;
+            }
+            let mut conn = self.conn.clone();
+            let gone: i64 = SWEEP
+                .key(&key)
+                .arg(self.offset.ms())
+                .invoke_async(&mut conn)
+                .await
+                .map_err(redis_error)?;
+            deleted += gone as u64;
+        }
+        Ok(deleted)
+    }
+}
+
+/// Keeps records in Redis (one server), through a `ConnectionManager` that reconnects by itself.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+/// let store = idem_runtime::RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// idem_runtime::register_store("redis", store);
+/// # Ok(()) }
+/// ```
+///
+/// Records expire by themselves (no sweeper needed). Durability is Redis's: see
+/// `docs/RELIABILITY.md` for what a restart or a failover loses.
+#[derive(Clone)]
+pub struct RedisStore {
+    records: Arc<Records>,
+}
+
+impl RedisStore {
+    /// Connects to the Redis at `url` (`redis://host:port/db`).
+    ///
+    /// # Errors
+    /// [`IdemError::StoreUnavailable`] when it cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self, IdemError> {
+        let client = redis::Client::open(url).map_err(IdemError::unavailable)?;
+        // redis-rs gives up on a reply after 500 ms by default; under a burst a loaded server
+        // answers later than that, and a claim whose reply was given up leaves a claim nobody holds.
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(Duration::from_secs(2)));
+        let manager = redis::aio::ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(redis_error)?;
+        Ok(RedisStore {
+            records: Arc::new(Records {
+                conn: Conn::Single(manager),
+                limits: Limits::default(),
+                offset: ClockOffset::default(),
+                prefix: "idem:".to_owned(),
+            }),
+        })
+    }
+
+    /// The same store with other limits.
+    pub fn with_limits(self, limits: Limits) -> Self {
+        self.with(|r| r.limits = limits)
+    }
+
+    /// The same store on a [`TestClock`]: every script reads Redis `TIME` plus the clock's offset.
+    pub fn with_test_clock(self, clock: TestClock) -> Self {
+        self.with(|r| r.offset = ClockOffset::new(clock))
+    }
+
+    /// The same store with its records under another key prefix (`idem:` by default): several
+    /// services, or tests, on one Redis.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a prefix other than 1 to 64 of letters, digits, `:`,
+    /// `_`, `-`.
+    pub fn with_prefix(self, prefix: &str) -> Result<Self, IdemError> {
+        valid_prefix(prefix)?;
+        Ok(self.with(|r| r.prefix = prefix.to_owned()))
+    }
+
+    fn with(self, change: impl FnOnce(&mut Records)) -> Self {
+        let mut records = (*self.records).clone();
+        change(&mut records);
+        RedisStore {
+            records: Arc::new(records),
+        }
+    }
+}
+
+/// Keeps records in a Redis Cluster, through the async cluster client (which follows MOVED and
+/// ASK by itself). Every record is one key with a hash tag, so every script runs on one slot.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+/// let store = idem_runtime::RedisClusterStore::connect(&[
+///     "redis://127.0.0.1:7001",
+///     "redis://127.0.0.1:7002",
+///     "redis://127.0.0.1:7003",
+/// ])
+/// .await?;
+/// idem_runtime::register_store("redis", store);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisClusterStore(RedisStore);
+
+impl RedisClusterStore {
+    /// Connects to the cluster that `nodes` (some of its nodes' URLs) belong to.
+    ///
+    /// # Errors
+    /// [`IdemError::StoreUnavailable`] when it cannot be reached.
+    pub async fn connect(nodes: &[&str]) -> Result<Self, IdemError> {
+        let client = redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
+            .response_timeout(RESPONSE_TIMEOUT)
+            .connection_timeout(Duration::from_secs(2))
+            .build()
+            .map_err(IdemError::unavailable)?;
+        let conn = client.get_async_connection().await.map_err(redis_error)?;
+        Ok(RedisClusterStore(RedisStore {
+            records: Arc::new(Records {
+                conn: Conn::Cluster(conn),
+                limits: Limits::default(),
+                offset: ClockOffset::default(),
+                prefix: "idem:".to_owned(),
+            }),
+        }))
+    }
+
+    /// The same store with other limits.
+    pub fn with_limits(self, limits: Limits) -> Self {
+        RedisClusterStore(self.0.with_limits(limits))
+    }
+
+    /// The same store on a [`TestClock`].
+    pub fn with_test_clock(self, clock: TestClock) -> Self {
+        RedisClusterStore(self.0.with_test_clock(clock))
+    }
+
+    /// The same store with its records under another key prefix (see
+    /// [`RedisStore::with_prefix`]).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a bad prefix.
+    pub fn with_prefix(self, prefix: &str) -> Result<Self, IdemError> {
+        Ok(RedisClusterStore(self.0.with_prefix(prefix)?))
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    fn backend(&self) -> &'static str {
+        match self.records.conn {
+            Conn::Single(_) => "redis",
+            Conn::Cluster(_) => "redis-cluster",
+        }
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.records.limits
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        self.records.claim(req).await
+    }
+
+    async fn complete(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        self.records
+            .held(&COMPLETE, biz, key, claim, &[snapshot])
+            .await
+    }
+
+    async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
+        self.records.held(&FAIL, biz, key, claim, &[]).await
+    }
+
+    async fn renew(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError> {
+        let lease = millis(lease).to_string();
+        self.records
+            .held(&RENEW, biz, key, claim, &[lease.as_bytes()])
+            .await
+    }
+
+    async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
+        self.records.load(biz, key).await
+    }
+
+    async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
+        self.records.sweep(batch).await
+    }
+}
+
+#[async_trait]
+impl Store for RedisClusterStore {
+    fn backend(&self) -> &'static str {
+        self.0.backend()
+    }
+
+    fn limits(&self) -> &Limits {
+        self.0.limits()
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        self.0.claim(req).await
+    }
+
+    async fn complete(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        self.0.complete(biz, key, claim, snapshot).await
+    }
+
+    async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
+        self.0.fail(biz, key, claim).await
+    }
+
+    async fn renew(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError> {
+        self.0.renew(biz, key, claim, lease).await
+    }
+
+    async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
+        self.0.load(biz, key).await
+    }
+
+    async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
+        self.0.sweep_expired(batch).await
+    }
+}

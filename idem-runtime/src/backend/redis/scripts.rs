@@ -1,0 +1,113 @@
+//! The Lua scripts of the Redis store: the decision table of DESIGN §3, each step one script on one
+//! key (one hash slot), timed by Redis `TIME` inside the script, never by the client's clock.
+//!
+//! A record is a hash: `s` status, `a` attempt, `f` fence, `fp` fingerprint (`""`: none), `lu`
+//! lease end and `ex` expiry (ms, store clock), `r` result. The key expires (`PEXPIREAT`) at the
+//! later of `ex` and `lu`: a live lease is never cut by the TTL. The store clock is Redis time plus
+//! the test clock's offset (`ARGV` last); the key's real expiry leaves the offset out. Numbers are
+//! written with `%.0f` (Lua's own number-to-string keeps 14 digits; a fence in µs has 16).
+
+/// The prelude every claim-like script shares: the clock and number formatting.
+macro_rules! prelude {
+    () => {
+        r#"
+local function num(x) return string.format('%.0f', x) end
+local t = redis.call('TIME')
+local offset = tonumber(ARGV[#ARGV])
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + offset * 1000
+local now = math.floor(now_us / 1000)
+"#
+    };
+}
+
+/// KEYS[1] the record; ARGV: fingerprint (`""` for none), lease ms, ttl ms, offset ms.
+/// Returns `{'A', attempt, fence, how}`, `{'R', result}`, `{'M'}` or `{'P', ms left}`.
+pub(super) const CLAIM: &str = concat!(
+    prelude!(),
+    r#"
+local fp, lease, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local rec = redis.call('HMGET', KEYS[1], 's', 'a', 'f', 'fp', 'lu', 'ex', 'r')
+local function acquire(attempt, fence, expire, how)
+  local lu = now + lease
+  redis.call('HSET', KEYS[1], 's', 'PROCESSING', 'a', num(attempt), 'f', num(fence), 'fp', fp,
+    'lu', num(lu), 'ex', num(expire))
+  redis.call('HDEL', KEYS[1], 'r')
+  redis.call('PEXPIREAT', KEYS[1], num(math.max(expire, lu) - offset))
+  return {'A', num(attempt), num(fence), how}
+end
+local s = rec[1]
+if not s then
+  return acquire(1, now_us, now + ttl, 'fresh')
+end
+local a, f, lu, ex = tonumber(rec[2]), tonumber(rec[3]), tonumber(rec[5]), tonumber(rec[6])
+local fence = math.max(f + 1, now_us)
+local live = (s == 'PROCESSING' and lu > now)
+if ex <= now and not live then
+  return acquire(1, fence, now + ttl, 'fresh')
+end
+local same = (rec[4] == '' or fp == '' or rec[4] == fp)
+if s == 'FAILED' then
+  return acquire(a + 1, fence, math.max(ex, now + lease), 'retry')
+end
+if s == 'SUCCEEDED' then
+  if same then return {'R', rec[7] or ''} end
+  return {'M'}
+end
+if not same then return {'M'} end
+if lu > now then return {'P', num(lu - now)} end
+return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover')
+"#
+);
+
+/// KEYS[1]; ARGV: fence, result, offset. 1 when the record was PROCESSING under the fence (or is
+/// already SUCCEEDED under it: a mark sent again after a lost reply).
+pub(super) const COMPLETE: &str = r#"
+local rec = redis.call('HMGET', KEYS[1], 's', 'f')
+if rec[2] ~= ARGV[1] then return 0 end
+if rec[1] == 'SUCCEEDED' then return 1 end
+if rec[1] ~= 'PROCESSING' then return 0 end
+redis.call('HSET', KEYS[1], 's', 'SUCCEEDED', 'r', ARGV[2])
+return 1
+"#;
+
+/// KEYS[1]; ARGV: fence, offset. 1 when the record was PROCESSING under the fence (or is already
+/// FAILED under it).
+pub(super) const FAIL: &str = r#"
+local rec = redis.call('HMGET', KEYS[1], 's', 'f')
+if rec[2] ~= ARGV[1] then return 0 end
+if rec[1] == 'FAILED' then return 1 end
+if rec[1] ~= 'PROCESSING' then return 0 end
+redis.call('HSET', KEYS[1], 's', 'FAILED')
+redis.call('HDEL', KEYS[1], 'r')
+return 1
+"#;
+
+/// KEYS[1]; ARGV: fence, lease ms, offset. Extends a held lease and the record's life with it.
+pub(super) const RENEW: &str = concat!(
+    prelude!(),
+    r#"
+local rec = redis.call('HMGET', KEYS[1], 's', 'f', 'ex')
+if rec[1] ~= 'PROCESSING' or rec[2] ~= ARGV[1] then return 0 end
+local lu = now + tonumber(ARGV[2])
+local ex = math.max(tonumber(rec[3]), lu)
+redis.call('HSET', KEYS[1], 'lu', num(lu), 'ex', num(ex))
+redis.call('PEXPIREAT', KEYS[1], num(ex - offset))
+return 1
+"#
+);
+
+/// KEYS[1]; ARGV: offset. Deletes the record if it expired by the store clock (TTL passed and no
+/// live lease): Redis expires keys by itself, this only matters when a test clock runs ahead.
+pub(super) const SWEEP: &str = concat!(
+    prelude!(),
+    r#"
+local rec = redis.call('HMGET', KEYS[1], 's', 'lu', 'ex')
+if not rec[1] then return 0 end
+local live = (rec[1] == 'PROCESSING' and tonumber(rec[2]) > now)
+if tonumber(rec[3]) <= now and not live then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"#
+);

@@ -1034,13 +1034,12 @@ pub async fn burst_executes_each_key_once(s: Subject, keys: usize, callers: usiz
     );
 }
 
-/// Generates one `#[tokio::test]` per contract case for a backend. `$make` is an async fn taking
-/// the `TestClock` the store must read and giving `Option<Arc<dyn Store>>` (None: the backend's
-/// server is unreachable and the suite is skipped with one line, unless IDEM_REQUIRE_SERVICES=1).
+/// Calls `$callback!($($prefix)* <every contract case>)`: the one list of cases, shared by
+/// [`contract_suite!`] (a test per case) and [`contract_sequence!`] (every case in one test).
 #[macro_export]
-macro_rules! contract_suite {
-    ($make:path, burst = ($keys:expr, $callers:expr)) => {
-        $crate::contract_suite!(@cases $make;
+macro_rules! with_contract_cases {
+    ($callback:ident ! ($($prefix:tt)*)) => {
+        $crate::$callback!($($prefix)*
             fresh_key_runs_once_then_replays,
             same_key_other_biz_is_another_record,
             succeeded_with_other_payload_is_a_mismatch,
@@ -1067,6 +1066,16 @@ macro_rules! contract_suite {
             unstorable_results_keep_the_claim,
             unfingerprintable_payload_is_refused,
         );
+    };
+}
+
+/// Generates one `#[tokio::test]` per contract case for a backend. `$make` is an async fn taking
+/// the `TestClock` the store must read and giving `Option<Arc<dyn Store>>` (None: the backend's
+/// server is unreachable and the suite is skipped with one line, unless IDEM_REQUIRE_SERVICES=1).
+#[macro_export]
+macro_rules! contract_suite {
+    ($make:path, burst = ($keys:expr, $callers:expr)) => {
+        $crate::with_contract_cases!(contract_suite!(@cases $make;));
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn burst_executes_each_key_once() {
             let clock = idem::TestClock::new();
@@ -1084,4 +1093,22 @@ macro_rules! contract_suite {
             }
         }
     )*};
+}
+
+/// Every contract case, one after the other, inside the caller's async context (for a backend
+/// whose server the test starts and stops itself): `contract_sequence!(make)` is an expression;
+/// `make` gives a store on a fresh `TestClock` (a `Store`, not an `Option`).
+#[macro_export]
+macro_rules! contract_sequence {
+    ($make:expr) => {
+        $crate::with_contract_cases!(contract_sequence!(@cases $make;))
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {{
+        $(
+            let clock = idem::TestClock::new();
+            let store = $make(clock.clone()).await;
+            eprintln!("contract case {}", stringify!($case));
+            contract::$case(contract::Subject { store, clock }).await;
+        )*
+    }};
 }

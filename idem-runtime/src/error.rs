@@ -72,6 +72,16 @@ pub enum IdemError {
         /// The serializer's message.
         reason: String,
     },
+    /// The submit token was spent already: a double submit (HTTP 409). Nothing was executed.
+    #[error("this submit token was used already")]
+    TokenUsed,
+    /// The submit token cannot be spent: malformed, oversized, unknown, expired, issued to another
+    /// subject, or (for `restore`) not spent (HTTP 400). Nothing changed.
+    #[error("invalid submit token: {reason}")]
+    TokenInvalid {
+        /// What is wrong with it.
+        reason: String,
+    },
     /// No store was registered under this name. Nothing was executed.
     #[error(
         "no idempotency store is registered as `{name}`; register one at start-up with `idem::register_store(\"{name}\", store)`"
@@ -178,7 +188,9 @@ impl IdemError {
     /// 500 otherwise (the service's own mistakes and permanent store errors).
     pub fn http_status(&self) -> u16 {
         match self {
-            IdemError::InProgress { .. } | IdemError::LeaseLost { .. } => 409,
+            IdemError::InProgress { .. } | IdemError::LeaseLost { .. } | IdemError::TokenUsed => {
+                409
+            }
             IdemError::StoreBusy {
                 reason: Busy::Deadlock | Busy::Serialization,
                 ..
@@ -186,7 +198,8 @@ impl IdemError {
             IdemError::PayloadMismatch => 422,
             IdemError::InvalidKey { .. }
             | IdemError::InvalidBiz { .. }
-            | IdemError::Fingerprint { .. } => 400,
+            | IdemError::Fingerprint { .. }
+            | IdemError::TokenInvalid { .. } => 400,
             IdemError::StoreUnavailable { .. } | IdemError::StoreBusy { .. } => 503,
             _ => 500,
         }

@@ -21,6 +21,7 @@ mod registry;
 mod sql;
 mod store;
 mod sweeper;
+mod tokens;
 mod transition;
 
 #[doc(hidden)]
@@ -29,10 +30,10 @@ pub mod __private;
 
 pub use backend::memory::MemoryStore;
 #[cfg(feature = "redis")]
-pub use backend::redis::{RedisClusterStore, RedisStore};
+pub use backend::redis::{RedisClusterStore, RedisStore, RedisTokens};
 pub use backend::sharded::{ShardedStore, ShardedTx};
 #[cfg(feature = "sqlite")]
-pub use backend::sqlite::{SqliteStore, SqliteTx};
+pub use backend::sqlite::{SqliteStore, SqliteTokens, SqliteTx};
 pub use clock::TestClock;
 pub use engine::current::current_claim;
 pub use engine::retry::{RestartsTransaction, retry_transaction};
@@ -47,6 +48,7 @@ pub use store::{
     Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store,
 };
 pub use sweeper::Sweeper;
+pub use tokens::{MAX_SUBJECT_LEN, MemoryTokens, TokenStore, register_tokens, tokens};
 pub use transition::{
     Dialect, DialectSql, SqlText, SqlValue, StateMachine, StateRow, ToSqlValue, Transition,
     TransitionConn, TransitionShape, TransitionSql, TransitionTx, UnknownState,

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod server;
+pub mod tokens;
 pub mod tx;
 
 use std::sync::Arc;

@@ -5,6 +5,9 @@
 
 mod conn;
 mod scripts;
+mod tokens;
+
+pub use tokens::RedisTokens;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -226,7 +229,7 @@ impl Records {
     /// the ones a test clock ran past, so it is for tests, not for production use.
     async fn sweep(&self, batch: usize) -> Result<u64, IdemError> {
         let mut deleted = 0u64;
-        let pattern = format!("{}*", self.prefix);
+        let pattern = format!("{}{{*", self.prefix);
         for key in self.conn.scan_keys(&pattern).await.map_err(redis_error)? {
             if deleted as usize >= batch {
                 break;

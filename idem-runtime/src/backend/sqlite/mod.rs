@@ -4,6 +4,7 @@
 //! (`SqliteTx`: `tx = "…"` claims and transitions), `transition.rs` what state transitions bind.
 
 mod records;
+mod tokens;
 mod transition;
 mod tx;
 
@@ -28,6 +29,7 @@ use crate::sql::dialect::Dialect;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 use crate::transition::TransitionTx;
 use records::Records;
+pub use tokens::SqliteTokens;
 pub use tx::SqliteTx;
 
 /// Keeps records in an SQLite database (table `idem_record`).
@@ -62,9 +64,10 @@ pub(crate) fn db_error(e: sqlx::Error) -> IdemError {
 impl SqliteStore {
     /// The DDL of the `idem_record` table, in order, as shipped in `migrations/sqlite/`; for
     /// services that apply migrations with their own tool. [`SqliteStore::migrate`] applies them.
-    pub const MIGRATIONS: [&'static str; 2] = [
+    pub const MIGRATIONS: [&'static str; 3] = [
         include_str!("../../../migrations/sqlite/0001_idem_record.sql"),
         include_str!("../../../migrations/sqlite/0002_idem_record_fence.sql"),
+        include_str!("../../../migrations/sqlite/0003_idem_token.sql"),
     ];
 
     /// Opens (creating if missing) the database file at `path` in WAL mode.
@@ -188,13 +191,14 @@ impl SqliteStore {
         Ok(SqliteTx::new(tx, self.clone()))
     }
 
-    /// Creates the `idem_record` table and its expiry index if they do not exist, and adds the
-    /// columns of later versions to a table made by an earlier one.
+    /// Creates the `idem_record` table (and `idem_token`, for submit tokens) and their expiry
+    /// indexes if they do not exist, and adds the columns of later versions to a table made by an
+    /// earlier one.
     ///
     /// # Errors
     /// The database's error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
-        let [v1, v2] = Self::MIGRATIONS;
+        let [v1, v2, v3] = Self::MIGRATIONS;
         sqlx::raw_sql(v1)
             .execute(&self.pool)
             .await
@@ -212,6 +216,7 @@ impl SqliteStore {
                 .await
                 .map_err(db_error)?;
         }
+        sqlx::raw_sql(v3).execute(&self.pool).await.map_err(db_error)?;
         Ok(())
     }
 

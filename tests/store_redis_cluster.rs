@@ -3,18 +3,23 @@
 //! the end; 10,000 keys over every slot; and what a node restart without persistence loses.
 
 mod contract;
+#[path = "support/redis_server.rs"]
+mod redis_server;
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use redis_server::RedisServer;
 
 use contract::server;
 use idem::{Call, IdemError, RedisClusterStore, Store, TestClock};
 
-/// Three masters on loopback ports picked from the process id (so concurrent runs do not meet).
+/// Three masters on loopback ports picked from the process id (so concurrent runs do not meet),
+/// without persistence.
 struct Cluster {
-    ports: [u16; 3],
+    nodes: Vec<RedisServer>,
     dir: PathBuf,
 }
 
@@ -22,27 +27,24 @@ impl Cluster {
     /// Starts the nodes and joins them into a cluster; `None` (with one line) when `redis-server`
     /// is not installed, unless IDEM_REQUIRE_SERVICES=1.
     fn start() -> Option<Cluster> {
-        if Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            assert!(
-                !server::required(),
-                "redis-server is not installed and IDEM_REQUIRE_SERVICES=1"
-            );
-            eprintln!("skipped: redis-server is not installed");
+        if !redis_server::installed() {
             return None;
         }
-        let base = 30_000 + (std::process::id() % 3_000) as u16 * 3;
-        let ports = [base, base + 1, base + 2];
-        let dir = std::env::temp_dir().join(format!("idem-cluster-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cluster = Cluster { ports, dir };
-        for node in 0..3 {
-            cluster.start_node(node);
-        }
-        let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let dir = redis_server::scratch_dir("cluster");
+        let nodes: Vec<RedisServer> = redis_server::ports(30_000, 3)
+            .map(|port| {
+                let conf = format!("nodes-{port}.conf");
+                RedisServer::start(
+                    port,
+                    &dir,
+                    &["--cluster-enabled", "yes", "--cluster-config-file", &conf]
+                        .into_iter()
+                        .chain(["--save", "", "--appendonly", "no"])
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let created = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
@@ -54,82 +56,32 @@ impl Cluster {
             "cluster create: {}",
             String::from_utf8_lossy(&created.stdout)
         );
+        let cluster = Cluster { nodes, dir };
         cluster.wait_ok();
         Some(cluster)
     }
 
-    fn start_node(&self, node: usize) {
-        let port = self.ports[node].to_string();
-        let status = Command::new("redis-server")
-            .args([
-                "--port",
-                &port,
-                "--bind",
-                "127.0.0.1",
-                "--cluster-enabled",
-                "yes",
-            ])
-            .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "yes"])
-            .args(["--dir", self.dir.to_str().unwrap()])
-            .args(["--logfile", &format!("node-{port}.log")])
-            .status()
-            .expect("redis-server runs");
-        assert!(status.success());
-        self.wait_for(node, |reply| reply.contains("PONG"), &["PING"]);
-    }
-
-    fn cli(&self, node: usize, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.ports[node].to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli runs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn wait_for(&self, node: usize, ready: impl Fn(&str) -> bool, args: &[&str]) {
-        let start = Instant::now();
-        while !ready(&self.cli(node, args)) {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "node {node} not ready"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
     fn wait_ok(&self) {
-        for node in 0..3 {
-            self.wait_for(
-                node,
-                |info| info.contains("cluster_state:ok"),
-                &["CLUSTER", "INFO"],
-            );
+        for node in &self.nodes {
+            node.wait_for(|info| info.contains("cluster_state:ok"), &["CLUSTER", "INFO"]);
         }
     }
 
     fn urls(&self) -> Vec<String> {
-        self.ports
-            .iter()
-            .map(|p| format!("redis://127.0.0.1:{p}"))
-            .collect()
+        self.nodes.iter().map(RedisServer::url).collect()
     }
 
     /// Stops a node without saving and starts it again: its data is gone (no persistence).
     fn restart(&self, node: usize) {
-        let _ = self.cli(node, &["SHUTDOWN", "NOSAVE"]);
-        std::thread::sleep(Duration::from_millis(300));
-        self.start_node(node);
+        self.nodes[node].shutdown_nosave();
+        self.nodes[node].start_again();
         self.wait_ok();
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for node in 0..3 {
-            let _ = self.cli(node, &["SHUTDOWN", "NOSAVE"]);
-        }
+        self.nodes.clear();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -166,6 +118,7 @@ async fn the_contract_holds_on_a_three_master_cluster() {
     .await;
 
     ten_thousand_keys_over_every_slot(&base).await;
+    waiting_for_replicas_asks_the_keys_primary(&cluster, &base).await;
     a_node_restart_without_persistence_loses_its_records(&cluster, &base).await;
 }
 
@@ -193,6 +146,48 @@ async fn ten_thousand_keys_over_every_slot(store: &RedisClusterStore) {
     for task in tasks {
         task.await.unwrap();
     }
+}
+
+/// `with_replica_acks` sends `WAIT` to the primary of each key's slot (keys on every primary): this
+/// cluster has no replicas, so every claim is refused, the body never runs, and the claim is
+/// released so a store without the option takes the key at once.
+async fn waiting_for_replicas_asks_the_keys_primary(cluster: &Cluster, store: &RedisClusterStore) {
+    let store = store.clone().with_prefix("idemw:").unwrap();
+    let waiting = store
+        .clone()
+        .with_replica_acks(1, Duration::from_millis(50))
+        .unwrap();
+    let ran = std::sync::atomic::AtomicUsize::new(0);
+    // Six keys land on all three primaries (checked below by their slots).
+    let keys: Vec<String> = (0..6).map(|k| format!("acked-{k}")).collect();
+    let primaries: std::collections::BTreeSet<u8> = keys
+        .iter()
+        .map(|k| {
+            let slot = cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", &format!("idemw:{{ACK:{k}}}")]);
+            // `redis-cli --cluster create` gives three masters these slot ranges.
+            match slot.trim().parse::<u16>().unwrap() {
+                0..=5460 => 0,
+                5461..=10922 => 1,
+                _ => 2,
+            }
+        })
+        .collect();
+    assert_eq!(primaries.len(), 3, "the keys cover every primary's slot range");
+    for key in &keys {
+        let r: Result<u8, IdemError> = Call::new("ACK", key)
+            .run(&waiting, async {
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(1)
+            })
+            .await;
+        assert!(
+            matches!(&r, Err(IdemError::StoreUnavailable { source }) if source.to_string().contains("0 of 1 replicas")),
+            "{key}: {r:?}"
+        );
+        let r: Result<u8, IdemError> = Call::new("ACK", key).run(&store, async { Ok(2) }).await;
+        assert_eq!(r.unwrap(), 2, "{key}: the refused claim was released");
+    }
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
 
 /// Without persistence a restarted node comes back empty: the records of its slots are gone, and

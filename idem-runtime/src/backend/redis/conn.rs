@@ -3,7 +3,9 @@
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use std::time::Duration;
+
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 #[derive(Clone)]
@@ -41,6 +43,28 @@ impl ConnectionLike for Conn {
 }
 
 impl Conn {
+    /// `WAIT replicas timeout` on the connection that wrote `key` (a cluster: its slot's primary),
+    /// giving how many replicas acknowledged its writes.
+    pub(super) async fn wait_for_replicas(
+        &self,
+        key: &str,
+        replicas: u32,
+        timeout: Duration,
+    ) -> RedisResult<i64> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas)
+            .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1));
+        match self {
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => {
+                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let value = c.clone().route_command(cmd, routing).await?;
+                redis::from_redis_value(value).map_err(Into::into)
+            }
+        }
+    }
+
     /// Every key matching `pattern`: SCAN on the server, or on every primary of a cluster.
     pub(super) async fn scan_keys(&self, pattern: &str) -> RedisResult<Vec<String>> {
         match self {

@@ -89,6 +89,8 @@ struct Records {
     limits: Limits,
     offset: ClockOffset,
     prefix: String,
+    /// `WAIT` after every write: how many replicas must acknowledge it, and for how long to wait.
+    acks: Option<(u32, Duration)>,
 }
 
 fn int(v: &Value, what: &str) -> Result<i64, IdemError> {
@@ -118,10 +120,32 @@ impl Records {
         record_key(&self.prefix, biz, key)
     }
 
+    /// With [`RedisStore::with_replica_acks`]: waits until the configured number of replicas
+    /// acknowledged every write this connection made so far (the one to `key` included), and
+    /// fails as unavailable when fewer did in time.
+    async fn replicated(&self, key: &str) -> Result<(), IdemError> {
+        let Some((replicas, timeout)) = self.acks else {
+            return Ok(());
+        };
+        let acked = self
+            .conn
+            .wait_for_replicas(key, replicas, timeout)
+            .await
+            .map_err(redis_error)?;
+        if acked >= i64::from(replicas) {
+            return Ok(());
+        }
+        Err(IdemError::unavailable(format!(
+            "the write reached {acked} of {replicas} replicas within {timeout:?}: a failover now \
+             could lose it"
+        )))
+    }
+
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         let mut conn = self.conn.clone();
+        let record = self.key(req.biz, req.key);
         let reply: Vec<Value> = CLAIM
-            .key(self.key(req.biz, req.key))
+            .key(&record)
             .arg(req.fingerprint.unwrap_or(""))
             .arg(millis(req.lease))
             .arg(millis(req.ttl))
@@ -141,6 +165,22 @@ impl Records {
                     Some("takeover") => Acquired::TakeOver,
                     _ => Acquired::Fresh,
                 };
+                // A claim the replicas did not get is refused: the body must not run on a claim
+                // a failover can forget. It is released (FAILED under its own fence: the body did
+                // not run), so a retry once the replicas answer is not told "in progress".
+                if let Err(e) = self.replicated(&record).await {
+                    let mut conn = self.conn.clone();
+                    let released: Result<i64, _> = FAIL
+                        .key(&record)
+                        .arg(fence.to_string())
+                        .arg(self.offset.ms())
+                        .invoke_async(&mut conn)
+                        .await;
+                    if let Err(release) = released {
+                        tracing::warn!(error = %release, "could not release a claim the replicas did not acknowledge; it is taken over when its lease ends");
+                    }
+                    return Err(e);
+                }
                 Ok(ClaimOutcome::Acquired {
                     claim: Claim {
                         attempt,
@@ -175,7 +215,8 @@ impl Records {
         extra: &[&[u8]],
     ) -> Result<(), IdemError> {
         let mut conn = self.conn.clone();
-        let mut invocation = script.key(self.key(biz, key));
+        let record = self.key(biz, key);
+        let mut invocation = script.key(&record);
         invocation.arg(claim.fence.get().to_string());
         for arg in extra {
             invocation.arg(*arg);
@@ -186,7 +227,7 @@ impl Records {
             .await
             .map_err(redis_error)?;
         if changed == 1 {
-            Ok(())
+            self.replicated(&record).await
         } else {
             Err(IdemError::LeaseLost {
                 attempt: claim.attempt,
@@ -284,6 +325,7 @@ impl RedisStore {
                 limits: Limits::default(),
                 offset: ClockOffset::default(),
                 prefix: "idem:".to_owned(),
+                acks: None,
             }),
         })
     }
@@ -307,6 +349,30 @@ impl RedisStore {
     pub fn with_prefix(self, prefix: &str) -> Result<Self, IdemError> {
         valid_prefix(prefix)?;
         Ok(self.with(|r| r.prefix = prefix.to_owned()))
+    }
+
+    /// The same store with every write (claim, mark, renewal, token change) followed by
+    /// `WAIT replicas timeout`: a write is reported done only once `replicas` replicas acknowledged
+    /// it, and fails with [`IdemError::StoreUnavailable`] when fewer did in time. Redis replicates
+    /// asynchronously, so without this a failover can promote a replica that never saw a claim
+    /// and a duplicate runs the business again (`docs/RELIABILITY.md`). A claim refused this way
+    /// stays PROCESSING until its lease ends (the body did not run); a mark refused this way is
+    /// retried and then reported as not marked.
+    ///
+    /// `WAIT` holds the (multiplexed) connection until the replicas answer, so every call on this
+    /// store pays the replication round trip. It narrows the window; it does not make Redis a
+    /// consensus store (a replica can still lose an acknowledged write it had not persisted).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for `replicas == 0` or a zero timeout (`WAIT … 0` blocks forever).
+    pub fn with_replica_acks(self, replicas: u32, timeout: Duration) -> Result<Self, IdemError> {
+        if replicas == 0 || timeout.is_zero() {
+            return Err(IdemError::InvalidOptions {
+                reason: "with_replica_acks needs at least one replica and a timeout above zero"
+                    .to_owned(),
+            });
+        }
+        Ok(self.with(|r| r.acks = Some((replicas, timeout))))
     }
 
     fn with(self, change: impl FnOnce(&mut Records)) -> Self {
@@ -353,6 +419,7 @@ impl RedisClusterStore {
                 limits: Limits::default(),
                 offset: ClockOffset::default(),
                 prefix: "idem:".to_owned(),
+                acks: None,
             }),
         }))
     }
@@ -365,6 +432,15 @@ impl RedisClusterStore {
     /// The same store on a [`TestClock`].
     pub fn with_test_clock(self, clock: TestClock) -> Self {
         RedisClusterStore(self.0.with_test_clock(clock))
+    }
+
+    /// The same store with every write acknowledged by `replicas` replicas of the key's primary
+    /// (see [`RedisStore::with_replica_acks`]).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for `replicas == 0` or a zero timeout.
+    pub fn with_replica_acks(self, replicas: u32, timeout: Duration) -> Result<Self, IdemError> {
+        Ok(RedisClusterStore(self.0.with_replica_acks(replicas, timeout)?))
     }
 
     /// The same store with its records under another key prefix (see

@@ -88,8 +88,9 @@ impl RedisTokens {
         check_token(token)?;
         let subject = subject_of(subject)?;
         let mut conn = self.records.conn.clone();
+        let key = self.key(token);
         let reply: Value = FLIP_SCRIPT
-            .key(self.key(token))
+            .key(&key)
             .arg(subject)
             .arg(if to { "0" } else { "1" })
             .arg(if to { "1" } else { "0" })
@@ -98,7 +99,7 @@ impl RedisTokens {
             .await
             .map_err(redis_error)?;
         let found = match &reply {
-            Value::Int(1) => return Ok(()),
+            Value::Int(1) => return self.records.replicated(&key).await,
             Value::Array(v) if v.is_empty() => None,
             Value::Array(v) => match v.as_slice() {
                 [sub, live] => Some((text(sub).unwrap_or_default(), int(live, "live")? == 1)),
@@ -140,6 +141,7 @@ impl TokenStore for RedisTokens {
                 .await
                 .map_err(redis_error)?;
             if issued == 1 {
+                self.records.replicated(&self.key(&token)).await?;
                 return Ok(token);
             }
         }

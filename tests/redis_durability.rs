@@ -53,7 +53,10 @@ async fn ran_again_after_a_kill(server: &RedisServer) -> usize {
     let store = connect(server).await;
     let mut again = 0;
     for key in &keys {
-        assert_eq!(pay(&store, &fx, key).await.unwrap(), format!("receipt for {key}"));
+        assert_eq!(
+            pay(&store, &fx, key).await.unwrap(),
+            format!("receipt for {key}")
+        );
         match fx.count("DUR", key).await {
             1 => {}
             2 => again += 1,
@@ -77,16 +80,31 @@ async fn a_killed_server_keeps_what_aof_always_wrote_and_nothing_else() {
     let aof = RedisServer::start(
         ports.next().unwrap(),
         &aof_dir,
-        &["--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+        &[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+        ],
     );
-    assert_eq!(ran_again_after_a_kill(&aof).await, 0, "AOF always: every record survives");
+    assert_eq!(
+        ran_again_after_a_kill(&aof).await,
+        0,
+        "AOF always: every record survives"
+    );
 
     let bare = RedisServer::start(
         ports.next().unwrap(),
         &bare_dir,
         &["--appendonly", "no", "--save", ""],
     );
-    assert_eq!(ran_again_after_a_kill(&bare).await, KEYS, "no persistence: every record is lost");
+    assert_eq!(
+        ran_again_after_a_kill(&bare).await,
+        KEYS,
+        "no persistence: every record is lost"
+    );
 
     drop((aof, bare));
     let _ = std::fs::remove_dir_all(&dir);
@@ -105,7 +123,10 @@ async fn a_failover_forgets_what_its_replica_never_got_unless_writes_wait_for_it
     let mut replica_args = no_persistence.to_vec();
     replica_args.extend(["--replicaof", "127.0.0.1", &primary_port]);
     let replica = RedisServer::start(ports.next().unwrap(), &dir, &replica_args);
-    replica.wait_for(|info| info.contains("master_link_status:up"), &["INFO", "replication"]);
+    replica.wait_for(
+        |info| info.contains("master_link_status:up"),
+        &["INFO", "replication"],
+    );
 
     let fx = Effects::new().await;
     let plain = connect(&primary).await;
@@ -138,7 +159,11 @@ async fn a_failover_forgets_what_its_replica_never_got_unless_writes_wait_for_it
     let promoted = connect(&replica).await;
 
     pay(&promoted, &fx, "acked").await.unwrap();
-    assert_eq!(fx.count("DUR", "acked").await, 1, "a write the replica acknowledged survives");
+    assert_eq!(
+        fx.count("DUR", "acked").await,
+        1,
+        "a write the replica acknowledged survives"
+    );
     pay(&promoted, &fx, "unreplicated").await.unwrap();
     assert_eq!(
         fx.count("DUR", "unreplicated").await,
@@ -146,7 +171,11 @@ async fn a_failover_forgets_what_its_replica_never_got_unless_writes_wait_for_it
         "the promoted replica never saw the record: the business ran again"
     );
     pay(&promoted, &fx, "refused").await.unwrap();
-    assert_eq!(fx.count("DUR", "refused").await, 1, "the refused call runs once, now");
+    assert_eq!(
+        fx.count("DUR", "refused").await,
+        1,
+        "the refused call runs once, now"
+    );
 
     drop((primary, replica));
     let _ = std::fs::remove_dir_all(&dir);

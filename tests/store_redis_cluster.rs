@@ -44,7 +44,10 @@ impl Cluster {
                 )
             })
             .collect();
-        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         let created = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
@@ -63,7 +66,10 @@ impl Cluster {
 
     fn wait_ok(&self) {
         for node in &self.nodes {
-            node.wait_for(|info| info.contains("cluster_state:ok"), &["CLUSTER", "INFO"]);
+            node.wait_for(
+                |info| info.contains("cluster_state:ok"),
+                &["CLUSTER", "INFO"],
+            );
         }
     }
 
@@ -172,7 +178,11 @@ async fn waiting_for_replicas_asks_the_keys_primary(cluster: &Cluster, store: &R
             }
         })
         .collect();
-    assert_eq!(primaries.len(), 3, "the keys cover every primary's slot range");
+    assert_eq!(
+        primaries.len(),
+        3,
+        "the keys cover every primary's slot range"
+    );
     for key in &keys {
         let r: Result<u8, IdemError> = Call::new("ACK", key)
             .run(&waiting, async {

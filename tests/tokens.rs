@@ -19,7 +19,10 @@ mod sqlite {
     use std::sync::Arc;
 
     async fn tokens(clock: idem::TestClock) -> Option<Arc<dyn idem::TokenStore>> {
-        let store = idem::SqliteStore::in_memory().await.unwrap().with_test_clock(clock);
+        let store = idem::SqliteStore::in_memory()
+            .await
+            .unwrap()
+            .with_test_clock(clock);
         store.migrate().await.unwrap();
         Some(Arc::new(store.tokens()))
     }
@@ -37,9 +40,43 @@ mod redis {
         let store = server::reach("Redis", &url, idem::RedisStore::connect(&url)).await?;
         let prefix = format!("{}:", server::unique("idemtok"));
         Some(Arc::new(
-            store.with_test_clock(clock).with_prefix(&prefix).unwrap().tokens(),
+            store
+                .with_test_clock(clock)
+                .with_prefix(&prefix)
+                .unwrap()
+                .tokens(),
         ))
     }
 
     crate::token_suite!(tokens);
+}
+
+/// The sweeper deletes expired tokens (spent or not) with the records, and spares live ones: counted
+/// in the table itself.
+#[tokio::test]
+async fn the_sweeper_deletes_expired_tokens_and_spares_live_ones() {
+    use std::time::Duration;
+    let clock = idem::TestClock::new();
+    let store = idem::SqliteStore::in_memory()
+        .await
+        .unwrap()
+        .with_test_clock(clock.clone());
+    store.migrate().await.unwrap();
+    let tokens = store.tokens();
+    use idem::TokenStore;
+    let spent = tokens.issue(Duration::from_secs(10), None).await.unwrap();
+    tokens.consume(&spent, None).await.unwrap();
+    for _ in 0..4 {
+        tokens.issue(Duration::from_secs(10), None).await.unwrap();
+    }
+    let live = tokens.issue(Duration::from_secs(60), None).await.unwrap();
+    clock.advance(Duration::from_secs(11));
+    let sweeper = idem::Sweeper::new(store.clone(), 2).with_tokens(tokens.clone());
+    assert_eq!(sweeper.sweep_once().await.unwrap(), 5);
+    let left: Vec<String> = idem::sqlx::query_scalar("SELECT token FROM idem_token")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, vec![live.clone()]);
+    tokens.consume(&live, None).await.unwrap();
 }

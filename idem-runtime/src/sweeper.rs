@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{IdemError, IntoSharedStore, Store};
+use crate::{IdemError, IntoSharedStore, Store, TokenStore};
 
 /// Sweeps expired records from a store: one pass deletes batches of at most `batch` rows until a
 /// batch comes back short, so no statement holds locks for long. A record is expired when its TTL
@@ -16,9 +16,12 @@ use crate::{IdemError, IntoSharedStore, Store};
 /// let _task = sweeper.spawn(std::time::Duration::from_secs(60));
 /// # Ok(()) }
 /// ```
+///
+/// [`Sweeper::with_tokens`] sweeps expired one-time tokens in the same passes.
 #[derive(Clone)]
 pub struct Sweeper {
     store: Arc<dyn Store>,
+    tokens: Option<Arc<dyn TokenStore>>,
     batch: usize,
 }
 
@@ -28,11 +31,19 @@ impl Sweeper {
     pub fn new(store: impl IntoSharedStore, batch: usize) -> Self {
         Sweeper {
             store: store.into_shared(),
+            tokens: None,
             batch: batch.max(1),
         }
     }
 
-    /// One full pass; returns the number of records deleted.
+    /// The same sweeper, also deleting expired tokens of `tokens` (a spent token is kept until it
+    /// expires, so a second submit is told "used"; after that it is only garbage).
+    pub fn with_tokens(mut self, tokens: impl TokenStore) -> Self {
+        self.tokens = Some(Arc::new(tokens));
+        self
+    }
+
+    /// One full pass; returns the number of records (and tokens) deleted.
     ///
     /// # Errors
     /// The store's error; records deleted before it stay deleted.
@@ -42,10 +53,21 @@ impl Sweeper {
             let n = self.store.sweep_expired(self.batch).await?;
             total += n;
             if n < self.batch as u64 {
-                return Ok(total);
+                break;
             }
             tokio::task::yield_now().await;
         }
+        if let Some(tokens) = &self.tokens {
+            loop {
+                let n = tokens.sweep_expired(self.batch).await?;
+                total += n;
+                if n < self.batch as u64 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+        Ok(total)
     }
 
     /// Spawns a task that sweeps every `every` until the handle is aborted.

@@ -60,7 +60,11 @@ pub async fn an_issued_token_is_consumed_once(t: Tokens) {
     assert_eq!(token.len(), 48);
     t.tokens.consume(&token, None).await.unwrap();
     assert!(is_used(&t.tokens.consume(&token, None).await));
-    assert_ne!(token, t.tokens.issue(TTL, None).await.unwrap(), "tokens repeat");
+    assert_ne!(
+        token,
+        t.tokens.issue(TTL, None).await.unwrap(),
+        "tokens repeat"
+    );
 }
 
 pub async fn of_a_thousand_concurrent_consumers_one_wins(t: Tokens) {
@@ -90,37 +94,70 @@ pub async fn a_restored_token_is_consumed_exactly_once_more(t: Tokens) {
         1,
         "{a:?} {b:?}"
     );
-    assert!(invalid_because(if a.is_ok() { &b } else { &a }, "not spent"));
+    assert!(invalid_because(
+        if a.is_ok() { &b } else { &a },
+        "not spent"
+    ));
     t.tokens.consume(&token, None).await.unwrap();
     assert!(is_used(&t.tokens.consume(&token, None).await));
 }
 
 pub async fn restoring_an_unspent_token_is_refused(t: Tokens) {
     let token = t.tokens.issue(TTL, None).await.unwrap();
-    assert!(invalid_because(&t.tokens.restore(&token, None).await, "not spent"));
+    assert!(invalid_because(
+        &t.tokens.restore(&token, None).await,
+        "not spent"
+    ));
     t.tokens.consume(&token, None).await.unwrap();
 }
 
 pub async fn unknown_malformed_and_oversized_tokens_are_invalid(t: Tokens) {
     let issued = t.tokens.issue(TTL, None).await.unwrap();
     let unknown: String = issued.chars().rev().collect();
-    assert!(invalid_because(&t.tokens.consume(&unknown, None).await, "unknown"));
-    assert!(invalid_because(&t.tokens.restore(&unknown, None).await, "unknown"));
-    for bad in ["", "not a token", &issued[..40], &issued.to_uppercase(), "../../etc/passwd"] {
-        assert!(invalid_because(&t.tokens.consume(bad, None).await, "malformed"), "{bad:?}");
+    assert!(invalid_because(
+        &t.tokens.consume(&unknown, None).await,
+        "unknown"
+    ));
+    assert!(invalid_because(
+        &t.tokens.restore(&unknown, None).await,
+        "unknown"
+    ));
+    for bad in [
+        "",
+        "not a token",
+        &issued[..40],
+        &issued.to_uppercase(),
+        "../../etc/passwd",
+    ] {
+        assert!(
+            invalid_because(&t.tokens.consume(bad, None).await, "malformed"),
+            "{bad:?}"
+        );
     }
     let oversized = "a".repeat(10_000);
-    assert!(invalid_because(&t.tokens.consume(&oversized, None).await, "longer"));
+    assert!(invalid_because(
+        &t.tokens.consume(&oversized, None).await,
+        "longer"
+    ));
     // None of that touched the real one.
     t.tokens.consume(&issued, None).await.unwrap();
 }
 
 pub async fn another_subjects_token_is_invalid_and_stays_usable(t: Tokens) {
     let token = t.tokens.issue(TTL, Some("user-1")).await.unwrap();
-    assert!(invalid_because(&t.tokens.consume(&token, Some("user-2")).await, "another subject"));
-    assert!(invalid_because(&t.tokens.consume(&token, None).await, "another subject"));
+    assert!(invalid_because(
+        &t.tokens.consume(&token, Some("user-2")).await,
+        "another subject"
+    ));
+    assert!(invalid_because(
+        &t.tokens.consume(&token, None).await,
+        "another subject"
+    ));
     t.tokens.consume(&token, Some("user-1")).await.unwrap();
-    assert!(invalid_because(&t.tokens.restore(&token, Some("user-2")).await, "another subject"));
+    assert!(invalid_because(
+        &t.tokens.restore(&token, Some("user-2")).await,
+        "another subject"
+    ));
     assert!(is_used(&t.tokens.consume(&token, Some("user-1")).await));
     t.tokens.restore(&token, Some("user-1")).await.unwrap();
     t.tokens.consume(&token, Some("user-1")).await.unwrap();
@@ -141,7 +178,10 @@ pub async fn a_token_expires_whether_spent_or_not(t: Tokens) {
     let spent = t.tokens.issue(TTL, None).await.unwrap();
     t.tokens.consume(&spent, None).await.unwrap();
     t.clock.advance(Duration::from_secs(59));
-    assert!(is_used(&t.tokens.consume(&spent, None).await), "spent stays used until it expires");
+    assert!(
+        is_used(&t.tokens.consume(&spent, None).await),
+        "spent stays used until it expires"
+    );
     t.clock.advance(Duration::from_secs(2));
     let r = t.tokens.consume(&fresh, None).await;
     assert!(

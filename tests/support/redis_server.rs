@@ -64,7 +64,10 @@ impl RedisServer {
             .args(["--port", &port, "--bind", "127.0.0.1", "--daemonize", "yes"])
             .args(["--dir", self.dir.to_str().unwrap()])
             .args(["--logfile", &format!("redis-{port}.log")])
-            .args(["--pidfile", self.dir.join(format!("redis-{port}.pid")).to_str().unwrap()])
+            .args([
+                "--pidfile",
+                self.dir.join(format!("redis-{port}.pid")).to_str().unwrap(),
+            ])
             .args(&self.args)
             .status()
             .expect("redis-server runs");
@@ -156,7 +159,11 @@ impl RedisServer {
             .output()
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("PONG"))
         {
-            assert!(start.elapsed() < Duration::from_secs(30), "redis on {} did not stop", self.port);
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "redis on {} did not stop",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -165,7 +172,8 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         // A paused server must run again to hear the shutdown.
-        if let Ok(pid) = std::fs::read_to_string(self.dir.join(format!("redis-{}.pid", self.port))) {
+        if let Ok(pid) = std::fs::read_to_string(self.dir.join(format!("redis-{}.pid", self.port)))
+        {
             let _ = Command::new("kill").args(["-CONT", pid.trim()]).status();
         }
         let _ = self.cli(&["SHUTDOWN", "NOSAVE"]);

@@ -73,14 +73,17 @@ impl TokenStore for MemoryTokens {
         let subject = subject_of(subject)?.to_owned();
         let token = new_token()?;
         let expire_at = self.now() + ttl;
-        self.tokens.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            token.clone(),
-            Entry {
-                subject,
-                spent: false,
-                expire_at,
-            },
-        );
+        self.tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                token.clone(),
+                Entry {
+                    subject,
+                    spent: false,
+                    expire_at,
+                },
+            );
         Ok(token)
     }
 

@@ -75,7 +75,9 @@ pub(crate) fn check_token(token: &str) -> Result<(), IdemError> {
     let reason = if token.len() > 2 * TOKEN_BYTES {
         "the token is longer than any idem issues"
     } else if token.len() != 2 * TOKEN_BYTES
-        || !token.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        || !token
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     {
         "the token is malformed"
     } else {
@@ -91,9 +93,7 @@ pub(crate) fn subject_of(subject: Option<&str>) -> Result<&str, IdemError> {
     let subject = subject.unwrap_or("");
     if subject.len() > MAX_SUBJECT_LEN || subject.contains('\0') {
         return Err(IdemError::TokenInvalid {
-            reason: format!(
-                "the subject must be at most {MAX_SUBJECT_LEN} bytes, without NUL"
-            ),
+            reason: format!("the subject must be at most {MAX_SUBJECT_LEN} bytes, without NUL"),
         });
     }
     Ok(subject)
@@ -136,10 +136,15 @@ mod tests {
         assert_eq!(a.len(), 48);
         assert!(check_token(&a).is_ok());
         for bad in ["", "xyz", &a[..47], &a.to_uppercase()] {
-            assert!(matches!(check_token(bad), Err(IdemError::TokenInvalid { .. })), "{bad}");
+            assert!(
+                matches!(check_token(bad), Err(IdemError::TokenInvalid { .. })),
+                "{bad}"
+            );
         }
         let long = format!("{a}00");
-        assert!(matches!(check_token(&long), Err(IdemError::TokenInvalid { reason }) if reason.contains("longer")));
+        assert!(
+            matches!(check_token(&long), Err(IdemError::TokenInvalid { reason }) if reason.contains("longer"))
+        );
         assert!(subject_of(Some(&"u".repeat(129))).is_err());
         assert_eq!(subject_of(None).unwrap(), "");
     }

@@ -52,8 +52,11 @@ impl Conn {
         timeout: Duration,
     ) -> RedisResult<i64> {
         let mut cmd = redis::cmd("WAIT");
-        cmd.arg(replicas)
-            .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1));
+        cmd.arg(replicas).arg(
+            u64::try_from(timeout.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        );
         match self {
             Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
             Conn::Cluster(c) => {

@@ -440,7 +440,9 @@ impl RedisClusterStore {
     /// # Errors
     /// [`IdemError::InvalidOptions`] for `replicas == 0` or a zero timeout.
     pub fn with_replica_acks(self, replicas: u32, timeout: Duration) -> Result<Self, IdemError> {
-        Ok(RedisClusterStore(self.0.with_replica_acks(replicas, timeout)?))
+        Ok(RedisClusterStore(
+            self.0.with_replica_acks(replicas, timeout)?,
+        ))
     }
 
     /// The same store with its records under another key prefix (see

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::{Script, Value};
 
-use super::{RedisClusterStore, RedisStore, Records, int, redis_error, text};
+use super::{Records, RedisClusterStore, RedisStore, int, redis_error, text};
 use crate::IdemError;
 use crate::store::decide::millis;
 use crate::tokens::{Found, TokenStore, check_token, new_token, refusal, subject_of};
@@ -145,7 +145,9 @@ impl TokenStore for RedisTokens {
                 return Ok(token);
             }
         }
-        Err(IdemError::store("could not issue a token that is not taken"))
+        Err(IdemError::store(
+            "could not issue a token that is not taken",
+        ))
     }
 
     async fn consume(&self, token: &str, subject: Option<&str>) -> Result<(), IdemError> {

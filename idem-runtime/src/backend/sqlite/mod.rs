@@ -216,7 +216,10 @@ impl SqliteStore {
                 .await
                 .map_err(db_error)?;
         }
-        sqlx::raw_sql(v3).execute(&self.pool).await.map_err(db_error)?;
+        sqlx::raw_sql(v3)
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
         Ok(())
     }
 

@@ -13,7 +13,11 @@ use crate::tokens::{Found, TokenStore, check_token, new_token, refusal, subject_
 /// The database's clock in milliseconds plus the test clock's offset, bound at `$offset`.
 macro_rules! now_ms {
     ($offset:literal) => {
-        concat!("(CAST(unixepoch('subsec') * 1000 AS INTEGER) + ", $offset, ")")
+        concat!(
+            "(CAST(unixepoch('subsec') * 1000 AS INTEGER) + ",
+            $offset,
+            ")"
+        )
     };
 }
 

@@ -106,6 +106,32 @@ impl Options {
             .collect()
     }
 
+    /// One error naming every `required` option that is absent, with what each means and a complete
+    /// `example`: "missing `a` and `b` in `#[m]` (`a` is …, `b` is …); write e.g. `…`".
+    pub(crate) fn missing_error(
+        &self,
+        set: &OptionSet,
+        required: &[Required],
+        example: &str,
+    ) -> Option<syn::Error> {
+        let names: Vec<&'static str> = required.iter().map(|r| r.name).collect();
+        let missing = self.missing(&names);
+        if missing.is_empty() {
+            return None;
+        }
+        let meanings: Vec<&str> = required
+            .iter()
+            .filter(|r| missing.contains(&r.name))
+            .map(|r| r.meaning)
+            .collect();
+        Some(self.error_at(format!(
+            "missing {} in `{}` ({}); write e.g. `{example}`",
+            diag::backticked_and(missing.iter().copied()),
+            set.macro_name,
+            meanings.join(", ")
+        )))
+    }
+
     /// The span to report something about the whole attribute at: its tokens, else the macro call.
     pub(crate) fn error_at(&self, message: impl std::fmt::Display) -> syn::Error {
         if self.tokens.is_empty() {
@@ -115,6 +141,18 @@ impl Options {
             syn::Error::new_spanned(self.tokens.clone(), message)
         }
     }
+}
+
+/// A required option and what it means, for [`Options::missing_error`]:
+/// `` req("biz", "`biz` names the business action") ``.
+pub(crate) struct Required {
+    pub(crate) name: &'static str,
+    pub(crate) meaning: &'static str,
+}
+
+/// `Required` in one line.
+pub(crate) const fn req(name: &'static str, meaning: &'static str) -> Required {
+    Required { name, meaning }
 }
 
 /// Reads the whole option list of `set` from `input`.

@@ -86,7 +86,8 @@ pub(crate) struct Options {
     pub(crate) given: Vec<Given>,
     /// Every option named, also those whose value was refused: none of them is "missing".
     pub(crate) seen: Vec<&'static str>,
-    /// Options an unknown name was probably meant as (`bizz` for `biz`): they are not "missing".
+    /// Options an unknown name was probably meant as (`bizz` for `biz`), or written after a missing
+    /// comma: they are not "missing".
     pub(crate) suggested: Vec<&'static str>,
     pub(crate) errors: Errors,
 }
@@ -180,6 +181,12 @@ pub(crate) fn parse(input: ParseStream, set: &OptionSet) -> syn::Result<Options>
                 input.span(),
                 format!("expected `,` between the options of `{}`", set.macro_name),
             );
+            // The option after the missing comma is skipped, but it was written: not "missing".
+            if let Ok(name) = input.fork().call(Ident::parse_any)
+                && let Some(def) = set.options.iter().find(|def| name == def.name)
+            {
+                options.suggested.push(def.name);
+            }
             skip_to_comma(input);
             if input.peek(Token![,]) {
                 input.parse::<Token![,]>()?;
@@ -336,10 +343,13 @@ mod tests {
                 "duplicate option `biz`; each option may be given once, remove this one",
             ]
         );
-        // A value-less or refused option is not given, yet not missing either.
+        // A value-less or refused option is not given, yet not missing either; nor is one written
+        // after a missing comma.
         let names: Vec<&str> = options.given.iter().map(|g| g.name).collect();
         assert_eq!(names, ["key"]);
         assert!(options.missing(&["biz", "to", "terminal"]).is_empty());
+        let (options, _) = read(quote!(biz = "PAY" key = "a"));
+        assert!(options.missing(&["biz", "key"]).is_empty());
         let (_, errors) = read(quote!("PAY"));
         assert!(errors[0].starts_with("expected an option such as `biz = \"PAY\"`"));
     }

@@ -18,6 +18,10 @@ pub trait AsStore {
     fn as_idem_store(&self) -> &dyn Store;
 }
 
+// `do_not_recommend`: a value that is no store is reported as "not an `AsStore`" with the message
+// above, and rustc lists `AsStore`'s few impls, not every `Store` the enabled features bring (a
+// list that would differ between feature sets).
+#[diagnostic::do_not_recommend]
 impl<S: Store> AsStore for S {
     fn as_idem_store(&self) -> &dyn Store {
         self

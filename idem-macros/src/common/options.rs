@@ -31,6 +31,9 @@ pub(crate) struct OptionDef {
     pub(crate) form: Form,
     /// The option written out, for messages: `biz = "PAY"`.
     pub(crate) example: &'static str,
+    /// What the option means, added to the message when it is written in the wrong form (a flag
+    /// given a value, say); empty for most options.
+    pub(crate) note: &'static str,
 }
 
 /// `OptionDef` in one line: `opt("biz", Form::Value, r#"biz = "PAY""#)`.
@@ -39,6 +42,14 @@ pub(crate) const fn opt(name: &'static str, form: Form, example: &'static str) -
         name,
         form,
         example,
+        note: "",
+    }
+}
+
+impl OptionDef {
+    /// The same option, with what it means said when it is written in the wrong form.
+    pub(crate) const fn note(self, note: &'static str) -> OptionDef {
+        OptionDef { note, ..self }
     }
 }
 
@@ -247,9 +258,13 @@ fn parse_one(input: ParseStream, set: &OptionSet, options: &mut Options) -> syn:
 /// What follows the name, in the form the option takes.
 fn parse_value(input: ParseStream, def: &OptionDef, name: &Ident) -> syn::Result<Value> {
     let wrong_form = |what: &str| {
+        let note = match def.note {
+            "" => String::new(),
+            note => format!(" ({note})"),
+        };
         syn::Error::new(
             name.span(),
-            format!("`{}` {what}, e.g. `{}`", def.name, def.example),
+            format!("`{}` {what}, e.g. `{}`{note}", def.name, def.example),
         )
     };
     match def.form {

@@ -177,7 +177,10 @@ pub mod cases {
         assert!(invalid_because(&stolen, "another subject"), "{stolen:?}");
         // Without a subject the token is no one's either.
         let anonymous = shop.submit(&form, Act::Succeed).await;
-        assert!(invalid_because(&anonymous, "another subject"), "{anonymous:?}");
+        assert!(
+            invalid_because(&anonymous, "another subject"),
+            "{anonymous:?}"
+        );
         assert_eq!(shop.runs("ORD-4").await, 0);
         // Its own subject spends it, once.
         assert_eq!(

@@ -3,11 +3,12 @@
 //! ## This crate
 //!
 //! The one dependency users add: it re-exports the runtime ([`Call`], [`Store`], the stores,
-//! [`IdemError`], metrics, state machines) and the macros ([`idempotent`], [`StateMachine`],
-//! [`state_transition`]). Every example above is compiled and run by `cargo test`.
+//! [`TokenStore`] and the token stores, [`IdemError`], metrics, state machines) and the macros
+//! ([`idempotent`], [`consume_token`], [`StateMachine`], [`state_transition`]). Every example above
+//! is compiled and run by `cargo test`.
 
-pub use idem_macros::idempotent;
 pub use idem_macros::{StateMachine, state_transition};
+pub use idem_macros::{consume_token, idempotent};
 pub use idem_runtime::*;
 
 /// The sqlx this crate was built with (0.9), for your own queries in idem's transactions

@@ -18,6 +18,7 @@ fn ui() {
         return;
     }
     t.compile_fail("tests/ui/idempotent_*.rs");
+    t.compile_fail("tests/ui/consume_token_*.rs");
     t.compile_fail("tests/ui/state_machine_*.rs");
     t.compile_fail("tests/ui/state_transition_*.rs");
     t.pass("tests/ui/pass_*.rs");

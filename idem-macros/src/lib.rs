@@ -1,11 +1,13 @@
 //! Procedural macros of [idem](https://docs.rs/idem). Depend on `idem`, which re-exports them; this
 //! crate only parses, checks and expands (no I/O).
 //!
-//! Each macro has a folder (`idempotent/`, `state_machine/`, `state_transition/`) whose `mod.rs` runs
+//! Each macro has a folder (`idempotent/`, `consume_token/`, `state_machine/`, `state_transition/`)
+//! whose `mod.rs` runs
 //! parse (`args.rs`) → check (`check.rs`) → expand (`expand.rs`) and falls back to the item as written
 //! plus the errors; `common/` holds what every macro uses.
 
 mod common;
+mod consume_token;
 mod idempotent;
 mod state_machine;
 mod state_transition;
@@ -109,6 +111,97 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     idempotent::idempotent(args.into(), item.into()).into()
+}
+
+/// Spends a one-time submit token before an `async fn` runs: of N submits carrying the same token
+/// (a double click, a resubmitted form), exactly one runs the body; every other gets
+/// `IdemError::TokenUsed` (HTTP 409) through the fn's error type, and the body does not run.
+///
+/// The page is given a token when it is rendered (`tokens.issue(ttl, subject)` on an
+/// `idem::TokenStore`) and submits it back; the attribute reads it from the fn's parameters and
+/// consumes it, atomically, before the body.
+///
+/// ```ignore
+/// use idem::{consume_token, IdemError};
+///
+/// #[consume_token(token = "form.token", store = "tokens", subject = "session.user_id", restore_on_err)]
+/// async fn place_order(session: &Session, form: &OrderForm) -> Result<Order, ShopError> {
+///     // runs at most once per token; a failure puts the token back (restore_on_err)
+/// }
+/// ```
+///
+/// (Compiled, runnable examples: the `idem` crate's README.)
+///
+/// # Options
+///
+/// | option | required | value | default |
+/// | --- | --- | --- | --- |
+/// | `token` | yes | a Rust expression over the fn's parameters, in a string (`token = "form.token"`) or bare (`token = form.token`), whose value is text (`AsRef<str>`: a `String`, a `&str`, …) | |
+/// | `store` | yes | a token store registered at start-up with `idem::register_tokens("tokens", store.tokens())` (`store = "tokens"`), or an expression yielding one (`store = self.tokens`): an `idem::TokenStore` (`SqliteTokens`, `RedisTokens`, `MemoryTokens`), an `Arc` of one, `Arc<dyn TokenStore>`, or a reference to one. An unregistered name is `IdemError::UnknownStore` at run time, and the body does not run | |
+/// | `subject` | no | an expression over the parameters (string or bare) whose value is text: who the token was issued to (a user or session id). Another subject's token is `IdemError::TokenInvalid`, and stays usable by its own subject | none: the token must have been issued without a subject |
+/// | `restore_on_err` | no | a flag, no value: when the body returns `Err`, the token is put back so the user can submit again. A restore that fails is logged (`tracing::warn!`) and the body's error is still returned | off: a failed body leaves the token spent |
+/// | `crate` | no | the path at which idem is reachable, when it is renamed or re-exported (like serde's) | `"::idem"` |
+///
+/// # What happens
+///
+/// - The token cannot be spent: used already (`IdemError::TokenUsed`, 409); malformed, unknown,
+///   expired or another subject's (`IdemError::TokenInvalid`, 400); the store is unknown or fails.
+///   The fn returns `Err(E::from(error))` and the body does not run.
+/// - The body returns `Ok`: the token stays spent.
+/// - The body returns `Err`: with `restore_on_err` the token is restored first; without it, it stays
+///   spent (a resubmit gets `TokenUsed`).
+/// - The body panics, or the fn's future is dropped (a client that went away, a timeout): the token
+///   stays spent, whatever `restore_on_err` says. A duplicate never runs the body twice; the user
+///   reloads the page for a fresh token.
+///
+/// Each call is a `tracing` span `idem.consume_token` with the token store's `backend` and the
+/// `outcome` (`executed`, `failed`, `restored`, `restore_failed`, `used`, `invalid`, `rejected`).
+/// The token itself is never logged.
+///
+/// # What the fn must look like
+///
+/// - `async fn`, not `const`; methods (`&self`, `&mut self`, `self`), generics and `where` clauses
+///   work.
+/// - It returns `Result<T, E>` where `E: From<idem::IdemError>` (idem's refusals are returned
+///   through it); `T` is anything (nothing is stored). An alias works too (`anyhow::Result<T>`,
+///   `ShopResult<T>`).
+///
+/// # Checked at compile time
+///
+/// Each mistake is a compile error at the offending token, saying what to do:
+///
+/// - a missing (`token`, `store`), unknown (with "did you mean") or duplicate option; a value given
+///   to the flag `restore_on_err`; an empty `token`, `subject` or `store`; a `crate` that is no path;
+/// - a `token` or `subject` that names an unknown parameter (with "did you mean"), reads no
+///   parameter at all, contains `.await`, or calls something that differs on every call
+///   (`Uuid::new_v4()`, `SystemTime::now()`, `rand::random()`, …): both must come from the request;
+/// - a `token` or `subject` whose value is no text, a bare `store = tokens` where a name in quotes
+///   was meant, a `store` expression that is no token store (one error, at the expression);
+/// - a fn that is not `async`, is `const`, does not return `Result` (or returns an `impl Trait`
+///   inside it), or whose error type lacks `From<IdemError>` (one error, at the type).
+///
+/// When the attribute is wrong, the fn is still emitted as written next to the errors (its parameters
+/// marked used, so no warning joins them), so its callers compile and only the real errors show.
+/// Every option also takes its value from a `macro_rules!` fragment (`$token:expr`,
+/// `$store:literal`, `$krate:path`).
+///
+/// # More
+///
+/// ```ignore
+/// // Tokens held by the service, bound to the session's user, restored when the order fails.
+/// impl Shop {
+///     #[consume_token(token = form.token, store = self.tokens, subject = session.user_id, restore_on_err)]
+///     async fn place_order(&self, session: &Session, form: OrderForm) -> Result<Order, ShopError> {
+///         /* … */
+///     }
+/// }
+///
+/// // Rendering the form: a token for this user, valid for 30 minutes.
+/// let token = shop.tokens.issue(Duration::from_secs(1800), Some(&session.user_id)).await?;
+/// ```
+#[proc_macro_attribute]
+pub fn consume_token(args: TokenStream, item: TokenStream) -> TokenStream {
+    consume_token::consume_token(args.into(), item.into()).into()
 }
 
 /// Declares a state machine stored in one column of one table: one unit variant per state.

@@ -82,9 +82,10 @@ pub enum IdemError {
         /// What is wrong with it.
         reason: String,
     },
-    /// No store was registered under this name. Nothing was executed.
+    /// No store (or, for `#[consume_token]`, no token store) was registered under this name.
+    /// Nothing was executed.
     #[error(
-        "no idempotency store is registered as `{name}`; register one at start-up with `idem::register_store(\"{name}\", store)`"
+        "no store is registered as `{name}`; register one at start-up with `idem::register_store(\"{name}\", store)` (a token store: `idem::register_tokens(\"{name}\", tokens)`)"
     )]
     UnknownStore {
         /// The name asked for.

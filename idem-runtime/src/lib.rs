@@ -58,7 +58,8 @@ pub use transition::{
 // by its shortest visible path, and `__private` is hidden.
 #[doc(hidden)]
 pub use __private::{
-    AsStore, AsStoreRef, CarriesIdemError, IsMachine, IsResult, JoinableTx, Storable,
+    AsStore, AsStoreRef, AsTokenStore, AsTokenStoreRef, CarriesIdemError, IsMachine, IsResult,
+    JoinableTx, Storable, SubjectText, TokenText,
 };
 
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]

@@ -3,8 +3,78 @@
 
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
+use syn::parse::Parse;
 use syn::visit::Visit;
-use syn::{Attribute, ItemFn, Signature};
+use syn::{Attribute, Item, ItemFn, Signature, TraitItemFn};
+
+use super::diag::Errors;
+
+/// An attribute on a fn, the whole way: parse its arguments, parse the fn, then `expand` (check and
+/// generate). On any error the item is emitted as written (its parameters marked used, when it is a
+/// fn), followed by every error (as tokio-macros does): the fn still exists for callers and for
+/// rust-analyzer, so only the real errors show.
+///
+/// `errors` reaches the errors the arguments' parser recorded, so that an item that is no fn adds
+/// its error to theirs.
+pub(crate) fn fn_attribute<A: Parse>(
+    macro_name: &str,
+    args: TokenStream,
+    item: TokenStream,
+    errors: fn(&mut A) -> &mut Errors,
+    expand: impl FnOnce(A, &ItemFn) -> syn::Result<TokenStream>,
+) -> TokenStream {
+    let expanded =
+        syn::parse2::<A>(args).and_then(|mut args| match syn::parse2::<ItemFn>(item.clone()) {
+            Ok(item_fn) => expand(args, &item_fn),
+            Err(error) => {
+                let errors = errors(&mut args);
+                errors.push(not_a_fn(macro_name, item.clone(), error));
+                Err(std::mem::take(errors)
+                    .finish()
+                    .expect_err("an error was just pushed"))
+            }
+        });
+    match expanded {
+        Ok(expanded) => expanded,
+        Err(error) => {
+            let errors = error.into_compile_error();
+            let item = match syn::parse2::<ItemFn>(item.clone()) {
+                Ok(item_fn) => fallback_fn(&item_fn, None),
+                Err(_) => item,
+            };
+            quote!(#item #errors)
+        }
+    }
+}
+
+/// Why `item` is not something `macro_name` (`#[idempotent]`) can wrap.
+fn not_a_fn(macro_name: &str, item: TokenStream, parse_error: syn::Error) -> syn::Error {
+    if let Ok(method) = syn::parse2::<TraitItemFn>(item.clone())
+        && method.default.is_none()
+    {
+        return syn::Error::new_spanned(
+            &method.sig,
+            format!(
+                "`{macro_name}` needs a fn body to wrap; put it on the method in the `impl` block, \
+                 not on the trait's declaration"
+            ),
+        );
+    }
+    if syn::parse2::<Item>(item.clone()).is_ok() {
+        let first = item.into_iter().next();
+        return syn::Error::new_spanned(
+            first,
+            format!(
+                "`{macro_name}` goes on an `async fn` that returns `Result`; this item is not a fn"
+            ),
+        );
+    }
+    // Not valid Rust as syn sees it: say so rather than expand to nothing.
+    syn::Error::new(
+        parse_error.span(),
+        format!("`{macro_name}` could not parse this fn: {parse_error}"),
+    )
+}
 
 /// A fn's attributes split into outer (`#[…]`, kept on the fn) and inner (`#![…]`, kept at the top of
 /// its new body).

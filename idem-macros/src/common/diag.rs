@@ -86,6 +86,16 @@ pub(crate) fn backticked<'a>(names: impl IntoIterator<Item = &'a str>) -> String
         .join(", ")
 }
 
+/// "`a`", "`a` and `b`", "`a`, `b` and `c`".
+pub(crate) fn backticked_and<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    let names: Vec<String> = names.into_iter().map(|name| format!("`{name}`")).collect();
+    match names.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
 /// A path as the user wrote it, without the spaces `to_string` puts around `::`.
 pub(crate) fn path_to_string(path: &Path) -> String {
     let segments = path
@@ -172,6 +182,9 @@ mod tests {
     #[test]
     fn formats_lists_and_paths() {
         assert_eq!(backticked(["req", "user"]), "`req`, `user`");
+        assert_eq!(backticked_and(["a"]), "`a`");
+        assert_eq!(backticked_and(["a", "b"]), "`a` and `b`");
+        assert_eq!(backticked_and(["a", "b", "c"]), "`a`, `b` and `c`");
         assert_eq!(
             did_you_mean_clause("reqq", ["req"]),
             "; did you mean `req`?"

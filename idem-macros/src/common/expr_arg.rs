@@ -113,6 +113,18 @@ pub(crate) fn path_value(value: &Expr) -> Option<Path> {
     }
 }
 
+/// `crate = "::idem"` (or a bare path): where generated code finds idem.
+pub(crate) fn crate_path(value: &Expr, errors: &mut Errors) -> Option<Path> {
+    let path = path_value(value);
+    if path.is_none() {
+        errors.spanned(
+            value,
+            "`crate` takes the path at which idem is reachable, e.g. `crate = \"::idem\"` or `crate = \"my_app::idem\"`",
+        );
+    }
+    path
+}
+
 /// A name given bare (`tx = tx`) or in a string (`tx = "tx"`). From a string, the ident carries the
 /// literal's span, so errors about it land on the literal.
 pub(crate) fn ident_value(value: &Expr) -> Option<Ident> {

@@ -1,6 +1,7 @@
-//! The key scanner: checks a `key` or `fingerprint` expression against the fn's parameters. It must read
-//! a parameter (else every call shares one record), name no unknown parameter, contain no `.await` and
-//! call nothing that differs on every retry (`Uuid::new_v4()`, `SystemTime::now()`, …).
+//! The key scanner: checks a `key`, `fingerprint`, `token` or `subject` expression (and the like)
+//! against the fn's parameters. It must read a parameter (else every call shares one record), name
+//! no unknown parameter, contain no `.await` and call nothing that differs on every retry
+//! (`Uuid::new_v4()`, `SystemTime::now()`, …).
 
 use proc_macro2::{Span, TokenStream, TokenTree};
 use syn::visit::{self, Visit};
@@ -37,6 +38,10 @@ pub(crate) enum Role<'a> {
     Set(&'a str),
     /// `#[state_transition(version = …)]`: the version the caller read.
     Version,
+    /// `#[consume_token(token = …)]`: the submit token the request carries.
+    Token,
+    /// `#[consume_token(subject = …)]`: who the token was issued to.
+    Subject,
 }
 
 impl Role<'_> {
@@ -47,6 +52,8 @@ impl Role<'_> {
             Role::Fingerprint => "fingerprint".to_owned(),
             Role::Set(column) => format!("set({column} = …)"),
             Role::Version => "version".to_owned(),
+            Role::Token => "token".to_owned(),
+            Role::Subject => "subject".to_owned(),
         }
     }
 
@@ -73,6 +80,14 @@ impl Role<'_> {
             Role::Version => {
                 "the version must be the one the caller read before; pass it in as a parameter"
             }
+            Role::Token => {
+                "it would never be a token the page was given; the token must come from the request: \
+                 read the form field or header the page submitted, e.g. `token = \"form.token\"`"
+            }
+            Role::Subject => {
+                "it would never be the subject the token was issued to; read it from the caller's \
+                 session, e.g. `subject = \"session.user_id\"`"
+            }
         }
     }
 
@@ -88,6 +103,13 @@ impl Role<'_> {
             Role::RowKey => Some(
                 "every call would move the same row; build the key from the request, e.g. `key = \"req.order_no\"`",
             ),
+            Role::Token => Some(
+                "every call would spend the same token; read it from the request, e.g. `token = \"form.token\"`",
+            ),
+            Role::Subject => Some(
+                "it would be the same for every caller and bind the token to no one; read it from the \
+                 caller's session, e.g. `subject = \"session.user_id\"`, or leave `subject` out",
+            ),
             // A constant column value or version is unusual but not wrong.
             Role::Set(_) | Role::Version => None,
         }
@@ -102,11 +124,15 @@ impl Role<'_> {
             Role::RowKey | Role::Set(_) | Role::Version => {
                 "it is bound into the update, from the parameters alone, before the body runs"
             }
+            Role::Token | Role::Subject => {
+                "it is read before the token is spent, from the parameters alone"
+            }
         }
     }
 }
 
-/// Checks a `key`, `fingerprint`, `set` or `version` expression against the parameters.
+/// Checks a `key`, `fingerprint`, `set`, `version`, `token` or `subject` expression against the
+/// parameters.
 pub(crate) fn check_expr_arg(
     arg: &ExprArg,
     role: Role<'_>,

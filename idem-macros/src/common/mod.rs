@@ -1,5 +1,6 @@
-//! What every macro uses: diagnostics, durations, expression arguments, signature checks and the key
-//! scanner. A check written here holds for every macro.
+//! What every macro uses: diagnostics, durations, options, expression arguments, signature checks,
+//! the key scanner, the `store` option and the wrapping of a `Result` fn's body in a runtime call.
+//! A check written here holds for every macro.
 
 pub(crate) mod body;
 pub(crate) mod diag;
@@ -8,3 +9,5 @@ pub(crate) mod expr_arg;
 pub(crate) mod key_scan;
 pub(crate) mod options;
 pub(crate) mod signature;
+pub(crate) mod store_arg;
+pub(crate) mod wrap;

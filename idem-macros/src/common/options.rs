@@ -31,6 +31,9 @@ pub(crate) struct OptionDef {
     pub(crate) form: Form,
     /// The option written out, for messages: `biz = "PAY"`.
     pub(crate) example: &'static str,
+    /// What the option means, added to the message when it is written in the wrong form (a flag
+    /// given a value, say); empty for most options.
+    pub(crate) note: &'static str,
 }
 
 /// `OptionDef` in one line: `opt("biz", Form::Value, r#"biz = "PAY""#)`.
@@ -39,6 +42,14 @@ pub(crate) const fn opt(name: &'static str, form: Form, example: &'static str) -
         name,
         form,
         example,
+        note: "",
+    }
+}
+
+impl OptionDef {
+    /// The same option, with what it means said when it is written in the wrong form.
+    pub(crate) const fn note(self, note: &'static str) -> OptionDef {
+        OptionDef { note, ..self }
     }
 }
 
@@ -86,7 +97,8 @@ pub(crate) struct Options {
     pub(crate) given: Vec<Given>,
     /// Every option named, also those whose value was refused: none of them is "missing".
     pub(crate) seen: Vec<&'static str>,
-    /// Options an unknown name was probably meant as (`bizz` for `biz`): they are not "missing".
+    /// Options an unknown name was probably meant as (`bizz` for `biz`), or written after a missing
+    /// comma: they are not "missing".
     pub(crate) suggested: Vec<&'static str>,
     pub(crate) errors: Errors,
 }
@@ -106,6 +118,32 @@ impl Options {
             .collect()
     }
 
+    /// One error naming every `required` option that is absent, with what each means and a complete
+    /// `example`: "missing `a` and `b` in `#[m]` (`a` is …, `b` is …); write e.g. `…`".
+    pub(crate) fn missing_error(
+        &self,
+        set: &OptionSet,
+        required: &[Required],
+        example: &str,
+    ) -> Option<syn::Error> {
+        let names: Vec<&'static str> = required.iter().map(|r| r.name).collect();
+        let missing = self.missing(&names);
+        if missing.is_empty() {
+            return None;
+        }
+        let meanings: Vec<&str> = required
+            .iter()
+            .filter(|r| missing.contains(&r.name))
+            .map(|r| r.meaning)
+            .collect();
+        Some(self.error_at(format!(
+            "missing {} in `{}` ({}); write e.g. `{example}`",
+            diag::backticked_and(missing.iter().copied()),
+            set.macro_name,
+            meanings.join(", ")
+        )))
+    }
+
     /// The span to report something about the whole attribute at: its tokens, else the macro call.
     pub(crate) fn error_at(&self, message: impl std::fmt::Display) -> syn::Error {
         if self.tokens.is_empty() {
@@ -115,6 +153,18 @@ impl Options {
             syn::Error::new_spanned(self.tokens.clone(), message)
         }
     }
+}
+
+/// A required option and what it means, for [`Options::missing_error`]:
+/// `` req("biz", "`biz` names the business action") ``.
+pub(crate) struct Required {
+    pub(crate) name: &'static str,
+    pub(crate) meaning: &'static str,
+}
+
+/// `Required` in one line.
+pub(crate) const fn req(name: &'static str, meaning: &'static str) -> Required {
+    Required { name, meaning }
 }
 
 /// Reads the whole option list of `set` from `input`.
@@ -142,6 +192,12 @@ pub(crate) fn parse(input: ParseStream, set: &OptionSet) -> syn::Result<Options>
                 input.span(),
                 format!("expected `,` between the options of `{}`", set.macro_name),
             );
+            // The option after the missing comma is skipped, but it was written: not "missing".
+            if let Ok(name) = input.fork().call(Ident::parse_any)
+                && let Some(def) = set.options.iter().find(|def| name == def.name)
+            {
+                options.suggested.push(def.name);
+            }
             skip_to_comma(input);
             if input.peek(Token![,]) {
                 input.parse::<Token![,]>()?;
@@ -202,9 +258,13 @@ fn parse_one(input: ParseStream, set: &OptionSet, options: &mut Options) -> syn:
 /// What follows the name, in the form the option takes.
 fn parse_value(input: ParseStream, def: &OptionDef, name: &Ident) -> syn::Result<Value> {
     let wrong_form = |what: &str| {
+        let note = match def.note {
+            "" => String::new(),
+            note => format!(" ({note})"),
+        };
         syn::Error::new(
             name.span(),
-            format!("`{}` {what}, e.g. `{}`", def.name, def.example),
+            format!("`{}` {what}, e.g. `{}`{note}", def.name, def.example),
         )
     };
     match def.form {
@@ -298,10 +358,13 @@ mod tests {
                 "duplicate option `biz`; each option may be given once, remove this one",
             ]
         );
-        // A value-less or refused option is not given, yet not missing either.
+        // A value-less or refused option is not given, yet not missing either; nor is one written
+        // after a missing comma.
         let names: Vec<&str> = options.given.iter().map(|g| g.name).collect();
         assert_eq!(names, ["key"]);
         assert!(options.missing(&["biz", "to", "terminal"]).is_empty());
+        let (options, _) = read(quote!(biz = "PAY" key = "a"));
+        assert!(options.missing(&["biz", "key"]).is_empty());
         let (_, errors) = read(quote!("PAY"));
         assert!(errors[0].starts_with("expected an option such as `biz = \"PAY\"`"));
     }

@@ -1,7 +1,7 @@
 //! The fn an attribute wraps: `async`, not `const`, its return type (`Result<T, E>`, a `…::Result<T>`
 //! alias, or another one-argument alias the type checker resolves), and the names its parameters bind.
 
-use syn::{FnArg, GenericArgument, Pat, PathArguments, Signature, Type};
+use syn::{FnArg, GenericArgument, Pat, PathArguments, ReturnType, Signature, Type};
 
 use super::diag::Errors;
 
@@ -34,6 +34,72 @@ pub(crate) fn check_async(sig: &Signature, need: &AsyncNeed, errors: &mut Errors
             format!("`{macro_name}` needs an `async fn`: {why}; add `async` before `fn`"),
         );
     }
+}
+
+/// What a macro needs of the fn's return type, for messages.
+pub(crate) struct ReturnNeed {
+    /// "`#[idempotent]` needs a fn that returns `Result<T, E>` where …": the fix is appended.
+    pub(crate) want: &'static str,
+    /// Why an `impl Trait` in the `Ok` or error type cannot be wrapped, and what to write instead.
+    pub(crate) named: &'static str,
+    /// A return type to show in the fix: `Result<Receipt, PayError>`.
+    pub(crate) example: &'static str,
+}
+
+/// The fn's return type: `Result<T, E>`, or an alias whose `Ok` / `Err` types the type checker finds.
+pub(crate) struct ResultShape {
+    pub(crate) ret_ty: Type,
+    /// The `Ok` type as written; `None` for an alias other than `…::Result<T>` (`ShopResult<T>`).
+    pub(crate) ok_ty: Option<Type>,
+    /// The error type as written; `None` for a one-argument alias (`anyhow::Result<T>`).
+    pub(crate) err_ty: Option<Type>,
+}
+
+/// The fn returns `Result<T, E>` (or an alias of it) with named `Ok` and error types; else an error
+/// at the return type (or at the fn's name when it has none) saying `need`.
+pub(crate) fn check_return(
+    sig: &Signature,
+    need: &ReturnNeed,
+    errors: &mut Errors,
+) -> Option<ResultShape> {
+    let want = need.want;
+    let ret_ty = match &sig.output {
+        ReturnType::Type(_, ty) => &**ty,
+        ReturnType::Default => {
+            errors.at(
+                sig.ident.span(),
+                format!("{want}; add a return type, e.g. `-> {}`", need.example),
+            );
+            return None;
+        }
+    };
+    let (ok_ty, err_ty, written) = match result_type(ret_ty) {
+        ResultType::Named { ok, err } => (Some(ok), err, vec![Some(ok), err]),
+        // The type checker finds `Ok` and `Err` (and says so when it is no `Result`).
+        ResultType::Alias { first } => (None, None, vec![Some(first)]),
+        ResultType::NotResult => {
+            errors.spanned(
+                ret_ty,
+                format!(
+                    "{want}; wrap the return type in `Result`, e.g. `-> {}`",
+                    need.example
+                ),
+            );
+            return None;
+        }
+    };
+    let mut concrete = true;
+    for ty in written.into_iter().flatten() {
+        if let Type::ImplTrait(_) = peel(ty) {
+            errors.spanned(ty, need.named);
+            concrete = false;
+        }
+    }
+    concrete.then(|| ResultShape {
+        ret_ty: ret_ty.clone(),
+        ok_ty: ok_ty.cloned(),
+        err_ty: err_ty.cloned(),
+    })
 }
 
 /// What a return type says about `Result`.

@@ -10,8 +10,9 @@ use syn::{Expr, Ident, LitStr, Path};
 
 use crate::common::diag::Errors;
 use crate::common::duration;
-use crate::common::expr_arg::{ExprArg, as_lit_str, expr_arg, ident_value, path_value, string_lit};
-use crate::common::options::{self, Form, OptionSet, Options, Value, opt};
+use crate::common::expr_arg::{ExprArg, crate_path, expr_arg, ident_value, string_lit};
+use crate::common::options::{self, Form, OptionSet, Options, Required, Value, opt, req};
+use crate::common::store_arg::{self, RECORD_STORES, StoreSpec};
 
 /// Default `ttl`: seven days, as the design contract says.
 pub(crate) const DEFAULT_TTL_MS: u64 = 7 * 24 * 3_600_000;
@@ -51,14 +52,6 @@ fn example(name: &str) -> &'static str {
         .iter()
         .find(|def| def.name == name)
         .map_or("", |def| def.example)
-}
-
-/// Where the records live.
-pub(crate) enum StoreSpec {
-    /// `store = "sqlite"`: a store registered under that name at start-up.
-    Named(LitStr),
-    /// `store = self.store`: an expression that yields a store.
-    Given(Expr),
 }
 
 /// A duration option, already converted to milliseconds.
@@ -126,7 +119,7 @@ impl Parse for IdempotentArgs {
                 }
                 "key" => args.key = expr_arg(name, example(name), value, errors),
                 "fingerprint" => args.fingerprint = expr_arg(name, example(name), value, errors),
-                "store" => args.store = store(value, errors),
+                "store" => args.store = store_arg::store(value, &RECORD_STORES, errors),
                 "ttl" | "lease" | "heartbeat" => {
                     let duration = duration_arg(name, &value, errors);
                     match name {
@@ -173,23 +166,6 @@ fn check_biz(lit: LitStr, errors: &mut Errors) -> Option<LitStr> {
     };
     errors.at(lit.span(), problem);
     None
-}
-
-/// `store`: a registered name (non-empty string) or an expression yielding a store.
-fn store(value: Expr, errors: &mut Errors) -> Option<StoreSpec> {
-    // `as_lit_str` looks through the group of a `$store:literal`: a name, not an expression.
-    match as_lit_str(&value) {
-        Some(lit) if lit.value().trim().is_empty() => {
-            errors.at(
-                lit.span(),
-                "`store` is empty; name a store registered at start-up, e.g. `store = \"sqlite\"`, \
-                 or pass an expression, e.g. `store = self.store`",
-            );
-            None
-        }
-        Some(lit) => Some(StoreSpec::Named(lit.clone())),
-        None => Some(StoreSpec::Given(value)),
-    }
 }
 
 /// `ttl` / `lease`: `"7d"`, `"30s"`, ….
@@ -259,50 +235,24 @@ fn tx(value: &Expr, errors: &mut Errors) -> Option<Ident> {
     None
 }
 
-/// `crate = "::idem"` (or a bare path): where generated code finds idem.
-fn crate_path(value: &Expr, errors: &mut Errors) -> Option<Path> {
-    let path = path_value(value);
-    if path.is_some() {
-        return path;
-    }
-    errors.spanned(
-        value,
-        "`crate` takes the path at which idem is reachable, e.g. `crate = \"::idem\"` or `crate = \"my_app::idem\"`",
-    );
-    None
-}
-
 impl IdempotentArgs {
     /// One error naming every required option that is absent, with a complete example. `store` is
     /// not needed with `tx`: the transaction carries its store.
     fn check_missing(&mut self, options: &Options) {
-        let required: &[&'static str] = if options.has("tx") {
-            &["biz", "key"]
-        } else {
-            &["biz", "key", "store"]
-        };
-        let missing = options.missing(required);
-        if missing.is_empty() {
-            return;
-        }
-        let names = match missing.as_slice() {
-            [one] => format!("`{one}`"),
-            [first, second] => format!("`{first}` and `{second}`"),
-            _ => "`biz`, `key` and `store`".to_owned(),
-        };
-        let meanings: Vec<&str> = missing
-            .iter()
-            .map(|name| match *name {
-                "biz" => "`biz` names the business action",
-                "key" => "`key` is the caller's idempotency key, built from the parameters",
-                _ => "`store` says where records live",
-            })
-            .collect();
-        let message = format!(
-            "missing {names} in `#[idempotent]` ({}); write e.g. `{EXAMPLE}`",
-            meanings.join(", ")
+        const BIZ: Required = req("biz", "`biz` names the business action");
+        const KEY: Required = req(
+            "key",
+            "`key` is the caller's idempotency key, built from the parameters",
         );
-        self.errors.push(options.error_at(message));
+        const STORE: Required = req("store", "`store` says where records live");
+        let required: &[Required] = if options.has("tx") {
+            &[BIZ, KEY]
+        } else {
+            &[BIZ, KEY, STORE]
+        };
+        if let Some(error) = options.missing_error(&OPTIONS, required, EXAMPLE) {
+            self.errors.push(error);
+        }
     }
 
     /// With `tx`, the store is the one the transaction was begun on, by construction; a `store`

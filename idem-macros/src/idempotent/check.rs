@@ -4,18 +4,29 @@
 //! The output is a [`Spec`]: everything code generation needs, with no `Option` left to unwrap.
 
 use proc_macro2::Span;
-use syn::{Expr, Ident, ItemFn, LitStr, Path, ReturnType, Signature, Type};
+use syn::{Expr, Ident, ItemFn, LitStr, Path};
 
-use super::args::{self, IdempotentArgs, InProgress, StoreSpec};
+use super::args::{self, IdempotentArgs, InProgress};
 use crate::common::diag::{self, Errors};
 use crate::common::expr_arg::ExprArg;
 use crate::common::key_scan::{Role, check_expr_arg};
-use crate::common::signature::{AsyncNeed, ResultType, check_async, parameters, peel, result_type};
+use crate::common::signature::{
+    AsyncNeed, ResultShape, ReturnNeed, check_async, check_return, parameters,
+};
+use crate::common::store_arg::{RECORD_STORES, StoreSpec, check_store_expr};
 
 const ASYNC: AsyncNeed = AsyncNeed {
     macro_name: "#[idempotent]",
     awaits: "claiming the key and storing the result await the store",
     run_time: "claiming and storing the result are run-time work",
+};
+
+const RETURN: ReturnNeed = ReturnNeed {
+    want: "`#[idempotent]` needs a fn that returns `Result<T, E>` where `T: Serialize + \
+        DeserializeOwned` (the result is stored and replayed) and `E: From<idem::IdemError>`",
+    named: "`#[idempotent]` needs a named type here: the result is stored and replayed, which an \
+        `impl Trait` type cannot promise; write the concrete type",
+    example: "Result<Receipt, PayError>",
 };
 
 /// Everything the expansion needs, checked.
@@ -37,15 +48,6 @@ pub(crate) struct Spec {
     pub(crate) ret: ResultShape,
 }
 
-/// The fn's return type: `Result<T, E>`, or an alias whose `Ok` / `Err` types the type checker finds.
-pub(crate) struct ResultShape {
-    pub(crate) ret_ty: Type,
-    /// The `Ok` type as written; `None` for an alias other than `…::Result<T>` (`ShopResult<T>`).
-    pub(crate) ok_ty: Option<Type>,
-    /// The error type as written; `None` for a one-argument alias (`anyhow::Result<T>`).
-    pub(crate) err_ty: Option<Type>,
-}
-
 /// Checks `args` against `item`; every error found, in the order the user reads them.
 pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
     let IdempotentArgs {
@@ -63,7 +65,7 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
     } = args;
 
     check_async(&item.sig, &ASYNC, &mut errors);
-    let ret = check_return(&item.sig, &mut errors);
+    let ret = check_return(&item.sig, &RETURN, &mut errors);
     let params = parameters(&item.sig);
     let fn_name = item.sig.ident.to_string();
     if let Some(key) = &key {
@@ -90,7 +92,7 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
         }
     }
     if let Some(StoreSpec::Given(expr)) = &store {
-        check_store_expr(expr, &params, &mut errors);
+        check_store_expr(expr, &params, &RECORD_STORES, &mut errors);
     }
     errors.finish()?;
 
@@ -125,52 +127,6 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
     }
 }
 
-/// The fn returns `Result<T, E>` (or an alias of it) with named `Ok` and error types.
-fn check_return(sig: &Signature, errors: &mut Errors) -> Option<ResultShape> {
-    const WANT: &str = "`#[idempotent]` needs a fn that returns `Result<T, E>` where `T: Serialize + \
-        DeserializeOwned` (the result is stored and replayed) and `E: From<idem::IdemError>`";
-    let ret_ty = match &sig.output {
-        ReturnType::Type(_, ty) => &**ty,
-        ReturnType::Default => {
-            errors.at(
-                sig.ident.span(),
-                format!("{WANT}; add a return type, e.g. `-> Result<Receipt, PayError>`"),
-            );
-            return None;
-        }
-    };
-    let (ok_ty, err_ty, written) = match result_type(ret_ty) {
-        ResultType::Named { ok, err } => (Some(ok), err, vec![Some(ok), err]),
-        // The type checker finds `Ok` and `Err` (and says so when it is no `Result`).
-        ResultType::Alias { first } => (None, None, vec![Some(first)]),
-        ResultType::NotResult => {
-            errors.spanned(
-                ret_ty,
-                format!(
-                    "{WANT}; wrap the return type in `Result`, e.g. `-> Result<Receipt, PayError>`"
-                ),
-            );
-            return None;
-        }
-    };
-    let mut concrete = true;
-    for ty in written.into_iter().flatten() {
-        if let Type::ImplTrait(_) = peel(ty) {
-            errors.spanned(
-                ty,
-                "`#[idempotent]` needs a named type here: the result is stored and replayed, which an \
-                 `impl Trait` type cannot promise; write the concrete type",
-            );
-            concrete = false;
-        }
-    }
-    concrete.then(|| ResultShape {
-        ret_ty: ret_ty.clone(),
-        ok_ty: ok_ty.cloned(),
-        err_ty: err_ty.cloned(),
-    })
-}
-
 /// `tx = "tx"` must name a parameter.
 fn check_tx(tx: &Ident, params: &[String], fn_name: &str, errors: &mut Errors) {
     let name = tx.to_string();
@@ -192,27 +148,4 @@ fn check_tx(tx: &Ident, params: &[String], fn_name: &str, errors: &mut Errors) {
         )
     };
     errors.at(tx.span(), message);
-}
-
-/// `store = sqlite` (bare) where `store = "sqlite"` was meant.
-fn check_store_expr(expr: &Expr, params: &[String], errors: &mut Errors) {
-    let Expr::Path(path) = expr else { return };
-    let Some(ident) = path.path.get_ident() else {
-        return;
-    };
-    let name = ident.to_string();
-    if path.qself.is_some()
-        || params.contains(&name)
-        || !name.starts_with(|c: char| c.is_lowercase())
-    {
-        return;
-    }
-    errors.at(
-        ident.span(),
-        format!(
-            "`store = {name}` names no parameter; to use the store registered as `{name}`, write \
-             `store = \"{name}\"`; to pass a store, give an expression such as `store = self.store` or \
-             `store = STORE`"
-        ),
-    );
 }

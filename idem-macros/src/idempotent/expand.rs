@@ -1,92 +1,48 @@
 //! Code generation for `#[idempotent]`: keep the fn's attributes, visibility and signature, replace the
 //! body by claim → run the original body → mark, through `<idem>::__private`.
 
-use proc_macro2::{Delimiter, Group, Literal, Span, TokenStream};
+use proc_macro2::{Literal, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Expr, ItemFn};
 
-use super::args::StoreSpec;
 use super::check::Spec;
 use crate::common::body;
-use crate::common::diag::{self, located_at};
+use crate::common::diag::located_at;
+use crate::common::store_arg::{self, RECORD_STORES};
+use crate::common::wrap;
 
 /// The expansion of a checked `#[idempotent]` fn.
 pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
-    let private = private_path(spec);
-    let stmts = &item.block.stmts;
+    let private = wrap::private_path(spec.krate.as_ref());
+    let ret = &spec.ret;
 
     // The bound checks are calls of their own, spanned at the user's types: an Ok type that cannot be
-    // stored or an error type without `From<IdemError>` is reported at that type, with the runtime's
-    // `#[diagnostic::on_unimplemented]` message. A type the signature does not spell out (the `Err` of
-    // `anyhow::Result<T>`, both of `ShopResult<T>`) is named through the return type, and reported there.
-    let ret_ty = &spec.ret.ret_ty;
-    let ret_span = ret_ty.span();
-    let (ok_ty, ok_span) = match &spec.ret.ok_ty {
-        Some(ok_ty) => (quote!(#ok_ty), ok_ty.span()),
-        None => (result_part(ret_ty, &private, "Ok"), ret_span),
-    };
-    let (err_ty, err_span) = match &spec.ret.err_ty {
-        Some(err_ty) => (quote!(#err_ty), err_ty.span()),
-        None => (result_part(ret_ty, &private, "Err"), ret_span),
-    };
+    // stored or an error type without `From<IdemError>` is reported at that type (see `wrap`). The
+    // checks return proofs (encoder/decoder, error conversion) that the engine calls take instead of
+    // bounds of their own, so a bad type is reported once, at the type.
     let ok_check = {
+        let (ok_ty, ok_span) = wrap::ok_type(ret, &private);
         let private = located_at(private.clone(), ok_span);
         let name = body::binding("__idem_ok");
         quote_spanned!(ok_span=> let #name = <#ok_ty as #private::Storable>::proof();)
     };
-    let err_check = {
-        let private = located_at(private.clone(), err_span);
-        let name = body::binding("__idem_err");
-        quote_spanned!(err_span=> let #name = <#err_ty as #private::CarriesIdemError>::proof();)
-    };
-    // The checks return proofs (encoder/decoder, error conversion) that the engine calls take
-    // instead of bounds of their own, so a bad type is reported once, at the type. Types named
-    // through the return type are left to inference here: the engine calls are spanned elsewhere, and
-    // the same projection at another span would repeat its error.
-    let alias = spec.ret.ok_ty.is_none();
-    let (ok_arg, err_arg) = match (&spec.ret.ok_ty, &spec.ret.err_ty) {
-        (Some(ok), Some(err)) => (quote!(#ok), quote!(#err)),
-        (Some(ok), None) => (quote!(#ok), quote!(_)),
-        (None, _) => (quote!(_), quote!(_)),
-    };
+    let err_check = wrap::err_check(ret, &private);
+    let (ok_arg, err_arg) = wrap::type_args(ret);
 
     let call = call(spec, &private);
     let (use_as_store, store_arg) = match &spec.store {
-        Some(store) => store_arg(store, &private),
+        Some(store) => store_arg::store_arg(store, &RECORD_STORES, &private),
         None => (TokenStream::new(), TokenStream::new()),
     };
-    let fake_return = body::fake_return(&quote!(#ret_ty), ret_span);
-    // The user's body, as the engine takes it: an async block that yields `Result<T, E>`. For an
-    // alias, the body yields the declared type and `IsResult::into_result` (the identity) makes it a
-    // `Result`, so a return type that is no `Result` fails there, once, and nowhere else.
-    let user_body = if alias {
-        let into_result = over_tokens(ret_ty, &private, "into_result", quote!(__idem_out));
-        quote! {
-            async {
-                let __idem_out = async {
-                    #fake_return
-                    #(#stmts)*
-                }
-                .await;
-                #into_result
-            }
-        }
-    } else {
-        quote! {
-            async {
-                #fake_return
-                #(#stmts)*
-            }
-        }
-    };
+    let user_body = wrap::user_body(ret, &private, &item.block.stmts);
 
     let body = match &spec.tx {
         None => {
             // What the engine call itself reports (outside the checks above) is shown at the return
             // type, not at the attribute.
-            let run = engine_call(
-                return_type_anchor(spec),
+            let run = wrap::engine_call(
+                wrap::return_type_anchor(ret),
                 &private,
                 quote!(run::<#ok_arg, #err_arg, _>),
                 quote!(#store_arg, __idem_call, __idem_ok, __idem_err, #user_body),
@@ -102,13 +58,13 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
                 quote_spanned!(span=> #private::JoinableTx::joinable(&*#tx);)
             };
             let conn = quote_spanned!(span=> &mut *#tx);
-            let claim = engine_call(
+            let claim = wrap::engine_call(
                 span,
                 &private,
                 quote!(tx_claim::<#ok_arg, _>),
                 quote!(__idem_call, __idem_ok, #conn),
             );
-            let finish = engine_call(
+            let finish = wrap::engine_call(
                 span,
                 &private,
                 quote!(tx_finish::<#ok_arg, #err_arg, _>),
@@ -142,18 +98,7 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
         }
     };
 
-    // An alias the type checker resolves: the engine's `Result` becomes the declared type through
-    // `IsResult::from_result`, whose path covers exactly the return type's tokens, so a return type
-    // that is no `Result` is reported once, with the projections above.
-    let body = if alias {
-        let from_result = over_tokens(ret_ty, &private, "from_result", quote!(__idem_result));
-        quote! {
-            let __idem_result = async { #body }.await;
-            #from_result
-        }
-    } else {
-        body
-    };
+    let body = wrap::declared(ret, &private, body);
 
     body::rewrap(
         item,
@@ -166,42 +111,6 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
             #body
         },
     )
-}
-
-/// `<private>::<function>(<args>).await`, with the path, the parentheses and `.await` all at `anchor`.
-///
-/// An `async fn`'s bounds are checked again where its future is built and where it is awaited; those
-/// errors carry the span of the call expression and of `.await`. Putting every token of them on one
-/// user token shows such an error there, instead of on the whole attribute.
-fn engine_call(
-    anchor: Span,
-    private: &TokenStream,
-    function: TokenStream,
-    args: TokenStream,
-) -> TokenStream {
-    let path = diag::respan(quote!(#private::#function), anchor);
-    let mut args = Group::new(Delimiter::Parenthesis, args);
-    args.set_span(anchor);
-    let await_ = quote_spanned!(anchor=> .await);
-    quote!(#path #args #await_)
-}
-
-/// The first token of the return type (`Result` in `-> Result<T, E>`).
-fn return_type_anchor(spec: &Spec) -> Span {
-    spec.ret
-        .ret_ty
-        .to_token_stream()
-        .into_iter()
-        .next()
-        .map_or_else(Span::call_site, |token| token.span())
-}
-
-/// `::idem::__private`, or `<crate = "…">::__private`.
-fn private_path(spec: &Spec) -> TokenStream {
-    match &spec.krate {
-        Some(path) => quote!(#path::__private),
-        None => quote!(::idem::__private),
-    }
 }
 
 /// `Call::new(biz, &key).ttl(..).lease(..)` plus the optional parts.
@@ -252,58 +161,4 @@ fn borrow_tuple(expr: &Expr) -> TokenStream {
     });
     // `(a,)`: a one-element tuple keeps its comma.
     quote_spanned!(expr.span()=> (#(#elems,)*))
-}
-
-/// The `StoreArg`, and the import its method call needs.
-fn store_arg(store: &StoreSpec, private: &TokenStream) -> (TokenStream, TokenStream) {
-    match store {
-        StoreSpec::Named(name) => (TokenStream::new(), quote!(#private::StoreArg::Named(#name))),
-        StoreSpec::Given(expr) => {
-            // Method syntax on `&(expr)`: `AsStore` matches a store, an `Arc` of one or a
-            // `dyn Store` at once; `AsStoreRef` one auto-ref later matches a reference to a store,
-            // and for anything else fails with `AsStore`'s message rather than "no method found".
-            // Spanned at the expression so a value that is not a store is reported there.
-            let span = expr.span();
-            let as_store = quote_spanned!(span=> (&(#expr)).as_idem_store());
-            (
-                quote!(use #private::{AsStore as _, AsStoreRef as _};),
-                quote!(#private::StoreArg::Given(#as_store)),
-            )
-        }
-    }
-}
-
-/// `<Ret as IsResult>::item(arg)`, its first token at the return type's first token and its last at
-/// the return type's last: rustc reports an unmet bound of this call at the same place as one of the
-/// projections `<Ret as IsResult>::Ok`, and then only once.
-fn over_tokens(
-    ret_ty: &syn::Type,
-    private: &TokenStream,
-    item: &str,
-    arg: TokenStream,
-) -> TokenStream {
-    let tokens = ret_ty.to_token_stream();
-    let first = tokens.clone().into_iter().next().map(|t| t.span());
-    let last = tokens.into_iter().last().map(|t| t.span());
-    let (Some(first), Some(last)) = (first, last) else {
-        let item = syn::Ident::new(item, Span::call_site());
-        return quote!(<#ret_ty as #private::IsResult>::#item(#arg));
-    };
-    let private = located_at(private.clone(), last);
-    let item = syn::Ident::new(item, last);
-    let open = quote_spanned!(first=> <);
-    let mut args = Group::new(Delimiter::Parenthesis, arg);
-    args.set_span(last);
-    let rest = quote_spanned!(last=> as #private::IsResult>::#item);
-    quote!(#open #ret_ty #rest #args)
-}
-
-/// `<Ret as IsResult>::Ok`: a part of the return type the signature does not spell out, found by the
-/// type checker; a return type that is no `Result` is reported once, at the return type, with the
-/// runtime's message.
-fn result_part(ret_ty: &syn::Type, private: &TokenStream, part: &str) -> TokenStream {
-    let span = ret_ty.span();
-    let private = located_at(private.clone(), span);
-    let part = syn::Ident::new(part, span);
-    quote_spanned!(span=> <#ret_ty as #private::IsResult>::#part)
 }

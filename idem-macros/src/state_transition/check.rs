@@ -60,7 +60,7 @@ pub(super) fn check(mut args: Args, item: &ItemFn) -> syn::Result<Spec> {
     check_async(&item.sig, &ASYNC, &mut errors);
     let missing = args.options.missing(&["from", "to"]);
     if !missing.is_empty() {
-        let names = diag::backticked(missing.iter().copied()).replace(", ", " and ");
+        let names = diag::backticked_and(missing.iter().copied());
         errors.push(args.options.error_at(format!(
             "`#[state_transition]` is missing {names}, e.g. `{EXAMPLE}`"
         )));

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::engine::snapshot::{ErrType, OkType};
-use crate::{IdemError, Store};
+use crate::{IdemError, Store, TokenStore};
 
 /// Turns what `store = <expr>` names into a `&dyn Store` (method syntax, so references and
 /// smart pointers auto-deref).
@@ -18,6 +18,10 @@ pub trait AsStore {
     fn as_idem_store(&self) -> &dyn Store;
 }
 
+// `do_not_recommend`: a value that is no store is reported as "not an `AsStore`" with the message
+// above, and rustc lists `AsStore`'s few impls, not every `Store` the enabled features bring (a
+// list that would differ between feature sets).
+#[diagnostic::do_not_recommend]
 impl<S: Store> AsStore for S {
     fn as_idem_store(&self) -> &dyn Store {
         self
@@ -59,6 +63,96 @@ impl<T: ?Sized> AsStoreRef for &T {
         T: AsStore,
     {
         (**self).as_idem_store()
+    }
+}
+
+/// Turns what `#[consume_token(store = <expr>)]` names into a `&dyn TokenStore`, like [`AsStore`]
+/// for record stores.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a token store",
+    label = "`store = …` must be a token store's registered name in quotes, or an expression yielding an `idem::TokenStore`",
+    note = "pass `store = \"name\"` after `idem::register_tokens(\"name\", tokens)`, or an `Arc<T>` / `T` where `T: idem::TokenStore`: a store's tokens are `store.tokens()` (`SqliteStore`, `RedisStore`), or an `idem::MemoryTokens`"
+)]
+pub trait AsTokenStore {
+    /// The token store.
+    fn as_idem_token_store(&self) -> &dyn TokenStore;
+}
+
+// `do_not_recommend`, as for `AsStore`.
+#[diagnostic::do_not_recommend]
+impl<T: TokenStore> AsTokenStore for T {
+    fn as_idem_token_store(&self) -> &dyn TokenStore {
+        self
+    }
+}
+
+impl AsTokenStore for dyn TokenStore {
+    fn as_idem_token_store(&self) -> &dyn TokenStore {
+        self
+    }
+}
+
+impl<T: AsTokenStore + ?Sized> AsTokenStore for Arc<T> {
+    fn as_idem_token_store(&self) -> &dyn TokenStore {
+        (**self).as_idem_token_store()
+    }
+}
+
+/// The second choice of `(&(expr)).as_idem_token_store()`, as [`AsStoreRef`] is for record
+/// stores: a reference to a token store, and [`AsTokenStore`]'s message for anything else.
+pub trait AsTokenStoreRef {
+    /// What the reference points at.
+    type Target: ?Sized;
+
+    /// The token store behind the reference (the bound on the method is what fails).
+    fn as_idem_token_store(&self) -> &dyn TokenStore
+    where
+        Self::Target: AsTokenStore;
+}
+
+impl<T: ?Sized> AsTokenStoreRef for &T {
+    type Target = T;
+
+    fn as_idem_token_store(&self) -> &dyn TokenStore
+    where
+        T: AsTokenStore,
+    {
+        (**self).as_idem_token_store()
+    }
+}
+
+/// What `#[consume_token(token = …)]` may read: text. The generated code calls
+/// `TokenText::token_text(&(expr))` spanned at the expression.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a submit token",
+    label = "`token` must be text: a `String`, a `&str`, or any `AsRef<str>`",
+    note = "read the token the page submitted, e.g. `token = \"form.token\"` for a `token: String` field"
+)]
+pub trait TokenText {
+    /// The token, copied (the body may move what it was read from).
+    fn token_text(&self) -> String;
+}
+#[diagnostic::do_not_recommend]
+impl<T: AsRef<str> + ?Sized> TokenText for T {
+    fn token_text(&self) -> String {
+        self.as_ref().to_owned()
+    }
+}
+
+/// What `#[consume_token(subject = …)]` may read: text, like [`TokenText`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a token subject",
+    label = "`subject` must be text: a `String`, a `&str`, or any `AsRef<str>`",
+    note = "give the subject the token was issued to as text, e.g. `subject = \"session.user_id.to_string()\"` for a number"
+)]
+pub trait SubjectText {
+    /// The subject, copied.
+    fn subject_text(&self) -> String;
+}
+#[diagnostic::do_not_recommend]
+impl<T: AsRef<str> + ?Sized> SubjectText for T {
+    fn subject_text(&self) -> String {
+        self.as_ref().to_owned()
     }
 }
 

@@ -1,6 +1,7 @@
 //! `#[idempotent]`'s option parser.
 
 use crate::common::diag;
+use crate::common::store_arg::StoreSpec;
 use crate::idempotent::args::*;
 use proc_macro2::TokenStream;
 use quote::quote;

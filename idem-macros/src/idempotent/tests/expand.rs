@@ -1,6 +1,7 @@
 //! `#[idempotent]`'s expansion and its fallback.
 
 use crate::idempotent::*;
+use quote::quote;
 
 fn expand(args: TokenStream, item: TokenStream) -> String {
     idempotent(args, item).to_string()

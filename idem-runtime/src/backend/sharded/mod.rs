@@ -31,7 +31,7 @@ pub use tx::ShardedTx;
 ///
 /// ```
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// use idem_runtime::{Call, IdemError, ShardedStore, SqliteStore};
+/// use idem_runtime::{Call, IdemError, ShardedStore, SqliteStore, Store};
 /// let mut shards = Vec::new();
 /// for _ in 0..4 {
 ///     let shard = SqliteStore::in_memory().await?;

@@ -1,0 +1,12 @@
+use idem::consume_token;
+
+#[path = "support/form.rs"]
+mod form_types;
+use form_types::*;
+
+#[consume_token(token = "form.token", store = "tokens", crate = 42)]
+async fn place(form: &OrderForm) -> Result<Order, ShopError> {
+    Ok(Order { item: form.item.clone() })
+}
+
+fn main() {}

@@ -1,0 +1,15 @@
+use idem::consume_token;
+
+#[path = "support/form.rs"]
+mod form_types;
+use form_types::*;
+
+#[derive(Debug)]
+pub struct CartError;
+
+#[consume_token(token = "form.token", store = "tokens")]
+async fn place(form: &OrderForm) -> Result<Order, CartError> {
+    Ok(Order { item: form.item.clone() })
+}
+
+fn main() {}

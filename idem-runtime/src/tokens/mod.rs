@@ -124,6 +124,24 @@ impl Refusal {
     }
 }
 
+/// A token as a store found it, for telling why a consume or restore changed nothing.
+pub(crate) struct Found<'a> {
+    pub subject: &'a str,
+    pub live: bool,
+}
+
+/// Why a consume (`spending`) or a restore of a token for `subject` changed nothing: a live token
+/// of the subject that did not change was spent already (consume) or not spent (restore).
+pub(crate) fn refusal(found: Option<Found<'_>>, subject: &str, spending: bool) -> Refusal {
+    match found {
+        None => Refusal::Unknown,
+        Some(f) if !f.live => Refusal::Expired,
+        Some(f) if f.subject != subject => Refusal::OtherSubject,
+        Some(_) if spending => Refusal::Used,
+        Some(_) => Refusal::NotUsed,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,23 +165,5 @@ mod tests {
         );
         assert!(subject_of(Some(&"u".repeat(129))).is_err());
         assert_eq!(subject_of(None).unwrap(), "");
-    }
-}
-
-/// A token as a store found it, for telling why a consume or restore changed nothing.
-pub(crate) struct Found<'a> {
-    pub subject: &'a str,
-    pub live: bool,
-}
-
-/// Why a consume (`spending`) or a restore of a token for `subject` changed nothing: a live token
-/// of the subject that did not change was spent already (consume) or not spent (restore).
-pub(crate) fn refusal(found: Option<Found<'_>>, subject: &str, spending: bool) -> Refusal {
-    match found {
-        None => Refusal::Unknown,
-        Some(f) if !f.live => Refusal::Expired,
-        Some(f) if f.subject != subject => Refusal::OtherSubject,
-        Some(_) if spending => Refusal::Used,
-        Some(_) => Refusal::NotUsed,
     }
 }

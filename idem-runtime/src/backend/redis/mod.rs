@@ -4,7 +4,7 @@
 //! is one Lua script (`scripts.rs`), sent as EVALSHA and loaded again on NOSCRIPT.
 
 mod conn;
-mod scripts;
+pub(crate) mod scripts;
 mod tokens;
 
 pub use tokens::RedisTokens;

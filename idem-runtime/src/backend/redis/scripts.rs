@@ -22,7 +22,7 @@ local now = math.floor(now_us / 1000)
 
 /// KEYS[1] the record; ARGV: fingerprint (`""` for none), lease ms, ttl ms, offset ms.
 /// Returns `{'A', attempt, fence, how}`, `{'R', result}`, `{'M'}` or `{'P', ms left}`.
-pub(super) const CLAIM: &str = concat!(
+pub const CLAIM: &str = concat!(
     prelude!(),
     r#"
 local fp, lease, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -61,7 +61,7 @@ return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover')
 
 /// KEYS[1]; ARGV: fence, result, offset. 1 when the record was PROCESSING under the fence (or is
 /// already SUCCEEDED under it: a mark sent again after a lost reply).
-pub(super) const COMPLETE: &str = r#"
+pub const COMPLETE: &str = r#"
 local rec = redis.call('HMGET', KEYS[1], 's', 'f')
 if rec[2] ~= ARGV[1] then return 0 end
 if rec[1] == 'SUCCEEDED' then return 1 end

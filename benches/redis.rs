@@ -119,14 +119,14 @@ impl Contender for Floor {
             .await
             .unwrap();
         match reply.as_slice() {
-            [Value::BulkString(tag), _attempt, Value::BulkString(fence), _how] if tag == b"A" => {
+            [Value::BulkString(tag), _attempt, Value::Int(fence), _how] if tag == b"A" => {
                 let receipt = receipt(k);
                 let snapshot = serde_json::to_vec(&receipt).unwrap();
                 // ARGV: fence, result, offset.
                 let changed: i64 = self
                     .complete
                     .key(&key)
-                    .arg(&fence[..])
+                    .arg(*fence)
                     .arg(snapshot)
                     .arg(0)
                     .invoke_async(&mut conn)
@@ -166,6 +166,9 @@ async fn timed<C: Contender>(c: &C, keys: std::ops::Range<u64>, tasks: u64) -> f
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let n = v.len();
     if n % 2 == 1 {
@@ -205,6 +208,7 @@ async fn measure(
     calls: u64,
     rounds: usize,
     run_id: &str,
+    picked: [bool; 3],
 ) -> Figures {
     static CLAIM: std::sync::LazyLock<Script> =
         std::sync::LazyLock::new(|| Script::new(redis_scripts::CLAIM));
@@ -224,10 +228,9 @@ async fn measure(
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_response_timeout(Some(Duration::from_secs(10)))
         .set_connection_timeout(Some(Duration::from_secs(2)));
-    let conn =
-        ConnectionManager::new_with_config(redis::Client::open(url).unwrap(), config)
-            .await
-            .unwrap();
+    let conn = ConnectionManager::new_with_config(redis::Client::open(url).unwrap(), config)
+        .await
+        .unwrap();
     let floor = Floor {
         conn,
         claim: &CLAIM,
@@ -241,15 +244,24 @@ async fn measure(
     // A warm-up round, not counted: connections up, scripts loaded, allocator and caches warm.
     let warm = (calls / 5).max(tasks);
     let base = 1_000_000_000u64;
-    timed(&call, base..base + warm, tasks).await;
-    timed(&mac, base..base + warm, tasks).await;
-    timed(&floor, base..base + warm, tasks).await;
+    if picked[0] {
+        timed(&call, base..base + warm, tasks).await;
+    }
+    if picked[1] {
+        timed(&mac, base..base + warm, tasks).await;
+    }
+    if picked[2] {
+        timed(&floor, base..base + warm, tasks).await;
+    }
 
     let mut figures = Figures::default();
     for round in 0..rounds {
         let keys = (round as u64 * calls)..(round as u64 + 1) * calls;
         for i in 0..3 {
             let who = (round + i) % 3;
+            if !picked[who] {
+                continue;
+            }
             let (first, replay) = match who {
                 0 => (
                     timed(&call, keys.clone(), tasks).await,
@@ -267,14 +279,15 @@ async fn measure(
             figures.ops[who][0].push(first);
             figures.ops[who][1].push(replay);
         }
+        let at = |who: usize, w: usize| figures.ops[who][w].last().copied().unwrap_or(f64::NAN);
         eprintln!(
             "  {mode} round {round}: first {:.0} / {:.0} / {:.0}, replay {:.0} / {:.0} / {:.0} (call / macro / floor)",
-            figures.ops[0][0][round],
-            figures.ops[1][0][round],
-            figures.ops[2][0][round],
-            figures.ops[0][1][round],
-            figures.ops[1][1][round],
-            figures.ops[2][1][round],
+            at(0, 0),
+            at(1, 0),
+            at(2, 0),
+            at(0, 1),
+            at(1, 1),
+            at(2, 1),
         );
     }
     // Leave nothing behind: the keys of this mode (they would expire within the TTL anyway).
@@ -338,8 +351,25 @@ fn main() {
     let rounds: usize = env("IDEM_BENCH_ROUNDS")
         .and_then(|s| s.parse().ok())
         .unwrap_or(9);
-    // IDEM_BENCH_ONLY=seq|c64: one mode only.
-    let only = env("IDEM_BENCH_ONLY");
+    // IDEM_BENCH_ONLY: a comma-separated choice of modes (seq, c64) and contenders (idem-call,
+    // idem-macro, floor), e.g. `c64,floor` to profile one; or `scripts`: load the claim and
+    // complete scripts and print their SHA1s (for redis-benchmark's EVALSHA), nothing else.
+    let only: Vec<String> = env("IDEM_BENCH_ONLY")
+        .map(|s| s.split(',').map(|t| t.trim().to_owned()).collect())
+        .unwrap_or_default();
+    let modes: Vec<&str> = ["seq", "c64"]
+        .into_iter()
+        .filter(|m| only.iter().any(|t| t == m))
+        .collect();
+    let modes = if modes.is_empty() {
+        vec!["seq", "c64"]
+    } else {
+        modes
+    };
+    let mut picked = NAMES.map(|n| only.iter().any(|t| t == n));
+    if picked == [false; 3] {
+        picked = [true; 3];
+    }
     let calls = |base: u64| ((base as f64 * scale) as u64).max(64) / 64 * 64;
 
     let seq_rt = tokio::runtime::Builder::new_current_thread()
@@ -350,26 +380,43 @@ fn main() {
         println!("skipped: Redis at {url} is unreachable ({e})");
         return;
     }
+    if only.iter().any(|t| t == "scripts") {
+        seq_rt.block_on(async {
+            let client = redis::Client::open(url.as_str()).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            for (name, text) in [
+                ("claim", redis_scripts::CLAIM),
+                ("complete", redis_scripts::COMPLETE),
+            ] {
+                let sha: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(text)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                println!("script {name} {sha}");
+            }
+        });
+        return;
+    }
     let run_id = std::process::id().to_string();
-    println!(
-        "idem on Redis ({url}), {rounds} rounds, median of per-round ratios; scale {scale}\n"
-    );
+    println!("idem on Redis ({url}), {rounds} rounds, median of per-round ratios; scale {scale}\n");
 
     let mut results = Vec::new();
-    if only.as_deref() != Some("c64") {
+    if modes.contains(&"seq") {
         let n = calls(5_000);
-        let f = seq_rt.block_on(measure(&url, "seq", 1, n, rounds, &run_id));
+        let f = seq_rt.block_on(measure(&url, "seq", 1, n, rounds, &run_id, picked));
         results.push(("seq", "1 task", n, f));
     }
     drop(seq_rt);
-    if only.as_deref() != Some("seq") {
+    if modes.contains(&"c64") {
         let multi_rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
         let n = calls(20_000);
-        let f = multi_rt.block_on(measure(&url, "c64", 64, n, rounds, &run_id));
+        let f = multi_rt.block_on(measure(&url, "c64", 64, n, rounds, &run_id, picked));
         results.push(("c64", "64 tasks", n, f));
     }
 
@@ -377,9 +424,9 @@ fn main() {
         "{:<38} {:>12} {:>12}",
         "scenario (calls/s, median)", "first", "replay"
     );
-    for (mode, label, n, f) in &results {
+    for (_, label, n, f) in &results {
         println!("-- {label} ({n} keys per contender per round)");
-        for (i, name) in NAMES.iter().enumerate() {
+        for (i, name) in NAMES.iter().enumerate().filter(|(i, _)| picked[*i]) {
             println!(
                 "{:<38} {:>12.0} {:>12.0}",
                 name,
@@ -387,19 +434,20 @@ fn main() {
                 median(f.ops[i][1].clone())
             );
         }
-        for (i, name) in NAMES.iter().enumerate().take(2) {
-            println!(
-                "{:<38} {:>12.3} {:>12.3}",
-                format!("ratio {name} / floor"),
-                f.ratio(i, 2, 0),
-                f.ratio(i, 2, 1)
-            );
+        if picked[2] {
+            for (i, name) in NAMES.iter().enumerate().take(2).filter(|(i, _)| picked[*i]) {
+                println!(
+                    "{:<38} {:>12.3} {:>12.3}",
+                    format!("ratio {name} / floor"),
+                    f.ratio(i, 2, 0),
+                    f.ratio(i, 2, 1)
+                );
+            }
         }
-        let _ = mode;
     }
     println!();
     for (mode, _, _, f) in &results {
-        for (i, name) in NAMES.iter().enumerate() {
+        for (i, name) in NAMES.iter().enumerate().filter(|(i, _)| picked[*i]) {
             for (w, workload) in ["first", "replay"].iter().enumerate() {
                 println!(
                     "calls/s {name} {mode} {workload} {:.0}",

@@ -113,6 +113,16 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
+/// A reply's string, borrowed (empty for anything else): the tags a script answers with are
+/// compared, not kept.
+fn bytes(v: &Value) -> &[u8] {
+    match v {
+        Value::BulkString(b) => b,
+        Value::SimpleString(s) => s.as_bytes(),
+        _ => b"",
+    }
+}
+
 impl Records {
     fn key(&self, biz: &str, key: &str) -> String {
         record_key(&self.prefix, biz, key)
@@ -120,7 +130,7 @@ impl Records {
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         let mut conn = self.conn.clone();
-        let reply: Vec<Value> = CLAIM
+        let mut reply: Vec<Value> = CLAIM
             .key(self.key(req.biz, req.key))
             .arg(req.fingerprint.unwrap_or(""))
             .arg(millis(req.lease))
@@ -129,16 +139,20 @@ impl Records {
             .invoke_async(&mut conn)
             .await
             .map_err(redis_error)?;
-        let tag = reply.first().and_then(text).unwrap_or_default();
-        match (tag.as_str(), reply.as_slice()) {
-            ("A", [_, attempt, fence, how]) => {
+        // The script's tag: one letter.
+        let tag = match reply.first().map(bytes) {
+            Some(&[letter]) => letter,
+            _ => 0,
+        };
+        match (tag, reply.as_mut_slice()) {
+            (b'A', [_, attempt, fence, how]) => {
                 let attempt = u32::try_from(int(attempt, "attempt")?)
                     .map_err(|_| IdemError::store("attempt out of range"))?;
                 let fence = u64::try_from(int(fence, "fence")?)
                     .map_err(|_| IdemError::store("fence out of range"))?;
-                let how = match text(how).as_deref() {
-                    Some("retry") => Acquired::RetryAfterFailure,
-                    Some("takeover") => Acquired::TakeOver,
+                let how = match bytes(how) {
+                    b"retry" => Acquired::RetryAfterFailure,
+                    b"takeover" => Acquired::TakeOver,
                     _ => Acquired::Fresh,
                 };
                 Ok(ClaimOutcome::Acquired {
@@ -149,14 +163,15 @@ impl Records {
                     how,
                 })
             }
-            ("R", [_, result]) => Ok(ClaimOutcome::Replay {
-                snapshot: match result {
-                    Value::BulkString(b) => b.clone(),
+            // The reply is ours: the stored result moves out of it, uncopied.
+            (b'R', [_, result]) => Ok(ClaimOutcome::Replay {
+                snapshot: match std::mem::replace(result, Value::Nil) {
+                    Value::BulkString(b) => b,
                     _ => Vec::new(),
                 },
             }),
-            ("M", _) => Ok(ClaimOutcome::Mismatch),
-            ("P", [_, left]) => Ok(ClaimOutcome::InProgress {
+            (b'M', _) => Ok(ClaimOutcome::Mismatch),
+            (b'P', [_, left]) => Ok(ClaimOutcome::InProgress {
                 retry_after: Duration::from_millis(u64::try_from(int(left, "lease")?).unwrap_or(0)),
             }),
             _ => Err(IdemError::store(format!(
@@ -176,7 +191,8 @@ impl Records {
     ) -> Result<(), IdemError> {
         let mut conn = self.conn.clone();
         let mut invocation = script.key(self.key(biz, key));
-        invocation.arg(claim.fence.get().to_string());
+        // The same decimal text as `to_string()`, written straight into the command.
+        invocation.arg(claim.fence.get());
         for arg in extra {
             invocation.arg(*arg);
         }

@@ -8,6 +8,13 @@ not run). No local cache (Powertools' default), so every call goes to Redis.
 
 Prints `calls/s powertools seq <workload> <value>` (median over rounds), the format of idem's bench.
 Environment: IDEM_REDIS_URL, IDEM_BENCH_ROUNDS (default 9), IDEM_BENCH_SCALE (default 1).
+
+benches/redis_peers.sh makes the venv ($CARGO_TARGET_DIR/powertools-venv) and installs the pinned
+requirements itself; by hand:
+
+    python3 -m venv target/powertools-venv
+    target/powertools-venv/bin/pip install -r benches/peers/powertools/requirements.txt
+    target/powertools-venv/bin/python benches/peers/powertools/bench.py
 """
 
 import dataclasses

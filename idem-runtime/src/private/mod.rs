@@ -21,3 +21,10 @@ pub use crate::transition::{
     Done, ToSqlValue, TransitionCall, TransitionConn, TransitionGuard, TransitionShape,
     TransitionSpec, TransitionStep, TransitionValues,
 };
+
+/// The Lua sources of the Redis store's claim and complete steps, read-only, so a benchmark can
+/// send the very same commands without idem (its floor) instead of a copy that could drift.
+#[cfg(feature = "redis")]
+pub mod redis_scripts {
+    pub use crate::backend::redis::scripts::{CLAIM, COMPLETE};
+}

@@ -4,7 +4,7 @@
 //! is one Lua script (`scripts.rs`), sent as EVALSHA and loaded again on NOSCRIPT.
 
 mod conn;
-mod scripts;
+pub(crate) mod scripts;
 mod tokens;
 
 pub use tokens::RedisTokens;
@@ -115,6 +115,16 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
+/// A reply's string, borrowed (empty for anything else): the tags a script answers with are
+/// compared, not kept.
+fn bytes(v: &Value) -> &[u8] {
+    match v {
+        Value::BulkString(b) => b,
+        Value::SimpleString(s) => s.as_bytes(),
+        _ => b"",
+    }
+}
+
 impl Records {
     fn key(&self, biz: &str, key: &str) -> String {
         record_key(&self.prefix, biz, key)
@@ -144,7 +154,7 @@ impl Records {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         let mut conn = self.conn.clone();
         let record = self.key(req.biz, req.key);
-        let reply: Vec<Value> = CLAIM
+        let mut reply: Vec<Value> = CLAIM
             .key(&record)
             .arg(req.fingerprint.unwrap_or(""))
             .arg(millis(req.lease))
@@ -153,16 +163,20 @@ impl Records {
             .invoke_async(&mut conn)
             .await
             .map_err(redis_error)?;
-        let tag = reply.first().and_then(text).unwrap_or_default();
-        match (tag.as_str(), reply.as_slice()) {
-            ("A", [_, attempt, fence, how]) => {
+        // The script's tag: one letter.
+        let tag = match reply.first().map(bytes) {
+            Some(&[letter]) => letter,
+            _ => 0,
+        };
+        match (tag, reply.as_mut_slice()) {
+            (b'A', [_, attempt, fence, how]) => {
                 let attempt = u32::try_from(int(attempt, "attempt")?)
                     .map_err(|_| IdemError::store("attempt out of range"))?;
                 let fence = u64::try_from(int(fence, "fence")?)
                     .map_err(|_| IdemError::store("fence out of range"))?;
-                let how = match text(how).as_deref() {
-                    Some("retry") => Acquired::RetryAfterFailure,
-                    Some("takeover") => Acquired::TakeOver,
+                let how = match bytes(how) {
+                    b"retry" => Acquired::RetryAfterFailure,
+                    b"takeover" => Acquired::TakeOver,
                     _ => Acquired::Fresh,
                 };
                 // A claim the replicas did not get is refused: the body must not run on a claim
@@ -172,7 +186,7 @@ impl Records {
                     let mut conn = self.conn.clone();
                     let released: Result<i64, _> = FAIL
                         .key(&record)
-                        .arg(fence.to_string())
+                        .arg(fence)
                         .arg(self.offset.ms())
                         .invoke_async(&mut conn)
                         .await;
@@ -189,14 +203,15 @@ impl Records {
                     how,
                 })
             }
-            ("R", [_, result]) => Ok(ClaimOutcome::Replay {
-                snapshot: match result {
-                    Value::BulkString(b) => b.clone(),
+            // The reply is ours: the stored result moves out of it, uncopied.
+            (b'R', [_, result]) => Ok(ClaimOutcome::Replay {
+                snapshot: match std::mem::replace(result, Value::Nil) {
+                    Value::BulkString(b) => b,
                     _ => Vec::new(),
                 },
             }),
-            ("M", _) => Ok(ClaimOutcome::Mismatch),
-            ("P", [_, left]) => Ok(ClaimOutcome::InProgress {
+            (b'M', _) => Ok(ClaimOutcome::Mismatch),
+            (b'P', [_, left]) => Ok(ClaimOutcome::InProgress {
                 retry_after: Duration::from_millis(u64::try_from(int(left, "lease")?).unwrap_or(0)),
             }),
             _ => Err(IdemError::store(format!(
@@ -217,7 +232,8 @@ impl Records {
         let mut conn = self.conn.clone();
         let record = self.key(biz, key);
         let mut invocation = script.key(&record);
-        invocation.arg(claim.fence.get().to_string());
+        // The same decimal text as `to_string()`, written straight into the command.
+        invocation.arg(claim.fence.get());
         for arg in extra {
             invocation.arg(*arg);
         }

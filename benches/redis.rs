@@ -1,0 +1,459 @@
+//! The Redis store against the floor, side by side in one process.
+//!
+//! ```text
+//! cargo bench --bench redis --features redis              # full run on redis://127.0.0.1:6379
+//! IDEM_REDIS_URL=redis://host:port/db cargo bench --bench redis --features redis
+//! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench --bench redis --features redis   # a quick look
+//! ```
+//!
+//! Workload: a small serde result (`Receipt`: a string and two integers). "first" = a new key per
+//! call (claim, body, mark SUCCEEDED with the stored result: two round trips); "replay" = the same
+//! keys again, already SUCCEEDED (the claim script answers with the result: one round trip, then
+//! decoding).
+//!
+//! Contenders, each on a connection of its own of the same kind (one multiplexed
+//! `ConnectionManager`, shared by all the tasks of that contender):
+//! - `idem-call`: `Call::new(..).ttl(..).run(&RedisStore, ..)`;
+//! - `idem-macro`: the same call written with `#[idempotent(store = store)]`;
+//! - `floor`: a plain redis-rs loop with no framework sending the same commands: EVALSHA of idem's
+//!   claim script, and for a new key EVALSHA of its complete script (the script texts are the
+//!   runtime's own, from `idem::__private::redis_scripts`); a replay is the claim script only, then
+//!   `serde_json` decoding.
+//!
+//! Two modes: `seq` (one task on a current-thread runtime) and `c64` (64 tasks on a multi-thread
+//! runtime with 2 workers). Each round runs every contender once per mode; the order rotates from
+//! round to round; a ratio is taken within a round, then the median over rounds is reported.
+//!
+//! Besides the table it prints one line per contender, mode and workload,
+//! `calls/s <contender> <mode> <workload> <value>` (medians over rounds), the format the peer
+//! programs under `benches/peers/` print too, which `benches/redis_peers.sh` reads.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use idem::__private::redis_scripts;
+use idem::{Call, IdemError, RedisStore, idempotent};
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+use serde::{Deserialize, Serialize};
+
+/// The stored result: a string and two integers.
+#[derive(Debug, Serialize, Deserialize)]
+struct Receipt {
+    id: String,
+    amount: u64,
+    seq: u64,
+}
+
+/// The body every contender runs for key `k`.
+fn receipt(k: u64) -> Receipt {
+    Receipt {
+        id: format!("order-{k}"),
+        amount: k * 100 + 7,
+        seq: k,
+    }
+}
+
+const BIZ: &str = "BENCH";
+/// Record lifetime: long enough for a run, short enough that Redis drops what a run leaves behind.
+const TTL: Duration = Duration::from_secs(3600);
+
+#[idempotent(biz = "BENCH", key = "k", store = store, ttl = "1h")]
+async fn via_macro(store: &RedisStore, k: u64) -> Result<Receipt, IdemError> {
+    Ok(receipt(k))
+}
+
+/// One way of making call `k`.
+trait Contender: Clone + Send + Sync + 'static {
+    fn call(&self, k: u64) -> impl Future<Output = Receipt> + Send;
+}
+
+#[derive(Clone)]
+struct IdemCall(RedisStore);
+
+impl Contender for IdemCall {
+    async fn call(&self, k: u64) -> Receipt {
+        let r: Result<Receipt, IdemError> = Call::new(BIZ, &k)
+            .ttl(TTL)
+            .run(&self.0, async move { Ok(receipt(k)) })
+            .await;
+        r.unwrap()
+    }
+}
+
+#[derive(Clone)]
+struct IdemMacro(RedisStore);
+
+impl Contender for IdemMacro {
+    async fn call(&self, k: u64) -> Receipt {
+        via_macro(&self.0, k).await.unwrap()
+    }
+}
+
+/// The plain loop: the same two scripts, sent by hand.
+#[derive(Clone)]
+struct Floor {
+    conn: ConnectionManager,
+    claim: &'static Script,
+    complete: &'static Script,
+    prefix: &'static str,
+    lease_ms: u64,
+    ttl_ms: u64,
+}
+
+impl Contender for Floor {
+    async fn call(&self, k: u64) -> Receipt {
+        // The record key idem uses: `<prefix>{biz:key}`.
+        let key = format!("{}{{{BIZ}:{k}}}", self.prefix);
+        let mut conn = self.conn.clone();
+        // ARGV: fingerprint ("" for none), lease ms, ttl ms, test-clock offset ms.
+        let reply: Vec<Value> = self
+            .claim
+            .key(&key)
+            .arg("")
+            .arg(self.lease_ms)
+            .arg(self.ttl_ms)
+            .arg(0)
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        match reply.as_slice() {
+            [Value::BulkString(tag), _attempt, Value::Int(fence), _how] if tag == b"A" => {
+                let receipt = receipt(k);
+                let snapshot = serde_json::to_vec(&receipt).unwrap();
+                // ARGV: fence, result, offset.
+                let changed: i64 = self
+                    .complete
+                    .key(&key)
+                    .arg(*fence)
+                    .arg(snapshot)
+                    .arg(0)
+                    .invoke_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert_eq!(changed, 1, "complete lost its fence");
+                receipt
+            }
+            [Value::BulkString(tag), Value::BulkString(result)] if tag == b"R" => {
+                serde_json::from_slice(result).unwrap()
+            }
+            other => panic!("unexpected claim reply {other:?}"),
+        }
+    }
+}
+
+/// Runs calls `keys` split over `tasks` tasks (each its keys in order), all at once; returns calls/s.
+async fn timed<C: Contender>(c: &C, keys: std::ops::Range<u64>, tasks: u64) -> f64 {
+    let per = (keys.end - keys.start) / tasks;
+    let t = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|i| {
+            let c = c.clone();
+            let start = keys.start + i * per;
+            tokio::spawn(async move {
+                for k in start..start + per {
+                    let r = c.call(k).await;
+                    assert_eq!(black_box(r).seq, k);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
+    (per * tasks) as f64 / t.elapsed().as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+const NAMES: [&str; 3] = ["idem-call", "idem-macro", "floor"];
+
+/// Calls/s per contender (index as in [`NAMES`]) and workload (0 first, 1 replay), one per round.
+#[derive(Default)]
+struct Figures {
+    ops: [[Vec<f64>; 2]; 3],
+}
+
+impl Figures {
+    /// Per-round ratios of contender `a` over contender `b` for `workload`.
+    fn ratio(&self, a: usize, b: usize, workload: usize) -> f64 {
+        median(
+            self.ops[a][workload]
+                .iter()
+                .zip(&self.ops[b][workload])
+                .map(|(x, y)| x / y)
+                .collect(),
+        )
+    }
+}
+
+/// Every round runs the three contenders, in an order rotating from round to round: each makes
+/// `calls` first executions on keys of its own, then replays them.
+async fn measure(
+    url: &str,
+    mode: &str,
+    tasks: u64,
+    calls: u64,
+    rounds: usize,
+    run_id: &str,
+    picked: [bool; 3],
+) -> Figures {
+    static CLAIM: std::sync::LazyLock<Script> =
+        std::sync::LazyLock::new(|| Script::new(redis_scripts::CLAIM));
+    static COMPLETE: std::sync::LazyLock<Script> =
+        std::sync::LazyLock::new(|| Script::new(redis_scripts::COMPLETE));
+    // Each contender's own connection, of the same kind (RedisStore::connect's settings).
+    let store = RedisStore::connect(url)
+        .await
+        .unwrap()
+        .with_prefix(&format!("rbi{run_id}{mode}:"))
+        .unwrap();
+    let macro_store = RedisStore::connect(url)
+        .await
+        .unwrap()
+        .with_prefix(&format!("rbm{run_id}{mode}:"))
+        .unwrap();
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(10)))
+        .set_connection_timeout(Some(Duration::from_secs(2)));
+    let conn = ConnectionManager::new_with_config(redis::Client::open(url).unwrap(), config)
+        .await
+        .unwrap();
+    let floor = Floor {
+        conn,
+        claim: &CLAIM,
+        complete: &COMPLETE,
+        prefix: Box::leak(format!("rbf{run_id}{mode}:").into_boxed_str()),
+        lease_ms: idem::DEFAULT_LEASE.as_millis() as u64,
+        ttl_ms: TTL.as_millis() as u64,
+    };
+    let (call, mac) = (IdemCall(store), IdemMacro(macro_store));
+
+    // A warm-up round, not counted: connections up, scripts loaded, allocator and caches warm.
+    let warm = (calls / 5).max(tasks);
+    let base = 1_000_000_000u64;
+    if picked[0] {
+        timed(&call, base..base + warm, tasks).await;
+    }
+    if picked[1] {
+        timed(&mac, base..base + warm, tasks).await;
+    }
+    if picked[2] {
+        timed(&floor, base..base + warm, tasks).await;
+    }
+
+    let mut figures = Figures::default();
+    for round in 0..rounds {
+        let keys = (round as u64 * calls)..(round as u64 + 1) * calls;
+        for i in 0..3 {
+            let who = (round + i) % 3;
+            if !picked[who] {
+                continue;
+            }
+            let (first, replay) = match who {
+                0 => (
+                    timed(&call, keys.clone(), tasks).await,
+                    timed(&call, keys.clone(), tasks).await,
+                ),
+                1 => (
+                    timed(&mac, keys.clone(), tasks).await,
+                    timed(&mac, keys.clone(), tasks).await,
+                ),
+                _ => (
+                    timed(&floor, keys.clone(), tasks).await,
+                    timed(&floor, keys.clone(), tasks).await,
+                ),
+            };
+            figures.ops[who][0].push(first);
+            figures.ops[who][1].push(replay);
+        }
+        let at = |who: usize, w: usize| figures.ops[who][w].last().copied().unwrap_or(f64::NAN);
+        eprintln!(
+            "  {mode} round {round}: first {:.0} / {:.0} / {:.0}, replay {:.0} / {:.0} / {:.0} (call / macro / floor)",
+            at(0, 0),
+            at(1, 0),
+            at(2, 0),
+            at(0, 1),
+            at(1, 1),
+            at(2, 1),
+        );
+    }
+    // Leave nothing behind: the keys of this mode (they would expire within the TTL anyway).
+    let mut conn = floor.conn.clone();
+    for prefix in ["rbi", "rbm", "rbf"] {
+        let pattern = format!("{prefix}{run_id}{mode}:*");
+        let mut cursor = 0u64;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if !batch.is_empty() {
+                let _: i64 = redis::cmd("UNLINK")
+                    .arg(&batch)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    figures
+}
+
+/// Whether Redis answers at `url` within two seconds.
+async fn reachable(url: &str) -> Result<(), String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let ping = async {
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(Duration::from_secs(2), ping).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err("no answer within 2 s".to_owned()),
+    }
+}
+
+fn main() {
+    let url =
+        std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let env = |name: &str| std::env::var(name).ok();
+    let scale: f64 = env("IDEM_BENCH_SCALE")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    let rounds: usize = env("IDEM_BENCH_ROUNDS")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(9);
+    // IDEM_BENCH_ONLY: a comma-separated choice of modes (seq, c64) and contenders (idem-call,
+    // idem-macro, floor), e.g. `c64,floor` to profile one; or `scripts`: load the claim and
+    // complete scripts and print their SHA1s (for redis-benchmark's EVALSHA), nothing else.
+    let only: Vec<String> = env("IDEM_BENCH_ONLY")
+        .map(|s| s.split(',').map(|t| t.trim().to_owned()).collect())
+        .unwrap_or_default();
+    let modes: Vec<&str> = ["seq", "c64"]
+        .into_iter()
+        .filter(|m| only.iter().any(|t| t == m))
+        .collect();
+    let modes = if modes.is_empty() {
+        vec!["seq", "c64"]
+    } else {
+        modes
+    };
+    let mut picked = NAMES.map(|n| only.iter().any(|t| t == n));
+    if picked == [false; 3] {
+        picked = [true; 3];
+    }
+    let calls = |base: u64| ((base as f64 * scale) as u64).max(64) / 64 * 64;
+
+    let seq_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    if let Err(e) = seq_rt.block_on(reachable(&url)) {
+        println!("skipped: Redis at {url} is unreachable ({e})");
+        return;
+    }
+    if only.iter().any(|t| t == "scripts") {
+        seq_rt.block_on(async {
+            let client = redis::Client::open(url.as_str()).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            for (name, text) in [
+                ("claim", redis_scripts::CLAIM),
+                ("complete", redis_scripts::COMPLETE),
+            ] {
+                let sha: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(text)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                println!("script {name} {sha}");
+            }
+        });
+        return;
+    }
+    let run_id = std::process::id().to_string();
+    println!("idem on Redis ({url}), {rounds} rounds, median of per-round ratios; scale {scale}\n");
+
+    let mut results = Vec::new();
+    if modes.contains(&"seq") {
+        let n = calls(5_000);
+        let f = seq_rt.block_on(measure(&url, "seq", 1, n, rounds, &run_id, picked));
+        results.push(("seq", "1 task", n, f));
+    }
+    drop(seq_rt);
+    if modes.contains(&"c64") {
+        let multi_rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let n = calls(20_000);
+        let f = multi_rt.block_on(measure(&url, "c64", 64, n, rounds, &run_id, picked));
+        results.push(("c64", "64 tasks", n, f));
+    }
+
+    println!(
+        "{:<38} {:>12} {:>12}",
+        "scenario (calls/s, median)", "first", "replay"
+    );
+    for (_, label, n, f) in &results {
+        println!("-- {label} ({n} keys per contender per round)");
+        for (i, name) in NAMES.iter().enumerate().filter(|(i, _)| picked[*i]) {
+            println!(
+                "{:<38} {:>12.0} {:>12.0}",
+                name,
+                median(f.ops[i][0].clone()),
+                median(f.ops[i][1].clone())
+            );
+        }
+        if picked[2] {
+            for (i, name) in NAMES.iter().enumerate().take(2).filter(|(i, _)| picked[*i]) {
+                println!(
+                    "{:<38} {:>12.3} {:>12.3}",
+                    format!("ratio {name} / floor"),
+                    f.ratio(i, 2, 0),
+                    f.ratio(i, 2, 1)
+                );
+            }
+        }
+    }
+    println!();
+    for (mode, _, _, f) in &results {
+        for (i, name) in NAMES.iter().enumerate().filter(|(i, _)| picked[*i]) {
+            for (w, workload) in ["first", "replay"].iter().enumerate() {
+                println!(
+                    "calls/s {name} {mode} {workload} {:.0}",
+                    median(f.ops[i][w].clone())
+                );
+            }
+        }
+    }
+}

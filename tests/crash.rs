@@ -8,6 +8,9 @@
 //!   transaction: no record, no effect, and the next caller runs at once.
 //! - SIGSTOP past the lease: a paused holder (heartbeat and all) is taken over; resumed, it gets
 //!   `LeaseLost`, and the stored result is the newer attempt's.
+//! - Clock skew: children whose clocks are 10 minutes behind and ahead (libfaketime) claim, wait,
+//!   take over and replay exactly as on a true clock, because the store decides by its own clock.
+//!   (Not SQLite: there the store's clock is the process's own, see docs/RELIABILITY.md.)
 //!
 //! The dying process is this test binary run again as a child (`child` below, which does nothing
 //! unless `IDEM_CRASH_CHILD` is set).
@@ -43,6 +46,8 @@ enum Act {
     /// Lease mode with a heartbeat: claim, say READY, wait for a line on stdin (the parent
     /// pauses it meanwhile), then write the effect, finish, and print how the call ended.
     Stall,
+    /// One whole call: print `RESULT <outcome> <value>`.
+    Once,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -53,7 +58,10 @@ struct Spec {
     biz: String,
     key: String,
     lease_ms: u64,
+    ttl_ms: u64,
     act: Act,
+    /// libfaketime's offset for the child's clock (`-10m`), if skewed.
+    skew: Option<String>,
 }
 
 async fn open(backend: &Backend) -> Arc<dyn Store> {
@@ -135,7 +143,8 @@ async fn child() {
         std::process::exit(4);
     });
     let lease = Duration::from_millis(spec.lease_ms);
-    let call = || Call::new(spec.biz.clone(), &spec.key).lease(lease);
+    let ttl = Duration::from_millis(spec.ttl_ms);
+    let call = || Call::new(spec.biz.clone(), &spec.key).lease(lease).ttl(ttl);
     match spec.act {
         Act::Hold => {
             let store = open(&spec.backend).await;
@@ -164,6 +173,21 @@ async fn child() {
                     std::future::pending().await
                 })
                 .await;
+        }
+        Act::Once => {
+            let store = open(&spec.backend).await;
+            let effects = effects_pool(&spec.effects).await;
+            let who = spec.skew.clone().unwrap_or_else(|| "true clock".to_owned());
+            let (result, report) = idem::observe(call().run(&*store, async {
+                effect(&effects, &spec.biz, &spec.key, &who).await?;
+                Ok::<_, IdemError>(who.clone())
+            }))
+            .await;
+            let outcome = report.map_or("none", |r| r.outcome.as_str());
+            match result {
+                Ok(v) => say(&format!("RESULT {outcome} {v}")),
+                Err(e) => say(&format!("RESULT {outcome} error {e}")),
+            }
         }
         Act::Stall => {
             let store = open(&spec.backend).await;
@@ -208,7 +232,15 @@ impl Running {
 
     /// Starts the child without waiting for it.
     fn spawn(spec: &Spec) -> Running {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        if let Some(skew) = &spec.skew {
+            // The wall clock only: tokio's timers run on the monotonic clock, left true.
+            command
+                .env("LD_PRELOAD", libfaketime().expect("checked by the test"))
+                .env("FAKETIME", skew)
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let mut child = command
             .args(["--exact", "child", "--nocapture", "--test-threads=1"])
             .env("IDEM_CRASH_CHILD", serde_json::to_string(spec).unwrap())
             .stdin(Stdio::piped())
@@ -306,7 +338,9 @@ impl Site {
             biz: biz.to_owned(),
             key: key.to_owned(),
             lease_ms: lease.as_millis() as u64,
+            ttl_ms: 7 * 24 * 3600 * 1000,
             act,
+            skew: None,
         }
     }
 
@@ -532,5 +566,91 @@ async fn redis_paused_past_the_lease() {
     }
     if let Some(site) = redis_site().await {
         paused_past_the_lease(site).await;
+    }
+}
+
+/// libfaketime's preload library (`IDEM_LIBFAKETIME`, or Debian's path), if installed.
+fn libfaketime() -> Option<String> {
+    let path = std::env::var("IDEM_LIBFAKETIME")
+        .unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1".to_owned());
+    std::path::Path::new(&path).exists().then_some(path)
+}
+
+/// Runs one whole call in a child (its spec adjusted by `spec_of`); its `RESULT` line.
+async fn once_at(site: &Site, biz: &str, key: &str, spec_of: impl Fn(Spec) -> Spec) -> String {
+    let spec = spec_of(site.spec(biz, key, Duration::from_secs(2), Act::Once));
+    tokio::task::spawn_blocking(move || {
+        let mut child = Running::spawn(&spec);
+        let said = child.wait_for("RESULT");
+        child.child.wait().unwrap();
+        said
+    })
+    .await
+    .unwrap()
+}
+
+/// Callers 10 minutes behind and ahead of the store see the same outcomes as on a true clock: a
+/// live claim is in progress for both, it expires after its lease (not 10 minutes early or late),
+/// a record within its TTL replays for both.
+async fn skewed_clocks_change_no_outcome(site: Site) {
+    if libfaketime().is_none() {
+        assert!(
+            !contract::server::required(),
+            "libfaketime is missing (apt-get install faketime) and IDEM_REQUIRE_SERVICES=1"
+        );
+        eprintln!("skipped: libfaketime is not installed (apt-get install faketime)");
+        return;
+    }
+    let (biz, key) = ("SKEW", "order-1");
+    let lease = Duration::from_secs(2);
+    // A short TTL: a caller deciding by its own clock 10 minutes ahead would find it expired.
+    let ttl = Duration::from_secs(300);
+    let skewed = |skew: &'static str| {
+        move |mut spec: Spec| {
+            spec.lease_ms = lease.as_millis() as u64;
+            spec.ttl_ms = ttl.as_millis() as u64;
+            spec.skew = Some(skew.to_owned());
+            spec
+        }
+    };
+    // A, 10 minutes behind, claims and hangs.
+    let mut hold = skewed("-10m")(site.spec(biz, key, lease, Act::Hold));
+    hold.ttl_ms = ttl.as_millis() as u64;
+    let a = tokio::task::spawn_blocking(move || Running::start(&hold))
+        .await
+        .unwrap();
+    // B, 10 minutes ahead, finds the claim live (by its own clock A's lease ended 10 minutes ago).
+    let said = once_at(&site, biz, key, skewed("+10m")).await;
+    assert!(
+        said.starts_with("RESULT in_progress error a call with this key is still in progress"),
+        "{said}"
+    );
+    a.kill();
+    tokio::time::sleep(lease + Duration::from_millis(300)).await;
+    // After the lease (by the store's clock) B takes over, once.
+    assert_eq!(
+        once_at(&site, biz, key, skewed("+10m")).await,
+        "RESULT taken_over +10m"
+    );
+    // C, 10 minutes behind, and a caller on the true clock replay B's result.
+    assert_eq!(
+        once_at(&site, biz, key, skewed("-10m")).await,
+        "RESULT replayed +10m"
+    );
+    assert_eq!(
+        once_at(&site, biz, key, |s| s).await,
+        "RESULT replayed +10m"
+    );
+    assert_eq!(effects_of(&site.effects, biz, key).await, ["+10m"]);
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_skewed_clocks_change_no_outcome() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    if let Some(site) = redis_site().await {
+        skewed_clocks_change_no_outcome(site).await;
     }
 }

@@ -1,23 +1,94 @@
 //! One connection type for both Redis stores: a single server's `ConnectionManager` or a cluster's
 //! connection, both cheap to clone (multiplexed).
 
-use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::cluster_async::ClusterConnection;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
 
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 #[derive(Clone)]
 pub(super) enum Conn {
-    Single(ConnectionManager),
+    Single(Healing),
     Cluster(ClusterConnection),
+}
+
+/// A single server's `ConnectionManager` that is replaced when a reply times out.
+///
+/// The manager reconnects when its connection reports an error, but a half-open connection (the
+/// server or a middlebox vanished without closing it) reports nothing: every request waits for
+/// its response timeout, forever. A timed-out reply therefore dials a new connection for the
+/// requests that follow (once per dead connection, however many requests timed out on it).
+#[derive(Clone)]
+pub(super) struct Healing(Arc<HealingInner>);
+
+struct HealingInner {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    /// The connection in use and its generation (bumped by each replacement).
+    current: Mutex<(u64, ConnectionManager)>,
+    redial: tokio::sync::Mutex<()>,
+}
+
+impl Healing {
+    pub(super) async fn connect(
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+    ) -> RedisResult<Healing> {
+        let manager = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
+        Ok(Healing(Arc::new(HealingInner {
+            client,
+            config,
+            current: Mutex::new((0, manager)),
+            redial: tokio::sync::Mutex::new(()),
+        })))
+    }
+
+    fn current(&self) -> (u64, ConnectionManager) {
+        let current = self.0.current.lock().unwrap_or_else(|e| e.into_inner());
+        (current.0, current.1.clone())
+    }
+
+    /// Replaces generation `timed_out` after one of its replies timed out (unless another request
+    /// already did); keeps it when a new connection cannot be made yet.
+    async fn heal(&self, timed_out: u64) {
+        let _one_at_a_time = self.0.redial.lock().await;
+        if self.current().0 != timed_out {
+            return;
+        }
+        match ConnectionManager::new_with_config(self.0.client.clone(), self.0.config.clone()).await
+        {
+            Ok(fresh) => {
+                tracing::warn!("a Redis reply timed out; replaced the connection");
+                *self.0.current.lock().unwrap_or_else(|e| e.into_inner()) = (timed_out + 1, fresh);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a Redis reply timed out and no new connection could be made yet");
+            }
+        }
+    }
+
+    async fn after<T>(&self, generation: u64, result: RedisResult<T>) -> RedisResult<T> {
+        if let Err(e) = &result
+            && e.is_timeout()
+        {
+            self.heal(generation).await;
+        }
+        result
+    }
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Single(h) => Box::pin(async move {
+                let (generation, mut c) = h.current();
+                let result = c.req_packed_command(cmd).await;
+                h.after(generation, result).await
+            }),
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -29,14 +100,18 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Single(h) => Box::pin(async move {
+                let (generation, mut c) = h.current();
+                let result = c.req_packed_commands(pipeline, offset, count).await;
+                h.after(generation, result).await
+            }),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Single(c) => c.get_db(),
+            Conn::Single(h) => h.current().1.get_db(),
             Conn::Cluster(c) => c.get_db(),
         }
     }
@@ -58,7 +133,7 @@ impl Conn {
                 .max(1),
         );
         match self {
-            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Single(_) => cmd.query_async(&mut self.clone()).await,
             Conn::Cluster(c) => {
                 let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
@@ -71,7 +146,7 @@ impl Conn {
     /// Every key matching `pattern`: SCAN on the server, or on every primary of a cluster.
     pub(super) async fn scan_keys(&self, pattern: &str) -> RedisResult<Vec<String>> {
         match self {
-            Conn::Single(c) => scan(&mut c.clone(), pattern, None).await,
+            Conn::Single(_) => scan(&mut self.clone(), pattern, None).await,
             Conn::Cluster(c) => {
                 let mut conn = c.clone();
                 let nodes: String = redis::cmd("CLUSTER")
@@ -136,7 +211,7 @@ trait RouteTo {
     ) -> RedisResult<(u64, Vec<String>)>;
 }
 
-impl RouteTo for ConnectionManager {
+impl RouteTo for Conn {
     async fn route(
         &mut self,
         cmd: Cmd,

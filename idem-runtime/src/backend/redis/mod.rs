@@ -332,7 +332,7 @@ impl RedisStore {
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_connection_timeout(Some(Duration::from_secs(2)));
-        let manager = redis::aio::ConnectionManager::new_with_config(client, config)
+        let manager = conn::Healing::connect(client, config)
             .await
             .map_err(redis_error)?;
         Ok(RedisStore {

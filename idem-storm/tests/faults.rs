@@ -1,0 +1,187 @@
+//! Server faults in the middle of a storm: connections cut, refused, slowed and left half-open by
+//! a TCP fault proxy, and a server killed and restarted. Afterwards: no double execution, no false
+//! success, and every error the callers saw during the outage is one a retry can cure.
+
+#![cfg(feature = "redis")]
+
+#[path = "support/proxy.rs"]
+mod proxy;
+#[path = "../../tests/support/redis_server.rs"]
+mod redis_server;
+
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use clap::Parser;
+use idem_storm::{Args, Summary};
+use proxy::Proxy;
+
+fn args(flags: &[&str]) -> Args {
+    Args::parse_from(std::iter::once("idem-storm").chain(flags.iter().copied()))
+}
+
+/// The storm held, the outage reached its callers (as errors, or at least as waits), and every
+/// error was of a kind a retry can cure.
+fn held_through_the_outage(s: &Summary, expect_errors: bool) {
+    assert!(s.invariants_hold, "{s}");
+    assert_eq!(s.double_executions, 0, "{s}");
+    assert_eq!(s.false_successes, 0, "{s}");
+    let failed: u64 = s.errors.values().sum::<u64>() + s.unmarked;
+    if expect_errors {
+        assert!(failed > 0, "the outage never reached a caller:\n{s}");
+    } else {
+        assert!(
+            s.max_ms >= 250.0,
+            "no caller waited through the outage:\n{s}"
+        );
+    }
+    for kind in s.errors.keys() {
+        assert!(
+            kind == "store-unavailable" || kind == "store-busy",
+            "`{kind}` is not retryable:\n{s}"
+        );
+    }
+}
+
+fn upstream(var: &str, default: &str) -> Option<SocketAddr> {
+    let url = std::env::var(var).unwrap_or_else(|_| default.to_owned());
+    let host = url
+        .split("://")
+        .nth(1)?
+        .split('/')
+        .next()?
+        .rsplit('@')
+        .next()?;
+    let addr = host.to_socket_addrs().ok()?.next()?;
+    if TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok() {
+        return Some(addr);
+    }
+    assert!(
+        std::env::var("IDEM_REQUIRE_SERVICES").as_deref() != Ok("1"),
+        "{url} is unreachable and IDEM_REQUIRE_SERVICES=1"
+    );
+    eprintln!("skipped: {url} is unreachable; set IDEM_REQUIRE_SERVICES=1 to fail instead");
+    None
+}
+
+/// Redis behind the proxy: connections cut and refused, then slowed, then left half-open (the
+/// store notices by its response timeout and dials again), while 64 callers storm.
+///
+/// The lease (20 s) outlasts the store's response timeout (10 s), so a mark delayed by the dead
+/// connection still lands within its lease. With a 1 s lease the same storm ran 2 of 6,000
+/// bodies twice: their marks waited out the timeout, their leases ended, duplicates took over
+/// (docs/RELIABILITY.md, "Lease mode and a store that stops answering").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_connections_cut_slowed_and_half_open_mid_storm() {
+    let Some(redis) = upstream("IDEM_REDIS_URL", "redis://127.0.0.1:6379") else {
+        return;
+    };
+    let proxy = Proxy::start(redis).await;
+    let url = format!("redis://{}", proxy.addr());
+    let storm = args(&[
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "-n",
+        "6000",
+        "-c",
+        "64",
+        "--body",
+        "2ms",
+        "--lease",
+        "20s",
+        "-q",
+    ]);
+    let faults = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        eprintln!("fault: refuse + cut");
+        proxy.refuse(true);
+        proxy.cut();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        proxy.refuse(false);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        eprintln!("fault: delay");
+        proxy.delay(Duration::from_millis(30));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        proxy.delay(Duration::ZERO);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        eprintln!("fault: half open");
+        proxy.half_open(true);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        proxy.half_open(false);
+    };
+    // A client that never notices a half-open connection stalls here for good.
+    let (summary, ()) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(120), idem_storm::run(&storm)),
+        faults
+    );
+    let summary = summary
+        .expect("the storm stalled on a half-open connection")
+        .unwrap();
+    // Cut and refused connections are redialed and the engine retries the transient errors; a
+    // half-open one is replaced once a reply times out (10 s): callers wait, and nothing runs
+    // twice or is lost.
+    held_through_the_outage(&summary, false);
+    assert!(
+        summary.max_ms >= 5_000.0,
+        "no caller waited out the half-open connection:\n{summary}"
+    );
+    assert!(proxy.accepted() > 1, "the client never reconnected");
+}
+
+/// A Redis with `appendfsync always`, killed (SIGKILL) and restarted in the middle of a storm:
+/// what it acknowledged survives, so nothing runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_mid_storm_with_aof_always() {
+    if !redis_server::installed() {
+        return;
+    }
+    let dir = redis_server::scratch_dir("storm-aof");
+    let port = redis_server::ports(23100, 1).next().unwrap();
+    let server = std::sync::Arc::new(redis_server::RedisServer::start(
+        port,
+        &dir,
+        &[
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ],
+    ));
+    let storm = args(&[
+        "--store",
+        "redis",
+        "--redis-url",
+        &server.url(),
+        "-n",
+        "6000",
+        "-c",
+        "64",
+        "--body",
+        "2ms",
+        "--lease",
+        "1s",
+        "-q",
+    ]);
+    let s = server.clone();
+    let faults = async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::task::spawn_blocking(move || {
+            s.kill();
+            std::thread::sleep(Duration::from_millis(300));
+            s.start_again();
+        })
+        .await
+        .unwrap();
+    };
+    let (summary, ()) = tokio::join!(idem_storm::run(&storm), faults);
+    let summary = summary.unwrap();
+    server.shutdown_nosave();
+    let _ = std::fs::remove_dir_all(&dir);
+    // The engine's retries and the client's reconnection absorb a short restart: callers wait,
+    // and nothing acknowledged is lost.
+    held_through_the_outage(&summary, false);
+}

@@ -413,6 +413,10 @@ impl Store for PgStore {
     }
 
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
+        if biz.contains('\0') || key.contains('\0') {
+            // Postgres text cannot hold NUL, and no claim stores such a key: there is no record.
+            return Ok(None);
+        }
         self.with_conn(async |conn| self.records(conn).load(biz, key).await)
             .await
     }

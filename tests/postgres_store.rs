@@ -1,0 +1,1 @@
+//! Postgres-specific tests (filled in below).

@@ -1,0 +1,77 @@
+//! What the Postgres suites share: the server's URL (`IDEM_PG_URL`), stores on tables of their own,
+//! and schemas of their own for scenarios with fixed table names. Include it after `mod contract;`.
+
+#![allow(dead_code)]
+
+use idem::sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use idem::{PgStore, PgStoreBuilder};
+
+use crate::contract::server;
+
+/// The local Postgres (trust auth, database `test`) unless `IDEM_PG_URL` says otherwise.
+pub fn url() -> String {
+    server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test")
+}
+
+/// A store on tables no other test uses (`idemt_<pid>_<n>` and its `_tok`), migrated; `None`
+/// (with one skip line) when the server is unreachable, unless `IDEM_REQUIRE_SERVICES=1`.
+pub async fn store(max_connections: u32) -> Option<PgStore> {
+    store_with(PgStore::builder(), max_connections).await
+}
+
+/// As [`store`], from `builder`'s other options.
+pub async fn store_with(builder: PgStoreBuilder, max_connections: u32) -> Option<PgStore> {
+    let url = url();
+    let table = server::unique("idemt");
+    let builder = builder
+        .table(&table)
+        .unwrap()
+        .token_table(&format!("{table}_tok"))
+        .unwrap()
+        .max_connections(max_connections);
+    let store = server::reach("Postgres", &url, builder.connect(&url)).await?;
+    store.migrate().await.unwrap();
+    Some(store)
+}
+
+/// A pool whose connections work in a fresh schema (`search_path`), for scenarios whose tables
+/// have fixed names; the schema's name is returned too.
+pub async fn schema_pool(max_connections: u32) -> Option<(PgPool, String)> {
+    let url = url();
+    let schema = server::unique("idems");
+    let admin = server::reach("Postgres", &url, PgPool::connect(&url)).await?;
+    idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+    let options: PgConnectOptions = url.parse().unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .connect_with(options.options([("search_path", schema.as_str())]))
+        .await
+        .unwrap();
+    Some((pool, schema))
+}
+
+/// Drops a schema made by [`schema_pool`] and everything in it.
+pub async fn drop_schema(pool: &PgPool, schema: &str) {
+    idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA {schema} CASCADE"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Drops a store's tables (its records and tokens).
+pub async fn drop_tables(store: &PgStore) {
+    idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {}, {}",
+        store.table(),
+        store.token_table()
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+}

@@ -13,6 +13,29 @@ pub fn url() -> String {
     server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test")
 }
 
+/// Whether the server answers: asked once per test binary with a short timeout (a refused
+/// connection would otherwise be retried by the pool for its whole acquire timeout, in every test).
+async fn answers(url: &str) -> Result<(), String> {
+    static SEEN: std::sync::Mutex<Option<Result<(), String>>> = std::sync::Mutex::new(None);
+    if let Some(seen) = SEEN.lock().unwrap().clone() {
+        return seen;
+    }
+    let probe = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(std::time::Duration::from_secs(3))
+        .connect(url)
+        .await;
+    let seen = match probe {
+        Ok(pool) => {
+            pool.close().await;
+            Ok(())
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    *SEEN.lock().unwrap() = Some(seen.clone());
+    seen
+}
+
 /// A store on tables no other test uses (`idemt_<pid>_<n>` and its `_tok`), migrated; `None`
 /// (with one skip line) when the server is unreachable, unless `IDEM_REQUIRE_SERVICES=1`.
 pub async fn store(max_connections: u32) -> Option<PgStore> {
@@ -29,7 +52,8 @@ pub async fn store_with(builder: PgStoreBuilder, max_connections: u32) -> Option
         .token_table(&format!("{table}_tok"))
         .unwrap()
         .max_connections(max_connections);
-    let store = server::reach("Postgres", &url, builder.connect(&url)).await?;
+    server::reach("Postgres", &url, answers(&url)).await?;
+    let store = builder.connect(&url).await.unwrap();
     store.migrate().await.unwrap();
     Some(store)
 }
@@ -39,7 +63,8 @@ pub async fn store_with(builder: PgStoreBuilder, max_connections: u32) -> Option
 pub async fn schema_pool(max_connections: u32) -> Option<(PgPool, String)> {
     let url = url();
     let schema = server::unique("idems");
-    let admin = server::reach("Postgres", &url, PgPool::connect(&url)).await?;
+    server::reach("Postgres", &url, answers(&url)).await?;
+    let admin = PgPool::connect(&url).await.unwrap();
     idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
         .execute(&admin)
         .await

@@ -199,6 +199,10 @@ impl PgStore {
         include_str!("../../../migrations/postgres/0002_idem_token.sql"),
     ];
 
+    /// Rows per sweep statement to give [`crate::Sweeper::new`] for this store: 1,000, small
+    /// enough that no statement locks for long, large enough to keep up with a busy table.
+    pub const SWEEP_BATCH: usize = 1_000;
+
     /// Options: table names, pool size, limits, lock timeout.
     pub fn builder() -> PgStoreBuilder {
         PgStoreBuilder::default()

@@ -84,6 +84,7 @@ pub struct PgStoreBuilder {
     token_table: Option<TableName>,
     limits: Limits,
     max_connections: u32,
+    acquire_timeout: Duration,
     lock_timeout: Duration,
 }
 
@@ -94,6 +95,7 @@ impl Default for PgStoreBuilder {
             token_table: None,
             limits: Limits::default(),
             max_connections: 16,
+            acquire_timeout: Duration::from_secs(30),
             lock_timeout: DEFAULT_PG_LOCK_TIMEOUT,
         }
     }
@@ -131,6 +133,13 @@ impl PgStoreBuilder {
         self
     }
 
+    /// How long [`PgStoreBuilder::connect`] and every later checkout wait for a connection
+    /// (default 30 s).
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
     /// How long a claim waits for a row lock held by another transaction (a claimant in
     /// transaction mode whose business is still running) before it answers `InProgress`
     /// (default 3 s). Set per claim in transaction mode (`SET LOCAL lock_timeout`, restored after
@@ -155,6 +164,7 @@ impl PgStoreBuilder {
         // so the pool does not ping every connection it hands out (a round trip per statement).
         let pool = PgPoolOptions::new()
             .max_connections(self.max_connections)
+            .acquire_timeout(self.acquire_timeout)
             .test_before_acquire(false)
             .connect_with(options)
             .await

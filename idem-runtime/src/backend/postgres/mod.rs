@@ -264,6 +264,13 @@ impl PgStore {
         self.lock_timeout
     }
 
+    /// The text of one of the store's statements (`claim`, `claim_locking`, `take`, `complete`,
+    /// `fail`, `renew`, `load`, `sweep`), for a benchmark that sends the same statements by hand.
+    #[doc(hidden)]
+    pub fn __statement(&self, name: &str) -> Option<&str> {
+        self.sql.get(name)
+    }
+
     /// Milliseconds the test clock adds to the database's clock.
     fn offset_ms(&self) -> i64 {
         self.offset.ms()

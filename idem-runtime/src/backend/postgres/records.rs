@@ -142,6 +142,24 @@ impl Statements {
     }
 }
 
+impl Statements {
+    /// A statement by name, for the benchmark's hand-written floor.
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
+        let sql = match name {
+            "claim" => &self.claim,
+            "claim_locking" => &self.claim_locking,
+            "take" => &self.take,
+            "complete" => &self.complete,
+            "fail" => &self.fail,
+            "renew" => &self.renew,
+            "load" => &self.load,
+            "sweep" => &self.sweep,
+            _ => return None,
+        };
+        Some(sql.as_str())
+    }
+}
+
 /// The store's records, reached through one connection.
 pub(super) struct Records<'c> {
     conn: &'c mut PgConnection,

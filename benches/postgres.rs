@@ -4,6 +4,7 @@
 //! cargo bench --bench postgres --features postgres,sqlite        # on postgres://postgres@127.0.0.1:5432/test
 //! IDEM_PG_URL=postgres://user@host/db cargo bench --bench postgres --features postgres,sqlite
 //! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench --bench postgres --features postgres,sqlite
+//! IDEM_BENCH_ONLY=c1 cargo bench --bench postgres --features postgres,sqlite     # one mode (c1 or c32)
 //! ```
 //!
 //! Workloads (a small serde result: a string and two integers):
@@ -384,19 +385,25 @@ fn main() {
     println!(
         "idem on Postgres ({url}), {rounds} rounds, median of per-round ratios; scale {scale}\n"
     );
+    // IDEM_BENCH_ONLY=c1 or c32: one mode.
+    let only = env("IDEM_BENCH_ONLY").unwrap_or_default();
     let mut results = Vec::new();
-    let n = calls(2_000);
-    let f = seq_rt.block_on(measure(&url, "c1", 1, n, rounds));
-    results.push(("1 caller", n, f));
+    if only != "c32" {
+        let n = calls(2_000);
+        let f = seq_rt.block_on(measure(&url, "c1", 1, n, rounds));
+        results.push(("1 caller", n, f));
+    }
     drop(seq_rt);
-    let multi_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let n = calls(8_000);
-    let f = multi_rt.block_on(measure(&url, "c32", 32, n, rounds));
-    results.push(("32 callers", n, f));
+    if only != "c1" {
+        let multi_rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let n = calls(8_000);
+        let f = multi_rt.block_on(measure(&url, "c32", 32, n, rounds));
+        results.push(("32 callers", n, f));
+    }
 
     println!(
         "{:<24} {:>10} {:>10} {:>10} {:>10}",

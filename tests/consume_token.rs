@@ -351,7 +351,11 @@ mod postgres {
     crate::consume_token_suite!(tokens);
 
     // A registered name, resolved at call time.
-    #[consume_token(token = "form.token", store = "consume_token_postgres", subject = "user")]
+    #[consume_token(
+        token = "form.token",
+        store = "consume_token_postgres",
+        subject = "user"
+    )]
     async fn submit_to_registered(
         user: &str,
         shop: &Shop,

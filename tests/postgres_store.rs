@@ -89,7 +89,11 @@ async fn a_lease_mode_storm_runs_each_key_once() {
             answers.windows(2).all(|w| w[0] == w[1]),
             "round {round}: one answer for all"
         );
-        assert_eq!(fx.count(&biz, &key).await, 1, "round {round}: executed once");
+        assert_eq!(
+            fx.count(&biz, &key).await,
+            1,
+            "round {round}: executed once"
+        );
     }
     pg::drop_tables(&store).await;
 }
@@ -185,7 +189,10 @@ async fn tx_storm(isolation: PgIsolation) {
         .fetch_one(store.pool())
         .await
         .unwrap();
-        assert_eq!(committed, 1, "round {round} ({isolation:?}): one business row");
+        assert_eq!(
+            committed, 1,
+            "round {round} ({isolation:?}): one business row"
+        );
         let rec = store.load(&biz, &key).await.unwrap().unwrap();
         assert_eq!(rec.status, idem::Status::Succeeded);
     }
@@ -392,7 +399,11 @@ async fn a_duplicate_waits_a_bounded_time_then_replays() {
             Ok(row.get::<String, _>(0))
         })
         .await;
-    assert_eq!(seen.unwrap(), "7s", "the body runs with the caller's lock timeout");
+    assert_eq!(
+        seen.unwrap(),
+        "7s",
+        "the body runs with the caller's lock timeout"
+    );
 
     // The claimant's transaction is still open: its record is locked and uncommitted.
     let mut dup = store.begin().await.unwrap();
@@ -490,7 +501,12 @@ enum ShopError {
 static RUNS: AtomicU32 = AtomicU32::new(0);
 
 // By name: the store registered as "postgres" at start-up.
-#[idem::idempotent(biz = "PG_MACRO", key = "order_no", store = "postgres", fingerprint = "amount")]
+#[idem::idempotent(
+    biz = "PG_MACRO",
+    key = "order_no",
+    store = "postgres",
+    fingerprint = "amount"
+)]
 async fn pay_by_name(order_no: &str, amount: u64) -> Result<Paid, ShopError> {
     let row = i64::from(RUNS.fetch_add(1, Ordering::Relaxed));
     let _ = amount;

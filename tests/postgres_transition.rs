@@ -120,10 +120,7 @@ async fn on_paid<C: TransitionConn>(
 
 // A body that fails after writing: the move and its writes roll back.
 #[state_transition(from = "WAIT_PAY", to = "CLOSED", key = "key")]
-async fn close_but_refuse(
-    tx: &mut PgTx,
-    key: &str,
-) -> Result<Transition<(), Order>, OrderError> {
+async fn close_but_refuse(tx: &mut PgTx, key: &str) -> Result<Transition<(), Order>, OrderError> {
     coupon(tx, key).await?;
     Err(OrderError::Refused)
 }
@@ -145,7 +142,10 @@ async fn close_paid(
     store = "pg_transitions",
     version = "seen"
 )]
-async fn request_refund(key: &str, seen: i64) -> Result<Transition<&'static str, Order>, OrderError> {
+async fn request_refund(
+    key: &str,
+    seen: i64,
+) -> Result<Transition<&'static str, Order>, OrderError> {
     Ok("refund requested")
 }
 
@@ -176,7 +176,12 @@ async fn transitions_apply_once_and_tell_every_other_case_apart() {
         }
     );
     // From the second `from` state, with a NULL bound to a text column.
-    assert!(on_paid(&mut tx, "B", "T-3", None).await.unwrap().is_applied());
+    assert!(
+        on_paid(&mut tx, "B", "T-3", None)
+            .await
+            .unwrap()
+            .is_applied()
+    );
     assert_eq!(
         on_paid(&mut tx, "C", "T-4", None).await.unwrap(),
         Transition::Rejected {
@@ -188,14 +193,20 @@ async fn transitions_apply_once_and_tell_every_other_case_apart() {
         Transition::NotFound
     );
     tx.commit().await.unwrap();
-    assert_eq!((coupons(&pool, "A").await, coupons(&pool, "B").await), (1, 1));
+    assert_eq!(
+        (coupons(&pool, "A").await, coupons(&pool, "B").await),
+        (1, 1)
+    );
     let (trade, note, stamped, version): (String, Option<String>, bool, i32) = sqlx::query_as(
         "SELECT trade_no, note, paid_at IS NOT NULL, version FROM \"order\" WHERE \"key\" = 'A'",
     )
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!((trade.as_str(), note.as_deref(), stamped, version), ("T-1", Some("first"), true, 1));
+    assert_eq!(
+        (trade.as_str(), note.as_deref(), stamped, version),
+        ("T-1", Some("first"), true, 1)
+    );
 
     // A failing body: nothing of the move stays, and the transaction goes on.
     insert(&pool, "D", Order::WaitPay).await;
@@ -204,10 +215,19 @@ async fn transitions_apply_once_and_tell_every_other_case_apart() {
         close_but_refuse(&mut tx, "D").await,
         Err(OrderError::Refused)
     ));
-    assert!(on_paid(&mut tx, "D", "T-6", None).await.unwrap().is_applied());
+    assert!(
+        on_paid(&mut tx, "D", "T-6", None)
+            .await
+            .unwrap()
+            .is_applied()
+    );
     tx.commit().await.unwrap();
     assert_eq!(status(&pool, "D").await, Order::Paid);
-    assert_eq!(coupons(&pool, "D").await, 1, "the refused body's coupon rolled back");
+    assert_eq!(
+        coupons(&pool, "D").await,
+        1,
+        "the refused body's coupon rolled back"
+    );
 
     // A plain sqlx transaction.
     let mut conn = pool.begin().await.unwrap();

@@ -420,7 +420,8 @@ mod postgres_store {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     /// One table for this run's cases (emptied before each), so 64 cases do not make 64 tables.
-    static TABLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| server::unique("idemp"));
+    static TABLE: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| server::unique("idemp"));
     /// Set once the server did not answer: the other cases skip at once.
     static UNREACHABLE: AtomicBool = AtomicBool::new(false);
 

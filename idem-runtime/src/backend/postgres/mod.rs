@@ -350,7 +350,10 @@ impl PgStore {
 
     /// A lock wait that timed out while claiming: the record is held by a transaction still
     /// running, so the key is in progress.
-    fn lock_timed_out(&self, outcome: Result<ClaimOutcome, IdemError>) -> Result<ClaimOutcome, IdemError> {
+    fn lock_timed_out(
+        &self,
+        outcome: Result<ClaimOutcome, IdemError>,
+    ) -> Result<ClaimOutcome, IdemError> {
         match outcome {
             Err(IdemError::StoreBusy {
                 reason: Busy::LockTimeout,
@@ -366,15 +369,18 @@ impl PgStore {
 /// The migration `ddl` with `default` (and its index) renamed to `table`, quoted.
 fn named(ddl: &str, default: &str, table: &TableName) -> String {
     let index = format!("{default}_expire_at");
-    ddl.replace(&index, &Dialect::Postgres.quote_ident(&table.index_name("expire_at")))
-        .replace(
-            &format!("IF NOT EXISTS {default} "),
-            &format!("IF NOT EXISTS {} ", table.quoted(Dialect::Postgres)),
-        )
-        .replace(
-            &format!("ON {default} "),
-            &format!("ON {} ", table.quoted(Dialect::Postgres)),
-        )
+    ddl.replace(
+        &index,
+        &Dialect::Postgres.quote_ident(&table.index_name("expire_at")),
+    )
+    .replace(
+        &format!("IF NOT EXISTS {default} "),
+        &format!("IF NOT EXISTS {} ", table.quoted(Dialect::Postgres)),
+    )
+    .replace(
+        &format!("ON {default} "),
+        &format!("ON {} ", table.quoted(Dialect::Postgres)),
+    )
 }
 
 impl crate::TransactionalStore for PgStore {
@@ -409,12 +415,8 @@ impl Store for PgStore {
         claim: &Claim,
         snapshot: &[u8],
     ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| {
-            self.records(conn)
-                .complete(biz, key, claim, snapshot)
-                .await
-        })
-        .await
+        self.with_conn(async |conn| self.records(conn).complete(biz, key, claim, snapshot).await)
+            .await
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
@@ -461,7 +463,9 @@ mod tests {
         let t = TableName::new("shop.order").unwrap();
         let ddl = named(PgStore::MIGRATIONS[0], "idem_record", &t);
         assert!(ddl.contains("CREATE TABLE IF NOT EXISTS \"shop\".\"order\" ("));
-        assert!(ddl.contains("CREATE INDEX IF NOT EXISTS \"order_expire_at\" ON \"shop\".\"order\" (expire_at)"));
+        assert!(ddl.contains(
+            "CREATE INDEX IF NOT EXISTS \"order_expire_at\" ON \"shop\".\"order\" (expire_at)"
+        ));
         assert!(!ddl.contains("CREATE TABLE IF NOT EXISTS idem_record"));
         let ddl = named(PgStore::MIGRATIONS[1], "idem_token", &t);
         assert!(ddl.contains("IF NOT EXISTS \"shop\".\"order\" ("));

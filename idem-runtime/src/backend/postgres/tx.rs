@@ -128,12 +128,7 @@ impl PgTx {
             None => return Err(IdemError::store("SHOW lock_timeout returned no row")),
         };
         let outcome = claim_by_cas(
-            &mut Records::new(
-                &mut self.tx,
-                &self.store.sql,
-                self.store.offset_ms(),
-                true,
-            ),
+            &mut Records::new(&mut self.tx, &self.store.sql, self.store.offset_ms(), true),
             req,
         )
         .await?;
@@ -214,14 +209,9 @@ impl IdemTx for PgTx {
         claim: &Claim,
         snapshot: &[u8],
     ) -> Result<(), IdemError> {
-        let done = Records::new(
-            &mut self.tx,
-            &self.store.sql,
-            self.store.offset_ms(),
-            true,
-        )
-        .complete(biz, key, claim, snapshot)
-        .await;
+        let done = Records::new(&mut self.tx, &self.store.sql, self.store.offset_ms(), true)
+            .complete(biz, key, claim, snapshot)
+            .await;
         match done {
             Ok(()) => match self.claim.take() {
                 Some(savepoint) => self.exec(savepoint.release()).await,

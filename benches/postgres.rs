@@ -24,6 +24,9 @@
 //! - `floor`: plain sqlx sending the same statements (their texts are the store's own, from
 //!   `PgStore::__statement`) with no framework around them.
 //!
+//! Besides calls/s it prints the client's CPU time per call (user + system of this process, from
+//! `/proc/self/stat`), which a loaded machine disturbs far less than wall-clock throughput.
+//!
 //! Two modes: `c1` (one task on a current-thread runtime) and `c32` (32 tasks on a multi-thread
 //! runtime with 2 workers). Each round runs both contenders, the order alternating from round to
 //! round; a ratio is taken within a round, then the median over rounds is reported.
@@ -189,9 +192,33 @@ impl Contender for Floor {
     }
 }
 
-/// Runs calls `keys` of workload `w` split over `tasks` tasks, all at once; returns calls/s.
-async fn timed<C: Contender>(c: &C, w: usize, keys: std::ops::Range<u64>, tasks: u64) -> f64 {
+/// CPU time this process has used (user + system, all threads), from `/proc/self/stat`, in
+/// seconds (10 ms resolution); 0 where there is no `/proc`.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // The fields after the command name (which may hold spaces) start after its closing ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<f64>().ok()))
+        .sum();
+    ticks / 100.0
+}
+
+/// Runs calls `keys` of workload `w` split over `tasks` tasks, all at once; returns calls/s and
+/// the client's CPU microseconds per call.
+async fn timed<C: Contender>(
+    c: &C,
+    w: usize,
+    keys: std::ops::Range<u64>,
+    tasks: u64,
+) -> (f64, f64) {
     let per = (keys.end - keys.start) / tasks;
+    let cpu = cpu_seconds();
     let t = Instant::now();
     let handles: Vec<_> = (0..tasks)
         .map(|i| {
@@ -208,7 +235,11 @@ async fn timed<C: Contender>(c: &C, w: usize, keys: std::ops::Range<u64>, tasks:
     for h in handles {
         h.await.unwrap();
     }
-    (per * tasks) as f64 / t.elapsed().as_secs_f64()
+    let calls = (per * tasks) as f64;
+    (
+        calls / t.elapsed().as_secs_f64(),
+        (cpu_seconds() - cpu) * 1e6 / calls,
+    )
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -224,10 +255,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Calls/s per contender (0 idem, 1 floor) and workload, one per round.
+/// Calls/s and client CPU µs per call, per contender (0 idem, 1 floor) and workload, one per
+/// round.
 #[derive(Default)]
 struct Figures {
     ops: [[Vec<f64>; 4]; 2],
+    cpu: [[Vec<f64>; 4]; 2],
 }
 
 impl Figures {
@@ -314,12 +347,13 @@ async fn measure(url: &str, mode: &str, tasks: u64, calls: u64, rounds: usize) -
                 (2, &tx_keys),
                 (3, &tx_keys),
             ] {
-                let ops = if who == 0 {
+                let (ops, cpu) = if who == 0 {
                     timed(&idem, w, keys.clone(), tasks).await
                 } else {
                     timed(&floor, w, keys.clone(), tasks).await
                 };
                 figures.ops[who][w].push(ops);
+                figures.cpu[who][w].push(cpu);
             }
         }
         let at = |who: usize, w: usize| figures.ops[who][w].last().copied().unwrap_or(f64::NAN);
@@ -419,6 +453,16 @@ fn main() {
                 median(f.ops[i][1].clone()),
                 median(f.ops[i][2].clone()),
                 median(f.ops[i][3].clone()),
+            );
+        }
+        for (i, name) in ["idem CPU µs/call", "floor CPU µs/call"].iter().enumerate() {
+            println!(
+                "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>10.0}",
+                name,
+                median(f.cpu[i][0].clone()),
+                median(f.cpu[i][1].clone()),
+                median(f.cpu[i][2].clone()),
+                median(f.cpu[i][3].clone()),
             );
         }
         println!(

@@ -377,7 +377,7 @@ proptest! {
     }
 }
 
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 #[path = "contract/server.rs"]
 mod server;
 
@@ -410,12 +410,8 @@ mod redis_store {
 }
 
 #[cfg(feature = "postgres")]
-#[path = "contract/server.rs"]
-mod pg_server;
-
-#[cfg(feature = "postgres")]
 mod postgres_store {
-    use super::pg_server as server;
+    use super::server;
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -108,6 +108,10 @@ mod postgres {
         };
         let store = store.with_test_clock(clock.clone());
         let tokens = store.tokens();
+        assert!(matches!(
+            tokens.issue(Duration::ZERO, None).await,
+            Err(idem::IdemError::InvalidOptions { .. })
+        ));
         let spent = tokens.issue(Duration::from_secs(10), None).await.unwrap();
         tokens.consume(&spent, None).await.unwrap();
         for _ in 0..4 {

@@ -11,7 +11,7 @@ use crate::IdemError;
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
 use crate::store::decide::millis;
-use crate::tokens::{Found, TokenStore, check_token, new_token, refusal, subject_of};
+use crate::tokens::{Found, TokenStore, check_token, check_ttl, new_token, refusal, subject_of};
 
 /// The database's clock in milliseconds plus the test clock's offset bound at `off`.
 fn now_ms(off: &str) -> String {
@@ -126,6 +126,7 @@ impl TokenStore for PgTokens {
     }
 
     async fn issue(&self, ttl: Duration, subject: Option<&str>) -> Result<String, IdemError> {
+        check_ttl(ttl)?;
         let subject = subject_of(subject)?;
         let token = new_token()?;
         let offset = self.store.offset_ms();

@@ -27,6 +27,7 @@ async fn answers(url: &str) -> Result<(), String> {
         .await;
     let seen = match probe {
         Ok(pool) => {
+            drop_stale(&pool).await;
             pool.close().await;
             Ok(())
         }
@@ -34,6 +35,40 @@ async fn answers(url: &str) -> Result<(), String> {
     };
     *SEEN.lock().unwrap() = Some(seen.clone());
     seen
+}
+
+/// Drops the tables and schemas earlier test runs on this machine left behind (`idemt_<pid>_…`,
+/// `idemp_<pid>_…`, `idems_<pid>_…`): those of processes that no longer run (`/proc/<pid>` is gone).
+/// Only on Linux; elsewhere nothing is dropped.
+async fn drop_stale(pool: &PgPool) {
+    if !std::path::Path::new("/proc/self").exists() {
+        return;
+    }
+    let names: Vec<(String, bool)> = idem::sqlx::query_as(
+        "SELECT schemaname || '.' || tablename, TRUE FROM pg_tables \
+         WHERE tablename ~ '^(idemt|idemp)_[0-9]+_' \
+         UNION ALL SELECT nspname::TEXT, FALSE FROM pg_namespace WHERE nspname ~ '^idems_[0-9]+_'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default();
+    let stale: Vec<String> = names
+        .into_iter()
+        .filter(|(name, _)| {
+            let pid = name.rsplit('.').next().unwrap_or("").split('_').nth(1);
+            pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+        })
+        .map(|(name, table)| {
+            let kind = if table { "TABLE" } else { "SCHEMA" };
+            format!("DROP {kind} IF EXISTS {name} CASCADE;")
+        })
+        .collect();
+    for batch in stale.chunks(100) {
+        // Best effort: another run may be dropping the same names.
+        let _ = idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(batch.concat()))
+            .execute(pool)
+            .await;
+    }
 }
 
 /// A store on tables no other test uses (`idemt_<pid>_<n>` and its `_tok`), migrated; `None`

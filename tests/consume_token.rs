@@ -334,3 +334,53 @@ mod redis {
 
     crate::consume_token_suite!(tokens);
 }
+
+#[cfg(feature = "postgres")]
+#[path = "support/postgres.rs"]
+mod pg;
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+
+    async fn tokens() -> Option<Arc<dyn TokenStore>> {
+        let store = super::pg::store(16).await?;
+        Some(Arc::new(store.tokens()))
+    }
+
+    crate::consume_token_suite!(tokens);
+
+    // A registered name, resolved at call time.
+    #[consume_token(
+        token = "form.token",
+        store = "consume_token_postgres",
+        subject = "user"
+    )]
+    async fn submit_to_registered(
+        user: &str,
+        shop: &Shop,
+        form: &OrderForm,
+    ) -> Result<String, ShopError> {
+        shop.business(form, Act::Succeed).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_registered_postgres_token_store_is_found_at_call_time() {
+        let Some(store) = super::pg::store(4).await else {
+            return;
+        };
+        idem::register_tokens("consume_token_postgres", store.tokens());
+        let shop = Shop::new(Arc::new(store.tokens()), "ct_pg_named").await;
+        let form = shop.form("ORD-8", Some("u-1")).await;
+        assert!(matches!(
+            submit_to_registered("u-2", &shop, &form).await,
+            Err(ShopError::Idem(IdemError::TokenInvalid { .. }))
+        ));
+        assert_eq!(
+            submit_to_registered("u-1", &shop, &form).await.unwrap(),
+            "order ORD-8 placed"
+        );
+        assert!(is_used(&submit_to_registered("u-1", &shop, &form).await));
+        assert_eq!(shop.runs("ORD-8").await, 1);
+    }
+}

@@ -377,7 +377,7 @@ proptest! {
     }
 }
 
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 #[path = "contract/server.rs"]
 mod server;
 
@@ -404,6 +404,57 @@ mod redis_store {
                 let prefix = format!("{}:", server::unique("idemp"));
                 let store = store.with_test_clock(clock.clone()).with_prefix(&prefix).unwrap();
                 run(Arc::new(store), clock, ops).await
+            })?;
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_store {
+    use super::server;
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// One table for this run's cases (emptied before each), so 64 cases do not make 64 tables.
+    static TABLE: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| server::unique("idemp"));
+    /// Set once the server did not answer: the other cases skip at once.
+    static UNREACHABLE: AtomicBool = AtomicBool::new(false);
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(64),
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn postgres_store_follows_the_reference(ops in prop::collection::vec(op(), 1..40)) {
+            if UNREACHABLE.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            rt().block_on(async {
+                let url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+                let connect = idem::PgStore::builder()
+                    .table(&TABLE)
+                    .unwrap()
+                    .token_table(&format!("{}_tok", *TABLE))
+                    .unwrap()
+                    .max_connections(2)
+                    .acquire_timeout(std::time::Duration::from_secs(3))
+                    .connect(&url);
+                let Some(store) = server::reach("Postgres", &url, connect).await else {
+                    UNREACHABLE.store(true, Ordering::Relaxed);
+                    return Ok(());
+                };
+                store.migrate().await.unwrap();
+                idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(format!("TRUNCATE {}", *TABLE)))
+                    .execute(store.pool())
+                    .await
+                    .unwrap();
+                let clock = TestClock::new();
+                let out = run(Arc::new(store.clone().with_test_clock(clock.clone())), clock, ops).await;
+                store.pool().close().await;
+                out
             })?;
         }
     }

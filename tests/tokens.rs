@@ -80,3 +80,56 @@ async fn the_sweeper_deletes_expired_tokens_and_spares_live_ones() {
     assert_eq!(left, vec![live.clone()]);
     tokens.consume(&live, None).await.unwrap();
 }
+
+#[cfg(feature = "postgres")]
+#[path = "support/postgres.rs"]
+mod pg;
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::{contract, pg};
+    use std::sync::Arc;
+
+    async fn tokens(clock: idem::TestClock) -> Option<Arc<dyn idem::TokenStore>> {
+        let store = pg::store(16).await?;
+        Some(Arc::new(store.with_test_clock(clock).tokens()))
+    }
+
+    crate::token_suite!(tokens);
+
+    /// The sweeper deletes expired tokens (spent or not) and spares live ones, on Postgres.
+    #[tokio::test]
+    async fn the_sweeper_deletes_expired_tokens_and_spares_live_ones() {
+        use idem::TokenStore;
+        use std::time::Duration;
+        let clock = idem::TestClock::new();
+        let Some(store) = pg::store(2).await else {
+            return;
+        };
+        let store = store.with_test_clock(clock.clone());
+        let tokens = store.tokens();
+        assert!(matches!(
+            tokens.issue(Duration::ZERO, None).await,
+            Err(idem::IdemError::InvalidOptions { .. })
+        ));
+        let spent = tokens.issue(Duration::from_secs(10), None).await.unwrap();
+        tokens.consume(&spent, None).await.unwrap();
+        for _ in 0..4 {
+            tokens.issue(Duration::from_secs(10), None).await.unwrap();
+        }
+        let live = tokens.issue(Duration::from_secs(60), None).await.unwrap();
+        clock.advance(Duration::from_secs(11));
+        let sweeper = idem::Sweeper::new(store.clone(), 2).with_tokens(tokens.clone());
+        assert_eq!(sweeper.sweep_once().await.unwrap(), 5);
+        let left: Vec<String> = idem::sqlx::query_scalar(idem::sqlx::AssertSqlSafe(format!(
+            "SELECT token FROM {}",
+            store.token_table()
+        )))
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(left, vec![live.clone()]);
+        tokens.consume(&live, None).await.unwrap();
+        pg::drop_tables(&store).await;
+    }
+}

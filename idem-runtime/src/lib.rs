@@ -29,6 +29,10 @@ mod transition;
 pub mod __private;
 
 pub use backend::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use backend::postgres::{
+    DEFAULT_PG_LOCK_TIMEOUT, PgIsolation, PgStore, PgStoreBuilder, PgTokens, PgTx,
+};
 #[cfg(feature = "redis")]
 pub use backend::redis::{RedisClusterStore, RedisStore, RedisTokens};
 pub use backend::sharded::{ShardedStore, ShardedTx};

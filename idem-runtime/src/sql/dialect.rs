@@ -81,7 +81,7 @@ impl Savepoint {
     }
 
     /// The savepoint of a transactional `#[idempotent]` claim.
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn claim() -> Self {
         Self::new("idem_claim")
     }

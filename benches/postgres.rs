@@ -1,0 +1,477 @@
+//! The Postgres store against the floor, side by side in one process.
+//!
+//! ```text
+//! cargo bench --bench postgres --features postgres,sqlite        # on postgres://postgres@127.0.0.1:5432/test
+//! IDEM_PG_URL=postgres://user@host/db cargo bench --bench postgres --features postgres,sqlite
+//! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench --bench postgres --features postgres,sqlite
+//! IDEM_BENCH_ONLY=c1 cargo bench --bench postgres --features postgres,sqlite     # one mode (c1 or c32)
+//! ```
+//!
+//! Workloads (a small serde result: a string and two integers):
+//! - `lease`: a new key per call in lease mode: the claim statement, the body, the complete
+//!   statement (2 round trips);
+//! - `replay`: the same keys again, already SUCCEEDED: the claim statement answers with the stored
+//!   result (1 round trip, then decoding);
+//! - `tx`: a new key per call in transaction mode, in a transaction of its own: BEGIN, the
+//!   savepoint with the lock timeout (one round trip: `SAVEPOINT; SHOW lock_timeout; SET LOCAL
+//!   lock_timeout`), the locking claim statement, the caller's lock timeout back (`set_config`), the
+//!   complete statement, `RELEASE SAVEPOINT`, COMMIT (7 round trips, 5 of them idem's);
+//! - `tx-replay`: the same keys again in transaction mode: BEGIN, savepoint, claim, `ROLLBACK TO
+//!   SAVEPOINT; RELEASE SAVEPOINT`, COMMIT (5 round trips, 3 of them idem's).
+//!
+//! Contenders, each on a pool of its own of the same size and settings (`PgStore::connect`'s):
+//! - `idem`: `Call::new(..).run(&PgStore, ..)` / `.run_in_tx(&mut PgTx, ..)`;
+//! - `floor`: plain sqlx sending the same statements (their texts are the store's own, from
+//!   `PgStore::__statement`) with no framework around them.
+//!
+//! Besides calls/s it prints the client's CPU time per call (user + system of this process, from
+//! `/proc/self/stat`), which a loaded machine disturbs far less than wall-clock throughput.
+//!
+//! Two modes: `c1` (one task on a current-thread runtime) and `c32` (32 tasks on a multi-thread
+//! runtime with 2 workers). Each round runs both contenders, the order alternating from round to
+//! round; a ratio is taken within a round, then the median over rounds is reported.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use idem::sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use idem::sqlx::{self, AssertSqlSafe, Row};
+use idem::{Call, IdemError, PgStore, PgTx};
+use serde::{Deserialize, Serialize};
+
+/// The stored result: a string and two integers.
+#[derive(Debug, Serialize, Deserialize)]
+struct Receipt {
+    id: String,
+    amount: u64,
+    seq: u64,
+}
+
+fn receipt(k: u64) -> Receipt {
+    Receipt {
+        id: format!("order-{k}"),
+        amount: k * 100 + 7,
+        seq: k,
+    }
+}
+
+const BIZ: &str = "BENCH";
+const TTL: Duration = Duration::from_secs(3600);
+
+/// One way of making call `k` in workload `w` (0 lease, 1 replay, 2 tx, 3 tx-replay).
+trait Contender: Clone + Send + Sync + 'static {
+    fn call(&self, w: usize, k: u64) -> impl Future<Output = Receipt> + Send;
+}
+
+#[derive(Clone)]
+struct Idem(PgStore);
+
+impl Contender for Idem {
+    async fn call(&self, w: usize, k: u64) -> Receipt {
+        let call = Call::new(BIZ, &k).ttl(TTL);
+        let r: Result<Receipt, IdemError> = if w < 2 {
+            call.run(&self.0, async move { Ok(receipt(k)) }).await
+        } else {
+            let mut tx = self.0.begin().await.unwrap();
+            let r = call
+                .run_in_tx(&mut tx, async move |_tx: &mut PgTx| Ok(receipt(k)))
+                .await;
+            tx.commit().await.unwrap();
+            r
+        };
+        r.unwrap()
+    }
+}
+
+/// Plain sqlx: the store's statements, sent by hand.
+#[derive(Clone)]
+struct Floor {
+    pool: PgPool,
+    claim: &'static str,
+    claim_locking: &'static str,
+    complete: &'static str,
+    lock_timeout: &'static str,
+    lease_ms: i64,
+    ttl_ms: i64,
+}
+
+impl Floor {
+    /// The claim statement on `conn`: `Some(fence)` for a new record, `None` with the stored
+    /// result for a replay.
+    async fn claim(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        sql: &'static str,
+        k: u64,
+    ) -> (Option<i64>, Option<Vec<u8>>) {
+        let row = sqlx::query(sql)
+            .bind(BIZ)
+            .bind(k.to_string())
+            .bind(None::<&str>)
+            .bind(self.lease_ms)
+            .bind(self.ttl_ms)
+            .bind(0i64)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        if row.get::<bool, _>("inserted") {
+            (Some(row.get("fence")), None)
+        } else {
+            assert_eq!(row.get::<&str, _>("status"), "SUCCEEDED");
+            (None, row.get("result"))
+        }
+    }
+
+    async fn complete(&self, conn: &mut sqlx::PgConnection, k: u64, fence: i64, r: &Receipt) {
+        let done = sqlx::query(self.complete)
+            .bind(BIZ)
+            .bind(k.to_string())
+            .bind(fence)
+            .bind(serde_json::to_vec(r).unwrap())
+            .bind(0i64)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(done.rows_affected(), 1, "complete lost its fence");
+    }
+}
+
+impl Contender for Floor {
+    async fn call(&self, w: usize, k: u64) -> Receipt {
+        if w < 2 {
+            let (fence, stored) = {
+                let mut conn = self.pool.acquire().await.unwrap();
+                self.claim(&mut conn, self.claim, k).await
+            };
+            return match fence {
+                Some(fence) => {
+                    let r = receipt(k);
+                    let mut conn = self.pool.acquire().await.unwrap();
+                    self.complete(&mut conn, k, fence, &r).await;
+                    r
+                }
+                None => serde_json::from_slice(&stored.unwrap()).unwrap(),
+            };
+        }
+        let mut tx = self.pool.begin().await.unwrap();
+        let old: String = sqlx::raw_sql(AssertSqlSafe(format!(
+            "SAVEPOINT bench; SHOW lock_timeout; SET LOCAL lock_timeout = '{}'",
+            self.lock_timeout
+        )))
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap()[0]
+            .get(0);
+        let (fence, stored) = self.claim(&mut tx, self.claim_locking, k).await;
+        let r = match fence {
+            Some(fence) => {
+                sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+                    .bind(old)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                let r = receipt(k);
+                self.complete(&mut tx, k, fence, &r).await;
+                sqlx::raw_sql("RELEASE SAVEPOINT bench")
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                r
+            }
+            None => {
+                sqlx::raw_sql("ROLLBACK TO SAVEPOINT bench; RELEASE SAVEPOINT bench")
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                serde_json::from_slice(&stored.unwrap()).unwrap()
+            }
+        };
+        tx.commit().await.unwrap();
+        r
+    }
+}
+
+/// CPU time this process has used (user + system, all threads), from `/proc/self/stat`, in
+/// seconds (10 ms resolution); 0 where there is no `/proc`.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // The fields after the command name (which may hold spaces) start after its closing ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<f64>().ok()))
+        .sum();
+    ticks / 100.0
+}
+
+/// Runs calls `keys` of workload `w` split over `tasks` tasks, all at once; returns calls/s and
+/// the client's CPU microseconds per call.
+async fn timed<C: Contender>(
+    c: &C,
+    w: usize,
+    keys: std::ops::Range<u64>,
+    tasks: u64,
+) -> (f64, f64) {
+    let per = (keys.end - keys.start) / tasks;
+    let cpu = cpu_seconds();
+    let t = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|i| {
+            let c = c.clone();
+            let start = keys.start + i * per;
+            tokio::spawn(async move {
+                for k in start..start + per {
+                    let r = c.call(w, k).await;
+                    assert_eq!(black_box(r).seq, k);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
+    let calls = (per * tasks) as f64;
+    (
+        calls / t.elapsed().as_secs_f64(),
+        (cpu_seconds() - cpu) * 1e6 / calls,
+    )
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Calls/s and client CPU µs per call, per contender (0 idem, 1 floor) and workload, one per
+/// round.
+#[derive(Default)]
+struct Figures {
+    ops: [[Vec<f64>; 4]; 2],
+    cpu: [[Vec<f64>; 4]; 2],
+}
+
+impl Figures {
+    fn ratio(&self, workload: usize) -> f64 {
+        median(
+            self.ops[0][workload]
+                .iter()
+                .zip(&self.ops[1][workload])
+                .map(|(x, y)| x / y)
+                .collect(),
+        )
+    }
+}
+
+/// A pool as `PgStore::connect` makes it.
+async fn pool(url: &str, max: u32) -> PgPool {
+    let options: PgConnectOptions = url.parse().unwrap();
+    PgPoolOptions::new()
+        .max_connections(max)
+        .test_before_acquire(false)
+        .connect_with(options.options([("lock_timeout", "3000ms")]))
+        .await
+        .unwrap()
+}
+
+async fn measure(url: &str, mode: &str, tasks: u64, calls: u64, rounds: usize) -> Figures {
+    let tag = format!("bench_{}_{mode}", std::process::id());
+    let conns = u32::try_from(tasks).unwrap().max(2);
+    let store = PgStore::builder()
+        .table(&format!("{tag}_idem"))
+        .unwrap()
+        .token_table(&format!("{tag}_idem_tok"))
+        .unwrap()
+        .max_connections(conns)
+        .connect(url)
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let floor_store = PgStore::builder()
+        .table(&format!("{tag}_floor"))
+        .unwrap()
+        .token_table(&format!("{tag}_floor_tok"))
+        .unwrap()
+        .build(pool(url, conns).await);
+    floor_store.migrate().await.unwrap();
+    let text = |name: &str| -> &'static str {
+        Box::leak(
+            floor_store
+                .__statement(name)
+                .unwrap()
+                .to_owned()
+                .into_boxed_str(),
+        )
+    };
+    let floor = Floor {
+        pool: floor_store.pool().clone(),
+        claim: text("claim"),
+        claim_locking: text("claim_locking"),
+        complete: text("complete"),
+        lock_timeout: "3000ms",
+        lease_ms: idem::DEFAULT_LEASE.as_millis() as i64,
+        ttl_ms: TTL.as_millis() as i64,
+    };
+    let idem = Idem(store.clone());
+
+    // A warm-up, not counted: connections up, statements prepared, caches warm.
+    let warm = (calls / 5).max(tasks);
+    let base = 1_000_000_000u64;
+    for (w, offset) in [(0, 0), (1, 0), (2, warm), (3, warm)] {
+        let keys = base + offset..base + offset + warm;
+        timed(&idem, w, keys.clone(), tasks).await;
+        timed(&floor, w, keys, tasks).await;
+    }
+
+    let mut figures = Figures::default();
+    for round in 0..rounds {
+        let lease_keys = (2 * round as u64 * calls)..(2 * round as u64 + 1) * calls;
+        let tx_keys = lease_keys.end..lease_keys.end + calls;
+        for i in 0..2 {
+            let who = (round + i) % 2;
+            for (w, keys) in [
+                (0, &lease_keys),
+                (1, &lease_keys),
+                (2, &tx_keys),
+                (3, &tx_keys),
+            ] {
+                let (ops, cpu) = if who == 0 {
+                    timed(&idem, w, keys.clone(), tasks).await
+                } else {
+                    timed(&floor, w, keys.clone(), tasks).await
+                };
+                figures.ops[who][w].push(ops);
+                figures.cpu[who][w].push(cpu);
+            }
+        }
+        let at = |who: usize, w: usize| figures.ops[who][w].last().copied().unwrap_or(f64::NAN);
+        eprintln!(
+            "  {mode} round {round}: lease {:.0}/{:.0}, replay {:.0}/{:.0}, tx {:.0}/{:.0}, tx-replay {:.0}/{:.0} (idem/floor)",
+            at(0, 0),
+            at(1, 0),
+            at(0, 1),
+            at(1, 1),
+            at(0, 2),
+            at(1, 2),
+            at(0, 3),
+            at(1, 3),
+        );
+    }
+    for s in [&store, &floor_store] {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP TABLE {}, {}",
+            s.table(),
+            s.token_table()
+        )))
+        .execute(s.pool())
+        .await
+        .unwrap();
+    }
+    figures
+}
+
+fn main() {
+    let url = std::env::var("IDEM_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let env = |name: &str| std::env::var(name).ok();
+    let scale: f64 = env("IDEM_BENCH_SCALE")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    let rounds: usize = env("IDEM_BENCH_ROUNDS")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let calls = |base: u64| ((base as f64 * scale) as u64).max(32) / 32 * 32;
+
+    let seq_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let reachable = seq_rt.block_on(async {
+        let probe = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect(&url)
+            .await;
+        match probe {
+            Ok(pool) => {
+                pool.close().await;
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    });
+    if let Err(e) = reachable {
+        println!("skipped: Postgres at {url} is unreachable ({e})");
+        return;
+    }
+    println!(
+        "idem on Postgres ({url}), {rounds} rounds, median of per-round ratios; scale {scale}\n"
+    );
+    // IDEM_BENCH_ONLY=c1 or c32: one mode.
+    let only = env("IDEM_BENCH_ONLY").unwrap_or_default();
+    let mut results = Vec::new();
+    if only != "c32" {
+        let n = calls(2_000);
+        let f = seq_rt.block_on(measure(&url, "c1", 1, n, rounds));
+        results.push(("1 caller", n, f));
+    }
+    drop(seq_rt);
+    if only != "c1" {
+        let multi_rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let n = calls(8_000);
+        let f = multi_rt.block_on(measure(&url, "c32", 32, n, rounds));
+        results.push(("32 callers", n, f));
+    }
+
+    println!(
+        "{:<24} {:>10} {:>10} {:>10} {:>10}",
+        "calls/s (median)", "lease", "replay", "tx", "tx-replay"
+    );
+    for (label, n, f) in &results {
+        println!("-- {label} ({n} keys per contender per round)");
+        for (i, name) in ["idem", "floor (plain sqlx)"].iter().enumerate() {
+            println!(
+                "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>10.0}",
+                name,
+                median(f.ops[i][0].clone()),
+                median(f.ops[i][1].clone()),
+                median(f.ops[i][2].clone()),
+                median(f.ops[i][3].clone()),
+            );
+        }
+        for (i, name) in ["idem CPU µs/call", "floor CPU µs/call"].iter().enumerate() {
+            println!(
+                "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>10.0}",
+                name,
+                median(f.cpu[i][0].clone()),
+                median(f.cpu[i][1].clone()),
+                median(f.cpu[i][2].clone()),
+                median(f.cpu[i][3].clone()),
+            );
+        }
+        println!(
+            "{:<24} {:>10.3} {:>10.3} {:>10.3} {:>10.3}",
+            "ratio idem / floor",
+            f.ratio(0),
+            f.ratio(1),
+            f.ratio(2),
+            f.ratio(3)
+        );
+    }
+}

@@ -1,0 +1,473 @@
+//! PostgreSQL store (feature `postgres`), through sqlx.
+//!
+//! `records.rs` holds the statements and the claim protocol's steps, `tx.rs` the transactions
+//! (`PgTx`: `tx = "…"` claims and transitions), `transition.rs` what state transitions bind,
+//! `tokens.rs` the one-time submit tokens.
+
+mod records;
+mod tokens;
+mod transition;
+mod tx;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, SqlSafeStr};
+
+use crate::clock::{ClockOffset, TestClock};
+use crate::sql::claim::claim_by_cas;
+use crate::sql::dialect::Dialect;
+use crate::sql::table::TableName;
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
+use crate::transition::TransitionTx;
+use crate::{Busy, IdemError};
+use records::{Records, Statements};
+pub use tokens::PgTokens;
+use tokens::TokenStatements;
+pub use tx::{PgIsolation, PgTx};
+
+/// A driver error as an [`IdemError`] of the right class.
+pub(crate) fn db_error(e: sqlx::Error) -> IdemError {
+    crate::sql::error::store_error(e, Dialect::Postgres)
+}
+
+/// How long a claim waits by default for a row lock another transaction holds (a claimant in
+/// transaction mode) before it answers `InProgress`.
+pub const DEFAULT_PG_LOCK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Keeps records in a PostgreSQL table (`idem_record` by default; any name, schema-qualified or
+/// not, with [`PgStoreBuilder::table`]).
+///
+/// Times come from the database's clock (`clock_timestamp()`), never the application's. A claim is
+/// one statement (`INSERT … ON CONFLICT DO NOTHING` behind a read of the record, so a concurrent
+/// insert of the same key neither raises 23505 nor aborts a transaction); a takeover is a
+/// compare-and-set `UPDATE` on the record's fence. Transaction mode ([`PgStore::begin`]) claims in a
+/// savepoint of the caller's transaction with a locking read, and bounds how long a duplicate waits
+/// for the claimant's transaction (`SET LOCAL lock_timeout`, [`PgStoreBuilder::lock_timeout`]).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+/// let store = idem_runtime::PgStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
+/// store.migrate().await?;
+/// idem_runtime::register_store("postgres", store);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    limits: Limits,
+    offset: ClockOffset,
+    table: TableName,
+    token_table: TableName,
+    sql: Arc<Statements>,
+    token_sql: Arc<TokenStatements>,
+    lock_timeout: Duration,
+}
+
+/// Options of a [`PgStore`]: its table names, its pool, its limits and its lock timeout.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+/// let store = idem_runtime::PgStore::builder()
+///     .table("billing.idem_record")?
+///     .max_connections(32)
+///     .connect("postgres://postgres@127.0.0.1:5432/test")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgStoreBuilder {
+    table: TableName,
+    token_table: Option<TableName>,
+    limits: Limits,
+    max_connections: u32,
+    acquire_timeout: Duration,
+    lock_timeout: Duration,
+}
+
+impl Default for PgStoreBuilder {
+    fn default() -> Self {
+        PgStoreBuilder {
+            table: TableName::default_table(),
+            token_table: None,
+            limits: Limits::default(),
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(30),
+            lock_timeout: DEFAULT_PG_LOCK_TIMEOUT,
+        }
+    }
+}
+
+impl PgStoreBuilder {
+    /// The records' table: `[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.table` (the schema must
+    /// exist); quoted in every statement. Default `idem_record`.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a name idem cannot use.
+    pub fn table(mut self, name: &str) -> Result<Self, IdemError> {
+        self.table = TableName::new(name)?;
+        Ok(self)
+    }
+
+    /// The submit tokens' table (same rules). Default `idem_token`, in the records' schema.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a name idem cannot use.
+    pub fn token_table(mut self, name: &str) -> Result<Self, IdemError> {
+        self.token_table = Some(TableName::new(name)?);
+        Ok(self)
+    }
+
+    /// The limits the store enforces before it writes.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Connections of the pool [`PgStoreBuilder::connect`] opens (default 16).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// How long [`PgStoreBuilder::connect`] and every later checkout wait for a connection
+    /// (default 30 s).
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// How long a claim waits for a row lock held by another transaction (a claimant in
+    /// transaction mode whose business is still running) before it answers `InProgress`
+    /// (default 3 s). Set per claim in transaction mode (`SET LOCAL lock_timeout`, restored after
+    /// it), and as the session's `lock_timeout` of the pool [`PgStoreBuilder::connect`] opens.
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Opens a pool on `url` (`postgres://user@host:port/db`) and makes the store.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a malformed URL, [`IdemError::StoreUnavailable`] when
+    /// the server cannot be reached.
+    pub async fn connect(self, url: &str) -> Result<PgStore, IdemError> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| IdemError::InvalidOptions {
+                reason: format!("not a Postgres URL: {e}"),
+            })?
+            .options([("lock_timeout", lock_timeout_text(self.lock_timeout))]);
+        // A statement on a dead connection fails as unavailable and idem tries again on another,
+        // so the pool does not ping every connection it hands out (a round trip per statement).
+        let pool = PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(self.acquire_timeout)
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await
+            .map_err(IdemError::unavailable)?;
+        Ok(self.build(pool))
+    }
+
+    /// The store on an existing pool (its database must have the tables: see
+    /// [`PgStore::migrate`]).
+    pub fn build(self, pool: PgPool) -> PgStore {
+        let token_table = self.token_table.unwrap_or_else(|| {
+            let name = match self.table.as_str().split_once('.') {
+                Some((schema, _)) => format!("{schema}.idem_token"),
+                None => "idem_token".to_owned(),
+            };
+            TableName::new(&name).unwrap_or_else(|_| unreachable!("a valid schema and name"))
+        });
+        PgStore {
+            pool,
+            limits: self.limits,
+            offset: ClockOffset::default(),
+            sql: Arc::new(Statements::new(&self.table)),
+            token_sql: Arc::new(TokenStatements::new(&token_table)),
+            table: self.table,
+            token_table,
+            lock_timeout: self.lock_timeout,
+        }
+    }
+}
+
+/// A lock timeout as Postgres reads it: whole milliseconds.
+fn lock_timeout_text(timeout: Duration) -> String {
+    format!("{}ms", timeout.as_millis().max(1))
+}
+
+impl PgStore {
+    /// The DDL of the records and tokens tables, in order, as shipped in `migrations/postgres/`
+    /// (with the default names `idem_record` and `idem_token`); for services that apply
+    /// migrations with their own tool. [`PgStore::migrate`] applies them with the store's names.
+    pub const MIGRATIONS: [&'static str; 2] = [
+        include_str!("../../../migrations/postgres/0001_idem_record.sql"),
+        include_str!("../../../migrations/postgres/0002_idem_token.sql"),
+    ];
+
+    /// Rows per sweep statement to give [`crate::Sweeper::new`] for this store: 1,000, small
+    /// enough that no statement locks for long, large enough to keep up with a busy table.
+    pub const SWEEP_BATCH: usize = 1_000;
+
+    /// Options: table names, pool size, limits, lock timeout.
+    pub fn builder() -> PgStoreBuilder {
+        PgStoreBuilder::default()
+    }
+
+    /// Opens a pool on `url` with the default options (table `idem_record`).
+    ///
+    /// # Errors
+    /// As [`PgStoreBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<Self, IdemError> {
+        Self::builder().connect(url).await
+    }
+
+    /// A store on an existing pool with the default options.
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self::builder().build(pool)
+    }
+
+    /// The same store with other limits.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The same store on a [`TestClock`]: every statement reads the database's clock plus the
+    /// clock's offset.
+    pub fn with_test_clock(mut self, clock: TestClock) -> Self {
+        self.offset = ClockOffset::new(clock);
+        self
+    }
+
+    /// The pool, for the application's own queries.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The records' table, as configured.
+    pub fn table(&self) -> &str {
+        self.table.as_str()
+    }
+
+    /// The tokens' table, as configured.
+    pub fn token_table(&self) -> &str {
+        self.token_table.as_str()
+    }
+
+    /// How long a claim waits for a row lock held by another transaction.
+    pub fn lock_timeout(&self) -> Duration {
+        self.lock_timeout
+    }
+
+    /// The text of one of the store's statements (`claim`, `claim_locking`, `take`, `complete`,
+    /// `fail`, `renew`, `load`, `sweep`), for a benchmark that sends the same statements by hand.
+    #[doc(hidden)]
+    pub fn __statement(&self, name: &str) -> Option<&str> {
+        self.sql.get(name)
+    }
+
+    /// Milliseconds the test clock adds to the database's clock.
+    fn offset_ms(&self) -> i64 {
+        self.offset.ms()
+    }
+
+    /// Creates the records table and the tokens table with their expiry indexes, if they do not
+    /// exist (the schema of a schema-qualified name must exist). Plain DDL: no triggers,
+    /// functions or extensions.
+    ///
+    /// # Errors
+    /// The database's error.
+    pub async fn migrate(&self) -> Result<(), IdemError> {
+        let [records, tokens] = Self::MIGRATIONS;
+        let records = named(records, "idem_record", &self.table);
+        let tokens = named(tokens, "idem_token", &self.token_table);
+        for ddl in [records, tokens] {
+            // Two services migrating the same new table at once can collide in the catalog
+            // (23505 / 42P07): the loser finds the table made on its second try.
+            let mut tried = 0;
+            loop {
+                match sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
+                    .execute(&self.pool)
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(sqlx::Error::Database(db))
+                        if tried < 3 && matches!(db.code().as_deref(), Some("23505" | "42P07")) =>
+                    {
+                        tried += 1;
+                    }
+                    Err(e) => return Err(db_error(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Begins a transaction (the database's default isolation, usually READ COMMITTED) for
+    /// `tx = "…"` calls and state transitions. It carries this store: a `tx = "…"` call claims in
+    /// this store's table by construction.
+    ///
+    /// # Errors
+    /// [`IdemError::StoreUnavailable`] when no connection can be had.
+    pub async fn begin(&self) -> Result<PgTx, IdemError> {
+        let tx = self.pool.begin().await.map_err(db_error)?;
+        Ok(PgTx::new(tx, self.clone()))
+    }
+
+    /// Begins a transaction at `isolation`. Under REPEATABLE READ and SERIALIZABLE a claim that
+    /// meets a record written after the transaction's snapshot fails with a serialization failure
+    /// ([`IdemError::restarts_transaction`]): run the transaction again
+    /// ([`crate::retry_transaction`]).
+    ///
+    /// # Errors
+    /// [`IdemError::StoreUnavailable`] when no connection can be had.
+    pub async fn begin_with(&self, isolation: PgIsolation) -> Result<PgTx, IdemError> {
+        let tx = self
+            .pool
+            .begin_with(isolation.begin_statement().into_sql_str())
+            .await
+            .map_err(db_error)?;
+        Ok(PgTx::new(tx, self.clone()))
+    }
+
+    fn records<'c>(&'c self, conn: &'c mut sqlx::PgConnection) -> Records<'c> {
+        Records::new(conn, &self.sql, self.offset_ms(), false)
+    }
+
+    /// Runs `work` on a pool connection.
+    async fn with_conn<R>(
+        &self,
+        work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<R, IdemError>,
+    ) -> Result<R, IdemError> {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        work(&mut conn).await
+    }
+
+    /// A lock wait that timed out while claiming: the record is held by a transaction still
+    /// running, so the key is in progress.
+    fn lock_timed_out(
+        &self,
+        outcome: Result<ClaimOutcome, IdemError>,
+    ) -> Result<ClaimOutcome, IdemError> {
+        match outcome {
+            Err(IdemError::StoreBusy {
+                reason: Busy::LockTimeout,
+                ..
+            }) => Ok(ClaimOutcome::InProgress {
+                retry_after: self.lock_timeout,
+            }),
+            other => other,
+        }
+    }
+}
+
+/// The migration `ddl` with `default` (and its index) renamed to `table`, quoted.
+fn named(ddl: &str, default: &str, table: &TableName) -> String {
+    let index = format!("{default}_expire_at");
+    ddl.replace(
+        &index,
+        &Dialect::Postgres.quote_ident(&table.index_name("expire_at")),
+    )
+    .replace(
+        &format!("IF NOT EXISTS {default} "),
+        &format!("IF NOT EXISTS {} ", table.quoted(Dialect::Postgres)),
+    )
+    .replace(
+        &format!("ON {default} "),
+        &format!("ON {} ", table.quoted(Dialect::Postgres)),
+    )
+}
+
+impl crate::TransactionalStore for PgStore {
+    type Tx = PgTx;
+
+    async fn begin_tx(&self) -> Result<PgTx, IdemError> {
+        self.begin().await
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        let outcome = self
+            .with_conn(async |conn| claim_by_cas(&mut self.records(conn), req).await)
+            .await;
+        self.lock_timed_out(outcome)
+    }
+
+    async fn complete(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        self.with_conn(async |conn| self.records(conn).complete(biz, key, claim, snapshot).await)
+            .await
+    }
+
+    async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
+        self.with_conn(async |conn| self.records(conn).fail(biz, key, claim).await)
+            .await
+    }
+
+    async fn renew(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError> {
+        self.with_conn(async |conn| self.records(conn).renew(biz, key, claim, lease).await)
+            .await
+    }
+
+    async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
+        if biz.contains('\0') || key.contains('\0') {
+            // Postgres text cannot hold NUL, and no claim stores such a key: there is no record.
+            return Ok(None);
+        }
+        self.with_conn(async |conn| self.records(conn).load(biz, key).await)
+            .await
+    }
+
+    async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
+        self.with_conn(async |conn| self.records(conn).sweep(batch).await)
+            .await
+    }
+
+    async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
+        Ok(Box::new(self.begin().await?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_take_the_configured_names() {
+        let t = TableName::new("shop.order").unwrap();
+        let ddl = named(PgStore::MIGRATIONS[0], "idem_record", &t);
+        assert!(ddl.contains("CREATE TABLE IF NOT EXISTS \"shop\".\"order\" ("));
+        assert!(ddl.contains(
+            "CREATE INDEX IF NOT EXISTS \"order_expire_at\" ON \"shop\".\"order\" (expire_at)"
+        ));
+        assert!(!ddl.contains("CREATE TABLE IF NOT EXISTS idem_record"));
+        let ddl = named(PgStore::MIGRATIONS[1], "idem_token", &t);
+        assert!(ddl.contains("IF NOT EXISTS \"shop\".\"order\" ("));
+    }
+}

@@ -1,0 +1,366 @@
+//! The statements of the Postgres store and the claim protocol's steps on one connection (a pool
+//! connection in lease mode, the caller's transaction in transaction mode).
+//!
+//! Every statement reads the database's clock (`clock_timestamp()`, the wall clock at the moment the
+//! statement reads it, never the transaction's start time) plus the test clock's offset, and binds
+//! every value. A claim is one round trip: one statement reads the record and, only when there is
+//! none, inserts it (`INSERT … ON CONFLICT DO NOTHING`, so a concurrent insert of the same key never
+//! raises 23505, which would abort the caller's transaction).
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgArguments, PgConnection, PgRow};
+use sqlx::{AssertSqlSafe, Postgres, Row, SqlSafeStr, SqlStr};
+
+use super::db_error;
+use crate::IdemError;
+use crate::sql::claim::{CasRecords, SeenRecord};
+use crate::sql::dialect::Dialect;
+use crate::sql::table::TableName;
+use crate::store::decide::millis;
+use crate::store::{Claim, ClaimRequest, Fence, Record, Status};
+
+/// The database clock read once, plus the test clock's offset bound at `off`: `n` in milliseconds,
+/// `us` (a fence) in microseconds.
+fn clock(off: &str) -> String {
+    format!(
+        "SELECT FLOOR(EXTRACT(EPOCH FROM k.t) * 1000)::BIGINT + {off} AS n, \
+         FLOOR(EXTRACT(EPOCH FROM k.t) * 1000000)::BIGINT + {off} * 1000 AS us \
+         FROM (SELECT clock_timestamp() AS t) AS k"
+    )
+}
+
+/// The statements of one store, built once for its table name.
+#[derive(Debug)]
+pub(super) struct Statements {
+    /// Lease mode: a plain read (a row inserted concurrently shows up on the next try).
+    claim: SqlStr,
+    /// Transaction mode: the read locks the row (`FOR UPDATE`): a current read, never the
+    /// transaction's old snapshot, and a duplicate waits for the claimant's transaction.
+    claim_locking: SqlStr,
+    take: SqlStr,
+    complete: SqlStr,
+    fail: SqlStr,
+    renew: SqlStr,
+    load: SqlStr,
+    sweep: SqlStr,
+}
+
+fn sql(text: String) -> SqlStr {
+    AssertSqlSafe(text).into_sql_str()
+}
+
+/// The record's columns as the claim reads them.
+const COLUMNS: &str = "status, attempt, fence, fingerprint, result, lease_until, expire_at";
+
+impl Statements {
+    pub(super) fn new(table: &TableName) -> Self {
+        let t = table.quoted(Dialect::Postgres);
+        // $1 biz, $2 key, $3 fingerprint, $4 lease ms, $5 ttl ms, $6 clock offset ms.
+        let claim = |lock: &str| {
+            format!(
+                "WITH c AS ({clock}), \
+                 old AS (SELECT {COLUMNS} FROM {t} WHERE biz_type = $1 AND idem_key = $2{lock}), \
+                 ins AS (INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, \
+                 result, lease_until, created_at, updated_at, expire_at) \
+                 SELECT $1, $2, 'PROCESSING', 1, c.us, $3, NULL, c.n + $4, c.n, c.n, c.n + $5 \
+                 FROM c WHERE NOT EXISTS (SELECT 1 FROM old) \
+                 ON CONFLICT (biz_type, idem_key) DO NOTHING \
+                 RETURNING {COLUMNS}, created_at) \
+                 SELECT old.status, old.attempt, old.fence, old.fingerprint, old.result, \
+                 old.lease_until, old.expire_at, c.n AS now_ms, FALSE AS inserted FROM old, c \
+                 UNION ALL \
+                 SELECT ins.status, ins.attempt, ins.fence, ins.fingerprint, ins.result, \
+                 ins.lease_until, ins.expire_at, ins.created_at AS now_ms, TRUE AS inserted FROM ins",
+                clock = clock("$6"),
+            )
+        };
+        // $1 biz, $2 key, $3 fingerprint, $4 lease ms, $5 ttl ms, $6 offset, $7 reset,
+        // $8 seen fence, $9 seen status, $10 seen lease end.
+        let take = format!(
+            "WITH c AS ({clock}) \
+             UPDATE {t} AS r SET status = 'PROCESSING', \
+             attempt = CASE WHEN $7 THEN 1 ELSE r.attempt + 1 END, \
+             fence = GREATEST(r.fence + 1, c.us), fingerprint = $3, result = NULL, \
+             lease_until = c.n + $4, updated_at = c.n, \
+             created_at = CASE WHEN $7 THEN c.n ELSE r.created_at END, \
+             expire_at = CASE WHEN $7 THEN c.n + $5 ELSE GREATEST(r.expire_at, c.n + $4) END \
+             FROM c WHERE r.biz_type = $1 AND r.idem_key = $2 AND r.fence = $8 AND r.status = $9 \
+             AND r.lease_until = $10 \
+             RETURNING r.attempt, r.fence",
+            clock = clock("$6"),
+        );
+        // $1 biz, $2 key, $3 fence, $4 result, $5 offset. A record already SUCCEEDED under the
+        // fence counts as held: a mark sent again after a lost reply succeeds (FAILED likewise).
+        let complete = format!(
+            "WITH c AS ({clock}) \
+             UPDATE {t} AS r SET result = CASE WHEN r.status = 'PROCESSING' THEN $4 ELSE r.result END, \
+             status = 'SUCCEEDED', updated_at = c.n FROM c \
+             WHERE r.biz_type = $1 AND r.idem_key = $2 AND r.fence = $3 \
+             AND r.status IN ('PROCESSING', 'SUCCEEDED')",
+            clock = clock("$5"),
+        );
+        // $1 biz, $2 key, $3 fence, $4 offset.
+        let fail = format!(
+            "WITH c AS ({clock}) \
+             UPDATE {t} AS r SET status = 'FAILED', result = NULL, updated_at = c.n FROM c \
+             WHERE r.biz_type = $1 AND r.idem_key = $2 AND r.fence = $3 \
+             AND r.status IN ('PROCESSING', 'FAILED')",
+            clock = clock("$4"),
+        );
+        // $1 biz, $2 key, $3 fence, $4 lease ms, $5 offset.
+        let renew = format!(
+            "WITH c AS ({clock}) \
+             UPDATE {t} AS r SET lease_until = c.n + $4, \
+             expire_at = GREATEST(r.expire_at, c.n + $4), updated_at = c.n FROM c \
+             WHERE r.biz_type = $1 AND r.idem_key = $2 AND r.fence = $3 AND r.status = 'PROCESSING'",
+            clock = clock("$5"),
+        );
+        let load = format!("SELECT {COLUMNS} FROM {t} WHERE biz_type = $1 AND idem_key = $2");
+        // $1 batch, $2 offset. Expired: the TTL passed and no lease is live. The batch's rows are
+        // locked as they are picked (rows another transaction holds are skipped, never waited
+        // for), so the delete removes exactly what was picked, and no statement runs long.
+        let sweep = format!(
+            "WITH c AS ({clock}), \
+             doomed AS (SELECT r.biz_type, r.idem_key FROM {t} AS r, c \
+             WHERE r.expire_at <= c.n AND NOT (r.status = 'PROCESSING' AND r.lease_until > c.n) \
+             LIMIT $1 FOR UPDATE OF r SKIP LOCKED) \
+             DELETE FROM {t} AS d USING doomed \
+             WHERE d.biz_type = doomed.biz_type AND d.idem_key = doomed.idem_key",
+            clock = clock("$2"),
+        );
+        Statements {
+            claim: sql(claim("")),
+            claim_locking: sql(claim(" FOR UPDATE")),
+            take: sql(take),
+            complete: sql(complete),
+            fail: sql(fail),
+            renew: sql(renew),
+            load: sql(load),
+            sweep: sql(sweep),
+        }
+    }
+}
+
+impl Statements {
+    /// A statement by name, for the benchmark's hand-written floor.
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
+        let sql = match name {
+            "claim" => &self.claim,
+            "claim_locking" => &self.claim_locking,
+            "take" => &self.take,
+            "complete" => &self.complete,
+            "fail" => &self.fail,
+            "renew" => &self.renew,
+            "load" => &self.load,
+            "sweep" => &self.sweep,
+            _ => return None,
+        };
+        Some(sql.as_str())
+    }
+}
+
+/// The store's records, reached through one connection.
+pub(super) struct Records<'c> {
+    conn: &'c mut PgConnection,
+    sql: &'c Statements,
+    offset_ms: i64,
+    /// Transaction mode: lock the row the claim reads.
+    locking: bool,
+}
+
+fn attempt_of(row: &PgRow) -> Result<u32, IdemError> {
+    let attempt: i32 = row.try_get("attempt").map_err(db_error)?;
+    u32::try_from(attempt).map_err(|_| IdemError::store(format!("attempt {attempt} out of range")))
+}
+
+fn fence_of(row: &PgRow) -> Result<u64, IdemError> {
+    let fence: i64 = row.try_get("fence").map_err(db_error)?;
+    u64::try_from(fence).map_err(|_| IdemError::store(format!("fence {fence} out of range")))
+}
+
+fn fence_param(claim: &Claim) -> Result<i64, IdemError> {
+    i64::try_from(claim.fence.get()).map_err(|_| IdemError::LeaseLost {
+        attempt: claim.attempt,
+    })
+}
+
+type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
+
+impl<'c> Records<'c> {
+    pub(super) fn new(
+        conn: &'c mut PgConnection,
+        sql: &'c Statements,
+        offset_ms: i64,
+        locking: bool,
+    ) -> Self {
+        Records {
+            conn,
+            sql,
+            offset_ms,
+            locking,
+        }
+    }
+
+    /// Changes the record held under `claim` with `query` (complete, fail, renew).
+    async fn held(&mut self, query: Query<'_>, claim: &Claim) -> Result<(), IdemError> {
+        let done = query.execute(&mut *self.conn).await.map_err(db_error)?;
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(IdemError::LeaseLost {
+                attempt: claim.attempt,
+            })
+        }
+    }
+
+    pub(super) async fn complete(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        let query = sqlx::query(self.sql.complete.clone())
+            .bind(biz)
+            .bind(key)
+            .bind(fence_param(claim)?)
+            .bind(snapshot)
+            .bind(self.offset_ms);
+        self.held(query, claim).await
+    }
+
+    pub(super) async fn fail(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+    ) -> Result<(), IdemError> {
+        let query = sqlx::query(self.sql.fail.clone())
+            .bind(biz)
+            .bind(key)
+            .bind(fence_param(claim)?)
+            .bind(self.offset_ms);
+        self.held(query, claim).await
+    }
+
+    pub(super) async fn renew(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError> {
+        let query = sqlx::query(self.sql.renew.clone())
+            .bind(biz)
+            .bind(key)
+            .bind(fence_param(claim)?)
+            .bind(millis(lease))
+            .bind(self.offset_ms);
+        self.held(query, claim).await
+    }
+
+    pub(super) async fn load(&mut self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
+        let Some(row) = sqlx::query(self.sql.load.clone())
+            .bind(biz)
+            .bind(key)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Record {
+            biz: biz.to_owned(),
+            key: key.to_owned(),
+            status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+            attempt: attempt_of(&row)?,
+            fence: Fence::new(fence_of(&row)?),
+            fingerprint: row.try_get("fingerprint").map_err(db_error)?,
+            snapshot: row.try_get("result").map_err(db_error)?,
+            lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
+            expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+        }))
+    }
+
+    pub(super) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {
+        let done = sqlx::query(self.sql.sweep.clone())
+            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+            .bind(self.offset_ms)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl CasRecords for Records<'_> {
+    async fn insert_or_read(
+        &mut self,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(bool, Option<SeenRecord>), IdemError> {
+        let sql = if self.locking {
+            &self.sql.claim_locking
+        } else {
+            &self.sql.claim
+        };
+        let Some(row) = sqlx::query(sql.clone())
+            .bind(req.biz)
+            .bind(req.key)
+            .bind(req.fingerprint)
+            .bind(millis(req.lease))
+            .bind(millis(req.ttl))
+            .bind(self.offset_ms)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?
+        else {
+            // Another transaction inserted the key after this statement's snapshot was taken (the
+            // insert waited for it and skipped): read again.
+            return Ok((false, None));
+        };
+        let inserted: bool = row.try_get("inserted").map_err(db_error)?;
+        Ok((
+            inserted,
+            Some(SeenRecord {
+                status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+                attempt: attempt_of(&row)?,
+                fence: fence_of(&row)?,
+                fingerprint: row.try_get("fingerprint").map_err(db_error)?,
+                snapshot: row.try_get("result").map_err(db_error)?,
+                lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
+                expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+                now_ms: row.try_get("now_ms").map_err(db_error)?,
+            }),
+        ))
+    }
+
+    async fn take(
+        &mut self,
+        req: &ClaimRequest<'_>,
+        seen: &SeenRecord,
+        reset: bool,
+    ) -> Result<Option<Claim>, IdemError> {
+        let Some(row) = sqlx::query(self.sql.take.clone())
+            .bind(req.biz)
+            .bind(req.key)
+            .bind(req.fingerprint)
+            .bind(millis(req.lease))
+            .bind(millis(req.ttl))
+            .bind(self.offset_ms)
+            .bind(reset)
+            .bind(i64::try_from(seen.fence).unwrap_or(i64::MAX))
+            .bind(seen.status.as_str())
+            .bind(seen.lease_until_ms)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Claim {
+            attempt: attempt_of(&row)?,
+            fence: Fence::new(fence_of(&row)?),
+        }))
+    }
+}

@@ -1,0 +1,272 @@
+//! Transactions on Postgres: [`PgTx`], on which `tx = "…"` calls claim in a savepoint and state
+//! transitions run.
+
+use std::ops::{Deref, DerefMut};
+
+use async_trait::async_trait;
+use sqlx::postgres::PgConnection;
+use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
+
+use super::records::Records;
+use super::{PgStore, db_error, lock_timeout_text};
+use crate::engine::tx::IdemTx;
+use crate::sql::claim::claim_by_cas;
+use crate::sql::dialect::{Dialect, Savepoint};
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
+use crate::transition::{SqlValue, StateRow, TransitionConn, TransitionTx};
+use crate::{Busy, IdemError};
+
+/// The isolation level of a transaction begun with [`PgStore::begin_with`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PgIsolation {
+    /// `READ COMMITTED` (Postgres's default): each statement sees what was committed before it.
+    ReadCommitted,
+    /// `REPEATABLE READ`: one snapshot for the whole transaction; a claim meeting a record written
+    /// after it is a serialization failure (run the transaction again).
+    RepeatableRead,
+    /// `SERIALIZABLE`: as REPEATABLE READ, and the commit may fail with a serialization failure.
+    Serializable,
+}
+
+impl PgIsolation {
+    pub(super) fn begin_statement(self) -> &'static str {
+        match self {
+            PgIsolation::ReadCommitted => "BEGIN ISOLATION LEVEL READ COMMITTED",
+            PgIsolation::RepeatableRead => "BEGIN ISOLATION LEVEL REPEATABLE READ",
+            PgIsolation::Serializable => "BEGIN ISOLATION LEVEL SERIALIZABLE",
+        }
+    }
+}
+
+/// A transaction on a [`PgStore`]'s database, begun with [`PgStore::begin`] or
+/// [`PgStore::begin_with`].
+///
+/// It carries its store, so a `#[idempotent(tx = "tx")]` call claims in that store's table, on
+/// that database, by construction. It derefs to the connection: run your own queries on it with
+/// `query.execute(&mut **tx)`, exactly as on a `sqlx::Transaction`. Commit it (or let it drop to
+/// roll back).
+///
+/// A claim in it is a savepoint, a locking read of the record (`FOR UPDATE`: the current row, not
+/// the transaction's snapshot) and, when there is none, an insert that skips on a conflict. A
+/// concurrent duplicate waits for the claimant's transaction at most the store's lock timeout
+/// (`SET LOCAL lock_timeout` around the claim, the caller's own setting restored after it), then
+/// answers `InProgress`; once the claimant committed it replays. A deadlock or a serialization
+/// failure is [`IdemError::StoreBusy`] with [`IdemError::restarts_transaction`]: run the whole
+/// transaction again ([`crate::retry_transaction`]).
+pub struct PgTx {
+    tx: Transaction<'static, Postgres>,
+    store: PgStore,
+    /// The savepoint of the claim in progress (between `claim` and `complete`/`abort`).
+    claim: Option<Savepoint>,
+}
+
+impl PgTx {
+    pub(super) fn new(tx: Transaction<'static, Postgres>, store: PgStore) -> Self {
+        PgTx {
+            tx,
+            store,
+            claim: None,
+        }
+    }
+
+    /// The store this transaction belongs to.
+    pub fn store(&self) -> &PgStore {
+        &self.store
+    }
+
+    /// The sqlx transaction underneath (`idem::sqlx`, sqlx 0.9).
+    pub fn transaction(&mut self) -> &mut Transaction<'static, Postgres> {
+        &mut self.tx
+    }
+
+    /// Commits.
+    ///
+    /// # Errors
+    /// The database's error, classified (a serialization failure at commit restarts the
+    /// transaction).
+    pub async fn commit(self) -> Result<(), IdemError> {
+        self.tx.commit().await.map_err(db_error)
+    }
+
+    /// Rolls back.
+    ///
+    /// # Errors
+    /// The database's error, classified.
+    pub async fn rollback(self) -> Result<(), IdemError> {
+        self.tx.rollback().await.map_err(db_error)
+    }
+
+    /// Runs statements without parameters (savepoints), in one round trip.
+    async fn exec(&mut self, sql: String) -> Result<(), IdemError> {
+        TransitionConn::execute_unprepared(&mut *self.tx, &sql).await
+    }
+
+    /// Rolls back to the claim's savepoint and releases it (the claim, every write since, its row
+    /// locks and its lock timeout go).
+    async fn undo(&mut self, savepoint: &Savepoint) -> Result<(), IdemError> {
+        self.exec(format!("{}; {}", savepoint.rollback(), savepoint.release()))
+            .await
+    }
+
+    /// The claim itself, inside its savepoint.
+    async fn claim_in(
+        &mut self,
+        savepoint: &Savepoint,
+        req: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, IdemError> {
+        // One round trip: the savepoint, the caller's lock timeout, and the claim's.
+        let rows = sqlx::raw_sql(AssertSqlSafe(format!(
+            "{}; SHOW lock_timeout; SET LOCAL lock_timeout = '{}'",
+            savepoint.open(),
+            lock_timeout_text(self.store.lock_timeout)
+        )))
+        .fetch_all(&mut *self.tx)
+        .await
+        .map_err(db_error)?;
+        let callers: String = match rows.first() {
+            Some(row) => row.try_get(0).map_err(db_error)?,
+            None => return Err(IdemError::store("SHOW lock_timeout returned no row")),
+        };
+        let outcome = claim_by_cas(
+            &mut Records::new(&mut self.tx, &self.store.sql, self.store.offset_ms(), true),
+            req,
+        )
+        .await?;
+        if let ClaimOutcome::Acquired { .. } = outcome {
+            // The body's own statements wait as long as the caller said.
+            sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+                .bind(callers)
+                .execute(&mut *self.tx)
+                .await
+                .map_err(db_error)?;
+        }
+        Ok(outcome)
+    }
+}
+
+impl Deref for PgTx {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for PgTx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.tx
+    }
+}
+
+impl std::fmt::Debug for PgTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTx").finish_non_exhaustive()
+    }
+}
+
+/// Transaction mode: the claim lives in a savepoint of this transaction; a concurrent duplicate
+/// waits (bounded) on the claimant's row, then replays.
+#[async_trait]
+impl IdemTx for PgTx {
+    fn store(&self) -> &dyn Store {
+        &self.store
+    }
+
+    async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        let savepoint = Savepoint::claim();
+        let outcome = self.claim_in(&savepoint, req).await;
+        match outcome {
+            Ok(outcome @ ClaimOutcome::Acquired { .. }) => {
+                self.claim = Some(savepoint);
+                Ok(outcome)
+            }
+            Ok(outcome) => {
+                // Nothing was written; the read's row lock and the lock timeout go with it.
+                self.undo(&savepoint).await?;
+                Ok(outcome)
+            }
+            Err(e) => {
+                // After an error Postgres refuses every statement until the savepoint is rolled
+                // back; that also leaves the caller's transaction as it was before the call.
+                let _ = self.undo(&savepoint).await;
+                match e {
+                    IdemError::StoreBusy {
+                        reason: Busy::LockTimeout,
+                        ..
+                    } => Ok(ClaimOutcome::InProgress {
+                        retry_after: self.store.lock_timeout,
+                    }),
+                    e => Err(e),
+                }
+            }
+        }
+    }
+
+    async fn complete(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        let done = Records::new(&mut self.tx, &self.store.sql, self.store.offset_ms(), true)
+            .complete(biz, key, claim, snapshot)
+            .await;
+        match done {
+            Ok(()) => match self.claim.take() {
+                Some(savepoint) => self.exec(savepoint.release()).await,
+                None => Ok(()),
+            },
+            Err(e) => {
+                let _ = IdemTx::abort(self).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn abort(&mut self) -> Result<(), IdemError> {
+        let Some(savepoint) = self.claim.take() else {
+            return Ok(());
+        };
+        self.undo(&savepoint).await
+    }
+}
+
+#[async_trait]
+impl TransitionConn for PgTx {
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    async fn execute(
+        &mut self,
+        sql: &'static str,
+        args: &[SqlValue<'_>],
+    ) -> Result<u64, IdemError> {
+        TransitionConn::execute(&mut *self.tx, sql, args).await
+    }
+
+    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
+        TransitionConn::execute_unprepared(&mut *self.tx, sql).await
+    }
+
+    async fn read_state(
+        &mut self,
+        sql: &'static str,
+        args: &[SqlValue<'_>],
+        versioned: bool,
+    ) -> Result<Option<StateRow>, IdemError> {
+        TransitionConn::read_state(&mut *self.tx, sql, args, versioned).await
+    }
+}
+
+#[async_trait]
+impl TransitionTx for PgTx {
+    async fn commit(self: Box<Self>) -> Result<(), IdemError> {
+        PgTx::commit(*self).await
+    }
+
+    async fn rollback(self: Box<Self>) -> Result<(), IdemError> {
+        PgTx::rollback(*self).await
+    }
+}

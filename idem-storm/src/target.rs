@@ -32,6 +32,9 @@ pub(crate) fn ledger_insert(dialect: Dialect) -> &'static str {
 pub(crate) enum Ledger {
     /// SQLite databases: the separate ledger file (lease mode), or the store's files (tx mode).
     Sqlite(Vec<SqlitePool>),
+    /// The Postgres store's database (tx mode).
+    #[cfg(feature = "postgres")]
+    Pg(idem::sqlx::PgPool),
 }
 
 impl Ledger {
@@ -45,6 +48,13 @@ impl Ledger {
                         .map_err(StormError::ledger)?;
                 }
             }
+            #[cfg(feature = "postgres")]
+            Ledger::Pg(pool) => {
+                sqlx::query(LEDGER_DDL)
+                    .execute(pool)
+                    .await
+                    .map_err(StormError::ledger)?;
+            }
         }
         Ok(())
     }
@@ -57,6 +67,15 @@ impl Ledger {
                 .bind(key)
                 .bind(run)
                 .execute(&pools[0])
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            #[cfg(feature = "postgres")]
+            Ledger::Pg(pool) => sqlx::query(ledger_insert(Dialect::Postgres))
+                .bind(biz)
+                .bind(key)
+                .bind(run)
+                .execute(pool)
                 .await
                 .map(drop)
                 .map_err(|e| e.to_string()),
@@ -79,6 +98,15 @@ impl Ledger {
                             .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1))),
                     );
                 }
+            }
+            #[cfg(feature = "postgres")]
+            Ledger::Pg(pool) => {
+                let rows = sqlx::query("SELECT k, run FROM idem_storm_ledger WHERE biz = $1")
+                    .bind(biz)
+                    .fetch_all(pool)
+                    .await
+                    .map_err(StormError::ledger)?;
+                out.extend(rows.iter().map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1))));
             }
         }
         Ok(out)
@@ -107,6 +135,13 @@ impl BeginTx for SqliteStore {
 impl BeginTx for ShardedStore<SqliteStore> {
     fn begin<'a>(&'a self, biz: &'a str, key: &'a str) -> Begun<'a> {
         Box::pin(async move { Ok(Box::new(self.begin_for(biz, key).await?) as Box<dyn StormTx>) })
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl BeginTx for idem::PgStore {
+    fn begin<'a>(&'a self, _biz: &'a str, _key: &'a str) -> Begun<'a> {
+        Box::pin(async move { Ok(Box::new(self.begin().await?) as Box<dyn StormTx>) })
     }
 }
 
@@ -187,7 +222,7 @@ pub(crate) async fn open(args: &Args) -> Result<Target, StormError> {
         StoreKind::Redis => (redis_store(args).await?, None, separate().await?),
         StoreKind::RedisCluster => (redis_cluster_store(args).await?, None, separate().await?),
         StoreKind::Mysql => return Err(not_built(args.store, "mysql")),
-        StoreKind::Postgres => return Err(not_built(args.store, "postgres")),
+        StoreKind::Postgres => postgres(args, separate().await?).await?,
     };
     ledger.create().await?;
     Ok(Target {
@@ -225,4 +260,33 @@ async fn redis_cluster_store(args: &Args) -> Result<Arc<dyn Store>, StormError> 
 #[cfg(not(feature = "redis"))]
 async fn redis_cluster_store(args: &Args) -> Result<Arc<dyn Store>, StormError> {
     Err(not_built(args.store, "redis"))
+}
+
+/// Postgres: the store's default table (migrated), the ledger in its database in tx mode.
+#[cfg(feature = "postgres")]
+async fn postgres(
+    args: &Args,
+    separate: Ledger,
+) -> Result<(Arc<dyn Store>, Option<Arc<dyn BeginTx>>, Ledger), StormError> {
+    let store = idem::PgStore::builder()
+        .max_connections(args.concurrency.clamp(4, 64))
+        .connect(&args.pg_url)
+        .await
+        .map_err(StormError::store)?;
+    store.migrate().await.map_err(StormError::store)?;
+    let ledger = if args.mode == crate::args::Mode::Tx {
+        Ledger::Pg(store.pool().clone())
+    } else {
+        separate
+    };
+    let store = Arc::new(store);
+    Ok((store.clone(), Some(store as Arc<dyn BeginTx>), ledger))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres(
+    args: &Args,
+    _separate: Ledger,
+) -> Result<(Arc<dyn Store>, Option<Arc<dyn BeginTx>>, Ledger), StormError> {
+    Err(not_built(args.store, "postgres"))
 }

@@ -276,3 +276,24 @@ fn bad_flags_are_refused() {
         assert!(out.stdout.is_empty(), "{args:?} printed a summary");
     }
 }
+
+#[cfg(feature = "postgres")]
+fn postgres_up() -> bool {
+    std::env::var("IDEM_PG_URL").is_ok() || reachable("Postgres", "127.0.0.1:5432")
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_lease() {
+    if postgres_up() {
+        storm_holds("postgres", "lease", &[]);
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_tx() {
+    if postgres_up() {
+        storm_holds("postgres", "tx", &[]);
+    }
+}

@@ -1,5 +1,5 @@
 //! Processes that die or stall while they hold a claim, on every store that outlives a process
-//! (SQLite; Redis with feature `redis`).
+//! (SQLite; Redis with feature `redis`; Postgres with feature `postgres`).
 //!
 //! - SIGKILL between claim and mark, 100 trials per store: before the lease ends every other
 //!   caller is told "in progress"; after it, of 8 callers released together exactly one takes over
@@ -16,6 +16,9 @@
 //! unless `IDEM_CRASH_CHILD` is set).
 
 mod contract;
+#[cfg(feature = "postgres")]
+#[path = "support/postgres.rs"]
+mod pg;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -32,8 +35,18 @@ use tokio::sync::Barrier;
 /// Where the records live, as the child needs to open them again.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 enum Backend {
-    Sqlite { path: PathBuf },
-    Redis { url: String, prefix: String },
+    Sqlite {
+        path: PathBuf,
+    },
+    Redis {
+        url: String,
+        prefix: String,
+    },
+    /// The records in `table`; tx trials write their effects into `<table>_fx`.
+    Postgres {
+        url: String,
+        table: String,
+    },
 }
 
 /// What the child does once it holds the claim.
@@ -77,7 +90,24 @@ async fn open(backend: &Backend) -> Arc<dyn Store> {
         ),
         #[cfg(not(feature = "redis"))]
         Backend::Redis { .. } => unreachable!("Redis trials run only with the `redis` feature"),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres { url, table } => Arc::new(pg_store(url, table).await),
+        #[cfg(not(feature = "postgres"))]
+        Backend::Postgres { .. } => unreachable!("Postgres trials need the `postgres` feature"),
     }
+}
+
+#[cfg(feature = "postgres")]
+async fn pg_store(url: &str, table: &str) -> idem::PgStore {
+    idem::PgStore::builder()
+        .table(table)
+        .unwrap()
+        .token_table(&format!("{table}_tok"))
+        .unwrap()
+        .max_connections(4)
+        .connect(url)
+        .await
+        .unwrap()
 }
 
 async fn effects_pool(path: &PathBuf) -> SqlitePool {
@@ -155,25 +185,44 @@ async fn child() {
                 })
                 .await;
         }
-        Act::HoldTx => {
-            let Backend::Sqlite { path } = &spec.backend else {
-                unreachable!("tx trials run on SQL stores")
-            };
-            let store = SqliteStore::open(path).await.unwrap();
-            let mut tx = store.begin().await.unwrap();
-            let _: Result<(), IdemError> = call()
-                .run_in_tx(&mut tx, async |tx| {
-                    sqlx::query("INSERT INTO effects (biz, k, who) VALUES (?, ?, 'child')")
-                        .bind(&spec.biz)
-                        .bind(&spec.key)
-                        .execute(&mut **tx)
-                        .await
-                        .map_err(IdemError::store)?;
-                    say("READY");
-                    std::future::pending().await
-                })
-                .await;
-        }
+        Act::HoldTx => match &spec.backend {
+            Backend::Sqlite { path } => {
+                let store = SqliteStore::open(path).await.unwrap();
+                let mut tx = store.begin().await.unwrap();
+                let _: Result<(), IdemError> = call()
+                    .run_in_tx(&mut tx, async |tx| {
+                        sqlx::query("INSERT INTO effects (biz, k, who) VALUES (?, ?, 'child')")
+                            .bind(&spec.biz)
+                            .bind(&spec.key)
+                            .execute(&mut **tx)
+                            .await
+                            .map_err(IdemError::store)?;
+                        say("READY");
+                        std::future::pending().await
+                    })
+                    .await;
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres { url, table } => {
+                let store = pg_store(url, table).await;
+                let insert =
+                    format!("INSERT INTO {table}_fx (biz, k, who) VALUES ($1, $2, 'child')");
+                let mut tx = store.begin().await.unwrap();
+                let _: Result<(), IdemError> = call()
+                    .run_in_tx(&mut tx, async |tx| {
+                        sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
+                            .bind(&spec.biz)
+                            .bind(&spec.key)
+                            .execute(&mut **tx)
+                            .await
+                            .map_err(IdemError::store)?;
+                        say("READY");
+                        std::future::pending().await
+                    })
+                    .await;
+            }
+            _ => unreachable!("tx trials run on SQL stores"),
+        },
         Act::Once => {
             let store = open(&spec.backend).await;
             let effects = effects_pool(&spec.effects).await;
@@ -324,6 +373,32 @@ async fn redis_site() -> Option<Site> {
             prefix: prefix.clone(),
         },
         store: Arc::new(store.with_prefix(&prefix).unwrap()),
+        effects: effects_pool(&effects_path).await,
+        effects_path,
+        _dir: dir,
+    })
+}
+
+/// Postgres records on tables of this test alone (`idemt_<pid>_<n>`, dropped by the next run's
+/// clean-up once this process is gone).
+#[cfg(feature = "postgres")]
+async fn pg_site() -> Option<Site> {
+    let store = pg::store(8).await?;
+    let table = store.table().to_owned();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {table}_fx (biz TEXT NOT NULL, k TEXT NOT NULL, who TEXT NOT NULL)"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let effects_path = dir.path().join("effects.db");
+    Some(Site {
+        backend: Backend::Postgres {
+            url: pg::url(),
+            table,
+        },
+        store: Arc::new(store),
         effects: effects_pool(&effects_path).await,
         effects_path,
         _dir: dir,
@@ -653,4 +728,86 @@ async fn redis_skewed_clocks_change_no_outcome() {
     if let Some(site) = redis_site().await {
         skewed_clocks_change_no_outcome(site).await;
     }
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_killed_between_claim_and_mark() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    if let Some(site) = pg_site().await {
+        killed_between_claim_and_mark(site).await;
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_paused_past_the_lease() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    if let Some(site) = pg_site().await {
+        paused_past_the_lease(site).await;
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_skewed_clocks_change_no_outcome() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    if let Some(site) = pg_site().await {
+        skewed_clocks_change_no_outcome(site).await;
+    }
+}
+
+/// Postgres children killed inside their transaction (claim and effect written, not committed),
+/// 10 at a time: the server rolls each back when its connection dies.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_killed_mid_transaction() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    let Some(site) = pg_site().await else {
+        return;
+    };
+    let Backend::Postgres { url, table } = site.backend.clone() else {
+        unreachable!()
+    };
+    let store = pg_store(&url, &table).await;
+    let (biz, lease) = ("CRASHTX", Duration::from_secs(60));
+    let count = format!("SELECT COUNT(*) FROM {table}_fx WHERE biz = $1 AND k = $2");
+    let insert = format!("INSERT INTO {table}_fx (biz, k, who) VALUES ($1, $2, 'next')");
+    site.kill_trials(biz, lease, Act::HoldTx, 10, async |key| {
+        // The server may notice the dead connection a moment later; its row locks go with it.
+        let mut tx = store.begin().await.unwrap();
+        let (ran, report) = idem::observe(Call::new(biz, key).lease(lease).run_in_tx(
+            &mut tx,
+            async |tx| {
+                sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
+                    .bind(biz)
+                    .bind(key)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(IdemError::store)?;
+                Ok::<_, IdemError>(1)
+            },
+        ))
+        .await;
+        tx.commit().await.unwrap();
+        // No record and no effect survived the child: this caller ran at once, first.
+        assert_eq!(ran.unwrap(), 1, "{key}");
+        assert_eq!(report.unwrap().outcome, Outcome::Executed, "{key}");
+        let effects: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count.clone()))
+            .bind(biz)
+            .bind(key)
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(effects, 1, "{key}");
+    })
+    .await;
 }

@@ -106,7 +106,10 @@ impl Ledger {
                     .fetch_all(pool)
                     .await
                     .map_err(StormError::ledger)?;
-                out.extend(rows.iter().map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1))));
+                out.extend(
+                    rows.iter()
+                        .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1))),
+                );
             }
         }
         Ok(out)

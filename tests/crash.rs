@@ -652,6 +652,7 @@ fn libfaketime() -> Option<String> {
 }
 
 /// Runs one whole call in a child (its spec adjusted by `spec_of`); its `RESULT` line.
+#[cfg(any(feature = "redis", feature = "postgres"))]
 async fn once_at(site: &Site, biz: &str, key: &str, spec_of: impl Fn(Spec) -> Spec) -> String {
     let spec = spec_of(site.spec(biz, key, Duration::from_secs(2), Act::Once));
     tokio::task::spawn_blocking(move || {
@@ -667,6 +668,7 @@ async fn once_at(site: &Site, biz: &str, key: &str, spec_of: impl Fn(Spec) -> Sp
 /// Callers 10 minutes behind and ahead of the store see the same outcomes as on a true clock: a
 /// live claim is in progress for both, it expires after its lease (not 10 minutes early or late),
 /// a record within its TTL replays for both.
+#[cfg(any(feature = "redis", feature = "postgres"))]
 async fn skewed_clocks_change_no_outcome(site: Site) {
     if libfaketime().is_none() {
         assert!(

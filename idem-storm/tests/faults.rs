@@ -2,6 +2,8 @@
 //! a TCP fault proxy, and a server killed and restarted. Afterwards: no double execution, no false
 //! success, and every error the callers saw during the outage is one a retry can cure.
 
+#![cfg(any(feature = "redis", feature = "postgres"))]
+
 #[cfg(feature = "redis")]
 #[path = "support/proxy.rs"]
 mod proxy;

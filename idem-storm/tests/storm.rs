@@ -1,9 +1,7 @@
 //! The storm binary as a user runs it: 12.3 % duplicates and 64 callers on every store this build
 //! has, the audit catching real double executions, the JSON and SVG outputs, and bad flags.
 
-use std::net::TcpStream;
 use std::process::{Command, Output};
-use std::time::Duration;
 
 fn storm(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idem-storm"))
@@ -115,11 +113,14 @@ fn sharded_tx() {
 
 /// Whether the service at `host:port` answers; a skip line (or, under
 /// `IDEM_REQUIRE_SERVICES=1`, a failure) when it does not.
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 fn reachable(name: &str, addr: &str) -> bool {
     let up = addr
         .parse()
         .ok()
-        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).ok())
+        .and_then(|a| {
+            std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2)).ok()
+        })
         .is_some();
     if !up {
         assert!(

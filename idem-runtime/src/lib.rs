@@ -29,6 +29,8 @@ mod transition;
 pub mod __private;
 
 pub use backend::memory::MemoryStore;
+#[cfg(feature = "mysql")]
+pub use backend::mysql::{MySqlStore, MySqlTokens, MySqlTx};
 #[cfg(feature = "redis")]
 pub use backend::redis::{RedisClusterStore, RedisStore, RedisTokens};
 pub use backend::sharded::{ShardedStore, ShardedTx};

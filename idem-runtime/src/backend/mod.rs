@@ -2,6 +2,8 @@
 //! A backend folder holds its store, its transaction support and its state-transition support.
 
 pub(crate) mod memory;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 pub(crate) mod sharded;

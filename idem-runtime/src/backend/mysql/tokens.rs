@@ -56,7 +56,8 @@ impl MySqlTokens {
             .map_err(db_error)?;
         let found = match &row {
             Some(row) => Some((
-                row.try_get::<String, _>("subject").map_err(db_error)?,
+                String::from_utf8(row.try_get::<Vec<u8>, _>("subject").map_err(db_error)?)
+                    .map_err(IdemError::store)?,
                 row.try_get::<i64, _>("live").map_err(db_error)? == 1,
             )),
             None => None,

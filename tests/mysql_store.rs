@@ -405,3 +405,68 @@ async fn the_sweeper_clears_100k_expired_rows_in_batches_and_spares_live_ones() 
         0
     );
 }
+
+#[derive(Debug, thiserror::Error)]
+enum PayError {
+    #[error(transparent)]
+    Idem(#[from] IdemError),
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+static PAID: AtomicU32 = AtomicU32::new(0);
+
+// `store = "mysql"`: the store registered under that name at start-up.
+#[idem::idempotent(biz = "PAY_ATTR", key = "order_no", store = "mysql")]
+async fn pay_by_name(order_no: &str, amount: u32) -> Result<u32, PayError> {
+    PAID.fetch_add(1, Ordering::Relaxed);
+    Ok(amount)
+}
+
+// `tx = "tx"`: the claim, the business write and the mark in the caller's MySqlTx.
+#[idem::idempotent(biz = "PAY_TX", key = "order_no", tx = "tx")]
+async fn pay_in_tx(tx: &mut idem::MySqlTx, order_no: &str) -> Result<u64, PayError> {
+    let table = format!("{}_pay", tx.store().table());
+    let id = sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (order_no) VALUES (?)"
+    )))
+    .bind(order_no)
+    .execute(&mut **tx)
+    .await?
+    .last_insert_id();
+    Ok(id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attribute_runs_on_mysql_by_name_and_in_a_transaction() {
+    let Some(store) = store_with(8).await else {
+        return;
+    };
+    idem::register_store("mysql", store.clone());
+    let before = PAID.load(Ordering::Relaxed);
+    assert_eq!(pay_by_name("A-1", 990).await.unwrap(), 990);
+    let (again, report) = idem::observe(pay_by_name("A-1", 990)).await;
+    assert_eq!(again.unwrap(), 990);
+    assert!(report.unwrap().replayed());
+    assert_eq!(PAID.load(Ordering::Relaxed) - before, 1);
+
+    let table = format!("{}_pay", store.table());
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_no VARCHAR(32) NOT NULL) \
+         ENGINE = InnoDB"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let mut tx = store.begin().await.unwrap();
+    let row = pay_in_tx(&mut tx, "T-1").await.unwrap();
+    tx.commit().await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(pay_in_tx(&mut tx, "T-1").await.unwrap(), row, "replayed");
+    tx.commit().await.unwrap();
+    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+}

@@ -470,3 +470,61 @@ async fn the_attribute_runs_on_mysql_by_name_and_in_a_transaction() {
         .unwrap();
     assert_eq!(rows, 1);
 }
+
+/// Statements the server saw on the store's one connection (`Questions`, less the `SHOW` itself).
+async fn statements(store: &MySqlStore) -> i64 {
+    let row: (String, String) = sqlx::query_as("SHOW SESSION STATUS LIKE 'Questions'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    row.1.parse().unwrap()
+}
+
+/// The round trips BENCHMARKS.md states, counted by the server: a new key is the claim `INSERT`
+/// and the mark; a repeat is the refused `INSERT` and one read; in a transaction the savepoint
+/// and its release come on top.
+#[tokio::test]
+async fn round_trips_per_call_are_what_the_docs_say() {
+    let Some(store) = store_with(1).await else {
+        return;
+    };
+    let lease = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            let r: Result<u8, IdemError> = Call::new("RT", key).run(&store, async { Ok(1) }).await;
+            r.unwrap();
+        }
+    };
+    // Warm up: prepare every statement once on the connection.
+    lease("warm").await;
+    lease("warm").await;
+    let before = statements(&store).await;
+    lease("a").await;
+    let first = statements(&store).await - before - 1;
+    let before = statements(&store).await;
+    lease("a").await;
+    let replay = statements(&store).await - before - 1;
+    assert_eq!((first, replay), (2, 2), "lease mode: new key, repeat");
+    let in_tx = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            let mut tx = store.begin().await.unwrap();
+            let r: Result<u8, IdemError> = Call::new("RT", key)
+                .run_in_tx(&mut tx, async |_tx: &mut idem::MySqlTx| Ok(1))
+                .await;
+            r.unwrap();
+            tx.commit().await.unwrap();
+        }
+    };
+    in_tx("warm-tx").await;
+    in_tx("warm-tx").await;
+    let before = statements(&store).await;
+    in_tx("b").await;
+    let first = statements(&store).await - before - 1;
+    let before = statements(&store).await;
+    in_tx("b").await;
+    let replay = statements(&store).await - before - 1;
+    // `SET SESSION innodb_lock_wait_timeout = 2; BEGIN` (two statements, one round trip),
+    // SAVEPOINT, claim, mark or read, RELEASE, COMMIT: 7 statements in 6 round trips.
+    assert_eq!((first, replay), (7, 7), "tx mode: new key, repeat");
+}

@@ -173,99 +173,15 @@ fn is_duplicate(e: &sqlx::Error) -> bool {
         if db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().map(|e| e.number()) == Some(1062))
 }
 
-impl Floor {
-    /// Claim, body, mark on `conn` (or on the pool, one connection per statement).
-    async fn run<'c, E>(&self, exec: impl Fn() -> E, key: &str, k: u64, locking: bool) -> Receipt
-    where
-        E: sqlx::Executor<'c, Database = sqlx::MySql>,
-    {
-        let inserted = sqlx::query(AssertSqlSafe(self.sql.insert.as_str()))
-            .bind(BIZ)
-            .bind(key)
-            .bind(0i64)
-            .bind(None::<&str>)
-            .bind(0i64)
-            .bind(LEASE_MS)
-            .bind(0i64)
-            .bind(0i64)
-            .bind(0i64)
-            .bind(TTL_MS)
-            .execute(exec())
-            .await;
-        match inserted {
-            Ok(done) => {
-                let fence = done.last_insert_id();
-                let value = receipt(k);
-                let snapshot = serde_json::to_vec(&SnapRef::Ok(&value)).unwrap();
-                let marked = sqlx::query(AssertSqlSafe(self.sql.complete.as_str()))
-                    .bind(&snapshot)
-                    .bind(0i64)
-                    .bind(BIZ)
-                    .bind(key)
-                    .bind(fence)
-                    .execute(exec())
-                    .await
-                    .unwrap();
-                assert_eq!(marked.rows_affected(), 1);
-                value
-            }
-            Err(e) if is_duplicate(&e) => {
-                let read = if locking {
-                    &self.sql.read_locking
-                } else {
-                    &self.sql.read
-                };
-                let row = sqlx::query(AssertSqlSafe(read.as_str()))
-                    .bind(0i64)
-                    .bind(BIZ)
-                    .bind(key)
-                    .fetch_one(exec())
-                    .await
-                    .unwrap();
-                let status: String = row.get("status");
-                assert_eq!(status, "SUCCEEDED");
-                let bytes: Vec<u8> = row.get("result");
-                let Snap::Ok(value) = serde_json::from_slice(&bytes).unwrap();
-                value
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
-}
-
-impl Contender for Floor {
-    async fn call(&self, key: String, k: u64, tx: bool) -> Receipt {
-        if !tx {
-            return self.run(|| &self.pool, &key, k, false).await;
-        }
-        let mut t = self
-            .pool
-            .begin_with("SET SESSION innodb_lock_wait_timeout = 2; BEGIN")
-            .await
-            .unwrap();
-        let n = self.savepoints.fetch_add(1, Ordering::Relaxed);
-        sqlx::raw_sql(AssertSqlSafe(format!("SAVEPOINT floor_{n}")))
-            .execute(&mut *t)
-            .await
-            .unwrap();
-        let value = self.run_on(&mut t, &key, k).await;
-        sqlx::raw_sql(AssertSqlSafe(format!("RELEASE SAVEPOINT floor_{n}")))
-            .execute(&mut *t)
-            .await
-            .unwrap();
-        t.commit().await.unwrap();
-        value
-    }
+/// What the floor's claim found.
+enum Claimed {
+    New(u64),
+    Done(Receipt),
 }
 
 impl Floor {
-    /// The tx-mode claim and mark on one connection.
-    async fn run_on(
-        &self,
-        c: &mut sqlx::MySqlConnection,
-        key: &str,
-        k: u64,
-    ) -> Receipt {
+    /// The claim on one connection: the `INSERT`, and on 1062 the read of the stored result.
+    async fn claim(&self, c: &mut sqlx::MySqlConnection, key: &str, locking: bool) -> Claimed {
         let inserted = sqlx::query(AssertSqlSafe(self.sql.insert.as_str()))
             .bind(BIZ)
             .bind(key)
@@ -280,35 +196,86 @@ impl Floor {
             .execute(&mut *c)
             .await;
         match inserted {
-            Ok(done) => {
-                let fence = done.last_insert_id();
-                let value = receipt(k);
-                let snapshot = serde_json::to_vec(&SnapRef::Ok(&value)).unwrap();
-                sqlx::query(AssertSqlSafe(self.sql.complete.as_str()))
-                    .bind(&snapshot)
-                    .bind(0i64)
-                    .bind(BIZ)
-                    .bind(key)
-                    .bind(fence)
-                    .execute(&mut *c)
-                    .await
-                    .unwrap();
-                value
-            }
+            Ok(done) => Claimed::New(done.last_insert_id()),
             Err(e) if is_duplicate(&e) => {
-                let row = sqlx::query(AssertSqlSafe(self.sql.read_locking.as_str()))
+                let read = if locking {
+                    &self.sql.read_locking
+                } else {
+                    &self.sql.read
+                };
+                let row = sqlx::query(AssertSqlSafe(read.as_str()))
                     .bind(0i64)
                     .bind(BIZ)
                     .bind(key)
                     .fetch_one(&mut *c)
                     .await
                     .unwrap();
+                let status: String = row.get("status");
+                assert_eq!(status, "SUCCEEDED");
                 let bytes: Vec<u8> = row.get("result");
                 let Snap::Ok(value) = serde_json::from_slice(&bytes).unwrap();
-                value
+                Claimed::Done(value)
             }
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// The body and the mark.
+    async fn mark<'c>(
+        &self,
+        exec: impl sqlx::Executor<'c, Database = sqlx::MySql>,
+        key: &str,
+        k: u64,
+        fence: u64,
+    ) -> Receipt {
+        let value = receipt(k);
+        let snapshot = serde_json::to_vec(&SnapRef::Ok(&value)).unwrap();
+        let marked = sqlx::query(AssertSqlSafe(self.sql.complete.as_str()))
+            .bind(&snapshot)
+            .bind(0i64)
+            .bind(BIZ)
+            .bind(key)
+            .bind(fence)
+            .execute(exec)
+            .await
+            .unwrap();
+        assert_eq!(marked.rows_affected(), 1);
+        value
+    }
+}
+
+impl Contender for Floor {
+    async fn call(&self, key: String, k: u64, tx: bool) -> Receipt {
+        if !tx {
+            // As the store does: the claim on one pool connection, the mark on the next.
+            let mut conn = self.pool.acquire().await.unwrap();
+            let claimed = self.claim(&mut conn, &key, false).await;
+            drop(conn);
+            return match claimed {
+                Claimed::New(fence) => self.mark(&self.pool, &key, k, fence).await,
+                Claimed::Done(value) => value,
+            };
+        }
+        let mut t = self
+            .pool
+            .begin_with("SET SESSION innodb_lock_wait_timeout = 2; BEGIN")
+            .await
+            .unwrap();
+        let n = self.savepoints.fetch_add(1, Ordering::Relaxed);
+        sqlx::raw_sql(AssertSqlSafe(format!("SAVEPOINT floor_{n}")))
+            .execute(&mut *t)
+            .await
+            .unwrap();
+        let value = match self.claim(&mut t, &key, true).await {
+            Claimed::New(fence) => self.mark(&mut *t, &key, k, fence).await,
+            Claimed::Done(value) => value,
+        };
+        sqlx::raw_sql(AssertSqlSafe(format!("RELEASE SAVEPOINT floor_{n}")))
+            .execute(&mut *t)
+            .await
+            .unwrap();
+        t.commit().await.unwrap();
+        value
     }
 }
 

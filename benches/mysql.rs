@@ -4,6 +4,7 @@
 //! cargo bench --bench mysql --features mysql                  # on mysql://root@127.0.0.1:3306/test
 //! IDEM_MYSQL_URL=mysql://user:pass@host:3306/db cargo bench --bench mysql --features mysql
 //! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench --bench mysql --features mysql   # a quick look
+//! IDEM_BENCH_ONLY=tx cargo bench --bench mysql --features mysql   # one mode (tx or lease)
 //! ```
 //!
 //! Workload: a small serde result (`Receipt`: a string and two integers).
@@ -309,6 +310,9 @@ async fn measure<C: Contender>(
     calls as f64 / started.elapsed().as_secs_f64()
 }
 
+/// (workload, callers) and the (idem, floor) calls/s of every round.
+type Measured = ((Workload, usize), Vec<(f64, f64)>);
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -325,6 +329,13 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1.0);
+    // IDEM_BENCH_ONLY=tx (or lease) runs one mode's workloads.
+    let only = std::env::var("IDEM_BENCH_ONLY").unwrap_or_default();
+    let wanted = |w: Workload| match only.as_str() {
+        "tx" => w.in_tx(),
+        "lease" => !w.in_tx(),
+        _ => true,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -354,17 +365,16 @@ fn main() {
     println!(
         "MySqlStore vs the same statements in plain sqlx; {rounds} rounds, median ratio (idem / floor)"
     );
-    // (workload, callers) -> per-round (idem, floor) calls/s
-    let mut results: Vec<((Workload, usize), Vec<(f64, f64)>)> = Vec::new();
+    let mut results: Vec<Measured> = Vec::new();
     for callers in [1usize, 32] {
-        for w in Workload::ALL {
+        for w in Workload::ALL.into_iter().filter(|w| wanted(*w)) {
             results.push(((w, callers), Vec::new()));
         }
     }
     for round in 0..rounds {
         for callers in [1usize, 32] {
             let calls = ((if callers == 1 { 1_000.0 } else { 4_000.0 }) * scale).max(50.0) as u64;
-            for w in Workload::ALL {
+            for w in Workload::ALL.into_iter().filter(|w| wanted(*w)) {
                 // A replay reads the keys its contender's "first" run wrote in this round.
                 let key_round = match w {
                     Workload::LeaseFirst | Workload::LeaseReplay => "l",

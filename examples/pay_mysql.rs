@@ -69,15 +69,14 @@ impl idem::RestartsTransaction for PayError {
 /// Seed 000's pay(): the dedup record, the debit and the flow row in the caller's transaction.
 #[idempotent(biz = "PAY", key = "req.order_no", tx = "tx", fingerprint = "req")]
 async fn pay(tx: &mut MySqlTx, req: &PayReq) -> Result<Receipt, PayError> {
-    let debited = sqlx::query(
-        "UPDATE account SET balance = balance - ? WHERE user_id = ? AND balance >= ?",
-    )
-    .bind(req.amount_cents)
-    .bind(req.user_id)
-    .bind(req.amount_cents)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected();
+    let debited =
+        sqlx::query("UPDATE account SET balance = balance - ? WHERE user_id = ? AND balance >= ?")
+            .bind(req.amount_cents)
+            .bind(req.user_id)
+            .bind(req.amount_cents)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
     if debited != 1 {
         return Err(PayError::InsufficientFunds);
     }

@@ -120,7 +120,11 @@ async fn the_retry_storm_changes_nothing_it_should_not_on_mysql() {
     assert_eq!((late_paid, bogus_refunds), (5, 6));
     let count = |state| report.states.values().filter(|s| **s == state).count();
     assert_eq!(count(PayStatus::Refunded), 5);
-    assert_eq!(count(PayStatus::Paid), 11, "no paid order was refunded by a retried callback");
+    assert_eq!(
+        count(PayStatus::Paid),
+        11,
+        "no paid order was refunded by a retried callback"
+    );
     assert_eq!(count(PayStatus::WaitPay), 4);
     assert_eq!(report.coupons.values().sum::<i64>(), 16);
     assert_eq!(report.ledger_sum, 11 * scenario::AMOUNT);

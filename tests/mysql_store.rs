@@ -157,7 +157,10 @@ async fn limits_and_names_the_table_cannot_hold_are_refused() {
     let over: Result<u8, IdemError> = Call::new("LIM", &"k".repeat(129))
         .run(&store, async { Ok(1) })
         .await;
-    assert!(matches!(over, Err(IdemError::InvalidKey { .. })), "{over:?}");
+    assert!(
+        matches!(over, Err(IdemError::InvalidKey { .. })),
+        "{over:?}"
+    );
 }
 
 #[tokio::test]
@@ -384,7 +387,10 @@ async fn the_sweeper_clears_100k_expired_rows_in_batches_and_spares_live_ones() 
     let mut deleted = 0;
     loop {
         let n = store.sweep_expired(1_000).await.unwrap();
-        assert!(n <= 1_000, "a batch deletes at most 1,000 rows, deleted {n}");
+        assert!(
+            n <= 1_000,
+            "a batch deletes at most 1,000 rows, deleted {n}"
+        );
         deleted += n;
         if n == 0 {
             break;

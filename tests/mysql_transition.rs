@@ -52,16 +52,25 @@ impl idem::RestartsTransaction for OrderError {
 /// A store on a database of its own (the machine's table names are fixed), with the tables made.
 async fn setup(name: &str) -> Option<Arc<MySqlStore>> {
     let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
-    let admin = server::reach("MySQL", &url, MySqlStore::connect_with(&url, 2, std::time::Duration::from_secs(2))).await?;
+    let admin = server::reach(
+        "MySQL",
+        &url,
+        MySqlStore::connect_with(&url, 2, std::time::Duration::from_secs(2)),
+    )
+    .await?;
     let db = server::unique(&format!("idem_st_{name}"));
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{db}`")))
         .execute(admin.pool())
         .await
         .unwrap();
     let (base, _) = url.rsplit_once('/').unwrap();
-    let store = MySqlStore::connect_with(&format!("{base}/{db}"), 70, std::time::Duration::from_secs(5))
-        .await
-        .unwrap();
+    let store = MySqlStore::connect_with(
+        &format!("{base}/{db}"),
+        70,
+        std::time::Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
     store.migrate().await.unwrap();
     for ddl in [
         "CREATE TABLE `order` (`key` VARCHAR(64) PRIMARY KEY, status VARCHAR(32) NOT NULL, \
@@ -166,10 +175,7 @@ async fn repeats_refusals_and_missing_rows_are_told_apart() {
     let pool = store.pool();
     insert(pool, "A1", OrderStatus::WaitPay).await;
     let mut tx = store.begin().await.unwrap();
-    assert_eq!(
-        pay(&mut tx, "A1").await.unwrap(),
-        Transition::Applied(7)
-    );
+    assert_eq!(pay(&mut tx, "A1").await.unwrap(), Transition::Applied(7));
     assert_eq!(
         pay(&mut tx, "A1").await.unwrap(),
         Transition::AlreadyApplied
@@ -207,7 +213,10 @@ async fn repeats_refusals_and_missing_rows_are_told_apart() {
             .fetch_one(pool)
             .await
             .unwrap();
-    assert!(paid_at.is_some(), "now = \"paid_at\" wrote the database's time");
+    assert!(
+        paid_at.is_some(),
+        "now = \"paid_at\" wrote the database's time"
+    );
     assert_eq!(coupons(pool, "B1").await, 1);
 }
 
@@ -381,7 +390,10 @@ async fn a_row_that_moved_into_a_from_state_after_the_update_is_updated_again() 
         meddle: Some("UPDATE `order` SET status = 'WAIT_PAY' WHERE `key` = 'F1'"),
     };
     let out = pay_any(&mut conn, "F1").await.unwrap();
-    assert!(conn.meddle.is_none(), "the other session committed in between");
+    assert!(
+        conn.meddle.is_none(),
+        "the other session committed in between"
+    );
     conn.tx.commit().await.unwrap();
     assert_eq!(out, Transition::Applied(()));
     assert_eq!(status(&pool, "F1").await, OrderStatus::Paid);

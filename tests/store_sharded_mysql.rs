@@ -166,5 +166,8 @@ async fn records_spread_over_the_four_databases_by_key() {
         }
     }
     assert_eq!(per_shard.iter().sum::<i64>(), 64);
-    assert!(per_shard.iter().all(|&c| c > 0), "every shard is used: {per_shard:?}");
+    assert!(
+        per_shard.iter().all(|&c| c > 0),
+        "every shard is used: {per_shard:?}"
+    );
 }

@@ -119,9 +119,10 @@ impl MySqlStore {
         max_connections: u32,
         lock_wait: Duration,
     ) -> Result<Self, IdemError> {
-        let options = MySqlConnectOptions::from_str(url).map_err(|e| IdemError::InvalidOptions {
-            reason: format!("not a MySQL URL: {e}"),
-        })?;
+        let options =
+            MySqlConnectOptions::from_str(url).map_err(|e| IdemError::InvalidOptions {
+                reason: format!("not a MySQL URL: {e}"),
+            })?;
         let secs = lock_wait_secs(lock_wait);
         let set = format!("SET SESSION innodb_lock_wait_timeout = {secs}");
         let pool = MySqlPoolOptions::new()
@@ -283,11 +284,7 @@ impl MySqlStore {
         Duration::from_secs(self.lock_wait_secs)
     }
 
-    fn records<'c>(
-        &'c self,
-        conn: &'c mut sqlx::MySqlConnection,
-        locking: bool,
-    ) -> Records<'c> {
+    fn records<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection, locking: bool) -> Records<'c> {
         Records::new(conn, self, locking)
     }
 }

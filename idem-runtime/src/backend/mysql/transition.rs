@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlArguments, MySqlConnection};
-use sqlx::{Row, MySql, Transaction};
+use sqlx::{MySql, Row, Transaction};
 
 use super::db_error;
 use crate::IdemError;

@@ -20,8 +20,9 @@
 //! `floor`, the same statements hand-written in plain sqlx with no framework, on a pool of the
 //! same kind (no ping before acquire, one connection per statement in lease mode, one per
 //! transaction in tx mode). Each round runs both contenders on every workload, with 1 caller and
-//! with 32 concurrent callers (a multi-thread runtime, 2 workers); the order alternates from round
-//! to round; a ratio is taken within a round, and the median over rounds is reported.
+//! with 32 concurrent callers (a multi-thread runtime, 2 workers), in 10 alternating slices each
+//! (the machine's speed drifts); a ratio is taken within a round, and the median over rounds is
+//! reported.
 
 use std::future::Future;
 use std::hint::black_box;
@@ -280,15 +281,15 @@ impl Contender for Floor {
     }
 }
 
-/// Runs `calls` calls of `workload` from `callers` tasks; calls per second.
+/// Runs calls `from..to` of `workload` from `callers` tasks; the time they took.
 async fn measure<C: Contender>(
     c: &Arc<C>,
     prefix: &str,
     workload: Workload,
     callers: usize,
-    calls: u64,
-) -> f64 {
-    let next = Arc::new(AtomicU64::new(0));
+    (from, calls): (u64, u64),
+) -> Duration {
+    let next = Arc::new(AtomicU64::new(from));
     let started = Instant::now();
     let tasks: Vec<_> = (0..callers)
         .map(|_| {
@@ -307,8 +308,12 @@ async fn measure<C: Contender>(
     for t in tasks {
         t.await.unwrap();
     }
-    calls as f64 / started.elapsed().as_secs_f64()
+    started.elapsed()
 }
+
+/// The machine's speed drifts from minute to minute: each contender runs in slices of
+/// `calls / SLICES` calls, alternating with the other, and the times add up.
+const SLICES: u64 = 10;
 
 /// (workload, callers) and the (idem, floor) calls/s of every round.
 type Measured = ((Workload, usize), Vec<(f64, f64)>);
@@ -383,15 +388,19 @@ fn main() {
                 let pi = format!("i{round}{key_round}{callers}");
                 let pf = format!("f{round}{key_round}{callers}");
                 let (i, f) = rt.block_on(async {
-                    if round % 2 == 0 {
-                        let i = measure(&idem, &pi, w, callers, calls).await;
-                        let f = measure(&floor, &pf, w, callers, calls).await;
-                        (i, f)
-                    } else {
-                        let f = measure(&floor, &pf, w, callers, calls).await;
-                        let i = measure(&idem, &pi, w, callers, calls).await;
-                        (i, f)
+                    let (mut ti, mut tf) = (Duration::ZERO, Duration::ZERO);
+                    for slice in 0..SLICES {
+                        let range = (calls * slice / SLICES, calls * (slice + 1) / SLICES);
+                        if (round as u64 + slice) % 2 == 0 {
+                            ti += measure(&idem, &pi, w, callers, range).await;
+                            tf += measure(&floor, &pf, w, callers, range).await;
+                        } else {
+                            tf += measure(&floor, &pf, w, callers, range).await;
+                            ti += measure(&idem, &pi, w, callers, range).await;
+                        }
                     }
+                    let rate = |t: Duration| calls as f64 / t.as_secs_f64();
+                    (rate(ti), rate(tf))
                 });
                 let slot = results
                     .iter_mut()

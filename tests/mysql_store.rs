@@ -534,3 +534,62 @@ async fn round_trips_per_call_are_what_the_docs_say() {
     // SAVEPOINT, claim, mark or read, RELEASE, COMMIT: 7 statements in 6 round trips.
     assert_eq!((first, replay), (7, 7), "tx mode: new key, repeat");
 }
+
+/// A duplicate behind a transaction that holds the key and has not committed: the wait is bounded
+/// by the store's lock wait (1 s here, not InnoDB's 50 s), then the call answers `InProgress`, in
+/// lease mode and in tx mode; the waiting transaction stays usable (only the statement was undone),
+/// and once the holder commits, a repeat replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_behind_an_open_transaction_is_told_in_progress() {
+    let url = url();
+    let Some(store) = server::reach(
+        "MySQL",
+        &url,
+        MySqlStore::connect_with(&url, 4, Duration::from_secs(1)),
+    )
+    .await
+    else {
+        return;
+    };
+    let store = store.with_table(&server::unique("idem_wait")).unwrap();
+    store.migrate().await.unwrap();
+
+    let mut holder = store.begin().await.unwrap();
+    let first: Result<u32, IdemError> = Call::new("WAIT", "k")
+        .run_in_tx(&mut holder, async |_tx: &mut idem::MySqlTx| Ok(1))
+        .await;
+    assert_eq!(first.unwrap(), 1);
+
+    let leased: Result<u32, IdemError> = Call::new("WAIT", "k")
+        .run(&store, async { panic!("must not run while the holder is open") })
+        .await;
+    assert!(
+        matches!(leased, Err(IdemError::InProgress { .. })),
+        "{leased:?}"
+    );
+
+    let mut waiter = store.begin().await.unwrap();
+    let dup: Result<u32, IdemError> = Call::new("WAIT", "k")
+        .run_in_tx(&mut waiter, async |_tx: &mut idem::MySqlTx| {
+            panic!("must not run while the holder is open")
+        })
+        .await;
+    assert!(matches!(dup, Err(IdemError::InProgress { .. })), "{dup:?}");
+    let other: Result<u32, IdemError> = Call::new("WAIT", "other")
+        .run_in_tx(&mut waiter, async |_tx: &mut idem::MySqlTx| Ok(2))
+        .await;
+    assert_eq!(other.unwrap(), 2, "the waiting transaction goes on");
+    waiter.commit().await.unwrap();
+
+    holder.commit().await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    let again: Result<u32, IdemError> = Call::new("WAIT", "k")
+        .run_in_tx(&mut tx, async |_tx: &mut idem::MySqlTx| panic!("must replay"))
+        .await;
+    tx.commit().await.unwrap();
+    assert_eq!(again.unwrap(), 1);
+    assert_eq!(
+        store.load("WAIT", "other").await.unwrap().unwrap().status,
+        Status::Succeeded
+    );
+}

@@ -561,7 +561,9 @@ async fn a_duplicate_behind_an_open_transaction_is_told_in_progress() {
     assert_eq!(first.unwrap(), 1);
 
     let leased: Result<u32, IdemError> = Call::new("WAIT", "k")
-        .run(&store, async { panic!("must not run while the holder is open") })
+        .run(&store, async {
+            panic!("must not run while the holder is open")
+        })
         .await;
     assert!(
         matches!(leased, Err(IdemError::InProgress { .. })),
@@ -584,7 +586,9 @@ async fn a_duplicate_behind_an_open_transaction_is_told_in_progress() {
     holder.commit().await.unwrap();
     let mut tx = store.begin().await.unwrap();
     let again: Result<u32, IdemError> = Call::new("WAIT", "k")
-        .run_in_tx(&mut tx, async |_tx: &mut idem::MySqlTx| panic!("must replay"))
+        .run_in_tx(&mut tx, async |_tx: &mut idem::MySqlTx| {
+            panic!("must replay")
+        })
         .await;
     tx.commit().await.unwrap();
     assert_eq!(again.unwrap(), 1);

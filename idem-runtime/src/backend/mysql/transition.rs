@@ -25,6 +25,9 @@ fn query<'a>(
     })
 }
 
+// Not listed in the "other types implement" help of a wrong `tx`: the compile errors read the
+// same whichever backends are built.
+#[diagnostic::do_not_recommend]
 #[async_trait]
 impl TransitionConn for MySqlConnection {
     fn dialect(&self) -> Dialect {
@@ -74,6 +77,9 @@ impl TransitionConn for MySqlConnection {
     }
 }
 
+// Not listed in the "other types implement" help of a wrong `tx`: the compile errors read the
+// same whichever backends are built.
+#[diagnostic::do_not_recommend]
 #[async_trait]
 impl TransitionConn for Transaction<'_, MySql> {
     fn dialect(&self) -> Dialect {

@@ -173,6 +173,9 @@ impl IdemTx for MySqlTx {
     }
 }
 
+// Not listed in the "other types implement" help of a wrong `tx`: the compile errors read the
+// same whichever backends are built.
+#[diagnostic::do_not_recommend]
 #[async_trait]
 impl TransitionConn for MySqlTx {
     fn dialect(&self) -> Dialect {

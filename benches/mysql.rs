@@ -391,7 +391,7 @@ fn main() {
                     let (mut ti, mut tf) = (Duration::ZERO, Duration::ZERO);
                     for slice in 0..SLICES {
                         let range = (calls * slice / SLICES, calls * (slice + 1) / SLICES);
-                        if (round as u64 + slice) % 2 == 0 {
+                        if (round as u64 + slice).is_multiple_of(2) {
                             ti += measure(&idem, &pi, w, callers, range).await;
                             tf += measure(&floor, &pf, w, callers, range).await;
                         } else {

@@ -129,6 +129,14 @@ impl Call {
         let limits = store.limits();
         key::validate_biz(&self.biz, limits.max_biz_len)?;
         key::validate_key(&self.key, limits.max_key_len)?;
+        if self.lease < Duration::from_millis(1) {
+            return Err(IdemError::InvalidOptions {
+                reason: format!(
+                    "the lease {:?} is shorter than 1 ms, the stores' unit of time: the claim would expire before the body starts",
+                    self.lease
+                ),
+            });
+        }
         if self.ttl <= self.lease {
             return Err(IdemError::InvalidOptions {
                 reason: format!(

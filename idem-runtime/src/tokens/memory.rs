@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::{Found, TokenStore, check_token, new_token, refusal, subject_of};
+use super::{Found, TokenStore, check_token, check_ttl, new_token, refusal, subject_of};
 use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
 
@@ -70,6 +70,7 @@ impl TokenStore for MemoryTokens {
     }
 
     async fn issue(&self, ttl: Duration, subject: Option<&str>) -> Result<String, IdemError> {
+        check_ttl(ttl)?;
         let subject = subject_of(subject)?.to_owned();
         let token = new_token()?;
         let expire_at = self.now() + ttl;

@@ -33,8 +33,8 @@ pub trait TokenStore: Send + Sync + 'static {
     /// id): only the same subject can consume it.
     ///
     /// # Errors
-    /// [`IdemError::TokenInvalid`] for a subject over [`MAX_SUBJECT_LEN`] bytes or with NUL;
-    /// store errors.
+    /// [`IdemError::InvalidOptions`] for a `ttl` under 1 ms; [`IdemError::TokenInvalid`] for a
+    /// subject over [`MAX_SUBJECT_LEN`] bytes or with NUL; store errors.
     async fn issue(&self, ttl: Duration, subject: Option<&str>) -> Result<String, IdemError>;
 
     /// Spends `token`, atomically: of N concurrent consumers exactly one gets `Ok`.
@@ -86,6 +86,17 @@ pub(crate) fn check_token(token: &str) -> Result<(), IdemError> {
     Err(IdemError::TokenInvalid {
         reason: reason.to_owned(),
     })
+}
+
+/// Checks a token's lifetime before anything is issued: at least 1 ms, the stores' unit of time
+/// (a token issued for less would be expired before anyone could spend it).
+pub(crate) fn check_ttl(ttl: Duration) -> Result<(), IdemError> {
+    if ttl < Duration::from_millis(1) {
+        return Err(IdemError::InvalidOptions {
+            reason: format!("a token's ttl must be at least 1 ms, not {ttl:?}"),
+        });
+    }
+    Ok(())
 }
 
 /// The subject as stored: `""` for none.

@@ -12,7 +12,7 @@ use redis::{Script, Value};
 use super::{Records, RedisClusterStore, RedisStore, int, redis_error, text};
 use crate::IdemError;
 use crate::store::decide::millis;
-use crate::tokens::{Found, TokenStore, check_token, new_token, refusal, subject_of};
+use crate::tokens::{Found, TokenStore, check_token, check_ttl, new_token, refusal, subject_of};
 
 /// The store clock (Redis `TIME` plus the test clock's offset, `ARGV` last) in ms.
 macro_rules! clock {
@@ -126,6 +126,7 @@ impl TokenStore for RedisTokens {
     }
 
     async fn issue(&self, ttl: Duration, subject: Option<&str>) -> Result<String, IdemError> {
+        check_ttl(ttl)?;
         let subject = subject_of(subject)?;
         let ttl = millis(ttl).max(1);
         let mut conn = self.records.conn.clone();

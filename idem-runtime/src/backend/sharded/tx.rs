@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use super::ShardedStore;
 use crate::sql::dialect::Dialect;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
-use crate::transition::{SqlValue, StateRow, TransitionConn};
+use crate::transition::{SqlValue, StateRow, TransitionConn, TransitionTx};
 use crate::{IdemError, IdemTx, TransactionalStore};
 
 /// A transaction on the shard of one key, from [`ShardedStore::begin_for`]. A `tx = "…"` call
@@ -125,5 +125,21 @@ where
         versioned: bool,
     ) -> Result<Option<StateRow>, IdemError> {
         self.tx.read_state(sql, args, versioned).await
+    }
+}
+
+/// Commits or rolls back the shard's transaction, so code written against [`TransitionTx`] (a
+/// transaction it began and ends itself) works on a shard too.
+#[async_trait]
+impl<S: TransactionalStore> TransitionTx for ShardedTx<S>
+where
+    S::Tx: TransitionTx,
+{
+    async fn commit(self: Box<Self>) -> Result<(), IdemError> {
+        Box::new(self.tx).commit().await
+    }
+
+    async fn rollback(self: Box<Self>) -> Result<(), IdemError> {
+        Box::new(self.tx).rollback().await
     }
 }

@@ -8,7 +8,7 @@ use sqlx::Row;
 use super::{SqliteStore, db_error};
 use crate::IdemError;
 use crate::store::decide::millis;
-use crate::tokens::{Found, TokenStore, check_token, new_token, refusal, subject_of};
+use crate::tokens::{Found, TokenStore, check_token, check_ttl, new_token, refusal, subject_of};
 
 /// The database's clock in milliseconds plus the test clock's offset, bound at `$offset`.
 macro_rules! now_ms {
@@ -110,6 +110,7 @@ impl TokenStore for SqliteTokens {
     }
 
     async fn issue(&self, ttl: Duration, subject: Option<&str>) -> Result<String, IdemError> {
+        check_ttl(ttl)?;
         let subject = subject_of(subject)?;
         let token = new_token()?;
         let offset = self.store.offset_ms();

@@ -1,0 +1,319 @@
+//! Sends the planned requests, `concurrency` at a time, and records how each one ended.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use idem::{Call, IdemError, Outcome, SqlValue, Store, observe};
+
+use crate::args::{Args, Mode};
+use crate::plan::{Fault, Plan};
+use crate::target::{BeginTx, Ledger, StormTx, ledger_insert};
+
+/// How one request ended, as its caller saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Class {
+    /// The body ran on a fresh claim (or a retry after a failure) and its result was stored.
+    Executed,
+    /// The body ran after taking over an expired claim.
+    TakenOver,
+    /// The stored result came back; the body did not run.
+    Replayed,
+    /// Refused: another attempt holds the claim.
+    InProgress,
+    /// The body ran, but its claim had been taken over; nothing stored.
+    LeaseLost,
+    /// The body ran but the mark failed; the claim waits for its lease.
+    Unmarked,
+    /// The body's injected business error.
+    Business,
+    /// The body's injected panic.
+    Panicked,
+    /// The caller dropped the call while the body ran.
+    Dropped,
+    /// Any other error, by kind.
+    Error(&'static str),
+}
+
+/// One request's end.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sample {
+    /// When it started, since the storm began.
+    pub at: Duration,
+    pub latency: Duration,
+    pub class: Class,
+}
+
+/// What the storm saw: every request's end, and every answer `(key, run)` a caller got.
+pub(crate) struct Driven {
+    pub samples: Vec<Sample>,
+    pub answers: Vec<(u32, i64)>,
+    pub elapsed: Duration,
+}
+
+/// The body's error.
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    #[error("injected business error")]
+    Business,
+    #[error("ledger write failed: {0}")]
+    Ledger(String),
+    #[error(transparent)]
+    Idem(#[from] IdemError),
+}
+
+struct Ctx {
+    store: Arc<dyn Store>,
+    tx: Option<Arc<dyn BeginTx>>,
+    ledger: Arc<Ledger>,
+    biz: Arc<str>,
+    plan: Arc<Plan>,
+    lease: Duration,
+    ttl: Duration,
+    body: Duration,
+    heartbeat: bool,
+    start: Instant,
+}
+
+impl Ctx {
+    fn call(&self, key: &str) -> Call {
+        let call = Call::new(self.biz.to_string(), key)
+            .ttl(self.ttl)
+            .lease(self.lease);
+        if self.heartbeat {
+            call.heartbeat(self.lease / 3)
+        } else {
+            call
+        }
+    }
+
+    /// How long a dropping caller waits before giving up.
+    fn give_up_after(&self) -> Duration {
+        self.body + Duration::from_millis(2)
+    }
+
+    /// The body's work before its effect: its time, then its fault.
+    async fn work(&self, fault: Fault) -> Result<(), BodyError> {
+        let nap = match fault {
+            Fault::Slow => self.lease * 3 / 2,
+            Fault::Drop => self.give_up_after() * 4 + Duration::from_millis(50),
+            _ => self.body,
+        };
+        if !nap.is_zero() {
+            tokio::time::sleep(nap).await;
+        }
+        match fault {
+            Fault::Error => Err(BodyError::Business),
+            Fault::Panic => panic!("idem-storm: injected panic"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A short name for an error kind, for the summary.
+pub(crate) fn kind(e: &IdemError) -> &'static str {
+    match e {
+        IdemError::InvalidKey { .. } => "invalid-key",
+        IdemError::InvalidBiz { .. } => "invalid-biz",
+        IdemError::InvalidOptions { .. } => "invalid-options",
+        IdemError::InProgress { .. } => "in-progress",
+        IdemError::PayloadMismatch => "payload-mismatch",
+        IdemError::LeaseLost { .. } => "lease-lost",
+        IdemError::ResultNotStorable { .. } => "result-not-storable",
+        IdemError::ReplayDecode { .. } => "replay-decode",
+        IdemError::Fingerprint { .. } => "fingerprint",
+        IdemError::UnknownStore { .. } => "unknown-store",
+        IdemError::NotSupported { .. } => "not-supported",
+        IdemError::StoreUnavailable { .. } => "store-unavailable",
+        IdemError::StoreBusy { .. } => "store-busy",
+        IdemError::StoreSchema { .. } => "store-schema",
+        IdemError::Store { .. } => "store",
+        _ => "other",
+    }
+}
+
+fn classify(result: Result<i64, BodyError>, outcome: Option<Outcome>) -> (Class, Option<i64>) {
+    match result {
+        Ok(run) => {
+            let class = match outcome {
+                Some(Outcome::Replayed) => Class::Replayed,
+                Some(Outcome::TakenOver) => Class::TakenOver,
+                _ => Class::Executed,
+            };
+            (class, Some(run))
+        }
+        Err(BodyError::Business) => (Class::Business, None),
+        Err(BodyError::Ledger(_)) => (Class::Error("ledger"), None),
+        Err(BodyError::Idem(e)) => {
+            let class = match (&e, outcome) {
+                (IdemError::InProgress { .. }, _) => Class::InProgress,
+                (IdemError::LeaseLost { .. }, _) => Class::LeaseLost,
+                (_, Some(Outcome::MarkFailed)) => Class::Unmarked,
+                _ => Class::Error(kind(&e)),
+            };
+            (class, None)
+        }
+    }
+}
+
+async fn lease_request(ctx: &Ctx, i: usize) -> (Class, Option<i64>) {
+    let request = ctx.plan.requests[i];
+    let key = format!("ORD-{}", request.key);
+    let run = i as i64;
+    let body = async {
+        ctx.work(request.fault).await?;
+        ctx.ledger
+            .record(&ctx.biz, &key, run)
+            .await
+            .map_err(BodyError::Ledger)?;
+        Ok(run)
+    };
+    let call = observe(ctx.call(&key).run(&*ctx.store, body));
+    let (result, report) = if request.fault == Fault::Drop {
+        match tokio::time::timeout(ctx.give_up_after(), call).await {
+            Ok(done) => done,
+            Err(_) => return (Class::Dropped, None),
+        }
+    } else {
+        call.await
+    };
+    classify(result, report.map(|r| r.outcome))
+}
+
+async fn tx_request(ctx: Arc<Ctx>, begin: Arc<dyn BeginTx>, i: usize) -> (Class, Option<i64>) {
+    let request = ctx.plan.requests[i];
+    let key = format!("ORD-{}", request.key);
+    let run = i as i64;
+    let work = async {
+        let mut tx = match begin.begin(&ctx.biz, &key).await {
+            Ok(tx) => tx,
+            Err(e) => return (Class::Error(kind(&e)), None),
+        };
+        let body = async |tx: &mut dyn StormTx| {
+            ctx.work(request.fault).await?;
+            let args = [
+                SqlValue::Text(Cow::Borrowed(&ctx.biz)),
+                SqlValue::Text(Cow::Borrowed(&key)),
+                SqlValue::Int(run),
+            ];
+            tx.execute(ledger_insert(tx.dialect()), &args).await?;
+            Ok::<_, BodyError>(run)
+        };
+        let (result, report) = observe(ctx.call(&key).run_in_tx(&mut *tx, body)).await;
+        let ended = if result.is_ok() {
+            tx.commit().await
+        } else {
+            tx.rollback().await
+        };
+        match ended {
+            Ok(()) => classify(result, report.map(|r| r.outcome)),
+            Err(e) => (Class::Error(kind(&e)), None),
+        }
+    };
+    if request.fault == Fault::Drop {
+        match tokio::time::timeout(ctx.give_up_after(), work).await {
+            Ok(done) => done,
+            Err(_) => (Class::Dropped, None),
+        }
+    } else {
+        work.await
+    }
+}
+
+/// Runs the storm: `args.concurrency` workers take the next planned request until none is left.
+pub(crate) async fn drive(
+    args: &Args,
+    plan: Arc<Plan>,
+    target: &crate::target::Target,
+    ledger: Arc<Ledger>,
+    biz: Arc<str>,
+    done: Arc<AtomicU64>,
+) -> Driven {
+    let ctx = Arc::new(Ctx {
+        store: target.store.clone(),
+        tx: target.tx.clone(),
+        ledger,
+        biz,
+        plan,
+        lease: args.lease,
+        ttl: args.ttl,
+        body: args.body,
+        heartbeat: !args.no_heartbeat,
+        start: Instant::now(),
+    });
+    let tx_mode = args.mode == Mode::Tx;
+    let next = Arc::new(AtomicUsize::new(0));
+    // Tx mode runs on this thread (a `LocalSet`): the engine's transaction future borrows the
+    // transaction through an `async` closure, which rustc cannot yet prove `Send` for every
+    // borrow. Lease mode spreads over the runtime's threads.
+    let local = tokio::task::LocalSet::new();
+    local
+        .run_until(async move {
+            let mut workers = tokio::task::JoinSet::new();
+            for _ in 0..args.concurrency {
+                let w = worker(ctx.clone(), next.clone(), done.clone(), tx_mode);
+                if tx_mode {
+                    workers.spawn_local(w);
+                } else {
+                    workers.spawn(w);
+                }
+            }
+            let mut driven = Driven {
+                samples: Vec::new(),
+                answers: Vec::new(),
+                elapsed: Duration::ZERO,
+            };
+            while let Some(joined) = workers.join_next().await {
+                let (samples, answers) = joined.expect("a storm worker never panics");
+                driven.samples.extend(samples);
+                driven.answers.extend(answers);
+            }
+            driven.elapsed = ctx.start.elapsed();
+            driven
+        })
+        .await
+}
+
+/// Takes the next planned request until none is left; each request is a task of its own, so an
+/// injected panic ends only that request.
+async fn worker(
+    ctx: Arc<Ctx>,
+    next: Arc<AtomicUsize>,
+    done: Arc<AtomicU64>,
+    tx_mode: bool,
+) -> (Vec<Sample>, Vec<(u32, i64)>) {
+    let mut samples = Vec::new();
+    let mut answers = Vec::new();
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= ctx.plan.requests.len() {
+            break;
+        }
+        let at = ctx.start.elapsed();
+        let one = match (&ctx.tx, tx_mode) {
+            (Some(begin), true) => {
+                tokio::task::spawn_local(tx_request(ctx.clone(), begin.clone(), i))
+            }
+            _ => {
+                let ctx = ctx.clone();
+                tokio::spawn(async move { lease_request(&ctx, i).await })
+            }
+        };
+        let (class, answer) = match one.await {
+            Ok(end) => end,
+            Err(e) if e.is_panic() => (Class::Panicked, None),
+            Err(_) => (Class::Error("cancelled"), None),
+        };
+        samples.push(Sample {
+            at,
+            latency: ctx.start.elapsed() - at,
+            class,
+        });
+        if let Some(run) = answer {
+            answers.push((ctx.plan.requests[i].key, run));
+        }
+        done.fetch_add(1, Ordering::Relaxed);
+    }
+    (samples, answers)
+}

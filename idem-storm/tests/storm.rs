@@ -1,0 +1,278 @@
+//! The storm binary as a user runs it: 12.3 % duplicates and 64 callers on every store this build
+//! has, the audit catching real double executions, the JSON and SVG outputs, and bad flags.
+
+use std::net::TcpStream;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+fn storm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem-storm"))
+        .args(args)
+        .env_remove("IDEM_STORM_SQLITE")
+        .output()
+        .expect("idem-storm runs")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// A 12.3 % duplicate storm with 64 callers and every fault but slow bodies, on `store` in
+/// `mode`: the audit holds and the counts add up.
+fn storm_holds(store: &str, mode: &str, extra: &[&str]) {
+    let mut args = vec![
+        "--store",
+        store,
+        "--mode",
+        mode,
+        "-n",
+        "2000",
+        "-c",
+        "64",
+        "--dup-rate",
+        "0.123",
+        "--lease",
+        "300ms",
+        "--error-rate",
+        "0.03",
+        "--panic-rate",
+        "0.01",
+        "--drop-rate",
+        "0.01",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = storm(&args);
+    let s = json(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{store}/{mode}: {s:#}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(s["invariants_hold"], true);
+    assert_eq!(s["double_executions"], 0);
+    assert_eq!(s["foreign_answers"], 0);
+    assert_eq!(s["false_successes"], 0);
+    assert_eq!(s["requests"], 2000);
+    let n = |f: &str| s[f].as_u64().unwrap();
+    // Every request ended one way or another.
+    let errors: u64 = s["errors"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    let ends = n("executed")
+        + n("takeovers")
+        + n("replays")
+        + n("in_progress")
+        + n("lease_lost")
+        + n("unmarked")
+        + n("business_errors")
+        + n("panics")
+        + n("dropped")
+        + errors;
+    assert_eq!(ends, 2000, "{s:#}");
+    // Each body that reached its effect was answered as executed or taken over, exactly once.
+    assert_eq!(n("executions"), n("executed") + n("takeovers"), "{s:#}");
+    assert!(n("replays") > 0, "a storm with duplicates replays: {s:#}");
+    assert!(n("business_errors") > 0 && n("panics") > 0, "{s:#}");
+    let rate = s["duplicate_rate"].as_f64().unwrap();
+    assert!((0.09..0.16).contains(&rate), "duplicate rate {rate}");
+}
+
+#[test]
+fn memory_lease() {
+    storm_holds("memory", "lease", &[]);
+}
+
+#[test]
+fn sqlite_lease() {
+    storm_holds("sqlite", "lease", &[]);
+}
+
+#[test]
+fn sqlite_tx() {
+    storm_holds("sqlite", "tx", &[]);
+}
+
+#[test]
+fn sharded_lease() {
+    storm_holds("sharded", "lease", &[]);
+}
+
+#[test]
+fn sharded_tx() {
+    storm_holds("sharded", "tx", &[]);
+}
+
+/// Whether the service at `host:port` answers; a skip line (or, under
+/// `IDEM_REQUIRE_SERVICES=1`, a failure) when it does not.
+fn reachable(name: &str, addr: &str) -> bool {
+    let up = addr
+        .parse()
+        .ok()
+        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).ok())
+        .is_some();
+    if !up {
+        assert!(
+            std::env::var("IDEM_REQUIRE_SERVICES").as_deref() != Ok("1"),
+            "{name} at {addr} is unreachable and IDEM_REQUIRE_SERVICES=1"
+        );
+        eprintln!(
+            "skipped: {name} at {addr} is unreachable; set IDEM_REQUIRE_SERVICES=1 to fail instead"
+        );
+    }
+    up
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_lease() {
+    if std::env::var("IDEM_REDIS_URL").is_err() && !reachable("Redis", "127.0.0.1:6379") {
+        return;
+    }
+    storm_holds("redis", "lease", &[]);
+}
+
+/// Without a heartbeat a body slower than its lease is taken over while it still runs: both
+/// bodies reach their effect. The audit must see it and the exit status must say so.
+#[test]
+fn the_audit_catches_double_executions() {
+    let out = storm(&[
+        "--store",
+        "sqlite",
+        "-n",
+        "1500",
+        "-c",
+        "64",
+        "--dup-rate",
+        "0.5",
+        "--skew",
+        "0.2",
+        "--lease",
+        "100ms",
+        "--slow-rate",
+        "0.5",
+        "--no-heartbeat",
+        "--seed",
+        "11",
+        "--json",
+    ]);
+    let s = json(&out);
+    assert_eq!(out.status.code(), Some(1), "{s:#}");
+    assert_eq!(s["invariants_hold"], false);
+    assert!(s["double_executions"].as_u64().unwrap() > 0, "{s:#}");
+    assert!(s["lease_lost"].as_u64().unwrap() > 0, "{s:#}");
+}
+
+/// The same slow bodies with the heartbeat (the default): no double execution.
+#[test]
+fn the_heartbeat_keeps_slow_bodies_single() {
+    let out = storm(&[
+        "--store",
+        "sqlite",
+        "-n",
+        "1500",
+        "-c",
+        "64",
+        "--dup-rate",
+        "0.5",
+        "--skew",
+        "0.2",
+        "--lease",
+        "100ms",
+        "--slow-rate",
+        "0.5",
+        "--seed",
+        "11",
+        "--json",
+    ]);
+    let s = json(&out);
+    assert_eq!(out.status.code(), Some(0), "{s:#}");
+    assert_eq!(s["double_executions"], 0);
+    assert_eq!(s["lease_lost"], 0);
+}
+
+#[test]
+fn the_table_and_the_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("storm.svg");
+    let out = storm(&[
+        "--store",
+        "memory",
+        "-n",
+        "500",
+        "--plot",
+        svg.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let table = String::from_utf8(out.stdout).unwrap();
+    for row in [
+        "requests",
+        "double executions",
+        "throughput",
+        "latency p99",
+        "invariants           hold",
+    ] {
+        assert!(table.contains(row), "no `{row}` in\n{table}");
+    }
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        picture.starts_with("<svg"),
+        "{}",
+        &picture[..100.min(picture.len())]
+    );
+    for caption in ["Throughput", "Outcome mix", "Latency"] {
+        assert!(picture.contains(caption), "no `{caption}` in the plot");
+    }
+}
+
+/// Flags that cannot work: a clear message naming the flag, exit status 2, no storm.
+#[test]
+fn bad_flags_are_refused() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--dup-rate", "1.5"], "not between 0 and 1"),
+        (&["--dup-rate", "x"], "not a number"),
+        (&["-c", "0"], "0 is not in 1..=10000"),
+        (&["-n", "0"], "0 is not in 1..=100000000"),
+        (&["--lease", "soon"], "not a duration"),
+        (
+            &["--lease", "1s", "--ttl", "1s"],
+            "--ttl (1s) must be longer than --lease (1s)",
+        ),
+        (&["--lease", "1ms"], "--lease must be at least 10ms"),
+        (
+            &["--error-rate", "0.6", "--panic-rate", "0.6"],
+            "add up to 1.200",
+        ),
+        (
+            &["--store", "memory", "--mode", "tx"],
+            "--mode tx needs a store with transactions",
+        ),
+        (&["--store", "redis-cluster"], "needs --cluster-nodes"),
+        (
+            &["--store", "nosuch"],
+            "invalid value 'nosuch' for '--store",
+        ),
+        (&["--skew", "-1"], "unexpected argument '-1'"),
+    ];
+    for (args, says) in cases {
+        let out = storm(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(says),
+            "{args:?} should say `{says}`, said: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?} printed a summary");
+    }
+}

@@ -1,0 +1,656 @@
+//! Processes that die or stall while they hold a claim, on every store that outlives a process
+//! (SQLite; Redis with feature `redis`).
+//!
+//! - SIGKILL between claim and mark, 100 trials per store: before the lease ends every other
+//!   caller is told "in progress"; after it, of 8 callers released together exactly one takes over
+//!   and runs the business once (counted in an independent effects table).
+//! - SIGKILL mid-transaction (tx mode), 100 trials: the claim and the business write die with the
+//!   transaction: no record, no effect, and the next caller runs at once.
+//! - SIGSTOP past the lease: a paused holder (heartbeat and all) is taken over; resumed, it gets
+//!   `LeaseLost`, and the stored result is the newer attempt's.
+//! - Clock skew: children whose clocks are 10 minutes behind and ahead (libfaketime) claim, wait,
+//!   take over and replay exactly as on a true clock, because the store decides by its own clock.
+//!   (Not SQLite: there the store's clock is the process's own, see docs/RELIABILITY.md.)
+//!
+//! The dying process is this test binary run again as a child (`child` below, which does nothing
+//! unless `IDEM_CRASH_CHILD` is set).
+
+mod contract;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
+use idem::sqlx::{self, Row};
+use idem::{Call, IdemError, Outcome, SqliteStore, Status, Store};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Barrier;
+
+/// Where the records live, as the child needs to open them again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum Backend {
+    Sqlite { path: PathBuf },
+    Redis { url: String, prefix: String },
+}
+
+/// What the child does once it holds the claim.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+enum Act {
+    /// Lease mode: claim, say READY, wait to be killed.
+    Hold,
+    /// Tx mode: claim and write the effect in a transaction, say READY, wait to be killed.
+    HoldTx,
+    /// Lease mode with a heartbeat: claim, say READY, wait for a line on stdin (the parent
+    /// pauses it meanwhile), then write the effect, finish, and print how the call ended.
+    Stall,
+    /// One whole call: print `RESULT <outcome> <value>`.
+    Once,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Spec {
+    backend: Backend,
+    /// The independent effects table's database file.
+    effects: PathBuf,
+    biz: String,
+    key: String,
+    lease_ms: u64,
+    ttl_ms: u64,
+    act: Act,
+    /// libfaketime's offset for the child's clock (`-10m`), if skewed.
+    skew: Option<String>,
+}
+
+async fn open(backend: &Backend) -> Arc<dyn Store> {
+    match backend {
+        Backend::Sqlite { path } => Arc::new(SqliteStore::open(path).await.unwrap()),
+        #[cfg(feature = "redis")]
+        Backend::Redis { url, prefix } => Arc::new(
+            idem::RedisStore::connect(url)
+                .await
+                .unwrap()
+                .with_prefix(prefix)
+                .unwrap(),
+        ),
+        #[cfg(not(feature = "redis"))]
+        Backend::Redis { .. } => unreachable!("Redis trials run only with the `redis` feature"),
+    }
+}
+
+async fn effects_pool(path: &PathBuf) -> SqlitePool {
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(30));
+    let pool = SqlitePool::connect_with(options).await.unwrap();
+    sqlx::query("CREATE TABLE IF NOT EXISTS effects (biz TEXT NOT NULL, k TEXT NOT NULL, who TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool
+}
+
+async fn effect(pool: &SqlitePool, biz: &str, key: &str, who: &str) -> Result<(), IdemError> {
+    sqlx::query("INSERT INTO effects (biz, k, who) VALUES (?, ?, ?)")
+        .bind(biz)
+        .bind(key)
+        .bind(who)
+        .execute(pool)
+        .await
+        .map(drop)
+        .map_err(IdemError::store)
+}
+
+async fn effects_of(pool: &SqlitePool, biz: &str, key: &str) -> Vec<String> {
+    sqlx::query("SELECT who FROM effects WHERE biz = ? AND k = ? ORDER BY rowid")
+        .bind(biz)
+        .bind(key)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").unwrap();
+    out.flush().unwrap();
+}
+
+/// The child: does `IDEM_CRASH_CHILD`'s act, or nothing when it is not set.
+#[tokio::test]
+async fn child() {
+    let Ok(spec) = std::env::var("IDEM_CRASH_CHILD") else {
+        return;
+    };
+    let spec: Spec = serde_json::from_str(&spec).unwrap();
+    // Never outlive the parent (a failed test must not leave children holding its output open):
+    // exit when its end of stdin closes, and after two minutes whatever happens.
+    if spec.act != Act::Stall {
+        std::thread::spawn(|| {
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+            std::process::exit(3);
+        });
+    }
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(120));
+        std::process::exit(4);
+    });
+    let lease = Duration::from_millis(spec.lease_ms);
+    let ttl = Duration::from_millis(spec.ttl_ms);
+    let call = || Call::new(spec.biz.clone(), &spec.key).lease(lease).ttl(ttl);
+    match spec.act {
+        Act::Hold => {
+            let store = open(&spec.backend).await;
+            let _: Result<(), IdemError> = call()
+                .run(&*store, async {
+                    say("READY");
+                    std::future::pending().await
+                })
+                .await;
+        }
+        Act::HoldTx => {
+            let Backend::Sqlite { path } = &spec.backend else {
+                unreachable!("tx trials run on SQL stores")
+            };
+            let store = SqliteStore::open(path).await.unwrap();
+            let mut tx = store.begin().await.unwrap();
+            let _: Result<(), IdemError> = call()
+                .run_in_tx(&mut tx, async |tx| {
+                    sqlx::query("INSERT INTO effects (biz, k, who) VALUES (?, ?, 'child')")
+                        .bind(&spec.biz)
+                        .bind(&spec.key)
+                        .execute(&mut **tx)
+                        .await
+                        .map_err(IdemError::store)?;
+                    say("READY");
+                    std::future::pending().await
+                })
+                .await;
+        }
+        Act::Once => {
+            let store = open(&spec.backend).await;
+            let effects = effects_pool(&spec.effects).await;
+            let who = spec.skew.clone().unwrap_or_else(|| "true clock".to_owned());
+            let (result, report) = idem::observe(call().run(&*store, async {
+                effect(&effects, &spec.biz, &spec.key, &who).await?;
+                Ok::<_, IdemError>(who.clone())
+            }))
+            .await;
+            let outcome = report.map_or("none", |r| r.outcome.as_str());
+            match result {
+                Ok(v) => say(&format!("RESULT {outcome} {v}")),
+                Err(e) => say(&format!("RESULT {outcome} error {e}")),
+            }
+        }
+        Act::Stall => {
+            let store = open(&spec.backend).await;
+            let effects = effects_pool(&spec.effects).await;
+            let result: Result<String, IdemError> = call()
+                .heartbeat(lease / 4)
+                .run(&*store, async {
+                    say("READY");
+                    // Blocks until the parent writes a line (it pauses this process meanwhile).
+                    tokio::task::spawn_blocking(|| {
+                        std::io::stdin().lock().read_line(&mut String::new())
+                    })
+                    .await
+                    .unwrap()
+                    .unwrap();
+                    effect(&effects, &spec.biz, &spec.key, "A").await?;
+                    Ok("A".to_owned())
+                })
+                .await;
+            match result {
+                Ok(v) => say(&format!("RESULT ok {v}")),
+                Err(IdemError::LeaseLost { .. }) => say("RESULT lease-lost"),
+                Err(e) => say(&format!("RESULT error {e}")),
+            }
+        }
+    }
+}
+
+/// A child process doing `spec`'s act, once it said READY.
+struct Running {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Running {
+    fn start(spec: &Spec) -> Running {
+        let mut running = Running::spawn(spec);
+        running.wait_for("READY");
+        running
+    }
+
+    /// Starts the child without waiting for it.
+    fn spawn(spec: &Spec) -> Running {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        if let Some(skew) = &spec.skew {
+            // The wall clock only: tokio's timers run on the monotonic clock, left true.
+            command
+                .env("LD_PRELOAD", libfaketime().expect("checked by the test"))
+                .env("FAKETIME", skew)
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let mut child = command
+            .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+            .env("IDEM_CRASH_CHILD", serde_json::to_string(spec).unwrap())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Running {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Reads the child's lines until one starts with `prefix`; that line.
+    fn wait_for(&mut self, prefix: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.stdout.read_line(&mut line).unwrap();
+            assert!(n > 0, "the child ended before saying {prefix}");
+            // libtest may have written `test child ... ` on the same line first.
+            if let Some(at) = line.find(prefix) {
+                return line[at..].trim().to_owned();
+            }
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} failed");
+    }
+
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+const TRIALS: usize = 100;
+
+struct Site {
+    backend: Backend,
+    store: Arc<dyn Store>,
+    effects_path: PathBuf,
+    effects: SqlitePool,
+    _dir: tempfile::TempDir,
+}
+
+async fn sqlite_site() -> Site {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("records.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    store.migrate().await.unwrap();
+    let effects_path = dir.path().join("effects.db");
+    Site {
+        backend: Backend::Sqlite { path },
+        store: Arc::new(store),
+        effects: effects_pool(&effects_path).await,
+        effects_path,
+        _dir: dir,
+    }
+}
+
+#[cfg(feature = "redis")]
+async fn redis_site() -> Option<Site> {
+    let url = contract::server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+    let prefix = format!("{}:", contract::server::unique("crash"));
+    let store = contract::server::reach("Redis", &url, idem::RedisStore::connect(&url)).await?;
+    let dir = tempfile::tempdir().unwrap();
+    let effects_path = dir.path().join("effects.db");
+    Some(Site {
+        backend: Backend::Redis {
+            url,
+            prefix: prefix.clone(),
+        },
+        store: Arc::new(store.with_prefix(&prefix).unwrap()),
+        effects: effects_pool(&effects_path).await,
+        effects_path,
+        _dir: dir,
+    })
+}
+
+impl Site {
+    fn spec(&self, biz: &str, key: &str, lease: Duration, act: Act) -> Spec {
+        Spec {
+            backend: self.backend.clone(),
+            effects: self.effects_path.clone(),
+            biz: biz.to_owned(),
+            key: key.to_owned(),
+            lease_ms: lease.as_millis() as u64,
+            ttl_ms: 7 * 24 * 3600 * 1000,
+            act,
+            skew: None,
+        }
+    }
+
+    /// Runs [`TRIALS`] children doing `act` on keys `k0`, `k1`, …, `batch` at a time, and kills
+    /// each batch once all of it said READY; `after_kill` checks each batch's keys right away.
+    async fn kill_trials(
+        &self,
+        biz: &str,
+        lease: Duration,
+        act: Act,
+        batch: usize,
+        mut after_kill: impl AsyncFnMut(&str),
+    ) -> Vec<String> {
+        let keys: Vec<String> = (0..TRIALS).map(|i| format!("k{i}")).collect();
+        for group in keys.chunks(batch) {
+            let specs: Vec<Spec> = group
+                .iter()
+                .map(|k| self.spec(biz, k, lease, act))
+                .collect();
+            let children = tokio::task::spawn_blocking(move || {
+                let mut children: Vec<Running> = specs.iter().map(Running::spawn).collect();
+                for c in &mut children {
+                    c.wait_for("READY");
+                }
+                for c in children {
+                    c.kill();
+                }
+            });
+            children.await.unwrap();
+            for key in group {
+                after_kill(key).await;
+            }
+        }
+        keys
+    }
+
+    /// Eight callers released together on `key`; how many ran the business, and their outcomes.
+    async fn burst(&self, biz: &str, key: &str, lease: Duration) -> Vec<Outcome> {
+        let barrier = Arc::new(Barrier::new(8));
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..8 {
+            let (store, barrier, effects) =
+                (self.store.clone(), barrier.clone(), self.effects.clone());
+            let (biz, key) = (biz.to_owned(), key.to_owned());
+            tasks.spawn(async move {
+                barrier.wait().await;
+                let call = Call::new(biz.clone(), &key).lease(lease);
+                let (_, report) = idem::observe(call.run(&*store, async {
+                    effect(&effects, &biz, &key, &format!("burst{i}")).await?;
+                    Ok::<_, IdemError>(i)
+                }))
+                .await;
+                report.expect("an idempotent call ran").outcome
+            });
+        }
+        tasks.join_all().await
+    }
+}
+
+async fn killed_between_claim_and_mark(site: Site) {
+    let biz = "CRASH";
+    // Long enough that every key of a batch is checked before its lease ends.
+    let lease = Duration::from_secs(5);
+    let keys = site
+        .kill_trials(biz, lease, Act::Hold, 10, async |key| {
+            // The claim outlives its holder: until the lease ends every caller is told so.
+            let record = site.store.load(biz, key).await.unwrap().expect("claimed");
+            assert_eq!(record.status, Status::Processing, "{key}");
+            let outcomes = site.burst(biz, key, lease).await;
+            assert!(
+                outcomes.iter().all(|o| *o == Outcome::InProgress),
+                "{key} before its lease ended: {outcomes:?}"
+            );
+        })
+        .await;
+    // Once every lease has ended: exactly one caller of each burst takes over, once.
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    for key in &keys {
+        let outcomes = site.burst(biz, key, lease).await;
+        let took_over = outcomes
+            .iter()
+            .filter(|o| **o == Outcome::TakenOver)
+            .count();
+        assert_eq!(took_over, 1, "{key}: {outcomes:?}");
+        assert!(
+            outcomes.iter().all(|o| matches!(
+                o,
+                Outcome::TakenOver | Outcome::InProgress | Outcome::Replayed
+            )),
+            "{key}: {outcomes:?}"
+        );
+        assert_eq!(effects_of(&site.effects, biz, key).await.len(), 1, "{key}");
+        let record = site.store.load(biz, key).await.unwrap().unwrap();
+        assert_eq!(
+            (record.status, record.attempt),
+            (Status::Succeeded, 2),
+            "{key}"
+        );
+    }
+}
+
+async fn paused_past_the_lease(site: Site) {
+    let (biz, key) = ("PAUSE", "order-1");
+    let lease = Duration::from_millis(600);
+    let spec = site.spec(biz, key, lease, Act::Stall);
+    let mut a = tokio::task::spawn_blocking(move || Running::start(&spec))
+        .await
+        .unwrap();
+    a.signal("-STOP");
+    // While A is paused its lease runs out (its heartbeat is paused too); B takes over.
+    tokio::time::sleep(lease + Duration::from_millis(300)).await;
+    let effects = site.effects.clone();
+    let (b, report) = idem::observe(Call::new(biz, key).lease(lease).run(&*site.store, async {
+        effect(&effects, biz, key, "B").await?;
+        Ok::<_, IdemError>("B".to_owned())
+    }))
+    .await;
+    assert_eq!(b.unwrap(), "B");
+    assert_eq!(report.unwrap().outcome, Outcome::TakenOver);
+    // A resumes and finishes its body: it is told it lost the claim.
+    a.signal("-CONT");
+    let said = tokio::task::spawn_blocking(move || {
+        writeln!(a.stdin, "go").unwrap();
+        let said = a.wait_for("RESULT");
+        a.child.wait().unwrap();
+        said
+    })
+    .await
+    .unwrap();
+    assert_eq!(said, "RESULT lease-lost");
+    // The stored result is B's: a repeat replays it, and A's is never seen.
+    let (again, report) = idem::observe(
+        Call::new(biz, key)
+            .lease(lease)
+            .run(&*site.store, async { Ok::<_, IdemError>("C".to_owned()) }),
+    )
+    .await;
+    assert_eq!(again.unwrap(), "B");
+    assert_eq!(report.unwrap().outcome, Outcome::Replayed);
+    // Both bodies ran (a paused process cannot be un-run); only B's result was stored.
+    assert_eq!(effects_of(&site.effects, biz, key).await, ["B", "A"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_killed_between_claim_and_mark() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    killed_between_claim_and_mark(sqlite_site().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_killed_mid_transaction() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("records.db");
+    let store = Arc::new(SqliteStore::open(&path).await.unwrap());
+    store.migrate().await.unwrap();
+    // Effects live in the records' database, written inside the call's transaction.
+    let effects = effects_pool(&path).await;
+    let site = Site {
+        backend: Backend::Sqlite { path: path.clone() },
+        store: store.clone(),
+        effects_path: path,
+        effects: effects.clone(),
+        _dir: dir,
+    };
+    let (biz, lease) = ("CRASHTX", Duration::from_secs(60));
+    // One child at a time: an SQLite write transaction holds the database's write lock.
+    site.kill_trials(biz, lease, Act::HoldTx, 1, async |key| {
+        // The transaction died with its process: no record, no effect...
+        assert!(store.load(biz, key).await.unwrap().is_none(), "{key}");
+        assert!(effects_of(&effects, biz, key).await.is_empty(), "{key}");
+        // ...and the next caller runs at once, without waiting for any lease.
+        let mut tx = store.begin().await.unwrap();
+        let (ran, report) = idem::observe(Call::new(biz, key).lease(lease).run_in_tx(
+            &mut tx,
+            async |tx| {
+                sqlx::query("INSERT INTO effects (biz, k, who) VALUES (?, ?, 'next')")
+                    .bind(biz)
+                    .bind(key)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(IdemError::store)?;
+                Ok::<_, IdemError>(1)
+            },
+        ))
+        .await;
+        tx.commit().await.unwrap();
+        assert_eq!(ran.unwrap(), 1);
+        assert_eq!(report.unwrap().outcome, Outcome::Executed, "{key}");
+        assert_eq!(effects_of(&effects, biz, key).await, ["next"], "{key}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_paused_past_the_lease() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    paused_past_the_lease(sqlite_site().await).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_between_claim_and_mark() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    if let Some(site) = redis_site().await {
+        killed_between_claim_and_mark(site).await;
+    }
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_paused_past_the_lease() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    if let Some(site) = redis_site().await {
+        paused_past_the_lease(site).await;
+    }
+}
+
+/// libfaketime's preload library (`IDEM_LIBFAKETIME`, or Debian's path), if installed.
+fn libfaketime() -> Option<String> {
+    let path = std::env::var("IDEM_LIBFAKETIME")
+        .unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1".to_owned());
+    std::path::Path::new(&path).exists().then_some(path)
+}
+
+/// Runs one whole call in a child (its spec adjusted by `spec_of`); its `RESULT` line.
+async fn once_at(site: &Site, biz: &str, key: &str, spec_of: impl Fn(Spec) -> Spec) -> String {
+    let spec = spec_of(site.spec(biz, key, Duration::from_secs(2), Act::Once));
+    tokio::task::spawn_blocking(move || {
+        let mut child = Running::spawn(&spec);
+        let said = child.wait_for("RESULT");
+        child.child.wait().unwrap();
+        said
+    })
+    .await
+    .unwrap()
+}
+
+/// Callers 10 minutes behind and ahead of the store see the same outcomes as on a true clock: a
+/// live claim is in progress for both, it expires after its lease (not 10 minutes early or late),
+/// a record within its TTL replays for both.
+async fn skewed_clocks_change_no_outcome(site: Site) {
+    if libfaketime().is_none() {
+        assert!(
+            !contract::server::required(),
+            "libfaketime is missing (apt-get install faketime) and IDEM_REQUIRE_SERVICES=1"
+        );
+        eprintln!("skipped: libfaketime is not installed (apt-get install faketime)");
+        return;
+    }
+    let (biz, key) = ("SKEW", "order-1");
+    let lease = Duration::from_secs(2);
+    // A short TTL: a caller deciding by its own clock 10 minutes ahead would find it expired.
+    let ttl = Duration::from_secs(300);
+    let skewed = |skew: &'static str| {
+        move |mut spec: Spec| {
+            spec.lease_ms = lease.as_millis() as u64;
+            spec.ttl_ms = ttl.as_millis() as u64;
+            spec.skew = Some(skew.to_owned());
+            spec
+        }
+    };
+    // A, 10 minutes behind, claims and hangs.
+    let mut hold = skewed("-10m")(site.spec(biz, key, lease, Act::Hold));
+    hold.ttl_ms = ttl.as_millis() as u64;
+    let a = tokio::task::spawn_blocking(move || Running::start(&hold))
+        .await
+        .unwrap();
+    // B, 10 minutes ahead, finds the claim live (by its own clock A's lease ended 10 minutes ago).
+    let said = once_at(&site, biz, key, skewed("+10m")).await;
+    assert!(
+        said.starts_with("RESULT in_progress error a call with this key is still in progress"),
+        "{said}"
+    );
+    a.kill();
+    tokio::time::sleep(lease + Duration::from_millis(300)).await;
+    // After the lease (by the store's clock) B takes over, once.
+    assert_eq!(
+        once_at(&site, biz, key, skewed("+10m")).await,
+        "RESULT taken_over +10m"
+    );
+    // C, 10 minutes behind, and a caller on the true clock replay B's result.
+    assert_eq!(
+        once_at(&site, biz, key, skewed("-10m")).await,
+        "RESULT replayed +10m"
+    );
+    assert_eq!(
+        once_at(&site, biz, key, |s| s).await,
+        "RESULT replayed +10m"
+    );
+    assert_eq!(effects_of(&site.effects, biz, key).await, ["+10m"]);
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_skewed_clocks_change_no_outcome() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    if let Some(site) = redis_site().await {
+        skewed_clocks_change_no_outcome(site).await;
+    }
+}

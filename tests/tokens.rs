@@ -68,6 +68,13 @@ mod mysql {
             return;
         };
         let tokens = store.tokens();
+        assert!(
+            matches!(
+                tokens.issue(Duration::ZERO, None).await,
+                Err(idem::IdemError::InvalidOptions { .. })
+            ),
+            "a token that would be expired at once is refused"
+        );
         let spent = tokens.issue(Duration::from_secs(10), None).await.unwrap();
         tokens.consume(&spent, None).await.unwrap();
         for _ in 0..4 {

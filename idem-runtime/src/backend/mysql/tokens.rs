@@ -10,7 +10,7 @@ use super::records::query;
 use super::{MySqlStore, db_error};
 use crate::IdemError;
 use crate::store::decide::millis;
-use crate::tokens::{Found, TokenStore, check_token, new_token, refusal, subject_of};
+use crate::tokens::{Found, TokenStore, check_token, check_ttl, new_token, refusal, subject_of};
 
 /// One-time submit tokens in a MySQL store's database ([`MySqlStore::tokens`]). Run the store's
 /// `migrate()` first (it creates the token table). Consuming is one conditional flip of the spent
@@ -77,6 +77,7 @@ impl TokenStore for MySqlTokens {
     }
 
     async fn issue(&self, ttl: Duration, subject: Option<&str>) -> Result<String, IdemError> {
+        check_ttl(ttl)?;
         let subject = subject_of(subject)?;
         let token = new_token()?;
         query(&self.store.sql.tokens.issue)

@@ -2,6 +2,8 @@
 //! `mysql://root@127.0.0.1:3306/test`); each test's records in a table of its own.
 
 mod contract;
+#[path = "support/mysql_leftovers.rs"]
+mod leftovers;
 
 use std::sync::Arc;
 
@@ -10,6 +12,7 @@ use contract::server;
 async fn store(clock: idem::TestClock) -> Option<Arc<dyn idem::Store>> {
     let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
     let store = server::reach("MySQL", &url, idem::MySqlStore::connect(&url)).await?;
+    leftovers::drop_leftovers(store.pool(), true).await;
     let store = store
         .with_table(&server::unique("idem_c"))
         .unwrap()

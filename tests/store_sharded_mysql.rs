@@ -3,6 +3,8 @@
 //! missing); each test on tables of its own.
 
 mod contract;
+#[path = "support/mysql_leftovers.rs"]
+mod leftovers;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +46,7 @@ async fn shards(clock: TestClock) -> Option<Vec<MySqlStore>> {
         .with_table(&table)
         .unwrap()
         .with_test_clock(clock.clone());
+        leftovers::drop_leftovers(store.pool(), false).await;
         store.migrate().await.unwrap();
         sqlx::query(AssertSqlSafe(format!(
             "CREATE TABLE {table}_fx (id BIGINT AUTO_INCREMENT PRIMARY KEY, \

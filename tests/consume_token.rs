@@ -320,6 +320,26 @@ mod sqlite {
     }
 }
 
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::contract::server;
+    use super::*;
+
+    async fn tokens() -> Option<Arc<dyn TokenStore>> {
+        let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let store = server::reach("MySQL", &url, idem::MySqlStore::connect(&url)).await?;
+        let store = store
+            .with_table(&server::unique("idem_ctr"))
+            .unwrap()
+            .with_token_table(&server::unique("idem_ct"))
+            .unwrap();
+        store.migrate().await.unwrap();
+        Some(Arc::new(store.tokens()))
+    }
+
+    crate::consume_token_suite!(tokens);
+}
+
 #[cfg(feature = "redis")]
 mod redis {
     use super::contract::server;

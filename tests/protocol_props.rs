@@ -377,7 +377,7 @@ proptest! {
     }
 }
 
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 #[path = "contract/server.rs"]
 mod server;
 
@@ -455,6 +455,43 @@ mod postgres_store {
                 let out = run(Arc::new(store.clone().with_test_clock(clock.clone())), clock, ops).await;
                 store.pool().close().await;
                 out
+            })?;
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_store {
+    use super::*;
+
+    use super::server;
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(64),
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn mysql_store_follows_the_reference(ops in prop::collection::vec(op(), 1..40)) {
+            rt().block_on(async {
+                let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+                let connect = idem::MySqlStore::connect_with(&url, 2, Duration::from_secs(2));
+                let Some(store) = server::reach("MySQL", &url, connect).await else {
+                    return Ok(());
+                };
+                let clock = TestClock::new();
+                let store = store
+                    .with_table(&server::unique("idem_prop"))
+                    .unwrap()
+                    .with_test_clock(clock.clone());
+                store.migrate().await.unwrap();
+                let outcome = run(Arc::new(store.clone()), clock, ops).await;
+                idem::sqlx::raw_sql(idem::sqlx::AssertSqlSafe(format!("DROP TABLE {}", store.table())))
+                    .execute(store.pool())
+                    .await
+                    .unwrap();
+                outcome
             })?;
         }
     }

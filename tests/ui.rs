@@ -20,16 +20,10 @@ fn ui() {
     t.compile_fail("tests/ui/idempotent_*.rs");
     t.compile_fail("tests/ui/consume_token_*.rs");
     t.compile_fail("tests/ui/state_machine_*.rs");
-    // rustc lists the types that do implement `TransitionConn`, and that list grows with every SQL
-    // backend built: this snapshot is recorded with the default features and checked only with
-    // them (every other snapshot holds with any features).
-    let feature_dependent = ["state_transition_tx_from_another_sqlx.rs"];
-    let default_sql = !cfg!(any(feature = "mysql", feature = "postgres"));
     let mut transitions: Vec<_> = std::fs::read_dir("tests/ui")
         .unwrap()
         .map(|entry| entry.unwrap().file_name().into_string().unwrap())
         .filter(|name| name.starts_with("state_transition_") && name.ends_with(".rs"))
-        .filter(|name| default_sql || !feature_dependent.contains(&name.as_str()))
         .collect();
     transitions.sort();
     for name in transitions {

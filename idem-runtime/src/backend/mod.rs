@@ -2,6 +2,8 @@
 //! A backend folder holds its store, its transaction support and its state-transition support.
 
 pub(crate) mod memory;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]

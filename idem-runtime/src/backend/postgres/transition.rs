@@ -53,6 +53,9 @@ fn int_at(row: &PgRow, i: usize) -> Result<i64, IdemError> {
         .map_err(db_error)
 }
 
+// Left out of rustc's list of implementors, as every SQL backend's impls are: the list in
+// the "not a transaction" error stays the same whichever backends are built.
+#[diagnostic::do_not_recommend]
 #[async_trait]
 impl TransitionConn for PgConnection {
     fn dialect(&self) -> Dialect {
@@ -101,6 +104,9 @@ impl TransitionConn for PgConnection {
     }
 }
 
+// Left out of rustc's list of implementors, as every SQL backend's impls are: the list in
+// the "not a transaction" error stays the same whichever backends are built.
+#[diagnostic::do_not_recommend]
 #[async_trait]
 impl TransitionConn for Transaction<'_, Postgres> {
     fn dialect(&self) -> Dialect {

@@ -1,0 +1,386 @@
+//! MySQL / MariaDB store (feature `mysql`): InnoDB tables on MySQL 8 or MariaDB ≥ 10.5, through
+//! sqlx.
+//!
+//! `records.rs` holds the statements and the claim protocol's steps, `tx.rs` the transactions
+//! (`MySqlTx`: `tx = "…"` claims and transitions), `transition.rs` what state transitions bind,
+//! `tokens.rs` the one-time submit tokens.
+//!
+//! What the SQL is written around (each checked against MariaDB 10.11 by `tests/mysql_store.rs`):
+//! - sqlx's MySQL client sets `CLIENT_FOUND_ROWS`, so an `INSERT … ON DUPLICATE KEY UPDATE k = k`
+//!   reports a row for an unchanged duplicate, and `INSERT IGNORE` turns data errors into
+//!   warnings. A claim is a plain `INSERT`; the duplicate-key error (1062) is the exact answer
+//!   "the record exists".
+//! - The new record's fence is returned by the `INSERT` itself, in the OK packet's last-insert id
+//!   (`LAST_INSERT_ID(expr)`), so a new key is one round trip on MySQL too (no `RETURNING`).
+//! - InnoDB deadlocks (1213) concurrent inserts of one key, also when a claimant rolls back while
+//!   others wait. Lease mode retries the claim with bounded jittered back-off; tx mode cannot (the
+//!   whole transaction was rolled back) and says "restart the transaction" (see
+//!   [`crate::retry_transaction`]).
+//! - Times come from the database: `UTC_TIMESTAMP(6)` as microseconds since the epoch, which no
+//!   session time zone or DST change shifts.
+
+mod records;
+mod tokens;
+mod transition;
+mod tx;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, Executor};
+
+use crate::IdemError;
+use crate::clock::{ClockOffset, TestClock};
+use crate::sql::dialect::Dialect;
+use crate::sql::table::TableName;
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
+use crate::transition::TransitionTx;
+use records::{Records, Statements};
+pub use tokens::MySqlTokens;
+pub use tx::MySqlTx;
+
+/// The widest values the table's columns hold: biz type and key (characters, so bytes too), and
+/// the result snapshot (a `MEDIUMBLOB`).
+const MAX_BIZ_COLUMN: usize = 64;
+const MAX_KEY_COLUMN: usize = 255;
+const MAX_RESULT_COLUMN: usize = (1 << 24) - 1;
+
+/// How long a statement waits for a row lock held by another transaction, by default: a duplicate
+/// in transaction mode waits this long for the first claimant's commit, then answers `InProgress`.
+const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// Keeps records in a MySQL or MariaDB table (`idem_record` unless [`MySqlStore::with_table`]
+/// names another).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+/// let store = idem_runtime::MySqlStore::connect("mysql://root@127.0.0.1:3306/test").await?;
+/// store.migrate().await?;
+/// idem_runtime::register_store("mysql", store);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    limits: Limits,
+    offset: ClockOffset,
+    table: TableName,
+    token_table: TableName,
+    lock_wait_secs: u64,
+    sql: Statements,
+}
+
+/// A driver error as an [`IdemError`] of the right class.
+pub(crate) fn db_error(e: sqlx::Error) -> IdemError {
+    crate::sql::error::store_error(e, Dialect::MySQL)
+}
+
+/// The server's error number, when `e` is a MySQL / MariaDB error.
+pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|e| e.number()),
+        _ => None,
+    }
+}
+
+impl MySqlStore {
+    /// The DDL of the `idem_record` and `idem_token` tables, in order, as shipped in
+    /// `migrations/mysql/`; for services that apply migrations with their own tool.
+    /// [`MySqlStore::migrate`] applies them with the store's table names.
+    pub const MIGRATIONS: [&'static str; 2] = [
+        include_str!("../../../migrations/mysql/0001_idem_record.sql"),
+        include_str!("../../../migrations/mysql/0002_idem_token.sql"),
+    ];
+
+    /// Connects a pool of up to 16 connections to `url` (`mysql://user:pass@host:3306/db`), each
+    /// session with a lock wait of 2 s (see [`MySqlStore::connect_with`]).
+    ///
+    /// # Errors
+    /// [`IdemError::StoreUnavailable`] when the server cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self, IdemError> {
+        Self::connect_with(url, 16, DEFAULT_LOCK_WAIT).await
+    }
+
+    /// Connects a pool of up to `max_connections` to `url`. Every session gets
+    /// `innodb_lock_wait_timeout = lock_wait` (whole seconds, at least 1): how long a statement
+    /// waits for a row another transaction holds before it gives up. A duplicate in transaction
+    /// mode waits that long for the first claimant's commit, then answers `InProgress`, so a
+    /// retry storm cannot hold the pool for InnoDB's default of 50 s.
+    ///
+    /// # Errors
+    /// [`IdemError::StoreUnavailable`] when the server cannot be reached;
+    /// [`IdemError::InvalidOptions`] for a malformed URL.
+    pub async fn connect_with(
+        url: &str,
+        max_connections: u32,
+        lock_wait: Duration,
+    ) -> Result<Self, IdemError> {
+        let options =
+            MySqlConnectOptions::from_str(url).map_err(|e| IdemError::InvalidOptions {
+                reason: format!("not a MySQL URL: {e}"),
+            })?;
+        let secs = lock_wait_secs(lock_wait);
+        let set = format!("SET SESSION innodb_lock_wait_timeout = {secs}");
+        let pool = MySqlPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            // The server is across a network, but a broken connection fails its statement with a
+            // retryable error, and the pool drops it: no ping before every statement.
+            .test_before_acquire(false)
+            .after_connect(move |conn, _| {
+                let set = set.clone();
+                Box::pin(async move {
+                    conn.execute(AssertSqlSafe(set)).await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(IdemError::unavailable)?;
+        let mut store = Self::from_pool(pool);
+        store.lock_wait_secs = secs;
+        Ok(store)
+    }
+
+    /// A store on an existing pool. Its sessions keep the lock wait they have (InnoDB's default is
+    /// 50 s); [`MySqlStore::begin`] sets the store's (2 s) on each transaction it begins.
+    pub fn from_pool(pool: MySqlPool) -> Self {
+        let table = TableName::default_table();
+        let token_table = TableName::new("idem_token").expect("a valid name");
+        MySqlStore {
+            sql: Statements::new(&table, &token_table),
+            pool,
+            limits: Limits::default(),
+            offset: ClockOffset::default(),
+            table,
+            token_table,
+            lock_wait_secs: lock_wait_secs(DEFAULT_LOCK_WAIT),
+        }
+    }
+
+    /// The same store on another table (`[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.table`):
+    /// each service, or each test, may keep its records in a table of its own.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a name idem cannot use.
+    pub fn with_table(mut self, name: &str) -> Result<Self, IdemError> {
+        self.table = TableName::new(name)?;
+        self.sql = Statements::new(&self.table, &self.token_table);
+        Ok(self)
+    }
+
+    /// The same store with its submit tokens in another table (default `idem_token`).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a name idem cannot use.
+    pub fn with_token_table(mut self, name: &str) -> Result<Self, IdemError> {
+        self.token_table = TableName::new(name)?;
+        self.sql = Statements::new(&self.table, &self.token_table);
+        Ok(self)
+    }
+
+    /// The same store with other limits, checked against what the table's columns hold: a biz
+    /// type of at most 64 bytes, a key of at most 255 bytes, a snapshot under 16 MiB (a
+    /// `MEDIUMBLOB`; the server's `max_allowed_packet` must let it through too).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a limit the table cannot hold.
+    pub fn with_limits(mut self, limits: Limits) -> Result<Self, IdemError> {
+        if limits.max_biz_len > MAX_BIZ_COLUMN
+            || limits.max_key_len > MAX_KEY_COLUMN
+            || limits.max_snapshot_len > MAX_RESULT_COLUMN
+        {
+            return Err(IdemError::InvalidOptions {
+                reason: format!(
+                    "the MySQL table holds a biz type of at most {MAX_BIZ_COLUMN} bytes, a key of \
+                     at most {MAX_KEY_COLUMN} and a snapshot of at most {MAX_RESULT_COLUMN}: \
+                     {limits:?} asks for more"
+                ),
+            });
+        }
+        self.limits = limits;
+        Ok(self)
+    }
+
+    /// The same store with another lock wait for the transactions it begins (whole seconds, at
+    /// least 1; see [`MySqlStore::connect_with`]).
+    pub fn with_lock_wait(mut self, lock_wait: Duration) -> Self {
+        self.lock_wait_secs = lock_wait_secs(lock_wait);
+        self
+    }
+
+    /// The same store on a [`TestClock`]: every statement reads the database's clock plus the
+    /// clock's offset.
+    pub fn with_test_clock(mut self, clock: TestClock) -> Self {
+        self.offset = ClockOffset::new(clock);
+        self
+    }
+
+    /// The pool, for the application's own queries.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// The record table's name.
+    pub fn table(&self) -> &str {
+        self.table.as_str()
+    }
+
+    /// Begins a transaction for `tx = "…"` calls and state transitions, with the store's lock wait
+    /// set on its session (one round trip: `SET SESSION innodb_lock_wait_timeout = n; BEGIN`). The
+    /// transaction carries this store: a `tx = "…"` call claims in this store's table by
+    /// construction.
+    ///
+    /// # Errors
+    /// [`IdemError::StoreUnavailable`] when no connection can be had.
+    pub async fn begin(&self) -> Result<MySqlTx, IdemError> {
+        let tx = self
+            .pool
+            .begin_with(AssertSqlSafe(format!(
+                "SET SESSION innodb_lock_wait_timeout = {}; BEGIN",
+                self.lock_wait_secs
+            )))
+            .await
+            .map_err(db_error)?;
+        Ok(MySqlTx::new(tx, self.clone()))
+    }
+
+    /// Creates the record table (and the token table) with their expiry indexes if they do not
+    /// exist: the DDL of `migrations/mysql/` with the store's table names.
+    ///
+    /// # Errors
+    /// The database's error.
+    pub async fn migrate(&self) -> Result<(), IdemError> {
+        let [records, tokens] = Self::MIGRATIONS;
+        for (ddl, table, default) in [
+            (records, &self.table, "idem_record"),
+            (tokens, &self.token_table, "idem_token"),
+        ] {
+            let index = format!("`{default}_expire_at`");
+            let ddl = ddl
+                .replace(
+                    &index,
+                    &Dialect::MySQL.quote_ident(&table.index_name("expire_at")),
+                )
+                .replace(&format!("`{default}`"), &table.quoted(Dialect::MySQL));
+            sqlx::raw_sql(AssertSqlSafe(ddl))
+                .execute(&self.pool)
+                .await
+                .map_err(db_error)?;
+        }
+        Ok(())
+    }
+
+    /// Milliseconds the test clock adds to the database's clock, in microseconds.
+    fn offset_us(&self) -> i64 {
+        self.offset.ms().saturating_mul(1000)
+    }
+
+    /// The lock wait as a duration (what a duplicate that timed out is told to wait).
+    fn lock_wait(&self) -> Duration {
+        Duration::from_secs(self.lock_wait_secs)
+    }
+
+    fn records<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection, locking: bool) -> Records<'c> {
+        Records::new(conn, self, locking)
+    }
+}
+
+fn lock_wait_secs(d: Duration) -> u64 {
+    d.as_secs().clamp(1, 1_073_741_824)
+}
+
+impl crate::TransactionalStore for MySqlStore {
+    type Tx = MySqlTx;
+
+    async fn begin_tx(&self) -> Result<MySqlTx, IdemError> {
+        self.begin().await
+    }
+}
+
+/// How many times a lease-mode claim runs again after InnoDB chose it as a deadlock victim (the
+/// engine's own retry of transient errors comes on top).
+const DEADLOCK_TRIES: u32 = 8;
+
+#[async_trait]
+impl Store for MySqlStore {
+    fn backend(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        let mut tried = 0;
+        loop {
+            let outcome = records::claim(&mut self.records(&mut conn, false), req).await;
+            match outcome {
+                Err(e) if e.restarts_transaction() && tried + 1 < DEADLOCK_TRIES => {
+                    tried += 1;
+                    crate::engine::back_off(tried).await;
+                }
+                Err(IdemError::StoreBusy {
+                    reason: crate::Busy::LockTimeout,
+                    ..
+                }) => {
+                    // A transaction holds the record (a tx-mode claimant not committed yet).
+                    return Ok(ClaimOutcome::InProgress {
+                        retry_after: self.lock_wait(),
+                    });
+                }
+                done => return done,
+            }
+        }
+    }
+
+    async fn complete(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        self.records(&mut conn, false)
+            .complete(biz, key, claim, snapshot)
+            .await
+    }
+
+    async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        self.records(&mut conn, false).fail(biz, key, claim).await
+    }
+
+    async fn renew(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError> {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        self.records(&mut conn, false)
+            .renew(biz, key, claim, lease)
+            .await
+    }
+
+    async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        self.records(&mut conn, false).load(biz, key).await
+    }
+
+    async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        self.records(&mut conn, false).sweep(batch).await
+    }
+
+    async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
+        Ok(Box::new(self.begin().await?))
+    }
+}

@@ -1,0 +1,426 @@
+//! The statements of the MySQL store and the claim protocol's steps on one connection.
+//!
+//! Every statement reads the database's clock (plus the test clock's offset, bound where `now`
+//! appears) and binds every value; table names are validated ([`TableName`]) and quoted.
+//!
+//! Round trips: a new key is one `INSERT` (its fence comes back in the OK packet) and one mark; a
+//! repeat is the `INSERT` refused with 1062 and one read; a takeover adds one conditional `UPDATE`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlArguments, MySqlConnection, MySqlRow};
+use sqlx::{AssertSqlSafe, MySql, Row};
+
+use super::{MySqlStore, db_error, error_number};
+use crate::IdemError;
+use crate::sql::claim::{CasRecords, SeenRecord};
+use crate::sql::dialect::Dialect;
+use crate::sql::table::TableName;
+use crate::store::decide::millis;
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Fence, Record, Status};
+
+/// The database clock in microseconds since the Unix epoch, plus the offset bound at its `?`.
+/// `UTC_TIMESTAMP` is fixed for the length of a statement, so every `now` in one statement agrees.
+macro_rules! now_us {
+    () => {
+        "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) + ?)"
+    };
+}
+
+/// The same clock in milliseconds (one `?`: the offset in microseconds).
+macro_rules! now_ms {
+    () => {
+        concat!("(", now_us!(), " DIV 1000)")
+    };
+}
+
+/// The record's columns as the claim reads them.
+const COLUMNS: &str = "status, attempt, fence, fingerprint, result, lease_until, expire_at";
+
+/// The statements for one table, built once per store (the table name is part of their text, so
+/// each is prepared once per connection and cached by sqlx).
+#[derive(Clone)]
+pub(crate) struct Statements {
+    /// ?biz ?key ?off ?fp ?off ?lease ?off ?off ?off ?ttl
+    insert: Arc<str>,
+    /// ?off ?biz ?key: the plain read (lease mode, autocommit: the latest committed row).
+    read: Arc<str>,
+    /// The same, `LOCK IN SHARE MODE` (tx mode): a current read that waits for a writer, and whose
+    /// shared lock is the one InnoDB already granted with the duplicate-key error, so concurrent
+    /// duplicates reading it do not deadlock each other (`FOR UPDATE` would: each holds the shared
+    /// lock the other's exclusive lock waits for).
+    read_locking: Arc<str>,
+    /// ?reset ?off ?fp ?reset ?off ?reset ?off ?ttl ?off ?lease ?off ?lease ?off
+    /// ?biz ?key ?fence ?status ?lease_until
+    take: Arc<str>,
+    /// ?snapshot ?off ?biz ?key ?fence
+    complete: Arc<str>,
+    /// ?off ?biz ?key ?fence
+    fail: Arc<str>,
+    /// ?off ?lease ?off ?lease ?off ?biz ?key ?fence
+    renew: Arc<str>,
+    /// ?biz ?key
+    load: Arc<str>,
+    /// ?off ?off ?batch
+    sweep: Arc<str>,
+    pub(super) tokens: TokenStatements,
+}
+
+/// The statements of the token table.
+#[derive(Clone)]
+pub(crate) struct TokenStatements {
+    /// ?token ?subject ?off ?ttl
+    pub issue: Arc<str>,
+    /// ?to ?token ?subject ?from ?off
+    pub flip: Arc<str>,
+    /// ?off ?token
+    pub find: Arc<str>,
+    /// ?off ?batch
+    pub sweep: Arc<str>,
+}
+
+impl Statements {
+    pub(crate) fn new(table: &TableName, tokens: &TableName) -> Self {
+        let t = table.quoted(Dialect::MySQL);
+        let key = "biz_type = ? AND idem_key = ?";
+        let read = format!(
+            "SELECT {COLUMNS}, {now} AS now_ms FROM {t} WHERE {key}",
+            now = now_ms!()
+        );
+        let tk = tokens.quoted(Dialect::MySQL);
+        Statements {
+            insert: format!(
+                "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, \
+                 lease_until, created_at, updated_at, expire_at) VALUES (?, ?, 'PROCESSING', 1, \
+                 LAST_INSERT_ID({now_us}), ?, NULL, {now} + ?, {now}, {now}, {now} + ?)",
+                now_us = now_us!(),
+                now = now_ms!()
+            )
+            .into(),
+            read_locking: format!("{read} LOCK IN SHARE MODE").into(),
+            read: read.into(),
+            // Assignments run left to right; each reads only its own column's old value.
+            take: format!(
+                "UPDATE {t} SET status = 'PROCESSING', attempt = IF(?, 1, attempt + 1), \
+                 fence = LAST_INSERT_ID(GREATEST(fence + 1, {now_us})), fingerprint = ?, \
+                 result = NULL, created_at = IF(?, {now}, created_at), \
+                 expire_at = IF(?, {now} + ?, GREATEST(expire_at, {now} + ?)), \
+                 lease_until = {now} + ?, updated_at = {now} \
+                 WHERE {key} AND fence = ? AND status = ? AND lease_until = ?",
+                now_us = now_us!(),
+                now = now_ms!()
+            )
+            .into(),
+            // A record already SUCCEEDED under the fence counts as held: a mark sent again after a
+            // lost reply succeeds (and FAILED likewise for `fail`). `result` is assigned before
+            // `status`, so it sees the old status.
+            complete: format!(
+                "UPDATE {t} SET result = IF(status = 'PROCESSING', ?, result), \
+                 status = 'SUCCEEDED', updated_at = {now} \
+                 WHERE {key} AND fence = ? AND status IN ('PROCESSING', 'SUCCEEDED')",
+                now = now_ms!()
+            )
+            .into(),
+            fail: format!(
+                "UPDATE {t} SET status = 'FAILED', result = NULL, updated_at = {now} \
+                 WHERE {key} AND fence = ? AND status IN ('PROCESSING', 'FAILED')",
+                now = now_ms!()
+            )
+            .into(),
+            renew: format!(
+                "UPDATE {t} SET lease_until = {now} + ?, expire_at = GREATEST(expire_at, {now} + ?), \
+                 updated_at = {now} WHERE {key} AND fence = ? AND status = 'PROCESSING'",
+                now = now_ms!()
+            )
+            .into(),
+            load: format!("SELECT {COLUMNS} FROM {t} WHERE {key}").into(),
+            // Expired: the TTL passed and no lease is live. One short statement per batch, walking
+            // the expiry index; ordered by the whole key so replicas delete the same rows.
+            sweep: format!(
+                "DELETE FROM {t} WHERE expire_at <= {now} \
+                 AND NOT (status = 'PROCESSING' AND lease_until > {now}) \
+                 ORDER BY expire_at, biz_type, idem_key LIMIT ?",
+                now = now_ms!()
+            )
+            .into(),
+            tokens: TokenStatements {
+                issue: format!(
+                    "INSERT INTO {tk} (token, subject, spent, expire_at) VALUES (?, ?, 0, {now} + ?)",
+                    now = now_ms!()
+                )
+                .into(),
+                flip: format!(
+                    "UPDATE {tk} SET spent = ? WHERE token = ? AND subject = ? AND spent = ? \
+                     AND expire_at > {now}",
+                    now = now_ms!()
+                )
+                .into(),
+                find: format!(
+                    "SELECT subject, CAST(expire_at > {now} AS SIGNED) AS live FROM {tk} WHERE token = ?",
+                    now = now_ms!()
+                )
+                .into(),
+                sweep: format!(
+                    "DELETE FROM {tk} WHERE expire_at <= {now} ORDER BY expire_at, token LIMIT ?",
+                    now = now_ms!()
+                )
+                .into(),
+            },
+        }
+    }
+}
+
+/// A statement of the store as a sqlx query.
+pub(super) fn query(sql: &Arc<str>) -> sqlx::query::Query<'static, MySql, MySqlArguments> {
+    sqlx::query(AssertSqlSafe(sql.clone()))
+}
+
+/// The store's records, reached through one connection (a pool connection in lease mode, the
+/// caller's transaction in tx mode).
+pub(super) struct Records<'c> {
+    conn: &'c mut MySqlConnection,
+    sql: &'c Statements,
+    off: i64,
+    /// Tx mode: reads are current reads (`LOCK IN SHARE MODE`).
+    locking: bool,
+}
+
+fn attempt_of(row: &MySqlRow) -> Result<u32, IdemError> {
+    row.try_get("attempt").map_err(db_error)
+}
+
+fn fence_param(claim: &Claim) -> u64 {
+    claim.fence.get()
+}
+
+impl<'c> Records<'c> {
+    pub(super) fn new(conn: &'c mut MySqlConnection, store: &'c MySqlStore, locking: bool) -> Self {
+        Records {
+            conn,
+            sql: &store.sql,
+            off: store.offset_us(),
+            locking,
+        }
+    }
+
+    /// Runs a statement that changes the record held under `claim` (complete, fail, renew).
+    async fn held(
+        &mut self,
+        query: sqlx::query::Query<'_, MySql, MySqlArguments>,
+        claim: &Claim,
+    ) -> Result<(), IdemError> {
+        // CLIENT_FOUND_ROWS: the rows the WHERE matched, so a mark sent again counts as held.
+        let done = query.execute(&mut *self.conn).await.map_err(db_error)?;
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(IdemError::LeaseLost {
+                attempt: claim.attempt,
+            })
+        }
+    }
+
+    pub(super) async fn complete(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        let q = query(&self.sql.complete)
+            .bind(snapshot)
+            .bind(self.off)
+            .bind(biz)
+            .bind(key)
+            .bind(fence_param(claim));
+        self.held(q, claim).await
+    }
+
+    pub(super) async fn fail(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+    ) -> Result<(), IdemError> {
+        let q = query(&self.sql.fail)
+            .bind(self.off)
+            .bind(biz)
+            .bind(key)
+            .bind(fence_param(claim));
+        self.held(q, claim).await
+    }
+
+    pub(super) async fn renew(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError> {
+        let lease = millis(lease);
+        let q = query(&self.sql.renew)
+            .bind(self.off)
+            .bind(lease)
+            .bind(self.off)
+            .bind(lease)
+            .bind(self.off)
+            .bind(biz)
+            .bind(key)
+            .bind(fence_param(claim));
+        self.held(q, claim).await
+    }
+
+    pub(super) async fn load(&mut self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
+        let Some(row) = query(&self.sql.load)
+            .bind(biz)
+            .bind(key)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Record {
+            biz: biz.to_owned(),
+            key: key.to_owned(),
+            status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+            attempt: attempt_of(&row)?,
+            fence: Fence::new(row.try_get("fence").map_err(db_error)?),
+            fingerprint: row.try_get("fingerprint").map_err(db_error)?,
+            snapshot: row.try_get("result").map_err(db_error)?,
+            lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
+            expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+        }))
+    }
+
+    pub(super) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {
+        let done = query(&self.sql.sweep)
+            .bind(self.off)
+            .bind(self.off)
+            .bind(u64::try_from(batch).unwrap_or(u64::MAX))
+            .execute(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        Ok(done.rows_affected())
+    }
+
+    /// Reads the record (a current read in tx mode).
+    async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
+        let sql = if self.locking {
+            &self.sql.read_locking
+        } else {
+            &self.sql.read
+        };
+        let Some(row) = query(sql)
+            .bind(self.off)
+            .bind(req.biz)
+            .bind(req.key)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(SeenRecord {
+            status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+            attempt: attempt_of(&row)?,
+            fence: row.try_get("fence").map_err(db_error)?,
+            fingerprint: row.try_get("fingerprint").map_err(db_error)?,
+            snapshot: row.try_get("result").map_err(db_error)?,
+            lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
+            expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+            now_ms: row.try_get("now_ms").map_err(db_error)?,
+        }))
+    }
+}
+
+/// Runs the claim protocol on `records`.
+pub(super) async fn claim(
+    records: &mut Records<'_>,
+    req: &ClaimRequest<'_>,
+) -> Result<ClaimOutcome, IdemError> {
+    crate::sql::claim::claim_by_cas(records, req).await
+}
+
+impl CasRecords for Records<'_> {
+    async fn insert_or_read(
+        &mut self,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(bool, Option<SeenRecord>), IdemError> {
+        let (lease, ttl, off) = (millis(req.lease), millis(req.ttl), self.off);
+        let inserted = query(&self.sql.insert)
+            .bind(req.biz)
+            .bind(req.key)
+            .bind(off)
+            .bind(req.fingerprint)
+            .bind(off)
+            .bind(lease)
+            .bind(off)
+            .bind(off)
+            .bind(off)
+            .bind(ttl)
+            .execute(&mut *self.conn)
+            .await;
+        match inserted {
+            Ok(done) => Ok((
+                true,
+                Some(SeenRecord {
+                    status: Status::Processing,
+                    attempt: 1,
+                    fence: done.last_insert_id(),
+                    fingerprint: None,
+                    snapshot: None,
+                    lease_until_ms: 0,
+                    expire_at_ms: 0,
+                    now_ms: 0,
+                }),
+            )),
+            // ER_DUP_ENTRY: the record exists (and InnoDB holds a shared lock on it for us).
+            Err(e) if error_number(&e) == Some(1062) => Ok((false, self.read(req).await?)),
+            Err(e) => Err(db_error(e)),
+        }
+    }
+
+    async fn take(
+        &mut self,
+        req: &ClaimRequest<'_>,
+        seen: &SeenRecord,
+        reset: bool,
+    ) -> Result<Option<Claim>, IdemError> {
+        let (lease, ttl, off) = (millis(req.lease), millis(req.ttl), self.off);
+        let done = query(&self.sql.take)
+            .bind(reset)
+            .bind(off)
+            .bind(req.fingerprint)
+            .bind(reset)
+            .bind(off)
+            .bind(reset)
+            .bind(off)
+            .bind(ttl)
+            .bind(off)
+            .bind(lease)
+            .bind(off)
+            .bind(lease)
+            .bind(off)
+            .bind(req.biz)
+            .bind(req.key)
+            .bind(seen.fence)
+            .bind(seen.status.as_str())
+            .bind(seen.lease_until_ms)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        if done.rows_affected() != 1 {
+            return Ok(None);
+        }
+        Ok(Some(Claim {
+            attempt: if reset {
+                1
+            } else {
+                seen.attempt.saturating_add(1)
+            },
+            fence: Fence::new(done.last_insert_id()),
+        }))
+    }
+}

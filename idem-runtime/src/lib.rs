@@ -29,12 +29,12 @@ mod transition;
 pub mod __private;
 
 pub use backend::memory::MemoryStore;
+#[cfg(feature = "mysql")]
+pub use backend::mysql::{MySqlStore, MySqlTokens, MySqlTx};
 #[cfg(feature = "postgres")]
 pub use backend::postgres::{
     DEFAULT_PG_LOCK_TIMEOUT, PgIsolation, PgStore, PgStoreBuilder, PgTokens, PgTx,
 };
-#[cfg(feature = "mysql")]
-pub use backend::mysql::{MySqlStore, MySqlTokens, MySqlTx};
 #[cfg(feature = "redis")]
 pub use backend::redis::{RedisClusterStore, RedisStore, RedisTokens};
 pub use backend::sharded::{ShardedStore, ShardedTx};

@@ -35,6 +35,9 @@ pub(crate) enum Ledger {
     /// The Postgres store's database (tx mode).
     #[cfg(feature = "postgres")]
     Pg(idem::sqlx::PgPool),
+    /// The MySQL / MariaDB store's database (tx mode).
+    #[cfg(feature = "mysql")]
+    MySql(idem::sqlx::MySqlPool),
 }
 
 impl Ledger {
@@ -50,6 +53,13 @@ impl Ledger {
             }
             #[cfg(feature = "postgres")]
             Ledger::Pg(pool) => {
+                sqlx::query(LEDGER_DDL)
+                    .execute(pool)
+                    .await
+                    .map_err(StormError::ledger)?;
+            }
+            #[cfg(feature = "mysql")]
+            Ledger::MySql(pool) => {
                 sqlx::query(LEDGER_DDL)
                     .execute(pool)
                     .await
@@ -79,6 +89,15 @@ impl Ledger {
                 .await
                 .map(drop)
                 .map_err(|e| e.to_string()),
+            #[cfg(feature = "mysql")]
+            Ledger::MySql(pool) => sqlx::query(ledger_insert(Dialect::MySQL))
+                .bind(biz)
+                .bind(key)
+                .bind(run)
+                .execute(pool)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
         }
     }
 
@@ -98,6 +117,18 @@ impl Ledger {
                             .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1))),
                     );
                 }
+            }
+            #[cfg(feature = "mysql")]
+            Ledger::MySql(pool) => {
+                let rows = sqlx::query("SELECT k, run FROM idem_storm_ledger WHERE biz = ?")
+                    .bind(biz)
+                    .fetch_all(pool)
+                    .await
+                    .map_err(StormError::ledger)?;
+                out.extend(
+                    rows.iter()
+                        .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1))),
+                );
             }
             #[cfg(feature = "postgres")]
             Ledger::Pg(pool) => {
@@ -148,6 +179,13 @@ impl BeginTx for idem::PgStore {
     }
 }
 
+#[cfg(feature = "mysql")]
+impl BeginTx for idem::MySqlStore {
+    fn begin<'a>(&'a self, _biz: &'a str, _key: &'a str) -> Begun<'a> {
+        Box::pin(async move { Ok(Box::new(self.begin().await?) as Box<dyn StormTx>) })
+    }
+}
+
 /// The store, its transactions, the ledger, and the temporary files they live in.
 pub(crate) struct Target {
     pub store: Arc<dyn Store>,
@@ -174,6 +212,10 @@ async fn sqlite_store(path: &std::path::Path) -> Result<SqliteStore, StormError>
     Ok(store)
 }
 
+#[cfg_attr(
+    all(feature = "redis", feature = "mysql", feature = "postgres"),
+    allow(dead_code)
+)]
 fn not_built(kind: StoreKind, feature: &str) -> StormError {
     StormError::Setup(format!(
         "--store {} needs idem-storm built with the `{feature}` feature (cargo run -p idem-storm --features {feature} -- …)",
@@ -224,7 +266,7 @@ pub(crate) async fn open(args: &Args) -> Result<Target, StormError> {
         }
         StoreKind::Redis => (redis_store(args).await?, None, separate().await?),
         StoreKind::RedisCluster => (redis_cluster_store(args).await?, None, separate().await?),
-        StoreKind::Mysql => return Err(not_built(args.store, "mysql")),
+        StoreKind::Mysql => mysql(args, separate().await?).await?,
         StoreKind::Postgres => postgres(args, separate().await?).await?,
     };
     ledger.create().await?;
@@ -292,4 +334,35 @@ async fn postgres(
     _separate: Ledger,
 ) -> Result<(Arc<dyn Store>, Option<Arc<dyn BeginTx>>, Ledger), StormError> {
     Err(not_built(args.store, "postgres"))
+}
+
+/// MySQL / MariaDB: the store's default table (migrated), the ledger in its database in tx mode.
+#[cfg(feature = "mysql")]
+async fn mysql(
+    args: &Args,
+    separate: Ledger,
+) -> Result<(Arc<dyn Store>, Option<Arc<dyn BeginTx>>, Ledger), StormError> {
+    let store = idem::MySqlStore::connect_with(
+        &args.mysql_url,
+        args.concurrency.clamp(4, 64),
+        Duration::from_secs(2),
+    )
+    .await
+    .map_err(StormError::store)?;
+    store.migrate().await.map_err(StormError::store)?;
+    let ledger = if args.mode == crate::args::Mode::Tx {
+        Ledger::MySql(store.pool().clone())
+    } else {
+        separate
+    };
+    let store = Arc::new(store);
+    Ok((store.clone(), Some(store as Arc<dyn BeginTx>), ledger))
+}
+
+#[cfg(not(feature = "mysql"))]
+async fn mysql(
+    args: &Args,
+    _separate: Ledger,
+) -> Result<(Arc<dyn Store>, Option<Arc<dyn BeginTx>>, Ledger), StormError> {
+    Err(not_built(args.store, "mysql"))
 }

@@ -298,3 +298,24 @@ fn postgres_tx() {
         storm_holds("postgres", "tx", &[]);
     }
 }
+
+#[cfg(feature = "mysql")]
+fn mysql_up() -> bool {
+    std::env::var("IDEM_MYSQL_URL").is_ok() || reachable("MariaDB", "127.0.0.1:3306")
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_lease() {
+    if mysql_up() {
+        storm_holds("mysql", "lease", &[]);
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_tx() {
+    if mysql_up() {
+        storm_holds("mysql", "tx", &[]);
+    }
+}

@@ -1,5 +1,5 @@
 //! Processes that die or stall while they hold a claim, on every store that outlives a process
-//! (SQLite; Redis with feature `redis`; Postgres with feature `postgres`).
+//! (SQLite; Redis with feature `redis`; Postgres and MySQL / MariaDB with their features).
 //!
 //! - SIGKILL between claim and mark, 100 trials per store: before the lease ends every other
 //!   caller is told "in progress"; after it, of 8 callers released together exactly one takes over
@@ -16,6 +16,9 @@
 //! unless `IDEM_CRASH_CHILD` is set).
 
 mod contract;
+#[cfg(feature = "mysql")]
+#[path = "support/mysql_leftovers.rs"]
+mod mysql_leftovers;
 #[cfg(feature = "postgres")]
 #[path = "support/postgres.rs"]
 mod pg;
@@ -94,7 +97,22 @@ async fn open(backend: &Backend) -> Arc<dyn Store> {
         Backend::Postgres { url, table } => Arc::new(pg_store(url, table).await),
         #[cfg(not(feature = "postgres"))]
         Backend::Postgres { .. } => unreachable!("Postgres trials need the `postgres` feature"),
+        #[cfg(feature = "mysql")]
+        Backend::MySql { url, table } => Arc::new(my_store(url, table).await),
+        #[cfg(not(feature = "mysql"))]
+        Backend::MySql { .. } => unreachable!("MySQL trials need the `mysql` feature"),
     }
+}
+
+#[cfg(feature = "mysql")]
+async fn my_store(url: &str, table: &str) -> idem::MySqlStore {
+    idem::MySqlStore::connect_with(url, 4, Duration::from_secs(2))
+        .await
+        .unwrap()
+        .with_table(table)
+        .unwrap()
+        .with_token_table(&format!("{table}_tok"))
+        .unwrap()
 }
 
 #[cfg(feature = "postgres")]
@@ -207,6 +225,24 @@ async fn child() {
                 let store = pg_store(url, table).await;
                 let insert =
                     format!("INSERT INTO {table}_fx (biz, k, who) VALUES ($1, $2, 'child')");
+                let mut tx = store.begin().await.unwrap();
+                let _: Result<(), IdemError> = call()
+                    .run_in_tx(&mut tx, async |tx| {
+                        sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
+                            .bind(&spec.biz)
+                            .bind(&spec.key)
+                            .execute(&mut **tx)
+                            .await
+                            .map_err(IdemError::store)?;
+                        say("READY");
+                        std::future::pending().await
+                    })
+                    .await;
+            }
+            #[cfg(feature = "mysql")]
+            Backend::MySql { url, table } => {
+                let store = my_store(url, table).await;
+                let insert = format!("INSERT INTO {table}_fx (biz, k, who) VALUES (?, ?, 'child')");
                 let mut tx = store.begin().await.unwrap();
                 let _: Result<(), IdemError> = call()
                     .run_in_tx(&mut tx, async |tx| {
@@ -398,6 +434,38 @@ async fn pg_site() -> Option<Site> {
             url: pg::url(),
             table,
         },
+        store: Arc::new(store),
+        effects: effects_pool(&effects_path).await,
+        effects_path,
+        _dir: dir,
+    })
+}
+
+/// MySQL / MariaDB records on tables of this test alone (`idem_c_<pid>_<n>`, dropped by a later
+/// run's clean-up once this process is gone).
+#[cfg(feature = "mysql")]
+async fn my_site() -> Option<Site> {
+    let url = contract::server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let connect = idem::MySqlStore::connect_with(&url, 8, Duration::from_secs(2));
+    let store = contract::server::reach("MySQL", &url, connect).await?;
+    mysql_leftovers::drop_leftovers(store.pool(), false).await;
+    let table = contract::server::unique("idem_c");
+    let store = store
+        .with_table(&table)
+        .unwrap()
+        .with_token_table(&format!("{table}_tok"))
+        .unwrap();
+    store.migrate().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {table}_fx (biz VARCHAR(64) NOT NULL, k VARCHAR(64) NOT NULL, who VARCHAR(64) NOT NULL)"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let effects_path = dir.path().join("effects.db");
+    Some(Site {
+        backend: Backend::MySql { url, table },
         store: Arc::new(store),
         effects: effects_pool(&effects_path).await,
         effects_path,
@@ -652,7 +720,7 @@ fn libfaketime() -> Option<String> {
 }
 
 /// Runs one whole call in a child (its spec adjusted by `spec_of`); its `RESULT` line.
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 async fn once_at(site: &Site, biz: &str, key: &str, spec_of: impl Fn(Spec) -> Spec) -> String {
     let spec = spec_of(site.spec(biz, key, Duration::from_secs(2), Act::Once));
     tokio::task::spawn_blocking(move || {
@@ -668,7 +736,7 @@ async fn once_at(site: &Site, biz: &str, key: &str, spec_of: impl Fn(Spec) -> Sp
 /// Callers 10 minutes behind and ahead of the store see the same outcomes as on a true clock: a
 /// live claim is in progress for both, it expires after its lease (not 10 minutes early or late),
 /// a record within its TTL replays for both.
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 async fn skewed_clocks_change_no_outcome(site: Site) {
     if libfaketime().is_none() {
         assert!(
@@ -801,6 +869,86 @@ async fn postgres_killed_mid_transaction() {
         .await;
         tx.commit().await.unwrap();
         // No record and no effect survived the child: this caller ran at once, first.
+        assert_eq!(ran.unwrap(), 1, "{key}");
+        assert_eq!(report.unwrap().outcome, Outcome::Executed, "{key}");
+        let effects: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count.clone()))
+            .bind(biz)
+            .bind(key)
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(effects, 1, "{key}");
+    })
+    .await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_killed_between_claim_and_mark() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    if let Some(site) = my_site().await {
+        killed_between_claim_and_mark(site).await;
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_paused_past_the_lease() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    if let Some(site) = my_site().await {
+        paused_past_the_lease(site).await;
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_skewed_clocks_change_no_outcome() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    if let Some(site) = my_site().await {
+        skewed_clocks_change_no_outcome(site).await;
+    }
+}
+
+/// MySQL children killed inside their transaction, 10 at a time: InnoDB rolls each back when its
+/// connection dies.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_killed_mid_transaction() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    let Some(site) = my_site().await else {
+        return;
+    };
+    let Backend::MySql { url, table } = site.backend.clone() else {
+        unreachable!()
+    };
+    let store = my_store(&url, &table).await;
+    let (biz, lease) = ("CRASHTX", Duration::from_secs(60));
+    let count = format!("SELECT COUNT(*) FROM {table}_fx WHERE biz = ? AND k = ?");
+    let insert = format!("INSERT INTO {table}_fx (biz, k, who) VALUES (?, ?, 'next')");
+    site.kill_trials(biz, lease, Act::HoldTx, 10, async |key| {
+        let mut tx = store.begin().await.unwrap();
+        let (ran, report) = idem::observe(Call::new(biz, key).lease(lease).run_in_tx(
+            &mut tx,
+            async |tx| {
+                sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
+                    .bind(biz)
+                    .bind(key)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(IdemError::store)?;
+                Ok::<_, IdemError>(1)
+            },
+        ))
+        .await;
+        tx.commit().await.unwrap();
         assert_eq!(ran.unwrap(), 1, "{key}");
         assert_eq!(report.unwrap().outcome, Outcome::Executed, "{key}");
         let effects: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count.clone()))

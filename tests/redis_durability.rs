@@ -72,7 +72,7 @@ async fn a_killed_server_keeps_what_aof_always_wrote_and_nothing_else() {
         return;
     }
     let dir = redis_server::scratch_dir("durability");
-    let mut ports = redis_server::ports(34_000, 2);
+    let mut ports = redis_server::ports(25_000, 2);
     let (aof_dir, bare_dir) = (dir.join("aof"), dir.join("bare"));
     std::fs::create_dir_all(&aof_dir).unwrap();
     std::fs::create_dir_all(&bare_dir).unwrap();
@@ -116,7 +116,7 @@ async fn a_failover_forgets_what_its_replica_never_got_unless_writes_wait_for_it
         return;
     }
     let dir = redis_server::scratch_dir("failover");
-    let mut ports = redis_server::ports(36_000, 2);
+    let mut ports = redis_server::ports(27_000, 2);
     let no_persistence = ["--appendonly", "no", "--save", ""];
     let primary = RedisServer::start(ports.next().unwrap(), &dir, &no_persistence);
     let primary_port = primary.port.to_string();

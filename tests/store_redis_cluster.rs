@@ -31,7 +31,7 @@ impl Cluster {
             return None;
         }
         let dir = redis_server::scratch_dir("cluster");
-        let nodes: Vec<RedisServer> = redis_server::ports(30_000, 3)
+        let nodes: Vec<RedisServer> = redis_server::ports(12_000, 3)
             .map(|port| {
                 let conf = format!("nodes-{port}.conf");
                 RedisServer::start(

@@ -2,7 +2,7 @@
 //! a TCP fault proxy, and a server killed and restarted. Afterwards: no double execution, no false
 //! success, and every error the callers saw during the outage is one a retry can cure.
 
-#![cfg(any(feature = "redis", feature = "postgres"))]
+#![cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 
 #[cfg(feature = "redis")]
 #[path = "support/proxy.rs"]
@@ -115,6 +115,38 @@ async fn postgres_restarted_mid_storm() {
     }
 }
 
+/// Restarts the local MariaDB (`mysqladmin shutdown`, then the machine's own start command) in the
+/// middle of a storm, in lease and in tx mode.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_restarted_mid_storm() {
+    if upstream("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test").is_none()
+        || !may_restart("MariaDB")
+    {
+        return;
+    }
+    for mode in ["lease", "tx"] {
+        let storm = args(&[
+            "--store", "mysql", "--mode", mode, "-n", "4000", "-c", "32", "--body", "2ms",
+            "--lease", "20s", "-q",
+        ]);
+        let restart = async {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            tokio::task::spawn_blocking(|| {
+                sh("mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -uroot shutdown");
+                sh("start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd");
+                sh("for i in $(seq 1 120); do mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -uroot ping >/dev/null 2>&1 && exit 0; sleep 0.5; done; exit 1");
+            })
+            .await
+            .unwrap();
+        };
+        let (summary, ()) = tokio::join!(idem_storm::run(&storm), restart);
+        let summary = summary.unwrap();
+        eprintln!("{summary}");
+        held_through_the_outage(&summary, Duration::from_millis(800));
+    }
+}
+
 /// Redis behind the proxy: connections cut and refused, then slowed, then left half-open (the
 /// store notices by its response timeout and dials again), while 64 callers storm.
 #[cfg(feature = "redis")]
@@ -191,7 +223,7 @@ async fn redis_killed_and_restarted_mid_storm_with_aof_always() {
         return;
     }
     let dir = redis_server::scratch_dir("storm-aof");
-    let port = redis_server::ports(23100, 1).next().unwrap();
+    let port = redis_server::ports(29_100, 1).next().unwrap();
     let server = std::sync::Arc::new(redis_server::RedisServer::start(
         port,
         &dir,

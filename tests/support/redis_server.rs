@@ -32,9 +32,19 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// A port range of `n` ports from `base`, picked by the process id so concurrent runs do not meet.
+/// A range of `n` free ports from `base`, picked by the process id so concurrent runs do not meet,
+/// and skipping ranges where a port is taken. Keep `base + 900 * n` (and a cluster's bus ports,
+/// `+ 10000`) below the kernel's ephemeral range (32768 and up): a client's outgoing connection may
+/// hold any port there.
 pub fn ports(base: u16, n: u16) -> impl Iterator<Item = u16> {
-    let first = base + (std::process::id() % 900) as u16 * n;
+    let pid = std::process::id() as u16;
+    let free = |first: u16| {
+        (first..first + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+    };
+    let first = (0..900u16)
+        .map(|k| base + (pid.wrapping_add(k) % 900) * n)
+        .find(|&first| free(first))
+        .expect("a free port range");
     first..first + n
 }
 

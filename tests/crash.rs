@@ -50,6 +50,11 @@ enum Backend {
         url: String,
         table: String,
     },
+    /// As Postgres.
+    MySql {
+        url: String,
+        table: String,
+    },
 }
 
 /// What the child does once it holds the claim.

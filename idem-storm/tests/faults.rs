@@ -72,6 +72,14 @@ fn may_restart(service: &str) -> bool {
     may
 }
 
+/// Runs `sh -c command`; whether it succeeded.
+fn try_sh(command: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", command])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// Runs `sh -c command`, asserting that it succeeds.
 fn sh(command: &str) {
     let status = std::process::Command::new("sh")
@@ -133,9 +141,20 @@ async fn mysql_restarted_mid_storm() {
         let restart = async {
             tokio::time::sleep(Duration::from_millis(800)).await;
             tokio::task::spawn_blocking(|| {
+                // `shutdown` returns before the server has exited; the start command does nothing
+                // while the old process is still there.
                 sh("mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -uroot shutdown");
-                sh("start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd");
-                sh("for i in $(seq 1 120); do mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -uroot ping >/dev/null 2>&1 && exit 0; sleep 0.5; done; exit 1");
+                let gone = "for i in $(seq 1 120); do pgrep -x mariadbd >/dev/null || exit 0; sleep 0.5; done; exit 1";
+                let up = "for i in $(seq 1 120); do mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -uroot ping >/dev/null 2>&1 && exit 0; sleep 0.5; done; exit 1";
+                let restored = try_sh(gone)
+                    && try_sh("start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd")
+                    && try_sh(up);
+                if !restored {
+                    // Whatever went wrong, leave the machine's server running for what follows.
+                    try_sh("start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd");
+                    try_sh(up);
+                    panic!("MariaDB did not come back after the restart");
+                }
             })
             .await
             .unwrap();

@@ -176,6 +176,29 @@ fn say(line: &str) {
     out.flush().unwrap();
 }
 
+/// Claims in a transaction of a server store and writes the effect (`insert`, in the driver's
+/// placeholders), says READY and waits to be killed: the drivers' types differ, the code does not.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! hold_tx {
+    ($spec:expr, $call:expr, $store:expr, $insert:expr) => {{
+        let store = $store;
+        let insert = $insert;
+        let mut tx = store.begin().await.unwrap();
+        let _: Result<(), IdemError> = $call
+            .run_in_tx(&mut tx, async |tx| {
+                sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
+                    .bind(&$spec.biz)
+                    .bind(&$spec.key)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(IdemError::store)?;
+                say("READY");
+                std::future::pending().await
+            })
+            .await;
+    }};
+}
+
 /// The child: does `IDEM_CRASH_CHILD`'s act, or nothing when it is not set.
 #[tokio::test]
 async fn child() {
@@ -226,42 +249,19 @@ async fn child() {
                     .await;
             }
             #[cfg(feature = "postgres")]
-            Backend::Postgres { url, table } => {
-                let store = pg_store(url, table).await;
-                let insert =
-                    format!("INSERT INTO {table}_fx (biz, k, who) VALUES ($1, $2, 'child')");
-                let mut tx = store.begin().await.unwrap();
-                let _: Result<(), IdemError> = call()
-                    .run_in_tx(&mut tx, async |tx| {
-                        sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
-                            .bind(&spec.biz)
-                            .bind(&spec.key)
-                            .execute(&mut **tx)
-                            .await
-                            .map_err(IdemError::store)?;
-                        say("READY");
-                        std::future::pending().await
-                    })
-                    .await;
-            }
+            Backend::Postgres { url, table } => hold_tx!(
+                spec,
+                call(),
+                pg_store(url, table).await,
+                format!("INSERT INTO {table}_fx (biz, k, who) VALUES ($1, $2, 'child')")
+            ),
             #[cfg(feature = "mysql")]
-            Backend::MySql { url, table } => {
-                let store = my_store(url, table).await;
-                let insert = format!("INSERT INTO {table}_fx (biz, k, who) VALUES (?, ?, 'child')");
-                let mut tx = store.begin().await.unwrap();
-                let _: Result<(), IdemError> = call()
-                    .run_in_tx(&mut tx, async |tx| {
-                        sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
-                            .bind(&spec.biz)
-                            .bind(&spec.key)
-                            .execute(&mut **tx)
-                            .await
-                            .map_err(IdemError::store)?;
-                        say("READY");
-                        std::future::pending().await
-                    })
-                    .await;
-            }
+            Backend::MySql { url, table } => hold_tx!(
+                spec,
+                call(),
+                my_store(url, table).await,
+                format!("INSERT INTO {table}_fx (biz, k, who) VALUES (?, ?, 'child')")
+            ),
             _ => unreachable!("tx trials run on SQL stores"),
         },
         Act::Once => {
@@ -838,55 +838,6 @@ async fn postgres_skewed_clocks_change_no_outcome() {
     }
 }
 
-/// Postgres children killed inside their transaction (claim and effect written, not committed),
-/// 10 at a time: the server rolls each back when its connection dies.
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_killed_mid_transaction() {
-    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-        return;
-    }
-    let Some(site) = pg_site().await else {
-        return;
-    };
-    let Backend::Postgres { url, table } = site.backend.clone() else {
-        unreachable!()
-    };
-    let store = pg_store(&url, &table).await;
-    let (biz, lease) = ("CRASHTX", Duration::from_secs(60));
-    let count = format!("SELECT COUNT(*) FROM {table}_fx WHERE biz = $1 AND k = $2");
-    let insert = format!("INSERT INTO {table}_fx (biz, k, who) VALUES ($1, $2, 'next')");
-    site.kill_trials(biz, lease, Act::HoldTx, 10, async |key| {
-        // The server may notice the dead connection a moment later; its row locks go with it.
-        let mut tx = store.begin().await.unwrap();
-        let (ran, report) = idem::observe(Call::new(biz, key).lease(lease).run_in_tx(
-            &mut tx,
-            async |tx| {
-                sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
-                    .bind(biz)
-                    .bind(key)
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(IdemError::store)?;
-                Ok::<_, IdemError>(1)
-            },
-        ))
-        .await;
-        tx.commit().await.unwrap();
-        // No record and no effect survived the child: this caller ran at once, first.
-        assert_eq!(ran.unwrap(), 1, "{key}");
-        assert_eq!(report.unwrap().outcome, Outcome::Executed, "{key}");
-        let effects: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count.clone()))
-            .bind(biz)
-            .bind(key)
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
-        assert_eq!(effects, 1, "{key}");
-    })
-    .await;
-}
-
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_killed_between_claim_and_mark() {
@@ -920,49 +871,75 @@ async fn mysql_skewed_clocks_change_no_outcome() {
     }
 }
 
-/// MySQL children killed inside their transaction, 10 at a time: InnoDB rolls each back when its
-/// connection dies.
-#[cfg(feature = "mysql")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_killed_mid_transaction() {
-    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-        return;
-    }
-    let Some(site) = my_site().await else {
-        return;
-    };
-    let Backend::MySql { url, table } = site.backend.clone() else {
-        unreachable!()
-    };
-    let store = my_store(&url, &table).await;
-    let (biz, lease) = ("CRASHTX", Duration::from_secs(60));
-    let count = format!("SELECT COUNT(*) FROM {table}_fx WHERE biz = ? AND k = ?");
-    let insert = format!("INSERT INTO {table}_fx (biz, k, who) VALUES (?, ?, 'next')");
-    site.kill_trials(biz, lease, Act::HoldTx, 10, async |key| {
-        let mut tx = store.begin().await.unwrap();
-        let (ran, report) = idem::observe(Call::new(biz, key).lease(lease).run_in_tx(
-            &mut tx,
-            async |tx| {
-                sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
+/// Server-store children killed inside their transaction (claim and effect written, not
+/// committed), 10 at a time: the server rolls each back when its connection dies, and the next
+/// caller runs at once.
+macro_rules! server_killed_mid_transaction {
+    ($name:ident, $feature:literal, $site:ident, $Backend:ident, $open:ident, $insert:literal, $count:literal) => {
+        #[cfg(feature = $feature)]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+                return;
+            }
+            let Some(site) = $site().await else {
+                return;
+            };
+            let Backend::$Backend { url, table } = site.backend.clone() else {
+                unreachable!()
+            };
+            let store = $open(&url, &table).await;
+            let (biz, lease) = ("CRASHTX", Duration::from_secs(60));
+            let insert = format!($insert, table = table);
+            let count = format!($count, table = table);
+            site.kill_trials(biz, lease, Act::HoldTx, 10, async |key| {
+                let mut tx = store.begin().await.unwrap();
+                let (ran, report) = idem::observe(Call::new(biz, key).lease(lease).run_in_tx(
+                    &mut tx,
+                    async |tx| {
+                        sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
+                            .bind(biz)
+                            .bind(key)
+                            .execute(&mut **tx)
+                            .await
+                            .map_err(IdemError::store)?;
+                        Ok::<_, IdemError>(1)
+                    },
+                ))
+                .await;
+                tx.commit().await.unwrap();
+                // No record and no effect survived the child: this caller ran at once, first.
+                assert_eq!(ran.unwrap(), 1, "{key}");
+                assert_eq!(report.unwrap().outcome, Outcome::Executed, "{key}");
+                let effects: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count.clone()))
                     .bind(biz)
                     .bind(key)
-                    .execute(&mut **tx)
+                    .fetch_one(store.pool())
                     .await
-                    .map_err(IdemError::store)?;
-                Ok::<_, IdemError>(1)
-            },
-        ))
-        .await;
-        tx.commit().await.unwrap();
-        assert_eq!(ran.unwrap(), 1, "{key}");
-        assert_eq!(report.unwrap().outcome, Outcome::Executed, "{key}");
-        let effects: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count.clone()))
-            .bind(biz)
-            .bind(key)
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
-        assert_eq!(effects, 1, "{key}");
-    })
-    .await;
+                    .unwrap();
+                assert_eq!(effects, 1, "{key}");
+            })
+            .await;
+        }
+    };
 }
+
+server_killed_mid_transaction!(
+    postgres_killed_mid_transaction,
+    "postgres",
+    pg_site,
+    Postgres,
+    pg_store,
+    "INSERT INTO {table}_fx (biz, k, who) VALUES ($1, $2, 'next')",
+    "SELECT COUNT(*) FROM {table}_fx WHERE biz = $1 AND k = $2"
+);
+
+server_killed_mid_transaction!(
+    mysql_killed_mid_transaction,
+    "mysql",
+    my_site,
+    MySql,
+    my_store,
+    "INSERT INTO {table}_fx (biz, k, who) VALUES (?, ?, 'next')",
+    "SELECT COUNT(*) FROM {table}_fx WHERE biz = ? AND k = ?"
+);

@@ -40,110 +40,83 @@ pub(crate) enum Ledger {
     MySql(idem::sqlx::MySqlPool),
 }
 
+/// One ledger statement on whichever of sqlx's pools (their types differ, the code does not).
+macro_rules! on_pool {
+    (create $pool:expr) => {
+        sqlx::query(LEDGER_DDL)
+            .execute($pool)
+            .await
+            .map(drop)
+            .map_err(StormError::ledger)
+    };
+    (insert $pool:expr, $dialect:expr, $biz:expr, $key:expr, $run:expr) => {
+        sqlx::query(ledger_insert($dialect))
+            .bind($biz)
+            .bind($key)
+            .bind($run)
+            .execute($pool)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    (rows $pool:expr, $sql:literal, $biz:expr) => {
+        sqlx::query($sql)
+            .bind($biz)
+            .fetch_all($pool)
+            .await
+            .map_err(StormError::ledger)?
+            .iter()
+            .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1)))
+            .collect::<Vec<_>>()
+    };
+}
+
 impl Ledger {
     async fn create(&self) -> Result<(), StormError> {
         match self {
             Ledger::Sqlite(pools) => {
                 for pool in pools {
-                    sqlx::query(LEDGER_DDL)
-                        .execute(pool)
-                        .await
-                        .map_err(StormError::ledger)?;
+                    on_pool!(create pool)?;
                 }
+                Ok(())
             }
             #[cfg(feature = "postgres")]
-            Ledger::Pg(pool) => {
-                sqlx::query(LEDGER_DDL)
-                    .execute(pool)
-                    .await
-                    .map_err(StormError::ledger)?;
-            }
+            Ledger::Pg(pool) => on_pool!(create pool),
             #[cfg(feature = "mysql")]
-            Ledger::MySql(pool) => {
-                sqlx::query(LEDGER_DDL)
-                    .execute(pool)
-                    .await
-                    .map_err(StormError::ledger)?;
-            }
+            Ledger::MySql(pool) => on_pool!(create pool),
         }
-        Ok(())
     }
 
     /// Writes one effect outside any transaction (lease mode).
     pub(crate) async fn record(&self, biz: &str, key: &str, run: i64) -> Result<(), String> {
         match self {
-            Ledger::Sqlite(pools) => sqlx::query(ledger_insert(Dialect::SQLite))
-                .bind(biz)
-                .bind(key)
-                .bind(run)
-                .execute(&pools[0])
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string()),
+            Ledger::Sqlite(pools) => on_pool!(insert & pools[0], Dialect::SQLite, biz, key, run),
             #[cfg(feature = "postgres")]
-            Ledger::Pg(pool) => sqlx::query(ledger_insert(Dialect::Postgres))
-                .bind(biz)
-                .bind(key)
-                .bind(run)
-                .execute(pool)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string()),
+            Ledger::Pg(pool) => on_pool!(insert pool, Dialect::Postgres, biz, key, run),
             #[cfg(feature = "mysql")]
-            Ledger::MySql(pool) => sqlx::query(ledger_insert(Dialect::MySQL))
-                .bind(biz)
-                .bind(key)
-                .bind(run)
-                .execute(pool)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string()),
+            Ledger::MySql(pool) => on_pool!(insert pool, Dialect::MySQL, biz, key, run),
         }
     }
 
     /// Every effect of this storm: `(key, run)`.
     pub(crate) async fn rows(&self, biz: &str) -> Result<Vec<(String, i64)>, StormError> {
-        let mut out = Vec::new();
-        match self {
+        Ok(match self {
             Ledger::Sqlite(pools) => {
+                let mut out = Vec::new();
                 for pool in pools {
-                    let rows = sqlx::query("SELECT k, run FROM idem_storm_ledger WHERE biz = ?")
-                        .bind(biz)
-                        .fetch_all(pool)
-                        .await
-                        .map_err(StormError::ledger)?;
-                    out.extend(
-                        rows.iter()
-                            .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1))),
-                    );
+                    out.extend(on_pool!(rows pool, "SELECT k, run FROM idem_storm_ledger WHERE biz = ?", biz));
                 }
-            }
-            #[cfg(feature = "mysql")]
-            Ledger::MySql(pool) => {
-                let rows = sqlx::query("SELECT k, run FROM idem_storm_ledger WHERE biz = ?")
-                    .bind(biz)
-                    .fetch_all(pool)
-                    .await
-                    .map_err(StormError::ledger)?;
-                out.extend(
-                    rows.iter()
-                        .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1))),
-                );
+                out
             }
             #[cfg(feature = "postgres")]
             Ledger::Pg(pool) => {
-                let rows = sqlx::query("SELECT k, run FROM idem_storm_ledger WHERE biz = $1")
-                    .bind(biz)
-                    .fetch_all(pool)
-                    .await
-                    .map_err(StormError::ledger)?;
-                out.extend(
-                    rows.iter()
-                        .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1))),
-                );
+                on_pool!(rows pool, "SELECT k, run FROM idem_storm_ledger WHERE biz = $1", biz)
             }
-        }
-        Ok(out)
+            #[cfg(feature = "mysql")]
+            Ledger::MySql(pool) => {
+                on_pool!(rows pool, "SELECT k, run FROM idem_storm_ledger WHERE biz = ?", biz)
+            }
+        })
     }
 }
 

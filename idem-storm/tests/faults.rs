@@ -89,6 +89,29 @@ fn sh(command: &str) {
     assert!(status.success(), "`{command}` failed");
 }
 
+/// A storm on `store` in lease and in tx mode, with `restart` (blocking) run 0.8 s in.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn restarted_mid_storm(store: &str, restart: fn()) {
+    for mode in ["lease", "tx"] {
+        let storm = args(&[
+            "--store", store, "--mode", mode, "-n", "4000", "-c", "32", "--body", "2ms", "--lease",
+            "20s", "-q",
+        ]);
+        let fault_at = Duration::from_millis(800);
+        let restart = async {
+            tokio::time::sleep(fault_at).await;
+            tokio::task::spawn_blocking(restart).await.unwrap();
+        };
+        let (summary, ()) = tokio::join!(idem_storm::run(&storm), restart);
+        let summary = summary.unwrap();
+        eprintln!("{summary}");
+        // In tx mode nothing half-written survives (`unmarked_effects` is part of the invariants);
+        // in lease mode a body whose mark died with the server keeps its claim until the lease ends.
+        // The pool redials and idem retries what failed in flight, so callers may only wait.
+        held_through_the_outage(&summary, fault_at);
+    }
+}
+
 /// Restarts the local Postgres (its own `pg_ctlcluster`, fast shutdown: open connections are
 /// terminated) in the middle of a storm, in lease and in tx mode.
 #[cfg(feature = "postgres")]
@@ -99,28 +122,11 @@ async fn postgres_restarted_mid_storm() {
     {
         return;
     }
-    for mode in ["lease", "tx"] {
-        let storm = args(&[
-            "--store", "postgres", "--mode", mode, "-n", "4000", "-c", "32", "--body", "2ms",
-            "--lease", "20s", "-q",
-        ]);
-        let restart = async {
-            tokio::time::sleep(Duration::from_millis(800)).await;
-            tokio::task::spawn_blocking(|| {
-                sh("pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main restart -m fast");
-                sh("for i in $(seq 1 60); do pg_isready -q -h 127.0.0.1 -p 5432 && exit 0; sleep 0.5; done; exit 1");
-            })
-            .await
-            .unwrap();
-        };
-        let (summary, ()) = tokio::join!(idem_storm::run(&storm), restart);
-        let summary = summary.unwrap();
-        eprintln!("{summary}");
-        // In tx mode nothing half-written survives (`unmarked_effects` is part of the invariants);
-        // in lease mode a body whose mark died with the server keeps its claim until the lease ends.
-        // The pool redials and idem retries what failed in flight, so callers may only wait.
-        held_through_the_outage(&summary, Duration::from_millis(800));
-    }
+    restarted_mid_storm("postgres", || {
+        sh("pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main restart -m fast");
+        sh("for i in $(seq 1 60); do pg_isready -q -h 127.0.0.1 -p 5432 && exit 0; sleep 0.5; done; exit 1");
+    })
+    .await;
 }
 
 /// Restarts the local MariaDB (`mysqladmin shutdown`, then the machine's own start command) in the
@@ -133,37 +139,21 @@ async fn mysql_restarted_mid_storm() {
     {
         return;
     }
-    for mode in ["lease", "tx"] {
-        let storm = args(&[
-            "--store", "mysql", "--mode", mode, "-n", "4000", "-c", "32", "--body", "2ms",
-            "--lease", "20s", "-q",
-        ]);
-        let restart = async {
-            tokio::time::sleep(Duration::from_millis(800)).await;
-            tokio::task::spawn_blocking(|| {
-                // `shutdown` returns before the server has exited; the start command does nothing
-                // while the old process is still there.
-                sh("mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -uroot shutdown");
-                let gone = "for i in $(seq 1 120); do pgrep -x mariadbd >/dev/null || exit 0; sleep 0.5; done; exit 1";
-                let up = "for i in $(seq 1 120); do mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -uroot ping >/dev/null 2>&1 && exit 0; sleep 0.5; done; exit 1";
-                let restored = try_sh(gone)
-                    && try_sh("start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd")
-                    && try_sh(up);
-                if !restored {
-                    // Whatever went wrong, leave the machine's server running for what follows.
-                    try_sh("start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd");
-                    try_sh(up);
-                    panic!("MariaDB did not come back after the restart");
-                }
-            })
-            .await
-            .unwrap();
-        };
-        let (summary, ()) = tokio::join!(idem_storm::run(&storm), restart);
-        let summary = summary.unwrap();
-        eprintln!("{summary}");
-        held_through_the_outage(&summary, Duration::from_millis(800));
-    }
+    restarted_mid_storm("mysql", || {
+        // `shutdown` returns before the server has exited; the start command does nothing while
+        // the old process is still there.
+        sh("mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -uroot shutdown");
+        let gone = "for i in $(seq 1 120); do pgrep -x mariadbd >/dev/null || exit 0; sleep 0.5; done; exit 1";
+        let up = "for i in $(seq 1 120); do mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -uroot ping >/dev/null 2>&1 && exit 0; sleep 0.5; done; exit 1";
+        let start = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd";
+        if !(try_sh(gone) && try_sh(start) && try_sh(up)) {
+            // Whatever went wrong, leave the machine's server running for what follows.
+            try_sh(start);
+            try_sh(up);
+            panic!("MariaDB did not come back after the restart");
+        }
+    })
+    .await;
 }
 
 /// Redis behind the proxy: connections cut and refused, then slowed, then left half-open (the

@@ -695,28 +695,6 @@ async fn sqlite_paused_past_the_lease() {
     paused_past_the_lease(sqlite_site().await).await;
 }
 
-#[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_killed_between_claim_and_mark() {
-    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-        return;
-    }
-    if let Some(site) = redis_site().await {
-        killed_between_claim_and_mark(site).await;
-    }
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_paused_past_the_lease() {
-    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-        return;
-    }
-    if let Some(site) = redis_site().await {
-        paused_past_the_lease(site).await;
-    }
-}
-
 /// libfaketime's preload library (`IDEM_LIBFAKETIME`, or Debian's path), if installed.
 fn libfaketime() -> Option<String> {
     let path = std::env::var("IDEM_LIBFAKETIME")
@@ -794,83 +772,6 @@ async fn skewed_clocks_change_no_outcome(site: Site) {
     assert_eq!(effects_of(&site.effects, biz, key).await, ["+10m"]);
 }
 
-#[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_skewed_clocks_change_no_outcome() {
-    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-        return;
-    }
-    if let Some(site) = redis_site().await {
-        skewed_clocks_change_no_outcome(site).await;
-    }
-}
-
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_killed_between_claim_and_mark() {
-    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-        return;
-    }
-    if let Some(site) = pg_site().await {
-        killed_between_claim_and_mark(site).await;
-    }
-}
-
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_paused_past_the_lease() {
-    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-        return;
-    }
-    if let Some(site) = pg_site().await {
-        paused_past_the_lease(site).await;
-    }
-}
-
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_skewed_clocks_change_no_outcome() {
-    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-        return;
-    }
-    if let Some(site) = pg_site().await {
-        skewed_clocks_change_no_outcome(site).await;
-    }
-}
-
-#[cfg(feature = "mysql")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_killed_between_claim_and_mark() {
-    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-        return;
-    }
-    if let Some(site) = my_site().await {
-        killed_between_claim_and_mark(site).await;
-    }
-}
-
-#[cfg(feature = "mysql")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_paused_past_the_lease() {
-    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-        return;
-    }
-    if let Some(site) = my_site().await {
-        paused_past_the_lease(site).await;
-    }
-}
-
-#[cfg(feature = "mysql")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_skewed_clocks_change_no_outcome() {
-    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-        return;
-    }
-    if let Some(site) = my_site().await {
-        skewed_clocks_change_no_outcome(site).await;
-    }
-}
-
 /// Server-store children killed inside their transaction (claim and effect written, not
 /// committed), 10 at a time: the server rolls each back when its connection dies, and the next
 /// caller runs at once.
@@ -943,3 +844,32 @@ server_killed_mid_transaction!(
     "INSERT INTO {table}_fx (biz, k, who) VALUES (?, ?, 'next')",
     "SELECT COUNT(*) FROM {table}_fx WHERE biz = ? AND k = ?"
 );
+
+/// A scenario on a server store's site, as a test of its own (skipped when the server is
+/// unreachable, or in the child).
+macro_rules! on_server {
+    ($($feature:literal: $name:ident = $scenario:ident on $site:ident;)*) => {$(
+        #[cfg(feature = $feature)]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+                return;
+            }
+            if let Some(site) = $site().await {
+                $scenario(site).await;
+            }
+        }
+    )*};
+}
+
+on_server! {
+    "redis": redis_killed_between_claim_and_mark = killed_between_claim_and_mark on redis_site;
+    "redis": redis_paused_past_the_lease = paused_past_the_lease on redis_site;
+    "redis": redis_skewed_clocks_change_no_outcome = skewed_clocks_change_no_outcome on redis_site;
+    "postgres": postgres_killed_between_claim_and_mark = killed_between_claim_and_mark on pg_site;
+    "postgres": postgres_paused_past_the_lease = paused_past_the_lease on pg_site;
+    "postgres": postgres_skewed_clocks_change_no_outcome = skewed_clocks_change_no_outcome on pg_site;
+    "mysql": mysql_killed_between_claim_and_mark = killed_between_claim_and_mark on my_site;
+    "mysql": mysql_paused_past_the_lease = paused_past_the_lease on my_site;
+    "mysql": mysql_skewed_clocks_change_no_outcome = skewed_clocks_change_no_outcome on my_site;
+}

@@ -3,6 +3,13 @@
 
 use std::process::{Command, Output};
 
+#[cfg(feature = "redis")]
+#[path = "../../tests/support/redis_cluster.rs"]
+mod redis_cluster;
+#[cfg(feature = "redis")]
+#[path = "../../tests/support/redis_server.rs"]
+mod redis_server;
+
 fn storm(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idem-storm"))
         .args(args)
@@ -141,6 +148,17 @@ fn redis_lease() {
         return;
     }
     storm_holds("redis", "lease", &[]);
+}
+
+/// A 3-master cluster this test starts itself: the same storm, every key on its own slot's node.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_cluster_lease() {
+    let Some(cluster) = redis_cluster::Cluster::start() else {
+        return;
+    };
+    let nodes = cluster.urls().join(",");
+    storm_holds("redis-cluster", "lease", &["--cluster-nodes", &nodes]);
 }
 
 /// Without a heartbeat a body slower than its lease is taken over while it still runs: both

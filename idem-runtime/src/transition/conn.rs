@@ -76,3 +76,92 @@ pub trait TransitionTx: TransitionConn {
     /// The database's error, classified.
     async fn rollback(self: Box<Self>) -> Result<(), IdemError>;
 }
+
+/// `TransitionConn` for one sqlx driver's connection and for its `Transaction` (which runs on that
+/// connection). Called once by each server backend's `transition.rs`, with its own `query` (how
+/// values are bound), `int_at` (how an integer column is read) and `db_error` (how errors are
+/// classified) in scope; `attrs` go on both impls. SQLite writes its impls out: they are the ones
+/// rustc lists in the "not a transaction" error, and a listed impl should show the user code, not
+/// this macro.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+macro_rules! sqlx_transition_conn {
+    ($conn:ty, $db:ty, $dialect:expr $(, #[$attr:meta])*) => {
+        $(#[$attr])*
+        #[async_trait::async_trait]
+        impl $crate::transition::TransitionConn for $conn {
+            fn dialect(&self) -> $crate::sql::dialect::Dialect {
+                $dialect
+            }
+
+            async fn execute(
+                &mut self,
+                sql: &'static str,
+                args: &[$crate::transition::SqlValue<'_>],
+            ) -> Result<u64, $crate::IdemError> {
+                let done = query(sql, args).execute(self).await.map_err(db_error)?;
+                Ok(done.rows_affected())
+            }
+
+            async fn execute_unprepared(&mut self, sql: &str) -> Result<(), $crate::IdemError> {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .execute(self)
+                    .await
+                    .map_err(db_error)?;
+                Ok(())
+            }
+
+            async fn read_state(
+                &mut self,
+                sql: &'static str,
+                args: &[$crate::transition::SqlValue<'_>],
+                versioned: bool,
+            ) -> Result<Option<$crate::transition::StateRow>, $crate::IdemError> {
+                use sqlx::Row as _;
+                let Some(row) = query(sql, args)
+                    .fetch_optional(self)
+                    .await
+                    .map_err(db_error)?
+                else {
+                    return Ok(None);
+                };
+                Ok(Some($crate::transition::StateRow {
+                    status: row.try_get(0).map_err(db_error)?,
+                    already: int_at(&row, 1)? == 1,
+                    version: if versioned { Some(int_at(&row, 2)?) } else { None },
+                }))
+            }
+        }
+
+        $(#[$attr])*
+        #[async_trait::async_trait]
+        impl $crate::transition::TransitionConn for sqlx::Transaction<'_, $db> {
+            fn dialect(&self) -> $crate::sql::dialect::Dialect {
+                $dialect
+            }
+
+            async fn execute(
+                &mut self,
+                sql: &'static str,
+                args: &[$crate::transition::SqlValue<'_>],
+            ) -> Result<u64, $crate::IdemError> {
+                $crate::transition::TransitionConn::execute(&mut **self, sql, args).await
+            }
+
+            async fn execute_unprepared(&mut self, sql: &str) -> Result<(), $crate::IdemError> {
+                $crate::transition::TransitionConn::execute_unprepared(&mut **self, sql).await
+            }
+
+            async fn read_state(
+                &mut self,
+                sql: &'static str,
+                args: &[$crate::transition::SqlValue<'_>],
+                versioned: bool,
+            ) -> Result<Option<$crate::transition::StateRow>, $crate::IdemError> {
+                $crate::transition::TransitionConn::read_state(&mut **self, sql, args, versioned)
+                    .await
+            }
+        }
+    };
+}
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) use sqlx_transition_conn;

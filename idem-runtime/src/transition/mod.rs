@@ -13,6 +13,8 @@ mod sql;
 mod sqlx_impls;
 mod value;
 
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) use conn::sqlx_transition_conn;
 pub use conn::{StateRow, TransitionConn, TransitionTx};
 pub use run::{
     Done, TransitionCall, TransitionGuard, TransitionSpec, TransitionStep, TransitionValues,

@@ -1,14 +1,13 @@
 //! State transitions on MySQL and MariaDB: the connections a transition runs on, how its values are bound,
 //! and the sqlx impls `#[derive(StateMachine)]` asks for.
 
-use async_trait::async_trait;
-use sqlx::mysql::{MySqlArguments, MySqlConnection};
-use sqlx::{MySql, Row, Transaction};
+use sqlx::mysql::{MySqlArguments, MySqlConnection, MySqlRow};
+use sqlx::{MySql, Row};
 
 use super::db_error;
 use crate::IdemError;
 use crate::sql::dialect::Dialect;
-use crate::transition::{SqlValue, StateRow, TransitionConn};
+use crate::transition::SqlValue;
 
 /// `sql` with `args` bound in order.
 fn query<'a>(
@@ -25,85 +24,16 @@ fn query<'a>(
     })
 }
 
-// Not listed in the "other types implement" help of a wrong `tx`: the compile errors read the
-// same whichever backends are built.
-#[diagnostic::do_not_recommend]
-#[async_trait]
-impl TransitionConn for MySqlConnection {
-    fn dialect(&self) -> Dialect {
-        Dialect::MySQL
-    }
-
-    async fn execute(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-    ) -> Result<u64, IdemError> {
-        let done = query(sql, args).execute(self).await.map_err(db_error)?;
-        Ok(done.rows_affected())
-    }
-
-    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-            .execute(self)
-            .await
-            .map_err(db_error)?;
-        Ok(())
-    }
-
-    async fn read_state(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-        versioned: bool,
-    ) -> Result<Option<StateRow>, IdemError> {
-        let Some(row) = query(sql, args)
-            .fetch_optional(self)
-            .await
-            .map_err(db_error)?
-        else {
-            return Ok(None);
-        };
-        let already: i64 = row.try_get(1).map_err(db_error)?;
-        Ok(Some(StateRow {
-            status: row.try_get(0).map_err(db_error)?,
-            already: already == 1,
-            version: if versioned {
-                Some(row.try_get(2).map_err(db_error)?)
-            } else {
-                None
-            },
-        }))
-    }
+/// An integer column as `i64`.
+fn int_at(row: &MySqlRow, i: usize) -> Result<i64, IdemError> {
+    row.try_get(i).map_err(db_error)
 }
 
 // Not listed in the "other types implement" help of a wrong `tx`: the compile errors read the
 // same whichever backends are built.
-#[diagnostic::do_not_recommend]
-#[async_trait]
-impl TransitionConn for Transaction<'_, MySql> {
-    fn dialect(&self) -> Dialect {
-        Dialect::MySQL
-    }
-
-    async fn execute(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-    ) -> Result<u64, IdemError> {
-        TransitionConn::execute(&mut **self, sql, args).await
-    }
-
-    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
-        TransitionConn::execute_unprepared(&mut **self, sql).await
-    }
-
-    async fn read_state(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-        versioned: bool,
-    ) -> Result<Option<StateRow>, IdemError> {
-        TransitionConn::read_state(&mut **self, sql, args, versioned).await
-    }
-}
+crate::transition::sqlx_transition_conn!(
+    MySqlConnection,
+    MySql,
+    Dialect::MySQL,
+    #[diagnostic::do_not_recommend]
+);

@@ -1,17 +1,16 @@
 //! State transitions on Postgres: the connections a transition runs on and how its values are
 //! bound (`$n` placeholders; identifiers are quoted `"…"` by the statement builder).
 
-use async_trait::async_trait;
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::postgres::types::Oid;
 use sqlx::postgres::{PgArgumentBuffer, PgArguments, PgConnection, PgRow, PgTypeInfo};
-use sqlx::{Encode, Postgres, Row, Transaction, Type};
+use sqlx::{Encode, Postgres, Row, Type};
 
 use super::db_error;
 use crate::IdemError;
 use crate::sql::dialect::Dialect;
-use crate::transition::{SqlValue, StateRow, TransitionConn};
+use crate::transition::SqlValue;
 
 /// A `NULL` of no declared type (`unknown`): Postgres gives it the type of the column it meets, so
 /// `set(paid_at = "none")` works on a text, integer or timestamp column alike.
@@ -53,84 +52,11 @@ fn int_at(row: &PgRow, i: usize) -> Result<i64, IdemError> {
         .map_err(db_error)
 }
 
-// Left out of rustc's list of implementors, as every SQL backend's impls are: the list in
-// the "not a transaction" error stays the same whichever backends are built.
-#[diagnostic::do_not_recommend]
-#[async_trait]
-impl TransitionConn for PgConnection {
-    fn dialect(&self) -> Dialect {
-        Dialect::Postgres
-    }
-
-    async fn execute(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-    ) -> Result<u64, IdemError> {
-        let done = query(sql, args).execute(self).await.map_err(db_error)?;
-        Ok(done.rows_affected())
-    }
-
-    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-            .execute(self)
-            .await
-            .map_err(db_error)?;
-        Ok(())
-    }
-
-    async fn read_state(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-        versioned: bool,
-    ) -> Result<Option<StateRow>, IdemError> {
-        let Some(row) = query(sql, args)
-            .fetch_optional(self)
-            .await
-            .map_err(db_error)?
-        else {
-            return Ok(None);
-        };
-        Ok(Some(StateRow {
-            status: row.try_get(0).map_err(db_error)?,
-            already: int_at(&row, 1)? == 1,
-            version: if versioned {
-                Some(int_at(&row, 2)?)
-            } else {
-                None
-            },
-        }))
-    }
-}
-
-// Left out of rustc's list of implementors, as every SQL backend's impls are: the list in
-// the "not a transaction" error stays the same whichever backends are built.
-#[diagnostic::do_not_recommend]
-#[async_trait]
-impl TransitionConn for Transaction<'_, Postgres> {
-    fn dialect(&self) -> Dialect {
-        Dialect::Postgres
-    }
-
-    async fn execute(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-    ) -> Result<u64, IdemError> {
-        TransitionConn::execute(&mut **self, sql, args).await
-    }
-
-    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
-        TransitionConn::execute_unprepared(&mut **self, sql).await
-    }
-
-    async fn read_state(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-        versioned: bool,
-    ) -> Result<Option<StateRow>, IdemError> {
-        TransitionConn::read_state(&mut **self, sql, args, versioned).await
-    }
-}
+// Left out of rustc's list of implementors, as every SQL backend's impls are: the list in the
+// "not a transaction" error stays the same whichever backends are built.
+crate::transition::sqlx_transition_conn!(
+    PgConnection,
+    Postgres,
+    Dialect::Postgres,
+    #[diagnostic::do_not_recommend]
+);

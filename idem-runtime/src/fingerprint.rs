@@ -18,13 +18,18 @@ pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<String, String> {
     let value = serde_json::to_value(value).map_err(|e| e.to_string())?;
     let mut canonical = Vec::with_capacity(128);
     write_canonical(&value, &mut canonical);
-    let digest = Sha256::digest(&canonical);
-    let mut hex = String::with_capacity(64);
-    for b in digest.iter() {
-        use std::fmt::Write;
-        let _ = write!(hex, "{b:02x}");
-    }
-    Ok(hex)
+    Ok(hex(&Sha256::digest(&canonical)))
+}
+
+/// `bytes` as lowercase hex digits.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(2 * bytes.len()), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 /// Writes `value` as canonical JSON.

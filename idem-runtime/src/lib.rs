@@ -15,6 +15,8 @@ mod clock;
 mod engine;
 mod error;
 mod fingerprint;
+#[cfg(feature = "axum")]
+pub mod http;
 mod key;
 mod metrics;
 mod registry;
@@ -48,7 +50,9 @@ pub use engine::{Call, DEFAULT_LEASE, DEFAULT_TTL};
 pub use error::{BoxError, Busy, IdemError};
 pub use fingerprint::fingerprint;
 pub use key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN, IdemKey, validate_biz, validate_key};
-pub use metrics::{CallReport, Counts, Outcome, counts, counts_for, observe};
+pub use metrics::{
+    CallReport, Counts, Outcome, count_token_op, counts, counts_for, names, observe,
+};
 pub use registry::{IntoSharedStore, register_store, store, unregister_store};
 pub use store::{
     Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store,

@@ -1,4 +1,6 @@
-//! Per-outcome counters (global and per business type) and per-call reports.
+//! Per-outcome counters (global and per business type), per-call reports, and the same events
+//! through the [`metrics`](https://docs.rs/metrics) facade for any exporter a service installs
+//! (Prometheus, StatsD, …). The names are in [`names`].
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -164,11 +166,11 @@ thread_local! {
     static LAST_BIZ: Cell<Option<(&'static str, &'static Counters)>> = const { Cell::new(None) };
 }
 
-fn biz_counters(biz: &str) -> &'static Counters {
-    if let Some((name, counters)) = LAST_BIZ.get()
-        && name == biz
+fn biz_counters(biz: &str) -> (&'static str, &'static Counters) {
+    if let Some(entry) = LAST_BIZ.get()
+        && entry.0 == biz
     {
-        return counters;
+        return entry;
     }
     let found = PER_BIZ
         .read()
@@ -186,12 +188,70 @@ fn biz_counters(biz: &str) -> &'static Counters {
         (name, counters)
     });
     LAST_BIZ.set(Some(entry));
-    entry.1
+    entry
 }
 
+/// Counts one call in the process counters and through the `metrics` facade.
 pub(crate) fn record(biz: &str, outcome: Outcome) {
     GLOBAL.0[outcome.index()].fetch_add(1, Ordering::Relaxed);
-    biz_counters(biz).0[outcome.index()].fetch_add(1, Ordering::Relaxed);
+    let (biz, counters) = biz_counters(biz);
+    counters.0[outcome.index()].fetch_add(1, Ordering::Relaxed);
+    metrics::counter!(names::CALLS, "biz" => biz, "outcome" => outcome.as_str()).increment(1);
+    if outcome.is_duplicate() {
+        metrics::counter!(names::DUPLICATES, "biz" => biz).increment(1);
+    }
+    if outcome == Outcome::TakenOver {
+        metrics::counter!(names::LEASE_TAKEOVERS, "biz" => biz).increment(1);
+    }
+}
+
+/// The names of what idem emits through the [`metrics`](https://docs.rs/metrics) facade. Install
+/// any recorder (`metrics-exporter-prometheus`, …) to export them; without one they cost a few
+/// nanoseconds and go nowhere. Labels never carry a key, a token or a result.
+pub mod names {
+    /// Counter: finished calls, labelled `biz` and `outcome` (the names of
+    /// [`Outcome::as_str`](super::Outcome::as_str)).
+    pub const CALLS: &str = "idem_calls_total";
+    /// Counter: calls that were duplicates of one already seen (replayed, in progress, mismatch),
+    /// labelled `biz`; the duplicate rate is this over [`CALLS`].
+    pub const DUPLICATES: &str = "idem_duplicates_total";
+    /// Counter: claims taken over from an attempt whose lease expired, labelled `biz`.
+    pub const LEASE_TAKEOVERS: &str = "idem_lease_takeovers_total";
+    /// Histogram, seconds: one claim's round trip to the store (transient errors retried
+    /// included), labelled `biz` and `store` (the backend's name).
+    pub const CLAIM_SECONDS: &str = "idem_claim_seconds";
+    /// Counter: expired rows a [`Sweeper`](crate::Sweeper) deleted, labelled `store` and `kind`
+    /// (`records` or `tokens`).
+    pub const SWEPT: &str = "idem_sweeper_deleted_total";
+    /// Counter: one-time token operations where idem performs them (`#[consume_token]`, the HTTP
+    /// token guard and token endpoint), labelled `op` (`issue`, `consume`, `restore`) and
+    /// `outcome` (`ok`, `used`, `invalid`, `error`).
+    pub const TOKENS: &str = "idem_token_ops_total";
+}
+
+/// Records one claim's latency.
+pub(crate) fn claim_latency(biz: &str, store: &'static str, elapsed: std::time::Duration) {
+    let (biz, _) = biz_counters(biz);
+    metrics::histogram!(names::CLAIM_SECONDS, "biz" => biz, "store" => store)
+        .record(elapsed.as_secs_f64());
+}
+
+/// Counts rows a sweeper deleted.
+pub(crate) fn swept(store: &'static str, kind: &'static str, rows: u64) {
+    if rows > 0 {
+        metrics::counter!(names::SWEPT, "store" => store, "kind" => kind).increment(rows);
+    }
+}
+
+/// Counts one token operation (`op`: `issue`, `consume`, `restore`) by how it ended.
+pub fn count_token_op<T>(op: &'static str, result: &Result<T, crate::IdemError>) {
+    let outcome = match result {
+        Ok(_) => "ok",
+        Err(crate::IdemError::TokenUsed) => "used",
+        Err(crate::IdemError::TokenInvalid { .. }) => "invalid",
+        Err(_) => "error",
+    };
+    metrics::counter!(names::TOKENS, "op" => op, "outcome" => outcome).increment(1);
 }
 
 /// Counters over every call in this process.

@@ -51,6 +51,7 @@ impl Sweeper {
         let mut total = 0;
         loop {
             let n = self.store.sweep_expired(self.batch).await?;
+            crate::metrics::swept(self.store.backend(), "records", n);
             total += n;
             if n < self.batch as u64 {
                 break;
@@ -60,6 +61,7 @@ impl Sweeper {
         if let Some(tokens) = &self.tokens {
             loop {
                 let n = tokens.sweep_expired(self.batch).await?;
+                crate::metrics::swept(tokens.backend(), "tokens", n);
                 total += n;
                 if n < self.batch as u64 {
                     break;

@@ -115,7 +115,10 @@ async fn claim(
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
     let mut pause = Duration::from_millis(5);
     loop {
-        let outcome = retry_transient(|| store.claim(req)).await?;
+        let started = std::time::Instant::now();
+        let outcome = retry_transient(|| store.claim(req)).await;
+        crate::metrics::claim_latency(req.biz, store.backend(), started.elapsed());
+        let outcome = outcome?;
         let ClaimOutcome::InProgress { retry_after } = outcome else {
             return Ok(outcome);
         };

@@ -114,7 +114,12 @@ where
         Err(e)
     };
     let outcome = match call.request(tx.store()) {
-        Ok(req) => tx.claim(&req).await,
+        Ok(req) => {
+            let started = std::time::Instant::now();
+            let outcome = tx.claim(&req).await;
+            crate::metrics::claim_latency(req.biz, tx.store().backend(), started.elapsed());
+            outcome
+        }
         Err(e) => Err(e),
     };
     match outcome {

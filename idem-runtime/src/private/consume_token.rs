@@ -108,7 +108,9 @@ where
     };
     let store = store.get();
     tracing::Span::current().record("backend", store.backend());
-    if let Err(e) = store.consume(token, subject).await {
+    let spent = store.consume(token, subject).await;
+    crate::metrics::count_token_op("consume", &spent);
+    if let Err(e) = spent {
         let outcome = match e {
             IdemError::TokenUsed => "used",
             IdemError::TokenInvalid { .. } => "invalid",
@@ -119,7 +121,7 @@ where
     match body.await {
         Ok(value) => (Ok(value), "executed"),
         Err(e) if !restore_on_err => (Err(Failure::Body(e)), "failed"),
-        Err(e) => match store.restore(token, subject).await {
+        Err(e) => match counted("restore", store.restore(token, subject).await) {
             Ok(()) => (Err(Failure::Body(e)), "restored"),
             Err(restore) => {
                 tracing::warn!(
@@ -130,6 +132,11 @@ where
             }
         },
     }
+}
+
+fn counted<T>(op: &'static str, result: Result<T, IdemError>) -> Result<T, IdemError> {
+    crate::metrics::count_token_op(op, &result);
+    result
 }
 
 #[cfg(test)]

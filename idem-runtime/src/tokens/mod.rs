@@ -67,7 +67,7 @@ pub(crate) fn new_token() -> Result<String, IdemError> {
     let mut bytes = [0u8; TOKEN_BYTES];
     getrandom::fill(&mut bytes)
         .map_err(|e| IdemError::unavailable(format!("the OS random source failed: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::fingerprint::hex(&bytes))
 }
 
 /// Checks a token's form before it touches the store.

@@ -1,0 +1,513 @@
+//! The Idempotency-Key layer: its configuration (a builder checked at start-up) and the tower
+//! service that claims, runs, stores and replays.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderName, Method, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use tower::{Layer, Service};
+
+use super::cap::Cap;
+use super::key::{self, KeyError};
+use super::principal::Principal;
+use super::problem::{self, problem};
+use super::stored::Stored;
+use crate::{Call, IdemError, IntoSharedStore, Store};
+
+/// The header a client sends its key in.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// Response headers stored and replayed by default (never `Set-Cookie`: a session must not be
+/// handed out again).
+const KEPT_HEADERS: [HeaderName; 7] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_LOCATION,
+    header::LOCATION,
+    header::ETAG,
+    header::LAST_MODIFIED,
+    header::LINK,
+];
+
+/// The layer's settings, shared by every request.
+pub(crate) struct Config {
+    store: Arc<dyn Store>,
+    biz: Cow<'static, str>,
+    pub(crate) header: HeaderName,
+    pub(crate) body_field: Option<String>,
+    required: bool,
+    methods: Vec<Method>,
+    pub(crate) max_key_len: usize,
+    max_request_bytes: usize,
+    max_response_bytes: usize,
+    keep_headers: Vec<HeaderName>,
+    principal: Principal,
+    ttl: Duration,
+    lease: Duration,
+    cap: Option<Arc<Cap>>,
+}
+
+/// Builds an [`IdempotencyLayer`]; [`IdempotencyBuilder::build`] checks the whole configuration
+/// at start-up.
+#[must_use]
+pub struct IdempotencyBuilder {
+    store: Arc<dyn Store>,
+    biz: Cow<'static, str>,
+    body_field: Option<String>,
+    required: bool,
+    methods: Vec<Method>,
+    max_key_len: usize,
+    max_request_bytes: usize,
+    max_response_bytes: usize,
+    keep_headers: Vec<HeaderName>,
+    principal: Option<Principal>,
+    ttl: Duration,
+    lease: Duration,
+    cap: Option<(u32, Duration)>,
+}
+
+impl IdempotencyBuilder {
+    /// The business type of the layer's records (default `HTTP`): layers with different ones keep
+    /// separate key spaces in one store.
+    pub fn biz(mut self, biz: impl Into<Cow<'static, str>>) -> Self {
+        self.biz = biz.into();
+        self
+    }
+
+    /// Who is calling (required): see [`Principal`]. Without it [`build`](Self::build) fails,
+    /// unless you opt out with [`Principal::unscoped`] and say why.
+    pub fn principal(mut self, principal: Principal) -> Self {
+        self.principal = Some(principal);
+        self
+    }
+
+    /// Also takes the key from this field of a JSON body (a JSON pointer such as `/request_id`)
+    /// when the `Idempotency-Key` header is missing: proxies have been seen to strip headers.
+    pub fn body_key(mut self, pointer: impl Into<String>) -> Self {
+        self.body_field = Some(pointer.into());
+        self
+    }
+
+    /// Lets requests without a key through without idempotency (by default they get 400).
+    pub fn key_optional(mut self) -> Self {
+        self.required = false;
+        self
+    }
+
+    /// The methods the layer acts on (default POST and PATCH; others pass through untouched).
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Longest client key in bytes (default 255).
+    pub fn max_key_len(mut self, bytes: usize) -> Self {
+        self.max_key_len = bytes;
+        self
+    }
+
+    /// Largest request body in bytes (default 1 MiB; larger ones get 413). The layer reads the
+    /// body to fingerprint it.
+    pub fn max_request_bytes(mut self, bytes: usize) -> Self {
+        self.max_request_bytes = bytes;
+        self
+    }
+
+    /// Largest response body kept for replay (default 48 KiB, and never more than the store's
+    /// snapshot limit allows). A larger response reaches its client, the record is kept as done
+    /// with status and headers only, and repeats get 409 `response-not-kept`: the request is not
+    /// run twice.
+    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
+    /// Also stores and replays this response header (by default: `Content-Type`,
+    /// `Content-Language`, `Content-Location`, `Location`, `ETag`, `Last-Modified`, `Link`).
+    pub fn keep_header(mut self, name: HeaderName) -> Self {
+        self.keep_headers.push(name);
+        self
+    }
+
+    /// How long a record lives (default 24 hours): a repeat after that runs again.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long a request in progress holds its key before another may take over (default 30 s):
+    /// longer than your slowest handler.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// At most `max` new records per caller per `window`, counted in this process (each process
+    /// of a service has its own budget); beyond it a request for a new key gets 429 with
+    /// `Retry-After` before anything is written. Repeats of requests that have a record (replays,
+    /// retries) do not count and are not refused.
+    pub fn cap_per_principal(mut self, max: u32, window: Duration) -> Self {
+        self.cap = Some((max, window));
+        self
+    }
+
+    /// Checks the configuration and builds the layer.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] when no [`Principal`] was given (a layer that stores
+    /// responses must know whose they are), an unscoped opt-out has no reason, no method is
+    /// covered, the body field is not a JSON pointer, a limit is zero, the cap is empty, or the
+    /// TTL is not longer than the lease; [`IdemError::InvalidBiz`] for a bad business type.
+    pub fn build(self) -> Result<IdempotencyLayer, IdemError> {
+        let invalid = |reason: &str| {
+            Err(IdemError::InvalidOptions {
+                reason: reason.to_owned(),
+            })
+        };
+        let Some(principal) = self.principal else {
+            return invalid(
+                "the Idempotency-Key layer stores responses, so it must know whose: give it `.principal(Principal::extension::<User>())` (or `header`, `from_fn`), or opt out with `.principal(Principal::unscoped(\"why no caller can see another's responses\"))`",
+            );
+        };
+        if principal
+            .unscoped_reason()
+            .is_some_and(|why| why.trim().is_empty())
+        {
+            return invalid(
+                "`Principal::unscoped` needs a reason: say in the code why callers cannot read each other's responses",
+            );
+        }
+        crate::validate_biz(&self.biz, self.store.limits().max_biz_len)?;
+        if self.methods.is_empty() {
+            return invalid(
+                "the layer covers no method; leave the default (POST, PATCH) or name some",
+            );
+        }
+        if let Some(field) = &self.body_field
+            && !field.starts_with('/')
+        {
+            return invalid("the body key field must be a JSON pointer such as `/request_id`");
+        }
+        if self.max_key_len == 0 || self.max_request_bytes == 0 {
+            return invalid("the key and request size limits must be above zero");
+        }
+        if self.ttl <= self.lease {
+            return invalid("the ttl must be longer than the lease");
+        }
+        let cap = match self.cap {
+            Some((0, _)) => return invalid("a cap of 0 records refuses every request"),
+            Some((_, window)) if window.is_zero() => {
+                return invalid("the cap's window must be above zero");
+            }
+            Some((max, window)) => Some(Arc::new(Cap::new(max, window))),
+            None => None,
+        };
+        Ok(IdempotencyLayer {
+            cfg: Arc::new(Config {
+                store: self.store,
+                biz: self.biz,
+                header: IDEMPOTENCY_KEY,
+                body_field: self.body_field,
+                required: self.required,
+                methods: self.methods,
+                max_key_len: self.max_key_len,
+                max_request_bytes: self.max_request_bytes,
+                max_response_bytes: self.max_response_bytes,
+                keep_headers: self.keep_headers,
+                principal,
+                ttl: self.ttl,
+                lease: self.lease,
+                cap,
+            }),
+        })
+    }
+}
+
+/// A tower [`Layer`] with the IETF HTTPAPI `Idempotency-Key` semantics, for axum routers (and any
+/// tower service on `http` types):
+///
+/// - the key comes from the `Idempotency-Key` header (a structured-field string; a bare value is
+///   accepted too) or from a configured JSON body field; a covered request (POST, PATCH) without
+///   one gets 400;
+/// - the caller ([`Principal`]) is part of the record's identity, so clients never share keys;
+/// - the first request runs the handler; its response (status, kept headers, body) is stored, and
+///   every repeat gets it again with `Idempotent-Replayed: true`;
+/// - a repeat while the first is still running gets 409 with `Retry-After`; the same key with
+///   another method, path or body gets 422;
+/// - a 5xx response is not stored (the record is marked failed, so a retry runs again); a response
+///   body over the size limit is not kept: repeats get 409 `response-not-kept`, and the handler
+///   does not run twice;
+/// - every error is an `application/problem+json` body.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+/// use axum::{Router, routing::post};
+/// use idem_runtime::http::{IdempotencyLayer, Principal};
+///
+/// let store = idem_runtime::SqliteStore::open("idem.db").await?;
+/// let layer = IdempotencyLayer::builder(store)
+///     .principal(Principal::header(http::HeaderName::from_static("x-user-id")))
+///     .build()?;
+/// let app: Router = Router::new()
+///     .route("/orders", post(|| async { "created" }))
+///     .layer(layer);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    cfg: Arc<Config>,
+}
+
+impl IdempotencyLayer {
+    /// A builder for a layer keeping its records in `store`.
+    pub fn builder(store: impl IntoSharedStore) -> IdempotencyBuilder {
+        IdempotencyBuilder {
+            store: store.into_shared(),
+            biz: Cow::Borrowed("HTTP"),
+            body_field: None,
+            required: true,
+            methods: vec![Method::POST, Method::PATCH],
+            max_key_len: 255,
+            max_request_bytes: 1 << 20,
+            max_response_bytes: 48 << 10,
+            keep_headers: KEPT_HEADERS.to_vec(),
+            principal: None,
+            ttl: Duration::from_secs(24 * 3600),
+            lease: crate::DEFAULT_LEASE,
+            cap: None,
+        }
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency {
+            inner,
+            cfg: Arc::clone(&self.cfg),
+        }
+    }
+}
+
+/// The service [`IdempotencyLayer`] wraps around a handler.
+#[derive(Clone)]
+pub struct Idempotency<S> {
+    inner: S,
+    cfg: Arc<Config>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B> Service<Request<Body>> for Idempotency<S>
+where
+    S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<crate::BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Response<Body>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        // The clone that was polled ready serves this request; a fresh clone waits for the next.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let cfg = Arc::clone(&self.cfg);
+        Box::pin(handle(cfg, inner, req))
+    }
+}
+
+/// Why the layer's body (the handler) did not give a response to store.
+enum Flow<E> {
+    Idem(IdemError),
+    /// The handler's service failed.
+    Inner(E),
+    /// The handler answered 5xx: not stored, the record is marked failed.
+    ServerError,
+}
+
+impl<E> From<IdemError> for Flow<E> {
+    fn from(e: IdemError) -> Self {
+        Flow::Idem(e)
+    }
+}
+
+fn with_body<B>(response: Response<B>) -> Response<Body>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<crate::BoxError>,
+{
+    response.map(Body::new)
+}
+
+async fn handle<S, B>(
+    cfg: Arc<Config>,
+    mut inner: S,
+    req: Request<Body>,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<B>> + Send,
+    S::Future: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<crate::BoxError>,
+{
+    if !cfg.methods.contains(req.method()) {
+        return inner.call(req).await.map(with_body);
+    }
+    let (parts, body) = req.into_parts();
+    let Ok(principal) = cfg.principal.of(&parts) else {
+        return Ok(problem(
+            StatusCode::UNAUTHORIZED,
+            "no-principal",
+            "Caller unknown",
+            "idempotent requests are kept per caller, and this request carries no caller identity",
+        ));
+    };
+    let body = match axum::body::to_bytes(body, cfg.max_request_bytes).await {
+        Ok(body) => body,
+        Err(_) => {
+            return Ok(problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request-too-large",
+                "Request body too large",
+                &format!(
+                    "the request body could not be read within the {} byte limit",
+                    cfg.max_request_bytes
+                ),
+            ));
+        }
+    };
+    let key = match key::client_key(&cfg, &parts, &body) {
+        Ok(Some(key)) => key,
+        Ok(None) if !cfg.required => {
+            return inner
+                .call(Request::from_parts(parts, Body::from(body)))
+                .await
+                .map(with_body);
+        }
+        Ok(None) => {
+            let detail = match &cfg.body_field {
+                Some(field) => format!(
+                    "send an Idempotency-Key header (or the JSON body field {field}) with a key unique to this request"
+                ),
+                None => {
+                    "send an Idempotency-Key header with a key unique to this request".to_owned()
+                }
+            };
+            return Ok(problem(
+                StatusCode::BAD_REQUEST,
+                "missing-key",
+                "Idempotency key missing",
+                &detail,
+            ));
+        }
+        Err(e @ (KeyError::Malformed(_) | KeyError::TooLong(_) | KeyError::BadBodyField)) => {
+            return Ok(problem(
+                StatusCode::BAD_REQUEST,
+                "invalid-key",
+                "Invalid idempotency key",
+                &e.detail(cfg.max_key_len),
+            ));
+        }
+    };
+    let record_key = key::record_key(principal.as_deref(), &key);
+    let fingerprint = key::fingerprint(&parts, &body);
+    let reservation = match &cfg.cap {
+        None => None,
+        Some(cap) => match cap.reserve(key::principal_id(principal.as_deref())) {
+            Ok(slot) => Some(slot),
+            // Over the cap, a repeat of a request that has a record still goes through (to its
+            // replay, or its retry): the cap bounds new records, not retries.
+            Err(_) if matches!(cfg.store.load(&cfg.biz, &record_key).await, Ok(Some(_))) => None,
+            Err(wait) => {
+                return Ok(problem::retry_after(
+                    problem(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "too-many-keys",
+                        "Too many idempotency keys",
+                        "this caller made more idempotent requests in this window than the service allows; retry after the time in Retry-After",
+                    ),
+                    wait,
+                ));
+            }
+        },
+    };
+    let req = Request::from_parts(parts, Body::from(body));
+    let mut live: Option<Response<Body>> = None;
+    let mut ran = false;
+    let store_limit = cfg.store.limits().max_snapshot_len;
+    let result: Result<Stored, Flow<S::Error>> = Call::new(cfg.biz.clone(), &record_key)
+        .fingerprint(&fingerprint)
+        .ttl(cfg.ttl)
+        .lease(cfg.lease)
+        .run(&*cfg.store, async {
+            ran = true;
+            let response = inner.call(req).await.map_err(Flow::Inner)?;
+            let (head, body) = response.into_parts();
+            let bytes = match body.collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(e) => {
+                    let e: crate::BoxError = e.into();
+                    tracing::error!(error = %e, "the handler's response body failed; the request is marked failed");
+                    live = Some(problem(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal",
+                        "Internal error",
+                        "the response could not be produced",
+                    ));
+                    return Err(Flow::ServerError);
+                }
+            };
+            let status = head.status;
+            let headers = head.headers.clone();
+            live = Some(Response::from_parts(head, Body::from(bytes.clone())));
+            if status.is_server_error() {
+                return Err(Flow::ServerError);
+            }
+            let stored = Stored::of(status, &headers, &bytes, &cfg.keep_headers, true);
+            // The engine wraps the snapshot in a few bytes of envelope; keep a margin for it.
+            let fits = bytes.len() <= cfg.max_response_bytes
+                && serde_json::to_vec(&stored).is_ok_and(|json| json.len() + 64 <= store_limit);
+            if fits {
+                Ok(stored)
+            } else {
+                Ok(Stored::of(status, &headers, &bytes, &cfg.keep_headers, false))
+            }
+        })
+        .await;
+    if !ran && let Some(slot) = reservation {
+        slot.refund();
+    }
+    match (result, live) {
+        (Err(Flow::Inner(e)), _) => Err(e),
+        // The handler ran for this request: its client gets its response, whatever became of the
+        // record (stored, not stored, or another attempt's by now).
+        (Ok(_) | Err(Flow::ServerError), Some(response)) => Ok(response),
+        (Err(Flow::Idem(e)), Some(response)) => {
+            tracing::warn!(error = %e, "the handler ran but its response could not be recorded");
+            Ok(response)
+        }
+        (Ok(stored), None) => Ok(stored.replay()),
+        (Err(Flow::Idem(e)), None) => Ok(problem::from_idem(&e)),
+        (Err(Flow::ServerError), None) => Ok(problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal error",
+            "the request could not be processed",
+        )),
+    }
+}

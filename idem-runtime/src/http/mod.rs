@@ -1,0 +1,34 @@
+//! HTTP: an `Idempotency-Key` layer for axum and any tower service ([`IdempotencyLayer`]), and
+//! seed 000's submit tokens over HTTP: an endpoint that issues them ([`TokenEndpoint`]) and a guard
+//! that spends the one a request carries in `X-Idem-Token` ([`TokenGuardLayer`]). Every error is an
+//! `application/problem+json` body whose `type` starts with [`PROBLEM_TYPE_PREFIX`].
+//!
+//! | Answer | When |
+//! |---|---|
+//! | the handler's response | first request with a key |
+//! | the stored response, `Idempotent-Replayed: true` | a repeat of a finished request |
+//! | 400 `missing-key` / `invalid-key` | a covered request without a usable key |
+//! | 401 `no-principal` | the [`Principal`] extractor found no caller |
+//! | 409 `in-progress`, `Retry-After` | a repeat while the first still runs |
+//! | 409 `response-not-kept` | a repeat of a request whose response was too large to keep |
+//! | 413 `request-too-large` | a body over the request limit |
+//! | 422 `payload-mismatch` | the key was used with another method, path or body |
+//! | 429 `too-many-keys`, `Retry-After` | the caller is over its cap of new records |
+//! | 503 `store-unavailable`, `Retry-After` | the store failed; nothing ran |
+//! | 400 `missing-token` / `token-invalid`, 409 `token-used` | the token guard refused |
+//!
+//! Enabled by the `axum` feature.
+
+mod cap;
+mod key;
+mod layer;
+mod principal;
+mod problem;
+mod stored;
+mod tokens;
+
+pub use layer::{IDEMPOTENCY_KEY, Idempotency, IdempotencyBuilder, IdempotencyLayer};
+pub use principal::Principal;
+pub use problem::PROBLEM_TYPE_PREFIX;
+pub use stored::REPLAYED_HEADER;
+pub use tokens::{TOKEN_HEADER, TokenEndpoint, TokenGuard, TokenGuardLayer};

@@ -1,0 +1,149 @@
+//! A response as stored for replay: status, the headers the layer keeps, and the body.
+
+use axum::body::Body;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use serde::{Deserialize, Serialize};
+
+use super::problem::problem;
+
+/// The header a replayed response carries.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Stored {
+    /// Status code.
+    s: u16,
+    /// Kept headers, in order (a name may repeat).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    h: Vec<(String, StoredBytes)>,
+    /// The body; `None` when it was over the size limit and so not kept.
+    b: Option<StoredBytes>,
+}
+
+/// Bytes as text when they are UTF-8 (most API bodies), else base64.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum StoredBytes {
+    #[serde(rename = "t")]
+    Text(String),
+    #[serde(rename = "b")]
+    Base64(String),
+}
+
+impl StoredBytes {
+    fn of(bytes: &[u8]) -> Self {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => StoredBytes::Text(text.to_owned()),
+            Err(_) => StoredBytes::Base64(B64.encode(bytes)),
+        }
+    }
+
+    fn bytes(&self) -> Option<Vec<u8>> {
+        match self {
+            StoredBytes::Text(text) => Some(text.clone().into_bytes()),
+            StoredBytes::Base64(b64) => B64.decode(b64).ok(),
+        }
+    }
+}
+
+impl Stored {
+    /// The response's status, the headers named in `keep`, and the body unless `keep_body` is
+    /// false.
+    pub(crate) fn of(
+        status: StatusCode,
+        headers: &HeaderMap,
+        body: &[u8],
+        keep: &[HeaderName],
+        keep_body: bool,
+    ) -> Self {
+        let h = keep
+            .iter()
+            .flat_map(|name| {
+                headers
+                    .get_all(name)
+                    .iter()
+                    .map(move |v| (name.as_str().to_owned(), StoredBytes::of(v.as_bytes())))
+            })
+            .collect();
+        Stored {
+            s: status.as_u16(),
+            h,
+            b: keep_body.then(|| StoredBytes::of(body)),
+        }
+    }
+
+    /// The stored response again, marked `Idempotent-Replayed: true`. A record whose body was not
+    /// kept (over the size limit) answers 409 with a problem saying so.
+    pub(crate) fn replay(&self) -> Response<Body> {
+        let mut response = match &self.b {
+            None => problem(
+                StatusCode::CONFLICT,
+                "response-not-kept",
+                "Request already processed",
+                "a request with this idempotency key was processed, but its response was too large to keep for replay; do not send it again",
+            ),
+            Some(body) => {
+                let status = StatusCode::from_u16(self.s).unwrap_or(StatusCode::OK);
+                let mut response = Response::new(Body::from(body.bytes().unwrap_or_default()));
+                *response.status_mut() = status;
+                for (name, value) in &self.h {
+                    let (Ok(name), Some(value)) =
+                        (HeaderName::try_from(name.as_str()), value.bytes())
+                    else {
+                        continue;
+                    };
+                    if let Ok(value) = HeaderValue::from_bytes(&value) {
+                        response.headers_mut().append(name, value);
+                    }
+                }
+                response
+            }
+        };
+        response.headers_mut().insert(
+            HeaderName::from_static(REPLAYED_HEADER),
+            HeaderValue::from_static("true"),
+        );
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_status_headers_and_binary_bodies() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        headers.append("link", HeaderValue::from_static("</a>"));
+        headers.append("link", HeaderValue::from_static("</b>"));
+        headers.insert("set-cookie", HeaderValue::from_static("session=secret"));
+        let keep = [
+            HeaderName::from_static("content-type"),
+            HeaderName::from_static("link"),
+        ];
+        let stored = Stored::of(StatusCode::CREATED, &headers, &[0xff, 0, 1], &keep, true);
+        let json = serde_json::to_string(&stored).unwrap();
+        assert!(!json.contains("secret"), "{json}");
+        let back: Stored = serde_json::from_str(&json).unwrap();
+        let response = back.replay();
+        assert_eq!(response.status(), StatusCode::CREATED);
+        assert_eq!(response.headers()["content-type"], "application/json");
+        let links: Vec<_> = response.headers().get_all("link").iter().collect();
+        assert_eq!(links, ["</a>", "</b>"]);
+        assert!(response.headers().get("set-cookie").is_none());
+        assert_eq!(response.headers()[REPLAYED_HEADER], "true");
+    }
+
+    #[test]
+    fn a_body_not_kept_replays_as_a_conflict() {
+        let stored = Stored::of(StatusCode::OK, &HeaderMap::new(), b"big", &[], false);
+        let response = stored.replay();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+    }
+}

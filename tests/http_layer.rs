@@ -1,0 +1,662 @@
+//! The Idempotency-Key layer and the token guard over real HTTP: an axum server on loopback, a
+//! reqwest client, and the handler's side effects audited in their own SQLite table.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use idem::http::{IdempotencyBuilder, IdempotencyLayer, Principal, TokenEndpoint, TokenGuardLayer};
+use idem::sqlx::SqlitePool;
+use idem::{IdemError, MemoryTokens, SqliteStore, TokenStore};
+use serde_json::{Value, json};
+use tokio::sync::Barrier;
+
+const USER: &str = "x-user";
+
+/// The service under test: `POST /orders` writes a row to its own table and answers 201 with the
+/// order's id; `GET /orders` counts rows.
+#[derive(Clone)]
+struct Shop {
+    db: SqlitePool,
+    /// Milliseconds each order takes (to hold the claim while duplicates arrive).
+    slow_ms: Arc<AtomicU32>,
+    /// Requests to answer with 500 before succeeding.
+    fail_next: Arc<AtomicU32>,
+}
+
+impl Shop {
+    async fn new() -> Shop {
+        let db = SqlitePool::connect("sqlite::memory:").await.unwrap();
+        idem::sqlx::query(
+            "CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT, item TEXT)",
+        )
+        .execute(&db)
+        .await
+        .unwrap();
+        Shop {
+            db,
+            slow_ms: Arc::new(AtomicU32::new(0)),
+            fail_next: Arc::new(AtomicU32::new(0)),
+        }
+    }
+
+    async fn rows(&self) -> i64 {
+        idem::sqlx::query_scalar("SELECT COUNT(*) FROM orders")
+            .fetch_one(&self.db)
+            .await
+            .unwrap()
+    }
+
+    fn router(&self) -> Router {
+        let shop = self.clone();
+        let create = move |headers: HeaderMap, body: axum::Json<Value>| {
+            let shop = shop.clone();
+            async move {
+                let slow = shop.slow_ms.load(Ordering::SeqCst);
+                if slow > 0 {
+                    tokio::time::sleep(Duration::from_millis(slow.into())).await;
+                }
+                if shop
+                    .fail_next
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+                {
+                    return (StatusCode::INTERNAL_SERVER_ERROR, "warehouse down").into_response();
+                }
+                let owner = headers
+                    .get(USER)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                let item = body["item"].as_str().unwrap_or("").to_owned();
+                let id: i64 = idem::sqlx::query_scalar(
+                    "INSERT INTO orders (owner, item) VALUES (?, ?) RETURNING id",
+                )
+                .bind(owner)
+                .bind(&item)
+                .fetch_one(&shop.db)
+                .await
+                .unwrap();
+                let text = if item == "big" {
+                    "x".repeat(4096)
+                } else {
+                    item
+                };
+                (
+                    StatusCode::CREATED,
+                    [
+                        ("location", format!("/orders/{id}")),
+                        ("set-cookie", format!("s={id}")),
+                    ],
+                    axum::Json(json!({ "order_id": id, "owner": owner, "item": text })),
+                )
+                    .into_response()
+            }
+        };
+        Router::new()
+            .route("/orders", post(create).get(|| async { "list" }))
+            .route("/health", get(|| async { "ok" }))
+    }
+}
+
+fn builder(store: &SqliteStore) -> IdempotencyBuilder {
+    IdempotencyLayer::builder(store.clone())
+        .principal(Principal::header(HeaderName::from_static(USER)))
+        .max_response_bytes(2048)
+}
+
+async fn store() -> SqliteStore {
+    let store = SqliteStore::in_memory().await.unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+/// Serves `app` on a loopback port; returns its base URL.
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+async fn start(shop: &Shop, layer: IdempotencyLayer) -> String {
+    serve(shop.router().layer(layer)).await
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: reqwest::header::HeaderMap,
+    body: Value,
+}
+
+impl Reply {
+    fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    fn problem(&self) -> &str {
+        assert_eq!(
+            self.headers["content-type"], "application/problem+json",
+            "{:?}",
+            self.body
+        );
+        self.body["type"].as_str().unwrap()
+    }
+}
+
+async fn post_order(
+    client: &reqwest::Client,
+    url: &str,
+    user: Option<&str>,
+    key: Option<&str>,
+    body: Value,
+) -> Reply {
+    let mut req = client.post(format!("{url}/orders")).json(&body);
+    if let Some(user) = user {
+        req = req.header(USER, user);
+    }
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    let response = req.send().await.unwrap();
+    let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repeat_gets_the_stored_response_and_runs_nothing() {
+    let shop = Shop::new().await;
+    let url = start(&shop, builder(&store().await).build().unwrap()).await;
+    let client = reqwest::Client::new();
+    let order = json!({ "item": "book" });
+
+    let first = post_order(&client, &url, Some("alice"), Some("\"k-1\""), order.clone()).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed());
+    let again = post_order(&client, &url, Some("alice"), Some("\"k-1\""), order.clone()).await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.headers["location"], first.headers["location"]);
+    assert_eq!(again.headers["content-type"], "application/json");
+    assert!(
+        again.headers.get("set-cookie").is_none(),
+        "cookies are never replayed"
+    );
+    // A bare key is the same key as its structured-field string.
+    let bare = post_order(&client, &url, Some("alice"), Some("k-1"), order).await;
+    assert!(bare.replayed());
+    assert_eq!(shop.rows().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_duplicates_run_once() {
+    let shop = Shop::new().await;
+    shop.slow_ms.store(300, Ordering::SeqCst);
+    let url = start(&shop, builder(&store().await).build().unwrap()).await;
+    let client = reqwest::Client::new();
+    let barrier = Arc::new(Barrier::new(64));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (client, url, barrier) = (client.clone(), url.clone(), Arc::clone(&barrier));
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            post_order(
+                &client,
+                &url,
+                Some("alice"),
+                Some("storm"),
+                json!({ "item": "tv" }),
+            )
+            .await
+        }));
+    }
+    let mut created = Vec::new();
+    let mut in_progress = 0;
+    for task in tasks {
+        let reply = task.await.unwrap();
+        match reply.status {
+            StatusCode::CREATED => created.push(reply.body["order_id"].as_i64().unwrap()),
+            StatusCode::CONFLICT => {
+                assert_eq!(reply.problem(), "urn:idem:problem:in-progress");
+                let after: u64 = reply.headers["retry-after"]
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert!((1..=30).contains(&after), "{after}");
+                in_progress += 1;
+            }
+            other => panic!("unexpected {other}: {:?}", reply.body),
+        }
+    }
+    assert_eq!(shop.rows().await, 1, "64 duplicates, one order");
+    assert!(!created.is_empty());
+    assert!(created.iter().all(|id| *id == created[0]));
+    assert_eq!(created.len() + in_progress, 64);
+    // Once it finished, every repeat is a replay of that one order.
+    let after = post_order(
+        &client,
+        &url,
+        Some("alice"),
+        Some("storm"),
+        json!({ "item": "tv" }),
+    )
+    .await;
+    assert!(after.replayed());
+    assert_eq!(after.body["order_id"].as_i64().unwrap(), created[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_problems_with_the_documented_statuses() {
+    let shop = Shop::new().await;
+    let url = start(&shop, builder(&store().await).build().unwrap()).await;
+    let client = reqwest::Client::new();
+    let order = json!({ "item": "pen" });
+
+    let missing = post_order(&client, &url, Some("alice"), None, order.clone()).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(missing.problem(), "urn:idem:problem:missing-key");
+
+    for bad in ["\"open", "two words", &"k".repeat(256)] {
+        let reply = post_order(&client, &url, Some("alice"), Some(bad), order.clone()).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(reply.problem(), "urn:idem:problem:invalid-key");
+    }
+
+    let nobody = post_order(&client, &url, None, Some("k"), order.clone()).await;
+    assert_eq!(nobody.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(nobody.problem(), "urn:idem:problem:no-principal");
+
+    let first = post_order(&client, &url, Some("alice"), Some("k"), order).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let other = post_order(
+        &client,
+        &url,
+        Some("alice"),
+        Some("k"),
+        json!({ "item": "ink" }),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other.problem(), "urn:idem:problem:payload-mismatch");
+    assert_eq!(other.body["status"], 422);
+
+    // Methods the layer does not cover pass through untouched, without a key.
+    let list = client.get(format!("{url}/orders")).send().await.unwrap();
+    assert_eq!(list.status().as_u16(), 200);
+    assert_eq!(list.text().await.unwrap(), "list");
+
+    let huge = client
+        .post(format!("{url}/orders"))
+        .header(USER, "alice")
+        .header("idempotency-key", "huge")
+        .body(vec![b' '; (1 << 20) + 1])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(huge.status().as_u16(), 413);
+    assert_eq!(shop.rows().await, 1, "only the first order ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_while_the_first_runs_is_told_to_retry_later() {
+    let shop = Shop::new().await;
+    shop.slow_ms.store(1500, Ordering::SeqCst);
+    let url = start(&shop, builder(&store().await).build().unwrap()).await;
+    let client = reqwest::Client::new();
+    let first = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            post_order(
+                &client,
+                &url,
+                Some("alice"),
+                Some("slow"),
+                json!({ "item": "car" }),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let repeat = post_order(
+        &client,
+        &url,
+        Some("alice"),
+        Some("slow"),
+        json!({ "item": "car" }),
+    )
+    .await;
+    assert_eq!(repeat.status, StatusCode::CONFLICT);
+    assert_eq!(repeat.problem(), "urn:idem:problem:in-progress");
+    assert!(repeat.headers.contains_key("retry-after"));
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(shop.rows().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_are_not_stored_and_large_responses_are_not_replayed() {
+    let shop = Shop::new().await;
+    let url = start(&shop, builder(&store().await).build().unwrap()).await;
+    let client = reqwest::Client::new();
+
+    shop.fail_next.store(1, Ordering::SeqCst);
+    let failed = post_order(
+        &client,
+        &url,
+        Some("alice"),
+        Some("retry-me"),
+        json!({ "item": "a" }),
+    )
+    .await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let retried = post_order(
+        &client,
+        &url,
+        Some("alice"),
+        Some("retry-me"),
+        json!({ "item": "a" }),
+    )
+    .await;
+    assert_eq!(retried.status, StatusCode::CREATED);
+    assert!(!retried.replayed(), "a 5xx is not stored: the retry runs");
+    assert_eq!(shop.rows().await, 1);
+
+    let big = post_order(
+        &client,
+        &url,
+        Some("alice"),
+        Some("big"),
+        json!({ "item": "big" }),
+    )
+    .await;
+    assert_eq!(big.status, StatusCode::CREATED);
+    assert_eq!(
+        big.body["item"].as_str().unwrap().len(),
+        4096,
+        "its own client gets all of it"
+    );
+    let repeat = post_order(
+        &client,
+        &url,
+        Some("alice"),
+        Some("big"),
+        json!({ "item": "big" }),
+    )
+    .await;
+    assert_eq!(repeat.status, StatusCode::CONFLICT);
+    assert_eq!(repeat.problem(), "urn:idem:problem:response-not-kept");
+    assert!(!repeat.headers.contains_key("retry-after"));
+    assert_eq!(shop.rows().await, 2, "the large order ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_may_come_from_a_body_field_when_a_proxy_strips_the_header() {
+    let shop = Shop::new().await;
+    let layer = builder(&store().await)
+        .body_key("/request_id")
+        .build()
+        .unwrap();
+    let url = start(&shop, layer).await;
+    let client = reqwest::Client::new();
+    let order = json!({ "item": "lamp", "request_id": "r-77" });
+    let first = post_order(&client, &url, Some("alice"), None, order.clone()).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let again = post_order(&client, &url, Some("alice"), None, order).await;
+    assert!(again.replayed());
+    let bad = post_order(
+        &client,
+        &url,
+        Some("alice"),
+        None,
+        json!({ "request_id": [1] }),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert_eq!(shop.rows().await, 1);
+}
+
+/// Issue 14: client B sending client A's key and body runs as its own request and sees nothing of
+/// A's response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_caller_with_the_same_key_never_sees_the_first_callers_response() {
+    let shop = Shop::new().await;
+    let url = start(&shop, builder(&store().await).build().unwrap()).await;
+    let client = reqwest::Client::new();
+    let order = json!({ "item": "secret-plans" });
+    let alice = post_order(&client, &url, Some("alice"), Some("shared"), order.clone()).await;
+    let bob = post_order(&client, &url, Some("bob"), Some("shared"), order.clone()).await;
+    assert_eq!(bob.status, StatusCode::CREATED);
+    assert!(!bob.replayed(), "bob's request ran as his own");
+    assert_ne!(bob.body["order_id"], alice.body["order_id"]);
+    assert_eq!(bob.body["owner"], "bob");
+    assert!(!bob.body.to_string().contains("alice"));
+    let alice_again = post_order(&client, &url, Some("alice"), Some("shared"), order).await;
+    assert!(alice_again.replayed());
+    assert_eq!(alice_again.body, alice.body);
+    assert_eq!(shop.rows().await, 2);
+}
+
+#[tokio::test]
+async fn a_layer_without_a_principal_is_refused_at_start_up() {
+    let store = store().await;
+    let err = IdempotencyLayer::builder(store.clone())
+        .build()
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&err, IdemError::InvalidOptions { reason } if reason.contains("Principal::unscoped")),
+        "{err}"
+    );
+    let err = IdempotencyLayer::builder(store.clone())
+        .principal(Principal::unscoped(" "))
+        .build()
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("needs a reason"), "{err}");
+    let ok = IdempotencyLayer::builder(store.clone())
+        .principal(Principal::unscoped("one internal caller behind mutual TLS"))
+        .build();
+    assert!(ok.is_ok());
+    let err = builder(&store)
+        .cap_per_principal(0, Duration::from_secs(1))
+        .build()
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("cap of 0"), "{err}");
+}
+
+/// Issue 14: a cap on new records per caller per window, 429 with Retry-After before anything is
+/// written; replays and other callers are not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_over_its_cap_gets_429_before_anything_is_written() {
+    let shop = Shop::new().await;
+    let store = store().await;
+    let layer = builder(&store)
+        .cap_per_principal(3, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let url = start(&shop, layer).await;
+    let client = reqwest::Client::new();
+    for i in 0..3 {
+        let reply = post_order(
+            &client,
+            &url,
+            Some("mallory"),
+            Some(&format!("m{i}")),
+            json!({ "item": i }),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::CREATED);
+    }
+    let over = post_order(
+        &client,
+        &url,
+        Some("mallory"),
+        Some("m3"),
+        json!({ "item": 3 }),
+    )
+    .await;
+    assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(over.problem(), "urn:idem:problem:too-many-keys");
+    let after: u64 = over.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&after), "{after}");
+    let record = idem::Store::load(&store, "HTTP", &idem_record_key("mallory", "m3"))
+        .await
+        .unwrap();
+    assert!(
+        record.is_none(),
+        "nothing was written for the refused request"
+    );
+    let replay = post_order(
+        &client,
+        &url,
+        Some("mallory"),
+        Some("m0"),
+        json!({ "item": 0 }),
+    )
+    .await;
+    assert!(replay.replayed(), "a replay is not a new record");
+    let other = post_order(
+        &client,
+        &url,
+        Some("alice"),
+        Some("m3"),
+        json!({ "item": 3 }),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::CREATED);
+    assert_eq!(shop.rows().await, 4);
+}
+
+/// The record key the layer uses (SHA-256 of the caller and the key): the test recomputes it to
+/// look in the store.
+fn idem_record_key(principal: &str, key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    hash.update(b"p");
+    hash.update((principal.len() as u64).to_be_bytes());
+    hash.update(principal.as_bytes());
+    hash.update(key.as_bytes());
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Seed 000 over HTTP, and issue 14's subject binding end to end: a token issued to alice cannot
+/// be spent by bob; alice spends it once; a 5xx puts it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_tokens_are_issued_to_a_caller_and_spent_once() {
+    let tokens: Arc<dyn TokenStore> = Arc::new(MemoryTokens::new());
+    let principal = Principal::header(HeaderName::from_static(USER));
+    let runs = Arc::new(AtomicU32::new(0));
+    let fail_next = Arc::new(AtomicU32::new(0));
+    let submit = {
+        let (runs, fail_next) = (Arc::clone(&runs), Arc::clone(&fail_next));
+        post(move || async move {
+            if fail_next
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return (StatusCode::SERVICE_UNAVAILABLE, "try later").into_response();
+            }
+            runs.fetch_add(1, Ordering::SeqCst);
+            (StatusCode::OK, "submitted").into_response()
+        })
+    };
+    let app = Router::new()
+        .route(
+            "/submit",
+            submit.layer(TokenGuardLayer::shared(
+                Arc::clone(&tokens),
+                principal.clone(),
+            )),
+        )
+        .route(
+            "/tokens",
+            TokenEndpoint::shared(tokens, principal)
+                .ttl(Duration::from_secs(60))
+                .route(),
+        );
+    let url = serve(app).await;
+    let client = reqwest::Client::new();
+    let issue = |user: &'static str| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let reply = client
+                .post(format!("{url}/tokens"))
+                .header(USER, user)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(reply.status().as_u16(), 201);
+            let body: Value = reply.json().await.unwrap();
+            assert_eq!(body["header"], "x-idem-token");
+            body["token"].as_str().unwrap().to_owned()
+        }
+    };
+    let submit = |user: Option<&'static str>, token: Option<String>| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let mut req = client.post(format!("{url}/submit"));
+            if let Some(user) = user {
+                req = req.header(USER, user);
+            }
+            if let Some(token) = token {
+                req = req.header("x-idem-token", token);
+            }
+            let reply = req.send().await.unwrap();
+            let status = reply.status().as_u16();
+            let body = reply.text().await.unwrap();
+            (status, body)
+        }
+    };
+
+    let token = issue("alice").await;
+    let (status, body) = submit(Some("bob"), Some(token.clone())).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("token-invalid") && body.contains("another subject"),
+        "{body}"
+    );
+    assert_eq!(submit(Some("alice"), None).await.0, 400);
+    assert_eq!(submit(None, Some(token.clone())).await.0, 401);
+    let (status, body) = submit(Some("alice"), Some(token.clone())).await;
+    assert_eq!((status, body.as_str()), (200, "submitted"));
+    let (status, body) = submit(Some("alice"), Some(token.clone())).await;
+    assert_eq!(status, 409);
+    assert!(body.contains("urn:idem:problem:token-used"), "{body}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // A double click: of two concurrent submits with one token, one runs.
+    let token = issue("alice").await;
+    let (a, b) = tokio::join!(
+        submit(Some("alice"), Some(token.clone())),
+        submit(Some("alice"), Some(token))
+    );
+    let mut statuses = [a.0, b.0];
+    statuses.sort();
+    assert_eq!(statuses, [200, 409]);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    // The handler fails with a 5xx: the token is put back and the user can submit again.
+    let token = issue("alice").await;
+    fail_next.store(1, Ordering::SeqCst);
+    assert_eq!(submit(Some("alice"), Some(token.clone())).await.0, 503);
+    assert_eq!(submit(Some("alice"), Some(token)).await.0, 200);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}

@@ -1,0 +1,342 @@
+//! A small shop service to copy from: axum, the Idempotency-Key layer, an SQL store, a state
+//! machine for orders, one-time submit tokens, and Prometheus metrics.
+//!
+//! ```sh
+//! cargo run --example shop --features axum                 # embedded SQLite (shop.db in the temp dir)
+//! SHOP_MYSQL_URL=mysql://root@127.0.0.1:3306/test \
+//!     cargo run --example shop --features axum,mysql       # on MariaDB / MySQL
+//! ```
+//!
+//! It listens on `127.0.0.1:3000` (`SHOP_ADDR` to change). The caller is the `x-user-id` header,
+//! which stands for what your gateway sets after it authenticated the request:
+//!
+//! | Route | What | Duplicates |
+//! |---|---|---|
+//! | `POST /orders` `{"item", "amount"}` | creates an order (`WAIT_PAY`), 201 | `Idempotency-Key` header: a repeat replays the 201 |
+//! | `POST /orders/{no}/pay` | `WAIT_PAY` → `PAID`, 200 | state machine: a repeat is 200 again, a wrong state 409 |
+//! | `POST /tokens` | a one-time submit token for the cancel form, 201 | |
+//! | `POST /orders/{no}/cancel` | `WAIT_PAY` → `CANCELLED`, 200 | `X-Idem-Token`: a second submit is 409 `token-used` |
+//! | `GET /orders/{no}` | the order, 200 (404 for another user's or no order) | |
+//! | `GET /metrics` | idem's counters and histograms, Prometheus text | |
+//!
+//! ```sh
+//! curl -si -XPOST localhost:3000/orders -H 'x-user-id: alice' -H 'Idempotency-Key: "k1"' \
+//!      -H 'content-type: application/json' -d '{"item":"book","amount":1200}'
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use idem::http::{IdempotencyLayer, Principal, TokenEndpoint, TokenGuardLayer};
+use idem::{IdemError, StateMachine, Store, TokenStore, Transition, state_transition};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Deserialize;
+use serde_json::json;
+
+/// The name the shop's store is registered under (`#[state_transition(store = "shop")]`).
+pub const STORE: &str = "shop";
+/// The header that names the caller.
+pub const USER: HeaderName = HeaderName::from_static("x-user-id");
+
+/// An order's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, StateMachine)]
+#[state_machine(table = "shop_orders", key = "order_no", status = "status")]
+pub enum OrderStatus {
+    #[state(to(Paid, Cancelled))]
+    WaitPay,
+    #[state(terminal)]
+    Paid,
+    #[state(terminal)]
+    Cancelled,
+}
+
+/// Pays an order: one conditional UPDATE from `WAIT_PAY`, in a transaction on the shop's store.
+#[state_transition(from = "WAIT_PAY", to = "PAID", store = "shop")]
+async fn pay(order_no: &str) -> Result<Transition<(), OrderStatus>, IdemError> {
+    Ok(())
+}
+
+/// Cancels an order that is not paid yet.
+#[state_transition(from = "WAIT_PAY", to = "CANCELLED", store = "shop")]
+async fn cancel(order_no: &str) -> Result<Transition<(), OrderStatus>, IdemError> {
+    Ok(())
+}
+
+/// The shop's own tables, on the store's database (SQLite or MySQL; both take `?` placeholders).
+#[derive(Clone)]
+pub enum Db {
+    /// The embedded default.
+    Sqlite(idem::sqlx::SqlitePool),
+    /// MariaDB / MySQL.
+    #[cfg(feature = "mysql")]
+    MySql(idem::sqlx::MySqlPool),
+}
+
+const ORDERS_DDL: &str = "CREATE TABLE IF NOT EXISTS shop_orders (
+    order_no VARCHAR(40) PRIMARY KEY,
+    owner VARCHAR(128) NOT NULL,
+    item VARCHAR(128) NOT NULL,
+    amount BIGINT NOT NULL,
+    status VARCHAR(16) NOT NULL)";
+
+/// One order row: (owner, item, amount, status).
+type OrderRow = (String, String, i64, String);
+
+macro_rules! on_pool {
+    ($db:expr, $pool:ident => $body:expr) => {
+        match $db {
+            Db::Sqlite($pool) => $body,
+            #[cfg(feature = "mysql")]
+            Db::MySql($pool) => $body,
+        }
+    };
+}
+
+impl Db {
+    async fn setup(&self) -> Result<(), idem::sqlx::Error> {
+        on_pool!(self, pool => idem::sqlx::query(ORDERS_DDL).execute(pool).await.map(drop))
+    }
+
+    async fn insert(
+        &self,
+        no: &str,
+        owner: &str,
+        item: &str,
+        amount: i64,
+    ) -> Result<(), idem::sqlx::Error> {
+        let sql = "INSERT INTO shop_orders (order_no, owner, item, amount, status) VALUES (?, ?, ?, ?, ?)";
+        let status = OrderStatus::WaitPay.as_str();
+        on_pool!(self, pool => idem::sqlx::query(sql)
+            .bind(no).bind(owner).bind(item).bind(amount).bind(status)
+            .execute(pool).await.map(drop))
+    }
+
+    async fn find(&self, no: &str) -> Result<Option<OrderRow>, idem::sqlx::Error> {
+        let sql = "SELECT owner, item, amount, status FROM shop_orders WHERE order_no = ?";
+        on_pool!(self, pool => idem::sqlx::query_as(sql).bind(no).fetch_optional(pool).await)
+    }
+}
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct Shop {
+    db: Db,
+    metrics: PrometheusHandle,
+}
+
+/// The request body of `POST /orders`.
+#[derive(Deserialize)]
+pub struct NewOrder {
+    item: String,
+    amount: i64,
+}
+
+fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
+    let body = json!({ "type": "about:blank", "status": status.as_u16(), "detail": detail.into() });
+    (
+        status,
+        [("content-type", "application/problem+json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn internal(e: impl std::fmt::Display) -> Response {
+    tracing::error!(error = %e, "shop request failed");
+    problem(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+}
+
+fn caller(headers: &HeaderMap) -> &str {
+    headers
+        .get(&USER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// A new order number: time and a counter (a real shop would use its own sequence).
+fn order_no() -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    format!("O{micros}-{}", SEQ.fetch_add(1, Ordering::Relaxed))
+}
+
+async fn create_order(
+    State(shop): State<Shop>,
+    headers: HeaderMap,
+    body: axum::Json<NewOrder>,
+) -> Response {
+    if body.amount <= 0 || body.item.is_empty() || body.item.len() > 128 {
+        return problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "an order needs an item and a positive amount",
+        );
+    }
+    let no = order_no();
+    if let Err(e) = shop
+        .db
+        .insert(&no, caller(&headers), &body.item, body.amount)
+        .await
+    {
+        return internal(e);
+    }
+    let order = json!({ "order_no": no, "item": body.item, "amount": body.amount, "status": OrderStatus::WaitPay.as_str() });
+    (
+        StatusCode::CREATED,
+        [("location", format!("/orders/{no}"))],
+        axum::Json(order),
+    )
+        .into_response()
+}
+
+/// The order if it is the caller's.
+async fn owned(shop: &Shop, headers: &HeaderMap, no: &str) -> Result<OrderRow, Response> {
+    match shop.db.find(no).await {
+        Ok(Some(row)) if row.0 == caller(headers) => Ok(row),
+        Ok(_) => Err(problem(StatusCode::NOT_FOUND, "no such order")),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+async fn get_order(
+    State(shop): State<Shop>,
+    headers: HeaderMap,
+    Path(no): Path<String>,
+) -> Response {
+    match owned(&shop, &headers, &no).await {
+        Ok((_, item, amount, status)) => {
+            axum::Json(json!({ "order_no": no, "item": item, "amount": amount, "status": status }))
+                .into_response()
+        }
+        Err(response) => response,
+    }
+}
+
+/// A transition's outcome as an answer: applied now or before → 200 with the new state.
+fn moved(
+    no: &str,
+    to: OrderStatus,
+    outcome: Result<Transition<(), OrderStatus>, IdemError>,
+) -> Response {
+    match outcome {
+        Ok(Transition::Applied(()) | Transition::AlreadyApplied) => {
+            axum::Json(json!({ "order_no": no, "status": to.as_str() })).into_response()
+        }
+        Ok(Transition::Rejected { current } | Transition::VersionConflict { current, .. }) => {
+            problem(
+                StatusCode::CONFLICT,
+                format!(
+                    "the order is {}; it cannot become {}",
+                    current.as_str(),
+                    to.as_str()
+                ),
+            )
+        }
+        Ok(Transition::NotFound) => problem(StatusCode::NOT_FOUND, "no such order"),
+        Err(e) if e.is_retryable() => problem(StatusCode::SERVICE_UNAVAILABLE, "try again"),
+        Err(e) => internal(e),
+    }
+}
+
+async fn pay_order(
+    State(shop): State<Shop>,
+    headers: HeaderMap,
+    Path(no): Path<String>,
+) -> Response {
+    if let Err(response) = owned(&shop, &headers, &no).await {
+        return response;
+    }
+    moved(&no, OrderStatus::Paid, pay(&no).await)
+}
+
+async fn cancel_order(
+    State(shop): State<Shop>,
+    headers: HeaderMap,
+    Path(no): Path<String>,
+) -> Response {
+    if let Err(response) = owned(&shop, &headers, &no).await {
+        return response;
+    }
+    moved(&no, OrderStatus::Cancelled, cancel(&no).await)
+}
+
+/// The service on `store` (registered as [`STORE`]), its tables on `db`, its tokens in `tokens`,
+/// and idem's metrics from `metrics` at `/metrics`.
+pub async fn app(
+    store: Arc<dyn Store>,
+    db: Db,
+    tokens: Arc<dyn TokenStore>,
+    metrics: PrometheusHandle,
+) -> Result<Router, Box<dyn std::error::Error + Send + Sync>> {
+    db.setup().await?;
+    idem::register_store(STORE, Arc::clone(&store));
+    let principal = Principal::header(USER);
+    let idempotent = IdempotencyLayer::builder(Arc::clone(&store))
+        .biz("SHOP_HTTP")
+        .principal(principal.clone())
+        .cap_per_principal(1000, Duration::from_secs(60))
+        .build()?;
+    let shop = Shop { db, metrics };
+    Ok(Router::new()
+        .route("/orders", post(create_order).layer(idempotent))
+        .route("/orders/{no}", get(get_order))
+        .route("/orders/{no}/pay", post(pay_order))
+        .route(
+            "/orders/{no}/cancel",
+            post(cancel_order).layer(TokenGuardLayer::shared(
+                Arc::clone(&tokens),
+                principal.clone(),
+            )),
+        )
+        .route("/tokens", TokenEndpoint::shared(tokens, principal).route())
+        .route(
+            "/metrics",
+            get(|State(shop): State<Shop>| async move { shop.metrics.render() }),
+        )
+        .with_state(shop))
+}
+
+/// The store, the shop's database and the token store: MariaDB when `SHOP_MYSQL_URL` is set,
+/// else SQLite in `path`.
+pub async fn open(
+    path: &std::path::Path,
+) -> Result<(Arc<dyn Store>, Db, Arc<dyn TokenStore>), Box<dyn std::error::Error + Send + Sync>> {
+    if let Ok(url) = std::env::var("SHOP_MYSQL_URL") {
+        #[cfg(feature = "mysql")]
+        {
+            let store = idem::MySqlStore::connect(&url).await?;
+            store.migrate().await?;
+            let db = Db::MySql(store.pool().clone());
+            return Ok((Arc::new(store.clone()), db, Arc::new(store.tokens())));
+        }
+        #[cfg(not(feature = "mysql"))]
+        return Err(format!("SHOP_MYSQL_URL={url} needs the mysql feature: cargo run --example shop --features axum,mysql").into());
+    }
+    let store = idem::SqliteStore::open(path).await?;
+    store.migrate().await?;
+    let db = Db::Sqlite(store.pool().clone());
+    Ok((Arc::new(store.clone()), db, Arc::new(store.tokens())))
+}
+
+#[tokio::main]
+#[allow(dead_code)]
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let (store, db, tokens) = open(&std::env::temp_dir().join("shop.db")).await?;
+    println!("store: {}", store.backend());
+    let _sweeper = idem::Sweeper::new(Arc::clone(&store), 500).spawn(Duration::from_secs(60));
+    let app = app(store, db, tokens, metrics).await?;
+    let addr = std::env::var("SHOP_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    println!("shop listening on http://{addr}");
+    axum::serve(listener, app).await?;
+    Ok(())
+}

@@ -5,8 +5,8 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{LazyLock, RwLock};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::{LazyLock, OnceLock, RwLock};
 
 /// How one idempotent call (or state transition) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -155,37 +155,107 @@ impl Counts {
 }
 
 static GLOBAL: LazyLock<Counters> = LazyLock::new(Counters::default);
-/// Counters per business type. They live as long as the process (like the map itself), so they
-/// are leaked once per business type and handed out as `&'static`.
-static PER_BIZ: LazyLock<RwLock<HashMap<&'static str, &'static Counters>>> =
+/// What each business type keeps. It lives as long as the process (like the map itself), so it is
+/// leaked once per business type and handed out as `&'static`.
+static PER_BIZ: LazyLock<RwLock<HashMap<&'static str, &'static Biz>>> =
     LazyLock::new(Default::default);
+
+/// One business type: its name, its counters, and its handles in the installed `metrics`
+/// recorder.
+struct Biz {
+    name: &'static str,
+    counts: Counters,
+    /// Handles registered with the recorder whose address they carry; registered again when
+    /// another recorder is in charge (one installed later, a thread-local one in a test).
+    exported: AtomicPtr<Exported>,
+}
+
+/// The metric handles of one business type, registered once with one recorder: a call then costs
+/// an atomic add per metric instead of building and hashing a labelled key.
+struct Exported {
+    recorder: usize,
+    calls: [metrics::Counter; OUTCOMES],
+    duplicates: metrics::Counter,
+    takeovers: metrics::Counter,
+    /// The claim histogram per backend in [`STORES`], registered on first use.
+    claims: [OnceLock<metrics::Histogram>; STORES.len()],
+}
+
+/// Backends whose claim histograms are kept as handles (others are looked up per call).
+const STORES: [&str; 7] = [
+    "memory",
+    "sqlite",
+    "mysql",
+    "postgres",
+    "redis",
+    "redis-cluster",
+    "sharded",
+];
+
+/// The address of the recorder `metrics` hands out on this thread now.
+fn recorder_id() -> usize {
+    metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize)
+}
+
+impl Biz {
+    fn exported(&self) -> &Exported {
+        let recorder = recorder_id();
+        let current = self.exported.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer was leaked from a `Box` below and is never freed.
+        if let Some(handles) = unsafe { current.as_ref() }
+            && handles.recorder == recorder
+        {
+            return handles;
+        }
+        let biz = self.name;
+        let fresh = Exported {
+            recorder,
+            calls: std::array::from_fn(|i| {
+                let outcome = Outcome::ALL[i].as_str();
+                metrics::counter!(names::CALLS, "biz" => biz, "outcome" => outcome)
+            }),
+            duplicates: metrics::counter!(names::DUPLICATES, "biz" => biz),
+            takeovers: metrics::counter!(names::LEASE_TAKEOVERS, "biz" => biz),
+            claims: Default::default(),
+        };
+        // Leaked: handles live as long as the process, and a recorder changes rarely.
+        let fresh: &'static Exported = Box::leak(Box::new(fresh));
+        self.exported
+            .store(std::ptr::from_ref(fresh).cast_mut(), Ordering::Release);
+        fresh
+    }
+}
 
 thread_local! {
     /// The last business type this thread counted: a call site counts the same one every time,
     /// so most calls skip the shared map.
-    static LAST_BIZ: Cell<Option<(&'static str, &'static Counters)>> = const { Cell::new(None) };
+    static LAST_BIZ: Cell<Option<&'static Biz>> = const { Cell::new(None) };
 }
 
-fn biz_counters(biz: &str) -> (&'static str, &'static Counters) {
+fn biz_entry(biz: &str) -> &'static Biz {
     if let Some(entry) = LAST_BIZ.get()
-        && entry.0 == biz
+        && entry.name == biz
     {
         return entry;
     }
     let found = PER_BIZ
         .read()
         .unwrap_or_else(|p| p.into_inner())
-        .get_key_value(biz)
-        .map(|(k, v)| (*k, *v));
+        .get(biz)
+        .copied();
     let entry = found.unwrap_or_else(|| {
         let mut map = PER_BIZ.write().unwrap_or_else(|p| p.into_inner());
-        if let Some((k, v)) = map.get_key_value(biz) {
-            return (*k, *v);
+        if let Some(entry) = map.get(biz) {
+            return entry;
         }
         let name: &'static str = Box::leak(biz.to_owned().into_boxed_str());
-        let counters: &'static Counters = Box::leak(Box::default());
-        map.insert(name, counters);
-        (name, counters)
+        let entry: &'static Biz = Box::leak(Box::new(Biz {
+            name,
+            counts: Counters::default(),
+            exported: AtomicPtr::new(std::ptr::null_mut()),
+        }));
+        map.insert(name, entry);
+        entry
     });
     LAST_BIZ.set(Some(entry));
     entry
@@ -194,14 +264,15 @@ fn biz_counters(biz: &str) -> (&'static str, &'static Counters) {
 /// Counts one call in the process counters and through the `metrics` facade.
 pub(crate) fn record(biz: &str, outcome: Outcome) {
     GLOBAL.0[outcome.index()].fetch_add(1, Ordering::Relaxed);
-    let (biz, counters) = biz_counters(biz);
-    counters.0[outcome.index()].fetch_add(1, Ordering::Relaxed);
-    metrics::counter!(names::CALLS, "biz" => biz, "outcome" => outcome.as_str()).increment(1);
+    let biz = biz_entry(biz);
+    biz.counts.0[outcome.index()].fetch_add(1, Ordering::Relaxed);
+    let exported = biz.exported();
+    exported.calls[outcome.index()].increment(1);
     if outcome.is_duplicate() {
-        metrics::counter!(names::DUPLICATES, "biz" => biz).increment(1);
+        exported.duplicates.increment(1);
     }
     if outcome == Outcome::TakenOver {
-        metrics::counter!(names::LEASE_TAKEOVERS, "biz" => biz).increment(1);
+        exported.takeovers.increment(1);
     }
 }
 
@@ -231,9 +302,19 @@ pub mod names {
 
 /// Records one claim's latency.
 pub(crate) fn claim_latency(biz: &str, store: &'static str, elapsed: std::time::Duration) {
-    let (biz, _) = biz_counters(biz);
-    metrics::histogram!(names::CLAIM_SECONDS, "biz" => biz, "store" => store)
-        .record(elapsed.as_secs_f64());
+    let biz = biz_entry(biz);
+    let seconds = elapsed.as_secs_f64();
+    match STORES.iter().position(|s| *s == store) {
+        Some(i) => biz.exported().claims[i]
+            .get_or_init(
+                || metrics::histogram!(names::CLAIM_SECONDS, "biz" => biz.name, "store" => store),
+            )
+            .record(seconds),
+        None => {
+            metrics::histogram!(names::CLAIM_SECONDS, "biz" => biz.name, "store" => store)
+                .record(seconds);
+        }
+    }
 }
 
 /// Counts rows a sweeper deleted.
@@ -265,7 +346,7 @@ pub fn counts_for(biz: &str) -> Counts {
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .get(biz)
-        .map(|c| c.snapshot())
+        .map(|b| b.counts.snapshot())
         .unwrap_or_default()
 }
 
@@ -331,6 +412,101 @@ pub(crate) fn report(biz: &str, outcome: Outcome, attempt: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A recorder keeping counters by their full key (name and labels).
+    #[derive(Default)]
+    struct Keep(Mutex<HashMap<String, Arc<AtomicU64>>>);
+
+    impl Keep {
+        fn get(&self, key: &str) -> u64 {
+            let map = self.0.lock().unwrap();
+            map.get(key).map_or(0, |c| c.load(Ordering::Relaxed))
+        }
+    }
+
+    impl metrics::Recorder for Keep {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let name = format!("{}{{{}}}", key.name(), labels.join(","));
+            let counter = Arc::clone(self.0.lock().unwrap().entry(name).or_default());
+            metrics::Counter::from_arc(counter)
+        }
+        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+        fn register_histogram(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            metrics::Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn handles_follow_the_recorder_in_charge() {
+        let biz = "METRICS_HANDLES";
+        record(biz, Outcome::Executed); // before any recorder: goes nowhere
+        let first = Keep::default();
+        metrics::with_local_recorder(&first, || {
+            record(biz, Outcome::Executed);
+            record(biz, Outcome::Replayed);
+            record(biz, Outcome::TakenOver);
+        });
+        assert_eq!(
+            first.get("idem_calls_total{biz=METRICS_HANDLES,outcome=executed}"),
+            1
+        );
+        assert_eq!(
+            first.get("idem_calls_total{biz=METRICS_HANDLES,outcome=replayed}"),
+            1
+        );
+        assert_eq!(first.get("idem_duplicates_total{biz=METRICS_HANDLES}"), 1);
+        assert_eq!(
+            first.get("idem_lease_takeovers_total{biz=METRICS_HANDLES}"),
+            1
+        );
+        let second = Keep::default();
+        metrics::with_local_recorder(&second, || record(biz, Outcome::Mismatch));
+        assert_eq!(
+            second.get("idem_calls_total{biz=METRICS_HANDLES,outcome=mismatch}"),
+            1
+        );
+        assert_eq!(
+            first.get("idem_calls_total{biz=METRICS_HANDLES,outcome=mismatch}"),
+            0
+        );
+        assert_eq!(counts_for(biz).get(Outcome::Executed), 2);
+    }
 
     #[test]
     fn counts_debug_names_every_outcome() {

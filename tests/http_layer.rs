@@ -347,6 +347,52 @@ async fn a_repeat_while_the_first_runs_is_told_to_retry_later() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_a_repeat_gets_the_first_response_when_it_is_ready() {
+    let shop = Shop::new().await;
+    shop.slow_ms.store(800, Ordering::SeqCst);
+    let layer = builder(&store().await)
+        .wait(Duration::from_secs(5))
+        .heartbeat(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let url = start(&shop, layer).await;
+    let client = reqwest::Client::new();
+    let first = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            post_order(
+                &client,
+                &url,
+                Some("alice"),
+                Some("w"),
+                json!({ "item": "bike" }),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let repeat = post_order(
+        &client,
+        &url,
+        Some("alice"),
+        Some("w"),
+        json!({ "item": "bike" }),
+    )
+    .await;
+    let first = first.await.unwrap();
+    assert_eq!(repeat.status, StatusCode::CREATED, "{:?}", repeat.body);
+    assert!(repeat.replayed());
+    assert_eq!(repeat.body, first.body);
+    assert_eq!(shop.rows().await, 1);
+    let err = builder(&store().await)
+        .heartbeat(Duration::from_secs(60))
+        .build()
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("heartbeat"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_errors_are_not_stored_and_large_responses_are_not_replayed() {
     let shop = Shop::new().await;
     let url = start(&shop, builder(&store().await).build().unwrap()).await;

@@ -51,6 +51,8 @@ pub(crate) struct Config {
     principal: Principal,
     ttl: Duration,
     lease: Duration,
+    heartbeat: Option<Duration>,
+    wait: Option<Duration>,
     cap: Option<Arc<Cap>>,
 }
 
@@ -70,6 +72,8 @@ pub struct IdempotencyBuilder {
     principal: Option<Principal>,
     ttl: Duration,
     lease: Duration,
+    heartbeat: Option<Duration>,
+    wait: Option<Duration>,
     cap: Option<(u32, Duration)>,
 }
 
@@ -149,6 +153,20 @@ impl IdempotencyBuilder {
         self
     }
 
+    /// Renews the lease every `every` while the handler runs (a third of the lease is usual), so
+    /// a slow but healthy handler is not taken over by a retry.
+    pub fn heartbeat(mut self, every: Duration) -> Self {
+        self.heartbeat = Some(every);
+        self
+    }
+
+    /// A repeat that arrives while the first request runs waits up to `max` for it to finish and
+    /// then gets its response, instead of 409 `in-progress` at once.
+    pub fn wait(mut self, max: Duration) -> Self {
+        self.wait = Some(max);
+        self
+    }
+
     /// At most `max` new records per caller per `window`, counted in this process (each process
     /// of a service has its own budget); beyond it a request for a new key gets 429 with
     /// `Retry-After` before anything is written. Repeats of requests that have a record (replays,
@@ -201,6 +219,13 @@ impl IdempotencyBuilder {
         if self.ttl <= self.lease {
             return invalid("the ttl must be longer than the lease");
         }
+        if let Some(every) = self.heartbeat
+            && (every.is_zero() || every >= self.lease)
+        {
+            return invalid(
+                "the heartbeat must be shorter than the lease (a third of it is usual)",
+            );
+        }
         let cap = match self.cap {
             Some((0, _)) => return invalid("a cap of 0 records refuses every request"),
             Some((_, window)) if window.is_zero() => {
@@ -224,6 +249,8 @@ impl IdempotencyBuilder {
                 principal,
                 ttl: self.ttl,
                 lease: self.lease,
+                heartbeat: self.heartbeat,
+                wait: self.wait,
                 cap,
             }),
         })
@@ -281,6 +308,8 @@ impl IdempotencyLayer {
             principal: None,
             ttl: Duration::from_secs(24 * 3600),
             lease: crate::DEFAULT_LEASE,
+            heartbeat: None,
+            wait: None,
             cap: None,
         }
     }
@@ -450,10 +479,17 @@ where
     let mut live: Option<Response<Body>> = None;
     let mut ran = false;
     let store_limit = cfg.store.limits().max_snapshot_len;
-    let result: Result<Stored, Flow<S::Error>> = Call::new(cfg.biz.clone(), &record_key)
+    let mut call = Call::new(cfg.biz.clone(), &record_key)
         .fingerprint(&fingerprint)
         .ttl(cfg.ttl)
-        .lease(cfg.lease)
+        .lease(cfg.lease);
+    if let Some(every) = cfg.heartbeat {
+        call = call.heartbeat(every);
+    }
+    if let Some(max) = cfg.wait {
+        call = call.wait(max);
+    }
+    let result: Result<Stored, Flow<S::Error>> = call
         .run(&*cfg.store, async {
             ran = true;
             let response = inner.call(req).await.map_err(Flow::Inner)?;

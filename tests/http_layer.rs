@@ -392,6 +392,47 @@ async fn with_wait_a_repeat_gets_the_first_response_when_it_is_ready() {
     assert!(err.to_string().contains("heartbeat"), "{err}");
 }
 
+/// Seed 001's gateway: it gives up on a slow request that then succeeds, and retries. The handler
+/// is not cancelled with the first connection, so the retry replays its response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_client_timeout_gets_the_response_of_the_run_it_gave_up_on() {
+    let shop = Shop::new().await;
+    shop.slow_ms.store(600, Ordering::SeqCst);
+    let url = start(&shop, builder(&store().await).build().unwrap()).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    let gave_up = impatient
+        .post(format!("{url}/orders"))
+        .header(USER, "alice")
+        .header("idempotency-key", "gw-1")
+        .json(&json!({ "item": "sofa" }))
+        .send()
+        .await;
+    assert!(gave_up.is_err_and(|e| e.is_timeout()));
+    shop.slow_ms.store(0, Ordering::SeqCst);
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let retry = loop {
+        let reply = post_order(
+            &client,
+            &url,
+            Some("alice"),
+            Some("gw-1"),
+            json!({ "item": "sofa" }),
+        )
+        .await;
+        if reply.status != StatusCode::CONFLICT || tokio::time::Instant::now() > deadline {
+            break reply;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(retry.replayed(), "the first run finished and was stored");
+    assert_eq!(shop.rows().await, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_errors_are_not_stored_and_large_responses_are_not_replayed() {
     let shop = Shop::new().await;

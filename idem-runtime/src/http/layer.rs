@@ -271,6 +271,8 @@ impl IdempotencyBuilder {
 /// - a 5xx response is not stored (the record is marked failed, so a retry runs again); a response
 ///   body over the size limit is not kept: repeats get 409 `response-not-kept`, and the handler
 ///   does not run twice;
+/// - the handler runs on its own task: a client that goes away (a gateway timeout) does not cancel
+///   it, so its response is stored and the retry gets it;
 /// - every error is an `application/problem+json` body.
 ///
 /// ```no_run
@@ -339,7 +341,7 @@ impl<S, B> Service<Request<Body>> for Idempotency<S>
 where
     S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send,
-    S::Error: Send,
+    S::Error: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<crate::BoxError>,
 {
@@ -356,7 +358,22 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let cfg = Arc::clone(&self.cfg);
-        Box::pin(handle(cfg, inner, req))
+        // On its own task: when the client goes away (a gateway timeout that was really a
+        // success), the handler still finishes and its response is stored, so the retry replays
+        // it instead of finding a claim that holds the key until its lease expires.
+        let task = tokio::spawn(handle(cfg, inner, req));
+        Box::pin(async move {
+            match task.await {
+                Ok(response) => response,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => Ok(problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "shutting-down",
+                    "Try again",
+                    "the service is shutting down",
+                )),
+            }
+        })
     }
 }
 

@@ -10,6 +10,7 @@ mod mq_consumer;
 #[allow(dead_code)]
 mod server;
 
+use std::future::Future;
 use std::time::Duration;
 
 use idem::Outcome;
@@ -25,6 +26,30 @@ async fn broker(url: &str) -> Option<lapin::Connection> {
             .map_err(|e| e.to_string())
     })
     .await
+}
+
+/// Runs `body(url, queue)` on a queue of its own (declared here) in a task of its own, then deletes
+/// the queue, also when `body` panicked (the panic is then passed on). Skips when the broker is
+/// unreachable.
+async fn on_fresh_queue<F, Fut>(prefix: &str, body: F)
+where
+    F: FnOnce(String, String) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let url = mq_consumer::amqp_url();
+    let Some(conn) = broker(&url).await else {
+        return;
+    };
+    let queue = server::unique(prefix);
+    mq_consumer::rabbit_declare(&conn, &queue)
+        .await
+        .expect("declare the test queue");
+    let ran = tokio::spawn(body(url, queue.clone())).await;
+    let deleted = mq_consumer::rabbit_delete(&conn, &queue).await;
+    if let Err(e) = ran {
+        std::panic::resume_unwind(e.into_panic());
+    }
+    deleted.expect("delete the test queue");
 }
 
 /// A fresh SQLite file for one test (removed with the directory).
@@ -69,142 +94,141 @@ fn deliveries_of<'a>(tally: &'a Tally, order_no: &str) -> Vec<&'a mq_consumer::S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_killed_before_its_ack_ships_once_and_the_redelivery_is_acked() {
-    let url = mq_consumer::amqp_url();
-    let Some(conn) = broker(&url).await else {
-        return;
-    };
-    let queue = server::unique("idem_mq_kill");
-    let dir = tempfile::tempdir().unwrap();
-    let shipping = shipping(&dir).await;
-    let msgs = mq_consumer::demo_messages(&format!("{queue}-m"));
-    mq_consumer::rabbit_declare(&conn, &queue).await.unwrap();
-    mq_consumer::rabbit_publish(&conn, &queue, &msgs)
-        .await
-        .unwrap();
-
-    // Consumer 1 ships ORD-2, commits, and dies before acking it.
-    let plan = Plan::settle(msgs.len()).crash_after("ORD-2");
-    let run1 = mq_consumer::run_rabbit_consumer(&url, &queue, &shipping, &plan)
-        .await
-        .unwrap();
-    assert!(run1.crashed, "consumer 1 never reached ORD-2: {run1:#?}");
-    let crashed = run1.seen.last().unwrap();
-    assert_eq!(crashed.handled.order_no.as_deref(), Some("ORD-2"));
-    assert!(
-        shipping
-            .shipped()
+    on_fresh_queue("idem_mq_kill", |url, queue| async move {
+        let conn = mq_consumer::rabbit_connect(&url)
             .await
-            .unwrap()
-            .contains(&("ORD-2".to_owned(), 1)),
-        "the killed consumer's side effect was committed"
-    );
-    assert!(
-        ready_after_consumers_left(&conn, &queue).await >= 1,
-        "the unacked ORD-2 delivery went back to the queue"
-    );
+            .expect("connect to RabbitMQ");
+        let dir = tempfile::tempdir().unwrap();
+        let shipping = shipping(&dir).await;
+        let msgs = mq_consumer::demo_messages(&format!("{queue}-m"));
+        mq_consumer::rabbit_publish(&conn, &queue, &msgs)
+            .await
+            .unwrap();
 
-    // Consumer 2 gets the unacked delivery again (same message id, redelivered) and acks it
-    // as a duplicate; the order is not shipped twice.
-    let rest = Plan::settle(msgs.len() - run1.settled());
-    let run2 = mq_consumer::run_rabbit_consumer(&url, &queue, &shipping, &rest)
-        .await
-        .unwrap();
-    let again = run2
-        .seen
-        .iter()
-        .find(|s| s.message_id == crashed.message_id)
-        .unwrap_or_else(|| panic!("{} was not redelivered: {run2:#?}", crashed.message_id));
-    assert!(again.redelivered, "{again:?}");
-    assert_eq!(again.handled.outcome, Some(Outcome::Replayed), "{again:?}");
-    assert_eq!(again.handled.verdict, Verdict::Ack, "{again:?}");
+        // Consumer 1 ships ORD-2, commits, and dies before acking it.
+        let plan = Plan::settle(msgs.len()).crash_after("ORD-2");
+        let run1 = mq_consumer::run_rabbit_consumer(&url, &queue, &shipping, &plan)
+            .await
+            .unwrap();
+        assert!(run1.crashed, "consumer 1 never reached ORD-2: {run1:#?}");
+        let crashed = run1.seen.last().unwrap();
+        assert_eq!(crashed.handled.order_no.as_deref(), Some("ORD-2"));
+        assert!(
+            shipping
+                .shipped()
+                .await
+                .unwrap()
+                .contains(&("ORD-2".to_owned(), 1)),
+            "the killed consumer's side effect was committed"
+        );
+        assert!(
+            ready_after_consumers_left(&conn, &queue).await >= 1,
+            "the unacked ORD-2 delivery went back to the queue"
+        );
 
-    // Every order number's second message (another message id) was a duplicate too.
-    let all: Vec<_> = run1.seen.iter().chain(&run2.seen).collect();
-    for order in ["ORD-1", "ORD-2", "ORD-3"] {
-        let executed = all
+        // Consumer 2 gets the unacked delivery again (same message id, redelivered) and acks it
+        // as a duplicate; the order is not shipped twice.
+        let rest = Plan::settle(msgs.len() - run1.settled());
+        let run2 = mq_consumer::run_rabbit_consumer(&url, &queue, &shipping, &rest)
+            .await
+            .unwrap();
+        let again = run2
+            .seen
             .iter()
-            .filter(|s| {
-                s.handled.order_no.as_deref() == Some(order)
-                    && s.handled.outcome == Some(Outcome::Executed)
-            })
-            .count();
-        assert_eq!(executed, 1, "{order} executed {executed} times: {all:#?}");
-    }
-    assert_eq!(
-        run1.acked + run2.acked,
-        msgs.len(),
-        "every message acked once"
-    );
-    assert_eq!(
-        shipping.shipped().await.unwrap(),
-        one_row_per_order(&["ORD-1", "ORD-2", "ORD-3"])
-    );
-    assert_eq!(
-        ready_after_consumers_left(&conn, &queue).await,
-        0,
-        "messages left in {queue}"
-    );
-    mq_consumer::rabbit_delete(&conn, &queue).await.unwrap();
+            .find(|s| s.message_id == crashed.message_id)
+            .unwrap_or_else(|| panic!("{} was not redelivered: {run2:#?}", crashed.message_id));
+        assert!(again.redelivered, "{again:?}");
+        assert_eq!(again.handled.outcome, Some(Outcome::Replayed), "{again:?}");
+        assert_eq!(again.handled.verdict, Verdict::Ack, "{again:?}");
+
+        // Every order number's second message (another message id) was a duplicate too.
+        let all: Vec<_> = run1.seen.iter().chain(&run2.seen).collect();
+        for order in ["ORD-1", "ORD-2", "ORD-3"] {
+            let executed = all
+                .iter()
+                .filter(|s| {
+                    s.handled.order_no.as_deref() == Some(order)
+                        && s.handled.outcome == Some(Outcome::Executed)
+                })
+                .count();
+            assert_eq!(executed, 1, "{order} executed {executed} times: {all:#?}");
+        }
+        assert_eq!(
+            run1.acked + run2.acked,
+            msgs.len(),
+            "every message acked once"
+        );
+        assert_eq!(
+            shipping.shipped().await.unwrap(),
+            one_row_per_order(&["ORD-1", "ORD-2", "ORD-3"])
+        );
+        assert_eq!(
+            ready_after_consumers_left(&conn, &queue).await,
+            0,
+            "messages left in {queue}"
+        );
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_is_nacked_with_requeue_and_the_redelivery_ships_once() {
-    let url = mq_consumer::amqp_url();
-    let Some(conn) = broker(&url).await else {
-        return;
-    };
-    let queue = server::unique("idem_mq_nack");
-    let dir = tempfile::tempdir().unwrap();
-    let shipping = shipping(&dir).await;
-    let msgs = mq_consumer::demo_messages(&format!("{queue}-m"));
-    mq_consumer::rabbit_declare(&conn, &queue).await.unwrap();
-    mq_consumer::rabbit_publish(&conn, &queue, &msgs)
-        .await
-        .unwrap();
-    // The warehouse fails on the first try for ORD-3, after its row was written.
-    shipping.fail_once("ORD-3");
+    on_fresh_queue("idem_mq_nack", |url, queue| async move {
+        let conn = mq_consumer::rabbit_connect(&url)
+            .await
+            .expect("connect to RabbitMQ");
+        let dir = tempfile::tempdir().unwrap();
+        let shipping = shipping(&dir).await;
+        let msgs = mq_consumer::demo_messages(&format!("{queue}-m"));
+        mq_consumer::rabbit_publish(&conn, &queue, &msgs)
+            .await
+            .unwrap();
+        // The warehouse fails on the first try for ORD-3, after its row was written.
+        shipping.fail_once("ORD-3");
 
-    let run = mq_consumer::run_rabbit_consumer(&url, &queue, &shipping, &Plan::settle(msgs.len()))
-        .await
-        .unwrap();
+        let run =
+            mq_consumer::run_rabbit_consumer(&url, &queue, &shipping, &Plan::settle(msgs.len()))
+                .await
+                .unwrap();
 
-    let ord3 = deliveries_of(&run, "ORD-3");
-    let first = ord3.first().expect("ORD-3 delivered");
-    assert_eq!(first.handled.outcome, Some(Outcome::Failed), "{first:?}");
-    assert_eq!(first.handled.verdict, Verdict::Requeue, "{first:?}");
-    assert_eq!(run.requeued, 1, "one nack: {run:#?}");
-    let executed: Vec<_> = ord3
-        .iter()
-        .filter(|s| s.handled.outcome == Some(Outcome::Executed))
-        .collect();
-    assert_eq!(
-        executed.len(),
-        1,
-        "ORD-3 executed once after the failure: {ord3:#?}"
-    );
-    assert!(
-        run.seen
+        let ord3 = deliveries_of(&run, "ORD-3");
+        let first = ord3.first().expect("ORD-3 delivered");
+        assert_eq!(first.handled.outcome, Some(Outcome::Failed), "{first:?}");
+        assert_eq!(first.handled.verdict, Verdict::Requeue, "{first:?}");
+        assert_eq!(run.requeued, 1, "one nack: {run:#?}");
+        let executed: Vec<_> = ord3
             .iter()
-            .any(|s| s.message_id == first.message_id && s.redelivered),
-        "the nacked message {} came back redelivered: {run:#?}",
-        first.message_id
-    );
-    assert!(
-        ord3.iter().all(|s| s.handled.verdict != Verdict::Reject),
-        "{ord3:#?}"
-    );
-    assert_eq!(run.acked, msgs.len(), "every message acked once");
-    // The failed try's row was rolled back with its claim.
-    assert_eq!(
-        shipping.shipped().await.unwrap(),
-        one_row_per_order(&["ORD-1", "ORD-2", "ORD-3"])
-    );
-    assert_eq!(
-        ready_after_consumers_left(&conn, &queue).await,
-        0,
-        "messages left in {queue}"
-    );
-    mq_consumer::rabbit_delete(&conn, &queue).await.unwrap();
+            .filter(|s| s.handled.outcome == Some(Outcome::Executed))
+            .collect();
+        assert_eq!(
+            executed.len(),
+            1,
+            "ORD-3 executed once after the failure: {ord3:#?}"
+        );
+        assert!(
+            run.seen
+                .iter()
+                .any(|s| s.message_id == first.message_id && s.redelivered),
+            "the nacked message {} came back redelivered: {run:#?}",
+            first.message_id
+        );
+        assert!(
+            ord3.iter().all(|s| s.handled.verdict != Verdict::Reject),
+            "{ord3:#?}"
+        );
+        assert_eq!(run.acked, msgs.len(), "every message acked once");
+        // The failed try's row was rolled back with its claim.
+        assert_eq!(
+            shipping.shipped().await.unwrap(),
+            one_row_per_order(&["ORD-1", "ORD-2", "ORD-3"])
+        );
+        assert_eq!(
+            ready_after_consumers_left(&conn, &queue).await,
+            0,
+            "messages left in {queue}"
+        );
+    })
+    .await;
 }
 
 /// No broker needed: what the handler answers for payloads that must not be redelivered forever.

@@ -97,8 +97,9 @@ pub enum Verdict {
     Ack,
     /// Failed for now: put the message back for a redelivery (AMQP nack + requeue, JetStream Nak).
     Requeue,
-    /// Can never succeed (unreadable payload, another payload under a shipped order number): drop
-    /// it without redelivery (AMQP reject without requeue, JetStream Term).
+    /// Can never succeed (unreadable payload, an order number idem refuses as a key, another
+    /// payload under a shipped order number): drop it without redelivery (AMQP reject without
+    /// requeue, JetStream Term).
     Reject,
 }
 
@@ -190,10 +191,16 @@ impl Shipping {
                 // transaction (dropping it rolls back too, this just says so).
                 let _ = tx.rollback().await;
                 match e {
+                    // The message itself is wrong: no redelivery can fix it.
                     ShipError::Idem(IdemError::PayloadMismatch) => (
                         Verdict::Reject,
                         "another payload under a shipped order number".to_owned(),
                     ),
+                    ShipError::Idem(e @ IdemError::InvalidKey { .. }) => {
+                        (Verdict::Reject, e.to_string())
+                    }
+                    // The warehouse, or the store (busy, unavailable, misconfigured): keep the
+                    // message and try again.
                     other => (Verdict::Requeue, other.to_string()),
                 }
             }

@@ -233,12 +233,27 @@ async fn a_failure_is_nacked_with_requeue_and_the_redelivery_ships_once() {
 
 /// No broker needed: what the handler answers for payloads that must not be redelivered forever.
 #[tokio::test]
-async fn an_unreadable_payload_or_another_payload_under_a_shipped_order_is_rejected() {
+async fn an_unreadable_payload_a_blank_order_number_or_another_payload_under_a_shipped_order_is_rejected()
+ {
     let dir = tempfile::tempdir().unwrap();
     let shipping = shipping(&dir).await;
     let garbage = shipping.handle(b"{not json").await;
     assert_eq!(garbage.verdict, Verdict::Reject, "{garbage:?}");
     assert_eq!(garbage.outcome, None);
+
+    let no_number = mq_consumer::OrderMsg {
+        order_no: " ".into(),
+        sku: "SKU-9".into(),
+        qty: 1,
+    };
+    let no_number = shipping
+        .handle(&serde_json::to_vec(&no_number).unwrap())
+        .await;
+    assert_eq!(
+        (no_number.verdict, no_number.outcome),
+        (Verdict::Reject, Some(Outcome::Rejected)),
+        "{no_number:?}"
+    );
 
     let order = mq_consumer::OrderMsg {
         order_no: "ORD-9".into(),

@@ -250,7 +250,8 @@ pub struct Plan {
     /// Stop after this many deliveries were settled (acked or rejected).
     pub settle: usize,
     /// Simulates a crash: right after this order was shipped and committed (its first execution),
-    /// stop without acking and drop the connection, so the broker redelivers.
+    /// stop without acking and let the connection go (RabbitMQ: closed; NATS: dropped), so the
+    /// broker redelivers.
     pub crash_after: Option<String>,
     /// Fail when the run has not finished by then.
     pub timeout: Duration,

@@ -246,26 +246,24 @@ fn moved(
     }
 }
 
-async fn pay_order(
-    State(shop): State<Shop>,
-    headers: HeaderMap,
-    Path(no): Path<String>,
-) -> Response {
+/// `POST /orders/{no}/pay` and `…/cancel`: the caller's order moves to `to`.
+async fn move_order(shop: Shop, headers: HeaderMap, no: String, to: OrderStatus) -> Response {
     if let Err(response) = owned(&shop, &headers, &no).await {
         return response;
     }
-    moved(&no, OrderStatus::Paid, pay(&no).await)
+    let outcome = match to {
+        OrderStatus::Paid => pay(&no).await,
+        _ => cancel(&no).await,
+    };
+    moved(&no, to, outcome)
 }
 
-async fn cancel_order(
-    State(shop): State<Shop>,
-    headers: HeaderMap,
-    Path(no): Path<String>,
-) -> Response {
-    if let Err(response) = owned(&shop, &headers, &no).await {
-        return response;
-    }
-    moved(&no, OrderStatus::Cancelled, cancel(&no).await)
+fn to(status: OrderStatus) -> axum::routing::MethodRouter<Shop> {
+    post(
+        move |State(shop): State<Shop>, headers: HeaderMap, Path(no): Path<String>| {
+            move_order(shop, headers, no, status)
+        },
+    )
 }
 
 /// The service on `store` (registered as [`STORE`]), its tables on `db`, its tokens in `tokens`,
@@ -288,10 +286,10 @@ pub async fn app(
     Ok(Router::new()
         .route("/orders", post(create_order).layer(idempotent))
         .route("/orders/{no}", get(get_order))
-        .route("/orders/{no}/pay", post(pay_order))
+        .route("/orders/{no}/pay", to(OrderStatus::Paid))
         .route(
             "/orders/{no}/cancel",
-            post(cancel_order).layer(TokenGuardLayer::shared(
+            to(OrderStatus::Cancelled).layer(TokenGuardLayer::shared(
                 Arc::clone(&tokens),
                 principal.clone(),
             )),

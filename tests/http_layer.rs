@@ -149,29 +149,57 @@ impl Reply {
     }
 }
 
-async fn post_order(
-    client: &reqwest::Client,
-    url: &str,
-    user: Option<&str>,
-    key: Option<&str>,
-    body: Value,
-) -> Reply {
-    let mut req = client.post(format!("{url}/orders")).json(&body);
-    if let Some(user) = user {
-        req = req.header(USER, user);
+/// A client of the service at `url`.
+#[derive(Clone)]
+struct Api {
+    client: reqwest::Client,
+    url: String,
+}
+
+impl Api {
+    fn new(url: &str) -> Api {
+        Api {
+            client: reqwest::Client::new(),
+            url: url.to_owned(),
+        }
     }
-    if let Some(key) = key {
-        req = req.header("idempotency-key", key);
+
+    /// `POST /orders` as `user` with `key` (when given) and a JSON `body`.
+    async fn post(&self, user: Option<&str>, key: Option<&str>, body: Value) -> Reply {
+        let mut req = self.client.post(format!("{}/orders", self.url)).json(&body);
+        if let Some(user) = user {
+            req = req.header(USER, user);
+        }
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        let response = req.send().await.unwrap();
+        let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Reply {
+            status,
+            headers,
+            body,
+        }
     }
-    let response = req.send().await.unwrap();
-    let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
-    let headers = response.headers().clone();
-    let text = response.text().await.unwrap();
-    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    Reply {
-        status,
-        headers,
-        body,
+
+    /// Alice's order `item` under `key`, sent while the same request sent `gap` earlier is still
+    /// running: (the first reply, the repeat's).
+    async fn overlapping(&self, key: &str, item: &str, gap: Duration) -> (Reply, Reply) {
+        let first = {
+            let (api, key, item) = (self.clone(), key.to_owned(), item.to_owned());
+            tokio::spawn(async move {
+                api.post(Some("alice"), Some(&key), json!({ "item": item }))
+                    .await
+            })
+        };
+        tokio::time::sleep(gap).await;
+        let repeat = self
+            .post(Some("alice"), Some(key), json!({ "item": item }))
+            .await;
+        (first.await.unwrap(), repeat)
     }
 }
 
@@ -179,13 +207,17 @@ async fn post_order(
 async fn a_repeat_gets_the_stored_response_and_runs_nothing() {
     let shop = Shop::new().await;
     let url = start(&shop, builder(&store().await).build().unwrap()).await;
-    let client = reqwest::Client::new();
+    let api = Api::new(&url);
     let order = json!({ "item": "book" });
 
-    let first = post_order(&client, &url, Some("alice"), Some("\"k-1\""), order.clone()).await;
+    let first = api
+        .post(Some("alice"), Some("\"k-1\""), order.clone())
+        .await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert!(!first.replayed());
-    let again = post_order(&client, &url, Some("alice"), Some("\"k-1\""), order.clone()).await;
+    let again = api
+        .post(Some("alice"), Some("\"k-1\""), order.clone())
+        .await;
     assert_eq!(again.status, StatusCode::CREATED);
     assert!(again.replayed());
     assert_eq!(again.body, first.body);
@@ -196,7 +228,7 @@ async fn a_repeat_gets_the_stored_response_and_runs_nothing() {
         "cookies are never replayed"
     );
     // A bare key is the same key as its structured-field string.
-    let bare = post_order(&client, &url, Some("alice"), Some("k-1"), order).await;
+    let bare = api.post(Some("alice"), Some("k-1"), order).await;
     assert!(bare.replayed());
     assert_eq!(shop.rows().await, 1);
 }
@@ -206,21 +238,15 @@ async fn sixty_four_concurrent_duplicates_run_once() {
     let shop = Shop::new().await;
     shop.slow_ms.store(300, Ordering::SeqCst);
     let url = start(&shop, builder(&store().await).build().unwrap()).await;
-    let client = reqwest::Client::new();
+    let api = Api::new(&url);
     let barrier = Arc::new(Barrier::new(64));
     let mut tasks = Vec::new();
     for _ in 0..64 {
-        let (client, url, barrier) = (client.clone(), url.clone(), Arc::clone(&barrier));
+        let (api, barrier) = (api.clone(), Arc::clone(&barrier));
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            post_order(
-                &client,
-                &url,
-                Some("alice"),
-                Some("storm"),
-                json!({ "item": "tv" }),
-            )
-            .await
+            api.post(Some("alice"), Some("storm"), json!({ "item": "tv" }))
+                .await
         }));
     }
     let mut created = Vec::new();
@@ -247,14 +273,9 @@ async fn sixty_four_concurrent_duplicates_run_once() {
     assert!(created.iter().all(|id| *id == created[0]));
     assert_eq!(created.len() + in_progress, 64);
     // Once it finished, every repeat is a replay of that one order.
-    let after = post_order(
-        &client,
-        &url,
-        Some("alice"),
-        Some("storm"),
-        json!({ "item": "tv" }),
-    )
-    .await;
+    let after = api
+        .post(Some("alice"), Some("storm"), json!({ "item": "tv" }))
+        .await;
     assert!(after.replayed());
     assert_eq!(after.body["order_id"].as_i64().unwrap(), created[0]);
 }
@@ -263,43 +284,44 @@ async fn sixty_four_concurrent_duplicates_run_once() {
 async fn refusals_are_problems_with_the_documented_statuses() {
     let shop = Shop::new().await;
     let url = start(&shop, builder(&store().await).build().unwrap()).await;
-    let client = reqwest::Client::new();
+    let api = Api::new(&url);
     let order = json!({ "item": "pen" });
 
-    let missing = post_order(&client, &url, Some("alice"), None, order.clone()).await;
+    let missing = api.post(Some("alice"), None, order.clone()).await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
     assert_eq!(missing.problem(), "urn:idem:problem:missing-key");
 
     for bad in ["\"open", "two words", &"k".repeat(256)] {
-        let reply = post_order(&client, &url, Some("alice"), Some(bad), order.clone()).await;
+        let reply = api.post(Some("alice"), Some(bad), order.clone()).await;
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{bad}");
         assert_eq!(reply.problem(), "urn:idem:problem:invalid-key");
     }
 
-    let nobody = post_order(&client, &url, None, Some("k"), order.clone()).await;
+    let nobody = api.post(None, Some("k"), order.clone()).await;
     assert_eq!(nobody.status, StatusCode::UNAUTHORIZED);
     assert_eq!(nobody.problem(), "urn:idem:problem:no-principal");
 
-    let first = post_order(&client, &url, Some("alice"), Some("k"), order).await;
+    let first = api.post(Some("alice"), Some("k"), order).await;
     assert_eq!(first.status, StatusCode::CREATED);
-    let other = post_order(
-        &client,
-        &url,
-        Some("alice"),
-        Some("k"),
-        json!({ "item": "ink" }),
-    )
-    .await;
+    let other = api
+        .post(Some("alice"), Some("k"), json!({ "item": "ink" }))
+        .await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(other.problem(), "urn:idem:problem:payload-mismatch");
     assert_eq!(other.body["status"], 422);
 
     // Methods the layer does not cover pass through untouched, without a key.
-    let list = client.get(format!("{url}/orders")).send().await.unwrap();
+    let list = api
+        .client
+        .get(format!("{url}/orders"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(list.status().as_u16(), 200);
     assert_eq!(list.text().await.unwrap(), "list");
 
-    let huge = client
+    let huge = api
+        .client
         .post(format!("{url}/orders"))
         .header(USER, "alice")
         .header("idempotency-key", "huge")
@@ -316,33 +338,13 @@ async fn a_repeat_while_the_first_runs_is_told_to_retry_later() {
     let shop = Shop::new().await;
     shop.slow_ms.store(1500, Ordering::SeqCst);
     let url = start(&shop, builder(&store().await).build().unwrap()).await;
-    let client = reqwest::Client::new();
-    let first = {
-        let (client, url) = (client.clone(), url.clone());
-        tokio::spawn(async move {
-            post_order(
-                &client,
-                &url,
-                Some("alice"),
-                Some("slow"),
-                json!({ "item": "car" }),
-            )
-            .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let repeat = post_order(
-        &client,
-        &url,
-        Some("alice"),
-        Some("slow"),
-        json!({ "item": "car" }),
-    )
-    .await;
+    let (first, repeat) = Api::new(&url)
+        .overlapping("slow", "car", Duration::from_millis(300))
+        .await;
     assert_eq!(repeat.status, StatusCode::CONFLICT);
     assert_eq!(repeat.problem(), "urn:idem:problem:in-progress");
     assert!(repeat.headers.contains_key("retry-after"));
-    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(shop.rows().await, 1);
 }
 
@@ -356,30 +358,9 @@ async fn with_wait_a_repeat_gets_the_first_response_when_it_is_ready() {
         .build()
         .unwrap();
     let url = start(&shop, layer).await;
-    let client = reqwest::Client::new();
-    let first = {
-        let (client, url) = (client.clone(), url.clone());
-        tokio::spawn(async move {
-            post_order(
-                &client,
-                &url,
-                Some("alice"),
-                Some("w"),
-                json!({ "item": "bike" }),
-            )
-            .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let repeat = post_order(
-        &client,
-        &url,
-        Some("alice"),
-        Some("w"),
-        json!({ "item": "bike" }),
-    )
-    .await;
-    let first = first.await.unwrap();
+    let (first, repeat) = Api::new(&url)
+        .overlapping("w", "bike", Duration::from_millis(200))
+        .await;
     assert_eq!(repeat.status, StatusCode::CREATED, "{:?}", repeat.body);
     assert!(repeat.replayed());
     assert_eq!(repeat.body, first.body);
@@ -412,17 +393,12 @@ async fn a_retry_after_a_client_timeout_gets_the_response_of_the_run_it_gave_up_
         .await;
     assert!(gave_up.is_err_and(|e| e.is_timeout()));
     shop.slow_ms.store(0, Ordering::SeqCst);
-    let client = reqwest::Client::new();
+    let api = Api::new(&url);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let retry = loop {
-        let reply = post_order(
-            &client,
-            &url,
-            Some("alice"),
-            Some("gw-1"),
-            json!({ "item": "sofa" }),
-        )
-        .await;
+        let reply = api
+            .post(Some("alice"), Some("gw-1"), json!({ "item": "sofa" }))
+            .await;
         if reply.status != StatusCode::CONFLICT || tokio::time::Instant::now() > deadline {
             break reply;
         }
@@ -437,52 +413,32 @@ async fn a_retry_after_a_client_timeout_gets_the_response_of_the_run_it_gave_up_
 async fn server_errors_are_not_stored_and_large_responses_are_not_replayed() {
     let shop = Shop::new().await;
     let url = start(&shop, builder(&store().await).build().unwrap()).await;
-    let client = reqwest::Client::new();
+    let api = Api::new(&url);
 
     shop.fail_next.store(1, Ordering::SeqCst);
-    let failed = post_order(
-        &client,
-        &url,
-        Some("alice"),
-        Some("retry-me"),
-        json!({ "item": "a" }),
-    )
-    .await;
+    let failed = api
+        .post(Some("alice"), Some("retry-me"), json!({ "item": "a" }))
+        .await;
     assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
-    let retried = post_order(
-        &client,
-        &url,
-        Some("alice"),
-        Some("retry-me"),
-        json!({ "item": "a" }),
-    )
-    .await;
+    let retried = api
+        .post(Some("alice"), Some("retry-me"), json!({ "item": "a" }))
+        .await;
     assert_eq!(retried.status, StatusCode::CREATED);
     assert!(!retried.replayed(), "a 5xx is not stored: the retry runs");
     assert_eq!(shop.rows().await, 1);
 
-    let big = post_order(
-        &client,
-        &url,
-        Some("alice"),
-        Some("big"),
-        json!({ "item": "big" }),
-    )
-    .await;
+    let big = api
+        .post(Some("alice"), Some("big"), json!({ "item": "big" }))
+        .await;
     assert_eq!(big.status, StatusCode::CREATED);
     assert_eq!(
         big.body["item"].as_str().unwrap().len(),
         4096,
         "its own client gets all of it"
     );
-    let repeat = post_order(
-        &client,
-        &url,
-        Some("alice"),
-        Some("big"),
-        json!({ "item": "big" }),
-    )
-    .await;
+    let repeat = api
+        .post(Some("alice"), Some("big"), json!({ "item": "big" }))
+        .await;
     assert_eq!(repeat.status, StatusCode::CONFLICT);
     assert_eq!(repeat.problem(), "urn:idem:problem:response-not-kept");
     assert!(!repeat.headers.contains_key("retry-after"));
@@ -497,20 +453,15 @@ async fn the_key_may_come_from_a_body_field_when_a_proxy_strips_the_header() {
         .build()
         .unwrap();
     let url = start(&shop, layer).await;
-    let client = reqwest::Client::new();
+    let api = Api::new(&url);
     let order = json!({ "item": "lamp", "request_id": "r-77" });
-    let first = post_order(&client, &url, Some("alice"), None, order.clone()).await;
+    let first = api.post(Some("alice"), None, order.clone()).await;
     assert_eq!(first.status, StatusCode::CREATED);
-    let again = post_order(&client, &url, Some("alice"), None, order).await;
+    let again = api.post(Some("alice"), None, order).await;
     assert!(again.replayed());
-    let bad = post_order(
-        &client,
-        &url,
-        Some("alice"),
-        None,
-        json!({ "request_id": [1] }),
-    )
-    .await;
+    let bad = api
+        .post(Some("alice"), None, json!({ "request_id": [1] }))
+        .await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
     assert_eq!(shop.rows().await, 1);
 }
@@ -521,16 +472,16 @@ async fn the_key_may_come_from_a_body_field_when_a_proxy_strips_the_header() {
 async fn another_caller_with_the_same_key_never_sees_the_first_callers_response() {
     let shop = Shop::new().await;
     let url = start(&shop, builder(&store().await).build().unwrap()).await;
-    let client = reqwest::Client::new();
+    let api = Api::new(&url);
     let order = json!({ "item": "secret-plans" });
-    let alice = post_order(&client, &url, Some("alice"), Some("shared"), order.clone()).await;
-    let bob = post_order(&client, &url, Some("bob"), Some("shared"), order.clone()).await;
+    let alice = api.post(Some("alice"), Some("shared"), order.clone()).await;
+    let bob = api.post(Some("bob"), Some("shared"), order.clone()).await;
     assert_eq!(bob.status, StatusCode::CREATED);
     assert!(!bob.replayed(), "bob's request ran as his own");
     assert_ne!(bob.body["order_id"], alice.body["order_id"]);
     assert_eq!(bob.body["owner"], "bob");
     assert!(!bob.body.to_string().contains("alice"));
-    let alice_again = post_order(&client, &url, Some("alice"), Some("shared"), order).await;
+    let alice_again = api.post(Some("alice"), Some("shared"), order).await;
     assert!(alice_again.replayed());
     assert_eq!(alice_again.body, alice.body);
     assert_eq!(shop.rows().await, 2);
@@ -576,26 +527,20 @@ async fn a_caller_over_its_cap_gets_429_before_anything_is_written() {
         .build()
         .unwrap();
     let url = start(&shop, layer).await;
-    let client = reqwest::Client::new();
+    let api = Api::new(&url);
     for i in 0..3 {
-        let reply = post_order(
-            &client,
-            &url,
-            Some("mallory"),
-            Some(&format!("m{i}")),
-            json!({ "item": i }),
-        )
-        .await;
+        let reply = api
+            .post(
+                Some("mallory"),
+                Some(&format!("m{i}")),
+                json!({ "item": i }),
+            )
+            .await;
         assert_eq!(reply.status, StatusCode::CREATED);
     }
-    let over = post_order(
-        &client,
-        &url,
-        Some("mallory"),
-        Some("m3"),
-        json!({ "item": 3 }),
-    )
-    .await;
+    let over = api
+        .post(Some("mallory"), Some("m3"), json!({ "item": 3 }))
+        .await;
     assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(over.problem(), "urn:idem:problem:too-many-keys");
     let after: u64 = over.headers["retry-after"]
@@ -611,23 +556,13 @@ async fn a_caller_over_its_cap_gets_429_before_anything_is_written() {
         record.is_none(),
         "nothing was written for the refused request"
     );
-    let replay = post_order(
-        &client,
-        &url,
-        Some("mallory"),
-        Some("m0"),
-        json!({ "item": 0 }),
-    )
-    .await;
+    let replay = api
+        .post(Some("mallory"), Some("m0"), json!({ "item": 0 }))
+        .await;
     assert!(replay.replayed(), "a replay is not a new record");
-    let other = post_order(
-        &client,
-        &url,
-        Some("alice"),
-        Some("m3"),
-        json!({ "item": 3 }),
-    )
-    .await;
+    let other = api
+        .post(Some("alice"), Some("m3"), json!({ "item": 3 }))
+        .await;
     assert_eq!(other.status, StatusCode::CREATED);
     assert_eq!(shop.rows().await, 4);
 }

@@ -3,13 +3,16 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, RwLock};
+use std::sync::{Arc, LazyLock, RwLock, Weak};
 
 use crate::{IdemError, Store};
 
 static STORES: LazyLock<RwLock<HashMap<String, Arc<dyn Store>>>> = LazyLock::new(Default::default);
-/// (generation read at, name, store)
-type CachedStore = (u64, Box<str>, Arc<dyn Store>);
+/// (generation read at, name, store). Weak: a thread's cache never owns a store, so a store that
+/// was replaced or unregistered is dropped where that happened, not later in a thread-local
+/// destructor at thread exit (where a pool's drop cannot reach its runtime and would abort the
+/// process).
+type CachedStore = (u64, Box<str>, Weak<dyn Store>);
 
 /// Bumped by every change of the registry, so per-thread caches know when to look again.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
@@ -76,7 +79,7 @@ pub fn store(name: &str) -> Result<Arc<dyn Store>, IdemError> {
         cache
             .iter()
             .find(|(g, n, _)| *g == generation && **n == *name)
-            .map(|(_, _, s)| s.clone())
+            .and_then(|(_, _, s)| s.upgrade())
     });
     if let Some(store) = cached {
         return Ok(store);
@@ -94,7 +97,7 @@ pub fn store(name: &str) -> Result<Arc<dyn Store>, IdemError> {
         if cache.len() == CACHE_SLOTS {
             cache.remove(0);
         }
-        cache.push((generation, name.into(), store.clone()));
+        cache.push((generation, name.into(), Arc::downgrade(&store)));
     });
     Ok(store)
 }
@@ -114,7 +117,14 @@ mod tests {
             !Arc::ptr_eq(&first, &store("reg_test").unwrap()),
             "the cache must not hide a new store"
         );
+        let second = store("reg_test").unwrap();
+        let weak = Arc::downgrade(&second);
+        drop(second);
         unregister_store("reg_test");
+        assert!(
+            weak.upgrade().is_none(),
+            "an unregistered store is dropped at once, not held by a thread's cache"
+        );
         assert!(matches!(
             store("reg_test"),
             Err(IdemError::UnknownStore { .. })

@@ -2,8 +2,6 @@
 //! service that claims, runs, stores and replays.
 
 use std::borrow::Cow;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -14,6 +12,7 @@ use http::{HeaderName, Method, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use tower::{Layer, Service};
 
+use super::BoxFuture;
 use super::cap::Cap;
 use super::key::{self, KeyError};
 use super::principal::Principal;
@@ -335,8 +334,6 @@ pub struct Idempotency<S> {
     cfg: Arc<Config>,
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 impl<S, B> Service<Request<Body>> for Idempotency<S>
 where
     S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
@@ -354,9 +351,7 @@ where
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        // The clone that was polled ready serves this request; a fresh clone waits for the next.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = super::take_ready(&mut self.inner);
         let cfg = Arc::clone(&self.cfg);
         // On its own task: when the client goes away (a gateway timeout that was really a
         // success), the handler still finishes and its response is stored, so the retry replays

@@ -32,3 +32,13 @@ pub use principal::Principal;
 pub use problem::PROBLEM_TYPE_PREFIX;
 pub use stored::REPLAYED_HEADER;
 pub use tokens::{TOKEN_HEADER, TokenEndpoint, TokenGuard, TokenGuardLayer};
+
+/// What the layers' services return.
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// The inner service that was polled ready, to serve this request; a fresh clone takes its place
+/// and waits for the next.
+fn take_ready<S: Clone>(slot: &mut S) -> S {
+    let fresh = slot.clone();
+    std::mem::replace(slot, fresh)
+}

@@ -2,8 +2,6 @@
 //! spends the token a submit carries before its handler runs, and puts it back if the handler
 //! failed with a 5xx.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -14,6 +12,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use tower::{Layer, Service};
 
+use super::BoxFuture;
 use super::principal::Principal;
 use super::problem::{self, problem};
 use crate::TokenStore;
@@ -143,8 +142,6 @@ pub struct TokenGuard<S> {
     guard: TokenGuardLayer,
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 impl<S, B> Service<Request<Body>> for TokenGuard<S>
 where
     S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
@@ -162,8 +159,7 @@ where
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = super::take_ready(&mut self.inner);
         let guard = self.guard.clone();
         Box::pin(async move {
             let (parts, body) = req.into_parts();

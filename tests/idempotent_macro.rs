@@ -177,3 +177,86 @@ async fn bad_runtime_keys_are_refused_through_the_macro() {
     }
     assert_eq!(with_key("ok").await.unwrap(), "OK");
 }
+
+/// Who is calling: in a service, from the session or the verified token, never from the body.
+struct Caller {
+    id: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CreateOrder {
+    client_req_id: String,
+    item: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Order {
+    user: u64,
+    item: String,
+}
+
+static SCOPED_RUNS: AtomicU32 = AtomicU32::new(0);
+static UNSCOPED_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[idempotent(
+    biz = "ORDER",
+    key = "(caller.id, req.client_req_id)",
+    store = "macro_mem"
+)]
+async fn create_order(caller: &Caller, req: &CreateOrder) -> Result<Order, AppError> {
+    SCOPED_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(Order {
+        user: caller.id,
+        item: req.item.clone(),
+    })
+}
+
+#[idempotent(biz = "ORDER_UNSCOPED", key = "req.client_req_id", store = "macro_mem")]
+async fn create_order_unscoped(caller: &Caller, req: &CreateOrder) -> Result<Order, AppError> {
+    UNSCOPED_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(Order {
+        user: caller.id,
+        item: req.item.clone(),
+    })
+}
+
+/// Two users who send the same client request id each run once and each get their own answer when
+/// the key is scoped by the caller; without the caller in the key the second user would be handed
+/// the first one's order.
+#[tokio::test]
+async fn a_key_scoped_by_its_caller_keeps_callers_apart() {
+    setup();
+    let (alice, bob) = (Caller { id: 1 }, Caller { id: 2 });
+    let req = |item: &str| CreateOrder {
+        client_req_id: "req-1".into(),
+        item: item.into(),
+    };
+    let order = |user, item: &str| Order {
+        user,
+        item: item.into(),
+    };
+    assert_eq!(
+        create_order(&alice, &req("book")).await.unwrap(),
+        order(1, "book")
+    );
+    assert_eq!(
+        create_order(&bob, &req("lamp")).await.unwrap(),
+        order(2, "lamp")
+    );
+    for (caller, item, user) in [(&alice, "book", 1), (&bob, "lamp", 2)] {
+        let (again, report) = idem::observe(create_order(caller, &req(item))).await;
+        assert_eq!(
+            again.unwrap(),
+            order(user, item),
+            "each caller replays its own"
+        );
+        assert!(report.unwrap().replayed());
+    }
+    assert_eq!(SCOPED_RUNS.load(Ordering::SeqCst), 2, "one run per caller");
+
+    // The hazard the scope prevents: the same client key from another caller replays the first.
+    let first = create_order_unscoped(&alice, &req("book")).await.unwrap();
+    let leaked = create_order_unscoped(&bob, &req("lamp")).await.unwrap();
+    assert_eq!(leaked, first, "bob is handed alice's order");
+    assert_eq!(UNSCOPED_RUNS.load(Ordering::SeqCst), 1);
+}

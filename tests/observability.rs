@@ -1,5 +1,6 @@
 //! What a call tells the outside: one `tracing` span per call with its outcome and attempt,
-//! per-outcome counters, and store limits a deployment can tighten.
+//! per-outcome counters, and store limits a deployment can tighten; and what it never tells: no raw
+//! key, token or result in any span or event.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -115,6 +116,233 @@ fn every_call_is_a_span_with_its_outcome_and_attempt() {
             expect("in_progress", None),
         ]
     );
+}
+
+// ---- nothing secret in spans or logs --------------------------------------------------------
+
+/// Every span (its name, its fields, and what is recorded into it later) and every event (every
+/// field, the message too), at every level, as text.
+#[derive(Clone, Default)]
+struct Everything(Arc<Mutex<Vec<String>>>);
+
+struct AllFields<'a>(&'a mut String);
+
+impl Visit for AllFields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write;
+        let _ = write!(self.0, " {}={value:?}", field.name());
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        use std::fmt::Write;
+        let _ = write!(self.0, " {}={value}", field.name());
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        use std::fmt::Write;
+        let _ = write!(self.0, " {}={value} ({value:?})", field.name());
+    }
+}
+
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Everything {
+    fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
+        let mut line = format!("span {}", attrs.metadata().name());
+        attrs.record(&mut AllFields(&mut line));
+        self.0.lock().unwrap().push(line);
+    }
+    fn on_record(&self, _: &Id, values: &Record<'_>, _: Context<'_, S>) {
+        let mut line = "record".to_owned();
+        values.record(&mut AllFields(&mut line));
+        self.0.lock().unwrap().push(line);
+    }
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let meta = event.metadata();
+        let mut line = format!("event {} {}", meta.level(), meta.target());
+        event.record(&mut AllFields(&mut line));
+        self.0.lock().unwrap().push(line);
+    }
+}
+
+const SECRET_KEY: &str = "client-key-5f2c91";
+const SECRET_RESULT: &str = "result-text-8d41e7";
+
+#[derive(Debug, thiserror::Error)]
+enum ObsError {
+    #[error("declined")]
+    Declined,
+    #[error(transparent)]
+    Idem(#[from] IdemError),
+}
+
+fn obs_setup() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        idem::register_store("obs_mem", MemoryStore::new());
+        idem::register_tokens("obs_tokens", idem::MemoryTokens::new());
+    });
+}
+
+/// A scoped key through the attribute: the generated code's span must not carry it either.
+#[idem::idempotent(biz = "OBSM", key = "(user_id, client_key)", store = "obs_mem")]
+async fn scoped(user_id: u64, client_key: &str) -> Result<String, ObsError> {
+    Ok(format!("{SECRET_RESULT}-{user_id}-{client_key}"))
+}
+
+struct Form {
+    token: String,
+    fail: bool,
+}
+
+#[idem::consume_token(token = "form.token", store = "obs_tokens", restore_on_err)]
+async fn submit(form: &Form) -> Result<String, ObsError> {
+    if form.fail {
+        Err(ObsError::Declined)
+    } else {
+        Ok(SECRET_RESULT.to_owned())
+    }
+}
+
+/// Calls that execute, replay, mismatch, fail, lose their lease, find one in progress, run in a
+/// transaction and spend, reuse and restore submit tokens: whatever idem writes to `tracing`, at
+/// any level, never holds a raw key, token or result.
+#[test]
+fn no_raw_key_token_or_result_reaches_spans_or_logs() {
+    obs_setup();
+    let all = Everything::default();
+    let subscriber = tracing_subscriber::registry().with(all.clone());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tokens: Vec<String> = tracing::subscriber::with_default(subscriber, || {
+        rt.block_on(async {
+            tracing::trace!(canary = "canary-0b7e", "the layer sees TRACE events");
+            let clock = idem::TestClock::new();
+            let store = MemoryStore::new().with_test_clock(clock.clone());
+            let key = |suffix: &str| format!("{SECRET_KEY}-{suffix}");
+            let result = |suffix: &str| format!("{SECRET_RESULT}-{suffix}");
+            let run = |k: String, fp: &'static str, out: Result<String, ObsError>| {
+                Call::new("OBS", &k)
+                    .fingerprint(&fp)
+                    .run(&store, async move { out })
+            };
+            // Executed, replayed, mismatch.
+            run(key("a"), "p", Ok(result("a"))).await.unwrap();
+            assert_eq!(
+                run(key("a"), "p", Ok(result("x"))).await.unwrap(),
+                result("a")
+            );
+            let mismatch = run(key("a"), "other", Ok(result("x"))).await;
+            assert!(matches!(
+                mismatch,
+                Err(ObsError::Idem(IdemError::PayloadMismatch))
+            ));
+            // Failed, then executed on retry.
+            run(key("f"), "p", Err(ObsError::Declined))
+                .await
+                .unwrap_err();
+            run(key("f"), "p", Ok(result("f"))).await.unwrap();
+            // Lease lost: the body outlives its lease and another call takes over meanwhile.
+            let late = Call::new("OBS", &key("l"))
+                .lease(Duration::from_secs(10))
+                .ttl(Duration::from_secs(60))
+                .run(&store, async {
+                    clock.advance(Duration::from_secs(11));
+                    let taker: Result<String, ObsError> = Call::new("OBS", &key("l"))
+                        .lease(Duration::from_secs(10))
+                        .ttl(Duration::from_secs(60))
+                        .run(&store, async { Ok(result("taker")) })
+                        .await;
+                    taker.unwrap();
+                    Ok::<_, ObsError>(result("late"))
+                })
+                .await;
+            assert!(
+                matches!(late, Err(ObsError::Idem(IdemError::LeaseLost { .. }))),
+                "{late:?}"
+            );
+            // In progress.
+            store
+                .claim(&idem::ClaimRequest {
+                    biz: "OBS",
+                    key: &key("p"),
+                    fingerprint: None,
+                    lease: Duration::from_secs(30),
+                    ttl: Duration::from_secs(60),
+                })
+                .await
+                .unwrap();
+            let busy = run(key("p"), "p", Ok(result("p"))).await;
+            assert!(matches!(
+                busy,
+                Err(ObsError::Idem(IdemError::InProgress { .. }))
+            ));
+            // Through the attribute, with a key scoped by its caller: executed, then replayed.
+            let first = scoped(7, SECRET_KEY).await.unwrap();
+            assert_eq!(scoped(7, SECRET_KEY).await.unwrap(), first);
+            // Transaction mode: executed, then replayed.
+            #[cfg(feature = "sqlite")]
+            {
+                let sqlite = idem::SqliteStore::in_memory().await.unwrap();
+                sqlite.migrate().await.unwrap();
+                for _ in 0..2 {
+                    let mut tx = sqlite.begin().await.unwrap();
+                    let out: Result<String, ObsError> = Call::new("OBS", &key("tx"))
+                        .run_in_tx(&mut tx, async |_tx| Ok(result("tx")))
+                        .await;
+                    assert_eq!(out.unwrap(), result("tx"));
+                    tx.commit().await.unwrap();
+                }
+            }
+            // Submit tokens: spent, spent again, and restored after a failed body.
+            let tokens = idem::tokens("obs_tokens").unwrap();
+            let spent = tokens.issue(Duration::from_secs(60), None).await.unwrap();
+            let form = Form {
+                token: spent.clone(),
+                fail: false,
+            };
+            assert_eq!(submit(&form).await.unwrap(), SECRET_RESULT);
+            let again = submit(&form).await;
+            assert!(
+                matches!(again, Err(ObsError::Idem(IdemError::TokenUsed))),
+                "{again:?}"
+            );
+            let restored = tokens.issue(Duration::from_secs(60), None).await.unwrap();
+            let failing = Form {
+                token: restored.clone(),
+                fail: true,
+            };
+            assert!(matches!(submit(&failing).await, Err(ObsError::Declined)));
+            let unknown = Form {
+                token: format!("{spent}00"),
+                fail: false,
+            };
+            assert!(submit(&unknown).await.is_err());
+            vec![spent, restored]
+        })
+    });
+    let seen = all.0.lock().unwrap().join("\n");
+    // The layer really saw every path (else the absence below would prove nothing).
+    for shown in [
+        "canary-0b7e",
+        "outcome=executed",
+        "outcome=replayed",
+        "outcome=mismatch",
+        "outcome=failed",
+        "outcome=lease_lost",
+        "outcome=in_progress",
+        "span idem.consume_token",
+        "outcome=used",
+        "outcome=restored",
+        "outcome=invalid",
+        "biz=OBSM",
+        "event ERROR",
+    ] {
+        assert!(seen.contains(shown), "{shown} not captured:\n{seen}");
+    }
+    let mut secrets = vec![SECRET_KEY.to_owned(), SECRET_RESULT.to_owned()];
+    secrets.extend(tokens);
+    for secret in &secrets {
+        assert!(!seen.contains(secret.as_str()), "{secret} leaked:\n{seen}");
+    }
 }
 
 #[tokio::test]

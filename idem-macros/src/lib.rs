@@ -43,6 +43,24 @@ use proc_macro::TokenStream;
 /// | `heartbeat` | no | renew the lease this often while the body runs, so a slow but healthy body is not taken over (shorter than `lease`; a third of it is usual; not with `tx`) | none |
 /// | `crate` | no | the path at which idem is reachable, when it is renamed or re-exported (like serde's) | `"::idem"` |
 ///
+/// # Scope keys by caller
+///
+/// When the key comes from a client (an `Idempotency-Key` header, a `client_req_id` field in the
+/// body), two callers can send the same value, by chance or on purpose, and the second would be
+/// handed the first one's stored answer. Put the caller into the key: a tuple of who is calling
+/// (from the session or the verified token, never from the request body) and the client's key.
+///
+/// ```ignore
+/// #[idempotent(biz = "ORDER", key = "(user.id, req.client_req_id)", store = "sqlite")]
+/// async fn create_order(user: &User, req: &CreateOrder) -> Result<Order, ShopError> { /* … */ }
+/// ```
+///
+/// Each part may be a string, an integer or a nested tuple (`((user.tenant, user.id),
+/// req.client_req_id)`); parts are joined with `:` and escaped, so no two tuples share a record.
+/// A key the server made itself (an order number it assigned) is unique already and needs no
+/// scope. A caller named in the key must be a parameter of the fn: `key = "(user.id, …)"` on a fn
+/// without `user` is a compile error that says to take it.
+///
 /// # What the fn must look like
 ///
 /// - `async fn`, not `const`; methods (`&self`, `&mut self`, `self`), generics and `where` clauses work.

@@ -66,6 +66,16 @@ pub enum IdemError {
         /// The decoder's message.
         reason: String,
     },
+    /// A stored result snapshot could not be opened by an `EncryptedStore` (feature `encrypt`): it
+    /// was sealed under a key id the keyring no longer holds, it failed authentication (altered, or
+    /// moved from another record), or it is no envelope at all (written without encryption). The
+    /// body did not run again and the record is left as it is; permanent until the keyring is
+    /// fixed (HTTP 500).
+    #[error("the stored result cannot be decrypted: {reason}")]
+    SnapshotDecrypt {
+        /// Why it cannot be opened.
+        reason: DecryptFailure,
+    },
     /// The request payload used for the fingerprint could not be serialized. Nothing was written.
     #[error("the request payload cannot be fingerprinted: {reason}")]
     Fingerprint {
@@ -152,6 +162,48 @@ pub enum Busy {
     Deadlock,
     /// A serializable transaction could not be ordered (Postgres `40001`).
     Serialization,
+}
+
+/// Why [`IdemError::SnapshotDecrypt`] could not open a stored snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DecryptFailure {
+    /// It was sealed under a key id the keyring does not hold (a key retired too early).
+    UnknownKey {
+        /// The key id in the snapshot's header.
+        key_id: u32,
+    },
+    /// The ciphertext or its header was altered, or it belongs to another `(biz, key)` record.
+    Authentication,
+    /// The bytes are no envelope: written before encryption was turned on, or by something else.
+    NotAnEnvelope,
+    /// An envelope of a format version this build does not know.
+    UnsupportedVersion {
+        /// The version byte found.
+        version: u8,
+    },
+}
+
+impl std::fmt::Display for DecryptFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecryptFailure::UnknownKey { key_id } => write!(
+                f,
+                "it was encrypted under key id {key_id}, which the keyring does not hold; keep that \
+                 key with `Keyring::with_old({key_id}, key)` until its records have expired"
+            ),
+            DecryptFailure::Authentication => f.write_str(
+                "authentication failed: the stored bytes were altered or belong to another record",
+            ),
+            DecryptFailure::NotAnEnvelope => f.write_str(
+                "it is not an encrypted envelope (written without encryption, or by something else)",
+            ),
+            DecryptFailure::UnsupportedVersion { version } => write!(
+                f,
+                "its envelope has format version {version}, which this build of idem cannot read"
+            ),
+        }
+    }
 }
 
 impl std::fmt::Display for Busy {

@@ -1,7 +1,8 @@
 //! Runtime of **idem**: the claim → execute → mark engine, the [`Store`] trait and its backends.
 //!
 //! Users depend on the `idem` crate, which re-exports this one and the macros.
-//! Backends: [`MemoryStore`] always; `SqliteStore` with the `sqlite` feature (default).
+//! Backends: [`MemoryStore`] always; `SqliteStore` with the `sqlite` feature (default). With the
+//! `encrypt` feature, `EncryptedStore` wraps any of them and keeps result snapshots encrypted.
 //!
 //! Layout: `engine/` (calls, snapshots, transaction mode, the running claim), `store/` (the
 //! [`Store`] trait and the decision table), `sql/` (what every SQL backend shares: the claim
@@ -30,6 +31,8 @@ mod transition;
 #[path = "private/mod.rs"]
 pub mod __private;
 
+#[cfg(feature = "encrypt")]
+pub use backend::encrypted::{ENVELOPE_OVERHEAD, EncryptedStore, EncryptedTx, Keyring};
 pub use backend::memory::MemoryStore;
 #[cfg(feature = "mysql")]
 pub use backend::mysql::{MySqlStore, MySqlTokens, MySqlTx};
@@ -47,7 +50,7 @@ pub use engine::current::current_claim;
 pub use engine::retry::{RestartsTransaction, retry_transaction};
 pub use engine::tx::{IdemTx, TransactionalStore};
 pub use engine::{Call, DEFAULT_LEASE, DEFAULT_TTL};
-pub use error::{BoxError, Busy, IdemError};
+pub use error::{BoxError, Busy, DecryptFailure, IdemError};
 pub use fingerprint::fingerprint;
 pub use key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN, IdemKey, validate_biz, validate_key};
 pub use metrics::{

@@ -148,6 +148,8 @@ pub(crate) fn check_expr_arg(
         uses_parameter: false,
         reported: false,
         errors: Errors::default(),
+        fn_name,
+        in_tuple: 0,
     };
     scan.visit_expr(&arg.expr);
     if let Some(constant) = role.constant()
@@ -186,6 +188,9 @@ struct Scan<'a> {
     /// add noise to it.
     reported: bool,
     errors: Errors,
+    fn_name: &'a str,
+    /// Inside a tuple: a part of a composite key, where a caller's id usually goes.
+    in_tuple: usize,
 }
 
 impl Scan<'_> {
@@ -214,12 +219,25 @@ impl Scan<'_> {
                 self.role.name(),
             )
         } else {
-            format!(
+            let mut message = format!(
                 "unknown parameter `{name}` in `{}`{} the parameters are {}",
                 self.role.name(),
                 diag::did_you_mean_clause(&name, params.clone()),
-                diag::backticked(params),
-            )
+                diag::backticked(params.clone()),
+            );
+            // `key = "(user.id, req.client_req_id)"` on a fn that does not take the user: the
+            // key was meant to be scoped by its caller.
+            if matches!(self.role, Role::Key)
+                && self.in_tuple > 0
+                && diag::did_you_mean(&name, params).is_none()
+            {
+                message.push_str(&format!(
+                    ". To scope the key by its caller, take the caller as a parameter of `{}` \
+                     too: `{name}: &…`",
+                    self.fn_name
+                ));
+            }
+            message
         };
         self.errors.at(ident.span(), message);
     }
@@ -361,6 +379,12 @@ impl<'ast> Visit<'ast> for Scan<'_> {
     fn visit_expr_macro(&mut self, node: &'ast ExprMacro) {
         self.fresh_path(&node.mac.path);
         self.macro_tokens(&node.mac.tokens);
+    }
+
+    fn visit_expr_tuple(&mut self, node: &'ast syn::ExprTuple) {
+        self.in_tuple += 1;
+        visit::visit_expr_tuple(self, node);
+        self.in_tuple -= 1;
     }
 
     fn visit_expr_closure(&mut self, node: &'ast ExprClosure) {

@@ -57,7 +57,8 @@ impl<'a> StoreArg<'a> {
     }
 }
 
-/// The `idem` span of one call: `biz`, then `outcome` and `attempt` once it ends.
+/// The `idem` span of one call: `biz`, then `outcome` and `attempt` once it ends. Never the key or
+/// the result: keys come from clients and results may be private (tests/observability.rs).
 pub(crate) fn call_span(biz: &str) -> tracing::Span {
     tracing::info_span!(
         "idem",

@@ -144,6 +144,34 @@ fn names_an_unknown_parameter_with_a_suggestion() {
 }
 
 #[test]
+fn a_composite_key_naming_a_caller_that_is_no_parameter_says_to_take_it() {
+    let found = errors(
+        quote!(
+            biz = "ORDER",
+            key = "(caller.id, req.client_req_id)",
+            store = "s"
+        ),
+        quote!(
+            async fn create(req: &Req) -> Result<Receipt, E> {
+                todo!()
+            }
+        ),
+    );
+    assert_eq!(
+        found,
+        [
+            "unknown parameter `caller` in `key`; the parameters are `req`. To scope the key by its \
+             caller, take the caller as a parameter of `create` too: `caller: &…`"
+        ]
+    );
+    // Outside a tuple, or with a close match, the message stays as it was.
+    assert_eq!(
+        pay_with(quote!("(usr.id, req.order_no)")),
+        ["unknown parameter `usr` in `key`; did you mean `user`? the parameters are `req`, `user`"]
+    );
+}
+
+#[test]
 fn accepts_keys_over_parameters() {
     assert!(pay_with(quote!("req.order_no")).is_empty());
     assert!(pay_with(quote!("(req.user_id, req.client_req_id)")).is_empty());

@@ -1,0 +1,193 @@
+//! `EncryptedStore`: any store, with its result snapshots encrypted before they reach it (feature
+//! `encrypt`). The records' status, fences, leases and fingerprints stay readable, so the backend
+//! decides claims as before; only what a call returned is sealed.
+
+mod envelope;
+mod tx;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
+use crate::transition::TransitionTx;
+use crate::{IdemError, TransactionalStore};
+pub use envelope::{ENVELOPE_OVERHEAD, Keyring};
+pub use tx::EncryptedTx;
+
+/// A store whose result snapshots are encrypted (XChaCha20-Poly1305) with keys the service holds,
+/// so whoever reads the database, a backup or a Redis dump does not read what the calls returned.
+///
+/// It wraps any [`Store`] and changes no backend: `complete` seals the snapshot, a replay and
+/// `load` open it. Each snapshot carries the id of the key that sealed it (see [`Keyring`] for
+/// rotation) and is bound to its `(biz, key)`: a ciphertext copied to another record, or altered,
+/// is refused with [`IdemError::SnapshotDecrypt`], never replayed as garbage, and the call does not
+/// run again. Its [`Store::limits`] are the inner store's with [`ENVELOPE_OVERHEAD`] taken off the
+/// snapshot limit, so a result that passes the engine's size check also fits once sealed.
+///
+/// Over a store with transactions it has them too (`begin()`, an [`EncryptedTx`] for `tx = "…"`
+/// calls). Keys, fences and fingerprints are not encrypted (the fingerprint is already a hash).
+///
+/// ```
+/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+/// use idem_runtime::{Call, EncryptedStore, IdemError, Keyring, MemoryStore, Store};
+/// let keyring = Keyring::new(1, [42u8; 32])?; // in real life: 32 bytes from a secret manager
+/// let store = EncryptedStore::new(MemoryStore::new(), keyring);
+/// let first: Result<String, IdemError> =
+///     Call::new("PAY", "order-1").run(&store, async { Ok("receipt 7".to_owned()) }).await;
+/// let again: Result<String, IdemError> =
+///     Call::new("PAY", "order-1").run(&store, async { Ok("never runs".to_owned()) }).await;
+/// assert_eq!(first?, again?);
+/// let raw = store.inner().load("PAY", "order-1").await?.unwrap().snapshot.unwrap();
+/// assert!(!String::from_utf8_lossy(&raw).contains("receipt 7"));
+/// # Ok(()) }
+/// ```
+pub struct EncryptedStore<S> {
+    inner: Arc<Inner<S>>,
+}
+
+struct Inner<S> {
+    store: S,
+    keyring: Keyring,
+    limits: Limits,
+}
+
+impl<S> Clone for EncryptedStore<S> {
+    fn clone(&self) -> Self {
+        EncryptedStore {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S: Store> EncryptedStore<S> {
+    /// Wraps `store`: new snapshots are sealed under the keyring's current key; snapshots under
+    /// any key it holds open. To rotate keys, build a new `EncryptedStore` over the same store (a
+    /// clone of it) with the new keyring and register that one.
+    pub fn new(store: S, keyring: Keyring) -> Self {
+        let mut limits = store.limits().clone();
+        limits.max_snapshot_len = limits.max_snapshot_len.saturating_sub(ENVELOPE_OVERHEAD);
+        EncryptedStore {
+            inner: Arc::new(Inner {
+                store,
+                keyring,
+                limits,
+            }),
+        }
+    }
+
+    /// The wrapped store: what it returns is sealed (for inspection, e.g. with
+    /// [`Keyring::key_id_of`]).
+    pub fn inner(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// The keyring.
+    pub fn keyring(&self) -> &Keyring {
+        &self.inner.keyring
+    }
+
+    fn open_outcome(
+        &self,
+        req: &ClaimRequest<'_>,
+        outcome: ClaimOutcome,
+    ) -> Result<ClaimOutcome, IdemError> {
+        match outcome {
+            ClaimOutcome::Replay { snapshot } => Ok(ClaimOutcome::Replay {
+                snapshot: self.inner.keyring.open(req.biz, req.key, &snapshot)?,
+            }),
+            other => Ok(other),
+        }
+    }
+}
+
+impl<S: TransactionalStore> EncryptedStore<S> {
+    /// Begins a transaction on the inner store's database, for `tx = "…"` calls whose snapshots
+    /// are sealed like those of lease-mode calls.
+    ///
+    /// # Errors
+    /// The inner store's error.
+    pub async fn begin(&self) -> Result<EncryptedTx<S>, IdemError> {
+        let tx = self.inner.store.begin_tx().await?;
+        Ok(EncryptedTx::new(tx, self.clone()))
+    }
+}
+
+impl<S> std::fmt::Debug for EncryptedStore<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EncryptedStore")
+            .field("keyring", &self.inner.keyring)
+            .field("limits", &self.inner.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl<S: Store> Store for EncryptedStore<S> {
+    /// The inner store's backend.
+    fn backend(&self) -> &'static str {
+        self.inner.store.backend()
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        let outcome = self.inner.store.claim(req).await?;
+        self.open_outcome(req, outcome)
+    }
+
+    async fn complete(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        let sealed = self.inner.keyring.seal(biz, key, snapshot)?;
+        self.inner.store.complete(biz, key, claim, &sealed).await
+    }
+
+    async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
+        self.inner.store.fail(biz, key, claim).await
+    }
+
+    async fn renew(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError> {
+        self.inner.store.renew(biz, key, claim, lease).await
+    }
+
+    /// The record with its snapshot opened.
+    async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
+        let Some(mut record) = self.inner.store.load(biz, key).await? else {
+            return Ok(None);
+        };
+        if let Some(sealed) = record.snapshot.take() {
+            record.snapshot = Some(self.inner.keyring.open(biz, key, &sealed)?);
+        }
+        Ok(Some(record))
+    }
+
+    async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
+        self.inner.store.sweep_expired(batch).await
+    }
+
+    async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
+        self.inner.store.begin_transition().await
+    }
+}
+
+impl<S: TransactionalStore> TransactionalStore for EncryptedStore<S> {
+    type Tx = EncryptedTx<S>;
+
+    fn begin_tx(&self) -> impl Future<Output = Result<Self::Tx, IdemError>> + Send {
+        self.begin()
+    }
+}

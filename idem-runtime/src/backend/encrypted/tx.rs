@@ -1,0 +1,153 @@
+//! A transaction of the inner store whose snapshots are sealed, for `tx = "…"` calls.
+
+use std::ops::{Deref, DerefMut};
+
+use async_trait::async_trait;
+
+use super::EncryptedStore;
+use crate::sql::dialect::Dialect;
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
+use crate::transition::{SqlValue, StateRow, TransitionConn, TransitionTx};
+use crate::{IdemError, IdemTx, TransactionalStore};
+
+/// A transaction on the inner store's database, from [`EncryptedStore::begin`]: a `tx = "…"` call
+/// in it seals its snapshot and opens the one it replays, like a lease-mode call on the
+/// [`EncryptedStore`]. It derefs to the inner transaction's connection for the business's own
+/// queries; [`EncryptedTx::commit`] and [`EncryptedTx::rollback`] end it.
+pub struct EncryptedTx<S: TransactionalStore> {
+    tx: S::Tx,
+    store: EncryptedStore<S>,
+}
+
+impl<S: TransactionalStore> EncryptedTx<S> {
+    pub(super) fn new(tx: S::Tx, store: EncryptedStore<S>) -> Self {
+        EncryptedTx { tx, store }
+    }
+
+    /// The inner store's transaction.
+    pub fn into_inner(self) -> S::Tx {
+        self.tx
+    }
+
+    /// The inner store's transaction.
+    pub fn inner_mut(&mut self) -> &mut S::Tx {
+        &mut self.tx
+    }
+
+    /// Commits the inner transaction.
+    ///
+    /// # Errors
+    /// The inner store's error.
+    pub async fn commit(self) -> Result<(), IdemError>
+    where
+        S::Tx: TransitionTx,
+    {
+        Box::new(self.tx).commit().await
+    }
+
+    /// Rolls the inner transaction back.
+    ///
+    /// # Errors
+    /// The inner store's error.
+    pub async fn rollback(self) -> Result<(), IdemError>
+    where
+        S::Tx: TransitionTx,
+    {
+        Box::new(self.tx).rollback().await
+    }
+}
+
+impl<S: TransactionalStore> Deref for EncryptedTx<S>
+where
+    S::Tx: Deref,
+{
+    type Target = <S::Tx as Deref>::Target;
+
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl<S: TransactionalStore> DerefMut for EncryptedTx<S>
+where
+    S::Tx: DerefMut,
+{
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
+
+#[async_trait]
+impl<S: TransactionalStore> IdemTx for EncryptedTx<S> {
+    /// The [`EncryptedStore`]: its limits leave room for the envelope.
+    fn store(&self) -> &dyn Store {
+        &self.store
+    }
+
+    async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        let outcome = self.tx.claim(req).await?;
+        self.store.open_outcome(req, outcome)
+    }
+
+    async fn complete(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+    ) -> Result<(), IdemError> {
+        let sealed = self.store.keyring().seal(biz, key, snapshot)?;
+        self.tx.complete(biz, key, claim, &sealed).await
+    }
+
+    async fn abort(&mut self) -> Result<(), IdemError> {
+        self.tx.abort().await
+    }
+}
+
+#[async_trait]
+impl<S: TransactionalStore> TransitionConn for EncryptedTx<S>
+where
+    S::Tx: TransitionConn,
+{
+    fn dialect(&self) -> Dialect {
+        self.tx.dialect()
+    }
+
+    async fn execute(
+        &mut self,
+        sql: &'static str,
+        args: &[SqlValue<'_>],
+    ) -> Result<u64, IdemError> {
+        self.tx.execute(sql, args).await
+    }
+
+    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
+        self.tx.execute_unprepared(sql).await
+    }
+
+    async fn read_state(
+        &mut self,
+        sql: &'static str,
+        args: &[SqlValue<'_>],
+        versioned: bool,
+    ) -> Result<Option<StateRow>, IdemError> {
+        self.tx.read_state(sql, args, versioned).await
+    }
+}
+
+/// Commits or rolls back the inner transaction, so code written against [`TransitionTx`] works on
+/// it too.
+#[async_trait]
+impl<S: TransactionalStore> TransitionTx for EncryptedTx<S>
+where
+    S::Tx: TransitionTx,
+{
+    async fn commit(self: Box<Self>) -> Result<(), IdemError> {
+        Box::new(self.tx).commit().await
+    }
+
+    async fn rollback(self: Box<Self>) -> Result<(), IdemError> {
+        Box::new(self.tx).rollback().await
+    }
+}

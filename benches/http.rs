@@ -1,0 +1,101 @@
+//! What the Idempotency-Key layer costs a request: an axum router called in process (no sockets, so
+//! the figure is the layer's own work, not the network's), a bare handler against the same handler
+//! behind the layer on a `MemoryStore`, first executions (a new key each) and replays (one key).
+//! Rounds alternate the order and the ratio is taken per round, then the median.
+//!
+//! `cargo bench --bench http --features axum`
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderName, Request};
+use axum::routing::post;
+use idem::MemoryStore;
+use idem::http::{IdempotencyLayer, Principal};
+use tower::ServiceExt;
+
+fn router(layer: Option<IdempotencyLayer>) -> Router {
+    let route = post(|body: String| async move {
+        axum::Json(serde_json::json!({ "order_id": 7, "echo": body.len() }))
+    });
+    let route = match layer {
+        Some(layer) => route.layer(layer),
+        None => route,
+    };
+    Router::new().route("/orders", route)
+}
+
+fn request(key: &str) -> Request<Body> {
+    Request::post("/orders")
+        .header("x-user", "alice")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Body::from(r#"{"item":"book","amount":1200}"#))
+        .unwrap()
+}
+
+async fn run(app: &Router, n: u64, key: impl Fn(u64) -> String) -> f64 {
+    let t = Instant::now();
+    for i in 0..n {
+        let response = app.clone().oneshot(request(&key(i))).await.unwrap();
+        assert!(response.status().is_success());
+        black_box(axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap());
+    }
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let n = 20_000;
+    let rounds = 9;
+    rt.block_on(async {
+        let layer = || {
+            IdempotencyLayer::builder(MemoryStore::new())
+                .principal(Principal::header(HeaderName::from_static("x-user")))
+                .ttl(Duration::from_secs(3600))
+                .build()
+                .unwrap()
+        };
+        let bare = router(None);
+        let (mut b, mut f, mut r, mut first_ratio, mut replay_ratio) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        for round in 0..rounds {
+            let fresh = router(Some(layer()));
+            let replays = router(Some(layer()));
+            run(&replays, 1, |_| "same".to_owned()).await;
+            let (bare_rate, first_rate, replay_rate) = if round % 2 == 0 {
+                let x = run(&bare, n, |_| "k".to_owned()).await;
+                let y = run(&fresh, n, |i| format!("k-{round}-{i}")).await;
+                let z = run(&replays, n, |_| "same".to_owned()).await;
+                (x, y, z)
+            } else {
+                let z = run(&replays, n, |_| "same".to_owned()).await;
+                let y = run(&fresh, n, |i| format!("k-{round}-{i}")).await;
+                let x = run(&bare, n, |_| "k".to_owned()).await;
+                (x, y, z)
+            };
+            b.push(bare_rate);
+            f.push(first_rate);
+            r.push(replay_rate);
+            first_ratio.push(first_rate / bare_rate);
+            replay_ratio.push(replay_rate / bare_rate);
+        }
+        println!("idem HTTP layer (one core, in-process router, median of {rounds} rounds of {n})\n");
+        println!("{:<52} {:>12}", "scenario", "requests/s");
+        println!("{:<52} {:>12.0}", "bare axum handler", median(b));
+        println!("{:<52} {:>12.0}", "behind the layer: first execution (new key)", median(f));
+        println!("{:<52} {:>12.0}", "behind the layer: replay (same key)", median(r));
+        println!("{:<52} {:>12.3}", "ratio layer / bare, first execution", median(first_ratio));
+        println!("{:<52} {:>12.3}", "ratio layer / bare, replay", median(replay_ratio));
+    });
+}

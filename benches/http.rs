@@ -41,7 +41,11 @@ async fn run(app: &Router, n: u64, key: impl Fn(u64) -> String) -> f64 {
     for i in 0..n {
         let response = app.clone().oneshot(request(&key(i))).await.unwrap();
         assert!(response.status().is_success());
-        black_box(axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap());
+        black_box(
+            axum::body::to_bytes(response.into_body(), 1 << 20)
+                .await
+                .unwrap(),
+        );
     }
     n as f64 / t.elapsed().as_secs_f64()
 }
@@ -90,12 +94,30 @@ fn main() {
             first_ratio.push(first_rate / bare_rate);
             replay_ratio.push(replay_rate / bare_rate);
         }
-        println!("idem HTTP layer (one core, in-process router, median of {rounds} rounds of {n})\n");
+        println!(
+            "idem HTTP layer (one core, in-process router, median of {rounds} rounds of {n})\n"
+        );
         println!("{:<52} {:>12}", "scenario", "requests/s");
         println!("{:<52} {:>12.0}", "bare axum handler", median(b));
-        println!("{:<52} {:>12.0}", "behind the layer: first execution (new key)", median(f));
-        println!("{:<52} {:>12.0}", "behind the layer: replay (same key)", median(r));
-        println!("{:<52} {:>12.3}", "ratio layer / bare, first execution", median(first_ratio));
-        println!("{:<52} {:>12.3}", "ratio layer / bare, replay", median(replay_ratio));
+        println!(
+            "{:<52} {:>12.0}",
+            "behind the layer: first execution (new key)",
+            median(f)
+        );
+        println!(
+            "{:<52} {:>12.0}",
+            "behind the layer: replay (same key)",
+            median(r)
+        );
+        println!(
+            "{:<52} {:>12.3}",
+            "ratio layer / bare, first execution",
+            median(first_ratio)
+        );
+        println!(
+            "{:<52} {:>12.3}",
+            "ratio layer / bare, replay",
+            median(replay_ratio)
+        );
     });
 }

@@ -14,9 +14,12 @@ mod server;
 use std::future::Future;
 use std::time::Duration;
 
+#[path = "support/mq_audit.rs"]
+mod mq_audit;
+
 use async_nats::jetstream;
-use idem::Outcome;
-use mq_consumer::{Plan, Shipping, Verdict};
+use mq_audit::shipping;
+use mq_consumer::Plan;
 
 const CONSUMER: &str = "shipping";
 
@@ -57,18 +60,6 @@ where
     deleted.expect("delete the test stream");
 }
 
-async fn shipping(dir: &tempfile::TempDir) -> Shipping {
-    Shipping::open(dir.path().join("shipping.db"))
-        .await
-        .expect("SQLite store opens")
-}
-
-fn one_row_per_order(orders: &[&str]) -> Vec<(String, i64)> {
-    let mut want: Vec<(String, i64)> = orders.iter().map(|o| ((*o).to_owned(), 1)).collect();
-    want.sort();
-    want
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_killed_before_its_ack_ships_once_and_the_redelivery_is_acked() {
     // Short ack_wait: JetStream redelivers what the dead consumer never acked after 1 s.
@@ -90,51 +81,14 @@ async fn a_consumer_killed_before_its_ack_ships_once_and_the_redelivery_is_acked
             let run1 = mq_consumer::run_nats_consumer(&url, &stream, CONSUMER, &shipping, &plan)
                 .await
                 .unwrap();
-            assert!(run1.crashed, "consumer 1 never reached ORD-2: {run1:#?}");
-            let crashed = run1.seen.last().unwrap();
-            assert_eq!(crashed.handled.order_no.as_deref(), Some("ORD-2"));
-            assert!(
-                shipping
-                    .shipped()
-                    .await
-                    .unwrap()
-                    .contains(&("ORD-2".to_owned(), 1)),
-                "the killed consumer's side effect was committed"
-            );
+            let crashed = mq_audit::died_after_shipping_ord2(&run1, &shipping).await;
 
             let rest = Plan::settle(msgs.len() - run1.settled());
             let run2 = mq_consumer::run_nats_consumer(&url, &stream, CONSUMER, &shipping, &rest)
                 .await
                 .unwrap();
-            let again = run2
-                .seen
-                .iter()
-                .find(|s| s.message_id == crashed.message_id)
-                .unwrap_or_else(|| panic!("{} was not redelivered: {run2:#?}", crashed.message_id));
-            assert!(again.redelivered, "delivery count > 1: {again:?}");
-            assert_eq!(again.handled.outcome, Some(Outcome::Replayed), "{again:?}");
-            assert_eq!(again.handled.verdict, Verdict::Ack, "{again:?}");
-
-            let all: Vec<_> = run1.seen.iter().chain(&run2.seen).collect();
-            for order in ["ORD-1", "ORD-2", "ORD-3"] {
-                let executed = all
-                    .iter()
-                    .filter(|s| {
-                        s.handled.order_no.as_deref() == Some(order)
-                            && s.handled.outcome == Some(Outcome::Executed)
-                    })
-                    .count();
-                assert_eq!(executed, 1, "{order} executed {executed} times: {all:#?}");
-            }
-            assert_eq!(
-                run1.acked + run2.acked,
-                msgs.len(),
-                "every message acked once"
-            );
-            assert_eq!(
-                shipping.shipped().await.unwrap(),
-                one_row_per_order(&["ORD-1", "ORD-2", "ORD-3"])
-            );
+            mq_audit::redelivered_as_replay(&run2, crashed);
+            mq_audit::shipped_each_order_once(&[&run1, &run2], msgs.len(), &shipping).await;
             // Acks were confirmed by the server (double ack), so its counts are final.
             assert_eq!(
                 mq_consumer::nats_consumer_state(&js, &stream, CONSUMER)
@@ -179,35 +133,8 @@ async fn a_failure_is_nacked_and_the_redelivery_ships_once() {
             .await
             .unwrap();
 
-            let ord3: Vec<_> = run
-                .seen
-                .iter()
-                .filter(|s| s.handled.order_no.as_deref() == Some("ORD-3"))
-                .collect();
-            let first = ord3.first().expect("ORD-3 delivered");
-            assert_eq!(first.handled.outcome, Some(Outcome::Failed), "{first:?}");
-            assert_eq!(first.handled.verdict, Verdict::Requeue, "{first:?}");
-            assert_eq!(run.requeued, 1, "one Nak: {run:#?}");
-            assert!(
-                run.seen
-                    .iter()
-                    .any(|s| s.message_id == first.message_id && s.redelivered),
-                "the nacked message {} came back with a delivery count > 1: {run:#?}",
-                first.message_id
-            );
-            let executed = ord3
-                .iter()
-                .filter(|s| s.handled.outcome == Some(Outcome::Executed))
-                .count();
-            assert_eq!(
-                executed, 1,
-                "ORD-3 executed once after the failure: {ord3:#?}"
-            );
-            assert_eq!(run.acked, msgs.len(), "every message acked once");
-            assert_eq!(
-                shipping.shipped().await.unwrap(),
-                one_row_per_order(&["ORD-1", "ORD-2", "ORD-3"])
-            );
+            mq_audit::failed_then_shipped_once(&run);
+            mq_audit::shipped_each_order_once(&[&run], msgs.len(), &shipping).await;
             assert_eq!(
                 mq_consumer::nats_consumer_state(&js, &stream, CONSUMER)
                     .await

@@ -13,8 +13,12 @@ mod server;
 use std::future::Future;
 use std::time::Duration;
 
+#[path = "support/mq_audit.rs"]
+mod mq_audit;
+
 use idem::Outcome;
-use mq_consumer::{Plan, Shipping, Tally, Verdict};
+use mq_audit::{one_row_per_order, shipping};
+use mq_consumer::{Plan, Verdict};
 
 /// A connection to the broker, or `None` after the one skip line (a panic under
 /// `IDEM_REQUIRE_SERVICES=1`).
@@ -52,19 +56,6 @@ where
     deleted.expect("delete the test queue");
 }
 
-/// A fresh SQLite file for one test (removed with the directory).
-async fn shipping(dir: &tempfile::TempDir) -> Shipping {
-    Shipping::open(dir.path().join("shipping.db"))
-        .await
-        .expect("SQLite store opens")
-}
-
-fn one_row_per_order(orders: &[&str]) -> Vec<(String, i64)> {
-    let mut want: Vec<(String, i64)> = orders.iter().map(|o| ((*o).to_owned(), 1)).collect();
-    want.sort();
-    want
-}
-
 /// Waits (up to 10 s) until no consumer is attached to `queue` any more, so the broker has
 /// requeued whatever a closed consumer left unacked, then gives the ready count.
 async fn ready_after_consumers_left(conn: &lapin::Connection, queue: &str) -> u32 {
@@ -82,14 +73,6 @@ async fn ready_after_consumers_left(conn: &lapin::Connection, queue: &str) -> u3
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-fn deliveries_of<'a>(tally: &'a Tally, order_no: &str) -> Vec<&'a mq_consumer::Seen> {
-    tally
-        .seen
-        .iter()
-        .filter(|s| s.handled.order_no.as_deref() == Some(order_no))
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,17 +93,7 @@ async fn a_consumer_killed_before_its_ack_ships_once_and_the_redelivery_is_acked
         let run1 = mq_consumer::run_rabbit_consumer(&url, &queue, &shipping, &plan)
             .await
             .unwrap();
-        assert!(run1.crashed, "consumer 1 never reached ORD-2: {run1:#?}");
-        let crashed = run1.seen.last().unwrap();
-        assert_eq!(crashed.handled.order_no.as_deref(), Some("ORD-2"));
-        assert!(
-            shipping
-                .shipped()
-                .await
-                .unwrap()
-                .contains(&("ORD-2".to_owned(), 1)),
-            "the killed consumer's side effect was committed"
-        );
+        let crashed = mq_audit::died_after_shipping_ord2(&run1, &shipping).await;
         assert!(
             ready_after_consumers_left(&conn, &queue).await >= 1,
             "the unacked ORD-2 delivery went back to the queue"
@@ -132,36 +105,9 @@ async fn a_consumer_killed_before_its_ack_ships_once_and_the_redelivery_is_acked
         let run2 = mq_consumer::run_rabbit_consumer(&url, &queue, &shipping, &rest)
             .await
             .unwrap();
-        let again = run2
-            .seen
-            .iter()
-            .find(|s| s.message_id == crashed.message_id)
-            .unwrap_or_else(|| panic!("{} was not redelivered: {run2:#?}", crashed.message_id));
-        assert!(again.redelivered, "{again:?}");
-        assert_eq!(again.handled.outcome, Some(Outcome::Replayed), "{again:?}");
-        assert_eq!(again.handled.verdict, Verdict::Ack, "{again:?}");
-
+        mq_audit::redelivered_as_replay(&run2, crashed);
         // Every order number's second message (another message id) was a duplicate too.
-        let all: Vec<_> = run1.seen.iter().chain(&run2.seen).collect();
-        for order in ["ORD-1", "ORD-2", "ORD-3"] {
-            let executed = all
-                .iter()
-                .filter(|s| {
-                    s.handled.order_no.as_deref() == Some(order)
-                        && s.handled.outcome == Some(Outcome::Executed)
-                })
-                .count();
-            assert_eq!(executed, 1, "{order} executed {executed} times: {all:#?}");
-        }
-        assert_eq!(
-            run1.acked + run2.acked,
-            msgs.len(),
-            "every message acked once"
-        );
-        assert_eq!(
-            shipping.shipped().await.unwrap(),
-            one_row_per_order(&["ORD-1", "ORD-2", "ORD-3"])
-        );
+        mq_audit::shipped_each_order_once(&[&run1, &run2], msgs.len(), &shipping).await;
         assert_eq!(
             ready_after_consumers_left(&conn, &queue).await,
             0,
@@ -191,37 +137,9 @@ async fn a_failure_is_nacked_with_requeue_and_the_redelivery_ships_once() {
                 .await
                 .unwrap();
 
-        let ord3 = deliveries_of(&run, "ORD-3");
-        let first = ord3.first().expect("ORD-3 delivered");
-        assert_eq!(first.handled.outcome, Some(Outcome::Failed), "{first:?}");
-        assert_eq!(first.handled.verdict, Verdict::Requeue, "{first:?}");
-        assert_eq!(run.requeued, 1, "one nack: {run:#?}");
-        let executed: Vec<_> = ord3
-            .iter()
-            .filter(|s| s.handled.outcome == Some(Outcome::Executed))
-            .collect();
-        assert_eq!(
-            executed.len(),
-            1,
-            "ORD-3 executed once after the failure: {ord3:#?}"
-        );
-        assert!(
-            run.seen
-                .iter()
-                .any(|s| s.message_id == first.message_id && s.redelivered),
-            "the nacked message {} came back redelivered: {run:#?}",
-            first.message_id
-        );
-        assert!(
-            ord3.iter().all(|s| s.handled.verdict != Verdict::Reject),
-            "{ord3:#?}"
-        );
-        assert_eq!(run.acked, msgs.len(), "every message acked once");
+        mq_audit::failed_then_shipped_once(&run);
         // The failed try's row was rolled back with its claim.
-        assert_eq!(
-            shipping.shipped().await.unwrap(),
-            one_row_per_order(&["ORD-1", "ORD-2", "ORD-3"])
-        );
+        mq_audit::shipped_each_order_once(&[&run], msgs.len(), &shipping).await;
         assert_eq!(
             ready_after_consumers_left(&conn, &queue).await,
             0,

@@ -165,3 +165,59 @@ macro_rules! sqlx_transition_conn {
 }
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 pub(crate) use sqlx_transition_conn;
+
+/// `TransitionConn` and `TransitionTx` for a transaction that wraps a store's transaction in its
+/// field `tx` (`ShardedTx<S>`, `EncryptedTx<S>`): every call goes to the inner transaction, so
+/// `#[state_transition]` works on the wrapper as on the store's own transaction.
+macro_rules! wrapping_transition_tx {
+    ($wrapper:ident) => {
+        #[async_trait::async_trait]
+        impl<S: $crate::TransactionalStore> $crate::transition::TransitionConn for $wrapper<S>
+        where
+            S::Tx: $crate::transition::TransitionConn,
+        {
+            fn dialect(&self) -> $crate::sql::dialect::Dialect {
+                self.tx.dialect()
+            }
+
+            async fn execute(
+                &mut self,
+                sql: &'static str,
+                args: &[$crate::transition::SqlValue<'_>],
+            ) -> Result<u64, $crate::IdemError> {
+                self.tx.execute(sql, args).await
+            }
+
+            async fn execute_unprepared(&mut self, sql: &str) -> Result<(), $crate::IdemError> {
+                self.tx.execute_unprepared(sql).await
+            }
+
+            async fn read_state(
+                &mut self,
+                sql: &'static str,
+                args: &[$crate::transition::SqlValue<'_>],
+                versioned: bool,
+            ) -> Result<Option<$crate::transition::StateRow>, $crate::IdemError> {
+                self.tx.read_state(sql, args, versioned).await
+            }
+        }
+
+        /// Commits or rolls back the inner transaction, so code written against
+        /// [`TransitionTx`](crate::TransitionTx) (a transaction it began and ends itself) works on
+        /// the wrapper too.
+        #[async_trait::async_trait]
+        impl<S: $crate::TransactionalStore> $crate::transition::TransitionTx for $wrapper<S>
+        where
+            S::Tx: $crate::transition::TransitionTx,
+        {
+            async fn commit(self: Box<Self>) -> Result<(), $crate::IdemError> {
+                Box::new(self.tx).commit().await
+            }
+
+            async fn rollback(self: Box<Self>) -> Result<(), $crate::IdemError> {
+                Box::new(self.tx).rollback().await
+            }
+        }
+    };
+}
+pub(crate) use wrapping_transition_tx;

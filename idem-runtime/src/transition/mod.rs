@@ -15,6 +15,7 @@ mod value;
 
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 pub(crate) use conn::sqlx_transition_conn;
+pub(crate) use conn::wrapping_transition_tx;
 pub use conn::{StateRow, TransitionConn, TransitionTx};
 pub use run::{
     Done, TransitionCall, TransitionGuard, TransitionSpec, TransitionStep, TransitionValues,

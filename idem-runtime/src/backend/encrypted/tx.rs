@@ -5,9 +5,8 @@ use std::ops::{Deref, DerefMut};
 use async_trait::async_trait;
 
 use super::EncryptedStore;
-use crate::sql::dialect::Dialect;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
-use crate::transition::{SqlValue, StateRow, TransitionConn, TransitionTx};
+use crate::transition::TransitionTx;
 use crate::{IdemError, IdemTx, TransactionalStore};
 
 /// A transaction on the inner store's database, from [`EncryptedStore::begin`]: a `tx = "…"` call
@@ -105,49 +104,4 @@ impl<S: TransactionalStore> IdemTx for EncryptedTx<S> {
     }
 }
 
-#[async_trait]
-impl<S: TransactionalStore> TransitionConn for EncryptedTx<S>
-where
-    S::Tx: TransitionConn,
-{
-    fn dialect(&self) -> Dialect {
-        self.tx.dialect()
-    }
-
-    async fn execute(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-    ) -> Result<u64, IdemError> {
-        self.tx.execute(sql, args).await
-    }
-
-    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
-        self.tx.execute_unprepared(sql).await
-    }
-
-    async fn read_state(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-        versioned: bool,
-    ) -> Result<Option<StateRow>, IdemError> {
-        self.tx.read_state(sql, args, versioned).await
-    }
-}
-
-/// Commits or rolls back the inner transaction, so code written against [`TransitionTx`] works on
-/// it too.
-#[async_trait]
-impl<S: TransactionalStore> TransitionTx for EncryptedTx<S>
-where
-    S::Tx: TransitionTx,
-{
-    async fn commit(self: Box<Self>) -> Result<(), IdemError> {
-        Box::new(self.tx).commit().await
-    }
-
-    async fn rollback(self: Box<Self>) -> Result<(), IdemError> {
-        Box::new(self.tx).rollback().await
-    }
-}
+crate::transition::wrapping_transition_tx!(EncryptedTx);

@@ -5,9 +5,7 @@ use std::ops::{Deref, DerefMut};
 use async_trait::async_trait;
 
 use super::ShardedStore;
-use crate::sql::dialect::Dialect;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
-use crate::transition::{SqlValue, StateRow, TransitionConn, TransitionTx};
 use crate::{IdemError, IdemTx, TransactionalStore};
 
 /// A transaction on the shard of one key, from [`ShardedStore::begin_for`]. A `tx = "…"` call
@@ -97,49 +95,4 @@ impl<S: TransactionalStore> IdemTx for ShardedTx<S> {
     }
 }
 
-#[async_trait]
-impl<S: TransactionalStore> TransitionConn for ShardedTx<S>
-where
-    S::Tx: TransitionConn,
-{
-    fn dialect(&self) -> Dialect {
-        self.tx.dialect()
-    }
-
-    async fn execute(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-    ) -> Result<u64, IdemError> {
-        self.tx.execute(sql, args).await
-    }
-
-    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
-        self.tx.execute_unprepared(sql).await
-    }
-
-    async fn read_state(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-        versioned: bool,
-    ) -> Result<Option<StateRow>, IdemError> {
-        self.tx.read_state(sql, args, versioned).await
-    }
-}
-
-/// Commits or rolls back the shard's transaction, so code written against [`TransitionTx`] (a
-/// transaction it began and ends itself) works on a shard too.
-#[async_trait]
-impl<S: TransactionalStore> TransitionTx for ShardedTx<S>
-where
-    S::Tx: TransitionTx,
-{
-    async fn commit(self: Box<Self>) -> Result<(), IdemError> {
-        Box::new(self.tx).commit().await
-    }
-
-    async fn rollback(self: Box<Self>) -> Result<(), IdemError> {
-        Box::new(self.tx).rollback().await
-    }
-}
+crate::transition::wrapping_transition_tx!(ShardedTx);

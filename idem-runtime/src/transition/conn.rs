@@ -168,9 +168,11 @@ pub(crate) use sqlx_transition_conn;
 
 /// `TransitionConn` and `TransitionTx` for a transaction that wraps a store's transaction in its
 /// field `tx` (`ShardedTx<S>`, `EncryptedTx<S>`): every call goes to the inner transaction, so
-/// `#[state_transition]` works on the wrapper as on the store's own transaction.
+/// `#[state_transition]` works on the wrapper as on the store's own transaction. `attrs` go on both
+/// impls.
 macro_rules! wrapping_transition_tx {
-    ($wrapper:ident) => {
+    ($wrapper:ident $(, #[$attr:meta])*) => {
+        $(#[$attr])*
         #[async_trait::async_trait]
         impl<S: $crate::TransactionalStore> $crate::transition::TransitionConn for $wrapper<S>
         where
@@ -205,6 +207,7 @@ macro_rules! wrapping_transition_tx {
         /// Commits or rolls back the inner transaction, so code written against
         /// [`TransitionTx`](crate::TransitionTx) (a transaction it began and ends itself) works on
         /// the wrapper too.
+        $(#[$attr])*
         #[async_trait::async_trait]
         impl<S: $crate::TransactionalStore> $crate::transition::TransitionTx for $wrapper<S>
         where

@@ -104,4 +104,6 @@ impl<S: TransactionalStore> IdemTx for EncryptedTx<S> {
     }
 }
 
-crate::transition::wrapping_transition_tx!(EncryptedTx);
+// Not offered in the "not a transaction" error, whose list should show the stores' own
+// transactions (and read the same with and without the `encrypt` feature).
+crate::transition::wrapping_transition_tx!(EncryptedTx, #[diagnostic::do_not_recommend]);

@@ -95,4 +95,6 @@ impl<S: TransactionalStore> IdemTx for ShardedTx<S> {
     }
 }
 
-crate::transition::wrapping_transition_tx!(ShardedTx);
+// Not offered in the "not a transaction" error, whose list should show the stores' own
+// transactions (a shard's `begin_for` gives this one).
+crate::transition::wrapping_transition_tx!(ShardedTx, #[diagnostic::do_not_recommend]);

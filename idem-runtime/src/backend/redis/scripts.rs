@@ -22,7 +22,7 @@ local now = math.floor(now_us / 1000)
     };
 }
 
-/// KEYS[1] the record; ARGV: fingerprint (`""` for none), lease ms, ttl ms, offset ms.
+/// `KEYS[1]` the record; ARGV: fingerprint (`""` for none), lease ms, ttl ms, offset ms.
 /// Returns `{'A', attempt, fence, how}` (attempt and fence as integer replies: no formatting),
 /// `{'R', result}`, `{'M'}` or `{'P', ms left}`. A new record has no result to delete, so the
 /// `HDEL` runs only when there is one: each `redis.call` is a command Redis dispatches.
@@ -63,7 +63,7 @@ return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover')
 "#
 );
 
-/// KEYS[1]; ARGV: fence, result, offset. 1 when the record was PROCESSING under the fence (or is
+/// `KEYS[1]`; ARGV: fence, result, offset. 1 when the record was PROCESSING under the fence (or is
 /// already SUCCEEDED under it: a mark sent again after a lost reply).
 pub const COMPLETE: &str = r#"
 local rec = redis.call('HMGET', KEYS[1], 's', 'f')

@@ -60,8 +60,13 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let n = 20_000;
-    let rounds = 9;
+    // IDEM_BENCH_SCALE=0.1 for a quick look (or under valgrind).
+    let scale: f64 = std::env::var("IDEM_BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    let n = ((20_000.0 * scale) as u64).max(100);
+    let rounds = if scale < 1.0 { 1 } else { 9 };
     rt.block_on(async {
         let layer = || {
             IdempotencyLayer::builder(MemoryStore::new())

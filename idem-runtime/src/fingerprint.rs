@@ -21,15 +21,16 @@ pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<String, String> {
     Ok(hex(&Sha256::digest(&canonical)))
 }
 
-/// `bytes` as lowercase hex digits.
+/// `bytes` as lowercase hex digits (a table lookup: `format!` per byte was most of a
+/// fingerprint's cost).
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(2 * bytes.len()), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(2 * bytes.len());
+    for &b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
 }
 
 /// Writes `value` as canonical JSON.
@@ -90,6 +91,12 @@ fn write_number(n: &serde_json::Number, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use std::collections::{BTreeMap, HashMap};
+
+    #[test]
+    fn hex_is_two_lowercase_digits_per_byte() {
+        assert_eq!(super::hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        assert_eq!(super::hex(&[]), "");
+    }
 
     use serde::Serialize;
 

@@ -90,6 +90,12 @@ impl Call {
         self
     }
 
+    /// Sets a fingerprint the caller computed itself (a hash of the request's bytes).
+    pub(crate) fn fingerprint_hash(mut self, hash: String) -> Self {
+        self.fingerprint = Some(Ok(hash));
+        self
+    }
+
     /// The business type.
     pub fn biz(&self) -> &str {
         &self.biz

@@ -492,7 +492,7 @@ where
     let mut ran = false;
     let store_limit = cfg.store.limits().max_snapshot_len;
     let mut call = Call::new(cfg.biz.clone(), &record_key)
-        .fingerprint(&fingerprint)
+        .fingerprint_hash(fingerprint)
         .ttl(cfg.ttl)
         .lease(cfg.lease);
     if let Some(every) = cfg.heartbeat {

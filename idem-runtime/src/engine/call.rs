@@ -91,6 +91,7 @@ impl Call {
     }
 
     /// Sets a fingerprint the caller computed itself (a hash of the request's bytes).
+    #[cfg(feature = "axum")]
     pub(crate) fn fingerprint_hash(mut self, hash: String) -> Self {
         self.fingerprint = Some(Ok(hash));
         self

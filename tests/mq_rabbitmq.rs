@@ -18,7 +18,7 @@ mod mq_audit;
 
 use idem::Outcome;
 use mq_audit::{one_row_per_order, shipping};
-use mq_consumer::{Plan, Verdict};
+use mq_consumer::{Plan, Shipping, Verdict};
 
 /// A connection to the broker, or `None` after the one skip line (a panic under
 /// `IDEM_REQUIRE_SERVICES=1`).
@@ -32,12 +32,22 @@ async fn broker(url: &str) -> Option<lapin::Connection> {
     .await
 }
 
-/// Runs `body(url, queue)` on a queue of its own (declared here) in a task of its own, then deletes
-/// the queue, also when `body` panicked (the panic is then passed on). Skips when the broker is
-/// unreachable.
+/// One test's queue, its six demo messages already published, a connection, and a fresh
+/// shipping database.
+struct Fresh {
+    url: String,
+    queue: String,
+    conn: lapin::Connection,
+    shipping: Shipping,
+    msgs: Vec<(String, mq_consumer::OrderMsg)>,
+    _dir: tempfile::TempDir,
+}
+
+/// Runs `body` on a [`Fresh`] queue (declared here) in a task of its own, then deletes the queue,
+/// also when `body` panicked (the panic is then passed on). Skips when the broker is unreachable.
 async fn on_fresh_queue<F, Fut>(prefix: &str, body: F)
 where
-    F: FnOnce(String, String) -> Fut,
+    F: FnOnce(Fresh) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let url = mq_consumer::amqp_url();
@@ -48,7 +58,28 @@ where
     mq_consumer::rabbit_declare(&conn, &queue)
         .await
         .expect("declare the test queue");
-    let ran = tokio::spawn(body(url, queue.clone())).await;
+    let fresh_queue = queue.clone();
+    let ran = tokio::spawn(async move {
+        let conn = mq_consumer::rabbit_connect(&url)
+            .await
+            .expect("connect to RabbitMQ");
+        let dir = tempfile::tempdir().unwrap();
+        let shipping = shipping(&dir).await;
+        let msgs = mq_consumer::demo_messages(&format!("{fresh_queue}-m"));
+        mq_consumer::rabbit_publish(&conn, &fresh_queue, &msgs)
+            .await
+            .unwrap();
+        body(Fresh {
+            url,
+            queue: fresh_queue,
+            conn,
+            shipping,
+            msgs,
+            _dir: dir,
+        })
+        .await
+    })
+    .await;
     let deleted = mq_consumer::rabbit_delete(&conn, &queue).await;
     if let Err(e) = ran {
         std::panic::resume_unwind(e.into_panic());
@@ -77,16 +108,15 @@ async fn ready_after_consumers_left(conn: &lapin::Connection, queue: &str) -> u3
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_killed_before_its_ack_ships_once_and_the_redelivery_is_acked() {
-    on_fresh_queue("idem_mq_kill", |url, queue| async move {
-        let conn = mq_consumer::rabbit_connect(&url)
-            .await
-            .expect("connect to RabbitMQ");
-        let dir = tempfile::tempdir().unwrap();
-        let shipping = shipping(&dir).await;
-        let msgs = mq_consumer::demo_messages(&format!("{queue}-m"));
-        mq_consumer::rabbit_publish(&conn, &queue, &msgs)
-            .await
-            .unwrap();
+    on_fresh_queue("idem_mq_kill", |fresh| async move {
+        let Fresh {
+            url,
+            queue,
+            conn,
+            shipping,
+            msgs,
+            ..
+        } = &fresh;
 
         // Consumer 1 ships ORD-2, commits, and dies before acking it.
         let plan = Plan::settle(msgs.len()).crash_after("ORD-2");
@@ -119,16 +149,15 @@ async fn a_consumer_killed_before_its_ack_ships_once_and_the_redelivery_is_acked
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_is_nacked_with_requeue_and_the_redelivery_ships_once() {
-    on_fresh_queue("idem_mq_nack", |url, queue| async move {
-        let conn = mq_consumer::rabbit_connect(&url)
-            .await
-            .expect("connect to RabbitMQ");
-        let dir = tempfile::tempdir().unwrap();
-        let shipping = shipping(&dir).await;
-        let msgs = mq_consumer::demo_messages(&format!("{queue}-m"));
-        mq_consumer::rabbit_publish(&conn, &queue, &msgs)
-            .await
-            .unwrap();
+    on_fresh_queue("idem_mq_nack", |fresh| async move {
+        let Fresh {
+            url,
+            queue,
+            conn,
+            shipping,
+            msgs,
+            ..
+        } = &fresh;
         // The warehouse fails on the first try for ORD-3, after its row was written.
         shipping.fail_once("ORD-3");
 

@@ -166,12 +166,33 @@ macro_rules! sqlx_transition_conn {
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 pub(crate) use sqlx_transition_conn;
 
-/// `TransitionConn` and `TransitionTx` for a transaction that wraps a store's transaction in its
-/// field `tx` (`ShardedTx<S>`, `EncryptedTx<S>`): every call goes to the inner transaction, so
-/// `#[state_transition]` works on the wrapper as on the store's own transaction. `attrs` go on both
-/// impls.
+/// `Deref`, `TransitionConn` and `TransitionTx` for a transaction that wraps a store's transaction
+/// in its field `tx` (`ShardedTx<S>`, `EncryptedTx<S>`): every call goes to the inner transaction,
+/// so your queries and `#[state_transition]` work on the wrapper as on the store's own
+/// transaction. `attrs` go on the two transition impls.
 macro_rules! wrapping_transition_tx {
     ($wrapper:ident $(, #[$attr:meta])*) => {
+        /// Derefs to the inner transaction's connection, for your own queries in it.
+        impl<S: $crate::TransactionalStore> std::ops::Deref for $wrapper<S>
+        where
+            S::Tx: std::ops::Deref,
+        {
+            type Target = <S::Tx as std::ops::Deref>::Target;
+
+            fn deref(&self) -> &Self::Target {
+                &self.tx
+            }
+        }
+
+        impl<S: $crate::TransactionalStore> std::ops::DerefMut for $wrapper<S>
+        where
+            S::Tx: std::ops::DerefMut,
+        {
+            fn deref_mut(&mut self) -> &mut Self::Target {
+                &mut self.tx
+            }
+        }
+
         $(#[$attr])*
         #[async_trait::async_trait]
         impl<S: $crate::TransactionalStore> $crate::transition::TransitionConn for $wrapper<S>

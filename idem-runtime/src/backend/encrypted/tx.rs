@@ -1,7 +1,5 @@
 //! A transaction of the inner store whose snapshots are sealed, for `tx = "…"` calls.
 
-use std::ops::{Deref, DerefMut};
-
 use async_trait::async_trait;
 
 use super::EncryptedStore;
@@ -53,26 +51,6 @@ impl<S: TransactionalStore> EncryptedTx<S> {
         S::Tx: TransitionTx,
     {
         Box::new(self.tx).rollback().await
-    }
-}
-
-impl<S: TransactionalStore> Deref for EncryptedTx<S>
-where
-    S::Tx: Deref,
-{
-    type Target = <S::Tx as Deref>::Target;
-
-    fn deref(&self) -> &Self::Target {
-        &self.tx
-    }
-}
-
-impl<S: TransactionalStore> DerefMut for EncryptedTx<S>
-where
-    S::Tx: DerefMut,
-{
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tx
     }
 }
 

@@ -1,7 +1,5 @@
 //! A transaction on one shard, for `tx = "…"` calls whose key lives there.
 
-use std::ops::{Deref, DerefMut};
-
 use async_trait::async_trait;
 
 use super::ShardedStore;
@@ -36,26 +34,6 @@ impl<S: TransactionalStore> ShardedTx<S> {
 
     /// The shard's transaction.
     pub fn inner_mut(&mut self) -> &mut S::Tx {
-        &mut self.tx
-    }
-}
-
-impl<S: TransactionalStore> Deref for ShardedTx<S>
-where
-    S::Tx: Deref,
-{
-    type Target = <S::Tx as Deref>::Target;
-
-    fn deref(&self) -> &Self::Target {
-        &self.tx
-    }
-}
-
-impl<S: TransactionalStore> DerefMut for ShardedTx<S>
-where
-    S::Tx: DerefMut,
-{
-    fn deref_mut(&mut self) -> &mut Self::Target {
         &mut self.tx
     }
 }

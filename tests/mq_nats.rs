@@ -23,18 +23,6 @@ use mq_consumer::{Plan, Shipping};
 
 const CONSUMER: &str = "shipping";
 
-/// A JetStream context, or `None` after the one skip line (a panic under
-/// `IDEM_REQUIRE_SERVICES=1`).
-async fn broker(url: &str) -> Option<jetstream::Context> {
-    server::reach("NATS", url, async {
-        tokio::time::timeout(Duration::from_secs(10), mq_consumer::nats_connect(url))
-            .await
-            .map_err(|_| "no answer within 10 s".to_owned())?
-            .map_err(|e| e.to_string())
-    })
-    .await
-}
-
 /// One test's stream (with the durable consumer [`CONSUMER`]), its six demo messages already
 /// published, and a fresh shipping database.
 struct Fresh {
@@ -55,7 +43,7 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let url = mq_consumer::nats_url();
-    let Some(js) = broker(&url).await else {
+    let Some(js) = mq_audit::broker("NATS", &url, mq_consumer::nats_connect(&url)).await else {
         return;
     };
     let stream = server::unique(prefix);

@@ -20,18 +20,6 @@ use idem::Outcome;
 use mq_audit::{one_row_per_order, shipping};
 use mq_consumer::{Plan, Shipping, Verdict};
 
-/// A connection to the broker, or `None` after the one skip line (a panic under
-/// `IDEM_REQUIRE_SERVICES=1`).
-async fn broker(url: &str) -> Option<lapin::Connection> {
-    server::reach("RabbitMQ", url, async {
-        tokio::time::timeout(Duration::from_secs(10), mq_consumer::rabbit_connect(url))
-            .await
-            .map_err(|_| "no answer within 10 s".to_owned())?
-            .map_err(|e| e.to_string())
-    })
-    .await
-}
-
 /// One test's queue, its six demo messages already published, a connection, and a fresh
 /// shipping database.
 struct Fresh {
@@ -51,7 +39,8 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let url = mq_consumer::amqp_url();
-    let Some(conn) = broker(&url).await else {
+    let Some(conn) = mq_audit::broker("RabbitMQ", &url, mq_consumer::rabbit_connect(&url)).await
+    else {
         return;
     };
     let queue = server::unique(prefix);

@@ -2,9 +2,29 @@
 //! `orders_shipped` table (not idem's counters). Used by `tests/mq_rabbitmq.rs` and
 //! `tests/mq_nats.rs`, which both include `examples/mq_consumer.rs` as `mq_consumer`.
 
+use std::fmt::Display;
+use std::future::Future;
+use std::time::Duration;
+
 use idem::Outcome;
 
 use crate::mq_consumer::{Seen, Shipping, Tally, Verdict};
+
+/// What `connect` gives within 10 s, or `None` after the one skip line (a panic under
+/// `IDEM_REQUIRE_SERVICES=1`).
+pub async fn broker<T, E: Display>(
+    service: &str,
+    url: &str,
+    connect: impl Future<Output = Result<T, E>>,
+) -> Option<T> {
+    crate::server::reach(service, url, async {
+        tokio::time::timeout(Duration::from_secs(10), connect)
+            .await
+            .map_err(|_| "no answer within 10 s".to_owned())?
+            .map_err(|e| e.to_string())
+    })
+    .await
+}
 
 /// The demo's three orders (each published twice under distinct message ids).
 pub const ORDERS: [&str; 3] = ["ORD-1", "ORD-2", "ORD-3"];

@@ -520,21 +520,17 @@ where
                     return Err(Flow::ServerError);
                 }
             };
-            let status = head.status;
-            let headers = head.headers.clone();
+            let server_error = head.status.is_server_error();
+            let stored = (!server_error)
+                .then(|| Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers));
             live = Some(Response::from_parts(head, Body::from(bytes.clone())));
-            if status.is_server_error() {
+            let Some(stored) = stored else {
                 return Err(Flow::ServerError);
-            }
-            let stored = Stored::of(status, &headers, &bytes, &cfg.keep_headers, true);
+            };
             // The engine wraps the snapshot in a few bytes of envelope; keep a margin for it.
             let fits = bytes.len() <= cfg.max_response_bytes
                 && serde_json::to_vec(&stored).is_ok_and(|json| json.len() + 64 <= store_limit);
-            if fits {
-                Ok(stored)
-            } else {
-                Ok(Stored::of(status, &headers, &bytes, &cfg.keep_headers, false))
-            }
+            Ok(if fits { stored } else { stored.without_body() })
         })
         .await;
     if !ran && let Some(slot) = reservation {

@@ -48,14 +48,12 @@ impl StoredBytes {
 }
 
 impl Stored {
-    /// The response's status, the headers named in `keep`, and the body unless `keep_body` is
-    /// false.
+    /// The response's status, the headers named in `keep`, and the body.
     pub(crate) fn of(
         status: StatusCode,
         headers: &HeaderMap,
         body: &[u8],
         keep: &[HeaderName],
-        keep_body: bool,
     ) -> Self {
         let h = keep
             .iter()
@@ -69,8 +67,13 @@ impl Stored {
         Stored {
             s: status.as_u16(),
             h,
-            b: keep_body.then(|| StoredBytes::of(body)),
+            b: Some(StoredBytes::of(body)),
         }
+    }
+
+    /// The same record without its body (over the size limit): repeats are told it was not kept.
+    pub(crate) fn without_body(self) -> Self {
+        Stored { b: None, ..self }
     }
 
     /// The stored response again, marked `Idempotent-Replayed: true`. A record whose body was not
@@ -123,7 +126,7 @@ mod tests {
             HeaderName::from_static("content-type"),
             HeaderName::from_static("link"),
         ];
-        let stored = Stored::of(StatusCode::CREATED, &headers, &[0xff, 0, 1], &keep, true);
+        let stored = Stored::of(StatusCode::CREATED, &headers, &[0xff, 0, 1], &keep);
         let json = serde_json::to_string(&stored).unwrap();
         assert!(!json.contains("secret"), "{json}");
         let back: Stored = serde_json::from_str(&json).unwrap();
@@ -138,7 +141,7 @@ mod tests {
 
     #[test]
     fn a_body_not_kept_replays_as_a_conflict() {
-        let stored = Stored::of(StatusCode::OK, &HeaderMap::new(), b"big", &[], false);
+        let stored = Stored::of(StatusCode::OK, &HeaderMap::new(), b"big", &[]).without_body();
         let response = stored.replay();
         assert_eq!(response.status(), StatusCode::CONFLICT);
         assert_eq!(

@@ -260,3 +260,29 @@ async fn a_key_scoped_by_its_caller_keeps_callers_apart() {
     assert_eq!(leaked, first, "bob is handed alice's order");
     assert_eq!(UNSCOPED_RUNS.load(Ordering::SeqCst), 1);
 }
+
+/// The longest literal the macro accepts (`"3650d"`, `tests/ui/idempotent_duration_too_long.rs`
+/// refuses one day more) is the runtime's `MAX_DURATION`: the call runs, on a record that lives
+/// that long.
+#[idempotent(
+    biz = "LONG",
+    key = "id",
+    store = "macro_mem",
+    ttl = "3650d",
+    on_in_progress = "wait(3650d)"
+)]
+async fn kept_for_ten_years(id: &str) -> Result<u32, AppError> {
+    Ok(RUNS.fetch_add(1, Ordering::SeqCst))
+}
+
+#[tokio::test]
+async fn the_longest_literal_is_the_runtimes_maximum() {
+    setup();
+    assert_eq!(idem::MAX_DURATION, std::time::Duration::from_secs(3650 * 86_400));
+    let first = kept_for_ten_years("k-max").await.unwrap();
+    assert_eq!(kept_for_ten_years("k-max").await.unwrap(), first, "replayed");
+    let store = idem::store("macro_mem").unwrap();
+    let record = store.load("LONG", "k-max").await.unwrap().unwrap();
+    let days_left = (record.expire_at_ms - record.lease_until_ms) / 86_400_000;
+    assert!((3649..=3650).contains(&days_left), "{record:?}");
+}

@@ -13,6 +13,7 @@
 
 mod backend;
 mod clock;
+pub(crate) mod duration;
 mod engine;
 mod error;
 mod fingerprint;
@@ -49,6 +50,7 @@ pub use clock::TestClock;
 pub use engine::current::current_claim;
 pub use engine::retry::{RestartsTransaction, retry_transaction};
 pub use engine::tx::{IdemTx, TransactionalStore};
+pub use duration::MAX_DURATION;
 pub use engine::{Call, DEFAULT_LEASE, DEFAULT_TTL};
 pub use error::{BoxError, Busy, DecryptFailure, IdemError};
 pub use fingerprint::fingerprint;

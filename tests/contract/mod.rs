@@ -7,9 +7,15 @@
 
 #![allow(dead_code)]
 
+pub mod edges;
 pub mod server;
 pub mod tokens;
 pub mod tx;
+
+pub use edges::{
+    a_store_clamps_durations_it_is_handed, distinct_pairs_are_distinct_records,
+    durations_at_the_limits,
+};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -1066,6 +1072,9 @@ macro_rules! with_contract_cases {
             bad_biz_is_refused,
             unstorable_results_keep_the_claim,
             unfingerprintable_payload_is_refused,
+            distinct_pairs_are_distinct_records,
+            durations_at_the_limits,
+            a_store_clamps_durations_it_is_handed,
         );
     };
 }

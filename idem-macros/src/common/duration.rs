@@ -23,7 +23,7 @@ pub(crate) enum DurationError {
     UnknownUnit(String),
     /// `"0s"`: a zero duration protects nothing.
     Zero,
-    /// Does not fit in `u64` milliseconds.
+    /// Longer than [`MAX_MILLIS`] (or does not fit in `u64` milliseconds).
     TooLong,
 }
 
@@ -44,14 +44,19 @@ impl fmt::Display for DurationError {
                 "unknown unit `{unit}`; the units are {units}, e.g. `\"30s\"` or `\"7d\"`"
             ),
             DurationError::Zero => write!(f, "a duration must be greater than zero"),
-            DurationError::TooLong => {
-                write!(f, "the duration is too long; use at most a few years")
-            }
+            DurationError::TooLong => write!(
+                f,
+                "the duration is longer than idem's maximum of 3650 days (`idem::MAX_DURATION`); write at most `\"3650d\"`"
+            ),
         }
     }
 }
 
-/// Parses `"7d"` into milliseconds.
+/// The longest duration idem takes, in milliseconds: 3650 days, the runtime's `MAX_DURATION`
+/// (tests/idempotent_macro.rs checks that the two agree).
+pub(crate) const MAX_MILLIS: u64 = 3650 * 86_400_000;
+
+/// Parses `"7d"` into milliseconds, at most [`MAX_MILLIS`].
 pub(crate) fn parse_millis(text: &str) -> Result<u64, DurationError> {
     let digits_end = text
         .find(|c: char| !c.is_ascii_digit())
@@ -70,7 +75,10 @@ pub(crate) fn parse_millis(text: &str) -> Result<u64, DurationError> {
     if number == 0 {
         return Err(DurationError::Zero);
     }
-    number.checked_mul(unit_ms).ok_or(DurationError::TooLong)
+    number
+        .checked_mul(unit_ms)
+        .filter(|ms| *ms <= MAX_MILLIS)
+        .ok_or(DurationError::TooLong)
 }
 
 /// Milliseconds back into the largest whole unit, for messages: `604800000` → `"7d"`.
@@ -123,6 +131,12 @@ mod tests {
             parse_millis("999999999999999d"),
             Err(DurationError::TooLong)
         );
+        // The maximum itself, in any unit, and one millisecond more.
+        assert_eq!(parse_millis("3650d"), Ok(MAX_MILLIS));
+        assert_eq!(parse_millis("87600h"), Ok(MAX_MILLIS));
+        assert_eq!(parse_millis("315360000000ms"), Ok(MAX_MILLIS));
+        assert_eq!(parse_millis("315360000001ms"), Err(DurationError::TooLong));
+        assert_eq!(parse_millis("3651d"), Err(DurationError::TooLong));
         let message = parse_millis("7x").unwrap_err().to_string();
         assert!(message.contains("`ms`, `s`, `m`, `h` or `d`"), "{message}");
     }

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use super::snapshot::{ErrType, OkType};
 use super::{StoreHandle, execute};
 use crate::store::ClaimRequest;
-use crate::{IdemError, IdemKey, Store, fingerprint, key};
+use crate::{IdemError, IdemKey, Store, duration, fingerprint, key};
 
 /// Default record lifetime: 7 days.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -136,32 +136,7 @@ impl Call {
         let limits = store.limits();
         key::validate_biz(&self.biz, limits.max_biz_len)?;
         key::validate_key(&self.key, limits.max_key_len)?;
-        if self.lease < Duration::from_millis(1) {
-            return Err(IdemError::InvalidOptions {
-                reason: format!(
-                    "the lease {:?} is shorter than 1 ms, the stores' unit of time: the claim would expire before the body starts",
-                    self.lease
-                ),
-            });
-        }
-        if self.ttl <= self.lease {
-            return Err(IdemError::InvalidOptions {
-                reason: format!(
-                    "ttl {:?} must be longer than the lease {:?}",
-                    self.ttl, self.lease
-                ),
-            });
-        }
-        if let Some(every) = self.heartbeat
-            && (every.is_zero() || every >= self.lease)
-        {
-            return Err(IdemError::InvalidOptions {
-                reason: format!(
-                    "the heartbeat {every:?} must be shorter than the lease {:?} (a third of it is usual)",
-                    self.lease
-                ),
-            });
-        }
+        check_durations(self.ttl, self.lease, self.wait, self.heartbeat)?;
         let fingerprint = match &self.fingerprint {
             None => None,
             Some(Ok(fp)) => Some(fp.as_str()),
@@ -179,4 +154,41 @@ impl Call {
             ttl: self.ttl,
         })
     }
+}
+
+/// The ranges of a call's durations, checked before anything is written (the same for `Call`,
+/// `#[idempotent]`, whose literals the macro has checked already, and the HTTP layer's `build()`):
+/// the lease 1 ms ..= [`MAX_DURATION`](crate::MAX_DURATION), the ttl longer than the lease and at
+/// most the maximum, a wait 0 ..= the maximum, a heartbeat of at least 1 ms and shorter than the lease.
+pub(crate) fn check_durations(
+    ttl: Duration,
+    lease: Duration,
+    wait: Option<Duration>,
+    heartbeat: Option<Duration>,
+) -> Result<(), IdemError> {
+    duration::check(
+        "the lease",
+        lease,
+        Duration::from_millis(1),
+        "shorter than 1 ms, the stores' unit of time: the claim would expire before the body starts",
+    )?;
+    duration::check_max("the ttl", ttl)?;
+    if ttl <= lease {
+        return Err(IdemError::InvalidOptions {
+            reason: format!("ttl {ttl:?} must be longer than the lease {lease:?}"),
+        });
+    }
+    if let Some(wait) = wait {
+        duration::check_max("the wait", wait)?;
+    }
+    if let Some(every) = heartbeat
+        && (every < Duration::from_millis(1) || every >= lease)
+    {
+        return Err(IdemError::InvalidOptions {
+            reason: format!(
+                "the heartbeat {every:?} must be at least 1 ms and shorter than the lease {lease:?} (a third of it is usual)"
+            ),
+        });
+    }
+    Ok(())
 }

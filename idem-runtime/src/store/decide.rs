@@ -121,7 +121,7 @@ pub(crate) fn taken(
 
 /// Converts a duration to whole milliseconds for storage (saturating).
 pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+    crate::duration::clamped_millis(d)
 }
 
 /// Store-clock milliseconds to a `Duration` (negative becomes zero).

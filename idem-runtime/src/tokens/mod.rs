@@ -88,15 +88,14 @@ pub(crate) fn check_token(token: &str) -> Result<(), IdemError> {
     })
 }
 
-/// Checks a token's lifetime before anything is issued: at least 1 ms, the stores' unit of time
-/// (a token issued for less would be expired before anyone could spend it).
+/// Checks a token's lifetime before anything is issued: 1 ms ..= [`crate::MAX_DURATION`].
 pub(crate) fn check_ttl(ttl: Duration) -> Result<(), IdemError> {
-    if ttl < Duration::from_millis(1) {
-        return Err(IdemError::InvalidOptions {
-            reason: format!("a token's ttl must be at least 1 ms, not {ttl:?}"),
-        });
-    }
-    Ok(())
+    crate::duration::check(
+        "a token's ttl",
+        ttl,
+        Duration::from_millis(1),
+        "shorter than 1 ms, the stores' unit of time: the token would expire before anyone could spend it",
+    )
 }
 
 /// The subject as stored: `""` for none.

@@ -1,6 +1,6 @@
 //! Redis stores (feature `redis`): [`RedisStore`] on one server (a `ConnectionManager`, which
 //! reconnects by itself) and [`RedisClusterStore`] on a Redis Cluster. One hash per record under a
-//! hash-tagged key, `idem:{biz:key}`, so every script touches one slot; every step of the protocol
+//! hash-tagged key, `idem:{<biz length>:biz:key}` (see `record_key`), so every script touches one slot; every step of the protocol
 //! is one Lua script (`scripts.rs`), sent as EVALSHA and loaded again on NOSCRIPT.
 
 mod conn;
@@ -50,12 +50,26 @@ pub(crate) fn redis_error(e: redis::RedisError) -> IdemError {
     }
 }
 
-/// The key of a record: `<prefix>{biz:key}` (prefix `idem:` by default). The braces make biz and
-/// key the hash tag, so the whole record is one slot on a cluster.
+/// The key of a record: `<prefix>{<n>:<biz>:<key>}` (prefix `idem:` by default), where `<n>` is
+/// the business type's length in bytes, so the key names exactly one `(biz, key)`: `("PAY", "x:y")`
+/// is `idem:{3:PAY:x:y}` and `("PAY:x", "y")` is `idem:{5:PAY:x:y}`. (Read back: the digits up to
+/// the first `:` are `n`, the next `n` bytes the business type, the rest before the closing brace
+/// the key; a `:`, brace or backslash in either part needs no escape.) The braces make the record
+/// its own hash tag on a cluster: Redis hashes what stands between the first `{` and the first `}`
+/// after it, so a key with a `}` in it hashes a shorter tag, still the same one every time, and a
+/// record is always one key in one slot. Token keys (`<prefix>tok:<48 hex digits>`) never begin
+/// with `{` after the prefix, so they never meet a record.
+///
+/// Records written by idem 0.1.0's `<prefix>{biz:key}` (no length) are not read by this version:
+/// they expire by themselves at their own `PEXPIREAT` (README, "Redis keys").
 pub(crate) fn record_key(prefix: &str, biz: &str, key: &str) -> String {
-    let mut k = String::with_capacity(prefix.len() + 3 + biz.len() + key.len());
+    let mut len = itoa::Buffer::new();
+    let len = len.format(biz.len());
+    let mut k = String::with_capacity(prefix.len() + 4 + len.len() + biz.len() + key.len());
     k.push_str(prefix);
     k.push('{');
+    k.push_str(len);
+    k.push(':');
     k.push_str(biz);
     k.push(':');
     k.push_str(key);

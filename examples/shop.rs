@@ -330,7 +330,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     let (store, db, tokens) = open(&std::env::temp_dir().join("shop.db")).await?;
     println!("store: {}", store.backend());
-    let _sweeper = idem::Sweeper::new(Arc::clone(&store), 500).spawn(Duration::from_secs(60));
+    let _sweeper = idem::Sweeper::new(Arc::clone(&store), 500).spawn(Duration::from_secs(60))?;
     let app = app(store, db, tokens, metrics).await?;
     let addr = std::env::var("SHOP_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(&addr).await?;

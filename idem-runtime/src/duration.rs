@@ -43,10 +43,19 @@ pub(crate) fn check(
 pub(crate) fn check_max(what: &str, value: Duration) -> Result<(), IdemError> {
     if value > MAX_DURATION {
         return Err(IdemError::InvalidOptions {
-            reason: format!("{what} {value:?} is longer than the maximum of {MAX_TEXT}"),
+            reason: format!("{what} {} is longer than the maximum of {MAX_TEXT}", shown(value)),
         });
     }
     Ok(())
+}
+
+/// A duration for a message: `Duration::MAX` by name (its `Debug` form is 30 digits).
+fn shown(value: Duration) -> String {
+    if value == Duration::MAX {
+        "Duration::MAX".to_owned()
+    } else {
+        format!("{value:?}")
+    }
 }
 
 /// A duration as whole store-clock milliseconds, clamped to [`MAX_DURATION`] (see the module

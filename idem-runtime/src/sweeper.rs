@@ -13,7 +13,7 @@ use crate::{IdemError, IntoSharedStore, Store, TokenStore};
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
 /// let store = idem_runtime::SqliteStore::open("idem.db").await?;
 /// let sweeper = idem_runtime::Sweeper::new(store.clone(), 500);
-/// let _task = sweeper.spawn(std::time::Duration::from_secs(60));
+/// let _task = sweeper.spawn(std::time::Duration::from_secs(60))?;
 /// # Ok(()) }
 /// ```
 ///
@@ -72,15 +72,26 @@ impl Sweeper {
         Ok(total)
     }
 
-    /// Spawns a task that sweeps every `every` until the handle is aborted.
-    pub fn spawn(self, every: Duration) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move {
+    /// Spawns a task that sweeps every `every` (1 ms ..= [`crate::MAX_DURATION`]) until the
+    /// handle is aborted.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a period outside that range (a zero period would sweep
+    /// in a busy loop); nothing is spawned.
+    pub fn spawn(self, every: Duration) -> Result<tokio::task::JoinHandle<()>, IdemError> {
+        crate::duration::check(
+            "the sweeper's period",
+            every,
+            Duration::from_millis(1),
+            "shorter than 1 ms: the sweeper would spin",
+        )?;
+        Ok(tokio::spawn(async move {
             loop {
                 if let Err(e) = self.sweep_once().await {
                     tracing::warn!(error = %e, "sweeping expired idempotency records failed");
                 }
                 tokio::time::sleep(every).await;
             }
-        })
+        }))
     }
 }

@@ -191,6 +191,42 @@ fn api_cases() -> Vec<(&'static str, &'static str, Case)> {
             ),
         ),
         (
+            "options",
+            "ttl of Duration::MAX",
+            case(|s| async move { call(&*s, Call::new("PAY", "k").ttl(Duration::MAX), 1).await }),
+        ),
+        (
+            "options",
+            "lease one nanosecond over idem::MAX_DURATION",
+            case(|s| async move {
+                let over = idem::MAX_DURATION + Duration::from_nanos(1);
+                call(&*s, Call::new("PAY", "k").lease(over).ttl(Duration::MAX), 1).await
+            }),
+        ),
+        (
+            "options",
+            "wait of Duration::MAX",
+            case(|s| async move { call(&*s, Call::new("PAY", "k").wait(Duration::MAX), 1).await }),
+        ),
+        (
+            "options",
+            "heartbeat of 1 ns",
+            case(|s| async move {
+                call(&*s, Call::new("PAY", "k").heartbeat(Duration::from_nanos(1)), 1).await
+            }),
+        ),
+        (
+            "options",
+            "sweeper period of zero",
+            case(|s| async move {
+                idem::Sweeper::new(s.clone(), 100)
+                    .spawn(Duration::ZERO)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default()
+            }),
+        ),
+        (
             "payload",
             "fingerprint of a map with non-string keys",
             case(|s| async move {
@@ -367,6 +403,17 @@ fn api_cases() -> Vec<(&'static str, &'static str, Case)> {
         ),
         (
             "tokens",
+            "token issued for Duration::MAX",
+            case(|s| async move {
+                s.tokens()
+                    .issue(Duration::MAX, None)
+                    .await
+                    .unwrap_err()
+                    .to_string()
+            }),
+        ),
+        (
+            "tokens",
             "subject of 129 bytes (limit 128)",
             case(|s| async move {
                 s.tokens()
@@ -405,6 +452,7 @@ fn flag_cases() -> Vec<(&'static str, String)> {
         "--lease soon",
         "--lease 1s --ttl 1s",
         "--lease 1ms",
+        "--ttl 31d",
         "--error-rate 0.6 --panic-rate 0.6",
         "--store memory --mode tx",
         "--store redis-cluster",

@@ -201,6 +201,37 @@ pub async fn a_token_expires_whether_spent_or_not(t: Tokens) {
     );
 }
 
+/// A token's ttl at its limits: under 1 ms and over `idem::MAX_DURATION` refused before anything
+/// is issued; 1 ms and the maximum itself issue a token that is spent once (no overflow, no wrap:
+/// `Duration::MAX` once panicked in the memory store and wrapped on the others).
+pub async fn token_ttls_at_the_limits(t: Tokens) {
+    let max = idem::MAX_DURATION;
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        max + Duration::from_nanos(1),
+        Duration::MAX,
+    ] {
+        let r = t.tokens.issue(ttl, None).await;
+        assert!(
+            matches!(r, Err(IdemError::InvalidOptions { .. })),
+            "ttl {ttl:?}: {r:?}"
+        );
+    }
+    for ttl in [Duration::from_millis(1), Duration::from_secs(60), max] {
+        let token = t.tokens.issue(ttl, None).await.unwrap();
+        if ttl > Duration::from_millis(1) {
+            t.tokens.consume(&token, None).await.unwrap();
+            assert!(is_used(&t.tokens.consume(&token, None).await), "ttl {ttl:?}");
+        }
+    }
+    // A token issued for the maximum outlives a year on the test clock and a sweep.
+    let token = t.tokens.issue(max, None).await.unwrap();
+    t.clock.advance(Duration::from_secs(366 * 24 * 3600));
+    t.tokens.sweep_expired(100).await.unwrap();
+    t.tokens.consume(&token, None).await.unwrap();
+}
+
 #[macro_export]
 macro_rules! token_suite {
     ($make:path) => {
@@ -213,6 +244,7 @@ macro_rules! token_suite {
             another_subjects_token_is_invalid_and_stays_usable,
             bad_subjects_are_refused_at_issue,
             a_token_expires_whether_spent_or_not,
+            token_ttls_at_the_limits,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {$(

@@ -205,8 +205,9 @@ impl MySqlStore {
         Ok(self)
     }
 
-    /// The same store with another lock wait for the transactions it begins (whole seconds, at
-    /// least 1; see [`MySqlStore::connect_with`]).
+    /// The same store with another lock wait for the transactions it begins (whole seconds,
+    /// 1 ..= 1,073,741,824, InnoDB's range; a value outside it is clamped to it; see
+    /// [`MySqlStore::connect_with`]).
     pub fn with_lock_wait(mut self, lock_wait: Duration) -> Self {
         self.lock_wait_secs = lock_wait_secs(lock_wait);
         self

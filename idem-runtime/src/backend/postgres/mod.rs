@@ -134,7 +134,7 @@ impl PgStoreBuilder {
     }
 
     /// How long [`PgStoreBuilder::connect`] and every later checkout wait for a connection
-    /// (default 30 s).
+    /// (default 30 s; 1 ms ..= [`crate::MAX_DURATION`], checked by `connect`).
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
         self
@@ -144,17 +144,26 @@ impl PgStoreBuilder {
     /// transaction mode whose business is still running) before it answers `InProgress`
     /// (default 3 s). Set per claim in transaction mode (`SET LOCAL lock_timeout`, restored after
     /// it), and as the session's `lock_timeout` of the pool [`PgStoreBuilder::connect`] opens.
+    ///
+    /// Range: 1 ms ..= 2,147,483,647 ms (about 24.8 days, the largest `lock_timeout` Postgres
+    /// accepts); a value outside it is clamped to it.
     pub fn lock_timeout(mut self, timeout: Duration) -> Self {
-        self.lock_timeout = timeout.max(Duration::from_millis(1));
+        self.lock_timeout = timeout.clamp(Duration::from_millis(1), MAX_PG_LOCK_TIMEOUT);
         self
     }
 
     /// Opens a pool on `url` (`postgres://user@host:port/db`) and makes the store.
     ///
     /// # Errors
-    /// [`IdemError::InvalidOptions`] for a malformed URL, [`IdemError::StoreUnavailable`] when
-    /// the server cannot be reached.
+    /// [`IdemError::InvalidOptions`] for a malformed URL or an acquire timeout out of range,
+    /// [`IdemError::StoreUnavailable`] when the server cannot be reached.
     pub async fn connect(self, url: &str) -> Result<PgStore, IdemError> {
+        crate::duration::check(
+            "the acquire timeout",
+            self.acquire_timeout,
+            Duration::from_millis(1),
+            "shorter than 1 ms: no checkout could wait for a connection",
+        )?;
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| IdemError::InvalidOptions {
                 reason: format!("not a Postgres URL: {e}"),
@@ -194,6 +203,9 @@ impl PgStoreBuilder {
         }
     }
 }
+
+/// The largest `lock_timeout` Postgres accepts: `i32::MAX` milliseconds.
+const MAX_PG_LOCK_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// A lock timeout as Postgres reads it: whole milliseconds.
 fn lock_timeout_text(timeout: Duration) -> String {

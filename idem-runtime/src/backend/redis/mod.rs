@@ -394,14 +394,16 @@ impl RedisStore {
     /// consensus store (a replica can still lose an acknowledged write it had not persisted).
     ///
     /// # Errors
-    /// [`IdemError::InvalidOptions`] for `replicas == 0` or a zero timeout (`WAIT … 0` blocks forever).
+    /// [`IdemError::InvalidOptions`] for `replicas == 0` or a timeout outside 1 ms ..=
+    /// [`crate::MAX_DURATION`] (`WAIT … 0` blocks forever).
     pub fn with_replica_acks(self, replicas: u32, timeout: Duration) -> Result<Self, IdemError> {
-        if replicas == 0 || timeout.is_zero() {
+        if replicas == 0 || timeout < Duration::from_millis(1) {
             return Err(IdemError::InvalidOptions {
-                reason: "with_replica_acks needs at least one replica and a timeout above zero"
+                reason: "with_replica_acks needs at least one replica and a timeout of at least 1 ms (`WAIT … 0` blocks forever)"
                     .to_owned(),
             });
         }
+        crate::duration::check_max("the replica acknowledgement timeout", timeout)?;
         Ok(self.with(|r| r.acks = Some((replicas, timeout))))
     }
 

@@ -1,33 +1,50 @@
 //! The client's key (header or JSON body field), the record key it becomes, and the request's
 //! fingerprint.
 
+use std::cell::Cell;
+use std::fmt;
+
 use http::HeaderValue;
 use http::request::Parts;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::fingerprint::hex;
 
 use super::layer::Config;
 
-/// Why a request's key could not be used (answered with 400).
+/// Why a request's key could not be used (answered with 400 `invalid-key`).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum KeyError {
     Malformed(&'static str),
     TooLong(usize),
     BadBodyField,
+    /// The request has this many `Idempotency-Key` lines.
+    SeveralHeaders(usize),
+    /// The JSON body has a member on the key field's path more than once.
+    SeveralBodyFields,
 }
 
 impl KeyError {
-    pub(crate) fn detail(&self, max: usize) -> String {
+    pub(crate) fn detail(&self, cfg: &Config) -> String {
         match self {
             KeyError::Malformed(why) => format!("the Idempotency-Key header is malformed: {why}"),
-            KeyError::TooLong(len) => {
-                format!("the idempotency key is {len} bytes; at most {max} are accepted")
-            }
+            KeyError::TooLong(len) => format!(
+                "the idempotency key is {len} bytes; at most {} are accepted",
+                cfg.max_key_len
+            ),
             KeyError::BadBodyField => {
                 "the idempotency key field of the body must be a non-empty string or a number"
                     .to_owned()
             }
+            KeyError::SeveralHeaders(lines) => format!(
+                "the request has {lines} Idempotency-Key header lines; several lines of a field are one comma-joined value (RFC 9110 section 5.3), which is not a key, even when the lines are equal: send the header once"
+            ),
+            KeyError::SeveralBodyFields => format!(
+                "the JSON body has the idempotency key field {} (or an object on its path) more than once; JSON parsers disagree on which one counts, so send it once",
+                cfg.body_field.as_deref().unwrap_or("")
+            ),
         }
     }
 }
@@ -67,6 +84,12 @@ pub(crate) fn parse_header(value: &HeaderValue) -> Result<String, KeyError> {
                 "send a quoted string (\"…\") or visible ASCII without spaces",
             ));
         }
+        if raw.contains(',') {
+            // `a,b` is how a proxy joins two lines (RFC 9110 section 5.3): a list, not a key.
+            return Err(KeyError::Malformed(
+                "a comma separates the members of a list, so this reads as several keys; quote a key that contains a comma (\"a,b\")",
+            ));
+        }
         raw.to_owned()
     };
     if key.is_empty() {
@@ -75,31 +98,155 @@ pub(crate) fn parse_header(value: &HeaderValue) -> Result<String, KeyError> {
     Ok(key)
 }
 
-/// The request's key: the header, else the configured JSON body field, else `None`.
+/// The request's key: the header (sent once), else the configured JSON body field (present once),
+/// else `None`.
 pub(crate) fn client_key(
     cfg: &Config,
     parts: &Parts,
     body: &[u8],
 ) -> Result<Option<String>, KeyError> {
-    let key = if let Some(value) = parts.headers.get(&cfg.header) {
-        Some(parse_header(value)?)
-    } else if let Some(pointer) = &cfg.body_field {
-        match serde_json::from_slice::<serde_json::Value>(body)
-            .ok()
-            .as_ref()
-            .and_then(|v| v.pointer(pointer))
-        {
-            None | Some(serde_json::Value::Null) => None,
-            Some(serde_json::Value::String(s)) if !s.is_empty() => Some(s.clone()),
-            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
-            Some(_) => return Err(KeyError::BadBodyField),
-        }
-    } else {
-        None
+    let key = match super::single_header(&parts.headers, &cfg.header) {
+        Err(lines) => return Err(KeyError::SeveralHeaders(lines)),
+        Ok(Some(value)) => Some(parse_header(value)?),
+        Ok(None) => match &cfg.body_field {
+            Some(pointer) => match body_field(body, pointer)? {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) if !s.is_empty() => Some(s),
+                Some(Value::Number(n)) => Some(n.to_string()),
+                Some(_) => return Err(KeyError::BadBodyField),
+            },
+            None => None,
+        },
     };
     match key {
         Some(key) if key.len() > cfg.max_key_len => Err(KeyError::TooLong(key.len())),
         key => Ok(key),
+    }
+}
+
+/// The value at the JSON pointer `pointer` in `body`: `None` when the body is not JSON or has no
+/// such field. A member on the pointer's path that appears twice in its object is refused:
+/// `serde_json` keeps the last one, other parsers (the handler's, perhaps) the first, so the key
+/// and the request the handler sees could disagree.
+fn body_field(body: &[u8], pointer: &str) -> Result<Option<Value>, KeyError> {
+    let path: Vec<String> = pointer
+        .split('/')
+        .skip(1)
+        .map(|segment| segment.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    let twice = Cell::new(false);
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let found = Walk {
+        path: &path,
+        twice: &twice,
+    }
+    .deserialize(&mut de)
+    .and_then(|found| de.end().map(|()| found));
+    match found {
+        Ok(found) => Ok(found),
+        Err(_) if twice.get() => Err(KeyError::SeveralBodyFields),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Reads a JSON value down `path`, skipping everything off it without building it, and sets
+/// `twice` (and fails) when an object on the path has the path's member more than once.
+struct Walk<'p> {
+    path: &'p [String],
+    twice: &'p Cell<bool>,
+}
+
+impl<'de> DeserializeSeed<'de> for Walk<'_> {
+    type Value = Option<Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        if self.path.is_empty() {
+            return serde::Deserialize::deserialize(d).map(Some);
+        }
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Walk<'_> {
+    type Value = Option<Value>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (member, rest) = (self.path[0].as_str(), &self.path[1..]);
+        let (mut seen, mut found) = (false, None);
+        while let Some(name) = map.next_key::<String>()? {
+            if name != member {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            if seen {
+                self.twice.set(true);
+                return Err(de::Error::custom(
+                    "a member on the key's path appears twice",
+                ));
+            }
+            seen = true;
+            found = map.next_value_seed(Walk {
+                path: rest,
+                twice: self.twice,
+            })?;
+        }
+        Ok(found)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        // An array index in a JSON pointer: digits, no leading zero (RFC 6901).
+        let segment = self.path[0].as_str();
+        let index = (segment == "0" || !segment.starts_with('0'))
+            .then(|| segment.parse::<usize>().ok())
+            .flatten();
+        let mut found = None;
+        let mut i = 0;
+        loop {
+            if Some(i) == index {
+                let walk = Walk {
+                    path: &self.path[1..],
+                    twice: self.twice,
+                };
+                match seq.next_element_seed(walk)? {
+                    Some(value) => found = value,
+                    None => break,
+                }
+            } else if seq.next_element::<IgnoredAny>()?.is_none() {
+                break;
+            }
+            i += 1;
+        }
+        Ok(found)
+    }
+
+    // A scalar has no members: the path does not exist.
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i128<E>(self, _: i128) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u128<E>(self, _: u128) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
     }
 }
 
@@ -154,6 +301,11 @@ mod tests {
         assert_eq!(parse(r#""8e03978e-40d5""#).unwrap(), "8e03978e-40d5");
         assert_eq!(parse(r#""a \"b\" \\c""#).unwrap(), r#"a "b" \c"#);
         assert_eq!(parse("bare-key_1").unwrap(), "bare-key_1");
+        assert_eq!(
+            parse(r#""a,b""#).unwrap(),
+            "a,b",
+            "a quoted comma is part of the key"
+        );
         for bad in [
             r#""open"#,
             r#""a\b""#,
@@ -161,9 +313,46 @@ mod tests {
             r#""""#,
             "two words",
             "a\"b",
+            "a,b",
+            r#""a", "b""#,
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn body_fields_are_read_down_their_pointer_and_must_be_there_once() {
+        let field = |body: &str, pointer: &str| body_field(body.as_bytes(), pointer);
+        assert_eq!(
+            field(r#"{"id":"a","x":[1,{"y":2}]}"#, "/id"),
+            Ok(Some(Value::from("a")))
+        );
+        assert_eq!(
+            field(r#"{"a":{"b/c":[0,{"d~e":7}]}}"#, "/a/b~1c/1/d~0e"),
+            Ok(Some(Value::from(7)))
+        );
+        assert_eq!(field(r#"{"id":"a"}"#, "/other"), Ok(None));
+        assert_eq!(field(r#"[1,2]"#, "/01"), Ok(None));
+        assert_eq!(field(r#"{"id":1}"#, "/id/x"), Ok(None));
+        assert_eq!(field("not json", "/id"), Ok(None));
+        assert_eq!(field(r#"{"id":"a"} trailing"#, "/id"), Ok(None));
+        // The same member twice on the path (equal or not) is ambiguous; elsewhere it is not ours.
+        assert_eq!(
+            field(r#"{"id":"a","id":"b"}"#, "/id"),
+            Err(KeyError::SeveralBodyFields)
+        );
+        assert_eq!(
+            field(r#"{"id":"a","id":"a"}"#, "/id"),
+            Err(KeyError::SeveralBodyFields)
+        );
+        assert_eq!(
+            field(r#"{"m":{"id":"a"},"m":{"x":1}}"#, "/m/id"),
+            Err(KeyError::SeveralBodyFields)
+        );
+        assert_eq!(
+            field(r#"{"id":"a","x":1,"x":2}"#, "/id"),
+            Ok(Some(Value::from("a")))
+        );
     }
 
     #[test]

@@ -14,17 +14,17 @@ use tower::{Layer, Service};
 
 use super::BoxFuture;
 use super::cap::Cap;
-use super::key::{self, KeyError};
+use super::key;
 use super::principal::Principal;
 use super::problem::{self, problem};
-use super::stored::Stored;
-use crate::{Call, IdemError, IntoSharedStore, Store};
+use super::stored::{self, Stored};
+use crate::{Call, IdemError, IntoSharedStore, Store, duration};
 
 /// The header a client sends its key in.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// Response headers stored and replayed by default (never `Set-Cookie`: a session must not be
-/// handed out again).
+/// handed out again; see [`IdempotencyBuilder::keep_header`] for every header never kept).
 const KEPT_HEADERS: [HeaderName; 7] = [
     header::CONTENT_TYPE,
     header::CONTENT_LANGUAGE,
@@ -133,34 +133,56 @@ impl IdempotencyBuilder {
     }
 
     /// Also stores and replays this response header (by default: `Content-Type`,
-    /// `Content-Language`, `Content-Location`, `Location`, `ETag`, `Last-Modified`, `Link`).
+    /// `Content-Language`, `Content-Location`, `Location`, `ETag`, `Last-Modified`, `Link`). A
+    /// header already kept is kept once.
+    ///
+    /// These are never kept, and [`build`](Self::build) refuses them with
+    /// [`IdemError::InvalidOptions`] naming the header and why:
+    ///
+    /// - `Set-Cookie`, `Set-Cookie2`: the first response's session; a replay would hand it to
+    ///   whoever repeats the request;
+    /// - `Authorization`, `Proxy-Authorization`, `Cookie`: credentials, never response headers;
+    /// - `Authentication-Info`, `Proxy-Authentication-Info`: they authenticate one exchange
+    ///   (RFC 9110 §11.6.3);
+    /// - hop-by-hop headers, which describe one connection: `Connection`, `Keep-Alive`,
+    ///   `Proxy-Connection`, `Proxy-Authenticate`, `TE`, `Upgrade`;
+    /// - framing, which the server computes for the body it sends: `Transfer-Encoding`,
+    ///   `Content-Length`, `Trailer` (a stored response has no trailers);
+    /// - the layer's own `Idempotent-Replayed`.
+    ///
+    /// `WWW-Authenticate` may be kept: a challenge carries no secret. A record that holds one of
+    /// the headers above (written by an older version) never replays it.
     pub fn keep_header(mut self, name: HeaderName) -> Self {
         self.keep_headers.push(name);
         self
     }
 
-    /// How long a record lives (default 24 hours): a repeat after that runs again.
+    /// How long a record lives (default 24 hours): a repeat after that runs again. Longer than
+    /// the lease, at most [`crate::MAX_DURATION`].
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
     }
 
     /// How long a request in progress holds its key before another may take over (default 30 s):
-    /// longer than your slowest handler.
+    /// longer than your slowest handler. 1 ms ..= [`crate::MAX_DURATION`], and shorter than the
+    /// ttl.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
     /// Renews the lease every `every` while the handler runs (a third of the lease is usual), so
-    /// a slow but healthy handler is not taken over by a retry.
+    /// a slow but healthy handler is not taken over by a retry. At least 1 ms and shorter than the
+    /// lease.
     pub fn heartbeat(mut self, every: Duration) -> Self {
         self.heartbeat = Some(every);
         self
     }
 
     /// A repeat that arrives while the first request runs waits up to `max` for it to finish and
-    /// then gets its response, instead of 409 `in-progress` at once.
+    /// then gets its response, instead of 409 `in-progress` at once. 0 ..=
+    /// [`crate::MAX_DURATION`].
     pub fn wait(mut self, max: Duration) -> Self {
         self.wait = Some(max);
         self
@@ -169,7 +191,8 @@ impl IdempotencyBuilder {
     /// At most `max` new records per caller per `window`, counted in this process (each process
     /// of a service has its own budget); beyond it a request for a new key gets 429 with
     /// `Retry-After` before anything is written. Repeats of requests that have a record (replays,
-    /// retries) do not count and are not refused.
+    /// retries) do not count and are not refused. `max` at least 1, `window` 1 ms ..=
+    /// [`crate::MAX_DURATION`].
     pub fn cap_per_principal(mut self, max: u32, window: Duration) -> Self {
         self.cap = Some((max, window));
         self
@@ -180,8 +203,9 @@ impl IdempotencyBuilder {
     /// # Errors
     /// [`IdemError::InvalidOptions`] when no [`Principal`] was given (a layer that stores
     /// responses must know whose they are), an unscoped opt-out has no reason, no method is
-    /// covered, the body field is not a JSON pointer, a limit is zero, the cap is empty, or the
-    /// TTL is not longer than the lease; [`IdemError::InvalidBiz`] for a bad business type.
+    /// covered, the body field is not a JSON pointer, a limit is zero, the cap is empty, a
+    /// duration is outside its range (see each setter), or a header that is never kept was given
+    /// to [`keep_header`](Self::keep_header); [`IdemError::InvalidBiz`] for a bad business type.
     pub fn build(self) -> Result<IdempotencyLayer, IdemError> {
         let invalid = |reason: &str| {
             Err(IdemError::InvalidOptions {
@@ -215,24 +239,31 @@ impl IdempotencyBuilder {
         if self.max_key_len == 0 || self.max_request_bytes == 0 {
             return invalid("the key and request size limits must be above zero");
         }
-        if self.ttl <= self.lease {
-            return invalid("the ttl must be longer than the lease");
-        }
-        if let Some(every) = self.heartbeat
-            && (every.is_zero() || every >= self.lease)
-        {
-            return invalid(
-                "the heartbeat must be shorter than the lease (a third of it is usual)",
-            );
-        }
+        crate::engine::check_durations(self.ttl, self.lease, self.wait, self.heartbeat)?;
         let cap = match self.cap {
             Some((0, _)) => return invalid("a cap of 0 records refuses every request"),
-            Some((_, window)) if window.is_zero() => {
-                return invalid("the cap's window must be above zero");
+            Some((max, window)) => {
+                duration::check(
+                    "the cap's window",
+                    window,
+                    Duration::from_millis(1),
+                    "shorter than 1 ms: every request would start a new window",
+                )?;
+                Some(Arc::new(Cap::new(max, window)))
             }
-            Some((max, window)) => Some(Arc::new(Cap::new(max, window))),
             None => None,
         };
+        let mut keep_headers: Vec<HeaderName> = Vec::with_capacity(self.keep_headers.len());
+        for name in self.keep_headers {
+            if let Some(why) = stored::never_kept(&name) {
+                return invalid(&format!(
+                    "`keep_header({name})` is refused: the `{name}` header is never kept, since {why}"
+                ));
+            }
+            if !keep_headers.contains(&name) {
+                keep_headers.push(name);
+            }
+        }
         Ok(IdempotencyLayer {
             cfg: Arc::new(Config {
                 store: self.store,
@@ -244,7 +275,7 @@ impl IdempotencyBuilder {
                 max_key_len: self.max_key_len,
                 max_request_bytes: self.max_request_bytes,
                 max_response_bytes: self.max_response_bytes,
-                keep_headers: self.keep_headers,
+                keep_headers,
                 principal,
                 ttl: self.ttl,
                 lease: self.lease,
@@ -387,6 +418,19 @@ impl<E> From<IdemError> for Flow<E> {
     }
 }
 
+/// Whether reading a body failed because it is over a limit (ours, or one a layer in front of us
+/// set with `http_body_util::Limited`), rather than because it was cut short or reset.
+fn over_limit(e: &axum::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(e) = cause {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
 fn with_body<B>(response: Response<B>) -> Response<Body>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -420,15 +464,26 @@ where
     };
     let body = match axum::body::to_bytes(body, cfg.max_request_bytes).await {
         Ok(body) => body,
-        Err(_) => {
+        Err(e) if over_limit(&e) => {
             return Ok(problem(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "request-too-large",
                 "Request body too large",
                 &format!(
-                    "the request body could not be read within the {} byte limit",
+                    "the request body is larger than the {} byte limit",
                     cfg.max_request_bytes
                 ),
+            ));
+        }
+        Err(e) => {
+            // Cut short (a Content-Length longer than the body), reset, or badly framed: the
+            // client's fault, and nothing was claimed or written.
+            tracing::debug!(error = %e, "the request body could not be read; answering 400");
+            return Ok(problem(
+                StatusCode::BAD_REQUEST,
+                "request-unreadable",
+                "Request body unreadable",
+                "the request body could not be read to its end (cut short, reset or badly framed); nothing was processed, send the whole request again",
             ));
         }
     };
@@ -456,12 +511,12 @@ where
                 &detail,
             ));
         }
-        Err(e @ (KeyError::Malformed(_) | KeyError::TooLong(_) | KeyError::BadBodyField)) => {
+        Err(e) => {
             return Ok(problem(
                 StatusCode::BAD_REQUEST,
                 "invalid-key",
                 "Invalid idempotency key",
-                &e.detail(cfg.max_key_len),
+                &e.detail(&cfg),
             ));
         }
     };

@@ -7,7 +7,8 @@
 //! |---|---|
 //! | the handler's response | first request with a key |
 //! | the stored response, `Idempotent-Replayed: true` | a repeat of a finished request |
-//! | 400 `missing-key` / `invalid-key` | a covered request without a usable key |
+//! | 400 `missing-key` / `invalid-key` | a covered request without a usable key, or with several (two `Idempotency-Key` lines, a body key field twice) |
+//! | 400 `request-unreadable` | the request body could not be read to its end (cut short, reset); nothing was written |
 //! | 401 `no-principal` | the [`Principal`] extractor found no caller |
 //! | 409 `in-progress`, `Retry-After` | a repeat while the first still runs |
 //! | 409 `response-not-kept` | a repeat of a request whose response was too large to keep |
@@ -35,6 +36,22 @@ pub use tokens::{TOKEN_HEADER, TokenEndpoint, TokenGuard, TokenGuardLayer};
 
 /// What the layers' services return.
 type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// The one line of a header that must be sent once: `Ok(None)` when it is absent, `Err(lines)`
+/// when the request has several lines of it. Several lines of a field are one comma-joined value
+/// (RFC 9110 §5.3), which for a single-valued field (a key, a caller, a token) is no value at
+/// all; taking the first line instead would let two different requests share it.
+fn single_header<'a>(
+    headers: &'a http::HeaderMap,
+    name: &http::HeaderName,
+) -> Result<Option<&'a http::HeaderValue>, usize> {
+    let mut lines = headers.get_all(name).iter();
+    let first = lines.next();
+    match lines.count() {
+        0 => Ok(first),
+        more => Err(more + 1),
+    }
+}
 
 /// The inner service that was polled ready, to serve this request; a fresh clone takes its place
 /// and waits for the next.

@@ -29,12 +29,14 @@ pub(crate) enum Source {
 
 impl Principal {
     /// The caller is the value of `header`, which a gateway in front of the service sets after it
-    /// authenticated the request (and removes from what clients send).
+    /// authenticated the request (and removes from what clients send). A request with several
+    /// lines of it has no caller (401): a gateway that appends its line instead of replacing the
+    /// client's must not let the client's line win.
     pub fn header(header: HeaderName) -> Self {
         Principal::from_fn(move |parts| {
-            parts
-                .headers
-                .get(&header)
+            super::single_header(&parts.headers, &header)
+                .ok()
+                .flatten()
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
                 .filter(|v| !v.is_empty())

@@ -11,6 +11,52 @@ use super::problem::problem;
 /// The header a replayed response carries.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
+const SESSION: &str = "it carries the first response's session or credential, and a replay would hand it to whoever repeats the request";
+const CREDENTIAL: &str =
+    "it is a credential, never a response header: keeping it could only replay a secret";
+const EXCHANGE: &str =
+    "it authenticates one exchange (RFC 9110 section 11.6.3), not a replay of it";
+const HOP: &str =
+    "it is a hop-by-hop header: it describes one connection, and the server sets its own on each";
+const FRAMING: &str =
+    "it frames the message, and the server frames each response it sends from the body it sends";
+
+/// Response headers that are never stored or replayed, whatever
+/// [`keep_header`](super::IdempotencyBuilder::keep_header) says, and why.
+const NEVER_KEPT: [(&str, &str); 17] = [
+    ("set-cookie", SESSION),
+    ("set-cookie2", SESSION),
+    ("authorization", CREDENTIAL),
+    ("proxy-authorization", CREDENTIAL),
+    ("cookie", CREDENTIAL),
+    ("authentication-info", EXCHANGE),
+    ("proxy-authentication-info", EXCHANGE),
+    ("proxy-authenticate", HOP),
+    ("connection", HOP),
+    ("keep-alive", HOP),
+    ("proxy-connection", HOP),
+    ("te", HOP),
+    ("upgrade", HOP),
+    ("transfer-encoding", FRAMING),
+    ("content-length", FRAMING),
+    (
+        "trailer",
+        "it announces trailer fields, and a stored response has none",
+    ),
+    (
+        REPLAYED_HEADER,
+        "it is the layer's own: every replay carries it and a first response never does",
+    ),
+];
+
+/// Why a response header can never be kept, or `None` when it can.
+pub(crate) fn never_kept(name: &HeaderName) -> Option<&'static str> {
+    NEVER_KEPT
+        .iter()
+        .find(|(never, _)| *never == name.as_str())
+        .map(|(_, why)| *why)
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Stored {
     /// Status code.
@@ -96,6 +142,11 @@ impl Stored {
                     else {
                         continue;
                     };
+                    // A record written before a header was refused (an older version that let
+                    // `keep_header(SET_COOKIE)` through) still never replays it.
+                    if never_kept(&name).is_some() {
+                        continue;
+                    }
                     if let Ok(value) = HeaderValue::from_bytes(&value) {
                         response.headers_mut().append(name, value);
                     }
@@ -137,6 +188,32 @@ mod tests {
         assert_eq!(links, ["</a>", "</b>"]);
         assert!(response.headers().get("set-cookie").is_none());
         assert_eq!(response.headers()[REPLAYED_HEADER], "true");
+    }
+
+    #[test]
+    fn headers_never_kept_are_not_replayed_from_an_old_record() {
+        let mut headers = HeaderMap::new();
+        headers.insert("set-cookie", HeaderValue::from_static("session=secret"));
+        headers.insert("content-length", HeaderValue::from_static("999"));
+        headers.insert("etag", HeaderValue::from_static("\"v1\""));
+        // What an older version stored for `keep_header(SET_COOKIE)` and friends.
+        let keep = [
+            HeaderName::from_static("set-cookie"),
+            HeaderName::from_static("content-length"),
+            HeaderName::from_static("etag"),
+        ];
+        let response = Stored::of(StatusCode::OK, &headers, b"ok", &keep).replay();
+        assert!(response.headers().get("set-cookie").is_none());
+        assert!(response.headers().get("content-length").is_none());
+        assert_eq!(response.headers()["etag"], "\"v1\"");
+        for (name, why) in NEVER_KEPT {
+            assert_eq!(
+                HeaderName::from_static(name).as_str(),
+                name,
+                "lowercase: {name}"
+            );
+            assert!(!why.is_empty());
+        }
     }
 
     #[test]

@@ -15,8 +15,8 @@ use tower::{Layer, Service};
 use super::BoxFuture;
 use super::principal::Principal;
 use super::problem::{self, problem};
-use crate::TokenStore;
 use crate::metrics::count_token_op;
+use crate::{IdemError, TokenStore};
 
 /// The header a submit carries its token in.
 pub const TOKEN_HEADER: HeaderName = HeaderName::from_static("x-idem-token");
@@ -57,11 +57,15 @@ impl TokenEndpoint {
         }
     }
 
-    /// How long an issued token stays valid.
-    #[must_use]
-    pub fn ttl(mut self, ttl: Duration) -> Self {
+    /// How long an issued token stays valid: 1 ms ..= [`crate::MAX_DURATION`].
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a ttl outside that range, at start-up rather than as a
+    /// failure of every issue.
+    pub fn ttl(mut self, ttl: Duration) -> Result<Self, IdemError> {
+        crate::tokens::check_ttl(ttl)?;
         self.ttl = ttl;
-        self
+        Ok(self)
     }
 
     /// The POST route that issues tokens.
@@ -104,8 +108,9 @@ impl TokenEndpoint {
 
 /// A tower [`Layer`] that lets a request through only if it carries an unspent submit token
 /// (`X-Idem-Token`) issued to its caller, spending it atomically first: of a double click, one
-/// submit runs and the other gets 409 `token-used`. A missing or unknown token gets 400. When the
-/// handler answers 5xx the token is put back, so the user can submit again without a new page.
+/// submit runs and the other gets 409 `token-used`. A missing or unknown token, or several
+/// `X-Idem-Token` lines, get 400. When the handler answers 5xx the token is put back, so the user
+/// can submit again without a new page.
 #[derive(Clone)]
 pub struct TokenGuardLayer {
     tokens: Arc<dyn TokenStore>,
@@ -166,9 +171,17 @@ where
             let Ok(subject) = guard.principal.of(&parts) else {
                 return Ok(no_principal());
             };
-            let Some(token) = parts
-                .headers
-                .get(&TOKEN_HEADER)
+            let Ok(line) = super::single_header(&parts.headers, &TOKEN_HEADER) else {
+                // Several lines: spending the first would pick one token of several for the
+                // client; nothing is spent.
+                return Ok(problem(
+                    StatusCode::BAD_REQUEST,
+                    "token-invalid",
+                    "Invalid submit token",
+                    "the request has several X-Idem-Token header lines; send the one token once",
+                ));
+            };
+            let Some(token) = line
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
                 .filter(|t| !t.is_empty())

@@ -91,20 +91,20 @@ async fn a_consumer_killed_before_its_ack_ships_once_and_the_redelivery_is_acked
         } = &fresh;
 
         let plan = Plan::settle(msgs.len()).crash_after("ORD-2");
-        let run1 = mq_consumer::run_nats_consumer(&url, &stream, CONSUMER, &shipping, &plan)
+        let run1 = mq_consumer::run_nats_consumer(url, stream, CONSUMER, shipping, &plan)
             .await
             .unwrap();
-        let crashed = mq_audit::died_after_shipping_ord2(&run1, &shipping).await;
+        let crashed = mq_audit::died_after_shipping_ord2(&run1, shipping).await;
 
         let rest = Plan::settle(msgs.len() - run1.settled());
-        let run2 = mq_consumer::run_nats_consumer(&url, &stream, CONSUMER, &shipping, &rest)
+        let run2 = mq_consumer::run_nats_consumer(url, stream, CONSUMER, shipping, &rest)
             .await
             .unwrap();
         mq_audit::redelivered_as_replay(&run2, crashed);
-        mq_audit::shipped_each_order_once(&[&run1, &run2], msgs.len(), &shipping).await;
+        mq_audit::shipped_each_order_once(&[&run1, &run2], msgs.len(), shipping).await;
         // Acks were confirmed by the server (double ack), so its counts are final.
         assert_eq!(
-            mq_consumer::nats_consumer_state(&js, &stream, CONSUMER)
+            mq_consumer::nats_consumer_state(js, stream, CONSUMER)
                 .await
                 .unwrap(),
             (0, 0),
@@ -129,10 +129,10 @@ async fn a_failure_is_nacked_and_the_redelivery_ships_once() {
         shipping.fail_once("ORD-3");
 
         let run = mq_consumer::run_nats_consumer(
-            &url,
-            &stream,
+            url,
+            stream,
             CONSUMER,
-            &shipping,
+            shipping,
             &Plan {
                 timeout: Duration::from_secs(20),
                 ..Plan::settle(msgs.len())
@@ -142,9 +142,9 @@ async fn a_failure_is_nacked_and_the_redelivery_ships_once() {
         .unwrap();
 
         mq_audit::failed_then_shipped_once(&run);
-        mq_audit::shipped_each_order_once(&[&run], msgs.len(), &shipping).await;
+        mq_audit::shipped_each_order_once(&[&run], msgs.len(), shipping).await;
         assert_eq!(
-            mq_consumer::nats_consumer_state(&js, &stream, CONSUMER)
+            mq_consumer::nats_consumer_state(js, stream, CONSUMER)
                 .await
                 .unwrap(),
             (0, 0),

@@ -109,26 +109,26 @@ async fn a_consumer_killed_before_its_ack_ships_once_and_the_redelivery_is_acked
 
         // Consumer 1 ships ORD-2, commits, and dies before acking it.
         let plan = Plan::settle(msgs.len()).crash_after("ORD-2");
-        let run1 = mq_consumer::run_rabbit_consumer(&url, &queue, &shipping, &plan)
+        let run1 = mq_consumer::run_rabbit_consumer(url, queue, shipping, &plan)
             .await
             .unwrap();
-        let crashed = mq_audit::died_after_shipping_ord2(&run1, &shipping).await;
+        let crashed = mq_audit::died_after_shipping_ord2(&run1, shipping).await;
         assert!(
-            ready_after_consumers_left(&conn, &queue).await >= 1,
+            ready_after_consumers_left(conn, queue).await >= 1,
             "the unacked ORD-2 delivery went back to the queue"
         );
 
         // Consumer 2 gets the unacked delivery again (same message id, redelivered) and acks it
         // as a duplicate; the order is not shipped twice.
         let rest = Plan::settle(msgs.len() - run1.settled());
-        let run2 = mq_consumer::run_rabbit_consumer(&url, &queue, &shipping, &rest)
+        let run2 = mq_consumer::run_rabbit_consumer(url, queue, shipping, &rest)
             .await
             .unwrap();
         mq_audit::redelivered_as_replay(&run2, crashed);
         // Every order number's second message (another message id) was a duplicate too.
-        mq_audit::shipped_each_order_once(&[&run1, &run2], msgs.len(), &shipping).await;
+        mq_audit::shipped_each_order_once(&[&run1, &run2], msgs.len(), shipping).await;
         assert_eq!(
-            ready_after_consumers_left(&conn, &queue).await,
+            ready_after_consumers_left(conn, queue).await,
             0,
             "messages left in {queue}"
         );
@@ -151,15 +151,15 @@ async fn a_failure_is_nacked_with_requeue_and_the_redelivery_ships_once() {
         shipping.fail_once("ORD-3");
 
         let run =
-            mq_consumer::run_rabbit_consumer(&url, &queue, &shipping, &Plan::settle(msgs.len()))
+            mq_consumer::run_rabbit_consumer(url, queue, shipping, &Plan::settle(msgs.len()))
                 .await
                 .unwrap();
 
         mq_audit::failed_then_shipped_once(&run);
         // The failed try's row was rolled back with its claim.
-        mq_audit::shipped_each_order_once(&[&run], msgs.len(), &shipping).await;
+        mq_audit::shipped_each_order_once(&[&run], msgs.len(), shipping).await;
         assert_eq!(
-            ready_after_consumers_left(&conn, &queue).await,
+            ready_after_consumers_left(conn, queue).await,
             0,
             "messages left in {queue}"
         );

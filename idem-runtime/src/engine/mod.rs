@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
+#[cfg(feature = "axum")]
 pub(crate) use call::check_durations;
 pub use call::{Call, DEFAULT_LEASE, DEFAULT_TTL};
 use snapshot::{ErrType, OkType};

@@ -71,7 +71,9 @@ fn written_pairs() -> Vec<(String, String)> {
         ("PAY", "3:x"),
         ("PAY\\", ":x"),
         ("PAY", "\\:x"),
-        ("ORDER", "(\"REFUND\", 7)"),
+        // `key = "(\"REFUND\", id)"` under `biz = "ORDER"` against `key = "id"` under
+        // `biz = "ORDER:REFUND"`: a tuple key joins its parts with `:`.
+        ("ORDER", "REFUND:7"),
         ("ORDER:REFUND", "7"),
     ]
     .into_iter()

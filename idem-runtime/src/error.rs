@@ -154,9 +154,13 @@ pub enum IdemError {
 #[non_exhaustive]
 pub enum Busy {
     /// The database (or a row) is locked by another connection (SQLite `SQLITE_BUSY` /
-    /// `SQLITE_LOCKED`).
+    /// `SQLITE_LOCKED`), or the server is held by other work that ends by itself (Redis `BUSY`: a
+    /// script runs; `TRYAGAIN`: a slot is being moved).
     Locked,
-    /// A lock wait ran out of time (MySQL 1205, Postgres `55P03`).
+    /// A lock wait ran out of time (MySQL 1205, Postgres `55P03`), or a statement limit or an
+    /// operator cut the statement off before it finished (Postgres `57014`, MariaDB 1969, MySQL
+    /// 3024, a killed query 1317): nothing was changed. A claim cut off this way answers
+    /// `InProgress`.
     LockTimeout,
     /// The database chose this statement as a deadlock victim (MySQL 1213, Postgres `40P01`).
     Deadlock,

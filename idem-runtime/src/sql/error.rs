@@ -49,15 +49,25 @@ fn mysql_number(_: &dyn sqlx::error::DatabaseError) -> Option<u16> {
 }
 
 /// Sorts a MySQL / MariaDB error by its number.
+///
+/// A statement cut off before it finished (a lock wait or a statement time limit ran out, or an
+/// operator killed the query) changed nothing and holds no lock: `LockTimeout`, which a claim
+/// answers as "in progress" (a claimant's transaction is what idem's one-row statements wait for)
+/// and idem retries elsewhere. A server that cannot give this client a session or lost it is
+/// `Unavailable`: nothing was written, and another connection, later, can succeed.
 fn classify_mysql(number: u16, message: &str) -> Class {
     match number {
         1213 => Class::Busy(Busy::Deadlock),
-        // 1205: lock wait timeout; 3572: NOWAIT found a lock; 1969: MariaDB's max_statement_time.
-        1205 | 3572 | 1969 => Class::Busy(Busy::LockTimeout),
+        // 1205: lock wait timeout; 3572: NOWAIT found a lock; 1969: MariaDB's max_statement_time;
+        // 3024: MySQL's max_execution_time; 1317: the query was killed (`KILL QUERY`).
+        1205 | 3572 | 1969 | 3024 | 1317 => Class::Busy(Busy::LockTimeout),
         // 1146: no such table; 1054: unknown column.
         1146 | 1054 => Class::MissingSchema,
-        // 1040 too many connections, 1053 shutdown in progress, 2006/2013 server gone / lost.
-        1040 | 1053 | 2006 | 2013 => Class::Unavailable,
+        // 1040: too many connections; 1203 / 1226: the user's connection (or query) limit;
+        // 1053: shutdown in progress; 1927: the connection was killed (MariaDB); 4031: dropped
+        // for inactivity (MySQL); 2006 / 2013: server gone / connection lost (the C client's
+        // numbers, which proxies pass on; sqlx itself reports a lost connection as an I/O error).
+        1040 | 1203 | 1226 | 1053 | 1927 | 4031 | 2006 | 2013 => Class::Unavailable,
         _ => classify(Dialect::MySQL, None, message),
     }
 }
@@ -97,9 +107,20 @@ fn classify(dialect: Dialect, code: Option<&str>, message: &str) -> Class {
             // MySQL reports its deadlock (1213) under 40001 as well.
             "40001" if dialect == Dialect::MySQL => Class::Busy(Busy::Deadlock),
             "40001" => Class::Busy(Busy::Serialization),
-            "55P03" => Class::Busy(Busy::LockTimeout),
+            // 55P03: lock_timeout (or NOWAIT). 57014: the statement was cancelled, by
+            // statement_timeout (often a role's or database's, shorter than the store's lock
+            // timeout) or by pg_cancel_backend: idem's statements touch one row by its key, so
+            // what runs that long is a wait for a claimant's row lock. Either way the statement
+            // changed nothing: the same class, so a claim cut off this way is "in progress" too.
+            "55P03" | "57014" => Class::Busy(Busy::LockTimeout),
             "42P01" | "42703" | "42S02" | "42S22" => Class::MissingSchema,
-            c if c.starts_with("08") || c == "57P01" || c == "57P03" => Class::Unavailable,
+            // 08: connection exceptions. 53: insufficient resources (too many connections, disk
+            // full, out of memory): the server cannot serve now, a retry later can succeed.
+            // 57P01 / 57P02 / 57P03: administrator shutdown or termination, crash, starting up;
+            // 57P05 and 25P03: the server closed an idle session / an idle transaction (with
+            // the transaction: run it again).
+            c if c.starts_with("08") || c.starts_with("53") => Class::Unavailable,
+            "57P01" | "57P02" | "57P03" | "57P05" | "25P03" => Class::Unavailable,
             _ if message.contains("Lock wait timeout exceeded") => Class::Busy(Busy::LockTimeout),
             _ => Class::Other,
         },
@@ -138,9 +159,22 @@ mod tests {
         assert_eq!(pg("40P01"), Class::Busy(Busy::Deadlock));
         assert_eq!(pg("40001"), Class::Busy(Busy::Serialization));
         assert_eq!(pg("55P03"), Class::Busy(Busy::LockTimeout));
+        assert_eq!(pg("57014"), Class::Busy(Busy::LockTimeout));
         assert_eq!(pg("42P01"), Class::MissingSchema);
-        assert_eq!(pg("08006"), Class::Unavailable);
-        assert_eq!(pg("23505"), Class::Other);
+        assert_eq!(pg("42703"), Class::MissingSchema);
+        for unavailable in [
+            "08000", "08001", "08003", "08004", "08006", "08P01", "53000", "53100", "53200",
+            "53300", "53400", "57P01", "57P02", "57P03", "57P05", "25P03",
+        ] {
+            assert_eq!(pg(unavailable), Class::Unavailable, "{unavailable}");
+        }
+        // Permanent: constraints, bad data, a read-only transaction, a dropped database,
+        // insufficient privilege.
+        for other in [
+            "23505", "23502", "22001", "25006", "57P04", "42501", "XX000",
+        ] {
+            assert_eq!(pg(other), Class::Other, "{other}");
+        }
         assert_eq!(
             classify(Dialect::MySQL, Some("40001"), ""),
             Class::Busy(Busy::Deadlock)
@@ -153,5 +187,23 @@ mod tests {
             ),
             Class::Busy(Busy::LockTimeout)
         );
+    }
+
+    #[test]
+    fn sorts_mysql_numbers() {
+        let my = |number: u16| classify_mysql(number, "");
+        assert_eq!(my(1213), Class::Busy(Busy::Deadlock));
+        for timeout in [1205, 3572, 1969, 3024, 1317] {
+            assert_eq!(my(timeout), Class::Busy(Busy::LockTimeout), "{timeout}");
+        }
+        assert_eq!(my(1146), Class::MissingSchema);
+        assert_eq!(my(1054), Class::MissingSchema);
+        for unavailable in [1040, 1203, 1226, 1053, 1927, 4031, 2006, 2013] {
+            assert_eq!(my(unavailable), Class::Unavailable, "{unavailable}");
+        }
+        // Permanent: a duplicate key, a value too long, a missing privilege, a syntax error.
+        for other in [1062, 1406, 1142, 1064] {
+            assert_eq!(my(other), Class::Other, "{other}");
+        }
     }
 }

@@ -41,7 +41,11 @@ const ATOMS: [&str; 16] = [
 fn split_pairs() -> impl Strategy<Value = Vec<(String, String)>> {
     let text = prop::collection::vec(prop::sample::select(ATOMS.to_vec()), 2..10);
     prop::collection::vec(
-        (text, any::<prop::sample::Index>(), any::<prop::sample::Index>()),
+        (
+            text,
+            any::<prop::sample::Index>(),
+            any::<prop::sample::Index>(),
+        ),
         1..4,
     )
     .prop_map(|texts| {
@@ -134,7 +138,8 @@ async fn distinct_records(
             .load(biz, key)
             .await
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let record = record.ok_or_else(|| TestCaseError::fail(format!("({biz:?}, {key:?}) lost")))?;
+        let record =
+            record.ok_or_else(|| TestCaseError::fail(format!("({biz:?}, {key:?}) lost")))?;
         prop_assert_eq!((&record.biz, &record.key), (biz, key));
         prop_assert_eq!(record.status, Status::Succeeded);
     }
@@ -212,13 +217,23 @@ pub async fn durations_at_the_limits(s: Subject) {
             let got = call().run(&*store, body(n)).await;
             let what = format!("ttl {ttl:?}, lease {lease:?}");
             if !valid(ttl, lease) {
-                assert!(matches!(got, Err(IdemError::InvalidOptions { .. })), "{what}: {got:?}");
+                assert!(
+                    matches!(got, Err(IdemError::InvalidOptions { .. })),
+                    "{what}: {got:?}"
+                );
                 assert_eq!(runs.load(Ordering::SeqCst), before, "{what}: the body ran");
-                assert!(store.load(&biz, &key).await.unwrap().is_none(), "{what}: written");
+                assert!(
+                    store.load(&biz, &key).await.unwrap().is_none(),
+                    "{what}: written"
+                );
                 continue;
             }
             assert_eq!(got.unwrap(), n, "{what}");
-            assert_eq!(call().run(&*store, body(0)).await.unwrap(), n, "{what}: replay");
+            assert_eq!(
+                call().run(&*store, body(0)).await.unwrap(),
+                n,
+                "{what}: replay"
+            );
             assert_eq!(runs.load(Ordering::SeqCst), before + 1, "{what}: ran twice");
             let record = store.load(&biz, &key).await.unwrap().expect("a record");
             assert_eq!(record.status, Status::Succeeded, "{what}");
@@ -234,7 +249,10 @@ pub async fn durations_at_the_limits(s: Subject) {
     store.sweep_expired(1000).await.unwrap();
     let kept = (1..=n)
         .filter(|i| {
-            let (ttl, lease) = (edges()[(*i as usize - 1) / 8], edges()[(*i as usize - 1) % 8]);
+            let (ttl, lease) = (
+                edges()[(*i as usize - 1) / 8],
+                edges()[(*i as usize - 1) % 8],
+            );
             valid(ttl, lease) && ttl > Duration::from_secs(60)
         })
         .collect::<Vec<_>>();
@@ -253,8 +271,14 @@ pub async fn durations_at_the_limits(s: Subject) {
         if wait <= MAX_DURATION {
             assert_eq!(got.unwrap(), n, "wait {wait:?}");
         } else {
-            assert!(matches!(got, Err(IdemError::InvalidOptions { .. })), "wait {wait:?}: {got:?}");
-            assert!(store.load(&biz, &key).await.unwrap().is_none(), "wait {wait:?}: written");
+            assert!(
+                matches!(got, Err(IdemError::InvalidOptions { .. })),
+                "wait {wait:?}: {got:?}"
+            );
+            assert!(
+                store.load(&biz, &key).await.unwrap().is_none(),
+                "wait {wait:?}: written"
+            );
         }
     }
     // A heartbeat above zero and shorter than the lease (30 s here).
@@ -268,8 +292,14 @@ pub async fn durations_at_the_limits(s: Subject) {
         if every >= Duration::from_millis(1) && every < Duration::from_secs(30) {
             assert_eq!(got.unwrap(), n, "heartbeat {every:?}");
         } else {
-            assert!(matches!(got, Err(IdemError::InvalidOptions { .. })), "heartbeat {every:?}: {got:?}");
-            assert!(store.load(&biz, &key).await.unwrap().is_none(), "heartbeat {every:?}: written");
+            assert!(
+                matches!(got, Err(IdemError::InvalidOptions { .. })),
+                "heartbeat {every:?}: {got:?}"
+            );
+            assert!(
+                store.load(&biz, &key).await.unwrap().is_none(),
+                "heartbeat {every:?}: written"
+            );
         }
     }
 }
@@ -292,14 +322,21 @@ pub async fn a_store_clamps_durations_it_is_handed(s: Subject) {
     let ClaimOutcome::Acquired { claim, .. } = store.claim(&req).await.unwrap() else {
         panic!("a fresh key is acquired");
     };
-    let record = store.load(&biz, key).await.unwrap().expect("the claim is kept");
+    let record = store
+        .load(&biz, key)
+        .await
+        .unwrap()
+        .expect("the claim is kept");
     let years = |ms: i64| ms as f64 / (365.25 * DAY_MS as f64);
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64;
     let max_ms = MAX_DURATION.as_millis() as i64;
-    for (what, at) in [("lease", record.lease_until_ms), ("expiry", record.expire_at_ms)] {
+    for (what, at) in [
+        ("lease", record.lease_until_ms),
+        ("expiry", record.expire_at_ms),
+    ] {
         // The store's clock may run ahead of this one by a test clock's offset (none here) or a
         // little skew: a day either way.
         assert!(
@@ -308,7 +345,10 @@ pub async fn a_store_clamps_durations_it_is_handed(s: Subject) {
             years(at - now_ms)
         );
     }
-    store.complete(&biz, key, &claim, b"\"done\"").await.unwrap();
+    store
+        .complete(&biz, key, &claim, b"\"done\"")
+        .await
+        .unwrap();
     store.sweep_expired(1000).await.unwrap();
     match store.claim(&req).await.unwrap() {
         ClaimOutcome::Replay { snapshot } => assert_eq!(snapshot, b"\"done\""),

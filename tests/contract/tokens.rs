@@ -222,7 +222,10 @@ pub async fn token_ttls_at_the_limits(t: Tokens) {
         let token = t.tokens.issue(ttl, None).await.unwrap();
         if ttl > Duration::from_millis(1) {
             t.tokens.consume(&token, None).await.unwrap();
-            assert!(is_used(&t.tokens.consume(&token, None).await), "ttl {ttl:?}");
+            assert!(
+                is_used(&t.tokens.consume(&token, None).await),
+                "ttl {ttl:?}"
+            );
         }
     }
     // A token issued for the maximum outlives a year on the test clock and a sweep.

@@ -278,9 +278,16 @@ async fn kept_for_ten_years(id: &str) -> Result<u32, AppError> {
 #[tokio::test]
 async fn the_longest_literal_is_the_runtimes_maximum() {
     setup();
-    assert_eq!(idem::MAX_DURATION, std::time::Duration::from_secs(3650 * 86_400));
+    assert_eq!(
+        idem::MAX_DURATION,
+        std::time::Duration::from_secs(3650 * 86_400)
+    );
     let first = kept_for_ten_years("k-max").await.unwrap();
-    assert_eq!(kept_for_ten_years("k-max").await.unwrap(), first, "replayed");
+    assert_eq!(
+        kept_for_ten_years("k-max").await.unwrap(),
+        first,
+        "replayed"
+    );
     let store = idem::store("macro_mem").unwrap();
     let record = store.load("LONG", "k-max").await.unwrap().unwrap();
     let days_left = (record.expire_at_ms - record.lease_until_ms) / 86_400_000;

@@ -150,10 +150,9 @@ async fn a_failure_is_nacked_with_requeue_and_the_redelivery_ships_once() {
         // The warehouse fails on the first try for ORD-3, after its row was written.
         shipping.fail_once("ORD-3");
 
-        let run =
-            mq_consumer::run_rabbit_consumer(url, queue, shipping, &Plan::settle(msgs.len()))
-                .await
-                .unwrap();
+        let run = mq_consumer::run_rabbit_consumer(url, queue, shipping, &Plan::settle(msgs.len()))
+            .await
+            .unwrap();
 
         mq_audit::failed_then_shipped_once(&run);
         // The failed try's row was rolled back with its claim.

@@ -54,8 +54,16 @@ mod attribute_identity {
             .as_micros() as u64;
         assert_eq!(order_step(id).await.unwrap(), format!("order step {id}"));
         assert_eq!(refund(id).await.unwrap(), format!("refund {id}"));
-        assert_eq!(refund(id).await.unwrap(), format!("refund {id}"), "a replay");
-        assert_eq!(order_step(id).await.unwrap(), format!("order step {id}"), "a replay");
+        assert_eq!(
+            refund(id).await.unwrap(),
+            format!("refund {id}"),
+            "a replay"
+        );
+        assert_eq!(
+            order_step(id).await.unwrap(),
+            format!("order step {id}"),
+            "a replay"
+        );
         assert_eq!(ORDER_RUNS.load(Ordering::SeqCst), 1);
         assert_eq!(REFUND_RUNS.load(Ordering::SeqCst), 1);
     }

@@ -43,7 +43,10 @@ pub(crate) fn check(
 pub(crate) fn check_max(what: &str, value: Duration) -> Result<(), IdemError> {
     if value > MAX_DURATION {
         return Err(IdemError::InvalidOptions {
-            reason: format!("{what} {} is longer than the maximum of {MAX_TEXT}", shown(value)),
+            reason: format!(
+                "{what} {} is longer than the maximum of {MAX_TEXT}",
+                shown(value)
+            ),
         });
     }
     Ok(())
@@ -73,7 +76,15 @@ mod tests {
     fn the_range_holds_at_its_edges() {
         let ms = Duration::from_millis(1);
         assert!(check("the lease", Duration::ZERO, ms, "shorter than 1 ms").is_err());
-        assert!(check("the lease", Duration::from_nanos(1), ms, "shorter than 1 ms").is_err());
+        assert!(
+            check(
+                "the lease",
+                Duration::from_nanos(1),
+                ms,
+                "shorter than 1 ms"
+            )
+            .is_err()
+        );
         assert!(check("the lease", ms, ms, "shorter than 1 ms").is_ok());
         assert!(check("the lease", MAX_DURATION, ms, "shorter than 1 ms").is_ok());
         let err = check("the lease", MAX_DURATION + Duration::from_nanos(1), ms, "x").unwrap_err();

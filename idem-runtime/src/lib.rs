@@ -47,10 +47,10 @@ pub use backend::sharded::{ShardedStore, ShardedTx};
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite::{SqliteStore, SqliteTokens, SqliteTx};
 pub use clock::TestClock;
+pub use duration::MAX_DURATION;
 pub use engine::current::current_claim;
 pub use engine::retry::{RestartsTransaction, retry_transaction};
 pub use engine::tx::{IdemTx, TransactionalStore};
-pub use duration::MAX_DURATION;
 pub use engine::{Call, DEFAULT_LEASE, DEFAULT_TTL};
 pub use error::{BoxError, Busy, DecryptFailure, IdemError};
 pub use fingerprint::fingerprint;

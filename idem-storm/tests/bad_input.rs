@@ -212,7 +212,12 @@ fn api_cases() -> Vec<(&'static str, &'static str, Case)> {
             "options",
             "heartbeat of 1 ns",
             case(|s| async move {
-                call(&*s, Call::new("PAY", "k").heartbeat(Duration::from_nanos(1)), 1).await
+                call(
+                    &*s,
+                    Call::new("PAY", "k").heartbeat(Duration::from_nanos(1)),
+                    1,
+                )
+                .await
             }),
         ),
         (

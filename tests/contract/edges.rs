@@ -260,46 +260,33 @@ pub async fn durations_at_the_limits(s: Subject) {
         let record = store.load(&biz, &format!("tl-{i}")).await.unwrap();
         assert!(record.is_some(), "record tl-{i} was swept before its ttl");
     }
-    // A wait of 0 ..= the maximum is a wait; above it, refused before anything is written.
-    for wait in edges() {
-        n += 1;
-        let key = format!("w-{n}");
-        let got = Call::new(biz.clone(), key.as_str())
-            .wait(wait)
-            .run(&*store, body(n))
-            .await;
-        if wait <= MAX_DURATION {
-            assert_eq!(got.unwrap(), n, "wait {wait:?}");
-        } else {
-            assert!(
-                matches!(got, Err(IdemError::InvalidOptions { .. })),
-                "wait {wait:?}: {got:?}"
-            );
-            assert!(
-                store.load(&biz, &key).await.unwrap().is_none(),
-                "wait {wait:?}: written"
-            );
-        }
-    }
-    // A heartbeat above zero and shorter than the lease (30 s here).
-    for every in edges() {
-        n += 1;
-        let key = format!("h-{n}");
-        let got = Call::new(biz.clone(), key.as_str())
-            .heartbeat(every)
-            .run(&*store, body(n))
-            .await;
-        if every >= Duration::from_millis(1) && every < Duration::from_secs(30) {
-            assert_eq!(got.unwrap(), n, "heartbeat {every:?}");
-        } else {
-            assert!(
-                matches!(got, Err(IdemError::InvalidOptions { .. })),
-                "heartbeat {every:?}: {got:?}"
-            );
-            assert!(
-                store.load(&biz, &key).await.unwrap().is_none(),
-                "heartbeat {every:?}: written"
-            );
+    // A wait of 0 ..= the maximum; a heartbeat of at least 1 ms and shorter than the lease (30 s
+    // here). Out of range: refused before anything is written.
+    let options: [(&str, fn(Call, Duration) -> Call, fn(Duration) -> bool); 2] = [
+        ("wait", Call::wait, |d| d <= MAX_DURATION),
+        ("heartbeat", Call::heartbeat, |d| {
+            d >= Duration::from_millis(1) && d < Duration::from_secs(30)
+        }),
+    ];
+    for (name, set, in_range) in options {
+        for d in edges() {
+            n += 1;
+            let key = format!("{name}-{n}");
+            let got = set(Call::new(biz.clone(), key.as_str()), d)
+                .run(&*store, body(n))
+                .await;
+            if in_range(d) {
+                assert_eq!(got.unwrap(), n, "{name} {d:?}");
+            } else {
+                assert!(
+                    matches!(got, Err(IdemError::InvalidOptions { .. })),
+                    "{name} {d:?}: {got:?}"
+                );
+                assert!(
+                    store.load(&biz, &key).await.unwrap().is_none(),
+                    "{name} {d:?}: written"
+                );
+            }
         }
     }
 }

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::fingerprint::hex;
 
-use super::layer::Config;
+use super::builder::Config;
 
 /// Why a request's key could not be used (answered with 400 `invalid-key`).
 #[derive(Debug, PartialEq, Eq)]

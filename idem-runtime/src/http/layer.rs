@@ -1,291 +1,24 @@
-//! The Idempotency-Key layer: its configuration (a builder checked at start-up) and the tower
-//! service that claims, runs, stores and replays.
+//! The Idempotency-Key layer: the tower service that claims, runs, stores and replays (its
+//! configuration is in `builder.rs`).
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
-use http::{HeaderName, Method, Request, Response, StatusCode, header};
+use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tower::{Layer, Service};
 
 use super::BoxFuture;
-use super::cap::Cap;
+use super::builder::Config;
 use super::key;
-use super::principal::Principal;
 use super::problem::{self, problem};
-use super::stored::{self, Stored};
-use crate::{Call, IdemError, IntoSharedStore, Store, duration};
+use super::stored::Stored;
+use crate::{Call, IdemError};
 
 /// The header a client sends its key in.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-
-/// Response headers stored and replayed by default (never `Set-Cookie`: a session must not be
-/// handed out again; see [`IdempotencyBuilder::keep_header`] for every header never kept).
-const KEPT_HEADERS: [HeaderName; 7] = [
-    header::CONTENT_TYPE,
-    header::CONTENT_LANGUAGE,
-    header::CONTENT_LOCATION,
-    header::LOCATION,
-    header::ETAG,
-    header::LAST_MODIFIED,
-    header::LINK,
-];
-
-/// The layer's settings, shared by every request.
-pub(crate) struct Config {
-    store: Arc<dyn Store>,
-    biz: Cow<'static, str>,
-    pub(crate) header: HeaderName,
-    pub(crate) body_field: Option<String>,
-    required: bool,
-    methods: Vec<Method>,
-    pub(crate) max_key_len: usize,
-    max_request_bytes: usize,
-    max_response_bytes: usize,
-    keep_headers: Vec<HeaderName>,
-    principal: Principal,
-    ttl: Duration,
-    lease: Duration,
-    heartbeat: Option<Duration>,
-    wait: Option<Duration>,
-    cap: Option<Arc<Cap>>,
-}
-
-/// Builds an [`IdempotencyLayer`]; [`IdempotencyBuilder::build`] checks the whole configuration
-/// at start-up.
-#[must_use]
-pub struct IdempotencyBuilder {
-    store: Arc<dyn Store>,
-    biz: Cow<'static, str>,
-    body_field: Option<String>,
-    required: bool,
-    methods: Vec<Method>,
-    max_key_len: usize,
-    max_request_bytes: usize,
-    max_response_bytes: usize,
-    keep_headers: Vec<HeaderName>,
-    principal: Option<Principal>,
-    ttl: Duration,
-    lease: Duration,
-    heartbeat: Option<Duration>,
-    wait: Option<Duration>,
-    cap: Option<(u32, Duration)>,
-}
-
-impl IdempotencyBuilder {
-    /// The business type of the layer's records (default `HTTP`): layers with different ones keep
-    /// separate key spaces in one store.
-    pub fn biz(mut self, biz: impl Into<Cow<'static, str>>) -> Self {
-        self.biz = biz.into();
-        self
-    }
-
-    /// Who is calling (required): see [`Principal`]. Without it [`build`](Self::build) fails,
-    /// unless you opt out with [`Principal::unscoped`] and say why.
-    pub fn principal(mut self, principal: Principal) -> Self {
-        self.principal = Some(principal);
-        self
-    }
-
-    /// Also takes the key from this field of a JSON body (a JSON pointer such as `/request_id`)
-    /// when the `Idempotency-Key` header is missing: proxies have been seen to strip headers.
-    pub fn body_key(mut self, pointer: impl Into<String>) -> Self {
-        self.body_field = Some(pointer.into());
-        self
-    }
-
-    /// Lets requests without a key through without idempotency (by default they get 400).
-    pub fn key_optional(mut self) -> Self {
-        self.required = false;
-        self
-    }
-
-    /// The methods the layer acts on (default POST and PATCH; others pass through untouched).
-    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.methods = methods.into_iter().collect();
-        self
-    }
-
-    /// Longest client key in bytes (default 255).
-    pub fn max_key_len(mut self, bytes: usize) -> Self {
-        self.max_key_len = bytes;
-        self
-    }
-
-    /// Largest request body in bytes (default 1 MiB; larger ones get 413). The layer reads the
-    /// body to fingerprint it.
-    pub fn max_request_bytes(mut self, bytes: usize) -> Self {
-        self.max_request_bytes = bytes;
-        self
-    }
-
-    /// Largest response body kept for replay (default 48 KiB, and never more than the store's
-    /// snapshot limit allows). A larger response reaches its client, the record is kept as done
-    /// with status and headers only, and repeats get 409 `response-not-kept`: the request is not
-    /// run twice.
-    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
-        self.max_response_bytes = bytes;
-        self
-    }
-
-    /// Also stores and replays this response header (by default: `Content-Type`,
-    /// `Content-Language`, `Content-Location`, `Location`, `ETag`, `Last-Modified`, `Link`). A
-    /// header already kept is kept once.
-    ///
-    /// These are never kept, and [`build`](Self::build) refuses them with
-    /// [`IdemError::InvalidOptions`] naming the header and why:
-    ///
-    /// - `Set-Cookie`, `Set-Cookie2`: the first response's session; a replay would hand it to
-    ///   whoever repeats the request;
-    /// - `Authorization`, `Proxy-Authorization`, `Cookie`: credentials, never response headers;
-    /// - `Authentication-Info`, `Proxy-Authentication-Info`: they authenticate one exchange
-    ///   (RFC 9110 §11.6.3);
-    /// - hop-by-hop headers, which describe one connection: `Connection`, `Keep-Alive`,
-    ///   `Proxy-Connection`, `Proxy-Authenticate`, `TE`, `Upgrade`;
-    /// - framing, which the server computes for the body it sends: `Transfer-Encoding`,
-    ///   `Content-Length`, `Trailer` (a stored response has no trailers);
-    /// - the layer's own `Idempotent-Replayed`.
-    ///
-    /// `WWW-Authenticate` may be kept: a challenge carries no secret. A record that holds one of
-    /// the headers above (written by an older version) never replays it.
-    pub fn keep_header(mut self, name: HeaderName) -> Self {
-        self.keep_headers.push(name);
-        self
-    }
-
-    /// How long a record lives (default 24 hours): a repeat after that runs again. Longer than
-    /// the lease, at most [`crate::MAX_DURATION`].
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How long a request in progress holds its key before another may take over (default 30 s):
-    /// longer than your slowest handler. 1 ms ..= [`crate::MAX_DURATION`], and shorter than the
-    /// ttl.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
-        self
-    }
-
-    /// Renews the lease every `every` while the handler runs (a third of the lease is usual), so
-    /// a slow but healthy handler is not taken over by a retry. At least 1 ms and shorter than the
-    /// lease.
-    pub fn heartbeat(mut self, every: Duration) -> Self {
-        self.heartbeat = Some(every);
-        self
-    }
-
-    /// A repeat that arrives while the first request runs waits up to `max` for it to finish and
-    /// then gets its response, instead of 409 `in-progress` at once. 0 ..=
-    /// [`crate::MAX_DURATION`].
-    pub fn wait(mut self, max: Duration) -> Self {
-        self.wait = Some(max);
-        self
-    }
-
-    /// At most `max` new records per caller per `window`, counted in this process (each process
-    /// of a service has its own budget); beyond it a request for a new key gets 429 with
-    /// `Retry-After` before anything is written. Repeats of requests that have a record (replays,
-    /// retries) do not count and are not refused. `max` at least 1, `window` 1 ms ..=
-    /// [`crate::MAX_DURATION`].
-    pub fn cap_per_principal(mut self, max: u32, window: Duration) -> Self {
-        self.cap = Some((max, window));
-        self
-    }
-
-    /// Checks the configuration and builds the layer.
-    ///
-    /// # Errors
-    /// [`IdemError::InvalidOptions`] when no [`Principal`] was given (a layer that stores
-    /// responses must know whose they are), an unscoped opt-out has no reason, no method is
-    /// covered, the body field is not a JSON pointer, a limit is zero, the cap is empty, a
-    /// duration is outside its range (see each setter), or a header that is never kept was given
-    /// to [`keep_header`](Self::keep_header); [`IdemError::InvalidBiz`] for a bad business type.
-    pub fn build(self) -> Result<IdempotencyLayer, IdemError> {
-        let invalid = |reason: &str| {
-            Err(IdemError::InvalidOptions {
-                reason: reason.to_owned(),
-            })
-        };
-        let Some(principal) = self.principal else {
-            return invalid(
-                "the Idempotency-Key layer stores responses, so it must know whose: give it `.principal(Principal::extension::<User>())` (or `header`, `from_fn`), or opt out with `.principal(Principal::unscoped(\"why no caller can see another's responses\"))`",
-            );
-        };
-        if principal
-            .unscoped_reason()
-            .is_some_and(|why| why.trim().is_empty())
-        {
-            return invalid(
-                "`Principal::unscoped` needs a reason: say in the code why callers cannot read each other's responses",
-            );
-        }
-        crate::validate_biz(&self.biz, self.store.limits().max_biz_len)?;
-        if self.methods.is_empty() {
-            return invalid(
-                "the layer covers no method; leave the default (POST, PATCH) or name some",
-            );
-        }
-        if let Some(field) = &self.body_field
-            && !field.starts_with('/')
-        {
-            return invalid("the body key field must be a JSON pointer such as `/request_id`");
-        }
-        if self.max_key_len == 0 || self.max_request_bytes == 0 {
-            return invalid("the key and request size limits must be above zero");
-        }
-        crate::engine::check_durations(self.ttl, self.lease, self.wait, self.heartbeat)?;
-        let cap = match self.cap {
-            Some((0, _)) => return invalid("a cap of 0 records refuses every request"),
-            Some((max, window)) => {
-                duration::check(
-                    "the cap's window",
-                    window,
-                    Duration::from_millis(1),
-                    "shorter than 1 ms: every request would start a new window",
-                )?;
-                Some(Arc::new(Cap::new(max, window)))
-            }
-            None => None,
-        };
-        let mut keep_headers: Vec<HeaderName> = Vec::with_capacity(self.keep_headers.len());
-        for name in self.keep_headers {
-            if let Some(why) = stored::never_kept(&name) {
-                return invalid(&format!(
-                    "`keep_header({name})` is refused: the `{name}` header is never kept, since {why}"
-                ));
-            }
-            if !keep_headers.contains(&name) {
-                keep_headers.push(name);
-            }
-        }
-        Ok(IdempotencyLayer {
-            cfg: Arc::new(Config {
-                store: self.store,
-                biz: self.biz,
-                header: IDEMPOTENCY_KEY,
-                body_field: self.body_field,
-                required: self.required,
-                methods: self.methods,
-                max_key_len: self.max_key_len,
-                max_request_bytes: self.max_request_bytes,
-                max_response_bytes: self.max_response_bytes,
-                keep_headers,
-                principal,
-                ttl: self.ttl,
-                lease: self.lease,
-                heartbeat: self.heartbeat,
-                wait: self.wait,
-                cap,
-            }),
-        })
-    }
-}
 
 /// A tower [`Layer`] with the IETF HTTPAPI `Idempotency-Key` semantics, for axum routers (and any
 /// tower service on `http` types):
@@ -293,7 +26,7 @@ impl IdempotencyBuilder {
 /// - the key comes from the `Idempotency-Key` header (a structured-field string; a bare value is
 ///   accepted too) or from a configured JSON body field; a covered request (POST, PATCH) without
 ///   one gets 400;
-/// - the caller ([`Principal`]) is part of the record's identity, so clients never share keys;
+/// - the caller ([`Principal`](super::Principal)) is part of the record's identity, so clients never share keys;
 /// - the first request runs the handler; its response (status, kept headers, body) is stored, and
 ///   every repeat gets it again with `Idempotent-Replayed: true`;
 /// - a repeat while the first is still running gets 409 with `Retry-After`; the same key with
@@ -321,30 +54,7 @@ impl IdempotencyBuilder {
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer {
-    cfg: Arc<Config>,
-}
-
-impl IdempotencyLayer {
-    /// A builder for a layer keeping its records in `store`.
-    pub fn builder(store: impl IntoSharedStore) -> IdempotencyBuilder {
-        IdempotencyBuilder {
-            store: store.into_shared(),
-            biz: Cow::Borrowed("HTTP"),
-            body_field: None,
-            required: true,
-            methods: vec![Method::POST, Method::PATCH],
-            max_key_len: 255,
-            max_request_bytes: 1 << 20,
-            max_response_bytes: 48 << 10,
-            keep_headers: KEPT_HEADERS.to_vec(),
-            principal: None,
-            ttl: Duration::from_secs(24 * 3600),
-            lease: crate::DEFAULT_LEASE,
-            heartbeat: None,
-            wait: None,
-            cap: None,
-        }
-    }
+    pub(super) cfg: Arc<Config>,
 }
 
 impl<S> Layer<S> for IdempotencyLayer {

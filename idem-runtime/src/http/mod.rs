@@ -20,6 +20,7 @@
 //!
 //! Enabled by the `axum` feature.
 
+mod builder;
 mod cap;
 mod key;
 mod layer;
@@ -28,7 +29,8 @@ mod problem;
 mod stored;
 mod tokens;
 
-pub use layer::{IDEMPOTENCY_KEY, Idempotency, IdempotencyBuilder, IdempotencyLayer};
+pub use builder::IdempotencyBuilder;
+pub use layer::{IDEMPOTENCY_KEY, Idempotency, IdempotencyLayer};
 pub use principal::Principal;
 pub use problem::PROBLEM_TYPE_PREFIX;
 pub use stored::REPLAYED_HEADER;

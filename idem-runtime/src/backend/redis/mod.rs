@@ -1,11 +1,15 @@
 //! Redis stores (feature `redis`): [`RedisStore`] on one server (a `ConnectionManager`, which
 //! reconnects by itself) and [`RedisClusterStore`] on a Redis Cluster. One hash per record under a
-//! hash-tagged key, `idem:{<biz length>:biz:key}` (see `record_key`), so every script touches one slot; every step of the protocol
-//! is one Lua script (`scripts.rs`), sent as EVALSHA and loaded again on NOSCRIPT.
+//! hash-tagged key, `idem:{<n>:<biz>:<key>}` (`n` the business type's length: see `record_key`),
+//! so every script touches one slot; every step of the protocol is one Lua script (`scripts.rs`),
+//! sent as EVALSHA and loaded again on NOSCRIPT. Errors are sorted into classes in `error.rs`.
 
 mod conn;
+mod error;
 pub(crate) mod scripts;
 mod tokens;
+
+pub(crate) use error::redis_error;
 
 pub use tokens::RedisTokens;
 
@@ -15,12 +19,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::{Script, Value};
 
+use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
 use crate::store::decide::millis;
 use crate::store::{
     Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store,
 };
-use crate::{Busy, IdemError};
 use conn::Conn;
 
 /// How long a command may wait for its reply.
@@ -31,46 +35,6 @@ static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLE
 static FAIL: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::FAIL));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RENEW));
 static SWEEP: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SWEEP));
-
-/// A Redis error as an [`IdemError`] of the right class.
-///
-/// - Unavailable (503): no answer (I/O, a dropped or refused connection, a reply timeout), or a
-///   server that cannot take idem's writes now, whatever the record: it is loading its dataset
-///   (LOADING, after a restart), it is a replica (READONLY: a failover demoted it, or the URL
-///   names a replica), a replica cut off from its primary that serves no stale data (MASTERDOWN),
-///   a cluster with a slot nobody serves (CLUSTERDOWN), too few replicas for
-///   `min-replicas-to-write` (NOREPLICAS), `maxmemory` reached under `noeviction` (OOM), or a
-///   snapshot it cannot write (MISCONF). Nothing was written; a retry later (another node, after
-///   the failover or the load) can succeed.
-/// - Busy, `Locked` (503): the server is held by other work that ends by itself: a script running
-///   past `busy-reply-threshold` (BUSY), a slot being moved (TRYAGAIN).
-/// - Store (500): the rest (a script error, a wrong type, a missing permission): a retry gives the
-///   same answer.
-///
-/// (redis-rs parses LOADING, READONLY, MASTERDOWN, CLUSTERDOWN and TRYAGAIN into
-/// `ServerErrorKind`s; BUSY, NOREPLICAS, OOM and MISCONF arrive as extension codes.)
-pub(crate) fn redis_error(e: redis::RedisError) -> IdemError {
-    use redis::{ErrorKind, ServerErrorKind};
-    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
-        return IdemError::unavailable(e);
-    }
-    match e.kind() {
-        ErrorKind::Server(
-            ServerErrorKind::BusyLoading
-            | ServerErrorKind::ReadOnly
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::ClusterDown,
-        )
-        | ErrorKind::ClusterConnectionNotFound => IdemError::unavailable(e),
-        ErrorKind::Server(ServerErrorKind::TryAgain) => IdemError::busy(Busy::Locked, e),
-        ErrorKind::Extension => match e.code() {
-            Some("BUSY") => IdemError::busy(Busy::Locked, e),
-            Some("NOREPLICAS" | "OOM" | "MISCONF") => IdemError::unavailable(e),
-            _ => IdemError::store(e),
-        },
-        _ => IdemError::store(e),
-    }
-}
 
 /// The key of a record: `<prefix>{<n>:<biz>:<key>}` (prefix `idem:` by default), where `<n>` is
 /// the business type's length in bytes, so the key names exactly one `(biz, key)`: `("PAY", "x:y")`
@@ -83,7 +47,7 @@ pub(crate) fn redis_error(e: redis::RedisError) -> IdemError {
 /// with `{` after the prefix, so they never meet a record.
 ///
 /// Records written by idem 0.1.0's `<prefix>{biz:key}` (no length) are not read by this version:
-/// they expire by themselves at their own `PEXPIREAT` (README, "Redis keys").
+/// they expire by themselves at their own `PEXPIREAT` (README, the Redis store's entry).
 pub(crate) fn record_key(prefix: &str, biz: &str, key: &str) -> String {
     let mut len = itoa::Buffer::new();
     let len = len.format(biz.len());

@@ -166,79 +166,97 @@ fn pg_store_on(tables: &PgStore, pool: PgPool, lock_timeout: Duration) -> PgStor
         .build(pool)
 }
 
-/// The scenario a lock wait that is cut off shows up in. `holder` (on the same tables) keeps a
+/// `$name`: the scenario a lock wait that is cut off shows up in. `holder` (on the same tables) keeps a
 /// transaction-mode call's record written but uncommitted, so its row is locked; `store` is the one
 /// whose waits are cut off (by its lock timeout or by a statement timeout, `limit`). Then:
 /// - a lease-mode duplicate (`Call::run` and `Store::claim`) answers `InProgress`, within about `limit`;
 /// - a transaction-mode duplicate answers `InProgress` and its transaction is still usable;
 /// - a mark that waits for a locked row is `StoreBusy(LockTimeout)`: retryable, 503;
 /// - once the holder commits, the duplicate replays.
-async fn pg_cut_off_waits(holder: &PgStore, store: &PgStore, limit: Duration, case: &str) {
-    let biz = biz(case);
-    let mut first = holder.begin().await.unwrap();
-    let ran: Result<u32, IdemError> = Call::new(biz.clone(), "k")
-        .run_in_tx(&mut first, async |_tx: &mut PgTx| Ok(1))
-        .await;
-    assert_eq!(ran.unwrap(), 1);
+///
+/// One body for both SQL servers (written as a macro since the stores and transactions are
+/// different types): `$lock_row` is the dialect's `SELECT … FOR UPDATE` of row `m`.
+macro_rules! cut_off_waits {
+    ($name:ident, $store:ty, $tx:ty, $lock_row:literal) => {
+        async fn $name(holder: &$store, store: &$store, limit: Duration, case: &str) {
+            let biz = biz(case);
+            let mut first = holder.begin().await.unwrap();
+            let ran: Result<u32, IdemError> = Call::new(biz.clone(), "k")
+                .run_in_tx(&mut first, async |_tx: &mut $tx| Ok(1))
+                .await;
+            assert_eq!(ran.unwrap(), 1);
 
-    let started = Instant::now();
-    let dup: Result<u32, IdemError> = bounded(
-        "lease-mode duplicate",
-        Call::new(biz.clone(), "k").run(store, async { Ok(2) }),
-    )
-    .await;
-    assert_in_progress(&dup);
-    assert!(
-        started.elapsed() < limit + Duration::from_secs(3),
-        "the wait was cut off after {limit:?}, not later: {:?}",
-        started.elapsed()
-    );
-    let claimed = bounded("Store::claim", store.claim(&req(&biz, "k"))).await;
-    assert!(
-        matches!(claimed, Ok(ClaimOutcome::InProgress { .. })),
-        "{claimed:?}"
-    );
+            let started = Instant::now();
+            let dup: Result<u32, IdemError> = bounded(
+                "lease-mode duplicate",
+                Call::new(biz.clone(), "k").run(store, async { Ok(2) }),
+            )
+            .await;
+            assert_in_progress(&dup);
+            assert!(
+                started.elapsed() < limit + Duration::from_secs(3),
+                "the wait was cut off after {limit:?}, not later: {:?}",
+                started.elapsed()
+            );
+            let claimed = bounded("Store::claim", store.claim(&req(&biz, "k"))).await;
+            assert!(
+                matches!(claimed, Ok(ClaimOutcome::InProgress { .. })),
+                "{claimed:?}"
+            );
 
-    let mut dup_tx = store.begin().await.unwrap();
-    let dup: Result<u32, IdemError> = bounded(
-        "transaction-mode duplicate",
-        Call::new(biz.clone(), "k").run_in_tx(&mut dup_tx, async |_tx: &mut PgTx| Ok(3)),
-    )
-    .await;
-    assert_in_progress(&dup);
-    sqlx::query("SELECT 1")
-        .execute(&mut *dup_tx)
-        .await
-        .expect("the duplicate's transaction is still usable");
-    dup_tx.rollback().await.unwrap();
+            let mut dup_tx = store.begin().await.unwrap();
+            let dup: Result<u32, IdemError> = bounded(
+                "transaction-mode duplicate",
+                Call::new(biz.clone(), "k").run_in_tx(&mut dup_tx, async |_tx: &mut $tx| Ok(3)),
+            )
+            .await;
+            assert_in_progress(&dup);
+            sqlx::query("SELECT 1")
+                .execute(&mut *dup_tx)
+                .await
+                .expect("the duplicate's transaction is still usable");
+            dup_tx.rollback().await.unwrap();
 
-    // A mark that waits for a row another transaction locked.
-    let Ok(ClaimOutcome::Acquired { claim, .. }) = store.claim(&req(&biz, "m")).await else {
-        panic!("a fresh key is acquired");
+            // A mark that waits for a row another transaction locked.
+            let Ok(ClaimOutcome::Acquired { claim, .. }) = store.claim(&req(&biz, "m")).await
+            else {
+                panic!("a fresh key is acquired");
+            };
+            let mut locker = holder.begin().await.unwrap();
+            sqlx::query(AssertSqlSafe(format!($lock_row, holder.table())))
+                .bind(&biz)
+                .execute(&mut *locker)
+                .await
+                .unwrap();
+            let marked = bounded(
+                "a mark on a locked row",
+                store.complete(&biz, "m", &claim, b"1"),
+            )
+            .await;
+            assert_busy(&marked.unwrap_err(), Busy::LockTimeout, 503);
+            locker.rollback().await.unwrap();
+
+            first.commit().await.unwrap();
+            let replay: Result<u32, IdemError> = Call::new(biz.clone(), "k")
+                .run(store, async { panic!("must replay") })
+                .await;
+            assert_eq!(replay.unwrap(), 1, "replayed after the holder committed");
+        }
     };
-    let mut locker = holder.begin().await.unwrap();
-    sqlx::query(AssertSqlSafe(format!(
-        "SELECT 1 FROM {} WHERE biz_type = $1 AND idem_key = 'm' FOR UPDATE",
-        holder.table()
-    )))
-    .bind(&biz)
-    .execute(&mut *locker)
-    .await
-    .unwrap();
-    let marked = bounded(
-        "a mark on a locked row",
-        store.complete(&biz, "m", &claim, b"1"),
-    )
-    .await;
-    assert_busy(&marked.unwrap_err(), Busy::LockTimeout, 503);
-    locker.rollback().await.unwrap();
-
-    first.commit().await.unwrap();
-    let replay: Result<u32, IdemError> = Call::new(biz.clone(), "k")
-        .run(store, async { panic!("must replay") })
-        .await;
-    assert_eq!(replay.unwrap(), 1, "replayed after the holder committed");
 }
+
+cut_off_waits!(
+    pg_cut_off_waits,
+    PgStore,
+    PgTx,
+    "SELECT 1 FROM {} WHERE biz_type = $1 AND idem_key = 'm' FOR UPDATE"
+);
+cut_off_waits!(
+    my_cut_off_waits,
+    MySqlStore,
+    MySqlTx,
+    "SELECT 1 FROM `{}` WHERE biz_type = ? AND idem_key = 'm' FOR UPDATE"
+);
 
 /// 55P03: the store's own lock timeout cuts off a duplicate waiting on the claimant's row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -682,74 +700,6 @@ async fn my_connection_id(conn: impl sqlx::MySqlExecutor<'_>) -> u64 {
         .fetch_one(conn)
         .await
         .unwrap()
-}
-
-/// As [`pg_cut_off_waits`], on MariaDB: `holder` keeps a transaction-mode call's record locked,
-/// `store`'s waits are cut off (by its lock wait, or by a statement time limit).
-async fn my_cut_off_waits(holder: &MySqlStore, store: &MySqlStore, limit: Duration, case: &str) {
-    let biz = biz(case);
-    let mut first = holder.begin().await.unwrap();
-    let ran: Result<u32, IdemError> = Call::new(biz.clone(), "k")
-        .run_in_tx(&mut first, async |_tx: &mut MySqlTx| Ok(1))
-        .await;
-    assert_eq!(ran.unwrap(), 1);
-
-    let started = Instant::now();
-    let dup: Result<u32, IdemError> = bounded(
-        "lease-mode duplicate",
-        Call::new(biz.clone(), "k").run(store, async { Ok(2) }),
-    )
-    .await;
-    assert_in_progress(&dup);
-    assert!(
-        started.elapsed() < limit + Duration::from_secs(3),
-        "the wait was cut off after {limit:?}, not later: {:?}",
-        started.elapsed()
-    );
-    let claimed = bounded("Store::claim", store.claim(&req(&biz, "k"))).await;
-    assert!(
-        matches!(claimed, Ok(ClaimOutcome::InProgress { .. })),
-        "{claimed:?}"
-    );
-
-    let mut dup_tx = store.begin().await.unwrap();
-    let dup: Result<u32, IdemError> = bounded(
-        "transaction-mode duplicate",
-        Call::new(biz.clone(), "k").run_in_tx(&mut dup_tx, async |_tx: &mut MySqlTx| Ok(3)),
-    )
-    .await;
-    assert_in_progress(&dup);
-    sqlx::query("SELECT 1")
-        .execute(&mut *dup_tx)
-        .await
-        .expect("the duplicate's transaction is still usable");
-    dup_tx.rollback().await.unwrap();
-
-    let Ok(ClaimOutcome::Acquired { claim, .. }) = store.claim(&req(&biz, "m")).await else {
-        panic!("a fresh key is acquired");
-    };
-    let mut locker = holder.begin().await.unwrap();
-    sqlx::query(AssertSqlSafe(format!(
-        "SELECT 1 FROM `{}` WHERE biz_type = ? AND idem_key = 'm' FOR UPDATE",
-        holder.table()
-    )))
-    .bind(&biz)
-    .execute(&mut *locker)
-    .await
-    .unwrap();
-    let marked = bounded(
-        "a mark on a locked row",
-        store.complete(&biz, "m", &claim, b"1"),
-    )
-    .await;
-    assert_busy(&marked.unwrap_err(), Busy::LockTimeout, 503);
-    locker.rollback().await.unwrap();
-
-    first.commit().await.unwrap();
-    let replay: Result<u32, IdemError> = Call::new(biz.clone(), "k")
-        .run(store, async { panic!("must replay") })
-        .await;
-    assert_eq!(replay.unwrap(), 1, "replayed after the holder committed");
 }
 
 /// 1205: InnoDB's lock wait (the store's 1 s) cuts off a duplicate waiting on the claimant's row.

@@ -192,6 +192,9 @@ fn valid(ttl: Duration, lease: Duration) -> bool {
 
 const DAY_MS: i64 = 86_400_000;
 
+/// A `Call` option taking a duration: its name, its setter and its documented range.
+type DurationOption = (&'static str, fn(Call, Duration) -> Call, fn(Duration) -> bool);
+
 /// Every (ttl, lease) pair of edges on a call: refused with `InvalidOptions` before anything is
 /// written when out of range; run once and replayed when in range, on a record that lives as long
 /// as asked (the maximum included: no wrap, no overflow, no early delete by the store or the
@@ -262,7 +265,7 @@ pub async fn durations_at_the_limits(s: Subject) {
     }
     // A wait of 0 ..= the maximum; a heartbeat of at least 1 ms and shorter than the lease (30 s
     // here). Out of range: refused before anything is written.
-    let options: [(&str, fn(Call, Duration) -> Call, fn(Duration) -> bool); 2] = [
+    let options: [DurationOption; 2] = [
         ("wait", Call::wait, |d| d <= MAX_DURATION),
         ("heartbeat", Call::heartbeat, |d| {
             d >= Duration::from_millis(1) && d < Duration::from_secs(30)

@@ -1093,6 +1093,29 @@ impl Drop for Cli {
 }
 
 /// Polls (bounded) until `PING` answers with `reply`.
+/// A redis-server of this test's own in `dir`, on a free port from `base`, without persistence,
+/// with `extra` options (declare `dir` first, so it is removed after the server stops).
+fn own_server(dir: &Scratch, base: u16, extra: &[&str]) -> RedisServer {
+    let port = redis_server::ports(base, 1).next().unwrap();
+    let mut args = vec!["--save", "", "--appendonly", "no"];
+    args.extend_from_slice(extra);
+    RedisServer::start(port, &dir.0, &args)
+}
+
+/// A call on `store` refused with the server's `code`, of the class `check` asserts, before its
+/// body ran.
+async fn refused(store: &RedisStore, ran: &AtomicU32, code: &str, check: impl Fn(&IdemError)) {
+    let before = ran.load(Ordering::Relaxed);
+    let e = redis_call(store, "k", ran).await.unwrap_err();
+    assert!(says(&e, code), "{e}");
+    check(&e);
+    assert_eq!(
+        ran.load(Ordering::Relaxed),
+        before,
+        "the body ran on a refused claim"
+    );
+}
+
 fn wait_for_ping(server: &RedisServer, reply: &str) {
     server.wait_for(|r| r.contains(reply), &["PING"]);
 }
@@ -1105,19 +1128,7 @@ async fn redis_loading_is_unavailable() {
         return;
     }
     let dir = Scratch::new("ec-loading");
-    let port = redis_server::ports(15_000, 1).next().unwrap();
-    let server = RedisServer::start(
-        port,
-        &dir.0,
-        &[
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--enable-debug-command",
-            "yes",
-        ],
-    );
+    let server = own_server(&dir, 15_000, &["--enable-debug-command", "yes"]);
     let store = redis_connect(&server).await;
     server.cli(&["DEBUG", "POPULATE", "20000", "fill", "10"]);
     server.cli(&["CONFIG", "SET", "key-load-delay", "250"]);
@@ -1130,10 +1141,7 @@ async fn redis_loading_is_unavailable() {
     let reload = Cli::spawn(&server, &["DEBUG", "RELOAD"]);
     wait_for_ping(&server, "LOADING");
     let ran = AtomicU32::new(0);
-    let e = redis_call(&store, "k", &ran).await.unwrap_err();
-    assert!(says(&e, "LOADING"), "{e}");
-    assert_unavailable(&e);
-    assert_eq!(ran.load(Ordering::Relaxed), 0);
+    refused(&store, &ran, "LOADING", assert_unavailable).await;
     reload.wait();
     server.cli(&["CONFIG", "SET", "key-load-delay", "0"]);
     assert_eq!(redis_call(&store, "k", &ran).await.unwrap(), 1);
@@ -1147,19 +1155,7 @@ async fn redis_busy_script_is_busy() {
         return;
     }
     let dir = Scratch::new("ec-busy");
-    let port = redis_server::ports(16_000, 1).next().unwrap();
-    let server = RedisServer::start(
-        port,
-        &dir.0,
-        &[
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--busy-reply-threshold",
-            "50",
-        ],
-    );
+    let server = own_server(&dir, 16_000, &["--busy-reply-threshold", "50"]);
     let store = redis_connect(&server).await;
     // A read-only script that spins for up to 20 s (so SCRIPT KILL can end it).
     let spin = Cli::spawn(
@@ -1173,10 +1169,7 @@ async fn redis_busy_script_is_busy() {
     );
     wait_for_ping(&server, "BUSY");
     let ran = AtomicU32::new(0);
-    let e = redis_call(&store, "k", &ran).await.unwrap_err();
-    assert!(says(&e, "BUSY"), "{e}");
-    assert_busy(&e, Busy::Locked, 503);
-    assert_eq!(ran.load(Ordering::Relaxed), 0);
+    refused(&store, &ran, "BUSY", |e| assert_busy(e, Busy::Locked, 503)).await;
     server.cli(&["SCRIPT", "KILL"]);
     spin.wait();
     assert_eq!(redis_call(&store, "k", &ran).await.unwrap(), 1);
@@ -1214,10 +1207,7 @@ async fn redis_readonly_replica_is_unavailable() {
     let (_primary, replica) = redis_pair(&dir.0, 18_000, &[]);
     let store = redis_connect(&replica).await;
     let ran = AtomicU32::new(0);
-    let e = redis_call(&store, "k", &ran).await.unwrap_err();
-    assert!(says(&e, "READONLY"), "{e}");
-    assert_unavailable(&e);
-    assert_eq!(ran.load(Ordering::Relaxed), 0);
+    refused(&store, &ran, "READONLY", assert_unavailable).await;
     // Promoted, the same server takes the call.
     assert!(replica.cli(&["REPLICAOF", "NO", "ONE"]).contains("OK"));
     assert_eq!(redis_call(&store, "k", &ran).await.unwrap(), 1);
@@ -1239,10 +1229,7 @@ async fn redis_masterdown_is_unavailable() {
         &["INFO", "replication"],
     );
     let ran = AtomicU32::new(0);
-    let e = redis_call(&store, "k", &ran).await.unwrap_err();
-    assert!(says(&e, "MASTERDOWN"), "{e}");
-    assert_unavailable(&e);
-    assert_eq!(ran.load(Ordering::Relaxed), 0);
+    refused(&store, &ran, "MASTERDOWN", assert_unavailable).await;
 }
 
 /// NOREPLICAS: `min-replicas-to-write 1` and no replica: the server refuses writes:
@@ -1253,25 +1240,10 @@ async fn redis_noreplicas_is_unavailable() {
         return;
     }
     let dir = Scratch::new("ec-noreplicas");
-    let port = redis_server::ports(17_000, 1).next().unwrap();
-    let server = RedisServer::start(
-        port,
-        &dir.0,
-        &[
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--min-replicas-to-write",
-            "1",
-        ],
-    );
+    let server = own_server(&dir, 17_000, &["--min-replicas-to-write", "1"]);
     let store = redis_connect(&server).await;
     let ran = AtomicU32::new(0);
-    let e = redis_call(&store, "k", &ran).await.unwrap_err();
-    assert!(says(&e, "NOREPLICAS"), "{e}");
-    assert_unavailable(&e);
-    assert_eq!(ran.load(Ordering::Relaxed), 0);
+    refused(&store, &ran, "NOREPLICAS", assert_unavailable).await;
     server.cli(&["CONFIG", "SET", "min-replicas-to-write", "0"]);
     assert_eq!(redis_call(&store, "k", &ran).await.unwrap(), 1);
 }
@@ -1284,29 +1256,14 @@ async fn redis_oom_is_unavailable() {
         return;
     }
     let dir = Scratch::new("ec-oom");
-    let port = redis_server::ports(30_000, 1).next().unwrap();
-    let server = RedisServer::start(
-        port,
-        &dir.0,
-        &[
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--enable-debug-command",
-            "yes",
-        ],
-    );
+    let server = own_server(&dir, 30_000, &["--enable-debug-command", "yes"]);
     let store = redis_connect(&server).await;
     let ran = AtomicU32::new(0);
     assert_eq!(redis_call(&store, "warm", &ran).await.unwrap(), 1);
     server.cli(&["DEBUG", "POPULATE", "20000", "fill", "10"]);
     server.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
     server.cli(&["CONFIG", "SET", "maxmemory", "1mb"]);
-    let e = redis_call(&store, "k", &ran).await.unwrap_err();
-    assert!(says(&e, "OOM"), "{e}");
-    assert_unavailable(&e);
-    assert_eq!(ran.load(Ordering::Relaxed), 1);
+    refused(&store, &ran, "OOM", assert_unavailable).await;
     server.cli(&["CONFIG", "SET", "maxmemory", "0"]);
     assert_eq!(redis_call(&store, "k", &ran).await.unwrap(), 1);
 }

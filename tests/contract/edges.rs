@@ -193,7 +193,11 @@ fn valid(ttl: Duration, lease: Duration) -> bool {
 const DAY_MS: i64 = 86_400_000;
 
 /// A `Call` option taking a duration: its name, its setter and its documented range.
-type DurationOption = (&'static str, fn(Call, Duration) -> Call, fn(Duration) -> bool);
+type DurationOption = (
+    &'static str,
+    fn(Call, Duration) -> Call,
+    fn(Duration) -> bool,
+);
 
 /// Every (ttl, lease) pair of edges on a call: refused with `InvalidOptions` before anything is
 /// written when out of range; run once and replayed when in range, on a record that lives as long

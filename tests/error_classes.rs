@@ -63,6 +63,25 @@ fn assert_unavailable(e: &IdemError) {
 }
 
 #[track_caller]
+/// A claim on `store` and a call through it are both `StoreUnavailable`, and the body never runs.
+async fn unavailable_and_nothing_runs(store: &dyn Store) {
+    let e = bounded("a claim", store.claim(&req("PAY", "k")))
+        .await
+        .unwrap_err();
+    assert_unavailable(&e);
+    let ran = AtomicU32::new(0);
+    let res: Result<u32, IdemError> = bounded(
+        "a call",
+        Call::new("PAY", "k").run(store, async {
+            ran.fetch_add(1, Ordering::Relaxed);
+            Ok(1)
+        }),
+    )
+    .await;
+    assert_unavailable(&res.unwrap_err());
+    assert_eq!(ran.load(Ordering::Relaxed), 0);
+}
+
 fn assert_busy(e: &IdemError, reason: Busy, status: u16) {
     assert!(
         matches!(e, IdemError::StoreBusy { reason: r, .. } if *r == reason),
@@ -618,21 +637,7 @@ async fn pg_08xxx_connection_exception_is_unavailable() {
         .acquire_timeout(Duration::from_secs(2))
         .connect_lazy_with(options);
     let store = PgStore::from_pool(pool);
-    let e = bounded("a claim", store.claim(&req("PAY", "k")))
-        .await
-        .unwrap_err();
-    assert_unavailable(&e);
-    let ran = AtomicU32::new(0);
-    let res: Result<u32, IdemError> = bounded(
-        "a call",
-        Call::new("PAY", "k").run(&store, async {
-            ran.fetch_add(1, Ordering::Relaxed);
-            Ok(1)
-        }),
-    )
-    .await;
-    assert_unavailable(&res.unwrap_err());
-    assert_eq!(ran.load(Ordering::Relaxed), 0);
+    unavailable_and_nothing_runs(&store).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -994,21 +999,7 @@ async fn my_1040_too_many_connections_is_unavailable() {
         .acquire_timeout(Duration::from_secs(2))
         .connect_lazy_with(options);
     let store = MySqlStore::from_pool(pool);
-    let e = bounded("a claim", store.claim(&req("PAY", "k")))
-        .await
-        .unwrap_err();
-    assert_unavailable(&e);
-    let ran = AtomicU32::new(0);
-    let res: Result<u32, IdemError> = bounded(
-        "a call",
-        Call::new("PAY", "k").run(&store, async {
-            ran.fetch_add(1, Ordering::Relaxed);
-            Ok(1)
-        }),
-    )
-    .await;
-    assert_unavailable(&res.unwrap_err());
-    assert_eq!(ran.load(Ordering::Relaxed), 0);
+    unavailable_and_nothing_runs(&store).await;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -62,7 +62,6 @@ fn assert_unavailable(e: &IdemError) {
     assert_eq!(e.http_status(), 503, "{e:?}");
 }
 
-#[track_caller]
 /// A claim on `store` and a call through it are both `StoreUnavailable`, and the body never runs.
 async fn unavailable_and_nothing_runs(store: &dyn Store) {
     let e = bounded("a claim", store.claim(&req("PAY", "k")))
@@ -82,6 +81,7 @@ async fn unavailable_and_nothing_runs(store: &dyn Store) {
     assert_eq!(ran.load(Ordering::Relaxed), 0);
 }
 
+#[track_caller]
 fn assert_busy(e: &IdemError, reason: Busy, status: u16) {
     assert!(
         matches!(e, IdemError::StoreBusy { reason: r, .. } if *r == reason),

@@ -62,6 +62,26 @@ fn assert_unavailable(e: &IdemError) {
     assert_eq!(e.http_status(), 503, "{e:?}");
 }
 
+/// A call on `store` for `(biz, key)` whose body counts its runs in `ran` and answers `value`,
+/// bounded in time (`what` names it when it hangs).
+async fn counted_call(
+    what: &str,
+    store: &dyn Store,
+    biz: &str,
+    key: &str,
+    value: u32,
+    ran: &AtomicU32,
+) -> Result<u32, IdemError> {
+    bounded(
+        what,
+        Call::new(biz.to_owned(), key).run(store, async {
+            ran.fetch_add(1, Ordering::Relaxed);
+            Ok(value)
+        }),
+    )
+    .await
+}
+
 /// A claim on `store` and a call through it are both `StoreUnavailable`, and the body never runs.
 async fn unavailable_and_nothing_runs(store: &dyn Store) {
     let e = bounded("a claim", store.claim(&req("PAY", "k")))
@@ -69,14 +89,7 @@ async fn unavailable_and_nothing_runs(store: &dyn Store) {
         .unwrap_err();
     assert_unavailable(&e);
     let ran = AtomicU32::new(0);
-    let res: Result<u32, IdemError> = bounded(
-        "a call",
-        Call::new("PAY", "k").run(store, async {
-            ran.fetch_add(1, Ordering::Relaxed);
-            Ok(1)
-        }),
-    )
-    .await;
+    let res = counted_call("a call", store, "PAY", "k", 1, &ran).await;
     assert_unavailable(&res.unwrap_err());
     assert_eq!(ran.load(Ordering::Relaxed), 0);
 }
@@ -443,14 +456,7 @@ async fn pg_53300_too_many_connections_is_unavailable() {
     let hold = store.begin().await.unwrap(); // the role's one connection
     let biz = biz("pg_53300");
     let ran = AtomicU32::new(0);
-    let res: Result<u32, IdemError> = bounded(
-        "a call without a connection",
-        Call::new(biz.clone(), "k").run(&store, async {
-            ran.fetch_add(1, Ordering::Relaxed);
-            Ok(1)
-        }),
-    )
-    .await;
+    let res = counted_call("a call without a connection", &store, &biz, "k", 1, &ran).await;
     assert_unavailable(&res.unwrap_err());
     assert_eq!(ran.load(Ordering::Relaxed), 0);
     // Directly: the server's answer to the connection attempt.
@@ -533,12 +539,13 @@ async fn pg_57p01_terminated_backend_is_unavailable() {
     .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let ran = AtomicU32::new(0);
-    let res: Result<u32, IdemError> = bounded(
+    let res = counted_call(
         "a call on terminated connections",
-        Call::new(biz.clone(), "after").run(&store, async {
-            ran.fetch_add(1, Ordering::Relaxed);
-            Ok(2)
-        }),
+        &store,
+        &biz,
+        "after",
+        2,
+        &ran,
     )
     .await;
     assert_eq!(res.unwrap(), 2, "retried on a fresh connection");
@@ -871,12 +878,13 @@ async fn my_1317_killed_query_and_lost_connection() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let ran = AtomicU32::new(0);
-    let res: Result<u32, IdemError> = bounded(
+    let res = counted_call(
         "a call on a killed connection",
-        Call::new(biz.clone(), "after").run(&store, async {
-            ran.fetch_add(1, Ordering::Relaxed);
-            Ok(2)
-        }),
+        &store,
+        &biz,
+        "after",
+        2,
+        &ran,
     )
     .await;
     assert_eq!(res.unwrap(), 2, "retried on a fresh connection");
@@ -936,14 +944,7 @@ async fn my_1226_user_connection_limit_is_unavailable() {
     let hold = store.begin().await.unwrap(); // the user's one connection
     let biz = biz("my_1226");
     let ran = AtomicU32::new(0);
-    let res: Result<u32, IdemError> = bounded(
-        "a call without a connection",
-        Call::new(biz.clone(), "k").run(&store, async {
-            ran.fetch_add(1, Ordering::Relaxed);
-            Ok(1)
-        }),
-    )
-    .await;
+    let res = counted_call("a call without a connection", &store, &biz, "k", 1, &ran).await;
     assert_unavailable(&res.unwrap_err());
     assert_eq!(ran.load(Ordering::Relaxed), 0);
     let direct = sqlx::MySqlConnection::connect_with(&options).await;
@@ -1014,14 +1015,7 @@ fn says(e: &IdemError, code: &str) -> bool {
 
 /// A call on `store` whose body counts its runs in `ran`.
 async fn redis_call(store: &RedisStore, key: &str, ran: &AtomicU32) -> Result<u32, IdemError> {
-    bounded(
-        "a Redis call",
-        Call::new("EC", key).run(store, async {
-            ran.fetch_add(1, Ordering::Relaxed);
-            Ok(1)
-        }),
-    )
-    .await
+    counted_call("a Redis call", store, "EC", key, 1, ran).await
 }
 
 async fn redis_connect(server: &RedisServer) -> RedisStore {

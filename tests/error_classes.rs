@@ -29,8 +29,8 @@ use idem::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use idem::sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use idem::sqlx::{self, AssertSqlSafe, Connection, Executor, MySqlPool, Row};
 use idem::{
-    Busy, Call, ClaimOutcome, ClaimRequest, IdemError, MySqlStore, MySqlTx, PgIsolation, PgStore,
-    PgTx, RedisStore, Store,
+    Busy, Call, ClaimOutcome, ClaimRequest, IdemError, MySqlStore, MySqlTx, PgStore, PgTx,
+    RedisStore, Store,
 };
 use redis_server::RedisServer;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -323,29 +323,8 @@ async fn pg_57014_statement_timeout_on_a_lock_wait_is_in_progress() {
     pg::drop_tables(&tables).await;
 }
 
-/// 40001: a REPEATABLE READ transaction whose snapshot predates a committed claim cannot replay it:
-/// `StoreBusy(Serialization)`, 409, run the transaction again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_40001_serialization_failure_restarts_the_transaction() {
-    let Some(store) = pg::store(4).await else {
-        return;
-    };
-    let biz = biz("pg_40001");
-    let mut stale = store.begin_with(PgIsolation::RepeatableRead).await.unwrap();
-    sqlx::query("SELECT 1").execute(&mut *stale).await.unwrap(); // takes the snapshot
-    let first: Result<u32, IdemError> = Call::new(biz.clone(), "k")
-        .run(&store, async { Ok(1) })
-        .await;
-    assert_eq!(first.unwrap(), 1);
-    let res: Result<u32, IdemError> = Call::new(biz.clone(), "k")
-        .run_in_tx(&mut stale, async |_tx: &mut PgTx| Ok(2))
-        .await;
-    let e = res.unwrap_err();
-    assert_busy(&e, Busy::Serialization, 409);
-    assert!(e.restarts_transaction());
-    stale.rollback().await.unwrap();
-    pg::drop_tables(&store).await;
-}
+// 40001 (a stale REPEATABLE READ snapshot): `a_stale_snapshot_restarts_the_transaction` in
+// tests/postgres_store.rs asserts its class, status and the retry.
 
 /// 40P01: transaction A holds a business row and claims a key transaction B holds; B then
 /// updates A's row. A waits first with the shorter `deadlock_timeout`, so A's claim is the victim:

@@ -103,9 +103,10 @@ impl Sql {
             read,
             complete: format!(
                 "UPDATE `{t}` SET result = IF(status = 'PROCESSING', ?, result), \
-                 status = 'SUCCEEDED', updated_at = {} \
+                 expire_at = IF(status = 'PROCESSING', GREATEST(expire_at, {n} + ?), expire_at), \
+                 status = 'SUCCEEDED', updated_at = {n} \
                  WHERE biz_type = ? AND idem_key = ? AND fence = ? AND status IN ('PROCESSING', 'SUCCEEDED')",
-                now_ms!()
+                n = now_ms!()
             ),
         }
     }
@@ -234,6 +235,8 @@ impl Floor {
         let snapshot = serde_json::to_vec(&SnapRef::Ok(&value)).unwrap();
         let marked = sqlx::query(AssertSqlSafe(self.sql.complete.as_str()))
             .bind(&snapshot)
+            .bind(0i64)
+            .bind(TTL_MS)
             .bind(0i64)
             .bind(BIZ)
             .bind(key)

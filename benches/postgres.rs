@@ -129,6 +129,7 @@ impl Floor {
             .bind(k.to_string())
             .bind(fence)
             .bind(serde_json::to_vec(r).unwrap())
+            .bind(self.ttl_ms)
             .bind(0i64)
             .execute(&mut *conn)
             .await

@@ -122,12 +122,13 @@ impl Contender for Floor {
             [Value::BulkString(tag), _attempt, Value::Int(fence), _how] if tag == b"A" => {
                 let receipt = receipt(k);
                 let snapshot = serde_json::to_vec(&receipt).unwrap();
-                // ARGV: fence, result, offset.
+                // ARGV: fence, result, ttl ms, offset.
                 let changed: i64 = self
                     .complete
                     .key(&key)
                     .arg(*fence)
                     .arg(snapshot)
+                    .arg(self.ttl_ms)
                     .arg(0)
                     .invoke_async(&mut conn)
                     .await

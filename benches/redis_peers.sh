@@ -131,7 +131,7 @@ if [ "${SKIP_REFERENCE:-0}" != 1 ]; then
         DONE="$KP:{BENCH:done}"
         FENCE=$(redis-cli -u "$URL" EVALSHA "$CLAIM_SHA" 1 "$DONE" "" 30000 60000 0 | sed -n 3p)
         redis-cli -u "$URL" EVALSHA "$COMPLETE_SHA" 1 "$DONE" "$FENCE" \
-            '{"Ok":{"id":"order-1","amount":107,"seq":1}}' 0 >/dev/null
+            '{"Ok":{"id":"order-1","amount":107,"seq":1}}' 60000 0 >/dev/null
         for c in 1 50; do
             ref "-c $c EVALSHA claim, new keys" -c $c -n 50000 -r 1000000000 \
                 EVALSHA "$CLAIM_SHA" 1 "$KP:{BENCH:__rand_int__}" "" 30000 60000 0

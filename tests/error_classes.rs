@@ -262,7 +262,7 @@ macro_rules! cut_off_waits {
                 .unwrap();
             let marked = bounded(
                 "a mark on a locked row",
-                store.complete(&biz, "m", &claim, b"1"),
+                store.complete(&biz, "m", &claim, b"1", req(&biz, "m").ttl),
             )
             .await;
             assert_busy(&marked.unwrap_err(), Busy::LockTimeout, 503);

@@ -96,7 +96,7 @@ async fn a_snapshot_at_the_limit_fits() {
         };
         let snapshot: Vec<u8> = (0..limit).map(|i| (i % 251) as u8).collect();
         store
-            .complete("SNAP", &key, &claim, &snapshot)
+            .complete("SNAP", &key, &claim, &snapshot, req("SNAP", &key).ttl)
             .await
             .unwrap();
         let rec = store.load("SNAP", &key).await.unwrap().unwrap();

@@ -23,7 +23,8 @@ enum Op {
         lease: u64,
         ttl: u64,
     },
-    /// Complete / fail / renew with the `n`-th claim handed out so far (modulo).
+    /// Complete / fail / renew with the `n`-th claim handed out so far (modulo); a complete passes
+    /// that claim's ttl, as the call that made it does.
     Complete(usize),
     Fail(usize),
     Renew(usize, u64),
@@ -140,7 +141,8 @@ impl Reference {
 async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let biz = "PROP";
     let mut model = Reference::default();
-    let mut claims: Vec<(usize, Claim)> = Vec::new();
+    // Each claim handed out: its key, the claim and its call's ttl (ms).
+    let mut claims: Vec<(usize, Claim, i64)> = Vec::new();
     let start = clock.offset();
     for (step, op) in ops.into_iter().enumerate() {
         match op {
@@ -194,7 +196,7 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                             ttl as i64 * 1000,
                             fresh,
                         );
-                        claims.push((key, *claim));
+                        claims.push((key, *claim, ttl as i64 * 1000));
                     }
                     (Expect::Replay(snapshot), ClaimOutcome::Replay { snapshot: got }) => {
                         prop_assert_eq!(
@@ -220,7 +222,7 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                 if claims.is_empty() {
                     continue;
                 }
-                let (key, claim) = claims[n % claims.len()];
+                let (key, claim, ttl) = claims[n % claims.len()];
                 let done = match op {
                     Op::Complete(_) => Status::Succeeded,
                     Op::Fail(_) => Status::Failed,
@@ -230,7 +232,13 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                 let got = match op {
                     Op::Complete(_) => {
                         store
-                            .complete(biz, KEYS[key], &claim, format!("r{step}").as_bytes())
+                            .complete(
+                                biz,
+                                KEYS[key],
+                                &claim,
+                                format!("r{step}").as_bytes(),
+                                Duration::from_millis(ttl as u64),
+                            )
                             .await
                     }
                     Op::Fail(_) => store.fail(biz, KEYS[key], &claim).await,
@@ -253,9 +261,12 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                         let rec = model.recs[key].as_mut().unwrap();
                         match op {
                             Op::Complete(_) => {
+                                // The first mark stores the result and lives a ttl from now at
+                                // least; the same mark again changes nothing.
                                 if rec.status == Status::Processing {
                                     rec.status = Status::Succeeded;
                                     rec.snapshot = Some(format!("r{step}").into_bytes());
+                                    rec.expire_at = rec.expire_at.max(now + ttl);
                                 }
                             }
                             Op::Fail(_) => {

@@ -130,6 +130,48 @@ async fn a_transaction_claims_in_the_store_it_was_begun_on() {
     assert_eq!(replay.unwrap(), 1);
 }
 
+/// Transaction mode hands the call's ttl to the mark too: a body slower than its ttl (ttl 2 s,
+/// lease 1 s, 3 s on the test clock) commits a success that lives a ttl from its mark, so a
+/// repeat replays; once that ttl has passed, the next call runs again.
+#[tokio::test]
+async fn a_success_in_a_transaction_outlives_a_body_slower_than_its_ttl() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    let clock = idem::TestClock::new();
+    let store = SqliteStore::open(temp_db("slow_tx"))
+        .await
+        .unwrap()
+        .with_test_clock(clock.clone());
+    store.migrate().await.unwrap();
+    let slow = || {
+        Call::new("PAY", "slow")
+            .ttl(Duration::from_secs(2))
+            .lease(Duration::from_secs(1))
+    };
+    let runs = AtomicU32::new(0);
+    let run = || runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut tx = store.begin().await.unwrap();
+    let first: Result<u32, IdemError> = slow()
+        .run_in_tx(&mut tx, async |_tx| {
+            clock.advance(Duration::from_secs(3));
+            Ok(run())
+        })
+        .await;
+    tx.commit().await.unwrap();
+    assert_eq!(first.unwrap(), 1);
+    let rec = store.load("PAY", "slow").await.unwrap().unwrap();
+    assert_eq!(rec.status, Status::Succeeded);
+    assert!(
+        rec.expire_at_ms >= rec.lease_until_ms + 4_000,
+        "the success must live a ttl from its mark: {rec:?}"
+    );
+    let again: Result<u32, IdemError> = slow().run(&store, async { Ok(run()) }).await;
+    assert_eq!(again.unwrap(), 1, "a repeat replays");
+    clock.advance(Duration::from_secs(3));
+    let later: Result<u32, IdemError> = slow().run(&store, async { Ok(run()) }).await;
+    assert_eq!(later.unwrap(), 2, "past its ttl the record has expired");
+}
+
 /// A store that wraps another (here: one that counts claims) can hand out transactions that wrap
 /// the inner store's, and a `tx = "…"` call joins them through the wrapper: the transaction type
 /// carries the store, whatever is layered on it.
@@ -161,8 +203,15 @@ async fn a_wrapping_store_hands_out_its_own_transactions() {
             self.claims.fetch_add(1, Ordering::SeqCst);
             self.inner.claim(req).await
         }
-        async fn complete(&self, b: &str, k: &str, c: &Claim, s: &[u8]) -> Result<(), IdemError> {
-            self.inner.complete(b, k, c, s).await
+        async fn complete(
+            &self,
+            b: &str,
+            k: &str,
+            c: &Claim,
+            s: &[u8],
+            ttl: Duration,
+        ) -> Result<(), IdemError> {
+            self.inner.complete(b, k, c, s, ttl).await
         }
         async fn fail(&self, b: &str, k: &str, c: &Claim) -> Result<(), IdemError> {
             self.inner.fail(b, k, c).await
@@ -193,8 +242,9 @@ async fn a_wrapping_store_hands_out_its_own_transactions() {
             k: &str,
             c: &Claim,
             s: &[u8],
+            ttl: Duration,
         ) -> Result<(), IdemError> {
-            self.tx.complete(b, k, c, s).await
+            self.tx.complete(b, k, c, s, ttl).await
         }
         async fn abort(&mut self) -> Result<(), IdemError> {
             self.tx.abort().await

@@ -340,7 +340,7 @@ pub async fn a_store_clamps_durations_it_is_handed(s: Subject) {
         );
     }
     store
-        .complete(&biz, key, &claim, b"\"done\"")
+        .complete(&biz, key, &claim, b"\"done\"", req.ttl)
         .await
         .unwrap();
     store.sweep_expired(1000).await.unwrap();
@@ -350,4 +350,10 @@ pub async fn a_store_clamps_durations_it_is_handed(s: Subject) {
     }
     let record = store.load(&biz, key).await.unwrap().expect("still kept");
     assert_eq!(record.status, Status::Succeeded);
+    // The mark's expiry (now + the ttl it is handed, clamped too) is still about the maximum.
+    assert!(
+        (record.expire_at_ms - now_ms - max_ms).abs() < DAY_MS,
+        "after the mark the expiry ends in {:.2} years, not at the maximum",
+        years(record.expire_at_ms - now_ms)
+    );
 }

@@ -146,9 +146,12 @@ fn req<'a>(biz: &'a str, key: &'a str, lease: Duration) -> ClaimRequest<'a> {
         key,
         fingerprint: None,
         lease,
-        ttl: Duration::from_secs(3600),
+        ttl: TTL,
     }
 }
+
+/// The ttl of [`req`]'s claims.
+const TTL: Duration = Duration::from_secs(3600);
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
@@ -280,7 +283,7 @@ pub async fn expired_lease_is_taken_over_and_the_late_finisher_is_fenced(s: Subj
     );
     // The stale attempt wakes up and tries to mark: it must be refused and change nothing.
     let late = store
-        .complete(&biz, "o", &stale, b"{\"Ok\":\"stale\"}")
+        .complete(&biz, "o", &stale, b"{\"Ok\":\"stale\"}", TTL)
         .await;
     assert!(
         matches!(late, Err(IdemError::LeaseLost { attempt }) if attempt == stale.attempt),
@@ -438,7 +441,7 @@ pub async fn a_live_lease_outlives_the_ttl(s: Subject) {
         "a live lease is never swept"
     );
     store
-        .complete(&biz, "k", &second, b"{\"Ok\":1}")
+        .complete(&biz, "k", &second, b"{\"Ok\":1}", r.ttl)
         .await
         .expect("attempt 2 still holds the record");
 }
@@ -463,7 +466,7 @@ pub async fn a_sweep_spares_a_record_under_a_live_lease(s: Subject) {
         ClaimOutcome::InProgress { .. }
     ));
     store
-        .complete(&biz, "k", &held, b"{\"Ok\":1}")
+        .complete(&biz, "k", &held, b"{\"Ok\":1}", r.ttl)
         .await
         .unwrap();
     clock.advance(secs(31));
@@ -474,6 +477,46 @@ pub async fn a_sweep_spares_a_record_under_a_live_lease(s: Subject) {
             .unwrap(),
         1
     );
+}
+
+/// Probe: ttl 2 s, lease 1 s, a body that takes 3 s (on the test clock; no heartbeat). The mark
+/// moves the record's expiry to at least completion + ttl, so the success is live and a repeat
+/// replays; once that ttl has passed too, the record has expired and the next call runs again.
+/// Before the fix the expiry stayed at claim + ttl: the new success was already expired and the
+/// repeat ran the body again.
+pub async fn a_success_outlives_a_body_slower_than_its_ttl(s: Subject) {
+    let (store, clock, fx, biz) = (s.store, s.clock, Effects::new().await, biz("slow_body"));
+    let slow = || {
+        Call::new(biz.clone(), "k")
+            .ttl(secs(2))
+            .lease(secs(1))
+            .no_heartbeat()
+    };
+    let first = slow()
+        .run(&*store, async {
+            clock.advance(secs(3));
+            pay(&fx, &biz, "k", 1).await
+        })
+        .await
+        .expect("the mark succeeds");
+    assert_eq!(fx.count(&biz, "k").await, 1);
+    let rec = store.load(&biz, "k").await.unwrap().unwrap();
+    assert_eq!(rec.status, Status::Succeeded);
+    // The mark came at least 2 s after the lease end (3 s into a 1 s lease) and the record lives
+    // the ttl (2 s) from it.
+    assert!(
+        rec.expire_at_ms >= rec.lease_until_ms + 4_000,
+        "the success must live a ttl from its mark: {rec:?}"
+    );
+    let (again, report) = idem::observe(slow().run(&*store, pay(&fx, &biz, "k", 1))).await;
+    assert_eq!(again.unwrap(), first, "a repeat gets the first answer");
+    assert_eq!(report.unwrap().outcome, idem::Outcome::Replayed);
+    assert_eq!(fx.count(&biz, "k").await, 1, "the body did not run again");
+    clock.advance(secs(3));
+    let (later, report) = idem::observe(slow().run(&*store, pay(&fx, &biz, "k", 1))).await;
+    assert_ne!(later.unwrap(), first, "past its ttl the record has expired");
+    assert_eq!(report.unwrap().outcome, idem::Outcome::Executed);
+    assert_eq!(fx.count(&biz, "k").await, 2);
 }
 
 /// Probe: claim, let lease and TTL pass, sweep, claim again; the old holder's complete must be
@@ -504,7 +547,9 @@ pub async fn a_fence_never_repeats_after_a_sweep(s: Subject) {
         new.fence > old.fence,
         "fences never repeat: {old:?} then {new:?}"
     );
-    let stale = store.complete(&biz, "k", &old, b"{\"Ok\":\"stale\"}").await;
+    let stale = store
+        .complete(&biz, "k", &old, b"{\"Ok\":\"stale\"}", r.ttl)
+        .await;
     assert!(
         matches!(stale, Err(IdemError::LeaseLost { .. })),
         "{stale:?}"
@@ -512,7 +557,7 @@ pub async fn a_fence_never_repeats_after_a_sweep(s: Subject) {
     let rec = store.load(&biz, "k").await.unwrap().unwrap();
     assert_eq!((rec.status, rec.fence), (Status::Processing, new.fence));
     store
-        .complete(&biz, "k", &new, b"{\"Ok\":\"new\"}")
+        .complete(&biz, "k", &new, b"{\"Ok\":\"new\"}", r.ttl)
         .await
         .unwrap();
 }
@@ -531,7 +576,7 @@ pub async fn complete_after_a_sweep_is_lease_lost(s: Subject) {
         .sweep_once()
         .await
         .unwrap();
-    let late = store.complete(&biz, "k", &held, b"{\"Ok\":1}").await;
+    let late = store.complete(&biz, "k", &held, b"{\"Ok\":1}", r.ttl).await;
     assert!(matches!(late, Err(IdemError::LeaseLost { .. })), "{late:?}");
     assert!(store.fail(&biz, "k", &held).await.is_err());
     assert!(
@@ -546,11 +591,12 @@ pub async fn marking_again_with_the_same_claim_succeeds(s: Subject) {
     let (store, biz) = (s.store, biz("mark_again"));
     let (done, _) = acquire(&*store, &req(&biz, "c", secs(10))).await;
     store
-        .complete(&biz, "c", &done, b"{\"Ok\":1}")
+        .complete(&biz, "c", &done, b"{\"Ok\":1}", TTL)
         .await
         .unwrap();
+    let marked = store.load(&biz, "c").await.unwrap().unwrap();
     store
-        .complete(&biz, "c", &done, b"{\"Ok\":1}")
+        .complete(&biz, "c", &done, b"{\"Ok\":1}", TTL)
         .await
         .expect("the same mark again");
     assert!(matches!(
@@ -562,6 +608,10 @@ pub async fn marking_again_with_the_same_claim_succeeds(s: Subject) {
         (rec.status, rec.snapshot.as_deref()),
         (Status::Succeeded, Some(&b"{\"Ok\":1}"[..]))
     );
+    assert_eq!(
+        rec, marked,
+        "the mark again changes nothing, its expiry included"
+    );
 
     let (failed, _) = acquire(&*store, &req(&biz, "f", secs(10))).await;
     store.fail(&biz, "f", &failed).await.unwrap();
@@ -570,7 +620,7 @@ pub async fn marking_again_with_the_same_claim_succeeds(s: Subject) {
         .await
         .expect("the same mark again");
     assert!(matches!(
-        store.complete(&biz, "f", &failed, b"{\"Ok\":2}").await,
+        store.complete(&biz, "f", &failed, b"{\"Ok\":2}", TTL).await,
         Err(IdemError::LeaseLost { .. })
     ));
     assert_eq!(
@@ -629,7 +679,7 @@ pub async fn a_takeover_racing_a_late_complete_has_one_winner(s: Subject) {
         let late = tokio::spawn(async move {
             b1.wait().await;
             store1
-                .complete(&biz1, &key1, &old, b"{\"Ok\":\"late\"}")
+                .complete(&biz1, &key1, &old, b"{\"Ok\":\"late\"}", TTL)
                 .await
         });
         let (store2, biz2, key2, b2) = (store.clone(), biz.clone(), key.clone(), barrier.clone());
@@ -1061,6 +1111,7 @@ macro_rules! with_contract_cases {
             waiting_duplicate_gets_the_first_answer,
             a_live_lease_outlives_the_ttl,
             a_sweep_spares_a_record_under_a_live_lease,
+            a_success_outlives_a_body_slower_than_its_ttl,
             a_fence_never_repeats_after_a_sweep,
             complete_after_a_sweep_is_lease_lost,
             renew_extends_a_held_lease,

@@ -205,10 +205,13 @@ impl Store for MemoryStore {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
+        let now = self.now_ms();
         self.with_held(biz, key, claim, Status::Succeeded, |e| {
             e.status = Status::Succeeded;
             e.snapshot = Some(snapshot.to_vec());
+            e.expire_at = e.expire_at.max(now.saturating_add(millis(ttl)));
         })
     }
 

@@ -7,6 +7,7 @@
 //! in another.
 
 use std::future::Future;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -39,7 +40,11 @@ pub trait IdemTx: Send {
     /// Backend errors as for [`Store::claim`].
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError>;
 
-    /// Marks the claimed record SUCCEEDED with `snapshot` and releases the savepoint.
+    /// Marks the claimed record SUCCEEDED with `snapshot`, moves its expiry to at least now +
+    /// `ttl` by the store's clock (as [`Store::complete`]), and releases the savepoint.
+    ///
+    /// `ttl` is the call's ttl: the record's expiry is moved to at least now + ttl, so a body
+    /// slower than its ttl still leaves a live success.
     ///
     /// # Errors
     /// [`IdemError::LeaseLost`] if the record is no longer this claim's; backend errors.
@@ -49,6 +54,7 @@ pub trait IdemTx: Send {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError>;
 
     /// Rolls back to the savepoint (the claim and every write since) and releases it.
@@ -166,7 +172,10 @@ where
         Ok(value) => {
             let limit = tx.store().limits().max_snapshot_len;
             let (snapshot, result, done) = encoded(ok, err, value, limit, how);
-            match tx.complete(call.biz(), call.key(), &claim, &snapshot).await {
+            match tx
+                .complete(call.biz(), call.key(), &claim, &snapshot, call.ttl)
+                .await
+            {
                 Ok(()) => (result, done),
                 Err(e @ IdemError::LeaseLost { .. }) => (Err(err.from_idem(e)), Outcome::LeaseLost),
                 Err(e) => (Err(err.from_idem(e)), Outcome::MarkFailed),

@@ -207,8 +207,12 @@ pub trait Store: Send + Sync + 'static {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError>;
 
     /// Marks the record SUCCEEDED with `snapshot`, only if it is still PROCESSING under `claim`'s
-    /// fence. Marking again a record already SUCCEEDED under the same fence succeeds (a mark sent
+    /// fence, and moves its expiry to at least now + `ttl` by the store's clock. Marking again a
+    /// record already SUCCEEDED under the same fence succeeds and changes nothing (a mark sent
     /// again after its reply was lost), so a transient error can be retried safely.
+    ///
+    /// `ttl` is the call's ttl: the record's expiry is moved to at least now + ttl, so a body
+    /// slower than its ttl still leaves a live success.
     ///
     /// # Errors
     /// [`IdemError::LeaseLost`] when another attempt took the record over or it was swept
@@ -219,6 +223,7 @@ pub trait Store: Send + Sync + 'static {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError>;
 
     /// Marks the record FAILED (a retry may run), only if it is still PROCESSING under `claim`'s

@@ -6,11 +6,13 @@
 //! while the clock runs). The claim decision, the takeover's new fence/lease/expiry and the
 //! expiry test are the store's own code (`decide`, `taken`, `RecordState::is_expired`); only
 //! complete/fail/renew are written here, as the contract states them (they change the record only
-//! while it is PROCESSING under the caller's fence).
+//! while it is PROCESSING under the caller's fence, and a complete moves the expiry to at least
+//! now + ttl).
 //!
 //! `Rules::Before` is the decision order before the fix of issue 6 (TTL checked before the lease,
-//! a takeover keeping the old expiry, the attempt number as the fence); the checker finds its
-//! counterexamples, so the check is known to bite.
+//! a takeover keeping the old expiry, the attempt number as the fence), with a complete that keeps
+//! the claim's expiry (before issue 20); the checker finds its counterexamples, so the check is
+//! known to bite.
 
 use std::time::{Duration, Instant};
 
@@ -43,6 +45,8 @@ struct Rec {
     holder: u32,
     /// The claim whose complete stored the result.
     result_by: Option<u32>,
+    /// When that complete landed (store clock).
+    marked_at: Option<i64>,
 }
 
 impl Rec {
@@ -181,6 +185,7 @@ impl Protocol {
             expire_at,
             holder: claim,
             result_by: None,
+            marked_at: None,
         }
     }
 
@@ -296,6 +301,10 @@ impl Model for Protocol {
                         Action::Complete(_) => {
                             rec.status = Status::Succeeded;
                             rec.result_by = Some(claim);
+                            rec.marked_at = Some(now);
+                            if self.rules == Rules::Current {
+                                rec.expire_at = rec.expire_at.max(now + self.ttl * TICK_MS);
+                            }
                             s.callers[i] = Caller::Done;
                         }
                         Action::Fail(_) => {
@@ -346,6 +355,18 @@ impl Model for Protocol {
                 },
             ),
             Property::always("no step breaks a rule", |_, s: &State| s.broken.is_none()),
+            Property::always(
+                "a success lives a ttl from its mark",
+                |m: &Protocol, s: &State| match &s.rec {
+                    Some(Rec {
+                        status: Status::Succeeded,
+                        marked_at: Some(at),
+                        expire_at,
+                        ..
+                    }) => *expire_at >= at + m.ttl * TICK_MS,
+                    _ => true,
+                },
+            ),
             Property::always(
                 "a claim whose holder is gone is taken over once its lease ends",
                 |m: &Protocol, s: &State| match &s.rec {
@@ -401,7 +422,8 @@ fn the_protocol_holds_its_properties() {
 
 /// The checker finds the bugs of issue 6 when pointed at the old rules: two bodies running under
 /// live claims (the TTL cut a live lease), and a stale holder's write accepted (a fence reused
-/// after a sweep).
+/// after a sweep); and the bug of issue 20: a success stored with the claim's expiry, already
+/// expired when the body outlived its ttl.
 #[test]
 fn the_check_finds_the_old_lease_and_fence_bugs() {
     // Breadth first on one thread, so each counterexample is a shortest one.
@@ -421,6 +443,13 @@ fn the_check_finds_the_old_lease_and_fence_bugs() {
         .discovery("no step breaks a rule")
         .expect("the old rules reuse a fence after a sweep");
     println!("counterexample (fence reuse): {:?}", stale.into_actions());
+    let short_lived = checker
+        .discovery("a success lives a ttl from its mark")
+        .expect("the old complete keeps the claim's expiry");
+    println!(
+        "counterexample (a success expiring early): {:?}",
+        short_lived.into_actions()
+    );
 }
 
 /// The probe of issue 6 as a trace: attempt 1 fails at t=0, a retry takes over at t=2 (lease to 4,

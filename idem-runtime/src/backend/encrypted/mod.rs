@@ -145,9 +145,13 @@ impl<S: Store> Store for EncryptedStore<S> {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
         let sealed = self.inner.keyring.seal(biz, key, snapshot)?;
-        self.inner.store.complete(biz, key, claim, &sealed).await
+        self.inner
+            .store
+            .complete(biz, key, claim, &sealed, ttl)
+            .await
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {

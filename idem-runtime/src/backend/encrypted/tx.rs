@@ -1,5 +1,7 @@
 //! A transaction of the inner store whose snapshots are sealed, for `tx = "…"` calls.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 
 use super::EncryptedStore;
@@ -72,9 +74,10 @@ impl<S: TransactionalStore> IdemTx for EncryptedTx<S> {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
         let sealed = self.store.keyring().seal(biz, key, snapshot)?;
-        self.tx.complete(biz, key, claim, &sealed).await
+        self.tx.complete(biz, key, claim, &sealed, ttl).await
     }
 
     async fn abort(&mut self) -> Result<(), IdemError> {

@@ -346,10 +346,11 @@ impl Store for MySqlStore {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
         let mut conn = self.pool.acquire().await.map_err(db_error)?;
         self.records(&mut conn, false)
-            .complete(biz, key, claim, snapshot)
+            .complete(biz, key, claim, snapshot, ttl)
             .await
     }
 

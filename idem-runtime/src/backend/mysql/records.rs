@@ -54,7 +54,7 @@ pub(crate) struct Statements {
     /// ?reset ?off ?fp ?reset ?off ?reset ?off ?ttl ?off ?lease ?off ?lease ?off
     /// ?biz ?key ?fence ?status ?lease_until
     take: Arc<str>,
-    /// ?snapshot ?off ?biz ?key ?fence
+    /// ?snapshot ?off ?ttl ?off ?biz ?key ?fence
     complete: Arc<str>,
     /// ?off ?biz ?key ?fence
     fail: Arc<str>,
@@ -112,11 +112,14 @@ impl Statements {
                 now = now_ms!()
             )
             .into(),
-            // A record already SUCCEEDED under the fence counts as held: a mark sent again after a
-            // lost reply succeeds (and FAILED likewise for `fail`). `result` is assigned before
-            // `status`, so it sees the old status.
+            // The mark moves the expiry to at least now + ttl, so a body slower than its ttl still
+            // leaves a live success. A record already SUCCEEDED under the fence counts as held and
+            // keeps its result and expiry: a mark sent again after a lost reply succeeds (and
+            // FAILED likewise for `fail`). `result` and `expire_at` are assigned before `status`,
+            // so they see the old status.
             complete: format!(
                 "UPDATE {t} SET result = IF(status = 'PROCESSING', ?, result), \
+                 expire_at = IF(status = 'PROCESSING', GREATEST(expire_at, {now} + ?), expire_at), \
                  status = 'SUCCEEDED', updated_at = {now} \
                  WHERE {key} AND fence = ? AND status IN ('PROCESSING', 'SUCCEEDED')",
                 now = now_ms!()
@@ -227,9 +230,12 @@ impl<'c> Records<'c> {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
         let q = query(&self.sql.complete)
             .bind(snapshot)
+            .bind(self.off)
+            .bind(millis(ttl))
             .bind(self.off)
             .bind(biz)
             .bind(key)

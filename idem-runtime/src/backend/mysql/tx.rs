@@ -2,6 +2,7 @@
 //! state transitions run.
 
 use std::ops::{Deref, DerefMut};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::mysql::MySqlConnection;
@@ -142,11 +143,12 @@ impl IdemTx for MySqlTx {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
         let done = self
             .store
             .records(&mut self.tx, true)
-            .complete(biz, key, claim, snapshot)
+            .complete(biz, key, claim, snapshot, ttl)
             .await;
         match done {
             Ok(()) => match self.claim.take() {

@@ -426,9 +426,14 @@ impl Store for PgStore {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| self.records(conn).complete(biz, key, claim, snapshot).await)
-            .await
+        self.with_conn(async |conn| {
+            self.records(conn)
+                .complete(biz, key, claim, snapshot, ttl)
+                .await
+        })
+        .await
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {

@@ -90,15 +90,19 @@ impl Statements {
              RETURNING r.attempt, r.fence",
             clock = clock("$6"),
         );
-        // $1 biz, $2 key, $3 fence, $4 result, $5 offset. A record already SUCCEEDED under the
-        // fence counts as held: a mark sent again after a lost reply succeeds (FAILED likewise).
+        // $1 biz, $2 key, $3 fence, $4 result, $5 ttl ms, $6 offset. The mark moves the expiry to
+        // at least now + ttl, so a body slower than its ttl still leaves a live success. A record
+        // already SUCCEEDED under the fence counts as held and keeps its result and expiry: a mark
+        // sent again after a lost reply succeeds (FAILED likewise).
         let complete = format!(
             "WITH c AS ({clock}) \
              UPDATE {t} AS r SET result = CASE WHEN r.status = 'PROCESSING' THEN $4 ELSE r.result END, \
+             expire_at = CASE WHEN r.status = 'PROCESSING' \
+             THEN GREATEST(r.expire_at, c.n + $5) ELSE r.expire_at END, \
              status = 'SUCCEEDED', updated_at = c.n FROM c \
              WHERE r.biz_type = $1 AND r.idem_key = $2 AND r.fence = $3 \
              AND r.status IN ('PROCESSING', 'SUCCEEDED')",
-            clock = clock("$5"),
+            clock = clock("$6"),
         );
         // $1 biz, $2 key, $3 fence, $4 offset.
         let fail = format!(
@@ -220,12 +224,14 @@ impl<'c> Records<'c> {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
         let query = sqlx::query(self.sql.complete.clone())
             .bind(biz)
             .bind(key)
             .bind(fence_param(claim)?)
             .bind(snapshot)
+            .bind(millis(ttl))
             .bind(self.offset_ms);
         self.held(query, claim).await
     }

@@ -2,6 +2,7 @@
 //! transitions run.
 
 use std::ops::{Deref, DerefMut};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::PgConnection;
@@ -208,9 +209,10 @@ impl IdemTx for PgTx {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
         let done = Records::new(&mut self.tx, &self.store.sql, self.store.offset_ms(), true)
-            .complete(biz, key, claim, snapshot)
+            .complete(biz, key, claim, snapshot, ttl)
             .await;
         match done {
             Ok(()) => match self.claim.take() {

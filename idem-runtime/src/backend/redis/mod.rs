@@ -496,9 +496,11 @@ impl Store for RedisStore {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
+        let ttl = millis(ttl).to_string();
         self.records
-            .held(&COMPLETE, biz, key, claim, &[snapshot])
+            .held(&COMPLETE, biz, key, claim, &[snapshot, ttl.as_bytes()])
             .await
     }
 
@@ -548,8 +550,9 @@ impl Store for RedisClusterStore {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
-        self.0.complete(biz, key, claim, snapshot).await
+        self.0.complete(biz, key, claim, snapshot, ttl).await
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {

@@ -63,16 +63,23 @@ return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover')
 "#
 );
 
-/// `KEYS[1]`; ARGV: fence, result, offset. 1 when the record was PROCESSING under the fence (or is
-/// already SUCCEEDED under it: a mark sent again after a lost reply).
-pub const COMPLETE: &str = r#"
-local rec = redis.call('HMGET', KEYS[1], 's', 'f')
+/// `KEYS[1]`; ARGV: fence, result, ttl ms, offset. 1 when the record was PROCESSING under the fence
+/// (or is already SUCCEEDED under it: a mark sent again after a lost reply, which changes nothing).
+/// The mark moves `ex` to at least now + ttl, and the key's expiry with it, so a body slower than
+/// its ttl still leaves a live success.
+pub const COMPLETE: &str = concat!(
+    prelude!(),
+    r#"
+local rec = redis.call('HMGET', KEYS[1], 's', 'f', 'lu', 'ex')
 if rec[2] ~= ARGV[1] then return 0 end
 if rec[1] == 'SUCCEEDED' then return 1 end
 if rec[1] ~= 'PROCESSING' then return 0 end
-redis.call('HSET', KEYS[1], 's', 'SUCCEEDED', 'r', ARGV[2])
+local ex = math.max(tonumber(rec[4]), now + tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], 's', 'SUCCEEDED', 'r', ARGV[2], 'ex', num(ex))
+redis.call('PEXPIREAT', KEYS[1], num(math.max(ex, tonumber(rec[3])) - offset))
 return 1
-"#;
+"#
+);
 
 /// KEYS[1]; ARGV: fence, offset. 1 when the record was PROCESSING under the fence (or is already
 /// FAILED under it).

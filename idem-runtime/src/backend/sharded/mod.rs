@@ -142,9 +142,10 @@ impl<S: Store> Store for ShardedStore<S> {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
         self.shard_of(biz, key)
-            .complete(biz, key, claim, snapshot)
+            .complete(biz, key, claim, snapshot, ttl)
             .await
     }
 

@@ -1,5 +1,7 @@
 //! A transaction on one shard, for `tx = "…"` calls whose key lives there.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 
 use super::ShardedStore;
@@ -64,8 +66,9 @@ impl<S: TransactionalStore> IdemTx for ShardedTx<S> {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
-        self.tx.complete(biz, key, claim, snapshot).await
+        self.tx.complete(biz, key, claim, snapshot, ttl).await
     }
 
     async fn abort(&mut self) -> Result<(), IdemError> {

@@ -258,10 +258,11 @@ impl Store for SqliteStore {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
         self.with_conn(async |conn| {
             Records::new(conn, self)
-                .complete(biz, key, claim, snapshot)
+                .complete(biz, key, claim, snapshot, ttl)
                 .await
         })
         .await

@@ -82,13 +82,17 @@ const TAKE: &str = concat!(
     "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?8 AND status = ?9 AND lease_until = ?10 ",
     "RETURNING attempt, fence"
 );
-/// ?1 biz, ?2 key, ?3 fence, ?4 result, ?5 offset. A record already SUCCEEDED under the fence
-/// counts as held: a mark sent again after a lost reply succeeds (and FAILED likewise for `FAIL`).
+/// ?1 biz, ?2 key, ?3 fence, ?4 result, ?5 ttl ms, ?6 offset. The mark moves the expiry to at
+/// least now + ttl, so a body slower than its ttl still leaves a live success. A record already
+/// SUCCEEDED under the fence counts as held and keeps its result and expiry: a mark sent again
+/// after a lost reply succeeds (and FAILED likewise for `FAIL`).
 const COMPLETE: &str = concat!(
     "UPDATE idem_record SET result = CASE WHEN status = 'PROCESSING' THEN ?4 ELSE result END, ",
-    "status = 'SUCCEEDED', updated_at = ",
+    "expire_at = CASE WHEN status = 'PROCESSING' THEN max(expire_at, c.n + ?5) ELSE expire_at END, ",
+    "status = 'SUCCEEDED', updated_at = c.n FROM (SELECT ",
     now_ms!(),
-    " + ?5 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'SUCCEEDED')"
+    " + ?6 AS n) AS c ",
+    "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'SUCCEEDED')"
 );
 /// ?1 biz, ?2 key, ?3 fence, ?4 offset.
 const FAIL: &str = concat!(
@@ -167,12 +171,14 @@ impl<'c> Records<'c> {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
         let query = sqlx::query(COMPLETE)
             .bind(biz)
             .bind(key)
             .bind(fence_param(claim)?)
             .bind(snapshot)
+            .bind(millis(ttl))
             .bind(self.offset_ms);
         self.held(query, claim).await
     }

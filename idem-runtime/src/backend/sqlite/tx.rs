@@ -2,6 +2,7 @@
 //! transitions run.
 
 use std::ops::{Deref, DerefMut};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::SqliteConnection;
@@ -126,9 +127,10 @@ impl IdemTx for SqliteTx {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
         let done = Records::new(&mut self.tx, &self.store)
-            .complete(biz, key, claim, snapshot)
+            .complete(biz, key, claim, snapshot, ttl)
             .await;
         match done {
             Ok(()) => match self.claim.take() {

@@ -4,6 +4,9 @@
 //! - SIGKILL between claim and mark, 100 trials per store: before the lease ends every other
 //!   caller is told "in progress"; after it, of 8 callers released together exactly one takes over
 //!   and runs the business once (counted in an independent effects table).
+//! - SIGKILL after the body's effect and before its mark, 20 trials per store: after the lease a
+//!   repeat with a recover fn finds the effect and replays it (no second effect); without one the
+//!   takeover runs the body again, as documented for lease mode alone.
 //! - SIGKILL mid-transaction (tx mode), 100 trials: the claim and the business write die with the
 //!   transaction: no record, no effect, and the next caller runs at once.
 //! - SIGSTOP past the lease: a paused holder (heartbeat and all) is taken over; resumed, it gets
@@ -62,6 +65,9 @@ enum Backend {
 enum Act {
     /// Lease mode: claim, say READY, wait to be killed.
     Hold,
+    /// Lease mode: claim, write the effect, say READY, wait to be killed: a holder that dies
+    /// after its effect and before its mark.
+    Effect,
     /// Tx mode: claim and write the effect in a transaction, say READY, wait to be killed.
     HoldTx,
     /// Lease mode with a heartbeat: claim, say READY, wait for a line on stdin (the parent
@@ -226,6 +232,17 @@ async fn child() {
             let store = open(&spec.backend).await;
             let _: Result<(), IdemError> = call()
                 .run(&*store, async {
+                    say("READY");
+                    std::future::pending().await
+                })
+                .await;
+        }
+        Act::Effect => {
+            let store = open(&spec.backend).await;
+            let effects = effects_pool(&spec.effects).await;
+            let _: Result<String, IdemError> = call()
+                .run(&*store, async {
+                    effect(&effects, &spec.biz, &spec.key, "child").await?;
                     say("READY");
                     std::future::pending().await
                 })
@@ -500,9 +517,23 @@ impl Site {
         lease: Duration,
         act: Act,
         batch: usize,
+        after_kill: impl AsyncFnMut(&str),
+    ) -> Vec<String> {
+        self.kill_n(TRIALS, biz, lease, act, batch, after_kill)
+            .await
+    }
+
+    /// [`Site::kill_trials`] with `trials` children.
+    async fn kill_n(
+        &self,
+        trials: usize,
+        biz: &str,
+        lease: Duration,
+        act: Act,
+        batch: usize,
         mut after_kill: impl AsyncFnMut(&str),
     ) -> Vec<String> {
-        let keys: Vec<String> = (0..TRIALS).map(|i| format!("k{i}")).collect();
+        let keys: Vec<String> = (0..trials).map(|i| format!("k{i}")).collect();
         for group in keys.chunks(batch) {
             let specs: Vec<Spec> = group
                 .iter()
@@ -587,6 +618,68 @@ async fn killed_between_claim_and_mark(site: Site) {
             (Status::Succeeded, 2),
             "{key}"
         );
+    }
+}
+
+/// Children killed after their effect and before their mark (a crash between the payment and its
+/// record), 20 trials. After the lease, a repeat with a recover fn (which reads the effects table,
+/// the "real business result") finds the effect and stores it: 0 double effects, the repeat and
+/// every later one get the recovered result. Without a recover fn, the documented behaviour of
+/// lease mode alone: the takeover runs the body again, a second effect.
+async fn killed_after_its_effect(site: Site) {
+    let biz = "CRASHFX";
+    let lease = Duration::from_secs(3);
+    let keys = site
+        .kill_n(20, biz, lease, Act::Effect, 10, async |key| {
+            let record = site.store.load(biz, key).await.unwrap().expect("claimed");
+            assert_eq!(record.status, Status::Processing, "{key}");
+        })
+        .await;
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    let recover = |key: String| {
+        let effects = site.effects.clone();
+        move || async move {
+            let seen = effects_of(&effects, biz, &key).await;
+            Ok::<_, IdemError>(seen.first().map(|who| format!("recovered {who}")))
+        }
+    };
+    for (i, key) in keys.iter().enumerate() {
+        let effects = site.effects.clone();
+        let body = async move {
+            effect(&effects, biz, key, "repeat").await?;
+            Ok::<_, IdemError>("ran again".to_owned())
+        };
+        let call = Call::new(biz, key).lease(lease);
+        if i % 2 == 0 {
+            let (res, report) =
+                idem::observe(call.recover(recover(key.clone())).run(&*site.store, body)).await;
+            assert_eq!(res.unwrap(), "recovered child", "{key}");
+            assert_eq!(report.unwrap().outcome, Outcome::Recovered, "{key}");
+            assert_eq!(
+                effects_of(&site.effects, biz, key).await,
+                ["child"],
+                "{key}"
+            );
+            let again: String = Call::new(biz, key)
+                .recover(recover(key.clone()))
+                .run(&*site.store, async {
+                    Ok::<_, IdemError>("third".to_owned())
+                })
+                .await
+                .unwrap();
+            assert_eq!(again, "recovered child", "{key}: a repeat replays it");
+        } else {
+            let (res, report) = idem::observe(call.run(&*site.store, body)).await;
+            assert_eq!(res.unwrap(), "ran again", "{key}");
+            assert_eq!(report.unwrap().outcome, Outcome::TakenOver, "{key}");
+            assert_eq!(
+                effects_of(&site.effects, biz, key).await,
+                ["child", "repeat"],
+                "{key}: without recover, lease mode runs the body again"
+            );
+        }
+        let record = site.store.load(biz, key).await.unwrap().unwrap();
+        assert_eq!(record.status, Status::Succeeded, "{key}");
     }
 }
 
@@ -685,6 +778,14 @@ async fn sqlite_killed_mid_transaction() {
         assert_eq!(effects_of(&effects, biz, key).await, ["next"], "{key}");
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_killed_after_its_effect() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    killed_after_its_effect(sqlite_site().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -865,6 +966,9 @@ macro_rules! on_server {
 on_server! {
     "redis": redis_killed_between_claim_and_mark = killed_between_claim_and_mark on redis_site;
     "redis": redis_paused_past_the_lease = paused_past_the_lease on redis_site;
+    "redis": redis_killed_after_its_effect = killed_after_its_effect on redis_site;
+    "postgres": postgres_killed_after_its_effect = killed_after_its_effect on pg_site;
+    "mysql": mysql_killed_after_its_effect = killed_after_its_effect on my_site;
     "redis": redis_skewed_clocks_change_no_outcome = skewed_clocks_change_no_outcome on redis_site;
     "postgres": postgres_killed_between_claim_and_mark = killed_between_claim_and_mark on pg_site;
     "postgres": postgres_paused_past_the_lease = paused_past_the_lease on pg_site;

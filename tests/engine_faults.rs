@@ -20,6 +20,26 @@ struct Flaky {
     failing_claims: AtomicU32,
     failing_marks: AtomicU32,
     marks_tried: AtomicU32,
+    /// Marks fail with "connection refused" until this moment (an outage).
+    marks_down_until: std::sync::Mutex<Option<std::time::Instant>>,
+    renewals: AtomicU32,
+}
+
+impl Flaky {
+    /// Whether the next mark fails: one of the counted failures, or inside the outage.
+    fn mark_fails(&self) -> Option<IdemError> {
+        self.marks_tried.fetch_add(1, Ordering::SeqCst);
+        if take_one(&self.failing_marks) {
+            return Some(busy());
+        }
+        let down = *self.marks_down_until.lock().unwrap();
+        down.filter(|until| std::time::Instant::now() < *until)
+            .map(|_| IdemError::unavailable("connection refused"))
+    }
+
+    fn outage(&self, lasting: Duration) {
+        *self.marks_down_until.lock().unwrap() = Some(std::time::Instant::now() + lasting);
+    }
 }
 
 fn take_one(counter: &AtomicU32) -> bool {
@@ -52,17 +72,16 @@ impl Store for Flaky {
         key: &str,
         claim: &Claim,
         snapshot: &[u8],
+        ttl: Duration,
     ) -> Result<(), IdemError> {
-        self.marks_tried.fetch_add(1, Ordering::SeqCst);
-        if take_one(&self.failing_marks) {
-            return Err(busy());
+        if let Some(e) = self.mark_fails() {
+            return Err(e);
         }
-        self.inner.complete(biz, key, claim, snapshot).await
+        self.inner.complete(biz, key, claim, snapshot, ttl).await
     }
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
-        self.marks_tried.fetch_add(1, Ordering::SeqCst);
-        if take_one(&self.failing_marks) {
-            return Err(busy());
+        if let Some(e) = self.mark_fails() {
+            return Err(e);
         }
         self.inner.fail(biz, key, claim).await
     }
@@ -73,6 +92,7 @@ impl Store for Flaky {
         claim: &Claim,
         lease: Duration,
     ) -> Result<(), IdemError> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
         self.inner.renew(biz, key, claim, lease).await
     }
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
@@ -107,11 +127,25 @@ async fn a_transient_mark_failure_is_retried() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+async fn call_with(
+    store: &Flaky,
+    call: Call,
+    runs: &AtomicU32,
+) -> (Result<u32, IdemError>, Outcome) {
+    let (res, report) =
+        idem::observe(call.run(store, async { Ok(runs.fetch_add(1, Ordering::SeqCst)) })).await;
+    (res, report.unwrap().outcome)
+}
+
+/// A mark that keeps failing is tried for as long as the lease is live (far more than the four
+/// tries of a transient claim), then the call gives up before the lease ends: the claim still
+/// protects the key.
 #[tokio::test]
 async fn a_mark_that_never_lands_is_its_own_outcome_and_keeps_the_claim() {
     let (store, runs) = (Flaky::default(), AtomicU32::new(0));
-    store.failing_marks.store(100, Ordering::SeqCst);
-    let (res, outcome) = call(&store, "k", &runs).await;
+    store.failing_marks.store(u32::MAX, Ordering::SeqCst);
+    let lease = Duration::from_secs(1);
+    let (res, outcome) = call_with(&store, Call::new("FAULT", "k").lease(lease), &runs).await;
     let err = res.unwrap_err();
     assert!(
         matches!(
@@ -125,16 +159,91 @@ async fn a_mark_that_never_lands_is_its_own_outcome_and_keeps_the_claim() {
     );
     assert!(err.is_retryable());
     assert_eq!(outcome, Outcome::MarkFailed, "not counted as executed");
-    assert!(
-        store.marks_tried.load(Ordering::SeqCst) > 1,
-        "it was retried"
-    );
-    // The claim still protects the key: a repeat is told "in progress", the body does not run.
+    let tried = store.marks_tried.load(Ordering::SeqCst);
+    assert!(tried > 4, "tried while the lease was live: {tried} tries");
+    // It gave up while the lease was still live: a repeat is told "in progress", the body does
+    // not run.
     store.failing_marks.store(0, Ordering::SeqCst);
-    let (dup, outcome) = call(&store, "k", &runs).await;
+    let (dup, outcome) = call_with(&store, Call::new("FAULT", "k").lease(lease), &runs).await;
     assert!(matches!(dup, Err(IdemError::InProgress { .. })), "{dup:?}");
     assert_eq!(outcome, Outcome::InProgress);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A store that refuses connections for 1.5 s while a finished body marks (a database restart):
+/// the mark keeps trying, the lease (5 s) is never at risk, and the call ends as a success that
+/// repeats replay.
+#[tokio::test]
+async fn a_mark_waits_out_a_store_restart_within_the_lease() {
+    let (store, runs) = (Flaky::default(), AtomicU32::new(0));
+    let call = || Call::new("FAULT", "restart").lease(Duration::from_secs(5));
+    let (res, report) = idem::observe(call().run(&store, async {
+        store.outage(Duration::from_millis(1500));
+        Ok::<_, IdemError>(runs.fetch_add(1, Ordering::SeqCst))
+    }))
+    .await;
+    assert_eq!(
+        (res.unwrap(), report.unwrap().outcome),
+        (0, Outcome::Executed)
+    );
+    let tried = store.marks_tried.load(Ordering::SeqCst);
+    assert!(tried > 4, "the mark outlasted four tries: {tried}");
+    let rec = store.load("FAULT", "restart").await.unwrap().unwrap();
+    assert_eq!(rec.status, Status::Succeeded);
+    let (again, outcome) = call_with(&store, call(), &runs).await;
+    assert_eq!((again.unwrap(), outcome), (0, Outcome::Replayed));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// An outage longer than the lease (2 s against 1 s): the heartbeat keeps renewing between the
+/// mark's tries (renewals reach the store, marks do not), so the claim stays ours and the mark
+/// lands when the outage ends; without renewals the call would have given up at 0.9 s.
+#[tokio::test]
+async fn the_heartbeat_renews_while_the_mark_waits() {
+    let (store, runs) = (Flaky::default(), AtomicU32::new(0));
+    let call = || Call::new("FAULT", "long").lease(Duration::from_secs(1));
+    let (res, report) = idem::observe(call().run(&store, async {
+        store.outage(Duration::from_secs(2));
+        Ok::<_, IdemError>(runs.fetch_add(1, Ordering::SeqCst))
+    }))
+    .await;
+    assert_eq!(
+        (res.unwrap(), report.unwrap().outcome),
+        (0, Outcome::Executed)
+    );
+    assert!(
+        store.renewals.load(Ordering::SeqCst) >= 2,
+        "renewed during the outage"
+    );
+    let (again, outcome) = call_with(&store, call(), &runs).await;
+    assert_eq!((again.unwrap(), outcome), (0, Outcome::Replayed));
+
+    // With the heartbeat off the same outage outlasts the claim: the call gives up in time.
+    let (res, outcome) = call_with(
+        &store,
+        Call::new("FAULT", "off")
+            .lease(Duration::from_secs(1))
+            .no_heartbeat(),
+        &runs,
+    )
+    .await;
+    assert_eq!(res.unwrap(), 1, "no outage yet: it ran and was marked");
+    assert_eq!(outcome, Outcome::Executed);
+    let (res, report) = idem::observe(
+        Call::new("FAULT", "off2")
+            .lease(Duration::from_secs(1))
+            .no_heartbeat()
+            .run(&store, async {
+                store.outage(Duration::from_secs(2));
+                Ok::<_, IdemError>(runs.fetch_add(1, Ordering::SeqCst))
+            }),
+    )
+    .await;
+    assert!(
+        matches!(res, Err(IdemError::StoreUnavailable { .. })),
+        "{res:?}"
+    );
+    assert_eq!(report.unwrap().outcome, Outcome::MarkFailed);
 }
 
 #[tokio::test]
@@ -158,41 +267,78 @@ async fn a_transient_claim_failure_is_retried_and_a_persistent_one_is_retryable(
 }
 
 /// A body slower than its lease keeps its claim with a heartbeat: every duplicate meanwhile is told
-/// "in progress", and the body's result is stored. (Real time: lease 1.5 s, beat 0.2 s, body 3 s;
-/// a beat would have to be 1.3 s late to lose the claim.)
+/// "in progress", and the body's result is stored. (Real time: lease 1.5 s, body 3 s; with the
+/// default heartbeat, a third of the lease, a beat would have to be 1 s late to lose the claim.)
+/// With the heartbeat off, a duplicate takes the claim over while the body still runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_keeps_a_slow_body_from_being_taken_over() {
-    let store = Arc::new(MemoryStore::new());
-    let lease = Duration::from_millis(1500);
-    let slow = {
-        let store = store.clone();
-        tokio::spawn(async move {
-            Call::new("BEAT", "k")
-                .lease(lease)
-                .heartbeat(Duration::from_millis(200))
-                .run(&*store, async {
+    for (beat, name) in [
+        (Some(Duration::from_millis(200)), "given"),
+        (None, "default"),
+    ] {
+        let store = Arc::new(MemoryStore::new());
+        let lease = Duration::from_millis(1500);
+        let slow = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let call = Call::new("BEAT", "k").lease(lease);
+                let call = match beat {
+                    Some(every) => call.heartbeat(every),
+                    None => call,
+                };
+                call.run(&*store, async {
                     tokio::time::sleep(Duration::from_secs(3)).await;
                     Ok::<_, IdemError>("slow but healthy".to_owned())
                 })
                 .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut refused = 0;
+        while !slow.is_finished() {
+            let dup: Result<String, IdemError> = Call::new("BEAT", "k")
+                .lease(lease)
+                .run(&*store, async { Ok("a second execution".to_owned()) })
+                .await;
+            match dup.as_deref() {
+                Err(IdemError::InProgress { .. }) => refused += 1,
+                Ok("slow but healthy") => break,
+                other => panic!("{name} heartbeat: the slow body lost its claim: {other:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(slow.await.unwrap().unwrap(), "slow but healthy");
+        assert!(
+            refused >= 10,
+            "{name} heartbeat: duplicates during the body: {refused}"
+        );
+    }
+
+    let store = Arc::new(MemoryStore::new());
+    let lease = Duration::from_millis(300);
+    let slow = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            Call::new("BEAT", "off")
+                .lease(lease)
+                .no_heartbeat()
+                .run(&*store, async {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Ok::<_, IdemError>("slow".to_owned())
+                })
+                .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut refused = 0;
-    while !slow.is_finished() {
-        let dup: Result<String, IdemError> = Call::new("BEAT", "k")
-            .lease(lease)
-            .run(&*store, async { Ok("a second execution".to_owned()) })
-            .await;
-        match dup.as_deref() {
-            Err(IdemError::InProgress { .. }) => refused += 1,
-            Ok("slow but healthy") => break,
-            other => panic!("the slow body lost its claim: {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(slow.await.unwrap().unwrap(), "slow but healthy");
-    assert!(refused >= 10, "duplicates during the body: {refused}");
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    let dup: Result<String, IdemError> = Call::new("BEAT", "off")
+        .lease(lease)
+        .run(&*store, async { Ok("taken over".to_owned()) })
+        .await;
+    assert_eq!(dup.unwrap(), "taken over");
+    assert!(
+        matches!(slow.await.unwrap(), Err(IdemError::LeaseLost { .. })),
+        "the slow body was taken over"
+    );
 }
 
 #[tokio::test]

@@ -51,7 +51,7 @@ pub use duration::MAX_DURATION;
 pub use engine::current::current_claim;
 pub use engine::retry::{RestartsTransaction, retry_transaction};
 pub use engine::tx::{IdemTx, TransactionalStore};
-pub use engine::{Call, DEFAULT_LEASE, DEFAULT_TTL};
+pub use engine::{Call, DEFAULT_LEASE, DEFAULT_TTL, Recovering};
 pub use error::{BoxError, Busy, DecryptFailure, IdemError};
 pub use fingerprint::fingerprint;
 pub use key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN, IdemKey, validate_biz, validate_key};
@@ -73,8 +73,8 @@ pub use transition::{
 // by its shortest visible path, and `__private` is hidden.
 #[doc(hidden)]
 pub use __private::{
-    AsStore, AsStoreRef, AsTokenStore, AsTokenStoreRef, CarriesIdemError, IsMachine, IsResult,
-    JoinableTx, Storable, SubjectText, TokenText,
+    AsStore, AsStoreRef, AsTokenStore, AsTokenStoreRef, CarriesIdemError, FromRecoverError,
+    IsMachine, IsResult, JoinableTx, Recovers, Storable, SubjectText, TokenText,
 };
 
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]

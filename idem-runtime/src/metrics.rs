@@ -17,6 +17,13 @@ pub enum Outcome {
     Executed,
     /// The body ran after taking over a claim whose lease had expired, and its result was stored.
     TakenOver,
+    /// A claim whose lease had expired was taken over, and the call's recover fn found that the
+    /// earlier attempt's action had happened: its result was stored and returned, and the body did
+    /// not run.
+    Recovered,
+    /// A claim whose lease had expired was taken over, and the call's recover fn failed: the body
+    /// did not run, the record stays PROCESSING (its lease released) and a retry asks again.
+    RecoverFailed,
     /// The stored result was replayed (the body did not run); for a state transition: the row was
     /// already in the target state.
     Replayed,
@@ -47,9 +54,11 @@ pub enum Outcome {
 
 impl Outcome {
     /// All outcomes, in counter order.
-    pub const ALL: [Outcome; 13] = [
+    pub const ALL: [Outcome; 15] = [
         Outcome::Executed,
         Outcome::TakenOver,
+        Outcome::Recovered,
+        Outcome::RecoverFailed,
         Outcome::Replayed,
         Outcome::InProgress,
         Outcome::Mismatch,
@@ -68,6 +77,8 @@ impl Outcome {
         match self {
             Outcome::Executed => "executed",
             Outcome::TakenOver => "taken_over",
+            Outcome::Recovered => "recovered",
+            Outcome::RecoverFailed => "recover_failed",
             Outcome::Replayed => "replayed",
             Outcome::InProgress => "in_progress",
             Outcome::Mismatch => "mismatch",
@@ -90,7 +101,7 @@ impl Outcome {
     pub fn is_duplicate(self) -> bool {
         matches!(
             self,
-            Outcome::Replayed | Outcome::InProgress | Outcome::Mismatch
+            Outcome::Replayed | Outcome::Recovered | Outcome::InProgress | Outcome::Mismatch
         )
     }
 }

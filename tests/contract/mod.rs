@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod edges;
+pub mod recover;
 pub mod server;
 pub mod tokens;
 pub mod tx;
@@ -18,6 +19,11 @@ pub mod tx;
 pub use edges::{
     a_store_clamps_durations_it_is_handed, distinct_pairs_are_distinct_records,
     durations_at_the_limits,
+};
+#[allow(unused_imports)]
+pub use recover::{
+    a_failed_recover_releases_the_claim, a_takeover_asks_recover_before_running_the_body,
+    recover_is_not_asked_for_a_fresh_claim_or_a_retry,
 };
 
 use std::sync::Arc;
@@ -1129,6 +1135,9 @@ macro_rules! with_contract_cases {
             distinct_pairs_are_distinct_records,
             durations_at_the_limits,
             a_store_clamps_durations_it_is_handed,
+            a_takeover_asks_recover_before_running_the_body,
+            a_failed_recover_releases_the_claim,
+            recover_is_not_asked_for_a_fresh_claim_or_a_retry,
         );
     };
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::snapshot::{ErrType, OkType};
-use super::{StoreHandle, execute};
+use super::{NoRecover, StoreHandle, execute};
 use crate::store::ClaimRequest;
 use crate::{IdemError, IdemKey, Store, duration, fingerprint, key};
 
@@ -37,12 +37,44 @@ pub struct Call {
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) wait: Option<Duration>,
-    pub(crate) heartbeat: Option<Duration>,
+    pub(crate) heartbeat: Heartbeat,
+}
+
+/// When a lease-mode call renews its lease while the body runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Heartbeat {
+    /// Every third of the lease (the default): see [`Heartbeat::every`].
+    #[default]
+    Default,
+    /// Every this long: at least 1 ms and shorter than the lease.
+    Every(Duration),
+    /// Never: a body that outlives its lease may be taken over while it runs.
+    Off,
+}
+
+impl Heartbeat {
+    /// How often a call with `lease` renews it: a third of the lease by default (none for a lease
+    /// under 3 ms), the given period, or never.
+    pub(crate) fn every(self, lease: Duration) -> Option<Duration> {
+        match self {
+            Heartbeat::Default => Some(lease / 3).filter(|d| *d >= Duration::from_millis(1)),
+            Heartbeat::Every(every) => Some(every),
+            Heartbeat::Off => None,
+        }
+    }
+
+    /// The period given explicitly, which must be in range.
+    pub(crate) fn given(self) -> Option<Duration> {
+        match self {
+            Heartbeat::Every(every) => Some(every),
+            Heartbeat::Default | Heartbeat::Off => None,
+        }
+    }
 }
 
 impl Call {
-    /// A call for `(biz, key)` with the default TTL (7 days) and lease (30 s), no fingerprint, and
-    /// in-progress repeats rejected.
+    /// A call for `(biz, key)` with the default TTL (7 days), lease (30 s) and heartbeat (every
+    /// 10 s, a third of the lease), no fingerprint, and in-progress repeats rejected.
     pub fn new<K: IdemKey + ?Sized>(biz: impl Into<Cow<'static, str>>, key: &K) -> Self {
         Call {
             biz: biz.into(),
@@ -51,7 +83,7 @@ impl Call {
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             wait: None,
-            heartbeat: None,
+            heartbeat: Heartbeat::Default,
         }
     }
 
@@ -73,14 +105,62 @@ impl Call {
         self
     }
 
-    /// Renews the lease every `every` while the body runs, so a slow but healthy body keeps its
-    /// claim: each renewal extends the lease to a full `lease` from the store's now (and the record's
-    /// life with it). Pick `every` well below the lease (a third of it is usual). A body that hangs
-    /// keeps renewing, so bound its own waits; a renewal that finds the claim taken over stops
-    /// renewing and the call ends with [`IdemError::LeaseLost`].
+    /// Renews the lease every `every` while the body runs, instead of every third of the lease
+    /// (the default), so a slow but healthy body keeps its claim: each renewal extends the lease to
+    /// a full `lease` from the store's now (and the record's life with it). `every` is at least
+    /// 1 ms and shorter than the lease. A body that hangs keeps renewing, so bound its own waits;
+    /// a renewal that finds the claim taken over stops renewing and the call ends with
+    /// [`IdemError::LeaseLost`].
     pub fn heartbeat(mut self, every: Duration) -> Self {
-        self.heartbeat = Some(every);
+        self.heartbeat = Heartbeat::Every(every);
         self
+    }
+
+    /// Never renews the lease: a body that runs longer than its lease may then be taken over by a
+    /// repeat while it still runs, and its effect happen twice. For bodies known to be short, or
+    /// to show what the heartbeat prevents.
+    pub fn no_heartbeat(mut self) -> Self {
+        self.heartbeat = Heartbeat::Off;
+        self
+    }
+
+    /// How often this call renews its lease while the body runs, if at all.
+    pub(crate) fn heartbeat_every(&self) -> Option<Duration> {
+        self.heartbeat.every(self.lease)
+    }
+
+    /// Asks `recover` before the body runs again for a record that may already have had its
+    /// effect (seed 000's 回查: look the real business result up and backfill it). That is a
+    /// takeover: a PROCESSING record whose lease ended because its holder died, paused, or could
+    /// not mark its result. `recover` answers "did this action already happen, and with what
+    /// result?", by looking the payment up in the gateway or the order in its table:
+    ///
+    /// - `Ok(Some(value))`: the record is marked SUCCEEDED with `value` (under the new claim's
+    ///   fence), the caller gets it, the body does not run (outcome `recovered`);
+    /// - `Ok(None)`: nothing happened; the body runs as it would have;
+    /// - `Err(e)`: the caller gets `e` and nothing runs; the claim is released (the record stays
+    ///   PROCESSING, its lease ended), so the next call asks `recover` again (outcome
+    ///   `recover_failed`).
+    ///
+    /// A fresh claim, a retry after a recorded failure, and a replay never call it.
+    ///
+    /// ```
+    /// # async fn demo(store: &idem_runtime::MemoryStore) -> Result<(), idem_runtime::IdemError> {
+    /// use idem_runtime::Call;
+    /// # async fn find_payment(_: &str) -> Result<Option<String>, idem_runtime::IdemError> { Ok(None) }
+    /// # async fn charge(_: &str) -> Result<String, idem_runtime::IdemError> { Ok("pay-1".into()) }
+    /// let order = "order-7";
+    /// let payment: String = Call::new("PAY", order)
+    ///     .recover(|| find_payment(order))
+    ///     .run(store, charge(order))
+    ///     .await?;
+    /// # let _ = payment; Ok(()) }
+    /// ```
+    pub fn recover<R>(self, recover: R) -> Recovering<R> {
+        Recovering {
+            call: self,
+            recover,
+        }
     }
 
     /// Fingerprints `payload`: a repeat with the same key and another payload gets
@@ -128,6 +208,7 @@ impl Call {
             self,
             OkType::new(),
             ErrType::new(),
+            None::<NoRecover<T, E>>,
             body,
         )
     }
@@ -136,7 +217,7 @@ impl Call {
         let limits = store.limits();
         key::validate_biz(&self.biz, limits.max_biz_len)?;
         key::validate_key(&self.key, limits.max_key_len)?;
-        check_durations(self.ttl, self.lease, self.wait, self.heartbeat)?;
+        check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
         let fingerprint = match &self.fingerprint {
             None => None,
             Some(Ok(fp)) => Some(fp.as_str()),
@@ -153,6 +234,44 @@ impl Call {
             lease: self.lease,
             ttl: self.ttl,
         })
+    }
+}
+
+/// A [`Call`] with a recover fn: see [`Call::recover`].
+#[derive(Debug, Clone)]
+#[must_use = "a call does nothing until it is run"]
+pub struct Recovering<R> {
+    call: Call,
+    recover: R,
+}
+
+impl<R> Recovering<R> {
+    /// Runs `body` at most once for the call's `(biz, key)` on `store`, asking the recover fn
+    /// first when the call takes over a claim whose holder did not finish.
+    ///
+    /// # Errors
+    /// As [`Call::run`], plus the recover fn's own error.
+    #[inline(always)]
+    pub fn run<'a, T, E, F, RF>(
+        self,
+        store: &'a dyn Store,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
+    where
+        T: Serialize + DeserializeOwned + 'a,
+        E: From<IdemError> + 'a,
+        F: Future<Output = Result<T, E>> + 'a,
+        R: FnOnce() -> RF + 'a,
+        RF: Future<Output = Result<Option<T>, E>> + 'a,
+    {
+        execute(
+            Ok(StoreHandle::Borrowed(store)),
+            self.call,
+            OkType::new(),
+            ErrType::new(),
+            Some(self.recover),
+            body,
+        )
     }
 }
 

@@ -7,25 +7,28 @@
 
 mod call;
 pub(crate) mod current;
+mod holder;
 pub(crate) mod retry;
 pub(crate) mod snapshot;
 pub(crate) mod tx;
 
 use std::future::Future;
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::Instrument;
 
 #[cfg(feature = "axum")]
+pub(crate) use call::Heartbeat;
+#[cfg(feature = "axum")]
 pub(crate) use call::check_durations;
-pub use call::{Call, DEFAULT_LEASE, DEFAULT_TTL};
+pub use call::{Call, DEFAULT_LEASE, DEFAULT_TTL, Recovering};
 use snapshot::{ErrType, OkType};
 
 use crate::IdemError;
 use crate::metrics::{Outcome, report};
-use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Store};
+use crate::store::{Acquired, ClaimOutcome, ClaimRequest, Store};
+use holder::Holder;
 
 /// Where a call's store comes from.
 pub enum StoreArg<'a> {
@@ -81,12 +84,17 @@ pub(crate) fn acquired_outcome(how: Acquired) -> Outcome {
 /// connection) where repeating it is safe: a claim, a mark, a renewal.
 const TRANSIENT_TRIES: u32 = 4;
 
-/// Sleeps before try number `tried + 1` of a step that hit contention: exponential from 2 ms, with
-/// jitter (50–150 %), so callers that collided do not collide again in lockstep.
-pub(crate) async fn back_off(tried: u32) {
+/// The pause before try number `tried + 1` of a step that hit contention: exponential from 2 ms
+/// up to about half a second, with jitter (50–150 %), so callers that collided do not collide
+/// again in lockstep.
+pub(crate) fn back_off_pause(tried: u32) -> Duration {
     let base = 2u64.saturating_mul(1 << tried.min(8)).min(500);
-    let jittered = base * 1000 / 2 + fastrand::u64(0..=base * 1000);
-    tokio::time::sleep(Duration::from_micros(jittered)).await;
+    Duration::from_micros(base * 1000 / 2 + fastrand::u64(0..=base * 1000))
+}
+
+/// Sleeps for [`back_off_pause`].
+pub(crate) async fn back_off(tried: u32) {
+    tokio::time::sleep(back_off_pause(tried)).await;
 }
 
 /// Runs `step` until it succeeds, fails with an error that is not a transient store error, or has
@@ -139,39 +147,6 @@ async fn claim(
     }
 }
 
-/// Runs the body as the holder of `claim` (see [`current::current_claim`]), renewing the lease
-/// every `heartbeat` while it runs.
-async fn run_body<F: Future>(
-    store: &dyn Store,
-    req: &ClaimRequest<'_>,
-    claim: Claim,
-    heartbeat: Option<Duration>,
-    body: F,
-) -> F::Output {
-    let body = current::scope(claim, body);
-    let Some(every) = heartbeat else {
-        return body.await;
-    };
-    let mut body = pin!(body);
-    let mut renewing = true;
-    loop {
-        tokio::select! {
-            biased;
-            out = &mut body => return out,
-            () = tokio::time::sleep(every), if renewing => {
-                match retry_transient(|| store.renew(req.biz, req.key, &claim, req.lease)).await {
-                    Ok(()) => {}
-                    Err(e @ IdemError::LeaseLost { .. }) => {
-                        tracing::error!(attempt = claim.attempt, error = %e, "heartbeat found the claim taken over; the result will not be stored");
-                        renewing = false;
-                    }
-                    Err(e) => tracing::warn!(attempt = claim.attempt, error = %e, "heartbeat could not renew the lease; trying again at the next beat"),
-                }
-            }
-        }
-    }
-}
-
 /// A stored snapshot as the call's answer, and the outcome to count.
 fn replayed<T>(ok: OkType<T>, snapshot: &[u8]) -> (Result<T, IdemError>, Outcome) {
     match (ok.decode)(snapshot) {
@@ -189,25 +164,37 @@ fn encoded<T, E>(
     err: ErrType<E>,
     value: T,
     limit: usize,
-    how: Acquired,
+    done: Outcome,
 ) -> (Vec<u8>, Result<T, E>, Outcome) {
     match (ok.encode)(&value, limit) {
-        Ok(bytes) => (bytes, Ok(value), acquired_outcome(how)),
+        Ok(bytes) => (bytes, Ok(value), done),
         Err((envelope, e)) => (envelope, Err(err.from_idem(e)), Outcome::Unstorable),
     }
 }
 
+/// A call without a recover fn (the type `execute` is given then).
+pub(crate) type NoRecover<T, E> = fn() -> std::future::Ready<Result<Option<T>, E>>;
+
 /// The one engine path of lease mode: `Call::run` and `#[idempotent]` both end here, so the
 /// attribute costs nothing over the hand-written call.
-pub(crate) async fn execute<T, E, F>(
+///
+/// With a `recover` fn, a takeover (a PROCESSING record whose lease ended: its holder died, or its
+/// mark never landed, possibly after the body's effect) asks it first whether the action already
+/// happened: `Some(value)` is stored as the success (under the new claim's fence) and returned, and
+/// the body does not run; `None` runs the body; an error releases the claim (the record stays
+/// PROCESSING with its lease ended, so the next call asks again) and is the call's answer.
+pub(crate) async fn execute<T, E, F, R, RF>(
     store: Result<StoreHandle<'_>, IdemError>,
     call: Call,
     ok: OkType<T>,
     err: ErrType<E>,
+    recover: Option<R>,
     body: F,
 ) -> Result<T, E>
 where
     F: Future<Output = Result<T, E>>,
+    R: FnOnce() -> RF,
+    RF: Future<Output = Result<Option<T>, E>>,
 {
     let span = call_span(&call.biz);
     async move {
@@ -225,6 +212,7 @@ where
             Ok(req) => req,
             Err(e) => return refuse(e, Outcome::Rejected),
         };
+        let claimed_at = tokio::time::Instant::now();
         let (claim, how) = match claim(store, &req, call.wait).await {
             Ok(ClaimOutcome::Acquired { claim, how }) => (claim, how),
             Ok(ClaimOutcome::Replay { snapshot }) => {
@@ -242,13 +230,35 @@ where
         };
         // From here the claim is ours. A panic or a dropped future leaves it PROCESSING: the lease
         // expires and a later attempt takes over; nothing ever claims a success that did not happen.
-        let out = run_body(store, &req, claim, call.heartbeat, body).await;
+        let mut holder = Holder::new(store, &req, claim, call.heartbeat_every(), claimed_at);
         let attempt = claim.attempt;
+        let recovered = match recover {
+            Some(recover) if how == Acquired::TakeOver => match holder.run(recover()).await {
+                Ok(found) => found,
+                Err(recover_err) => {
+                    if let Err(e) = holder
+                        .finish(|| store.release(req.biz, req.key, &claim))
+                        .await
+                    {
+                        tracing::warn!(attempt, error = %e, "could not release the claim after recover failed; it is taken over once its lease ends");
+                    }
+                    report(biz, Outcome::RecoverFailed, attempt);
+                    return Err(recover_err);
+                }
+            },
+            _ => None,
+        };
+        let (out, ran) = match recovered {
+            Some(value) => (Ok(value), Outcome::Recovered),
+            None => (holder.run(body).await, acquired_outcome(how)),
+        };
         let (result, outcome) = match out {
             Ok(value) => {
                 let limit = store.limits().max_snapshot_len;
-                let (snapshot, result, done) = encoded(ok, err, value, limit, how);
-                match retry_transient(|| store.complete(req.biz, req.key, &claim, &snapshot)).await
+                let (snapshot, result, done) = encoded(ok, err, value, limit, ran);
+                match holder
+                    .finish(|| store.complete(req.biz, req.key, &claim, &snapshot, req.ttl))
+                    .await
                 {
                     Ok(()) => (result, done),
                     Err(e @ IdemError::LeaseLost { .. }) => {
@@ -259,15 +269,19 @@ where
                         (Err(err.from_idem(e)), Outcome::LeaseLost)
                     }
                     Err(e) => {
-                        // The business ran but could not be marked: the claim stays PROCESSING and
-                        // protects the key until its lease expires, then the body may run again.
-                        tracing::error!(attempt, error = %e, "idempotent call ran but could not be marked done");
+                        // The business ran but could not be marked while the lease was live: the
+                        // claim stays PROCESSING and protects the key until its lease expires,
+                        // then the body may run again (or recover finds its effect).
+                        tracing::error!(attempt, error = %e, "idempotent call ran but could not be marked done within its lease");
                         (Err(err.from_idem(e)), Outcome::MarkFailed)
                     }
                 }
             }
             Err(body_err) => {
-                match retry_transient(|| store.fail(req.biz, req.key, &claim)).await {
+                match holder
+                    .finish(|| store.fail(req.biz, req.key, &claim))
+                    .await
+                {
                     Ok(()) => {}
                     Err(IdemError::LeaseLost { .. }) => tracing::warn!(
                         attempt,
@@ -306,5 +320,36 @@ where
     E: 'a,
     F: Future<Output = Result<T, E>> + 'a,
 {
-    execute(store.resolve(), call, ok, err, body)
+    execute(
+        store.resolve(),
+        call,
+        ok,
+        err,
+        None::<NoRecover<T, E>>,
+        body,
+    )
+}
+
+/// Runs a call with a recover fn on a named or given store (what `#[idempotent(recover = …)]`
+/// expands to): see [`Call::recover`].
+///
+/// # Errors
+/// As [`run`], plus the recover fn's own error.
+#[inline(always)]
+pub fn run_recovering<'a, T, E, F, R, RF>(
+    store: StoreArg<'a>,
+    call: Call,
+    ok: OkType<T>,
+    err: ErrType<E>,
+    recover: R,
+    body: F,
+) -> impl Future<Output = Result<T, E>> + 'a
+where
+    T: 'a,
+    E: 'a,
+    F: Future<Output = Result<T, E>> + 'a,
+    R: FnOnce() -> RF + 'a,
+    RF: Future<Output = Result<Option<T>, E>> + 'a,
+{
+    execute(store.resolve(), call, ok, err, Some(recover), body)
 }

@@ -171,7 +171,8 @@ where
     let (result, outcome) = match out {
         Ok(value) => {
             let limit = tx.store().limits().max_snapshot_len;
-            let (snapshot, result, done) = encoded(ok, err, value, limit, how);
+            let (snapshot, result, done) =
+                encoded(ok, err, value, limit, super::acquired_outcome(how));
             match tx
                 .complete(call.biz(), call.key(), &claim, &snapshot, call.ttl)
                 .await

@@ -11,6 +11,7 @@ use super::cap::Cap;
 use super::layer::{IDEMPOTENCY_KEY, IdempotencyLayer};
 use super::principal::Principal;
 use super::stored;
+use crate::engine::Heartbeat;
 use crate::{IdemError, IntoSharedStore, Store, duration};
 
 /// Response headers stored and replayed by default (never `Set-Cookie`: a session must not be
@@ -40,7 +41,7 @@ pub(crate) struct Config {
     pub(super) principal: Principal,
     pub(super) ttl: Duration,
     pub(super) lease: Duration,
-    pub(super) heartbeat: Option<Duration>,
+    pub(super) heartbeat: Heartbeat,
     pub(super) wait: Option<Duration>,
     pub(super) cap: Option<Arc<Cap>>,
 }
@@ -61,7 +62,7 @@ pub struct IdempotencyBuilder {
     principal: Option<Principal>,
     ttl: Duration,
     lease: Duration,
-    heartbeat: Option<Duration>,
+    heartbeat: Heartbeat,
     wait: Option<Duration>,
     cap: Option<(u32, Duration)>,
 }
@@ -162,11 +163,18 @@ impl IdempotencyBuilder {
         self
     }
 
-    /// Renews the lease every `every` while the handler runs (a third of the lease is usual), so
-    /// a slow but healthy handler is not taken over by a retry. At least 1 ms and shorter than the
-    /// lease.
+    /// Renews the lease every `every` while the handler runs, instead of every third of the
+    /// lease (the default), so a slow but healthy handler is not taken over by a retry. At least
+    /// 1 ms and shorter than the lease.
     pub fn heartbeat(mut self, every: Duration) -> Self {
-        self.heartbeat = Some(every);
+        self.heartbeat = Heartbeat::Every(every);
+        self
+    }
+
+    /// Never renews the lease: a handler slower than its lease may be taken over by a retry while
+    /// it still runs, and run twice.
+    pub fn no_heartbeat(mut self) -> Self {
+        self.heartbeat = Heartbeat::Off;
         self
     }
 
@@ -229,7 +237,7 @@ impl IdempotencyBuilder {
         if self.max_key_len == 0 || self.max_request_bytes == 0 {
             return invalid("the key and request size limits must be above zero");
         }
-        crate::engine::check_durations(self.ttl, self.lease, self.wait, self.heartbeat)?;
+        crate::engine::check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
         let cap = match self.cap {
             Some((0, _)) => return invalid("a cap of 0 records refuses every request"),
             Some((max, window)) => {
@@ -293,7 +301,7 @@ impl IdempotencyLayer {
             principal: None,
             ttl: Duration::from_secs(24 * 3600),
             lease: crate::DEFAULT_LEASE,
-            heartbeat: None,
+            heartbeat: Heartbeat::Default,
             wait: None,
             cap: None,
         }

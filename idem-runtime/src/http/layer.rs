@@ -260,9 +260,7 @@ where
         .fingerprint_hash(fingerprint)
         .ttl(cfg.ttl)
         .lease(cfg.lease);
-    if let Some(every) = cfg.heartbeat {
-        call = call.heartbeat(every);
-    }
+    call.heartbeat = cfg.heartbeat;
     if let Some(max) = cfg.wait {
         call = call.wait(max);
     }

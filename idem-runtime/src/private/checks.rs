@@ -1,6 +1,7 @@
 //! Compile-time checks the generated code makes: each is a trait bound on a call spanned at the
 //! user's token, with a `#[diagnostic::on_unimplemented]` message that names the fix.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use crate::engine::snapshot::{ErrType, OkType};
@@ -263,4 +264,54 @@ pub trait IsMachine {
 
 impl<M: crate::StateMachine> IsMachine for M {
     type Machine = M;
+}
+
+/// What `recover = "find_payment(&req.order_no)"` calls: a future answering "did this action
+/// already happen, and with what result?", with the fn's own `Ok` type.
+#[diagnostic::on_unimplemented(
+    message = "`recover` must call an async fn returning `Result<Option<{T}>, _>`, not `{Self}`",
+    label = "`recover` calls this",
+    note = "recover answers whether the action already happened: `Ok(Some(result))` with the fn's own result type, `Ok(None)` when it did not, `Err(e)` when it cannot tell, e.g. `async fn find_payment(order_no: &str) -> Result<Option<Receipt>, PayError>`"
+)]
+pub trait Recovers<T> {
+    /// The recover fn's error type.
+    type Err;
+    /// The future itself.
+    fn recover(self) -> impl Future<Output = Result<Option<T>, Self::Err>>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<F, T, E> Recovers<T> for F
+where
+    F: Future<Output = Result<Option<T>, E>>,
+{
+    type Err = E;
+    fn recover(self) -> impl Future<Output = Result<Option<T>, E>> {
+        self
+    }
+}
+
+/// The fn's error type converts from the recover fn's.
+#[diagnostic::on_unimplemented(
+    message = "the error of `recover`'s fn, `{E2}`, does not convert into the fn's error type `{Self}`",
+    label = "`recover` returns this error",
+    note = "add `impl From<{E2}> for {Self}` (with thiserror: a `#[from]` variant), or return the fn's own error type from the recover fn"
+)]
+pub trait FromRecoverError<E2>: Sized {
+    /// The recover fn's future with its error converted.
+    fn converted<T>(
+        recover: impl Future<Output = Result<Option<T>, E2>>,
+    ) -> impl Future<Output = Result<Option<T>, Self>>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<E, E2> FromRecoverError<E2> for E
+where
+    E: From<E2>,
+{
+    async fn converted<T>(
+        recover: impl Future<Output = Result<Option<T>, E2>>,
+    ) -> Result<Option<T>, E> {
+        recover.await.map_err(E::from)
+    }
 }

@@ -6,7 +6,7 @@ pub use crate::engine::snapshot::{ErrType, OkType};
 pub use crate::engine::tx::{
     CallSpan, IdemTx, TxClaim, TxGuard, call_span, in_span, tx_body, tx_claim, tx_finish,
 };
-pub use crate::engine::{Call, StoreArg, run};
+pub use crate::engine::{Call, StoreArg, run, run_recovering};
 
 mod checks;
 pub use checks::*;

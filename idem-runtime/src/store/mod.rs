@@ -248,6 +248,16 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> Result<(), IdemError>;
 
+    /// Gives up a claim still held without finishing it: the record stays PROCESSING under the
+    /// claim's fence with its lease ended now, so the next call takes it over at once (and asks
+    /// its recover fn again). The default renews the lease for zero time.
+    ///
+    /// # Errors
+    /// As [`Store::renew`].
+    async fn release(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
+        self.renew(biz, key, claim, Duration::ZERO).await
+    }
+
     /// Reads the record for `(biz, key)`, expired or not.
     ///
     /// # Errors

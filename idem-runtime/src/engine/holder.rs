@@ -1,0 +1,186 @@
+//! What the holder of a lease-mode claim does: runs the body while renewing its lease, then marks
+//! the record, trying for as long as the lease protects the claim.
+//!
+//! A finished body whose mark does not land leaves its record PROCESSING, and once the lease ends
+//! the next call takes over and runs the body again. So a mark that meets a store restart (refused
+//! connections, connections the crash killed, a server busy recovering) keeps trying with jittered
+//! back-off while the lease is live, less a margin, and the heartbeat keeps renewing meanwhile;
+//! only then does the call give up (`MarkFailed`).
+
+use std::future::Future;
+use std::pin::pin;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{TRANSIENT_TRIES, back_off, back_off_pause, current};
+use crate::IdemError;
+use crate::store::{Claim, ClaimRequest, Store};
+
+/// The part of the lease a mark leaves unused: a tenth of it, at most 1 s. A mark sent later could
+/// land after another attempt took the record over.
+fn margin(lease: Duration) -> Duration {
+    (lease / 10).min(Duration::from_secs(1))
+}
+
+/// The holder of one claim: its store, its record, and when its lease ends by this process's
+/// clock (counted from before the claim or the last renewal was sent, so never later than the
+/// store's own end).
+pub(crate) struct Holder<'a> {
+    store: &'a dyn Store,
+    req: &'a ClaimRequest<'a>,
+    claim: Claim,
+    heartbeat: Option<Duration>,
+    lease_ends: Instant,
+    last_beat: Instant,
+    renewing: bool,
+}
+
+impl<'a> Holder<'a> {
+    /// The holder of `claim`, whose claim was sent at `claimed_at`.
+    pub(crate) fn new(
+        store: &'a dyn Store,
+        req: &'a ClaimRequest<'a>,
+        claim: Claim,
+        heartbeat: Option<Duration>,
+        claimed_at: Instant,
+    ) -> Self {
+        Holder {
+            store,
+            req,
+            claim,
+            heartbeat,
+            lease_ends: claimed_at + req.lease,
+            last_beat: claimed_at,
+            renewing: true,
+        }
+    }
+
+    /// Runs the body as the holder of the claim (see [`current::current_claim`]), renewing the
+    /// lease every heartbeat while it runs.
+    pub(crate) async fn run<F: Future>(&mut self, body: F) -> F::Output {
+        let body = current::scope(self.claim, body);
+        let Some(every) = self.heartbeat else {
+            return body.await;
+        };
+        let mut body = pin!(body);
+        loop {
+            let next_beat = self.last_beat + every;
+            tokio::select! {
+                biased;
+                out = &mut body => return out,
+                () = tokio::time::sleep_until(next_beat), if self.renewing => self.beat().await,
+            }
+        }
+    }
+
+    /// Renews the lease once, trying again on a transient error while the lease is live.
+    async fn beat(&mut self) {
+        let mut tried = 0;
+        loop {
+            let sent = Instant::now();
+            self.last_beat = sent;
+            let renewed = self
+                .store
+                .renew(self.req.biz, self.req.key, &self.claim, self.req.lease);
+            let renewed = match self.time_left() {
+                Some(left) => tokio::time::timeout(left, renewed)
+                    .await
+                    .unwrap_or_else(|_| Err(no_answer())),
+                None => renewed.await,
+            };
+            match renewed {
+                Ok(()) => {
+                    self.lease_ends = sent + self.req.lease;
+                    return;
+                }
+                Err(e @ IdemError::LeaseLost { .. }) => {
+                    tracing::error!(attempt = self.claim.attempt, error = %e, "heartbeat found the claim taken over; the result will not be stored");
+                    self.renewing = false;
+                    return;
+                }
+                Err(e) if e.is_transient_store_error() && tried + 1 < TRANSIENT_TRIES => {
+                    tried += 1;
+                    back_off(tried).await;
+                }
+                Err(e) => {
+                    tracing::warn!(attempt = self.claim.attempt, error = %e, "heartbeat could not renew the lease; trying again at the next beat");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// How long the claim stays safely ours: until the lease ends less the margin; `None` once
+    /// that moment has passed.
+    fn time_left(&self) -> Option<Duration> {
+        let until = self.lease_ends.checked_sub(margin(self.req.lease))?;
+        let left = until.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then_some(left)
+    }
+
+    /// Finishes the claim with `mark` (complete or fail), trying again after a transient store
+    /// error for as long as the lease is live (and at least [`TRANSIENT_TRIES`] times in all),
+    /// renewing the lease between tries when a beat is due. Each try is cut off when the lease's
+    /// time is up.
+    ///
+    /// # Errors
+    /// The mark's error: `LeaseLost`, a permanent store error, or the last transient one once the
+    /// lease's time is up.
+    pub(crate) async fn finish<F, Fut>(&mut self, mut mark: F) -> Result<(), IdemError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<(), IdemError>>,
+    {
+        let mut tried = 0u32;
+        loop {
+            let left = self.time_left();
+            let marked = match left {
+                Some(left) => tokio::time::timeout(left, mark())
+                    .await
+                    .unwrap_or_else(|_| Err(no_answer())),
+                None => mark().await,
+            };
+            let e = match marked {
+                Err(e) if e.is_transient_store_error() => e,
+                done => return done,
+            };
+            tried += 1;
+            if tried >= TRANSIENT_TRIES && self.time_left().is_none() {
+                return Err(e);
+            }
+            tracing::debug!(error = %e, tried, "transient store error on the mark; trying again while the lease is live");
+            if let Some(every) = self.heartbeat
+                && self.renewing
+                && self.last_beat.elapsed() >= every
+            {
+                self.beat().await;
+            }
+            let nap = back_off_pause(tried);
+            match self.time_left() {
+                Some(left) => tokio::time::sleep(nap.min(left)).await,
+                None => tokio::time::sleep(nap).await,
+            }
+        }
+    }
+}
+
+/// The error of a try the lease's time cut off.
+fn no_answer() -> IdemError {
+    IdemError::unavailable("the store did not answer within the claim's lease")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_margin_is_a_tenth_of_the_lease_up_to_a_second() {
+        assert_eq!(
+            margin(Duration::from_millis(300)),
+            Duration::from_millis(30)
+        );
+        assert_eq!(margin(Duration::from_secs(20)), Duration::from_secs(1));
+        assert_eq!(margin(Duration::from_millis(1)), Duration::from_micros(100));
+    }
+}

@@ -293,3 +293,122 @@ async fn the_longest_literal_is_the_runtimes_maximum() {
     let days_left = (record.expire_at_ms - record.lease_until_ms) / 86_400_000;
     assert!((3649..=3650).contains(&days_left), "{record:?}");
 }
+
+/// `heartbeat` is on by default (a third of the lease): a body slower than its lease keeps its
+/// claim. `heartbeat = "off"` turns it off: the same body is taken over by a repeat while it runs.
+#[idempotent(
+    biz = "BEAT",
+    key = "key",
+    store = "macro_mem",
+    lease = "300ms",
+    ttl = "1m"
+)]
+async fn slow_with_default_heartbeat(key: &str) -> Result<String, AppError> {
+    tokio::time::sleep(std::time::Duration::from_millis(900)).await;
+    Ok("slow".to_owned())
+}
+
+#[idempotent(
+    biz = "BEAT",
+    key = "key",
+    store = "macro_mem",
+    lease = "300ms",
+    ttl = "1m",
+    heartbeat = "off"
+)]
+async fn slow_without_heartbeat(key: &str) -> Result<String, AppError> {
+    tokio::time::sleep(std::time::Duration::from_millis(900)).await;
+    Ok("slow".to_owned())
+}
+
+#[idempotent(
+    biz = "BEAT",
+    key = "key",
+    store = "macro_mem",
+    lease = "300ms",
+    ttl = "1m"
+)]
+async fn quick_repeat(key: &str) -> Result<String, AppError> {
+    Ok("repeat ran".to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heartbeat_is_on_by_default_and_off_on_request() {
+    setup();
+    let first = tokio::spawn(slow_with_default_heartbeat("on"));
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let repeat = quick_repeat("on").await;
+    assert!(
+        matches!(repeat, Err(AppError::Idem(IdemError::InProgress { .. }))),
+        "the default heartbeat kept the claim: {repeat:?}"
+    );
+    assert_eq!(first.await.unwrap().unwrap(), "slow");
+
+    let first = tokio::spawn(slow_without_heartbeat("off"));
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        quick_repeat("off").await.unwrap(),
+        "repeat ran",
+        "taken over"
+    );
+    let late = first.await.unwrap();
+    assert!(
+        matches!(late, Err(AppError::Idem(IdemError::LeaseLost { .. }))),
+        "{late:?}"
+    );
+}
+
+/// What the "real business" recorded, by order: the effect a recover fn looks up.
+static PAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+static ASKED: AtomicU32 = AtomicU32::new(0);
+
+async fn find_payment(order_no: &str) -> Result<Option<String>, AppError> {
+    ASKED.fetch_add(1, Ordering::SeqCst);
+    let paid = PAID.lock().unwrap().iter().any(|o| o == order_no);
+    Ok(paid.then(|| format!("found {order_no}")))
+}
+
+#[idempotent(
+    biz = "RECOVER",
+    key = "order_no",
+    store = "macro_mem",
+    lease = "200ms",
+    ttl = "1m",
+    heartbeat = "off",
+    recover = "find_payment(order_no)"
+)]
+async fn charge(order_no: &str, hang: bool) -> Result<String, AppError> {
+    PAID.lock().unwrap().push(order_no.to_owned());
+    if hang {
+        // The holder "dies" after its effect: it never returns, so its mark never lands.
+        std::future::pending::<()>().await;
+    }
+    Ok(format!("charged {order_no}"))
+}
+
+/// `recover = "…"`: a takeover asks it first; what it finds is stored and replayed, and the body
+/// does not run again. A fresh call never asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recover_backfills_a_takeover_instead_of_running_again() {
+    setup();
+    assert_eq!(charge("o-1", false).await.unwrap(), "charged o-1");
+    assert_eq!(
+        ASKED.load(Ordering::SeqCst),
+        0,
+        "a fresh claim does not ask"
+    );
+
+    let dead = tokio::spawn(charge("o-2", true));
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    dead.abort();
+    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    let (res, report) = idem::observe(charge("o-2", false)).await;
+    assert_eq!(res.unwrap(), "found o-2");
+    assert_eq!(report.unwrap().outcome, Outcome::Recovered);
+    assert_eq!(ASKED.load(Ordering::SeqCst), 1);
+    let paid = PAID.lock().unwrap().iter().filter(|o| *o == "o-2").count();
+    assert_eq!(paid, 1, "the body ran once");
+    let (again, report) = idem::observe(charge("o-2", false)).await;
+    assert_eq!(again.unwrap(), "found o-2");
+    assert_eq!(report.unwrap().outcome, Outcome::Replayed);
+}

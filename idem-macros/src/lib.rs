@@ -40,7 +40,8 @@ use proc_macro::TokenStream;
 /// | `fingerprint` | no | an expression over the parameters (string or bare) whose serialized hash is stored; a repeat with the same key and another fingerprint gets `IdemError::PayloadMismatch` | none |
 /// | `on_in_progress` | no | `"reject"`: a repeat while the first call runs gets `IdemError::InProgress`; `"wait(5s)"`: it waits up to that long for the first result | `"reject"` |
 /// | `tx` | no | the name of a `&mut` parameter holding a transaction begun with the store's `begin()` (`&mut idem::SqliteTx`): claim, body and mark commit or roll back together in it. The transaction carries its store, so `store` is not given (and is refused): the claim goes to that store's table by construction | none |
-/// | `heartbeat` | no | renew the lease this often while the body runs, so a slow but healthy body is not taken over (shorter than `lease`; a third of it is usual; not with `tx`) | none |
+/// | `heartbeat` | no | renew the lease this often while the body runs, so a slow but healthy body is not taken over (shorter than `lease`; not with `tx`); `"off"` never renews | a third of `lease` |
+/// | `recover` | no | a call over the parameters, in a string or bare, to an async fn returning `Result<Option<T>, E2>` with the fn's own `T` and an `E2` the fn's error converts from (`recover = "find_payment(&req.order_no)"`). Asked before a takeover re-runs the body (a holder that died, paused or could not mark): `Some(result)` is stored and returned without running the body, `None` runs it, an error is returned and the next call asks again. Not with `tx` | none |
 /// | `crate` | no | the path at which idem is reachable, when it is renamed or re-exported (like serde's) | `"::idem"` |
 ///
 /// # Scope keys by caller
@@ -83,7 +84,10 @@ use proc_macro::TokenStream;
 ///   stay stable across retries. A misspelled field (`req.order_noo`) is reported by rustc inside the
 ///   attribute;
 /// - a fn that is not `async`, is `const`, or does not return `Result`; an Ok type that cannot be stored
-///   or an error type without `From<IdemError>` (one error, at the type).
+///   or an error type without `From<IdemError>` (one error, at the type);
+/// - a `recover` that names a fn without calling it, contains `.await`, reads no parameter, is
+///   combined with `tx`, calls a fn that does not exist, is not async, returns something other than
+///   `Result<Option<T>, _>` with the fn's `T`, or has an error the fn's error does not convert from.
 ///
 /// When the attribute is wrong, the fn is still emitted as written next to the errors (its parameters
 /// marked used, so no warning joins them), so its callers compile and only the real errors show.

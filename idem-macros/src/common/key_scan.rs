@@ -42,6 +42,8 @@ pub(crate) enum Role<'a> {
     Token,
     /// `#[consume_token(subject = …)]`: who the token was issued to.
     Subject,
+    /// `#[idempotent(recover = …)]`: the call asking whether the action already happened.
+    Recover,
 }
 
 impl Role<'_> {
@@ -54,6 +56,7 @@ impl Role<'_> {
             Role::Version => "version".to_owned(),
             Role::Token => "token".to_owned(),
             Role::Subject => "subject".to_owned(),
+            Role::Recover => "recover".to_owned(),
         }
     }
 
@@ -88,6 +91,10 @@ impl Role<'_> {
                 "it would never be the subject the token was issued to; read it from the caller's \
                  session, e.g. `subject = \"session.user_id\"`"
             }
+            Role::Recover => {
+                "it would look up another action than the one the first attempt ran; pass it what \
+                 identifies the action, e.g. `recover = \"find_payment(&req.order_no)\"`"
+            }
         }
     }
 
@@ -110,6 +117,10 @@ impl Role<'_> {
                 "it would be the same for every caller and bind the token to no one; read it from the \
                  caller's session, e.g. `subject = \"session.user_id\"`, or leave `subject` out",
             ),
+            Role::Recover => Some(
+                "it could not tell which action to look up; pass it what identifies the action, \
+                 e.g. `recover = \"find_payment(&req.order_no)\"`",
+            ),
             // A constant column value or version is unusual but not wrong.
             Role::Set(_) | Role::Version => None,
         }
@@ -127,6 +138,7 @@ impl Role<'_> {
             Role::Token | Role::Subject => {
                 "it is read before the token is spent, from the parameters alone"
             }
+            Role::Recover => "idem awaits the call itself, only when it takes over a claim",
         }
     }
 }
@@ -323,11 +335,14 @@ impl Scan<'_> {
     }
 
     fn await_error(&mut self, span: Span) {
+        let advice = match self.role {
+            Role::Recover => "write the call without `.await`",
+            _ => "await the value before the call and pass it in as a parameter",
+        };
         self.errors.at(
             span,
             format!(
-                "`.await` is not allowed in `{}`: {}; await the value before the call and pass it in \
-                 as a parameter",
+                "`.await` is not allowed in `{}`: {}; {advice}",
                 self.role.name(),
                 self.role.evaluated()
             ),

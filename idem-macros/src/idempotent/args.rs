@@ -41,6 +41,11 @@ const OPTIONS: OptionSet = OptionSet {
         ),
         opt("tx", Form::Value, r#"tx = "tx""#),
         opt("heartbeat", Form::Value, r#"heartbeat = "10s""#),
+        opt(
+            "recover",
+            Form::Value,
+            r#"recover = "find_payment(&req.order_no)""#,
+        ),
         opt("crate", Form::Value, r#"crate = "::idem""#),
     ],
 };
@@ -81,8 +86,11 @@ pub(crate) struct IdempotentArgs {
     pub(crate) on_in_progress: Option<InProgress>,
     /// The transaction parameter, spanned at the literal that named it.
     pub(crate) tx: Option<Ident>,
-    /// `heartbeat = "10s"`: renew the lease this often while the body runs.
-    pub(crate) heartbeat: Option<DurationArg>,
+    /// `heartbeat = "10s"`: renew the lease this often while the body runs; `heartbeat = "off"`:
+    /// never (the default is a third of the lease).
+    pub(crate) heartbeat: Option<HeartbeatArg>,
+    /// `recover = "find_payment(&req.order_no)"`: asked before a takeover re-runs the body.
+    pub(crate) recover: Option<ExprArg>,
     pub(crate) krate: Option<Path>,
     pub(crate) errors: Errors,
 }
@@ -100,6 +108,7 @@ impl Parse for IdempotentArgs {
             on_in_progress: None,
             tx: None,
             heartbeat: None,
+            recover: None,
             krate: None,
             errors: std::mem::take(&mut options.errors),
         };
@@ -119,13 +128,14 @@ impl Parse for IdempotentArgs {
                 }
                 "key" => args.key = expr_arg(name, example(name), value, errors),
                 "fingerprint" => args.fingerprint = expr_arg(name, example(name), value, errors),
+                "recover" => args.recover = expr_arg(name, example(name), value, errors),
                 "store" => args.store = store_arg::store(value, &RECORD_STORES, errors),
-                "ttl" | "lease" | "heartbeat" => {
+                "heartbeat" => args.heartbeat = heartbeat_arg(&value, errors),
+                "ttl" | "lease" => {
                     let duration = duration_arg(name, &value, errors);
                     match name {
                         "ttl" => args.ttl = duration,
-                        "lease" => args.lease = duration,
-                        _ => args.heartbeat = duration,
+                        _ => args.lease = duration,
                     }
                 }
                 "on_in_progress" => {
@@ -140,6 +150,7 @@ impl Parse for IdempotentArgs {
         args.check_store_with_tx(&options, store_span);
         args.check_ttl_outlives_lease(&options);
         args.check_heartbeat(&options);
+        args.check_recover(&options);
         Ok(args)
     }
 }
@@ -184,6 +195,33 @@ fn duration_arg(name: &str, value: &Expr, errors: &mut Errors) -> Option<Duratio
             None
         }
     }
+}
+
+/// `heartbeat = "…"`: a period, or `"off"`.
+pub(crate) enum HeartbeatArg {
+    Every(DurationArg),
+    Off(LitStr),
+}
+
+impl HeartbeatArg {
+    pub(crate) fn lit(&self) -> &LitStr {
+        match self {
+            HeartbeatArg::Every(every) => &every.lit,
+            HeartbeatArg::Off(lit) => lit,
+        }
+    }
+}
+
+fn heartbeat_arg(value: &Expr, errors: &mut Errors) -> Option<HeartbeatArg> {
+    if let Expr::Lit(syn::ExprLit {
+        lit: syn::Lit::Str(lit),
+        ..
+    }) = value
+        && lit.value() == "off"
+    {
+        return Some(HeartbeatArg::Off(lit.clone()));
+    }
+    duration_arg("heartbeat", value, errors).map(HeartbeatArg::Every)
 }
 
 /// `on_in_progress`: `"reject"` or `"wait(5s)"`.
@@ -280,12 +318,15 @@ impl IdempotentArgs {
         };
         if options.has("tx") {
             self.errors.at(
-                heartbeat.lit.span(),
+                heartbeat.lit().span(),
                 "`heartbeat` cannot be combined with `tx`: a claim in a transaction is invisible to \
                  other calls until the commit, so there is no lease to renew; remove `heartbeat`",
             );
             return;
         }
+        let HeartbeatArg::Every(heartbeat) = heartbeat else {
+            return;
+        };
         if options.has("lease") && self.lease.is_none() {
             return;
         }
@@ -301,6 +342,37 @@ impl IdempotentArgs {
                     duration::format_millis((lease / 3).max(1)),
                 ),
             );
+        }
+    }
+
+    /// `recover` is asked before a takeover re-runs the body: there is none in a transaction (a
+    /// claim that dies rolls back with the business writes), and it must call a fn with what
+    /// identifies the action, not name one.
+    fn check_recover(&mut self, options: &Options) {
+        let Some(recover) = &self.recover else {
+            return;
+        };
+        if options.has("tx") {
+            self.errors.spanned(
+                recover.error_tokens(),
+                "`recover` cannot be combined with `tx`: in a transaction the claim, the business \
+                 writes and the mark commit or roll back together, so no record is ever left with \
+                 an effect and no mark; remove `recover`",
+            );
+            self.recover = None;
+            return;
+        }
+        if let Expr::Path(path) = &recover.expr {
+            let name = crate::common::diag::path_to_string(&path.path);
+            self.errors.spanned(
+                recover.error_tokens(),
+                format!(
+                    "`recover` must call `{name}` with what identifies the action, e.g. \
+                     `recover = \"{name}(&req.order_no)\"`: idem calls it when it takes over a \
+                     claim whose holder did not finish"
+                ),
+            );
+            self.recover = None;
         }
     }
 

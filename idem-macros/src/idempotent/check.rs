@@ -6,7 +6,7 @@
 use proc_macro2::Span;
 use syn::{Expr, Ident, ItemFn, LitStr, Path};
 
-use super::args::{self, IdempotentArgs, InProgress};
+use super::args::{self, HeartbeatArg, IdempotentArgs, InProgress};
 use crate::common::diag::{self, Errors};
 use crate::common::expr_arg::ExprArg;
 use crate::common::key_scan::{Role, check_expr_arg};
@@ -40,8 +40,10 @@ pub(crate) struct Spec {
     pub(crate) fingerprint: Option<Expr>,
     /// `on_in_progress = "wait(..)"`, in milliseconds, with the literal's span.
     pub(crate) wait: Option<(u64, Span)>,
-    /// `heartbeat = "…"`, in milliseconds, with the literal's span.
-    pub(crate) heartbeat: Option<(u64, Span)>,
+    /// `heartbeat = "…"`, in milliseconds (`None` for `"off"`), with the literal's span.
+    pub(crate) heartbeat: Option<(Option<u64>, Span)>,
+    /// `recover = "…"`: the call asked before a takeover re-runs the body.
+    pub(crate) recover: Option<Expr>,
     pub(crate) tx: Option<Ident>,
     /// `crate = "…"`, or `None` for `::idem`.
     pub(crate) krate: Option<Path>,
@@ -60,6 +62,7 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
         on_in_progress,
         tx,
         heartbeat,
+        recover,
         krate,
         mut errors,
     } = args;
@@ -79,6 +82,9 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
             &fn_name,
             &mut errors,
         );
+    }
+    if let Some(recover) = &recover {
+        check_expr_arg(recover, Role::Recover, &params, &fn_name, &mut errors);
     }
     if let Some(tx) = &tx {
         check_tx(tx, &params, &fn_name, &mut errors);
@@ -107,10 +113,14 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
             biz,
             key: key.emitted(),
             store,
-            heartbeat: heartbeat.map(|h| (h.millis, h.lit.span())),
+            heartbeat: heartbeat.map(|h| match h {
+                HeartbeatArg::Every(every) => (Some(every.millis), every.lit.span()),
+                HeartbeatArg::Off(lit) => (None, lit.span()),
+            }),
             ttl_ms: ttl.map_or(args::DEFAULT_TTL_MS, |ttl| ttl.millis),
             lease_ms: lease.map_or(args::DEFAULT_LEASE_MS, |lease| lease.millis),
             fingerprint: fingerprint.as_ref().map(ExprArg::emitted),
+            recover: recover.as_ref().map(ExprArg::emitted),
             wait: match on_in_progress {
                 Some(InProgress::Wait(wait)) => Some((wait.millis, wait.lit.span())),
                 Some(InProgress::Reject) | None => None,

@@ -8,7 +8,7 @@ use syn::{Expr, ItemFn};
 
 use super::check::Spec;
 use crate::common::body;
-use crate::common::diag::located_at;
+use crate::common::diag::{located_at, respan};
 use crate::common::store_arg::{self, RECORD_STORES};
 use crate::common::wrap;
 
@@ -41,12 +41,44 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
         None => {
             // What the engine call itself reports (outside the checks above) is shown at the return
             // type, not at the attribute.
-            let run = wrap::engine_call(
-                wrap::return_type_anchor(ret),
-                &private,
-                quote!(run::<#ok_arg, #err_arg, _>),
-                quote!(#store_arg, __idem_call, __idem_ok, __idem_err, #user_body),
-            );
+            let anchor = wrap::return_type_anchor(ret);
+            let run = match &spec.recover {
+                None => wrap::engine_call(
+                    anchor,
+                    &private,
+                    quote!(run::<#ok_arg, #err_arg, _>),
+                    quote!(#store_arg, __idem_call, __idem_ok, __idem_err, #user_body),
+                ),
+                Some(recover) => {
+                    // Spanned at the recover expression: a fn that is not async, returns another
+                    // type or another error is reported where `recover` was written. The call is
+                    // made only when the closure is, on a takeover.
+                    let span = recover.span();
+                    let check = {
+                        let private = located_at(private.clone(), span);
+                        // The fn's types are named at `recover` too, so a mismatch is reported
+                        // once, there, and not again at the return type they were written in.
+                        let ok_arg = respan(ok_arg.clone(), span);
+                        let err_arg = respan(err_arg.clone(), span);
+                        quote_spanned!(span=>
+                            <#err_arg as #private::FromRecoverError<_>>::converted(
+                                <_ as #private::Recovers<#ok_arg>>::recover(#recover)
+                            )
+                        )
+                    };
+                    // Anchored at `recover` as well: rustc reports an unmet bound of the recover
+                    // fn again where the engine call takes the closure; at the same place it is
+                    // one error, not two.
+                    let run = wrap::engine_call(
+                        span,
+                        &private,
+                        quote!(run_recovering::<#ok_arg, #err_arg, _, _, _>),
+                        quote!(#store_arg, __idem_call, __idem_ok, __idem_err, __idem_recover, #user_body),
+                    );
+                    let recover_fn = quote_spanned!(span=> let __idem_recover = || #check;);
+                    quote!({ #recover_fn #run })
+                }
+            };
             quote!(#run)
         }
         Some(tx) => {
@@ -141,9 +173,15 @@ fn call(spec: &Spec, private: &TokenStream) -> TokenStream {
         let wait = Literal::u64_suffixed(*wait_ms);
         call.extend(quote_spanned!(*span=> .wait(::core::time::Duration::from_millis(#wait))));
     }
-    if let Some((beat_ms, span)) = &spec.heartbeat {
-        let beat = Literal::u64_suffixed(*beat_ms);
-        call.extend(quote_spanned!(*span=> .heartbeat(::core::time::Duration::from_millis(#beat))));
+    match &spec.heartbeat {
+        Some((Some(beat_ms), span)) => {
+            let beat = Literal::u64_suffixed(*beat_ms);
+            call.extend(
+                quote_spanned!(*span=> .heartbeat(::core::time::Duration::from_millis(#beat))),
+            );
+        }
+        Some((None, span)) => call.extend(quote_spanned!(*span=> .no_heartbeat())),
+        None => {}
     }
     call
 }

@@ -36,7 +36,10 @@ fn parses_a_full_attribute() {
         args.on_in_progress,
         Some(InProgress::Wait(DurationArg { millis: 5_000, .. }))
     ));
-    assert_eq!(args.heartbeat.as_ref().unwrap().millis, 3_000);
+    assert!(matches!(
+        args.heartbeat,
+        Some(HeartbeatArg::Every(DurationArg { millis: 3_000, .. }))
+    ));
     assert_eq!(
         diag::path_to_string(args.krate.as_ref().unwrap()),
         "renamed"
@@ -97,7 +100,7 @@ fn suggests_a_close_option_and_lists_all() {
         "a suggested option is not reported missing too: {found:?}"
     );
     assert!(found[0].starts_with("unknown option `bizz` in `#[idempotent]`; did you mean `biz`?"));
-    assert!(found[0].contains("`on_in_progress`, `tx`, `heartbeat`, `crate`"));
+    assert!(found[0].contains("`on_in_progress`, `tx`, `heartbeat`, `recover`, `crate`"));
 
     let found = messages(parse(
         quote! { biz = "P", key = "r.id", store = "s", colour = "red" },
@@ -254,4 +257,17 @@ fn checks_heartbeat() {
         ))
         .is_empty()
     );
+}
+
+#[test]
+fn heartbeat_off_and_recover_parse() {
+    let args = parse(quote! {
+        biz = "PAY", key = "req.order_no", store = "sqlite", heartbeat = "off",
+        recover = "find_payment(&req.order_no)"
+    });
+    assert!(matches!(args.heartbeat, Some(HeartbeatArg::Off(_))));
+    let recover = args.recover.as_ref().unwrap();
+    let expr = &recover.expr;
+    assert_eq!(quote!(#expr).to_string(), "find_payment (& req . order_no)");
+    assert!(messages(args).is_empty());
 }

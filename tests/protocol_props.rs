@@ -28,6 +28,8 @@ enum Op {
     Complete(usize),
     Fail(usize),
     Renew(usize, u64),
+    /// Give the claim up with its lease ended now (what a failed recover does).
+    Release(usize),
     Sweep,
     /// Move the store's clock forward by this many seconds.
     Advance(u64),
@@ -40,6 +42,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(Op::Complete),
         1 => any::<usize>().prop_map(Op::Fail),
         1 => (any::<usize>(), prop_oneof![Just(5u64), Just(20)]).prop_map(|(n, s)| Op::Renew(n, s)),
+        1 => any::<usize>().prop_map(Op::Release),
         1 => Just(Op::Sweep),
         3 => prop_oneof![Just(1u64), Just(4), Just(5), Just(10), Just(16), Just(31)].prop_map(Op::Advance),
     ]
@@ -218,7 +221,7 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                     ),
                 }
             }
-            Op::Complete(n) | Op::Fail(n) | Op::Renew(n, _) => {
+            Op::Complete(n) | Op::Fail(n) | Op::Renew(n, _) | Op::Release(n) => {
                 if claims.is_empty() {
                     continue;
                 }
@@ -247,6 +250,7 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                             .renew(biz, KEYS[key], &claim, Duration::from_secs(secs))
                             .await
                     }
+                    Op::Release(_) => store.release(biz, KEYS[key], &claim).await,
                     _ => unreachable!(),
                 };
                 match got {
@@ -277,7 +281,20 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                                 rec.lease_until = now + secs as i64 * 1000;
                                 rec.expire_at = rec.expire_at.max(rec.lease_until);
                             }
+                            Op::Release(_) => {
+                                rec.lease_until = now;
+                                rec.expire_at = rec.expire_at.max(now);
+                            }
                             _ => unreachable!(),
+                        }
+                        // A record released after its TTL has expired. Redis deletes a key at its
+                        // expiry (the other stores keep the row for the sweeper); either way it
+                        // counts as absent.
+                        if matches!(op, Op::Release(_))
+                            && store.backend().starts_with("redis")
+                            && rec.expired(now)
+                        {
+                            model.recs[key] = None;
                         }
                     }
                     Err(IdemError::LeaseLost { .. }) => {

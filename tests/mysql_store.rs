@@ -597,3 +597,129 @@ async fn a_duplicate_behind_an_open_transaction_is_told_in_progress() {
         Status::Succeeded
     );
 }
+
+/// The columns of `index` on `table` (of the store's database), in order; empty when it is absent.
+async fn index_columns(store: &MySqlStore, table: &str, index: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT CAST(column_name AS CHAR) FROM information_schema.statistics \
+         WHERE table_schema = DATABASE() AND table_name = ? AND index_name = ? ORDER BY seq_in_index",
+    )
+    .bind(table)
+    .bind(index)
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+}
+
+/// A table made by the previous version's DDL gets the index `stuck` reads,
+/// `(biz_type, status, lease_until)`, from `migrate()` (MySQL has no `CREATE INDEX IF NOT EXISTS`:
+/// migrating again finds it there); and a table whose name is as long as idem allows gets it
+/// beside its expiry index, under a name of its own.
+#[tokio::test]
+async fn migrate_adds_the_stuck_index_to_a_table_of_the_previous_version() {
+    let url = url();
+    let Some(store) = server::reach("MySQL", &url, MySqlStore::connect(&url)).await else {
+        return;
+    };
+    let t = server::unique("idem_old");
+    sqlx::raw_sql(AssertSqlSafe(
+        MySqlStore::MIGRATIONS[0].replace("idem_record", &t),
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let store = store.with_table(&t).unwrap();
+    let stuck = format!("{t}_stuck");
+    assert_eq!(index_columns(&store, &t, &stuck).await, [] as [String; 0]);
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap(); // idempotent
+    assert_eq!(
+        index_columns(&store, &t, &stuck).await,
+        ["biz_type", "status", "lease_until"]
+    );
+    assert_eq!(
+        index_columns(&store, &t, &format!("{t}_expire_at")).await,
+        ["expire_at"]
+    );
+
+    // 63 bytes: `<table>_expire_at` and `<table>_stuck` cut at 63 would both be the table's name.
+    let long = format!("{t}_{}", "x".repeat(62 - t.len()));
+    assert_eq!(long.len(), 63);
+    let store = store.with_table(&long).unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let indexes: Vec<(String, String)> = sqlx::query_as(
+        "SELECT CAST(index_name AS CHAR), CAST(GROUP_CONCAT(column_name ORDER BY seq_in_index) AS CHAR) \
+         FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = ? \
+         GROUP BY index_name ORDER BY 2",
+    )
+    .bind(&long)
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    let columns: Vec<&str> = indexes.iter().map(|(_, c)| c.as_str()).collect();
+    assert_eq!(
+        columns,
+        [
+            "biz_type,idem_key",
+            "biz_type,status,lease_until",
+            "expire_at"
+        ],
+        "{indexes:?}"
+    );
+    for table in [&t, &long] {
+        sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE `{table}`")))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+}
+
+/// `stuck` on MySQL: three claims with a 10 s lease (a second apart on the test clock), one
+/// completed; 11 s later the two still PROCESSING are listed, oldest lease first, exactly as
+/// `load` reads them; another business type's stuck record is not; a batch of 1 is the oldest.
+#[tokio::test]
+async fn stuck_lists_ended_leases_of_one_business_type_oldest_first() {
+    let Some(store) = store_with(2).await else {
+        return;
+    };
+    let clock = idem::TestClock::new();
+    let store = store.with_test_clock(clock.clone());
+    let req = |biz, key| ClaimRequest {
+        lease: Duration::from_secs(10),
+        ..req(biz, key)
+    };
+    let mut claims = Vec::new();
+    for (biz, key) in [("PAY", "a"), ("PAY", "b"), ("PAY", "c"), ("REFUND", "r")] {
+        let ClaimOutcome::Acquired { claim, .. } = store.claim(&req(biz, key)).await.unwrap()
+        else {
+            panic!("a fresh key is acquired");
+        };
+        claims.push(claim);
+        clock.advance(Duration::from_secs(1));
+    }
+    store
+        .complete("PAY", "b", &claims[1], b"done", Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.stuck("PAY", 10).await.unwrap(),
+        [],
+        "no lease ended yet"
+    );
+    clock.advance(Duration::from_secs(11));
+    let stuck = store.stuck("PAY", 10).await.unwrap();
+    let keys: Vec<&str> = stuck.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["a", "c"], "{stuck:?}");
+    assert!(stuck[0].lease_until_ms < stuck[1].lease_until_ms);
+    for (record, claim) in stuck.iter().zip([&claims[0], &claims[2]]) {
+        assert_eq!(record.status, Status::Processing);
+        assert_eq!((record.attempt, record.fence), (claim.attempt, claim.fence));
+        let loaded = store.load("PAY", &record.key).await.unwrap().unwrap();
+        assert_eq!(record, &loaded, "built as load builds it");
+    }
+    assert_eq!(store.stuck("OTHER", 10).await.unwrap(), []);
+    let oldest = store.stuck("PAY", 1).await.unwrap();
+    assert_eq!(oldest, stuck[..1]);
+    assert_eq!(store.stuck("REFUND", 10).await.unwrap().len(), 1);
+}

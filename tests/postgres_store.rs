@@ -577,3 +577,144 @@ async fn the_attribute_works_by_name_and_in_transactions() {
         .unwrap();
     pg::drop_tables(&store).await;
 }
+
+/// The definitions of `table`'s indexes (in the current schema), by name.
+async fn index_defs(store: &PgStore, table: &str) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT indexname::TEXT, indexdef FROM pg_indexes \
+         WHERE schemaname = current_schema() AND tablename = $1 ORDER BY indexdef",
+    )
+    .bind(table)
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+}
+
+/// A table made by the previous version's DDL gets the index `stuck` reads,
+/// `(biz_type, status, lease_until)`, from `migrate()`; again is a no-op. And a table whose name
+/// is as long as idem allows gets it beside its expiry index (at 62 bytes `<table>_expire_at` and
+/// `<table>_stuck` cut at 63 would be one name, and `CREATE INDEX IF NOT EXISTS` would skip the
+/// second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_adds_the_stuck_index_to_a_table_of_the_previous_version() {
+    let Some(base) = pg::store(2).await else {
+        return;
+    };
+    let t = format!("{}_old", base.table());
+    sqlx::raw_sql(AssertSqlSafe(
+        PgStore::MIGRATIONS[0].replace("idem_record", &t),
+    ))
+    .execute(base.pool())
+    .await
+    .unwrap();
+    let store = PgStore::builder()
+        .table(&t)
+        .unwrap()
+        .token_table(base.token_table())
+        .unwrap()
+        .build(base.pool().clone());
+    let names = |defs: Vec<(String, String)>| defs.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+    assert_eq!(
+        names(index_defs(&store, &t).await),
+        [format!("{t}_expire_at"), format!("{t}_pkey")]
+    );
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap(); // idempotent
+    let defs = index_defs(&store, &t).await;
+    let stuck = defs
+        .iter()
+        .find(|(name, _)| *name == format!("{t}_stuck"))
+        .unwrap_or_else(|| panic!("no stuck index: {defs:?}"));
+    assert!(
+        stuck
+            .1
+            .ends_with("USING btree (biz_type, status, lease_until)"),
+        "{stuck:?}"
+    );
+
+    let long = format!("{t}_{}", "x".repeat(61 - t.len()));
+    assert_eq!(long.len(), 62);
+    let store = PgStore::builder()
+        .table(&long)
+        .unwrap()
+        .token_table(base.token_table())
+        .unwrap()
+        .build(base.pool().clone());
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let mut columns: Vec<String> = index_defs(&store, &long)
+        .await
+        .into_iter()
+        .map(|(_, def)| def.rsplit_once(" USING btree ").unwrap().1.to_owned())
+        .collect();
+    columns.sort();
+    assert_eq!(
+        columns,
+        [
+            "(biz_type, idem_key)",
+            "(biz_type, status, lease_until)",
+            "(expire_at)"
+        ]
+    );
+    sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE {t}, {long}")))
+        .execute(base.pool())
+        .await
+        .unwrap();
+    pg::drop_tables(&base).await;
+}
+
+/// `stuck` on Postgres: three claims with a 10 s lease (a second apart on the test clock), one
+/// completed; 11 s later the two still PROCESSING are listed, oldest lease first, exactly as
+/// `load` reads them; another business type's stuck record is not; a batch of 1 is the oldest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_lists_ended_leases_of_one_business_type_oldest_first() {
+    use idem::{ClaimOutcome, ClaimRequest, Status};
+
+    let Some(store) = pg::store(2).await else {
+        return;
+    };
+    let clock = idem::TestClock::new();
+    let store = store.with_test_clock(clock.clone());
+    let req = |biz, key| ClaimRequest {
+        biz,
+        key,
+        fingerprint: None,
+        lease: Duration::from_secs(10),
+        ttl: Duration::from_secs(3600),
+    };
+    let mut claims = Vec::new();
+    for (biz, key) in [("PAY", "a"), ("PAY", "b"), ("PAY", "c"), ("REFUND", "r")] {
+        let ClaimOutcome::Acquired { claim, .. } = store.claim(&req(biz, key)).await.unwrap()
+        else {
+            panic!("a fresh key is acquired");
+        };
+        claims.push(claim);
+        clock.advance(Duration::from_secs(1));
+    }
+    store
+        .complete("PAY", "b", &claims[1], b"done", Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.stuck("PAY", 10).await.unwrap(),
+        [],
+        "no lease ended yet"
+    );
+    clock.advance(Duration::from_secs(11));
+    let stuck = store.stuck("PAY", 10).await.unwrap();
+    let keys: Vec<&str> = stuck.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["a", "c"], "{stuck:?}");
+    assert!(stuck[0].lease_until_ms < stuck[1].lease_until_ms);
+    for (record, claim) in stuck.iter().zip([&claims[0], &claims[2]]) {
+        assert_eq!(record.status, Status::Processing);
+        assert_eq!((record.attempt, record.fence), (claim.attempt, claim.fence));
+        let loaded = store.load("PAY", &record.key).await.unwrap().unwrap();
+        assert_eq!(record, &loaded, "built as load builds it");
+    }
+    assert_eq!(store.stuck("OTHER", 10).await.unwrap(), []);
+    assert_eq!(store.stuck("NUL\0", 10).await.unwrap(), []);
+    let oldest = store.stuck("PAY", 1).await.unwrap();
+    assert_eq!(oldest, stuck[..1]);
+    assert_eq!(store.stuck("REFUND", 10).await.unwrap().len(), 1);
+    pg::drop_tables(&store).await;
+}

@@ -278,3 +278,95 @@ async fn a_wrapping_store_hands_out_its_own_transactions() {
         "and landed in the wrapped store's table"
     );
 }
+
+/// A database made by the previous version (its DDL: the table, the fence, the tokens) gets the
+/// index `stuck` reads, `(biz_type, status, lease_until)`, from `migrate()`; again is a no-op.
+#[tokio::test]
+async fn migrate_adds_the_stuck_index_to_a_database_of_the_previous_version() {
+    let path = temp_db("v3");
+    let store = SqliteStore::open(&path).await.unwrap();
+    for ddl in &SqliteStore::MIGRATIONS[..3] {
+        sqlx::raw_sql(*ddl).execute(store.pool()).await.unwrap();
+    }
+    let indexes = async || -> Vec<String> {
+        sqlx::query("SELECT name FROM pragma_index_list('idem_record') ORDER BY name")
+            .fetch_all(store.pool())
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    };
+    assert!(!indexes().await.contains(&"idem_record_stuck".to_owned()));
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap(); // idempotent
+    assert!(
+        indexes().await.contains(&"idem_record_stuck".to_owned()),
+        "{:?}",
+        indexes().await
+    );
+    let columns: Vec<String> =
+        sqlx::query("SELECT name FROM pragma_index_info('idem_record_stuck') ORDER BY seqno")
+            .fetch_all(store.pool())
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+    assert_eq!(columns, ["biz_type", "status", "lease_until"]);
+}
+
+/// `stuck` on SQLite: three claims with a 10 s lease (a second apart on the test clock), one
+/// completed; 11 s later the two still PROCESSING are listed, oldest lease first, exactly as
+/// `load` reads them; another business type's stuck record is not; a batch of 1 is the oldest.
+#[tokio::test]
+async fn stuck_lists_ended_leases_of_one_business_type_oldest_first() {
+    use idem::{ClaimOutcome, ClaimRequest};
+
+    let clock = idem::TestClock::new();
+    let store = SqliteStore::open(temp_db("stuck"))
+        .await
+        .unwrap()
+        .with_test_clock(clock.clone());
+    store.migrate().await.unwrap();
+    let req = |biz, key| ClaimRequest {
+        biz,
+        key,
+        fingerprint: None,
+        lease: Duration::from_secs(10),
+        ttl: Duration::from_secs(3600),
+    };
+    let mut claims = Vec::new();
+    for (biz, key) in [("PAY", "a"), ("PAY", "b"), ("PAY", "c"), ("REFUND", "r")] {
+        let ClaimOutcome::Acquired { claim, .. } = store.claim(&req(biz, key)).await.unwrap()
+        else {
+            panic!("a fresh key is acquired");
+        };
+        claims.push(claim);
+        clock.advance(Duration::from_secs(1));
+    }
+    store
+        .complete("PAY", "b", &claims[1], b"done", Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.stuck("PAY", 10).await.unwrap(),
+        [],
+        "no lease ended yet"
+    );
+    clock.advance(Duration::from_secs(11));
+    let stuck = store.stuck("PAY", 10).await.unwrap();
+    let keys: Vec<&str> = stuck.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["a", "c"], "{stuck:?}");
+    assert!(stuck[0].lease_until_ms < stuck[1].lease_until_ms);
+    for (record, claim) in stuck.iter().zip([&claims[0], &claims[2]]) {
+        assert_eq!(record.status, Status::Processing);
+        assert_eq!((record.attempt, record.fence), (claim.attempt, claim.fence));
+        let loaded = store.load("PAY", &record.key).await.unwrap().unwrap();
+        assert_eq!(record, &loaded, "built as load builds it");
+    }
+    assert_eq!(store.stuck("OTHER", 10).await.unwrap(), []);
+    let oldest = store.stuck("PAY", 1).await.unwrap();
+    assert_eq!(oldest, stuck[..1]);
+    assert_eq!(store.stuck("REFUND", 10).await.unwrap().len(), 1);
+}

@@ -61,6 +61,28 @@ impl TableName {
         name.truncate(63);
         name
     }
+
+    /// A name for the index `suffix` of this table (`idem_record_stuck`), unquoted, without the
+    /// schema, that stays apart from the table's other indexes and from other tables' however long
+    /// the table's name: when `<table>_<suffix>` would pass 63 bytes (where [`TableName::index_name`]
+    /// cuts the end, so two indexes of one table, or of two tables sharing a long prefix, would get
+    /// one name, and Postgres's `CREATE INDEX IF NOT EXISTS` would skip the second), the table
+    /// part is shortened and 8 hex digits of a hash of the whole table name go before the suffix.
+    pub fn unique_index_name(&self, suffix: &str) -> String {
+        use sha2::{Digest, Sha256};
+
+        const MAX: usize = 63;
+        let table = self.0.rsplit('.').next().unwrap_or(&self.0);
+        if table.len() + 1 + suffix.len() <= MAX {
+            return format!("{table}_{suffix}");
+        }
+        let hash = crate::fingerprint::hex(&Sha256::digest(table.as_bytes())[..4]);
+        // Table names are ASCII (checked by `new`), so any byte offset is a char boundary.
+        let keep = MAX.saturating_sub(1 + hash.len() + 1 + suffix.len());
+        let mut name = format!("{}_{hash}_{suffix}", &table[..keep.min(table.len())]);
+        name.truncate(MAX);
+        name
+    }
 }
 
 #[cfg(test)]
@@ -81,5 +103,26 @@ mod tests {
         assert_eq!(t.quoted(Dialect::MySQL), "`shop`.`order`");
         assert_eq!(t.quoted(Dialect::Postgres), "\"shop\".\"order\"");
         assert_eq!(t.index_name("expire_at"), "order_expire_at");
+        assert_eq!(t.unique_index_name("stuck"), "order_stuck");
+    }
+
+    #[test]
+    fn long_names_get_index_names_of_their_own() {
+        let long = |c: &str| TableName::new(&format!("s.{}{c}", "t".repeat(62))).unwrap();
+        let (a, b) = (long("a"), long("b"));
+        for t in [&a, &b] {
+            let stuck = t.unique_index_name("stuck");
+            assert!(stuck.len() <= 63 && stuck.ends_with("_stuck"), "{stuck}");
+            assert!(TableName::new(&stuck).is_ok(), "{stuck}");
+            assert_ne!(stuck, t.index_name("expire_at"));
+            assert_ne!(stuck, t.as_str().rsplit('.').next().unwrap());
+        }
+        assert_ne!(a.unique_index_name("stuck"), b.unique_index_name("stuck"));
+        // Just fitting: no hash.
+        let fits = TableName::new(&"t".repeat(57)).unwrap();
+        assert_eq!(
+            fits.unique_index_name("stuck"),
+            format!("{}_stuck", "t".repeat(57))
+        );
     }
 }

@@ -88,6 +88,14 @@ impl<S: Store> EncryptedStore<S> {
         &self.inner.keyring
     }
 
+    /// `record` with its snapshot opened, as sealed for `(biz, key)`.
+    fn open_record(&self, biz: &str, key: &str, mut record: Record) -> Result<Record, IdemError> {
+        if let Some(sealed) = record.snapshot.take() {
+            record.snapshot = Some(self.inner.keyring.open(biz, key, &sealed)?);
+        }
+        Ok(record)
+    }
+
     fn open_outcome(
         &self,
         req: &ClaimRequest<'_>,
@@ -170,17 +178,27 @@ impl<S: Store> Store for EncryptedStore<S> {
 
     /// The record with its snapshot opened.
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        let Some(mut record) = self.inner.store.load(biz, key).await? else {
+        let Some(record) = self.inner.store.load(biz, key).await? else {
             return Ok(None);
         };
-        if let Some(sealed) = record.snapshot.take() {
-            record.snapshot = Some(self.inner.keyring.open(biz, key, &sealed)?);
-        }
-        Ok(Some(record))
+        self.open_record(biz, key, record).map(Some)
     }
 
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
         self.inner.store.sweep_expired(batch).await
+    }
+
+    /// The inner store's stuck records, each opened as [`Store::load`] opens it (a PROCESSING
+    /// record has no snapshot, so there is nothing to open unless a backend kept one).
+    async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
+        let stuck = self.inner.store.stuck(biz, batch).await?;
+        stuck
+            .into_iter()
+            .map(|r| {
+                let key = r.key.clone();
+                self.open_record(biz, &key, r)
+            })
+            .collect()
     }
 
     async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {

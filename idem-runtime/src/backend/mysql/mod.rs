@@ -88,12 +88,14 @@ pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
 }
 
 impl MySqlStore {
-    /// The DDL of the `idem_record` and `idem_token` tables, in order, as shipped in
-    /// `migrations/mysql/`; for services that apply migrations with their own tool.
+    /// The DDL of the `idem_record` and `idem_token` tables and of the records' later index (the
+    /// one [`Store::stuck`] reads; apply it once), in order, as shipped in `migrations/mysql/`; for
+    /// services that apply migrations with their own tool.
     /// [`MySqlStore::migrate`] applies them with the store's table names.
-    pub const MIGRATIONS: [&'static str; 2] = [
+    pub const MIGRATIONS: [&'static str; 3] = [
         include_str!("../../../migrations/mysql/0001_idem_record.sql"),
         include_str!("../../../migrations/mysql/0002_idem_token.sql"),
+        include_str!("../../../migrations/mysql/0003_idem_record_stuck.sql"),
     ];
 
     /// Connects a pool of up to 16 connections to `url` (`mysql://user:pass@host:3306/db`), each
@@ -249,13 +251,14 @@ impl MySqlStore {
         Ok(MySqlTx::new(tx, self.clone()))
     }
 
-    /// Creates the record table (and the token table) with their expiry indexes if they do not
-    /// exist: the DDL of `migrations/mysql/` with the store's table names.
+    /// Creates the record table (and the token table) with their indexes if they do not exist,
+    /// and adds the indexes of later versions to a table made by an earlier one: the DDL of
+    /// `migrations/mysql/` with the store's table names.
     ///
     /// # Errors
     /// The database's error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
-        let [records, tokens] = Self::MIGRATIONS;
+        let [records, tokens, stuck] = Self::MIGRATIONS;
         for (ddl, table, default) in [
             (records, &self.table, "idem_record"),
             (tokens, &self.token_table, "idem_token"),
@@ -272,7 +275,20 @@ impl MySqlStore {
                 .await
                 .map_err(db_error)?;
         }
-        Ok(())
+        // A later index, for a table made by an earlier version too. MySQL has no `CREATE INDEX IF
+        // NOT EXISTS`: an index of that name already there (made by an earlier `migrate()`, by
+        // hand, or by another service migrating at the same moment) is refused with
+        // ER_DUP_KEYNAME (1061), which is the answer "it exists".
+        let ddl = stuck
+            .replace(
+                "`idem_record_stuck`",
+                &Dialect::MySQL.quote_ident(&self.table.unique_index_name("stuck")),
+            )
+            .replace("`idem_record`", &self.table.quoted(Dialect::MySQL));
+        match sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&self.pool).await {
+            Err(e) if error_number(&e) == Some(1061) => Ok(()),
+            done => done.map(drop).map_err(db_error),
+        }
     }
 
     /// Milliseconds the test clock adds to the database's clock, in microseconds.
@@ -380,6 +396,11 @@ impl Store for MySqlStore {
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
         let mut conn = self.pool.acquire().await.map_err(db_error)?;
         self.records(&mut conn, false).sweep(batch).await
+    }
+
+    async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        self.records(&mut conn, false).stuck(biz, batch).await
     }
 
     async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {

@@ -64,6 +64,8 @@ pub(crate) struct Statements {
     load: Arc<str>,
     /// ?off ?off ?batch
     sweep: Arc<str>,
+    /// ?biz ?off ?batch
+    stuck: Arc<str>,
     pub(super) tokens: TokenStatements,
 }
 
@@ -147,6 +149,16 @@ impl Statements {
                 now = now_ms!()
             )
             .into(),
+            // PROCESSING with the lease ended, oldest lease first: a range of the index
+            // `<table>_stuck (biz_type, status, lease_until)`, read in its order (no filesort),
+            // that stops after the batch (`UTC_TIMESTAMP` is a constant of the statement, so it
+            // bounds the range).
+            stuck: format!(
+                "SELECT idem_key, {COLUMNS} FROM {t} WHERE biz_type = ? AND status = 'PROCESSING' \
+                 AND lease_until <= {now} ORDER BY lease_until LIMIT ?",
+                now = now_ms!()
+            )
+            .into(),
             tokens: TokenStatements {
                 issue: format!(
                     "INSERT INTO {tk} (token, subject, spent, expire_at) VALUES (?, ?, 0, {now} + ?)",
@@ -191,6 +203,21 @@ pub(super) struct Records<'c> {
 
 fn attempt_of(row: &MySqlRow) -> Result<u32, IdemError> {
     row.try_get("attempt").map_err(db_error)
+}
+
+/// The record `(biz, key)` from a row with the columns of `load`.
+fn record_of(row: &MySqlRow, biz: &str, key: String) -> Result<Record, IdemError> {
+    Ok(Record {
+        biz: biz.to_owned(),
+        key,
+        status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+        attempt: attempt_of(row)?,
+        fence: Fence::new(row.try_get("fence").map_err(db_error)?),
+        fingerprint: row.try_get("fingerprint").map_err(db_error)?,
+        snapshot: row.try_get("result").map_err(db_error)?,
+        lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
+        expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+    })
 }
 
 fn fence_param(claim: &Claim) -> u64 {
@@ -287,17 +314,28 @@ impl<'c> Records<'c> {
         else {
             return Ok(None);
         };
-        Ok(Some(Record {
-            biz: biz.to_owned(),
-            key: key.to_owned(),
-            status: Status::parse(row.try_get("status").map_err(db_error)?)?,
-            attempt: attempt_of(&row)?,
-            fence: Fence::new(row.try_get("fence").map_err(db_error)?),
-            fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-            snapshot: row.try_get("result").map_err(db_error)?,
-            lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
-            expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
-        }))
+        record_of(&row, biz, key.to_owned()).map(Some)
+    }
+
+    pub(super) async fn stuck(
+        &mut self,
+        biz: &str,
+        batch: usize,
+    ) -> Result<Vec<Record>, IdemError> {
+        let rows = query(&self.sql.stuck)
+            .bind(biz)
+            .bind(self.off)
+            .bind(u64::try_from(batch).unwrap_or(u64::MAX))
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        rows.iter()
+            .map(|row| {
+                // A VARBINARY column: the bytes of the key, which a claim wrote from a `&str`.
+                let key = row.try_get::<Vec<u8>, _>("idem_key").map_err(db_error)?;
+                record_of(row, biz, String::from_utf8(key).map_err(IdemError::store)?)
+            })
+            .collect()
     }
 
     pub(super) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {

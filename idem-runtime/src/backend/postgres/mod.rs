@@ -213,12 +213,14 @@ fn lock_timeout_text(timeout: Duration) -> String {
 }
 
 impl PgStore {
-    /// The DDL of the records and tokens tables, in order, as shipped in `migrations/postgres/`
+    /// The DDL of the records and tokens tables and of the records' later index (the one
+    /// [`Store::stuck`] reads), in order, as shipped in `migrations/postgres/`
     /// (with the default names `idem_record` and `idem_token`); for services that apply
     /// migrations with their own tool. [`PgStore::migrate`] applies them with the store's names.
-    pub const MIGRATIONS: [&'static str; 2] = [
+    pub const MIGRATIONS: [&'static str; 3] = [
         include_str!("../../../migrations/postgres/0001_idem_record.sql"),
         include_str!("../../../migrations/postgres/0002_idem_token.sql"),
+        include_str!("../../../migrations/postgres/0003_idem_record_stuck.sql"),
     ];
 
     /// Rows per sweep statement to give [`crate::Sweeper::new`] for this store: 1,000, small
@@ -277,7 +279,8 @@ impl PgStore {
     }
 
     /// The text of one of the store's statements (`claim`, `claim_locking`, `take`, `complete`,
-    /// `fail`, `renew`, `load`, `sweep`), for a benchmark that sends the same statements by hand.
+    /// `fail`, `renew`, `load`, `sweep`, `stuck`), for a benchmark that sends the same statements
+    /// by hand.
     #[doc(hidden)]
     pub fn __statement(&self, name: &str) -> Option<&str> {
         self.sql.get(name)
@@ -288,17 +291,18 @@ impl PgStore {
         self.offset.ms()
     }
 
-    /// Creates the records table and the tokens table with their expiry indexes, if they do not
-    /// exist (the schema of a schema-qualified name must exist). Plain DDL: no triggers,
-    /// functions or extensions.
+    /// Creates the records table and the tokens table with their indexes, if they do not exist
+    /// (the schema of a schema-qualified name must exist), and adds the indexes of later versions
+    /// to tables made by an earlier one. Plain DDL: no triggers, functions or extensions.
     ///
     /// # Errors
     /// The database's error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
-        let [records, tokens] = Self::MIGRATIONS;
+        let [records, tokens, stuck] = Self::MIGRATIONS;
         let records = named(records, "idem_record", &self.table);
         let tokens = named(tokens, "idem_token", &self.token_table);
-        for ddl in [records, tokens] {
+        let stuck = named(stuck, "idem_record", &self.table);
+        for ddl in [records, tokens, stuck] {
             // Two services migrating the same new table at once can collide in the catalog
             // (23505 / 42P07): the loser finds the table made on its second try.
             let mut tried = 0;
@@ -378,12 +382,16 @@ impl PgStore {
     }
 }
 
-/// The migration `ddl` with `default` (and its index) renamed to `table`, quoted.
+/// The migration `ddl` with `default` (and its indexes) renamed to `table`, quoted.
 fn named(ddl: &str, default: &str, table: &TableName) -> String {
     let index = format!("{default}_expire_at");
     ddl.replace(
         &index,
         &Dialect::Postgres.quote_ident(&table.index_name("expire_at")),
+    )
+    .replace(
+        &format!("{default}_stuck"),
+        &Dialect::Postgres.quote_ident(&table.unique_index_name("stuck")),
     )
     .replace(
         &format!("IF NOT EXISTS {default} "),
@@ -466,6 +474,15 @@ impl Store for PgStore {
             .await
     }
 
+    async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
+        if biz.contains('\0') {
+            // Postgres text cannot hold NUL, and no claim stores such a biz type: nothing is stuck.
+            return Ok(Vec::new());
+        }
+        self.with_conn(async |conn| self.records(conn).stuck(biz, batch).await)
+            .await
+    }
+
     async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
         Ok(Box::new(self.begin().await?))
     }
@@ -486,5 +503,11 @@ mod tests {
         assert!(!ddl.contains("CREATE TABLE IF NOT EXISTS idem_record"));
         let ddl = named(PgStore::MIGRATIONS[1], "idem_token", &t);
         assert!(ddl.contains("IF NOT EXISTS \"shop\".\"order\" ("));
+        let ddl = named(PgStore::MIGRATIONS[2], "idem_record", &t);
+        assert!(ddl.contains(
+            "CREATE INDEX IF NOT EXISTS \"order_stuck\" ON \"shop\".\"order\" \
+             (biz_type, status, lease_until)"
+        ));
+        assert!(!ddl.contains("ON idem_record"), "{ddl}");
     }
 }

@@ -44,6 +44,7 @@ pub(super) struct Statements {
     renew: SqlStr,
     load: SqlStr,
     sweep: SqlStr,
+    stuck: SqlStr,
 }
 
 fn sql(text: String) -> SqlStr {
@@ -121,6 +122,19 @@ impl Statements {
             clock = clock("$5"),
         );
         let load = format!("SELECT {COLUMNS} FROM {t} WHERE biz_type = $1 AND idem_key = $2");
+        // $1 biz, $2 offset, $3 batch. PROCESSING with the lease ended, oldest lease first: a range
+        // of the index `<table>_stuck (biz_type, status, lease_until)`, read in its order (no
+        // sort), that stops after the batch. The clock is a scalar subquery, read once before the
+        // scan (an InitPlan): `clock_timestamp()` is volatile, so written into the comparison it
+        // could not bound the index range, and joined as a CTE the rows would come out of a
+        // nested loop in no order and be sorted whole.
+        let stuck = format!(
+            "SELECT idem_key, {COLUMNS} FROM {t} \
+             WHERE biz_type = $1 AND status = 'PROCESSING' \
+             AND lease_until <= (SELECT c.n FROM ({clock}) AS c) \
+             ORDER BY lease_until LIMIT $3",
+            clock = clock("$2"),
+        );
         // $1 batch, $2 offset. Expired: the TTL passed and no lease is live. The batch's rows are
         // locked as they are picked (rows another transaction holds are skipped, never waited
         // for), so the delete removes exactly what was picked, and no statement runs long.
@@ -142,6 +156,7 @@ impl Statements {
             renew: sql(renew),
             load: sql(load),
             sweep: sql(sweep),
+            stuck: sql(stuck),
         }
     }
 }
@@ -158,6 +173,7 @@ impl Statements {
             "renew" => &self.renew,
             "load" => &self.load,
             "sweep" => &self.sweep,
+            "stuck" => &self.stuck,
             _ => return None,
         };
         Some(sql.as_str())
@@ -181,6 +197,21 @@ fn attempt_of(row: &PgRow) -> Result<u32, IdemError> {
 fn fence_of(row: &PgRow) -> Result<u64, IdemError> {
     let fence: i64 = row.try_get("fence").map_err(db_error)?;
     u64::try_from(fence).map_err(|_| IdemError::store(format!("fence {fence} out of range")))
+}
+
+/// The record `(biz, key)` from a row with the columns of `load`.
+fn record_of(row: &PgRow, biz: &str, key: String) -> Result<Record, IdemError> {
+    Ok(Record {
+        biz: biz.to_owned(),
+        key,
+        status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+        attempt: attempt_of(row)?,
+        fence: Fence::new(fence_of(row)?),
+        fingerprint: row.try_get("fingerprint").map_err(db_error)?,
+        snapshot: row.try_get("result").map_err(db_error)?,
+        lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
+        expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+    })
 }
 
 fn fence_param(claim: &Claim) -> Result<i64, IdemError> {
@@ -276,17 +307,24 @@ impl<'c> Records<'c> {
         else {
             return Ok(None);
         };
-        Ok(Some(Record {
-            biz: biz.to_owned(),
-            key: key.to_owned(),
-            status: Status::parse(row.try_get("status").map_err(db_error)?)?,
-            attempt: attempt_of(&row)?,
-            fence: Fence::new(fence_of(&row)?),
-            fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-            snapshot: row.try_get("result").map_err(db_error)?,
-            lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
-            expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
-        }))
+        record_of(&row, biz, key.to_owned()).map(Some)
+    }
+
+    pub(super) async fn stuck(
+        &mut self,
+        biz: &str,
+        batch: usize,
+    ) -> Result<Vec<Record>, IdemError> {
+        let rows = sqlx::query(self.sql.stuck.clone())
+            .bind(biz)
+            .bind(self.offset_ms)
+            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        rows.iter()
+            .map(|row| record_of(row, biz, row.try_get("idem_key").map_err(db_error)?))
+            .collect()
     }
 
     pub(super) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {

@@ -179,4 +179,17 @@ impl<S: Store> Store for ShardedStore<S> {
         }
         Ok(deleted)
     }
+
+    /// Asks every shard in turn for its `batch` oldest, and keeps the `batch` oldest of them all
+    /// (so the answer is what one store holding every shard's records would give).
+    async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
+        let mut stuck = Vec::new();
+        for shard in &self.inner.shards {
+            stuck.extend(shard.stuck(biz, batch).await?);
+        }
+        // Stable: ties keep their shard's order.
+        stuck.sort_by_key(|r| r.lease_until_ms);
+        stuck.truncate(batch);
+        Ok(stuck)
+    }
 }

@@ -62,12 +62,14 @@ pub(crate) fn db_error(e: sqlx::Error) -> IdemError {
 }
 
 impl SqliteStore {
-    /// The DDL of the `idem_record` table, in order, as shipped in `migrations/sqlite/`; for
+    /// The DDL of the `idem_record` table (its fence, the tokens table and the index
+    /// [`Store::stuck`] reads came later), in order, as shipped in `migrations/sqlite/`; for
     /// services that apply migrations with their own tool. [`SqliteStore::migrate`] applies them.
-    pub const MIGRATIONS: [&'static str; 3] = [
+    pub const MIGRATIONS: [&'static str; 4] = [
         include_str!("../../../migrations/sqlite/0001_idem_record.sql"),
         include_str!("../../../migrations/sqlite/0002_idem_record_fence.sql"),
         include_str!("../../../migrations/sqlite/0003_idem_token.sql"),
+        include_str!("../../../migrations/sqlite/0004_idem_record_stuck.sql"),
     ];
 
     /// Opens (creating if missing) the database file at `path` in WAL mode.
@@ -191,14 +193,14 @@ impl SqliteStore {
         Ok(SqliteTx::new(tx, self.clone()))
     }
 
-    /// Creates the `idem_record` table (and `idem_token`, for submit tokens) and their expiry
-    /// indexes if they do not exist, and adds the columns of later versions to a table made by an
+    /// Creates the `idem_record` table (and `idem_token`, for submit tokens) and their indexes if
+    /// they do not exist, and adds the columns and indexes of later versions to a table made by an
     /// earlier one.
     ///
     /// # Errors
     /// The database's error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
-        let [v1, v2, v3] = Self::MIGRATIONS;
+        let [v1, v2, v3, v4] = Self::MIGRATIONS;
         sqlx::raw_sql(v1)
             .execute(&self.pool)
             .await
@@ -216,10 +218,12 @@ impl SqliteStore {
                 .await
                 .map_err(db_error)?;
         }
-        sqlx::raw_sql(v3)
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
+        for ddl in [v3, v4] {
+            sqlx::raw_sql(ddl)
+                .execute(&self.pool)
+                .await
+                .map_err(db_error)?;
+        }
         Ok(())
     }
 
@@ -291,6 +295,11 @@ impl Store for SqliteStore {
 
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
         self.with_conn(async |conn| Records::new(conn, self).sweep(batch).await)
+            .await
+    }
+
+    async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
+        self.with_conn(async |conn| Records::new(conn, self).stuck(biz, batch).await)
             .await
     }
 

@@ -110,6 +110,15 @@ const RENEW: &str = concat!(
 );
 const LOAD: &str = "SELECT status, attempt, fence, fingerprint, result, lease_until, expire_at \
     FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2";
+/// ?1 biz, ?2 offset, ?3 batch. PROCESSING with the lease ended, oldest lease first: a range of
+/// the index `idem_record_stuck (biz_type, status, lease_until)`, read in its order (no sort), that
+/// stops after the batch.
+const STUCK: &str = concat!(
+    "SELECT idem_key, status, attempt, fence, fingerprint, result, lease_until, expire_at ",
+    "FROM idem_record WHERE biz_type = ?1 AND status = 'PROCESSING' AND lease_until <= ",
+    now_ms!(),
+    " + ?2 ORDER BY lease_until LIMIT ?3"
+);
 /// ?1 batch, ?2 offset. Expired: the TTL passed and no lease is live.
 const SWEEP: &str = concat!(
     "DELETE FROM idem_record WHERE (biz_type, idem_key) IN (",
@@ -133,6 +142,21 @@ fn attempt_of(row: &SqliteRow) -> Result<u32, IdemError> {
 fn fence_of(row: &SqliteRow) -> Result<u64, IdemError> {
     let fence: i64 = row.try_get("fence").map_err(db_error)?;
     u64::try_from(fence).map_err(|_| IdemError::store(format!("fence {fence} out of range")))
+}
+
+/// The record `(biz, key)` from a row with the columns of `LOAD`.
+fn record_of(row: &SqliteRow, biz: &str, key: String) -> Result<Record, IdemError> {
+    Ok(Record {
+        biz: biz.to_owned(),
+        key,
+        status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+        attempt: attempt_of(row)?,
+        fence: Fence::new(fence_of(row)?),
+        fingerprint: row.try_get("fingerprint").map_err(db_error)?,
+        snapshot: row.try_get("result").map_err(db_error)?,
+        lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
+        expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+    })
 }
 
 fn fence_param(claim: &Claim) -> Result<i64, IdemError> {
@@ -223,17 +247,24 @@ impl<'c> Records<'c> {
         else {
             return Ok(None);
         };
-        Ok(Some(Record {
-            biz: biz.to_owned(),
-            key: key.to_owned(),
-            status: Status::parse(row.try_get("status").map_err(db_error)?)?,
-            attempt: attempt_of(&row)?,
-            fence: Fence::new(fence_of(&row)?),
-            fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-            snapshot: row.try_get("result").map_err(db_error)?,
-            lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
-            expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
-        }))
+        record_of(&row, biz, key.to_owned()).map(Some)
+    }
+
+    pub(super) async fn stuck(
+        &mut self,
+        biz: &str,
+        batch: usize,
+    ) -> Result<Vec<Record>, IdemError> {
+        let rows = sqlx::query(STUCK)
+            .bind(biz)
+            .bind(self.offset_ms)
+            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        rows.iter()
+            .map(|row| record_of(row, biz, row.try_get("idem_key").map_err(db_error)?))
+            .collect()
     }
 
     pub(super) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {

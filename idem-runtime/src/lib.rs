@@ -24,6 +24,7 @@ mod metrics;
 mod registry;
 mod sql;
 mod store;
+mod recovery;
 mod sweeper;
 mod tokens;
 mod transition;
@@ -62,6 +63,7 @@ pub use registry::{IntoSharedStore, register_store, store, unregister_store};
 pub use store::{
     Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store,
 };
+pub use recovery::{Reconciled, Reconciler};
 pub use sweeper::Sweeper;
 pub use tokens::{MAX_SUBJECT_LEN, MemoryTokens, TokenStore, register_tokens, tokens};
 pub use transition::{

@@ -309,6 +309,13 @@ pub mod names {
     /// token guard and token endpoint), labelled `op` (`issue`, `consume`, `restore`) and
     /// `outcome` (`ok`, `used`, `invalid`, `error`).
     pub const TOKENS: &str = "idem_token_ops_total";
+    /// Gauge: stuck records (PROCESSING, lease ended) the last [`Reconciler`](crate::Reconciler)
+    /// pass found, labelled `biz`.
+    pub const STUCK: &str = "idem_stuck_records";
+    /// Counter: stuck records a [`Reconciler`](crate::Reconciler) resolved, labelled `biz` and
+    /// `how` (`succeeded`: the result was backfilled; `failed`: released for a retry;
+    /// `undecided`: the recover fn could not tell, the record was left).
+    pub const RECOVERED: &str = "idem_recovered_total";
 }
 
 /// Records one claim's latency.

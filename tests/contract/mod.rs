@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod edges;
+pub mod reconcile;
 pub mod recover;
 pub mod server;
 pub mod tokens;
@@ -19,6 +20,11 @@ pub mod tx;
 pub use edges::{
     a_store_clamps_durations_it_is_handed, distinct_pairs_are_distinct_records,
     durations_at_the_limits,
+};
+#[allow(unused_imports)]
+pub use reconcile::{
+    a_takeover_racing_the_reconciler_has_one_winner,
+    the_reconciler_resolves_stuck_records_in_batches,
 };
 #[allow(unused_imports)]
 pub use recover::{
@@ -1138,6 +1144,8 @@ macro_rules! with_contract_cases {
             a_takeover_asks_recover_before_running_the_body,
             a_failed_recover_releases_the_claim,
             recover_is_not_asked_for_a_fresh_claim_or_a_retry,
+            the_reconciler_resolves_stuck_records_in_batches,
+            a_takeover_racing_the_reconciler_has_one_winner,
         );
     };
 }

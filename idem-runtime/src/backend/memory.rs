@@ -33,6 +33,20 @@ impl Entry {
         }
     }
 
+    fn record(&self, biz: &str, key: &str) -> Record {
+        Record {
+            biz: biz.to_owned(),
+            key: key.to_owned(),
+            status: self.status,
+            attempt: self.attempt,
+            fence: Fence::new(self.fence),
+            fingerprint: self.fingerprint.as_deref().map(Into::into),
+            snapshot: self.snapshot.clone(),
+            lease_until_ms: self.lease_until,
+            expire_at_ms: self.expire_at,
+        }
+    }
+
     fn claim(&self) -> Claim {
         Claim {
             attempt: self.attempt,
@@ -238,17 +252,28 @@ impl Store for MemoryStore {
 
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
         let records = self.lock();
-        Ok(records.get(biz).and_then(|m| m.get(key)).map(|e| Record {
-            biz: biz.to_owned(),
-            key: key.to_owned(),
-            status: e.status,
-            attempt: e.attempt,
-            fence: Fence::new(e.fence),
-            fingerprint: e.fingerprint.as_deref().map(Into::into),
-            snapshot: e.snapshot.clone(),
-            lease_until_ms: e.lease_until,
-            expire_at_ms: e.expire_at,
-        }))
+        Ok(records
+            .get(biz)
+            .and_then(|m| m.get(key))
+            .map(|e| e.record(biz, key)))
+    }
+
+    async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
+        let now = self.now_ms();
+        let records = self.lock();
+        let Some(by_key) = records.get(biz) else {
+            return Ok(Vec::new());
+        };
+        let mut stuck: Vec<(&String, &Entry)> = by_key
+            .iter()
+            .filter(|(_, e)| e.status == Status::Processing && e.lease_until <= now)
+            .collect();
+        stuck.sort_by_key(|(_, e)| e.lease_until);
+        Ok(stuck
+            .into_iter()
+            .take(batch)
+            .map(|(key, e)| e.record(biz, key))
+            .collect())
     }
 
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {

@@ -20,7 +20,6 @@ use tracing::Instrument;
 
 #[cfg(feature = "axum")]
 pub(crate) use call::Heartbeat;
-#[cfg(feature = "axum")]
 pub(crate) use call::check_durations;
 pub use call::{Call, DEFAULT_LEASE, DEFAULT_TTL, Recovering};
 use snapshot::{ErrType, OkType};

@@ -271,6 +271,23 @@ pub trait Store: Send + Sync + 'static {
     /// Backend errors as for [`Store::claim`].
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError>;
 
+    /// Lists at most `batch` records of `biz` that are PROCESSING with a lease that has ended
+    /// (their holder died, paused, or never marked), oldest lease first, by the store's clock:
+    /// what [`crate::Reconciler`] resolves. An index serves it on every store that has one
+    /// (`(biz_type, status, lease_until)` on SQL, a sorted set per business type on Redis), so a
+    /// pass reads only the records it returns.
+    ///
+    /// # Errors
+    /// [`IdemError::NotSupported`] for a store that cannot list them (the default); backend errors
+    /// as for [`Store::claim`].
+    async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
+        let _ = (biz, batch);
+        Err(IdemError::NotSupported {
+            backend: self.backend(),
+            what: "listing stuck records (the reconciler)",
+        })
+    }
+
     /// Begins a transaction on the store's database, for `#[state_transition(store = "…")]`.
     ///
     /// # Errors

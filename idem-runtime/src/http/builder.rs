@@ -8,8 +8,10 @@ use std::time::Duration;
 use http::{HeaderName, Method, header};
 
 use super::cap::Cap;
+use super::drain::Inflight;
 use super::layer::{IDEMPOTENCY_KEY, IdempotencyLayer};
 use super::principal::Principal;
+use super::recover::{RecoverFn, RecoverRequest};
 use super::stored;
 use crate::engine::Heartbeat;
 use crate::{IdemError, IntoSharedStore, Store, duration};
@@ -44,6 +46,8 @@ pub(crate) struct Config {
     pub(super) heartbeat: Heartbeat,
     pub(super) wait: Option<Duration>,
     pub(super) cap: Option<Arc<Cap>>,
+    pub(super) recover: Option<RecoverFn>,
+    pub(super) inflight: Arc<Inflight>,
 }
 
 /// Builds an [`IdempotencyLayer`]; [`IdempotencyBuilder::build`] checks the whole configuration
@@ -65,6 +69,7 @@ pub struct IdempotencyBuilder {
     heartbeat: Heartbeat,
     wait: Option<Duration>,
     cap: Option<(u32, Duration)>,
+    recover: Option<RecoverFn>,
 }
 
 impl IdempotencyBuilder {
@@ -178,6 +183,39 @@ impl IdempotencyBuilder {
         self
     }
 
+    /// Asks `recover` before a handler runs again for a request that may already have had its
+    /// effect: a retry that takes over the record of a request whose handler died (a crash, a
+    /// kill) or could not store its response. `recover` answers whether the request's action
+    /// happened (the order row exists, the payment went through) with the response to give:
+    /// `Ok(Some(response))` is stored and returned (marked `Idempotent-Replayed: true`, as the
+    /// first request's answer), `Ok(None)` runs the handler, `Err(_)` (or a 5xx response: it
+    /// cannot be stored) answers 503 `recover-failed` with `Retry-After` and runs nothing; the
+    /// record is released and the next retry asks again. Only lease-mode takeovers ask: a first
+    /// request, a replay and a retry after a 5xx never do.
+    ///
+    /// ```no_run
+    /// # fn demo(builder: idem_runtime::http::IdempotencyBuilder) {
+    /// use axum::response::IntoResponse;
+    /// use idem_runtime::http::RecoverRequest;
+    /// let builder = builder.recover(|req: RecoverRequest| async move {
+    ///     // Look the order up by the client's key (the handler stored it with the order).
+    ///     let found: Option<String> = None; // e.g. SELECT … WHERE idempotency_key = req.key
+    ///     Ok(found.map(|order| (http::StatusCode::CREATED, order).into_response()))
+    /// });
+    /// # let _ = builder; }
+    /// ```
+    pub fn recover<F, Fut>(mut self, recover: F) -> Self
+    where
+        F: Fn(RecoverRequest) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<
+                Output = Result<Option<http::Response<axum::body::Body>>, crate::BoxError>,
+            > + Send
+            + 'static,
+    {
+        self.recover = Some(super::recover::boxed(recover));
+        self
+    }
+
     /// A repeat that arrives while the first request runs waits up to `max` for it to finish and
     /// then gets its response, instead of 409 `in-progress` at once. 0 ..=
     /// [`crate::MAX_DURATION`].
@@ -280,6 +318,8 @@ impl IdempotencyBuilder {
                 heartbeat: self.heartbeat,
                 wait: self.wait,
                 cap,
+                recover: self.recover,
+                inflight: Arc::default(),
             }),
         })
     }
@@ -304,6 +344,7 @@ impl IdempotencyLayer {
             heartbeat: Heartbeat::Default,
             wait: None,
             cap: None,
+            recover: None,
         }
     }
 }

@@ -14,6 +14,7 @@ use super::BoxFuture;
 use super::builder::Config;
 use super::key;
 use super::problem::{self, problem};
+use super::recover::RecoverRequest;
 use super::stored::Stored;
 use crate::{Call, IdemError};
 
@@ -57,6 +58,14 @@ pub struct IdempotencyLayer {
     pub(super) cfg: Arc<Config>,
 }
 
+impl IdempotencyLayer {
+    /// A handle that waits, at shutdown, for the handlers this layer (and every service made
+    /// from it) is running: see [`Drain`](super::Drain).
+    pub fn drain(&self) -> super::Drain {
+        super::Drain(Arc::clone(&self.cfg.inflight))
+    }
+}
+
 impl<S> Layer<S> for IdempotencyLayer {
     type Service = Idempotency<S>;
 
@@ -97,7 +106,11 @@ where
         // On its own task: when the client goes away (a gateway timeout that was really a
         // success), the handler still finishes and its response is stored, so the retry replays
         // it instead of finding a claim that holds the key until its lease expires.
-        let task = tokio::spawn(handle(cfg, inner, req));
+        let running = cfg.inflight.start();
+        let task = tokio::spawn(async move {
+            let _running = running;
+            handle(cfg, inner, req).await
+        });
         Box::pin(async move {
             match task.await {
                 Ok(response) => response,
@@ -120,6 +133,8 @@ enum Flow<E> {
     Inner(E),
     /// The handler answered 5xx: not stored, the record is marked failed.
     ServerError,
+    /// The recover fn could not tell whether the first request's action happened.
+    Recover(crate::BoxError),
 }
 
 impl<E> From<IdemError> for Flow<E> {
@@ -252,6 +267,15 @@ where
             }
         },
     };
+    let recover_parts = match cfg.recover {
+        Some(_) => (
+            parts.method.clone(),
+            parts.uri.clone(),
+            parts.headers.clone(),
+            body.clone(),
+        ),
+        None => Default::default(),
+    };
     let req = Request::from_parts(parts, Body::from(body));
     let mut live: Option<Response<Body>> = None;
     let mut ran = false;
@@ -264,38 +288,72 @@ where
     if let Some(max) = cfg.wait {
         call = call.wait(max);
     }
-    let result: Result<Stored, Flow<S::Error>> = call
-        .run(&*cfg.store, async {
-            ran = true;
-            let response = inner.call(req).await.map_err(Flow::Inner)?;
-            let (head, body) = response.into_parts();
-            let bytes = match body.collect().await {
-                Ok(collected) => collected.to_bytes(),
-                Err(e) => {
-                    let e: crate::BoxError = e.into();
-                    tracing::error!(error = %e, "the handler's response body failed; the request is marked failed");
-                    live = Some(problem(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "internal",
-                        "Internal error",
-                        "the response could not be produced",
-                    ));
-                    return Err(Flow::ServerError);
-                }
-            };
-            let server_error = head.status.is_server_error();
-            let stored = (!server_error)
-                .then(|| Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers));
-            live = Some(Response::from_parts(head, Body::from(bytes.clone())));
-            let Some(stored) = stored else {
+    let handler = async {
+        ran = true;
+        let response = inner.call(req).await.map_err(Flow::Inner)?;
+        let (head, body) = response.into_parts();
+        let bytes = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) => {
+                let e: crate::BoxError = e.into();
+                tracing::error!(error = %e, "the handler's response body failed; the request is marked failed");
+                live = Some(problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "Internal error",
+                    "the response could not be produced",
+                ));
                 return Err(Flow::ServerError);
+            }
+        };
+        let server_error = head.status.is_server_error();
+        let stored = (!server_error)
+            .then(|| Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers));
+        live = Some(Response::from_parts(head, Body::from(bytes.clone())));
+        let Some(stored) = stored else {
+            return Err(Flow::ServerError);
+        };
+        // The engine wraps the snapshot in a few bytes of envelope; keep a margin for it.
+        let fits = bytes.len() <= cfg.max_response_bytes
+            && serde_json::to_vec(&stored).is_ok_and(|json| json.len() + 64 <= store_limit);
+        Ok(if fits { stored } else { stored.without_body() })
+    };
+    let result: Result<Stored, Flow<S::Error>> = match &cfg.recover {
+        None => call.run(&*cfg.store, handler).await,
+        Some(recover) => {
+            let asked = RecoverRequest {
+                key: key.clone(),
+                principal: principal.as_deref().map(str::to_owned),
+                method: recover_parts.0,
+                uri: recover_parts.1,
+                headers: recover_parts.2,
+                body: recover_parts.3,
             };
-            // The engine wraps the snapshot in a few bytes of envelope; keep a margin for it.
-            let fits = bytes.len() <= cfg.max_response_bytes
-                && serde_json::to_vec(&stored).is_ok_and(|json| json.len() + 64 <= store_limit);
-            Ok(if fits { stored } else { stored.without_body() })
-        })
-        .await;
+            let cfg = &*cfg;
+            call.recover(|| async move {
+                let Some(response) = recover(asked).await.map_err(Flow::Recover)? else {
+                    return Ok(None);
+                };
+                let (head, body) = response.into_parts();
+                let bytes = body
+                    .collect()
+                    .await
+                    .map_err(|e| Flow::Recover(e.into()))?
+                    .to_bytes();
+                if head.status.is_server_error() {
+                    return Err(Flow::Recover(
+                        format!("the recover fn answered {}", head.status).into(),
+                    ));
+                }
+                let stored = Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers);
+                let fits = bytes.len() <= cfg.max_response_bytes
+                    && serde_json::to_vec(&stored).is_ok_and(|json| json.len() + 64 <= store_limit);
+                Ok(Some(if fits { stored } else { stored.without_body() }))
+            })
+            .run(&*cfg.store, handler)
+            .await
+        }
+    };
     if !ran && let Some(slot) = reservation {
         slot.refund();
     }
@@ -310,6 +368,18 @@ where
         }
         (Ok(stored), None) => Ok(stored.replay()),
         (Err(Flow::Idem(e)), None) => Ok(problem::from_idem(&e)),
+        (Err(Flow::Recover(e)), _) => {
+            tracing::warn!(error = %e, "the recover fn could not tell whether the request's action happened; answering 503");
+            Ok(problem::retry_after(
+                problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "recover-failed",
+                    "Try again",
+                    "whether this request was already processed could not be checked; nothing was run, retry after the time in Retry-After",
+                ),
+                std::time::Duration::from_secs(1),
+            ))
+        }
         (Err(Flow::ServerError), None) => Ok(problem(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",

@@ -16,23 +16,28 @@
 //! | 422 `payload-mismatch` | the key was used with another method, path or body |
 //! | 429 `too-many-keys`, `Retry-After` | the caller is over its cap of new records |
 //! | 503 `store-unavailable`, `Retry-After` | the store failed; nothing ran |
+//! | 503 `recover-failed`, `Retry-After` | a takeover's recover fn could not tell whether the first request's action happened; nothing ran |
 //! | 400 `missing-token` / `token-invalid`, 409 `token-used` | the token guard refused |
 //!
 //! Enabled by the `axum` feature.
 
 mod builder;
 mod cap;
+mod drain;
 mod key;
 mod layer;
 mod principal;
 mod problem;
+mod recover;
 mod stored;
 mod tokens;
 
 pub use builder::IdempotencyBuilder;
+pub use drain::Drain;
 pub use layer::{IDEMPOTENCY_KEY, Idempotency, IdempotencyLayer};
 pub use principal::Principal;
 pub use problem::PROBLEM_TYPE_PREFIX;
+pub use recover::RecoverRequest;
 pub use stored::REPLAYED_HEADER;
 pub use tokens::{TOKEN_HEADER, TokenEndpoint, TokenGuard, TokenGuardLayer};
 

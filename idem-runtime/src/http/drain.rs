@@ -1,0 +1,84 @@
+//! Graceful drain: waiting, at shutdown, for the handlers the layer runs on tasks of their own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+/// How many handler tasks of a layer are running.
+#[derive(Debug, Default)]
+pub(crate) struct Inflight {
+    running: AtomicUsize,
+    idle: Notify,
+}
+
+/// Held by one handler task; its drop (the task finished, panicked or was cancelled) counts it out.
+pub(crate) struct Running(Arc<Inflight>);
+
+impl Inflight {
+    pub(crate) fn start(self: &Arc<Self>) -> Running {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        Running(Arc::clone(self))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// Waits for the handlers an [`IdempotencyLayer`](super::IdempotencyLayer) is running, so a deploy
+/// does not end the process between a handler's effect and the mark that records it.
+///
+/// The layer runs each handler on a task of its own (a client that goes away does not cancel
+/// it), so a server's graceful shutdown, which waits for its connections, may return while
+/// handlers still run. Wait for them after it:
+///
+/// ```no_run
+/// # async fn demo(layer: idem_runtime::http::IdempotencyLayer, app: axum::Router,
+/// #     listener: tokio::net::TcpListener) -> std::io::Result<()> {
+/// let drain = layer.drain();
+/// axum::serve(listener, app)
+///     .with_graceful_shutdown(async { let _ = tokio::signal::ctrl_c().await; })
+///     .await?;
+/// if let Err(left) = drain.wait(std::time::Duration::from_secs(30)).await {
+///     tracing::warn!(left, "handlers still running at shutdown; their leases will expire");
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Drain(pub(crate) Arc<Inflight>);
+
+impl Drain {
+    /// How many handlers are running now.
+    pub fn running(&self) -> usize {
+        self.0.running.load(Ordering::SeqCst)
+    }
+
+    /// Waits until no handler runs, or `deadline` (0 ..= [`crate::MAX_DURATION`], clamped)
+    /// has passed.
+    ///
+    /// # Errors
+    /// The number of handlers still running at the deadline.
+    pub async fn wait(&self, deadline: Duration) -> Result<(), usize> {
+        let until = tokio::time::Instant::now() + deadline.min(crate::MAX_DURATION);
+        loop {
+            let idle = self.0.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.running() == 0 {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(until, idle).await.is_err() {
+                return match self.running() {
+                    0 => Ok(()),
+                    left => Err(left),
+                };
+            }
+        }
+    }
+}

@@ -16,9 +16,10 @@
 //! - `idem-call`: `Call::new(..).ttl(..).run(&RedisStore, ..)`;
 //! - `idem-macro`: the same call written with `#[idempotent(store = store)]`;
 //! - `floor`: a plain redis-rs loop with no framework sending the same commands: EVALSHA of idem's
-//!   claim script, and for a new key EVALSHA of its complete script (the script texts are the
-//!   runtime's own, from `idem::__private::redis_scripts`); a replay is the claim script only, then
-//!   `serde_json` decoding.
+//!   claim script, and for a new key EVALSHA of its complete script, on the same two keys (the
+//!   record and the business type's stuck index; the script texts are the runtime's own, from
+//!   `idem::__private::redis_scripts`); a replay is the claim script only, then `serde_json`
+//!   decoding.
 //!
 //! Two modes: `seq` (one task on a current-thread runtime) and `c64` (64 tasks on a multi-thread
 //! runtime with 2 workers). Each round runs every contender once per mode; the order rotates from
@@ -104,13 +105,16 @@ struct Floor {
 
 impl Contender for Floor {
     async fn call(&self, k: u64) -> Receipt {
-        // The record key idem uses: `<prefix>{biz:key}`.
-        let key = format!("{}{{{BIZ}:{k}}}", self.prefix);
+        // The keys idem uses: the record `<prefix>{<n>:<biz>:<key>}` and the business type's stuck
+        // index `<prefix>stuck:<n>:<biz>` (a claim adds the record to it, a mark removes it).
+        let key = format!("{}{{{}:{BIZ}:{k}}}", self.prefix, BIZ.len());
+        let index = format!("{}stuck:{}:{BIZ}", self.prefix, BIZ.len());
         let mut conn = self.conn.clone();
         // ARGV: fingerprint ("" for none), lease ms, ttl ms, test-clock offset ms.
         let reply: Vec<Value> = self
             .claim
             .key(&key)
+            .key(&index)
             .arg("")
             .arg(self.lease_ms)
             .arg(self.ttl_ms)
@@ -126,6 +130,7 @@ impl Contender for Floor {
                 let changed: i64 = self
                     .complete
                     .key(&key)
+                    .key(&index)
                     .arg(*fence)
                     .arg(snapshot)
                     .arg(self.ttl_ms)

@@ -126,17 +126,20 @@ if [ "${SKIP_REFERENCE:-0}" != 1 ]; then
             ref "-c $c -n 100000 -t ping,set,get (PING_INLINE PING_MBULK SET GET)" -c $c -n 100000 -t ping,set,get
         done
         # idem's claim script on new keys (a first execution's first round trip), and on a record
-        # that SUCCEEDED (a replay). Keys under a prefix of this run, expiring after 60 s.
+        # that SUCCEEDED (a replay). Keys under a prefix of this run, expiring after 60 s (the
+        # records; the stuck index, which the new keys' claims fill, is removed below). KEYS are
+        # idem's: the record `<prefix>{<n>:<biz>:<key>}` and the stuck index `<prefix>stuck:<n>:<biz>`.
         KP="rbref$$"
-        DONE="$KP:{BENCH:done}"
-        FENCE=$(redis-cli -u "$URL" EVALSHA "$CLAIM_SHA" 1 "$DONE" "" 30000 60000 0 | sed -n 3p)
-        redis-cli -u "$URL" EVALSHA "$COMPLETE_SHA" 1 "$DONE" "$FENCE" \
+        DONE="$KP:{5:BENCH:done}"
+        INDEX="$KP:stuck:5:BENCH"
+        FENCE=$(redis-cli -u "$URL" EVALSHA "$CLAIM_SHA" 2 "$DONE" "$INDEX" "" 30000 60000 0 | sed -n 3p)
+        redis-cli -u "$URL" EVALSHA "$COMPLETE_SHA" 2 "$DONE" "$INDEX" "$FENCE" \
             '{"Ok":{"id":"order-1","amount":107,"seq":1}}' 60000 0 >/dev/null
         for c in 1 50; do
             ref "-c $c EVALSHA claim, new keys" -c $c -n 50000 -r 1000000000 \
-                EVALSHA "$CLAIM_SHA" 1 "$KP:{BENCH:__rand_int__}" "" 30000 60000 0
+                EVALSHA "$CLAIM_SHA" 2 "$KP:{5:BENCH:__rand_int__}" "$INDEX" "" 30000 60000 0
             ref "-c $c EVALSHA claim, SUCCEEDED record (replay)" -c $c -n 50000 \
-                EVALSHA "$CLAIM_SHA" 1 "$DONE" "" 30000 60000 0
+                EVALSHA "$CLAIM_SHA" 2 "$DONE" "$INDEX" "" 30000 60000 0
         done
         redis-cli -u "$URL" --scan --pattern "$KP:*" | xargs -r -n 1000 redis-cli -u "$URL" UNLINK >/dev/null
     } | tee "$OUT/reference.txt"

@@ -68,3 +68,256 @@ mod attribute_identity {
         assert_eq!(REFUND_RUNS.load(Ordering::SeqCst), 1);
     }
 }
+
+/// `Store::stuck` on Redis: the stuck index (a sorted set per business type, by lease end) that
+/// every script keeps, read without a SCAN, and what it does when Redis expired (or someone
+/// deleted) a record behind its back.
+mod stuck_index {
+    use std::time::Duration;
+
+    use idem::{Claim, ClaimOutcome, ClaimRequest, RedisStore, Status, Store, TestClock};
+    use redis::aio::MultiplexedConnection;
+
+    use super::contract::server;
+
+    const LEASE: Duration = Duration::from_secs(10);
+    const TTL: Duration = Duration::from_secs(3600);
+
+    struct Subject {
+        store: RedisStore,
+        clock: TestClock,
+        prefix: String,
+        raw: MultiplexedConnection,
+    }
+
+    impl Subject {
+        /// The record key and the stuck index idem uses (`record_key`, `stuck_key`).
+        fn record(&self, biz: &str, key: &str) -> String {
+            format!("{}{{{}:{biz}:{key}}}", self.prefix, biz.len())
+        }
+
+        fn index(&self, biz: &str) -> String {
+            format!("{}stuck:{}:{biz}", self.prefix, biz.len())
+        }
+
+        /// The index's members, oldest lease first, with their scores.
+        async fn members(&self, biz: &str) -> Vec<(String, i64)> {
+            let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                .arg(self.index(biz))
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query_async(&mut self.raw.clone())
+                .await
+                .unwrap();
+            members.into_iter().map(|(m, s)| (m, s as i64)).collect()
+        }
+
+        async fn exists(&self, key: &str) -> bool {
+            let n: i64 = redis::cmd("EXISTS")
+                .arg(key)
+                .query_async(&mut self.raw.clone())
+                .await
+                .unwrap();
+            n == 1
+        }
+
+        async fn claim(&self, biz: &str, key: &str) -> Claim {
+            let req = ClaimRequest {
+                biz,
+                key,
+                fingerprint: None,
+                lease: LEASE,
+                ttl: TTL,
+            };
+            match self.store.claim(&req).await.unwrap() {
+                ClaimOutcome::Acquired { claim, .. } => claim,
+                other => panic!("{biz}/{key}: {other:?}"),
+            }
+        }
+
+        async fn stuck_keys(&self, biz: &str, batch: usize) -> Vec<String> {
+            let stuck = self.store.stuck(biz, batch).await.unwrap();
+            for r in &stuck {
+                assert_eq!(r.biz, biz);
+                assert_eq!(r.status, Status::Processing, "{r:?}");
+                assert_eq!(
+                    Some(r),
+                    self.store.load(biz, &r.key).await.unwrap().as_ref(),
+                    "stuck builds the record as load does"
+                );
+            }
+            stuck.into_iter().map(|r| r.key).collect()
+        }
+    }
+
+    async fn subject() -> Option<Subject> {
+        let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+        let store = server::reach("Redis", &url, RedisStore::connect(&url)).await?;
+        let raw = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let clock = TestClock::new();
+        let prefix = format!("{}:", server::unique("idems"));
+        Some(Subject {
+            store: store
+                .with_test_clock(clock.clone())
+                .with_prefix(&prefix)
+                .unwrap(),
+            clock,
+            prefix,
+            raw,
+        })
+    }
+
+    #[tokio::test]
+    async fn lists_expired_leases_in_lease_order_from_the_index() {
+        let Some(s) = subject().await else {
+            return;
+        };
+        let (biz, other) = ("PAY", "PAY:x");
+        // Leases end a few ms apart, in this order.
+        let a = s.claim(biz, "a").await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let b = s.claim(biz, "b").await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let _c = s.claim(biz, "c").await;
+        // A business type whose index key would collide without the length: its own index.
+        let _o = s.claim(other, "y").await;
+        assert_eq!(s.members(biz).await.len(), 3);
+        assert_eq!(s.members(other).await.len(), 1);
+
+        // A live lease is not stuck.
+        assert!(s.stuck_keys(biz, 10).await.is_empty());
+
+        s.store.complete(biz, "b", &b, b"done", TTL).await.unwrap();
+        let members = s.members(biz).await;
+        assert!(
+            !members.iter().any(|(m, _)| *m == s.record(biz, "b")),
+            "a mark leaves the index: {members:?}"
+        );
+        s.clock.advance(Duration::from_secs(11));
+        assert_eq!(s.stuck_keys(biz, 10).await, ["a", "c"]);
+        assert_eq!(s.stuck_keys(biz, 1).await, ["a"]);
+        assert_eq!(s.stuck_keys(biz, 0).await, Vec::<String>::new());
+        assert_eq!(s.stuck_keys(other, 10).await, ["y"]);
+        assert!(s.stuck_keys("NONE", 10).await.is_empty());
+
+        // A renewal moves a record later in the order: now it is "c" then "a".
+        s.store.renew(biz, "a", &a, LEASE).await.unwrap();
+        assert_eq!(s.stuck_keys(biz, 10).await, ["c"]);
+        s.clock.advance(Duration::from_secs(11));
+        assert_eq!(s.stuck_keys(biz, 10).await, ["c", "a"]);
+        // A release ends the lease now: last of the stuck, and its score is its lease end.
+        s.store.release(biz, "a", &a).await.unwrap();
+        let lu = s
+            .store
+            .load(biz, "a")
+            .await
+            .unwrap()
+            .unwrap()
+            .lease_until_ms;
+        assert!(s.members(biz).await.contains(&(s.record(biz, "a"), lu)));
+        assert_eq!(s.stuck_keys(biz, 10).await, ["c", "a"]);
+    }
+
+    #[tokio::test]
+    async fn a_record_deleted_behind_the_index_is_skipped_and_dropped() {
+        let Some(s) = subject().await else {
+            return;
+        };
+        let biz = "GONE";
+        for key in ["a", "b", "c"] {
+            s.claim(biz, key).await;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // What Redis's own expiry does: the record goes, its member stays.
+        let _: i64 = redis::cmd("DEL")
+            .arg(s.record(biz, "a"))
+            .query_async(&mut s.raw.clone())
+            .await
+            .unwrap();
+        assert_eq!(s.members(biz).await.len(), 3);
+        s.clock.advance(Duration::from_secs(11));
+        assert_eq!(s.stuck_keys(biz, 1).await, ["b"], "the first stuck one");
+        let members: Vec<String> = s.members(biz).await.into_iter().map(|m| m.0).collect();
+        assert_eq!(members, [s.record(biz, "b"), s.record(biz, "c")]);
+    }
+
+    #[tokio::test]
+    async fn the_index_is_gone_once_every_record_is_finished() {
+        let Some(s) = subject().await else {
+            return;
+        };
+        let biz = "DONE";
+        let (a, b, c, d) = (
+            s.claim(biz, "a").await,
+            s.claim(biz, "b").await,
+            s.claim(biz, "c").await,
+            s.claim(biz, "d").await,
+        );
+        assert!(s.exists(&s.index(biz)).await);
+        s.store.complete(biz, "a", &a, b"1", TTL).await.unwrap();
+        s.store.fail(biz, "b", &b).await.unwrap();
+        // A takeover keeps one member, at the new lease end.
+        s.clock.advance(Duration::from_secs(11));
+        let c2 = s.claim(biz, "c").await;
+        assert_ne!(c2.fence, c.fence);
+        assert_eq!(s.members(biz).await.len(), 2);
+        s.store.complete(biz, "c", &c2, b"3", TTL).await.unwrap();
+        // A retry after a failure is PROCESSING again: back in the index.
+        let b2 = s.claim(biz, "b").await;
+        assert_eq!(s.members(biz).await.len(), 2);
+        s.store.complete(biz, "b", &b2, b"2", TTL).await.unwrap();
+        // `d` expires by the store clock (lease and ttl over): the sweep deletes it and its member.
+        s.clock.advance(TTL + Duration::from_secs(1));
+        assert_eq!(s.stuck_keys(biz, 10).await, ["d"]);
+        assert!(s.store.sweep_expired(1000).await.unwrap() >= 1);
+        assert!(!s.exists(&s.record(biz, "d")).await);
+        assert!(!s.exists(&s.index(biz)).await, "{:?}", s.members(biz).await);
+        assert!(s.store.complete(biz, "d", &d, b"4", TTL).await.is_err());
+        assert!(s.stuck_keys(biz, 10).await.is_empty());
+    }
+
+    /// Members whose records vanished are dropped by `sweep_expired` too, not only by `stuck`; and
+    /// more stale members than one run of the script walks do not hide the stuck records behind
+    /// them.
+    #[tokio::test]
+    async fn stale_members_are_trimmed_by_the_sweep_and_past_a_run_budget() {
+        let Some(s) = subject().await else {
+            return;
+        };
+        let biz = "STALE";
+        // 1,500 members of records that are gone (more than one run of the script drops), the
+        // oldest, then two stuck records.
+        let stale: Vec<(i64, String)> = (0..1500)
+            .map(|i| (i, format!("{}{{5:{biz}:gone-{i}}}", s.prefix)))
+            .collect();
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(s.index(biz));
+        for (score, member) in &stale {
+            zadd.arg(*score).arg(member);
+        }
+        let _: i64 = zadd.query_async(&mut s.raw.clone()).await.unwrap();
+        s.claim(biz, "x").await;
+        s.claim(biz, "y").await;
+        s.clock.advance(Duration::from_secs(11));
+        let mut stuck = s.stuck_keys(biz, 10).await;
+        stuck.sort();
+        assert_eq!(stuck, ["x", "y"]);
+        assert_eq!(s.members(biz).await.len(), 2);
+
+        // Again, dropped by a sweep this time; the stuck records stay.
+        let _: i64 = redis::cmd("ZADD")
+            .arg(s.index(biz))
+            .arg(0)
+            .arg(format!("{}{{5:{biz}:gone}}", s.prefix))
+            .query_async(&mut s.raw.clone())
+            .await
+            .unwrap();
+        s.store.sweep_expired(1000).await.unwrap();
+        assert_eq!(s.members(biz).await.len(), 2);
+    }
+}

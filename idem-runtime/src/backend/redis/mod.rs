@@ -2,7 +2,9 @@
 //! reconnects by itself) and [`RedisClusterStore`] on a Redis Cluster. One hash per record under a
 //! hash-tagged key, `idem:{<n>:<biz>:<key>}` (`n` the business type's length: see `record_key`),
 //! so every script touches one slot; every step of the protocol is one Lua script (`scripts.rs`),
-//! sent as EVALSHA and loaded again on NOSCRIPT. Errors are sorted into classes in `error.rs`.
+//! sent as EVALSHA and loaded again on NOSCRIPT. On one server a sorted set per business type,
+//! `idem:stuck:<n>:<biz>` (see `stuck_key`), indexes the PROCESSING records by lease end for
+//! [`Store::stuck`]; a cluster keeps none. Errors are sorted into classes in `error.rs`.
 
 mod conn;
 mod error;
@@ -35,6 +37,12 @@ static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLE
 static FAIL: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::FAIL));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RENEW));
 static SWEEP: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SWEEP));
+static STUCK: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::STUCK));
+
+/// How many members one run of the stuck script walks besides the records it returns: it blocks
+/// the server while it runs, so stale members (records Redis expired by itself) are dropped this
+/// many at a time, and the walk starts again after them.
+const STALE_PER_RUN: u64 = 1000;
 
 /// The key of a record: `<prefix>{<n>:<biz>:<key>}` (prefix `idem:` by default), where `<n>` is
 /// the business type's length in bytes, so the key names exactly one `(biz, key)`: `("PAY", "x:y")`
@@ -61,6 +69,44 @@ pub(crate) fn record_key(prefix: &str, biz: &str, key: &str) -> String {
     k.push_str(key);
     k.push('}');
     k
+}
+
+/// The key of business type `biz`'s stuck index: `<prefix>stuck:<n>:<biz>`, `n` its length in
+/// bytes as in [`record_key`], so two business types never share one (`("PAY")` is
+/// `idem:stuck:3:PAY`, `("PAY:x")` is `idem:stuck:5:PAY:x`). After the prefix a record key has
+/// `{` and a token key `tok:`, so an index never meets either. A sorted set: its members are the
+/// record keys of `biz` that are PROCESSING, scored by their lease end (ms, store clock); Redis
+/// deletes it when its last member leaves.
+pub(crate) fn stuck_key(prefix: &str, biz: &str) -> String {
+    let mut len = itoa::Buffer::new();
+    let len = len.format(biz.len());
+    let mut k = String::with_capacity(prefix.len() + 7 + len.len() + biz.len());
+    k.push_str(prefix);
+    k.push_str("stuck:");
+    k.push_str(len);
+    k.push(':');
+    k.push_str(biz);
+    k
+}
+
+/// The business type of a record key written by [`record_key`] under `prefix`, if it is one.
+fn biz_of<'k>(prefix: &str, record: &'k str) -> Option<&'k str> {
+    let rest = record.strip_prefix(prefix)?.strip_prefix('{')?;
+    let (len, rest) = rest.split_once(':')?;
+    if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let len: usize = len.parse().ok()?;
+    let biz = rest.get(..len)?;
+    rest[len..].starts_with(':').then_some(biz)
+}
+
+/// The idempotency key of a member of `biz`'s index: the record key between
+/// `<prefix>{<n>:<biz>:` and the closing brace.
+fn key_of<'k>(prefix: &str, biz: &str, record: &'k str) -> Option<&'k str> {
+    let head = record_key(prefix, biz, "");
+    let head = &head[..head.len() - 1];
+    record.strip_prefix(head)?.strip_suffix('}')
 }
 
 /// Checks a key prefix: letters, digits, `:`, `_`, `-` (it is also a SCAN pattern).
@@ -125,9 +171,53 @@ fn bytes(v: &Value) -> &[u8] {
     }
 }
 
+/// What one run of the stuck script found.
+struct Walked {
+    /// It stopped at its budget: there may be more members to walk.
+    more: bool,
+    /// How many stuck records it passed.
+    kept: u64,
+    /// (When records were wanted) each stuck member followed by its record's 7 fields.
+    found: Vec<Value>,
+}
+
+/// A record from its fields as `HMGET s a f fp lu ex r` answers them; `None` when it has no status
+/// (no such record).
+fn record_of(biz: &str, key: &str, fields: &[Value]) -> Result<Option<Record>, IdemError> {
+    let [s, a, f, fp, lu, ex, r] = fields else {
+        return Err(IdemError::store("HMGET returned an unexpected reply"));
+    };
+    let Some(status) = text(s) else {
+        return Ok(None);
+    };
+    Ok(Some(Record {
+        biz: biz.to_owned(),
+        key: key.to_owned(),
+        status: Status::parse(&status)?,
+        attempt: u32::try_from(int(a, "attempt")?).unwrap_or(0),
+        fence: Fence::new(u64::try_from(int(f, "fence")?).unwrap_or(0)),
+        fingerprint: text(fp).filter(|fp| !fp.is_empty()),
+        snapshot: match r {
+            Value::BulkString(b) => Some(b.clone()),
+            _ => None,
+        },
+        lease_until_ms: int(lu, "lease")?,
+        expire_at_ms: int(ex, "expiry")?,
+    }))
+}
+
 impl Records {
     fn key(&self, biz: &str, key: &str) -> String {
         record_key(&self.prefix, biz, key)
+    }
+
+    /// `biz`'s stuck index, on one server; none on a cluster (it would lie in another slot than
+    /// the records, and a script touches one slot).
+    fn index(&self, biz: &str) -> Option<String> {
+        match self.conn {
+            Conn::Single(_) => Some(stuck_key(&self.prefix, biz)),
+            Conn::Cluster(_) => None,
+        }
     }
 
     /// With [`RedisStore::with_replica_acks`]: waits until the configured number of replicas
@@ -154,8 +244,12 @@ impl Records {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         let mut conn = self.conn.clone();
         let record = self.key(req.biz, req.key);
-        let mut reply: Vec<Value> = CLAIM
-            .key(&record)
+        let index = self.index(req.biz);
+        let mut invocation = CLAIM.key(&record);
+        if let Some(index) = &index {
+            invocation.key(index);
+        }
+        let mut reply: Vec<Value> = invocation
             .arg(req.fingerprint.unwrap_or(""))
             .arg(millis(req.lease))
             .arg(millis(req.ttl))
@@ -184,8 +278,11 @@ impl Records {
                 // not run), so a retry once the replicas answer is not told "in progress".
                 if let Err(e) = self.replicated(&record).await {
                     let mut conn = self.conn.clone();
-                    let released: Result<i64, _> = FAIL
-                        .key(&record)
+                    let mut release = FAIL.key(&record);
+                    if let Some(index) = &index {
+                        release.key(index);
+                    }
+                    let released: Result<i64, _> = release
                         .arg(fence)
                         .arg(self.offset.ms())
                         .invoke_async(&mut conn)
@@ -231,7 +328,11 @@ impl Records {
     ) -> Result<(), IdemError> {
         let mut conn = self.conn.clone();
         let record = self.key(biz, key);
+        let index = self.index(biz);
         let mut invocation = script.key(&record);
+        if let Some(index) = &index {
+            invocation.key(index);
+        }
         // The same decimal text as `to_string()`, written straight into the command.
         invocation.arg(claim.fence.get());
         for arg in extra {
@@ -259,46 +360,135 @@ impl Records {
             .query_async(&mut conn)
             .await
             .map_err(redis_error)?;
-        let [s, a, f, fp, lu, ex, r] = fields.as_slice() else {
-            return Err(IdemError::store("HMGET returned an unexpected reply"));
-        };
-        let Some(status) = text(s) else {
-            return Ok(None);
-        };
-        Ok(Some(Record {
-            biz: biz.to_owned(),
-            key: key.to_owned(),
-            status: Status::parse(&status)?,
-            attempt: u32::try_from(int(a, "attempt")?).unwrap_or(0),
-            fence: Fence::new(u64::try_from(int(f, "fence")?).unwrap_or(0)),
-            fingerprint: text(fp).filter(|fp| !fp.is_empty()),
-            snapshot: match r {
-                Value::BulkString(b) => Some(b.clone()),
-                _ => None,
-            },
-            lease_until_ms: int(lu, "lease")?,
-            expire_at_ms: int(ex, "expiry")?,
-        }))
+        record_of(biz, key, &fields)
     }
 
-    /// Deletes at most `batch` records expired by the store's clock. Redis expires records by
-    /// itself (`PEXPIREAT` at the end of their TTL or lease, whichever is later); this scans for
-    /// the ones a test clock ran past, so it is for tests, not for production use.
+    /// Lists at most `batch` stuck records of `biz`, oldest lease first: one run of the stuck
+    /// script on `biz`'s index (no SCAN), again when it stopped at its budget of stale members.
+    async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
+        let Some(index) = self.index(biz) else {
+            return Err(IdemError::NotSupported {
+                backend: "redis-cluster",
+                what: "listing stuck records (the reconciler)",
+            });
+        };
+        if batch == 0 {
+            return Ok(Vec::new());
+        }
+        // Well inside what the script's `%d` writes exactly.
+        let want = u64::try_from(batch).unwrap_or(u64::MAX).min(1 << 31);
+        loop {
+            let walked = self.walk(&index, want, 0, want + STALE_PER_RUN).await?;
+            if walked.more {
+                // STALE_PER_RUN stale members were dropped before `want` stuck records were found:
+                // the next run starts where the records are.
+                continue;
+            }
+            let mut records = Vec::with_capacity(walked.found.len() / 8);
+            for fields in walked.found.chunks(8) {
+                let [member, fields @ ..] = fields else {
+                    return Err(IdemError::store("unexpected reply from the stuck script"));
+                };
+                let member = text(member).unwrap_or_default();
+                let key = key_of(&self.prefix, biz, &member).ok_or_else(|| {
+                    IdemError::store(format!(
+                        "`{}` in the stuck index of `{biz}` is not one of its records",
+                        member.escape_default()
+                    ))
+                })?;
+                if let Some(record) = record_of(biz, key, fields)? {
+                    records.push(record);
+                }
+            }
+            return Ok(records);
+        }
+    }
+
+    /// One run of the stuck script on `index`.
+    async fn walk(
+        &self,
+        index: &str,
+        want: u64,
+        skip: u64,
+        budget: u64,
+    ) -> Result<Walked, IdemError> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = STUCK
+            .key(index)
+            .arg(want)
+            .arg(skip)
+            .arg(budget)
+            .arg(self.offset.ms())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        let mut reply = reply.into_iter();
+        let (Some(more), Some(kept)) = (reply.next(), reply.next()) else {
+            return Err(IdemError::store("unexpected reply from the stuck script"));
+        };
+        Ok(Walked {
+            more: int(&more, "more")? == 1,
+            kept: u64::try_from(int(&kept, "kept")?).unwrap_or(0),
+            found: reply.collect(),
+        })
+    }
+
+    /// Drops the stale members of `index` (records gone or not PROCESSING) whose lease end has
+    /// passed, a budget at a time, passing over the stuck ones.
+    async fn trim(&self, index: &str) -> Result<(), IdemError> {
+        let mut skip = 0u64;
+        loop {
+            let walked = self.walk(index, 0, skip, STALE_PER_RUN).await?;
+            if !walked.more {
+                return Ok(());
+            }
+            skip += walked.kept;
+        }
+    }
+
+    /// Deletes at most `batch` records expired by the store's clock (and their index members),
+    /// then drops the stale members of every stuck index (records Redis expired by itself). Redis
+    /// expires records by itself (`PEXPIREAT` at the end of their TTL or lease, whichever is
+    /// later); this scans for the ones a test clock ran past, so it is for tests, not for
+    /// production use.
     async fn sweep(&self, batch: usize) -> Result<u64, IdemError> {
         let mut deleted = 0u64;
-        let pattern = format!("{}{{*", self.prefix);
-        for key in self.conn.scan_keys(&pattern).await.map_err(redis_error)? {
+        let pattern = format!("{}*", self.prefix);
+        let keys = self.conn.scan_keys(&pattern).await.map_err(redis_error)?;
+        let mut indexes = Vec::new();
+        for key in &keys {
+            let Some(rest) = key.strip_prefix(&self.prefix) else {
+                continue;
+            };
+            if !rest.starts_with('{') {
+                // A stuck index of this prefix: `stuck:` and a digit (a prefix that merely begins
+                // with this one has a letter or `{` there).
+                if matches!(self.conn, Conn::Single(_))
+                    && rest
+                        .strip_prefix("stuck:")
+                        .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+                {
+                    indexes.push(key);
+                }
+                continue;
+            }
             if deleted as usize >= batch {
-                break;
+                continue;
             }
             let mut conn = self.conn.clone();
-            let gone: i64 = SWEEP
-                .key(&key)
+            let mut invocation = SWEEP.key(key);
+            if let Some(index) = biz_of(&self.prefix, key).and_then(|biz| self.index(biz)) {
+                invocation.key(index);
+            }
+            let gone: i64 = invocation
                 .arg(self.offset.ms())
                 .invoke_async(&mut conn)
                 .await
                 .map_err(redis_error)?;
             deleted += gone as u64;
+        }
+        for index in indexes {
+            self.trim(index).await?;
         }
         Ok(deleted)
     }
@@ -315,6 +505,12 @@ impl Records {
 ///
 /// Records expire by themselves (no sweeper needed). Durability is Redis's: see
 /// `docs/RELIABILITY.md` for what a restart or a failover loses.
+///
+/// [`Store::stuck`] (the reconciler's list) reads a sorted set per business type,
+/// `<prefix>stuck:<n>:<biz>`, holding the PROCESSING records by lease end; every claim, mark,
+/// renewal and sweep keeps it in the same script (one more command in each). A record Redis
+/// expires by itself while PROCESSING leaves its member behind until a `stuck` pass (or
+/// [`Store::sweep_expired`]) meets it and drops it.
 #[derive(Clone)]
 pub struct RedisStore {
     records: Arc<Records>,
@@ -404,6 +600,12 @@ impl RedisStore {
 
 /// Keeps records in a Redis Cluster, through the async cluster client (which follows MOVED and
 /// ASK by itself). Every record is one key with a hash tag, so every script runs on one slot.
+///
+/// [`Store::stuck`] is not supported on a cluster ([`IdemError::NotSupported`], so no
+/// [`crate::Reconciler`]): a business type's stuck index would lie in another slot than its
+/// records, and a script cannot update both in one step. Kept apart from the script, the index
+/// would miss exactly the claims whose writer died between the two writes, the ones a reconciler
+/// is for; a cluster keeps no index, and its claims and marks cost what they cost before.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
@@ -528,6 +730,14 @@ impl Store for RedisStore {
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
         self.records.sweep(batch).await
     }
+
+    /// One Lua script on the business type's stuck index (a sorted set by lease end, kept by every
+    /// script that changes a record's status or lease): no SCAN. Members whose record Redis
+    /// expired by itself are dropped as the script meets them. Records claimed by a version of idem
+    /// without the index (before an upgrade) are not listed.
+    async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
+        self.records.stuck(biz, batch).await
+    }
 }
 
 #[async_trait]
@@ -575,5 +785,42 @@ impl Store for RedisClusterStore {
 
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
         self.0.sweep_expired(batch).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{biz_of, key_of, record_key, stuck_key};
+
+    #[test]
+    fn an_index_key_names_one_business_type_and_meets_no_record_or_token() {
+        assert_eq!(stuck_key("idem:", "PAY"), "idem:stuck:3:PAY");
+        assert_ne!(stuck_key("idem:", "PAY:x"), stuck_key("idem:", "PAY"));
+        assert_eq!(stuck_key("idem:", "PAY:x"), "idem:stuck:5:PAY:x");
+        let index = stuck_key("p:", "tok");
+        assert!(!index.starts_with("p:{") && !index.starts_with("p:tok:"));
+    }
+
+    #[test]
+    fn a_record_key_reads_back_as_its_business_type_and_key() {
+        for (biz, key) in [
+            ("PAY", "x:y"),
+            ("PAY:x", "y"),
+            ("B", "}{"),
+            ("支付", "k"),
+            ("A", ""),
+        ] {
+            let record = record_key("idem:", biz, key);
+            assert_eq!(biz_of("idem:", &record), Some(biz), "{record}");
+            assert_eq!(key_of("idem:", biz, &record), Some(key), "{record}");
+        }
+        assert_eq!(biz_of("idem:", "idem:tok:00"), None);
+        assert_eq!(biz_of("idem:", "idem:{PAY:x}"), None, "0.1.0's keys");
+        assert_eq!(biz_of("idem:", "idem:{9:PAY:x}"), None);
+        assert_eq!(biz_of("other:", &record_key("idem:", "PAY", "x")), None);
+        assert_eq!(
+            key_of("idem:", "PAY", &record_key("idem:", "PAY:x", "y")),
+            None
+        );
     }
 }

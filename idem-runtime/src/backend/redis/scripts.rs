@@ -4,7 +4,15 @@
 //! A record is a hash: `s` status, `a` attempt, `f` fence, `fp` fingerprint (`""`: none), `lu`
 //! lease end and `ex` expiry (ms, store clock), `r` result. The key expires (`PEXPIREAT`) at the
 //! later of `ex` and `lu`: a live lease is never cut by the TTL. The store clock is Redis time plus
-//! the test clock's offset (`ARGV` last); the key's real expiry leaves the offset out. Numbers are
+//! the test clock's offset (`ARGV` last); the key's real expiry leaves the offset out.
+//!
+//! On one server (not on a cluster) every record that is PROCESSING is also a member of its
+//! business type's stuck index, `KEYS[2]` of every script that changes a status or a lease: a sorted
+//! set `<prefix>stuck:<n>:<biz>` (see `stuck_key`) whose members are record keys scored by their
+//! `lu`. A script that makes a record PROCESSING or moves its lease adds it (`ZADD`, the new `lu`),
+//! one that finishes or deletes it removes it (`ZREM`), in the same script: the index is exact but
+//! for records Redis expired by itself (`PEXPIREAT`), which [`STUCK`] drops when it meets them. A
+//! cluster sends no `KEYS[2]` (the index would lie in another slot) and the scripts skip it. Numbers are
 //! written with `%d` (Lua's own number-to-string keeps 14 digits; a fence in µs has 16): every number
 //! here is an integer well under 2^53, exact in a Lua double, and Lua 5.1 formats `%d` as a C `long`,
 //! which costs less than half of `%.0f` (glibc's floating-point printing) inside Redis.
@@ -22,10 +30,12 @@ local now = math.floor(now_us / 1000)
     };
 }
 
-/// `KEYS[1]` the record; ARGV: fingerprint (`""` for none), lease ms, ttl ms, offset ms.
+/// `KEYS[1]` the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: fingerprint (`""`
+/// for none), lease ms, ttl ms, offset ms.
 /// Returns `{'A', attempt, fence, how}` (attempt and fence as integer replies: no formatting),
 /// `{'R', result}`, `{'M'}` or `{'P', ms left}`. A new record has no result to delete, so the
-/// `HDEL` runs only when there is one: each `redis.call` is a command Redis dispatches.
+/// `HDEL` runs only when there is one: each `redis.call` is a command Redis dispatches. A claim that
+/// takes the record puts it in the index with its new lease end (`ZADD` adds or moves it).
 pub const CLAIM: &str = concat!(
     prelude!(),
     r#"
@@ -37,6 +47,7 @@ local function acquire(attempt, fence, expire, how)
     'lu', num(lu), 'ex', num(expire))
   if rec[7] then redis.call('HDEL', KEYS[1], 'r') end
   redis.call('PEXPIREAT', KEYS[1], num(math.max(expire, lu) - offset))
+  if KEYS[2] then redis.call('ZADD', KEYS[2], num(lu), KEYS[1]) end
   return {'A', attempt, fence, how}
 end
 local s = rec[1]
@@ -63,10 +74,11 @@ return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover')
 "#
 );
 
-/// `KEYS[1]`; ARGV: fence, result, ttl ms, offset. 1 when the record was PROCESSING under the fence
+/// `KEYS[1]` the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: fence, result, ttl
+/// ms, offset. 1 when the record was PROCESSING under the fence
 /// (or is already SUCCEEDED under it: a mark sent again after a lost reply, which changes nothing).
 /// The mark moves `ex` to at least now + ttl, and the key's expiry with it, so a body slower than
-/// its ttl still leaves a live success.
+/// its ttl still leaves a live success, and takes the record out of the index.
 pub const COMPLETE: &str = concat!(
     prelude!(),
     r#"
@@ -77,12 +89,13 @@ if rec[1] ~= 'PROCESSING' then return 0 end
 local ex = math.max(tonumber(rec[4]), now + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 's', 'SUCCEEDED', 'r', ARGV[2], 'ex', num(ex))
 redis.call('PEXPIREAT', KEYS[1], num(math.max(ex, tonumber(rec[3])) - offset))
+if KEYS[2] then redis.call('ZREM', KEYS[2], KEYS[1]) end
 return 1
 "#
 );
 
-/// KEYS[1]; ARGV: fence, offset. 1 when the record was PROCESSING under the fence (or is already
-/// FAILED under it).
+/// KEYS[1] the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: fence, offset. 1 when
+/// the record was PROCESSING under the fence (or is already FAILED under it); it leaves the index.
 pub(super) const FAIL: &str = r#"
 local rec = redis.call('HMGET', KEYS[1], 's', 'f')
 if rec[2] ~= ARGV[1] then return 0 end
@@ -90,10 +103,13 @@ if rec[1] == 'FAILED' then return 1 end
 if rec[1] ~= 'PROCESSING' then return 0 end
 redis.call('HSET', KEYS[1], 's', 'FAILED')
 redis.call('HDEL', KEYS[1], 'r')
+if KEYS[2] then redis.call('ZREM', KEYS[2], KEYS[1]) end
 return 1
 "#;
 
-/// KEYS[1]; ARGV: fence, lease ms, offset. Extends a held lease and the record's life with it.
+/// KEYS[1] the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: fence, lease ms,
+/// offset. Extends a held lease and the record's life with it, and moves the record in the index
+/// to its new lease end.
 pub(super) const RENEW: &str = concat!(
     prelude!(),
     r#"
@@ -103,11 +119,12 @@ local lu = now + tonumber(ARGV[2])
 local ex = math.max(tonumber(rec[3]), lu)
 redis.call('HSET', KEYS[1], 'lu', num(lu), 'ex', num(ex))
 redis.call('PEXPIREAT', KEYS[1], num(ex - offset))
+if KEYS[2] then redis.call('ZADD', KEYS[2], num(lu), KEYS[1]) end
 return 1
 "#
 );
 
-/// KEYS[1]; ARGV: offset. Deletes the record if it expired by the store clock (TTL passed and no
+/// KEYS[1] the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: offset. Deletes the record if it expired by the store clock (TTL passed and no
 /// live lease): Redis expires keys by itself, this only matters when a test clock runs ahead.
 pub(super) const SWEEP: &str = concat!(
     prelude!(),
@@ -117,8 +134,63 @@ if not rec[1] then return 0 end
 local live = (rec[1] == 'PROCESSING' and tonumber(rec[2]) > now)
 if tonumber(rec[3]) <= now and not live then
   redis.call('DEL', KEYS[1])
+  if KEYS[2] then redis.call('ZREM', KEYS[2], KEYS[1]) end
   return 1
 end
 return 0
+"#
+);
+
+/// KEYS[1] a stuck index; ARGV: want, skip, budget, offset. Walks the members whose score (lease
+/// end) is at most now, oldest first, passing over the first `skip`, and reads each one's record
+/// (the members are record keys: this script runs on one server only, never on a cluster). A
+/// record PROCESSING with `lu <= now` is stuck and stays; a member whose record is gone (Redis
+/// expired it) or not PROCESSING is removed, and one whose lease is later than its score is moved
+/// to it (neither happens while every writer runs these scripts, but for the expiry). It stops
+/// after `want` stuck records (`want` 0: none are wanted, the walk only drops stale members), at
+/// the end of the range, or after `budget` members.
+///
+/// Returns `{more, kept, member, s, a, f, fp, lu, ex, r, member, …}`: `more` 1 when it stopped at
+/// the budget (there may be more to walk), `kept` how many stuck records it passed, then (`want`
+/// > 0) each one's key and its fields in `load`'s order (`r` a null: a PROCESSING record has none).
+pub(super) const STUCK: &str = concat!(
+    prelude!(),
+    r#"
+local want, skip, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local out = {0, 0}
+local kept, seen = 0, 0
+while seen < budget do
+  local chunk = math.min(budget - seen, 256)
+  if want > 0 then chunk = math.min(chunk, want - kept) end
+  local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', num(now), 'LIMIT', num(skip + kept),
+    num(chunk))
+  if #members == 0 then
+    out[2] = kept
+    return out
+  end
+  for _, m in ipairs(members) do
+    seen = seen + 1
+    local rec = redis.call('HMGET', m, 's', 'a', 'f', 'fp', 'lu', 'ex', 'r')
+    local lu = tonumber(rec[5])
+    if rec[1] == 'PROCESSING' and lu and lu <= now then
+      kept = kept + 1
+      if want > 0 then
+        out[#out + 1] = m
+        for i = 1, 7 do out[#out + 1] = rec[i] end
+        if kept == want then
+          out[2] = kept
+          return out
+        end
+      end
+    elseif rec[1] == 'PROCESSING' and lu then
+      redis.call('ZADD', KEYS[1], num(lu), m)
+    else
+      redis.call('ZREM', KEYS[1], m)
+    end
+  end
+end
+out[1] = 1
+out[2] = kept
+return out
 "#
 );

@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use idem::{Call, Claim, IdemError, Reconciled, Reconciler, Status, Store};
+use idem::{Call, Claim, IdemError, Reconciled, Reconciler, Status};
 
 use super::{Effects, Subject, acquire, biz, req, secs};
 

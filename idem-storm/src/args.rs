@@ -64,6 +64,13 @@ pub struct Args {
     #[arg(long, default_value_t = 0.0, value_parser = fraction)]
     pub slow_rate: f64,
 
+    /// Share of requests whose body stalls 1.5 leases after its effect, before it returns (a
+    /// holder paused between its effect and its mark; the heartbeat keeps the claim). Without the
+    /// heartbeat another attempt takes over while it stalls and runs the effect again, unless
+    /// `--recover` finds it.
+    #[arg(long, default_value_t = 0.0, value_parser = fraction)]
+    pub stall_rate: f64,
+
     /// Share of requests whose body panics before its effect.
     #[arg(long, default_value_t = 0.0, value_parser = fraction)]
     pub panic_rate: f64,
@@ -77,6 +84,14 @@ pub struct Args {
     /// the slow one's effect happens twice: the storm shows what the heartbeat prevents.
     #[arg(long)]
     pub no_heartbeat: bool,
+
+    /// Make every call with a recover fn that reads the ledger (the business table) when the call
+    /// takes over an expired claim: an effect found for the key is the call's answer (the run that
+    /// wrote it, as its body returned it) and the body does not run again; no effect, and the body
+    /// runs. It finds effects written before the takeover looked; a body taken over before its
+    /// effect (`--slow-rate`) still runs twice. Lease mode only.
+    #[arg(long)]
+    pub recover: bool,
 
     /// Seed of the request plan (keys, duplicates, faults); random when not given.
     #[arg(long)]
@@ -196,11 +211,23 @@ impl Args {
         if self.lease < Duration::from_millis(10) {
             return Err("--lease must be at least 10ms".into());
         }
-        let faults = self.error_rate + self.slow_rate + self.panic_rate + self.drop_rate;
+        let faults =
+            self.error_rate + self.slow_rate + self.stall_rate + self.panic_rate + self.drop_rate;
         if faults > 1.0 + 1e-9 {
+            let rates = if self.stall_rate > 0.0 {
+                "--error-rate, --slow-rate, --stall-rate, --panic-rate and --drop-rate"
+            } else {
+                "--error-rate, --slow-rate, --panic-rate and --drop-rate"
+            };
             return Err(format!(
-                "--error-rate, --slow-rate, --panic-rate and --drop-rate add up to {faults:.3}; each request gets at most one fault, so they must add up to 1 or less"
+                "{rates} add up to {faults:.3}; each request gets at most one fault, so they must add up to 1 or less"
             ));
+        }
+        if self.recover && self.mode == Mode::Tx {
+            return Err(
+                "--recover needs --mode lease: in tx mode the effect and the mark commit together, so no takeover finds an effect to recover"
+                    .into(),
+            );
         }
         if self.mode == Mode::Tx
             && matches!(

@@ -18,6 +18,9 @@ pub(crate) enum Class {
     Executed,
     /// The body ran after taking over an expired claim.
     TakenOver,
+    /// A takeover whose recover fn found the effect in the ledger: answered with that run, the
+    /// body did not run.
+    Recovered,
     /// The stored result came back; the body did not run.
     Replayed,
     /// Refused: another attempt holds the claim.
@@ -59,6 +62,8 @@ enum BodyError {
     Business,
     #[error("ledger write failed: {0}")]
     Ledger(String),
+    #[error("ledger read failed: {0}")]
+    Recover(String),
     #[error(transparent)]
     Idem(#[from] IdemError),
 }
@@ -73,6 +78,7 @@ struct Ctx {
     ttl: Duration,
     body: Duration,
     heartbeat: bool,
+    recover: bool,
     start: Instant,
 }
 
@@ -81,10 +87,11 @@ impl Ctx {
         let call = Call::new(self.biz.to_string(), key)
             .ttl(self.ttl)
             .lease(self.lease);
+        // The default heartbeat renews every third of the lease.
         if self.heartbeat {
-            call.heartbeat(self.lease / 3)
-        } else {
             call
+        } else {
+            call.no_heartbeat()
         }
     }
 
@@ -108,6 +115,22 @@ impl Ctx {
             Fault::Panic => panic!("idem-storm: injected panic"),
             _ => Ok(()),
         }
+    }
+
+    /// The body's time after its effect, before it returns: a stalled holder's pause.
+    async fn after_effect(&self, fault: Fault) {
+        if fault == Fault::Stall {
+            tokio::time::sleep(self.lease * 3 / 2).await;
+        }
+    }
+
+    /// `--recover`'s answer for `key`: the run of the ledger's first effect for it, which is what
+    /// that run's body returned (its body returns its own run).
+    async fn recovered(&self, key: &str) -> Result<Option<i64>, BodyError> {
+        self.ledger
+            .first_run(&self.biz, key)
+            .await
+            .map_err(BodyError::Recover)
     }
 }
 
@@ -139,12 +162,14 @@ fn classify(result: Result<i64, BodyError>, outcome: Option<Outcome>) -> (Class,
             let class = match outcome {
                 Some(Outcome::Replayed) => Class::Replayed,
                 Some(Outcome::TakenOver) => Class::TakenOver,
+                Some(Outcome::Recovered) => Class::Recovered,
                 _ => Class::Executed,
             };
             (class, Some(run))
         }
         Err(BodyError::Business) => (Class::Business, None),
         Err(BodyError::Ledger(_)) => (Class::Error("ledger"), None),
+        Err(BodyError::Recover(_)) => (Class::Error("recover-failed"), None),
         Err(BodyError::Idem(e)) => {
             let class = match (&e, outcome) {
                 (IdemError::InProgress { .. }, _) => Class::InProgress,
@@ -167,9 +192,17 @@ async fn lease_request(ctx: &Ctx, i: usize) -> (Class, Option<i64>) {
             .record(&ctx.biz, &key, run)
             .await
             .map_err(BodyError::Ledger)?;
+        ctx.after_effect(request.fault).await;
         Ok(run)
     };
-    let call = observe(ctx.call(&key).run(&*ctx.store, body));
+    let call = async {
+        if ctx.recover {
+            let recover = || ctx.recovered(&key);
+            observe(ctx.call(&key).recover(recover).run(&*ctx.store, body)).await
+        } else {
+            observe(ctx.call(&key).run(&*ctx.store, body)).await
+        }
+    };
     let (result, report) = if request.fault == Fault::Drop {
         match tokio::time::timeout(ctx.give_up_after(), call).await {
             Ok(done) => done,
@@ -198,6 +231,7 @@ async fn tx_request(ctx: Arc<Ctx>, begin: Arc<dyn BeginTx>, i: usize) -> (Class,
                 SqlValue::Int(run),
             ];
             tx.execute(ledger_insert(tx.dialect()), &args).await?;
+            ctx.after_effect(request.fault).await;
             Ok::<_, BodyError>(run)
         };
         let (result, report) = observe(ctx.call(&key).run_in_tx(&mut *tx, body)).await;
@@ -240,6 +274,7 @@ pub(crate) async fn drive(
         ttl: args.ttl,
         body: args.body,
         heartbeat: !args.no_heartbeat,
+        recover: args.recover,
         start: Instant::now(),
     });
     let tx_mode = args.mode == Mode::Tx;

@@ -11,6 +11,8 @@ pub(crate) enum Fault {
     Error,
     /// The body runs 1.5 leases long.
     Slow,
+    /// The body writes its effect, then stalls 1.5 leases before it returns.
+    Stall,
     /// The body panics before its effect.
     Panic,
     /// The caller drops the call's future while the body runs, before its effect.
@@ -81,6 +83,11 @@ fn fault(args: &Args, draw: f64) -> Fault {
     if draw < edge {
         return Fault::Drop;
     }
+    // Last, so a plan without stalls is the one a seed drew before stalls existed.
+    edge += args.stall_rate;
+    if draw < edge {
+        return Fault::Stall;
+    }
     Fault::None
 }
 
@@ -126,6 +133,24 @@ mod tests {
         assert!((share(Fault::Error) - 0.1).abs() < 0.01);
         assert!((share(Fault::Panic) - 0.05).abs() < 0.01);
         assert_eq!(share(Fault::Drop), 0.0);
+        assert_eq!(share(Fault::Stall), 0.0);
+    }
+
+    #[test]
+    fn stalls_come_at_their_rate_and_leave_the_other_faults_alone() {
+        let without = plan(&args(&["-n", "50000", "--slow-rate", "0.2"]), 5);
+        let with = plan(
+            &args(&["-n", "50000", "--slow-rate", "0.2", "--stall-rate", "0.3"]),
+            5,
+        );
+        let share =
+            |p: &Plan, f| p.requests.iter().filter(|r| r.fault == f).count() as f64 / 50_000.0;
+        assert!((share(&with, Fault::Stall) - 0.3).abs() < 0.01);
+        // The same keys, and the same requests slow: stalls only replace fault-free requests.
+        for (a, b) in without.requests.iter().zip(&with.requests) {
+            assert_eq!(a.key, b.key);
+            assert_eq!(a.fault == Fault::Slow, b.fault == Fault::Slow);
+        }
     }
 
     #[test]

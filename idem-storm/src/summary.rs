@@ -33,6 +33,9 @@ pub struct Summary {
     pub executed: u64,
     /// Calls that ran the body after taking over an expired claim.
     pub takeovers: u64,
+    /// Calls that took over an expired claim and whose recover fn (`--recover`) found its effect
+    /// in the ledger: answered with that run, the body not run again.
+    pub recovered: u64,
     /// Calls answered with the stored result.
     pub replays: u64,
     /// Calls refused because another attempt held the claim.
@@ -89,7 +92,7 @@ pub struct Slice {
     pub width_s: f64,
     /// Bodies run (fresh, retried or taken over).
     pub executed: u64,
-    /// Replays.
+    /// Replays, and takeovers answered by the recover fn.
     pub replayed: u64,
     /// In-progress answers.
     pub in_progress: u64,
@@ -173,6 +176,7 @@ pub(crate) fn summarize(setup: Setup<'_>, driven: &Driven, audit: &Audit) -> Sum
         executions: audit.ledger.len() as u64,
         executed: count(Class::Executed),
         takeovers: count(Class::TakenOver),
+        recovered: count(Class::Recovered),
         replays: count(Class::Replayed),
         in_progress: count(Class::InProgress),
         lease_lost: count(Class::LeaseLost),
@@ -214,7 +218,7 @@ fn timeline(samples: &[Sample], elapsed: Duration) -> Vec<Slice> {
         let slice = &mut slices[i];
         match s.class {
             Class::Executed | Class::TakenOver => slice.executed += 1,
-            Class::Replayed => slice.replayed += 1,
+            Class::Replayed | Class::Recovered => slice.replayed += 1,
             Class::InProgress => slice.in_progress += 1,
             Class::LeaseLost
             | Class::Unmarked
@@ -235,7 +239,7 @@ impl fmt::Display for Summary {
             "idem-storm: {} store, {} mode, seed {}",
             self.store, self.mode, self.seed
         )?;
-        let rows: [(&str, String); 24] = [
+        let rows: [(&str, String); 25] = [
             ("requests", self.requests.to_string()),
             (
                 "distinct keys",
@@ -249,6 +253,7 @@ impl fmt::Display for Summary {
             ("executions (ledger)", self.executions.to_string()),
             ("executed", self.executed.to_string()),
             ("taken over", self.takeovers.to_string()),
+            ("recovered", self.recovered.to_string()),
             ("replays", self.replays.to_string()),
             ("in progress", self.in_progress.to_string()),
             ("lease lost", self.lease_lost.to_string()),
@@ -315,5 +320,70 @@ impl fmt::Display for Summary {
                 "BROKEN"
             }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup() -> Setup<'static> {
+        Setup {
+            store: "memory",
+            mode: "lease",
+            seed: 0,
+            concurrency: 1,
+            distinct_keys: 2,
+            tx_mode: false,
+        }
+    }
+
+    /// Key 0's effect is run 0, whose caller lost its lease; the takeover recovered with
+    /// `recovered`, a repeat replayed `replayed`. Key 1 has its own clean execution.
+    fn audit_of(recovered: (u32, i64), replayed: (u32, i64), succeeded: &[u32]) -> Summary {
+        let sample = |class| Sample {
+            at: Duration::ZERO,
+            latency: Duration::from_millis(1),
+            class,
+        };
+        let driven = Driven {
+            samples: vec![
+                sample(Class::LeaseLost),
+                sample(Class::Recovered),
+                sample(Class::Replayed),
+                sample(Class::Executed),
+            ],
+            answers: vec![recovered, replayed, (1, 3)],
+            elapsed: Duration::from_millis(10),
+        };
+        let audit = Audit {
+            ledger: vec![(0, 0), (1, 3)],
+            succeeded: succeeded.iter().copied().collect(),
+        };
+        summarize(setup(), &driven, &audit)
+    }
+
+    #[test]
+    fn a_recovered_answer_passes_only_when_it_is_the_ledgers_run() {
+        let right = audit_of((0, 0), (0, 0), &[0, 1]);
+        assert_eq!(right.recovered, 1);
+        assert_eq!(right.lease_lost, 1);
+        assert!(right.invariants_hold, "{right}");
+
+        // A run the ledger does not hold for the key (another key's run, or none at all).
+        let foreign = audit_of((0, 3), (0, 3), &[0, 1]);
+        assert_eq!(foreign.foreign_answers, 2);
+        assert!(!foreign.invariants_hold);
+
+        // Not what the key's other callers got.
+        let split = audit_of((0, 0), (0, 7), &[0, 1]);
+        assert_eq!(split.split_answers, 1);
+        assert!(!split.invariants_hold);
+
+        // Recovered for a key with no effect: its SUCCEEDED record is a false success.
+        let invented = audit_of((2, 9), (2, 9), &[0, 1, 2]);
+        assert_eq!(invented.false_successes, 1);
+        assert_eq!(invented.foreign_answers, 2);
+        assert!(!invented.invariants_hold);
     }
 }

@@ -98,6 +98,40 @@ impl Ledger {
         }
     }
 
+    /// The run of the first effect the ledger holds for `(biz, key)`, read from the ledger's table
+    /// as a business table is read (by key, on a connection of its own), never from idem's
+    /// records: what `--recover` answers a takeover with. The ledger of lease mode, the only mode
+    /// `--recover` runs in, is one SQLite file, whose rowids follow the inserts.
+    pub(crate) async fn first_run(&self, biz: &str, key: &str) -> Result<Option<i64>, String> {
+        match self {
+            Ledger::Sqlite(pools) if pools.len() == 1 => sqlx::query(
+                "SELECT run FROM idem_storm_ledger WHERE biz = ? AND k = ? ORDER BY rowid LIMIT 1",
+            )
+            .bind(biz)
+            .bind(key)
+            .fetch_optional(&pools[0])
+            .await
+            .map(|row| row.map(|r| r.get::<i64, _>(0)))
+            .map_err(|e| e.to_string()),
+            _ => Err("--recover reads the lease-mode ledger (one SQLite file)".to_owned()),
+        }
+    }
+
+    /// Indexes the lease-mode ledger by key, as a business table is, for `--recover`'s reads.
+    async fn index_keys(&self) -> Result<(), StormError> {
+        if let Ledger::Sqlite(pools) = self {
+            for pool in pools {
+                sqlx::query(
+                    "CREATE INDEX IF NOT EXISTS idem_storm_ledger_key ON idem_storm_ledger (biz, k)",
+                )
+                .execute(pool)
+                .await
+                .map_err(StormError::ledger)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Every effect of this storm: `(key, run)`.
     pub(crate) async fn rows(&self, biz: &str) -> Result<Vec<(String, i64)>, StormError> {
         Ok(match self {
@@ -243,6 +277,9 @@ pub(crate) async fn open(args: &Args) -> Result<Target, StormError> {
         StoreKind::Postgres => postgres(args, separate().await?).await?,
     };
     ledger.create().await?;
+    if args.recover {
+        ledger.index_keys().await?;
+    }
     Ok(Target {
         store,
         tx: if tx_mode { tx } else { None },

@@ -1,6 +1,7 @@
 //! Server faults in the middle of a storm: connections cut, refused, slowed and left half-open by
-//! a TCP fault proxy, and a server killed and restarted. Afterwards: no double execution, no false
-//! success, and every error the callers saw during the outage is one a retry can cure.
+//! a TCP fault proxy, and a server killed and restarted (also with `--recover` and a lease shorter
+//! than the restart). Afterwards: no double execution, no false success, and every error the
+//! callers saw during the outage is one a retry can cure.
 
 #![cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 
@@ -112,6 +113,101 @@ async fn restarted_mid_storm(store: &str, restart: fn()) {
     }
 }
 
+/// The flags of a lease-mode storm with `--recover` and a lease (300 ms) shorter than the outage.
+/// A holder caught by the restart between its claim and its mark writes its effect (into the
+/// ledger, a separate SQLite file the restart does not touch) and its mark waits for the server;
+/// its lease ends meanwhile. When the server is back, a duplicate held up in its claim (50 %
+/// duplicates of recent requests, `--skew 2`, so many are in flight; 20 ms bodies, so many holders
+/// are caught) may reach the server before that mark and take the record over: without
+/// `--recover` it runs the body again (the late mark gets `LeaseLost`), with it recover finds the
+/// effect and answers with its run. That race is narrow, so a run may recover nothing; what must
+/// hold is that nothing runs twice.
+const RECOVER_STORM: &[&str] = &[
+    "--mode",
+    "lease",
+    "-n",
+    "6000",
+    "-c",
+    "64",
+    "--body",
+    "20ms",
+    "--lease",
+    "300ms",
+    "--dup-rate",
+    "0.5",
+    "--skew",
+    "2",
+    "--recover",
+    "-q",
+];
+
+/// What a `RECOVER_STORM` must show after its restart: the storm held (no double execution, no
+/// wrong answer, only retryable errors), and some caller waited longer than the lease, so the
+/// outage did outlast the claims in flight.
+fn held_through_an_outage_longer_than_the_lease(s: &Summary, fault_at: Duration) {
+    held_through_the_outage(s, fault_at);
+    assert!(
+        s.max_ms > 300.0,
+        "no caller waited out the 300 ms lease: the outage was too short to matter:\n{s}"
+    );
+}
+
+/// A `RECOVER_STORM` on `store`, with `restart` (blocking) run 0.8 s in.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn restarted_mid_storm_with_recover(store: &str, restart: fn()) {
+    let flags: Vec<&str> = ["--store", store]
+        .iter()
+        .chain(RECOVER_STORM)
+        .copied()
+        .collect();
+    let storm = args(&flags);
+    let fault_at = Duration::from_millis(800);
+    let restart = async {
+        tokio::time::sleep(fault_at).await;
+        tokio::task::spawn_blocking(restart).await.unwrap();
+    };
+    let (summary, ()) = tokio::join!(idem_storm::run(&storm), restart);
+    let summary = summary.unwrap();
+    eprintln!("{summary}");
+    held_through_an_outage_longer_than_the_lease(&summary, fault_at);
+}
+
+/// Held by each test that restarts the machine's Postgres, which would otherwise run alongside the
+/// other one and restart the server under it.
+#[cfg(feature = "postgres")]
+static POSTGRES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Held by each test that restarts the machine's MariaDB (as [`POSTGRES`]).
+#[cfg(feature = "mysql")]
+static MARIADB: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Restarts Postgres as `postgres_restarted_mid_storm` does and waits until it answers.
+#[cfg(feature = "postgres")]
+fn restart_postgres() {
+    sh("pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main restart -m fast");
+    sh(
+        "for i in $(seq 1 60); do pg_isready -q -h 127.0.0.1 -p 5432 && exit 0; sleep 0.5; done; exit 1",
+    );
+}
+
+/// Restarts MariaDB as `mysql_restarted_mid_storm` does and waits until it answers.
+#[cfg(feature = "mysql")]
+fn restart_mysql() {
+    // `shutdown` returns before the server has exited; the start command does nothing while
+    // the old process is still there.
+    sh("mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -uroot shutdown");
+    let gone =
+        "for i in $(seq 1 120); do pgrep -x mariadbd >/dev/null || exit 0; sleep 0.5; done; exit 1";
+    let up = "for i in $(seq 1 120); do mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -uroot ping >/dev/null 2>&1 && exit 0; sleep 0.5; done; exit 1";
+    let start = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd";
+    if !(try_sh(gone) && try_sh(start) && try_sh(up)) {
+        // Whatever went wrong, leave the machine's server running for what follows.
+        try_sh(start);
+        try_sh(up);
+        panic!("MariaDB did not come back after the restart");
+    }
+}
+
 /// Restarts the local Postgres (its own `pg_ctlcluster`, fast shutdown: open connections are
 /// terminated) in the middle of a storm, in lease and in tx mode.
 #[cfg(feature = "postgres")]
@@ -122,11 +218,22 @@ async fn postgres_restarted_mid_storm() {
     {
         return;
     }
-    restarted_mid_storm("postgres", || {
-        sh("pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main restart -m fast");
-        sh("for i in $(seq 1 60); do pg_isready -q -h 127.0.0.1 -p 5432 && exit 0; sleep 0.5; done; exit 1");
-    })
-    .await;
+    let _one_restart_at_a_time = POSTGRES.lock().await;
+    restarted_mid_storm("postgres", restart_postgres).await;
+}
+
+/// Restarts the local Postgres in the middle of a `RECOVER_STORM` (same switch): with a lease
+/// shorter than the restart and `--recover`, nothing runs twice.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_mid_storm_with_recover() {
+    if upstream("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test").is_none()
+        || !may_restart("Postgres")
+    {
+        return;
+    }
+    let _one_restart_at_a_time = POSTGRES.lock().await;
+    restarted_mid_storm_with_recover("postgres", restart_postgres).await;
 }
 
 /// Restarts the local MariaDB (`mysqladmin shutdown`, then the machine's own start command) in the
@@ -139,21 +246,22 @@ async fn mysql_restarted_mid_storm() {
     {
         return;
     }
-    restarted_mid_storm("mysql", || {
-        // `shutdown` returns before the server has exited; the start command does nothing while
-        // the old process is still there.
-        sh("mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -uroot shutdown");
-        let gone = "for i in $(seq 1 120); do pgrep -x mariadbd >/dev/null || exit 0; sleep 0.5; done; exit 1";
-        let up = "for i in $(seq 1 120); do mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -uroot ping >/dev/null 2>&1 && exit 0; sleep 0.5; done; exit 1";
-        let start = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd";
-        if !(try_sh(gone) && try_sh(start) && try_sh(up)) {
-            // Whatever went wrong, leave the machine's server running for what follows.
-            try_sh(start);
-            try_sh(up);
-            panic!("MariaDB did not come back after the restart");
-        }
-    })
-    .await;
+    let _one_restart_at_a_time = MARIADB.lock().await;
+    restarted_mid_storm("mysql", restart_mysql).await;
+}
+
+/// Restarts the local MariaDB in the middle of a `RECOVER_STORM` (same switch): with a lease
+/// shorter than the restart and `--recover`, nothing runs twice.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_restarted_mid_storm_with_recover() {
+    if upstream("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test").is_none()
+        || !may_restart("MariaDB")
+    {
+        return;
+    }
+    let _one_restart_at_a_time = MARIADB.lock().await;
+    restarted_mid_storm_with_recover("mysql", restart_mysql).await;
 }
 
 /// Redis behind the proxy: connections cut and refused, then slowed, then left half-open (the
@@ -278,4 +386,54 @@ async fn redis_killed_and_restarted_mid_storm_with_aof_always() {
     // The engine's retries and the client's reconnection absorb a short restart: callers wait,
     // and nothing acknowledged is lost.
     held_through_the_outage(&summary, Duration::from_millis(400));
+}
+
+#[cfg(feature = "redis")]
+/// A Redis of this test's own (`appendfsync always`), SIGKILLed for 0.5 s and restarted in the
+/// middle of a `RECOVER_STORM`: the outage outlasts the 300 ms lease; nothing runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_mid_storm_with_recover() {
+    if !redis_server::installed() {
+        return;
+    }
+    let dir = redis_server::scratch_dir("storm-recover");
+    // Not the AOF test's range: both may start their server at once.
+    let port = redis_server::ports(23_000, 1).next().unwrap();
+    let server = std::sync::Arc::new(redis_server::RedisServer::start(
+        port,
+        &dir,
+        &[
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ],
+    ));
+    let url = server.url();
+    let flags: Vec<&str> = ["--store", "redis", "--redis-url", &url]
+        .iter()
+        .chain(RECOVER_STORM)
+        .copied()
+        .collect();
+    let storm = args(&flags);
+    let fault_at = Duration::from_millis(400);
+    let s = server.clone();
+    let faults = async move {
+        tokio::time::sleep(fault_at).await;
+        tokio::task::spawn_blocking(move || {
+            s.kill();
+            std::thread::sleep(Duration::from_millis(500));
+            s.start_again();
+        })
+        .await
+        .unwrap();
+    };
+    let (summary, ()) = tokio::join!(idem_storm::run(&storm), faults);
+    let summary = summary.unwrap();
+    server.shutdown_nosave();
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("{summary}");
+    held_through_an_outage_longer_than_the_lease(&summary, fault_at);
 }

@@ -1,5 +1,6 @@
 //! The storm binary as a user runs it: 12.3 % duplicates and 64 callers on every store this build
-//! has, the audit catching real double executions, the JSON and SVG outputs, and bad flags.
+//! has, the audit catching real double executions, `--recover` preventing the ones it can, the JSON
+//! and SVG outputs, and bad flags.
 
 use std::process::{Command, Output};
 
@@ -76,6 +77,7 @@ fn storm_holds(store: &str, mode: &str, extra: &[&str]) {
         .sum();
     let ends = n("executed")
         + n("takeovers")
+        + n("recovered")
         + n("replays")
         + n("in_progress")
         + n("lease_lost")
@@ -220,6 +222,126 @@ fn the_heartbeat_keeps_slow_bodies_single() {
     assert_eq!(s["lease_lost"], 0);
 }
 
+/// A storm without the heartbeat like `the_audit_catches_double_executions` (its seed, 50 %
+/// duplicates), with duplicates reaching anywhere back (`--skew 0`), so that more of them arrive
+/// while a body outlives its 200 ms lease; the fault and `--recover` in `extra`.
+fn no_heartbeat_storm(store: &str, extra: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let mut args = vec![
+        "--store",
+        store,
+        "-n",
+        "2000",
+        "-c",
+        "64",
+        "--dup-rate",
+        "0.5",
+        "--skew",
+        "0",
+        "--lease",
+        "200ms",
+        "--no-heartbeat",
+        "--seed",
+        "11",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = storm(&args);
+    (out.status.code(), json(&out))
+}
+
+/// Bodies that write their effect and then stall 1.5 leases without a heartbeat (a holder paused
+/// between its effect and its mark) are taken over while they stall. Without `--recover` the
+/// takeover runs the effect again: the scenario bites. With it, the takeover's recover fn reads the
+/// ledger, finds the effect and answers with that run: no key runs twice, every answer is the run
+/// the ledger holds, and the stalled holder wakes to a lost lease.
+fn recover_prevents_the_double_executions_of_stalled_holders(store: &str, extra: &[&str]) {
+    let stall: Vec<&str> = ["--stall-rate", "0.5"]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect();
+    let (code, s) = no_heartbeat_storm(store, &stall);
+    assert_eq!(code, Some(1), "{store} without --recover: {s:#}");
+    assert!(s["double_executions"].as_u64().unwrap() > 0, "{s:#}");
+    assert_eq!(s["recovered"], 0, "{s:#}");
+
+    let recover: Vec<&str> = stall.iter().copied().chain(["--recover"]).collect();
+    let (code, s) = no_heartbeat_storm(store, &recover);
+    assert_eq!(code, Some(0), "{store} with --recover: {s:#}");
+    assert_eq!(s["invariants_hold"], true);
+    assert_eq!(s["double_executions"], 0, "{s:#}");
+    assert_eq!(s["foreign_answers"], 0, "{s:#}");
+    assert_eq!(s["split_answers"], 0, "{s:#}");
+    assert_eq!(s["false_successes"], 0, "{s:#}");
+    let n = |f: &str| s[f].as_u64().unwrap();
+    assert!(n("recovered") > 0, "no takeover found an effect: {s:#}");
+    // Each recovered takeover left a stalled holder behind, which finds its claim gone.
+    assert!(n("lease_lost") >= n("recovered"), "{s:#}");
+    // One effect per key; each answered once: to its own caller, or (its caller's lease lost) to
+    // the takeover that recovered it.
+    assert_eq!(n("executions"), n("distinct_keys"), "{s:#}");
+    assert_eq!(
+        n("executions"),
+        n("executed") + n("takeovers") + n("lease_lost"),
+        "{s:#}"
+    );
+}
+
+#[test]
+fn recover_memory() {
+    recover_prevents_the_double_executions_of_stalled_holders("memory", &[]);
+}
+
+#[test]
+fn recover_sqlite() {
+    recover_prevents_the_double_executions_of_stalled_holders("sqlite", &[]);
+}
+
+#[test]
+fn recover_sharded() {
+    recover_prevents_the_double_executions_of_stalled_holders("sharded", &[]);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn recover_redis() {
+    if std::env::var("IDEM_REDIS_URL").is_err() && !reachable("Redis", "127.0.0.1:6379") {
+        return;
+    }
+    recover_prevents_the_double_executions_of_stalled_holders("redis", &[]);
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn recover_postgres() {
+    if postgres_up() {
+        recover_prevents_the_double_executions_of_stalled_holders("postgres", &[]);
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn recover_mysql() {
+    if mysql_up() {
+        recover_prevents_the_double_executions_of_stalled_holders("mysql", &[]);
+    }
+}
+
+/// `--slow-rate` bodies are slow *before* their effect: a takeover's recover fn finds nothing, the
+/// takeover runs the body, and the slow holder writes its effect afterwards. That is a real double
+/// execution no recover fn can prevent (only the heartbeat does): the audit still reports it, and
+/// still accepts no wrong answer.
+#[test]
+fn recover_cannot_prevent_a_takeover_before_the_effect() {
+    let (code, s) = no_heartbeat_storm("sqlite", &["--slow-rate", "0.5", "--recover"]);
+    assert_eq!(code, Some(1), "{s:#}");
+    assert_eq!(s["invariants_hold"], false);
+    assert!(s["double_executions"].as_u64().unwrap() > 0, "{s:#}");
+    assert_eq!(s["foreign_answers"], 0, "{s:#}");
+    assert_eq!(s["split_answers"], 0, "{s:#}");
+    assert_eq!(s["false_successes"], 0, "{s:#}");
+}
+
 #[test]
 fn the_table_and_the_plot() {
     let dir = tempfile::tempdir().unwrap();
@@ -237,6 +359,7 @@ fn the_table_and_the_plot() {
     let table = String::from_utf8(out.stdout).unwrap();
     for row in [
         "requests",
+        "recovered            0",
         "double executions",
         "throughput",
         "latency p99",
@@ -283,6 +406,14 @@ fn bad_flags_are_refused() {
             "invalid value 'nosuch' for '--store",
         ),
         (&["--skew", "-1"], "unexpected argument '-1'"),
+        (
+            &["--store", "sqlite", "--mode", "tx", "--recover"],
+            "--recover needs --mode lease",
+        ),
+        (
+            &["--slow-rate", "0.6", "--stall-rate", "0.6"],
+            "--stall-rate, --panic-rate and --drop-rate add up to 1.200",
+        ),
     ];
     for (args, says) in cases {
         let out = storm(args);

@@ -7,6 +7,9 @@
 //! - SIGKILL after the body's effect and before its mark, 20 trials per store: after the lease a
 //!   repeat with a recover fn finds the effect and replays it (no second effect); without one the
 //!   takeover runs the body again, as documented for lease mode alone.
+//!   The same through `#[idempotent(recover = …)]` (SQLite, 10 trials), and through the HTTP
+//!   layer: a service killed after its handler's effect, restarted on the same records (SQLite,
+//!   6 trials, half with the layer's `recover`).
 //! - SIGKILL mid-transaction (tx mode), 100 trials: the claim and the business write die with the
 //!   transaction: no record, no effect, and the next caller runs at once.
 //! - SIGSTOP past the lease: a paused holder (heartbeat and all) is taken over; resumed, it gets
@@ -68,6 +71,11 @@ enum Act {
     /// Lease mode: claim, write the effect, say READY, wait to be killed: a holder that dies
     /// after its effect and before its mark.
     Effect,
+    /// As `Effect`, through an `#[idempotent]` fn with `recover` (SQLite only).
+    EffectThroughTheAttribute,
+    /// Serves the Idempotency-Key layer on SQLite (says `LISTEN <port>`); its handler writes the
+    /// effect, says READY and waits to be killed.
+    ServeHttp,
     /// Tx mode: claim and write the effect in a transaction, say READY, wait to be killed.
     HoldTx,
     /// Lease mode with a heartbeat: claim, say READY, wait for a line on stdin (the parent
@@ -248,6 +256,27 @@ async fn child() {
                 })
                 .await;
         }
+        Act::EffectThroughTheAttribute => {
+            let Backend::Sqlite { path } = &spec.backend else {
+                unreachable!("the attribute trial runs on SQLite")
+            };
+            attribute_site(path, &spec.effects).await;
+            let _ = charge(&spec.key, "child", true).await;
+        }
+        #[cfg(feature = "axum")]
+        Act::ServeHttp => {
+            let Backend::Sqlite { path } = &spec.backend else {
+                unreachable!("the HTTP trial runs on SQLite")
+            };
+            let store = SqliteStore::open(path).await.unwrap();
+            let effects = effects_pool(&spec.effects).await;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            say(&format!("LISTEN {}", listener.local_addr().unwrap().port()));
+            let app = http_shop(effects, "child", true).layer(http_layer(store, lease, None));
+            axum::serve(listener, app).await.unwrap();
+        }
+        #[cfg(not(feature = "axum"))]
+        Act::ServeHttp => unreachable!("the HTTP trial needs the `axum` feature"),
         Act::HoldTx => match &spec.backend {
             Backend::Sqlite { path } => {
                 let store = SqliteStore::open(path).await.unwrap();
@@ -680,6 +709,231 @@ async fn killed_after_its_effect(site: Site) {
         }
         let record = site.store.load(biz, key).await.unwrap().unwrap();
         assert_eq!(record.status, Status::Succeeded, "{key}");
+    }
+}
+
+/// The effects table the attribute trial's fns use (one per process: only that trial sets it).
+static ATTRIBUTE_EFFECTS: std::sync::OnceLock<SqlitePool> = std::sync::OnceLock::new();
+
+/// Registers the attribute trial's store (`crash_attribute`) and effects table in this process.
+async fn attribute_site(records: &PathBuf, effects: &PathBuf) {
+    idem::register_store("crash_attribute", SqliteStore::open(records).await.unwrap());
+    let _ = ATTRIBUTE_EFFECTS.set(effects_pool(effects).await);
+}
+
+/// The "real business result": the first effect recorded for the order.
+async fn payment_of(order: &str) -> Result<Option<String>, IdemError> {
+    let seen = effects_of(ATTRIBUTE_EFFECTS.get().unwrap(), "CRASHATTR", order).await;
+    Ok(seen.first().map(|who| format!("recovered {who}")))
+}
+
+/// Writes the effect, then (when `hang`) says READY and waits to be killed.
+#[idem::idempotent(
+    biz = "CRASHATTR",
+    key = "order",
+    store = "crash_attribute",
+    lease = "3s",
+    recover = "payment_of(order)"
+)]
+async fn charge(order: &str, who: &str, hang: bool) -> Result<String, IdemError> {
+    effect(ATTRIBUTE_EFFECTS.get().unwrap(), "CRASHATTR", order, who).await?;
+    if hang {
+        say("READY");
+        std::future::pending::<()>().await;
+    }
+    Ok(format!("charged by {who}"))
+}
+
+/// `killed_after_its_effect` through `#[idempotent(recover = …)]`: 10 children killed after their
+/// effect; after the lease each repeat is recovered, and the body never runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_killed_after_its_effect_through_the_attribute() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    let site = sqlite_site().await;
+    let Backend::Sqlite { path } = &site.backend else {
+        unreachable!()
+    };
+    attribute_site(path, &site.effects_path).await;
+    let lease = Duration::from_secs(3);
+    let keys = site
+        .kill_n(
+            10,
+            "CRASHATTR",
+            lease,
+            Act::EffectThroughTheAttribute,
+            10,
+            async |key| {
+                let record = site
+                    .store
+                    .load("CRASHATTR", key)
+                    .await
+                    .unwrap()
+                    .expect("claimed");
+                assert_eq!(record.status, Status::Processing, "{key}");
+            },
+        )
+        .await;
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    for key in &keys {
+        let (res, report) = idem::observe(charge(key, "repeat", false)).await;
+        assert_eq!(res.unwrap(), "recovered child", "{key}");
+        assert_eq!(report.unwrap().outcome, Outcome::Recovered, "{key}");
+        assert_eq!(
+            effects_of(&site.effects, "CRASHATTR", key).await,
+            ["child"],
+            "{key}"
+        );
+        let again = charge(key, "third", false).await.unwrap();
+        assert_eq!(again, "recovered child", "{key}: replayed");
+    }
+}
+
+/// `POST /orders` with an Idempotency-Key: writes the effect under the key as `who`, then (when
+/// `hang`) says READY and waits to be killed; else answers 201 `ordered by <who>`.
+#[cfg(feature = "axum")]
+fn http_shop(effects: SqlitePool, who: &'static str, hang: bool) -> axum::Router {
+    let order = move |headers: axum::http::HeaderMap| {
+        let effects = effects.clone();
+        async move {
+            let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+            effect(&effects, "CRASHHTTP", &key, who).await.unwrap();
+            if hang {
+                say("READY");
+                std::future::pending::<()>().await;
+            }
+            (axum::http::StatusCode::CREATED, format!("ordered by {who}"))
+        }
+    };
+    axum::Router::new().route("/orders", axum::routing::post(order))
+}
+
+/// The layer on `store`, with `recover` reading the effects table when given.
+#[cfg(feature = "axum")]
+fn http_layer(
+    store: SqliteStore,
+    lease: Duration,
+    recover: Option<SqlitePool>,
+) -> idem::http::IdempotencyLayer {
+    let builder = idem::http::IdempotencyLayer::builder(store)
+        .principal(idem::http::Principal::unscoped(
+            "a test service with one caller",
+        ))
+        .lease(lease);
+    let builder = match recover {
+        None => builder,
+        Some(effects) => builder.recover(move |req: idem::http::RecoverRequest| {
+            let effects = effects.clone();
+            async move {
+                use axum::response::IntoResponse;
+                let seen = effects_of(&effects, "CRASHHTTP", &req.key).await;
+                Ok(seen.first().map(|who| {
+                    (axum::http::StatusCode::CREATED, format!("ordered by {who}")).into_response()
+                }))
+            }
+        }),
+    };
+    builder.build().unwrap()
+}
+
+/// A service killed (SIGKILL) after its handler's effect and before the layer stored the
+/// response, 6 times (half of them with `recover`): after the lease, a retry at a restarted service with `recover` gets the
+/// first order's response and no second effect; without `recover`, the documented behaviour of
+/// lease mode alone: the handler runs again.
+#[cfg(feature = "axum")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_service_killed_after_its_handlers_effect() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    let site = sqlite_site().await;
+    let Backend::Sqlite { path } = site.backend.clone() else {
+        unreachable!()
+    };
+    let lease = Duration::from_secs(2);
+    let client = reqwest::Client::new();
+    for trial in 0..6 {
+        let with_recover = trial % 2 == 0;
+        let key = format!("order-{trial}");
+        let spec = site.spec("CRASHHTTP", &key, lease, Act::ServeHttp);
+        let mut child = tokio::task::spawn_blocking(move || {
+            let mut child = Running::spawn(&spec);
+            let port = child.wait_for("LISTEN");
+            (
+                child,
+                port.trim_start_matches("LISTEN ").parse::<u16>().unwrap(),
+            )
+        })
+        .await
+        .unwrap();
+        let first = {
+            let (client, key, port) = (client.clone(), key.clone(), child.1);
+            tokio::spawn(async move {
+                client
+                    .post(format!("http://127.0.0.1:{port}/orders"))
+                    .header("idempotency-key", key)
+                    .send()
+                    .await
+            })
+        };
+        child = tokio::task::spawn_blocking(move || {
+            child.0.wait_for("READY");
+            child
+        })
+        .await
+        .unwrap();
+        child.0.kill();
+        assert!(
+            first.await.unwrap().is_err(),
+            "the service died mid-request"
+        );
+        assert_eq!(
+            effects_of(&site.effects, "CRASHHTTP", &key).await,
+            ["child"]
+        );
+
+        // The service comes back (in this process) on the same records.
+        let store = SqliteStore::open(&path).await.unwrap();
+        let recover = with_recover.then(|| site.effects.clone());
+        let app = http_shop(site.effects.clone(), "repeat", false)
+            .layer(http_layer(store, lease, recover));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/orders", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let early = client
+            .post(&url)
+            .header("idempotency-key", &key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            early.status(),
+            409,
+            "{key}: in progress until the lease ends"
+        );
+        tokio::time::sleep(lease + Duration::from_millis(200)).await;
+        let retry = client
+            .post(&url)
+            .header("idempotency-key", &key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(retry.status(), 201, "{key}");
+        let effects = effects_of(&site.effects, "CRASHHTTP", &key).await;
+        if with_recover {
+            assert_eq!(retry.headers()["idempotent-replayed"], "true", "{key}");
+            assert_eq!(retry.text().await.unwrap(), "ordered by child", "{key}");
+            assert_eq!(effects, ["child"], "{key}: no second effect");
+        } else {
+            assert_eq!(retry.text().await.unwrap(), "ordered by repeat", "{key}");
+            assert_eq!(
+                effects,
+                ["child", "repeat"],
+                "{key}: lease mode alone runs it again"
+            );
+        }
+        server.abort();
     }
 }
 

@@ -66,6 +66,16 @@ async fn by_hand(store: &MemoryStore, k: u64) -> Result<u64, IdemError> {
         .await
 }
 
+/// `by_hand` with the heartbeat off: what the default heartbeat (a timer beside the body) costs.
+async fn by_hand_no_heartbeat(store: &MemoryStore, k: u64) -> Result<u64, IdemError> {
+    Call::new("BENCH", &k)
+        .ttl(idem::DEFAULT_TTL)
+        .lease(idem::DEFAULT_LEASE)
+        .no_heartbeat()
+        .run(store, async { Ok(black_box(k)) })
+        .await
+}
+
 /// The raw loop: one connection, the statements of a hand-written dedup table, no idem. Returns
 /// (INSERT + UPDATE per key, one SELECT per key) in calls/s.
 async fn raw_sqlite(path: std::path::PathBuf, calls: u64) -> (f64, f64) {
@@ -152,7 +162,7 @@ fn main() {
     println!("idem throughput (one core, median of rounds; scale {scale}; {allocator})\n");
     println!("{:<44} {:>14}", "scenario", "calls/s");
 
-    // IDEM_BENCH_ONLY=macro|named|hand: one loop of 100k first executions, for instruction counting
+    // IDEM_BENCH_ONLY=macro|named|hand|hand-nobeat: one loop of 100k first executions, for instruction counting
     // under `valgrind --tool=callgrind`; IDEM_BENCH_ONLY=sqlite: the SQLite rows only.
     let only = std::env::var("IDEM_BENCH_ONLY").ok();
     let sqlite_only = only.as_deref() == Some("sqlite");
@@ -164,6 +174,7 @@ fn main() {
                 match only.as_str() {
                     "macro" => via_macro(&store, k).await.unwrap(),
                     "named" => via_macro_named(k).await.unwrap(),
+                    "hand-nobeat" => by_hand_no_heartbeat(&store, k).await.unwrap(),
                     _ => by_hand(&store, k).await.unwrap(),
                 };
             }

@@ -572,18 +572,7 @@ async fn redis_crashed_while_bodies_finish() {
     }
     let dir = redis_server::scratch_dir("holder-outage");
     let port = redis_server::ports(31_000, 1).next().unwrap();
-    let server = Arc::new(redis_server::RedisServer::start(
-        port,
-        &dir,
-        &[
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-        ],
-    ));
+    let server = Arc::new(redis_server::RedisServer::start_durable(port, &dir));
     let store = idem::RedisStore::connect(&server.url())
         .await
         .unwrap()

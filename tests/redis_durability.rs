@@ -77,18 +77,7 @@ async fn a_killed_server_keeps_what_aof_always_wrote_and_nothing_else() {
     std::fs::create_dir_all(&aof_dir).unwrap();
     std::fs::create_dir_all(&bare_dir).unwrap();
 
-    let aof = RedisServer::start(
-        ports.next().unwrap(),
-        &aof_dir,
-        &[
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--save",
-            "",
-        ],
-    );
+    let aof = RedisServer::start_durable(ports.next().unwrap(), &aof_dir);
     assert_eq!(
         ran_again_after_a_kill(&aof).await,
         0,

@@ -341,18 +341,7 @@ async fn redis_killed_and_restarted_mid_storm_with_aof_always() {
     }
     let dir = redis_server::scratch_dir("storm-aof");
     let port = redis_server::ports(29_100, 1).next().unwrap();
-    let server = std::sync::Arc::new(redis_server::RedisServer::start(
-        port,
-        &dir,
-        &[
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-        ],
-    ));
+    let server = std::sync::Arc::new(redis_server::RedisServer::start_durable(port, &dir));
     let storm = args(&[
         "--store",
         "redis",
@@ -399,18 +388,7 @@ async fn redis_killed_and_restarted_mid_storm_with_recover() {
     let dir = redis_server::scratch_dir("storm-recover");
     // Not the AOF test's range: both may start their server at once.
     let port = redis_server::ports(23_000, 1).next().unwrap();
-    let server = std::sync::Arc::new(redis_server::RedisServer::start(
-        port,
-        &dir,
-        &[
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-        ],
-    ));
+    let server = std::sync::Arc::new(redis_server::RedisServer::start_durable(port, &dir));
     let url = server.url();
     let flags: Vec<&str> = ["--store", "redis", "--redis-url", &url]
         .iter()

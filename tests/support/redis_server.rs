@@ -58,6 +58,22 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts a server on `port` with its files in `dir` and `args` (e.g. persistence settings),
     /// and waits until it answers.
+    /// A server that keeps every write it acknowledged: AOF with `appendfsync always`, no RDB.
+    pub fn start_durable(port: u16, dir: &Path) -> RedisServer {
+        Self::start(
+            port,
+            dir,
+            &[
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ],
+        )
+    }
+
     pub fn start(port: u16, dir: &Path, args: &[&str]) -> RedisServer {
         let server = RedisServer {
             port,

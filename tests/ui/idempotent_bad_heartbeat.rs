@@ -1,5 +1,5 @@
-// A heartbeat must beat more often than the lease runs out, and has no lease to renew in a
-// transaction.
+// A heartbeat must beat more often than the lease runs out, has no lease to renew in a
+// transaction, and is a duration or "off".
 use idem::{SqliteTx, idempotent};
 
 #[path = "support/pay.rs"]
@@ -14,6 +14,11 @@ async fn pay(req: &PayReq) -> Result<Receipt, PayError> {
 #[idempotent(biz = "PAY", key = "req.order_no", tx = "tx", heartbeat = "1s")]
 async fn pay_in_tx(tx: &mut SqliteTx, req: &PayReq) -> Result<Receipt, PayError> {
     let _ = tx;
+    Ok(Receipt { id: req.user_id })
+}
+
+#[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite", heartbeat = "of")]
+async fn misspelled_off(req: &PayReq) -> Result<Receipt, PayError> {
     Ok(Receipt { id: req.user_id })
 }
 

@@ -181,6 +181,16 @@ fn check_biz(lit: LitStr, errors: &mut Errors) -> Option<LitStr> {
 
 /// `ttl` / `lease`: `"7d"`, `"30s"`, ….
 fn duration_arg(name: &str, value: &Expr, errors: &mut Errors) -> Option<DurationArg> {
+    duration_arg_hinted(name, value, errors, "")
+}
+
+/// [`duration_arg`], with `hint` after the error's explanation.
+fn duration_arg_hinted(
+    name: &str,
+    value: &Expr,
+    errors: &mut Errors,
+    hint: &str,
+) -> Option<DurationArg> {
     let lit = string_lit(name, example(name), value, errors)?;
     match duration::parse_millis(&lit.value()) {
         Ok(millis) => Some(DurationArg { millis, lit }),
@@ -188,7 +198,7 @@ fn duration_arg(name: &str, value: &Expr, errors: &mut Errors) -> Option<Duratio
             errors.at(
                 lit.span(),
                 format!(
-                    "invalid `{name}` duration `\"{}\"`: {error}",
+                    "invalid `{name}` duration `\"{}\"`: {error}{hint}",
                     lit.value().escape_default()
                 ),
             );
@@ -213,15 +223,18 @@ impl HeartbeatArg {
 }
 
 fn heartbeat_arg(value: &Expr, errors: &mut Errors) -> Option<HeartbeatArg> {
-    if let Expr::Lit(syn::ExprLit {
-        lit: syn::Lit::Str(lit),
-        ..
-    }) = value
+    if let Some(lit) = crate::common::expr_arg::as_lit_str(value)
         && lit.value() == "off"
     {
         return Some(HeartbeatArg::Off(lit.clone()));
     }
-    duration_arg("heartbeat", value, errors).map(HeartbeatArg::Every)
+    duration_arg_hinted(
+        "heartbeat",
+        value,
+        errors,
+        "; or `heartbeat = \"off\"` to never renew the lease",
+    )
+    .map(HeartbeatArg::Every)
 }
 
 /// `on_in_progress`: `"reject"` or `"wait(5s)"`.

@@ -38,17 +38,15 @@ impl Drop for Running {
 /// it), so a server's graceful shutdown, which waits for its connections, may return while
 /// handlers still run. Wait for them after it:
 ///
-/// ```no_run
-/// # async fn demo(layer: idem_runtime::http::IdempotencyLayer, app: axum::Router,
-/// #     listener: tokio::net::TcpListener) -> std::io::Result<()> {
+/// ```ignore
+/// // (axum's `serve` needs its `tokio` feature, which a service has and this crate does not.)
 /// let drain = layer.drain();
-/// axum::serve(listener, app)
+/// axum::serve(listener, app.layer(layer))
 ///     .with_graceful_shutdown(async { let _ = tokio::signal::ctrl_c().await; })
 ///     .await?;
 /// if let Err(left) = drain.wait(std::time::Duration::from_secs(30)).await {
 ///     tracing::warn!(left, "handlers still running at shutdown; their leases will expire");
 /// }
-/// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
 pub struct Drain(pub(crate) Arc<Inflight>);

@@ -532,7 +532,9 @@ mod tests {
         counts.0[Outcome::Replayed.index()] = 5;
         let text = format!("{counts:?}");
         assert!(
-            text.starts_with("Counts { executed: 0, taken_over: 0, replayed: 5,"),
+            text.starts_with(
+                "Counts { executed: 0, taken_over: 0, recovered: 0, recover_failed: 0, replayed: 5,"
+            ),
             "{text}"
         );
         assert!(text.ends_with("not_found: 0 }"), "{text}");

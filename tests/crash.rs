@@ -8,8 +8,8 @@
 //!   repeat with a recover fn finds the effect and replays it (no second effect); without one the
 //!   takeover runs the body again, as documented for lease mode alone.
 //!   The same through `#[idempotent(recover = …)]` (SQLite, 10 trials), and through the HTTP
-//!   layer: a service killed after its handler's effect, restarted on the same records (SQLite,
-//!   6 trials, half with the layer's `recover`).
+//!   layer: a service killed after its handler's effect, restarted on the same records (4 trials
+//!   per store, half with the layer's `recover`).
 //! - SIGKILL mid-transaction (tx mode), 100 trials: the claim and the business write die with the
 //!   transaction: no record, no effect, and the next caller runs at once.
 //! - SIGSTOP past the lease: a paused holder (heartbeat and all) is taken over; resumed, it gets
@@ -73,8 +73,8 @@ enum Act {
     Effect,
     /// As `Effect`, through an `#[idempotent]` fn with `recover` (SQLite only).
     EffectThroughTheAttribute,
-    /// Serves the Idempotency-Key layer on SQLite (says `LISTEN <port>`); its handler writes the
-    /// effect, says READY and waits to be killed.
+    /// Serves the Idempotency-Key layer on the site's store (says `LISTEN <port>`); its handler
+    /// writes the effect, says READY and waits to be killed.
     ServeHttp,
     /// Tx mode: claim and write the effect in a transaction, say READY, wait to be killed.
     HoldTx,
@@ -265,10 +265,7 @@ async fn child() {
         }
         #[cfg(feature = "axum")]
         Act::ServeHttp => {
-            let Backend::Sqlite { path } = &spec.backend else {
-                unreachable!("the HTTP trial runs on SQLite")
-            };
-            let store = SqliteStore::open(path).await.unwrap();
+            let store = open(&spec.backend).await;
             let effects = effects_pool(&spec.effects).await;
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             say(&format!("LISTEN {}", listener.local_addr().unwrap().port()));
@@ -812,7 +809,7 @@ fn http_shop(effects: SqlitePool, who: &'static str, hang: bool) -> axum::Router
 /// The layer on `store`, with `recover` reading the effects table when given.
 #[cfg(feature = "axum")]
 fn http_layer(
-    store: SqliteStore,
+    store: Arc<dyn Store>,
     lease: Duration,
     recover: Option<SqlitePool>,
 ) -> idem::http::IdempotencyLayer {
@@ -838,22 +835,14 @@ fn http_layer(
 }
 
 /// A service killed (SIGKILL) after its handler's effect and before the layer stored the
-/// response, 6 times (half of them with `recover`): after the lease, a retry at a restarted service with `recover` gets the
-/// first order's response and no second effect; without `recover`, the documented behaviour of
-/// lease mode alone: the handler runs again.
+/// response, 4 times (half of them with `recover`): after the lease, a retry at a restarted service
+/// with `recover` gets the first order's response and no second effect; without `recover`, the
+/// documented behaviour of lease mode alone: the handler runs again.
 #[cfg(feature = "axum")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_service_killed_after_its_handlers_effect() {
-    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-        return;
-    }
-    let site = sqlite_site().await;
-    let Backend::Sqlite { path } = site.backend.clone() else {
-        unreachable!()
-    };
+async fn service_killed_after_its_handlers_effect(site: Site) {
     let lease = Duration::from_secs(2);
     let client = reqwest::Client::new();
-    for trial in 0..6 {
+    for trial in 0..4 {
         let with_recover = trial % 2 == 0;
         let key = format!("order-{trial}");
         let spec = site.spec("CRASHHTTP", &key, lease, Act::ServeHttp);
@@ -894,10 +883,12 @@ async fn sqlite_service_killed_after_its_handlers_effect() {
         );
 
         // The service comes back (in this process) on the same records.
-        let store = SqliteStore::open(&path).await.unwrap();
         let recover = with_recover.then(|| site.effects.clone());
-        let app = http_shop(site.effects.clone(), "repeat", false)
-            .layer(http_layer(store, lease, recover));
+        let app = http_shop(site.effects.clone(), "repeat", false).layer(http_layer(
+            open(&site.backend).await,
+            lease,
+            recover,
+        ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/orders", listener.local_addr().unwrap());
         let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -935,6 +926,37 @@ async fn sqlite_service_killed_after_its_handlers_effect() {
         }
         server.abort();
     }
+}
+
+#[cfg(feature = "axum")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_service_killed_after_its_handlers_effect() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    service_killed_after_its_handlers_effect(sqlite_site().await).await;
+}
+
+/// The same on a server store (needs the HTTP layer too).
+macro_rules! service_killed_on_server {
+    ($($feature:literal: $name:ident on $site:ident;)*) => {$(
+        #[cfg(all(feature = "axum", feature = $feature))]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+                return;
+            }
+            if let Some(site) = $site().await {
+                service_killed_after_its_handlers_effect(site).await;
+            }
+        }
+    )*};
+}
+
+service_killed_on_server! {
+    "mysql": mysql_service_killed_after_its_handlers_effect on my_site;
+    "postgres": postgres_service_killed_after_its_handlers_effect on pg_site;
+    "redis": redis_service_killed_after_its_handlers_effect on redis_site;
 }
 
 async fn paused_past_the_lease(site: Site) {

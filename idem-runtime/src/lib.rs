@@ -21,10 +21,10 @@ mod fingerprint;
 pub mod http;
 mod key;
 mod metrics;
+mod recovery;
 mod registry;
 mod sql;
 mod store;
-mod recovery;
 mod sweeper;
 mod tokens;
 mod transition;
@@ -59,11 +59,11 @@ pub use key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN, IdemKey, validate_biz, v
 pub use metrics::{
     CallReport, Counts, Outcome, count_token_op, counts, counts_for, names, observe,
 };
+pub use recovery::{Reconciled, Reconciler};
 pub use registry::{IntoSharedStore, register_store, store, unregister_store};
 pub use store::{
     Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store,
 };
-pub use recovery::{Reconciled, Reconciler};
 pub use sweeper::Sweeper;
 pub use tokens::{MAX_SUBJECT_LEN, MemoryTokens, TokenStore, register_tokens, tokens};
 pub use transition::{

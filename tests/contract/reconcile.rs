@@ -25,9 +25,9 @@ struct Asked {
 /// ones; SHIP found keys divisible by 3, cannot tell for keys that are 1 mod 3, and none else.
 fn truth(kind: usize, i: usize) -> Result<Option<String>, String> {
     match kind {
-        0 if i % 2 == 0 => Ok(Some(format!("paid {i}"))),
+        0 if i.is_multiple_of(2) => Ok(Some(format!("paid {i}"))),
         0 => Ok(None),
-        _ if i % 3 == 0 => Ok(Some(format!("shipped {i}"))),
+        _ if i.is_multiple_of(3) => Ok(Some(format!("shipped {i}"))),
         _ if i % 3 == 1 => Err("the warehouse does not answer".to_owned()),
         _ => Ok(None),
     }

@@ -6,9 +6,11 @@
 //! `idem:stuck:<n>:<biz>` (see `stuck_key`), indexes the PROCESSING records by lease end for
 //! [`Store::stuck`]; a cluster keeps none. Errors are sorted into classes in `error.rs`.
 
+mod cluster;
 mod conn;
 mod error;
 pub(crate) mod scripts;
+mod stuck;
 mod tokens;
 
 pub(crate) use error::redis_error;
@@ -27,7 +29,9 @@ use crate::store::decide::millis;
 use crate::store::{
     Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store,
 };
+pub use cluster::RedisClusterStore;
 use conn::Conn;
+use stuck::{biz_of, stuck_key};
 
 /// How long a command may wait for its reply.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,12 +41,6 @@ static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLE
 static FAIL: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::FAIL));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RENEW));
 static SWEEP: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SWEEP));
-static STUCK: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::STUCK));
-
-/// How many members one run of the stuck script walks besides the records it returns: it blocks
-/// the server while it runs, so stale members (records Redis expired by itself) are dropped this
-/// many at a time, and the walk starts again after them.
-const STALE_PER_RUN: u64 = 1000;
 
 /// The key of a record: `<prefix>{<n>:<biz>:<key>}` (prefix `idem:` by default), where `<n>` is
 /// the business type's length in bytes, so the key names exactly one `(biz, key)`: `("PAY", "x:y")`
@@ -69,44 +67,6 @@ pub(crate) fn record_key(prefix: &str, biz: &str, key: &str) -> String {
     k.push_str(key);
     k.push('}');
     k
-}
-
-/// The key of business type `biz`'s stuck index: `<prefix>stuck:<n>:<biz>`, `n` its length in
-/// bytes as in [`record_key`], so two business types never share one (`("PAY")` is
-/// `idem:stuck:3:PAY`, `("PAY:x")` is `idem:stuck:5:PAY:x`). After the prefix a record key has
-/// `{` and a token key `tok:`, so an index never meets either. A sorted set: its members are the
-/// record keys of `biz` that are PROCESSING, scored by their lease end (ms, store clock); Redis
-/// deletes it when its last member leaves.
-pub(crate) fn stuck_key(prefix: &str, biz: &str) -> String {
-    let mut len = itoa::Buffer::new();
-    let len = len.format(biz.len());
-    let mut k = String::with_capacity(prefix.len() + 7 + len.len() + biz.len());
-    k.push_str(prefix);
-    k.push_str("stuck:");
-    k.push_str(len);
-    k.push(':');
-    k.push_str(biz);
-    k
-}
-
-/// The business type of a record key written by [`record_key`] under `prefix`, if it is one.
-fn biz_of<'k>(prefix: &str, record: &'k str) -> Option<&'k str> {
-    let rest = record.strip_prefix(prefix)?.strip_prefix('{')?;
-    let (len, rest) = rest.split_once(':')?;
-    if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let len: usize = len.parse().ok()?;
-    let biz = rest.get(..len)?;
-    rest[len..].starts_with(':').then_some(biz)
-}
-
-/// The idempotency key of a member of `biz`'s index: the record key between
-/// `<prefix>{<n>:<biz>:` and the closing brace.
-fn key_of<'k>(prefix: &str, biz: &str, record: &'k str) -> Option<&'k str> {
-    let head = record_key(prefix, biz, "");
-    let head = &head[..head.len() - 1];
-    record.strip_prefix(head)?.strip_suffix('}')
 }
 
 /// Checks a key prefix: letters, digits, `:`, `_`, `-` (it is also a SCAN pattern).
@@ -169,16 +129,6 @@ fn bytes(v: &Value) -> &[u8] {
         Value::SimpleString(s) => s.as_bytes(),
         _ => b"",
     }
-}
-
-/// What one run of the stuck script found.
-struct Walked {
-    /// It stopped at its budget: there may be more members to walk.
-    more: bool,
-    /// How many stuck records it passed.
-    kept: u64,
-    /// (When records were wanted) each stuck member followed by its record's 7 fields.
-    found: Vec<Value>,
 }
 
 /// A record from its fields as `HMGET s a f fp lu ex r` answers them; `None` when it has no status
@@ -363,89 +313,6 @@ impl Records {
         record_of(biz, key, &fields)
     }
 
-    /// Lists at most `batch` stuck records of `biz`, oldest lease first: one run of the stuck
-    /// script on `biz`'s index (no SCAN), again when it stopped at its budget of stale members.
-    async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
-        let Some(index) = self.index(biz) else {
-            return Err(IdemError::NotSupported {
-                backend: "redis-cluster",
-                what: "listing stuck records (the reconciler)",
-            });
-        };
-        if batch == 0 {
-            return Ok(Vec::new());
-        }
-        // Well inside what the script's `%d` writes exactly.
-        let want = u64::try_from(batch).unwrap_or(u64::MAX).min(1 << 31);
-        loop {
-            let walked = self.walk(&index, want, 0, want + STALE_PER_RUN).await?;
-            if walked.more {
-                // STALE_PER_RUN stale members were dropped before `want` stuck records were found:
-                // the next run starts where the records are.
-                continue;
-            }
-            let mut records = Vec::with_capacity(walked.found.len() / 8);
-            for fields in walked.found.chunks(8) {
-                let [member, fields @ ..] = fields else {
-                    return Err(IdemError::store("unexpected reply from the stuck script"));
-                };
-                let member = text(member).unwrap_or_default();
-                let key = key_of(&self.prefix, biz, &member).ok_or_else(|| {
-                    IdemError::store(format!(
-                        "`{}` in the stuck index of `{biz}` is not one of its records",
-                        member.escape_default()
-                    ))
-                })?;
-                if let Some(record) = record_of(biz, key, fields)? {
-                    records.push(record);
-                }
-            }
-            return Ok(records);
-        }
-    }
-
-    /// One run of the stuck script on `index`.
-    async fn walk(
-        &self,
-        index: &str,
-        want: u64,
-        skip: u64,
-        budget: u64,
-    ) -> Result<Walked, IdemError> {
-        let mut conn = self.conn.clone();
-        let reply: Vec<Value> = STUCK
-            .key(index)
-            .arg(want)
-            .arg(skip)
-            .arg(budget)
-            .arg(self.offset.ms())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        let mut reply = reply.into_iter();
-        let (Some(more), Some(kept)) = (reply.next(), reply.next()) else {
-            return Err(IdemError::store("unexpected reply from the stuck script"));
-        };
-        Ok(Walked {
-            more: int(&more, "more")? == 1,
-            kept: u64::try_from(int(&kept, "kept")?).unwrap_or(0),
-            found: reply.collect(),
-        })
-    }
-
-    /// Drops the stale members of `index` (records gone or not PROCESSING) whose lease end has
-    /// passed, a budget at a time, passing over the stuck ones.
-    async fn trim(&self, index: &str) -> Result<(), IdemError> {
-        let mut skip = 0u64;
-        loop {
-            let walked = self.walk(index, 0, skip, STALE_PER_RUN).await?;
-            if !walked.more {
-                return Ok(());
-            }
-            skip += walked.kept;
-        }
-    }
-
     /// Deletes at most `batch` records expired by the store's clock (and their index members),
     /// then drops the stale members of every stuck index (records Redis expired by itself). Redis
     /// expires records by itself (`PEXPIREAT` at the end of their TTL or lease, whichever is
@@ -598,83 +465,6 @@ impl RedisStore {
     }
 }
 
-/// Keeps records in a Redis Cluster, through the async cluster client (which follows MOVED and
-/// ASK by itself). Every record is one key with a hash tag, so every script runs on one slot.
-///
-/// [`Store::stuck`] is not supported on a cluster ([`IdemError::NotSupported`], so no
-/// [`crate::Reconciler`]): a business type's stuck index would lie in another slot than its
-/// records, and a script cannot update both in one step. Kept apart from the script, the index
-/// would miss exactly the claims whose writer died between the two writes, the ones a reconciler
-/// is for; a cluster keeps no index, and its claims and marks cost what they cost before.
-///
-/// ```no_run
-/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// let store = idem_runtime::RedisClusterStore::connect(&[
-///     "redis://127.0.0.1:7001",
-///     "redis://127.0.0.1:7002",
-///     "redis://127.0.0.1:7003",
-/// ])
-/// .await?;
-/// idem_runtime::register_store("redis", store);
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct RedisClusterStore(RedisStore);
-
-impl RedisClusterStore {
-    /// Connects to the cluster that `nodes` (some of its nodes' URLs) belong to.
-    ///
-    /// # Errors
-    /// [`IdemError::StoreUnavailable`] when it cannot be reached.
-    pub async fn connect(nodes: &[&str]) -> Result<Self, IdemError> {
-        let client = redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
-            .response_timeout(RESPONSE_TIMEOUT)
-            .connection_timeout(Duration::from_secs(2))
-            .build()
-            .map_err(IdemError::unavailable)?;
-        let conn = client.get_async_connection().await.map_err(redis_error)?;
-        Ok(RedisClusterStore(RedisStore {
-            records: Arc::new(Records {
-                conn: Conn::Cluster(conn),
-                limits: Limits::default(),
-                offset: ClockOffset::default(),
-                prefix: "idem:".to_owned(),
-                acks: None,
-            }),
-        }))
-    }
-
-    /// The same store with other limits.
-    pub fn with_limits(self, limits: Limits) -> Self {
-        RedisClusterStore(self.0.with_limits(limits))
-    }
-
-    /// The same store on a [`TestClock`].
-    pub fn with_test_clock(self, clock: TestClock) -> Self {
-        RedisClusterStore(self.0.with_test_clock(clock))
-    }
-
-    /// The same store with every write acknowledged by `replicas` replicas of the key's primary
-    /// (see [`RedisStore::with_replica_acks`]).
-    ///
-    /// # Errors
-    /// [`IdemError::InvalidOptions`] for `replicas == 0` or a zero timeout.
-    pub fn with_replica_acks(self, replicas: u32, timeout: Duration) -> Result<Self, IdemError> {
-        Ok(RedisClusterStore(
-            self.0.with_replica_acks(replicas, timeout)?,
-        ))
-    }
-
-    /// The same store with its records under another key prefix (see
-    /// [`RedisStore::with_prefix`]).
-    ///
-    /// # Errors
-    /// [`IdemError::InvalidOptions`] for a bad prefix.
-    pub fn with_prefix(self, prefix: &str) -> Result<Self, IdemError> {
-        Ok(RedisClusterStore(self.0.with_prefix(prefix)?))
-    }
-}
-
 #[async_trait]
 impl Store for RedisStore {
     fn backend(&self) -> &'static str {
@@ -737,90 +527,5 @@ impl Store for RedisStore {
     /// without the index (before an upgrade) are not listed.
     async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
         self.records.stuck(biz, batch).await
-    }
-}
-
-#[async_trait]
-impl Store for RedisClusterStore {
-    fn backend(&self) -> &'static str {
-        self.0.backend()
-    }
-
-    fn limits(&self) -> &Limits {
-        self.0.limits()
-    }
-
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        self.0.claim(req).await
-    }
-
-    async fn complete(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        snapshot: &[u8],
-        ttl: Duration,
-    ) -> Result<(), IdemError> {
-        self.0.complete(biz, key, claim, snapshot, ttl).await
-    }
-
-    async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
-        self.0.fail(biz, key, claim).await
-    }
-
-    async fn renew(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<(), IdemError> {
-        self.0.renew(biz, key, claim, lease).await
-    }
-
-    async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        self.0.load(biz, key).await
-    }
-
-    async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
-        self.0.sweep_expired(batch).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{biz_of, key_of, record_key, stuck_key};
-
-    #[test]
-    fn an_index_key_names_one_business_type_and_meets_no_record_or_token() {
-        assert_eq!(stuck_key("idem:", "PAY"), "idem:stuck:3:PAY");
-        assert_ne!(stuck_key("idem:", "PAY:x"), stuck_key("idem:", "PAY"));
-        assert_eq!(stuck_key("idem:", "PAY:x"), "idem:stuck:5:PAY:x");
-        let index = stuck_key("p:", "tok");
-        assert!(!index.starts_with("p:{") && !index.starts_with("p:tok:"));
-    }
-
-    #[test]
-    fn a_record_key_reads_back_as_its_business_type_and_key() {
-        for (biz, key) in [
-            ("PAY", "x:y"),
-            ("PAY:x", "y"),
-            ("B", "}{"),
-            ("支付", "k"),
-            ("A", ""),
-        ] {
-            let record = record_key("idem:", biz, key);
-            assert_eq!(biz_of("idem:", &record), Some(biz), "{record}");
-            assert_eq!(key_of("idem:", biz, &record), Some(key), "{record}");
-        }
-        assert_eq!(biz_of("idem:", "idem:tok:00"), None);
-        assert_eq!(biz_of("idem:", "idem:{PAY:x}"), None, "0.1.0's keys");
-        assert_eq!(biz_of("idem:", "idem:{9:PAY:x}"), None);
-        assert_eq!(biz_of("other:", &record_key("idem:", "PAY", "x")), None);
-        assert_eq!(
-            key_of("idem:", "PAY", &record_key("idem:", "PAY:x", "y")),
-            None
-        );
     }
 }

@@ -23,7 +23,7 @@ pub use edges::{
 };
 #[allow(unused_imports)]
 pub use reconcile::{
-    a_takeover_racing_the_reconciler_has_one_winner,
+    a_takeover_racing_the_reconciler_has_one_winner, stuck_lists_ended_leases_oldest_first,
     the_reconciler_resolves_stuck_records_in_batches,
 };
 #[allow(unused_imports)]
@@ -1144,6 +1144,7 @@ macro_rules! with_contract_cases {
             a_takeover_asks_recover_before_running_the_body,
             a_failed_recover_releases_the_claim,
             recover_is_not_asked_for_a_fresh_claim_or_a_retry,
+            stuck_lists_ended_leases_oldest_first,
             the_reconciler_resolves_stuck_records_in_batches,
             a_takeover_racing_the_reconciler_has_one_winner,
         );

@@ -37,6 +37,50 @@ fn index(key: &str) -> usize {
     key.trim_start_matches('k').parse().unwrap()
 }
 
+/// `stuck` itself: three claims with a 10 s lease (a second apart on the test clock), one
+/// completed; 11 s later the two still PROCESSING are listed, oldest lease first, exactly as `load`
+/// reads them; another business type's stuck record is not; a batch of 1 is the oldest.
+pub async fn stuck_lists_ended_leases_oldest_first(s: Subject) {
+    let (store, clock) = (s.store, s.clock);
+    let (pay, refund, other) = (biz("stuck_pay"), biz("stuck_ref"), biz("stuck_none"));
+    if let Err(IdemError::NotSupported { backend, .. }) = store.stuck(&pay, 1).await {
+        assert_eq!(
+            backend, "redis-cluster",
+            "only a cluster may lack the index"
+        );
+        return;
+    }
+    let mut claims = Vec::new();
+    for (biz, key) in [(&pay, "a"), (&pay, "b"), (&pay, "c"), (&refund, "r")] {
+        claims.push(acquire(&*store, &req(biz, key, secs(10))).await.0);
+        clock.advance(secs(1));
+    }
+    store
+        .complete(&pay, "b", &claims[1], b"{\"Ok\":1}", secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.stuck(&pay, 10).await.unwrap(),
+        [],
+        "no lease ended yet"
+    );
+    clock.advance(secs(11));
+    let stuck = store.stuck(&pay, 10).await.unwrap();
+    let keys: Vec<&str> = stuck.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["a", "c"], "{stuck:?}");
+    assert!(stuck[0].lease_until_ms < stuck[1].lease_until_ms);
+    for (record, claim) in stuck.iter().zip([&claims[0], &claims[2]]) {
+        assert_eq!(record.status, Status::Processing);
+        assert_eq!((record.attempt, record.fence), (claim.attempt, claim.fence));
+        let loaded = store.load(&pay, &record.key).await.unwrap().unwrap();
+        assert_eq!(record, &loaded, "built as load builds it");
+    }
+    assert_eq!(store.stuck(&other, 10).await.unwrap(), []);
+    assert_eq!(store.stuck("NUL\0", 10).await.unwrap(), []);
+    assert_eq!(store.stuck(&pay, 1).await.unwrap(), stuck[..1]);
+    assert_eq!(store.stuck(&refund, 10).await.unwrap().len(), 1);
+}
+
 pub async fn the_reconciler_resolves_stuck_records_in_batches(s: Subject) {
     let (store, clock) = (s.store, s.clock);
     let bizes = [biz("rec_pay"), biz("rec_ship")];

@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::engine::retry_transient;
 use crate::engine::snapshot::OkType;
 use crate::metrics::names;
 use crate::store::{ClaimOutcome, ClaimRequest};
@@ -176,8 +177,9 @@ impl Reconciler {
     /// left that this pass has not seen.
     ///
     /// # Errors
-    /// The store's error (listing, claiming or marking); records resolved before it stay
-    /// resolved, and the claim in hand is left to its lease.
+    /// The store's error (listing, claiming or marking), once a transient one was tried again as
+    /// the engine tries a claim; records resolved before it stay resolved, and the claim in hand
+    /// is left to its lease.
     pub async fn reconcile_once(&self) -> Result<Reconciled, IdemError> {
         let mut done = Reconciled::default();
         for (biz, resolve) in &self.by_biz {
@@ -209,7 +211,7 @@ impl Reconciler {
         let limit = self.store.limits().max_snapshot_len;
         let mut seen: HashSet<String> = HashSet::new();
         loop {
-            let stuck = self.store.stuck(biz, self.batch).await?;
+            let stuck = retry_transient(|| self.store.stuck(biz, self.batch)).await?;
             let listed = stuck.len();
             let mut new = 0;
             for record in stuck {
@@ -243,7 +245,7 @@ impl Reconciler {
             lease: self.lease,
             ttl: self.ttl,
         };
-        let claim = match self.store.claim(&req).await? {
+        let claim = match retry_transient(|| self.store.claim(&req)).await? {
             ClaimOutcome::Acquired { claim, .. } => claim,
             ClaimOutcome::Replay { .. }
             | ClaimOutcome::InProgress { .. }
@@ -254,9 +256,7 @@ impl Reconciler {
         };
         match resolve.resolve(key, limit).await {
             Ok(Some(snapshot)) => {
-                match self
-                    .store
-                    .complete(biz, key, &claim, &snapshot, self.ttl)
+                match retry_transient(|| self.store.complete(biz, key, &claim, &snapshot, self.ttl))
                     .await
                 {
                     Ok(()) => done.succeeded += 1,
@@ -264,14 +264,14 @@ impl Reconciler {
                     Err(e) => return Err(e),
                 }
             }
-            Ok(None) => match self.store.fail(biz, key, &claim).await {
+            Ok(None) => match retry_transient(|| self.store.fail(biz, key, &claim)).await {
                 Ok(()) => done.failed += 1,
                 Err(IdemError::LeaseLost { .. }) => done.skipped += 1,
                 Err(e) => return Err(e),
             },
             Err(why) => {
                 tracing::warn!(biz, error = %why, "the recover fn could not tell whether a stuck call's action happened; the record is left");
-                match self.store.release(biz, key, &claim).await {
+                match retry_transient(|| self.store.release(biz, key, &claim)).await {
                     Ok(()) | Err(IdemError::LeaseLost { .. }) => done.undecided += 1,
                     Err(e) => return Err(e),
                 }

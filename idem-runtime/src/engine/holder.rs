@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{TRANSIENT_TRIES, back_off, back_off_pause, current};
+use super::{TRANSIENT_TRIES, back_off_pause, current, retry_transient};
 use crate::IdemError;
 use crate::store::{Claim, ClaimRequest, Store};
 
@@ -74,39 +74,22 @@ impl<'a> Holder<'a> {
         }
     }
 
-    /// Renews the lease once, trying again on a transient error while the lease is live.
+    /// Renews the lease once, trying a transient error again as a claim is tried, each try cut
+    /// off when the lease's time is up. The lease is counted from before the first try.
     async fn beat(&mut self) {
-        let mut tried = 0;
-        loop {
-            let sent = Instant::now();
-            self.last_beat = sent;
-            let renewed = self
-                .store
-                .renew(self.req.biz, self.req.key, &self.claim, self.req.lease);
-            let renewed = match self.time_left() {
-                Some(left) => tokio::time::timeout(left, renewed)
-                    .await
-                    .unwrap_or_else(|_| Err(no_answer())),
-                None => renewed.await,
-            };
-            match renewed {
-                Ok(()) => {
-                    self.lease_ends = sent + self.req.lease;
-                    return;
-                }
-                Err(e @ IdemError::LeaseLost { .. }) => {
-                    tracing::error!(attempt = self.claim.attempt, error = %e, "heartbeat found the claim taken over; the result will not be stored");
-                    self.renewing = false;
-                    return;
-                }
-                Err(e) if e.is_transient_store_error() && tried + 1 < TRANSIENT_TRIES => {
-                    tried += 1;
-                    back_off(tried).await;
-                }
-                Err(e) => {
-                    tracing::warn!(attempt = self.claim.attempt, error = %e, "heartbeat could not renew the lease; trying again at the next beat");
-                    return;
-                }
+        let sent = Instant::now();
+        self.last_beat = sent;
+        let (store, req, claim) = (self.store, self.req, self.claim);
+        let left = self.time_left();
+        let renew = || within(left, store.renew(req.biz, req.key, &claim, req.lease));
+        match retry_transient(renew).await {
+            Ok(()) => self.lease_ends = sent + req.lease,
+            Err(e @ IdemError::LeaseLost { .. }) => {
+                tracing::error!(attempt = claim.attempt, error = %e, "heartbeat found the claim taken over; the result will not be stored");
+                self.renewing = false;
+            }
+            Err(e) => {
+                tracing::warn!(attempt = claim.attempt, error = %e, "heartbeat could not renew the lease; trying again at the next beat");
             }
         }
     }
@@ -134,13 +117,7 @@ impl<'a> Holder<'a> {
     {
         let mut tried = 0u32;
         loop {
-            let left = self.time_left();
-            let marked = match left {
-                Some(left) => tokio::time::timeout(left, mark())
-                    .await
-                    .unwrap_or_else(|_| Err(no_answer())),
-                None => mark().await,
-            };
+            let marked = within(self.time_left(), mark()).await;
             let e = match marked {
                 Err(e) if e.is_transient_store_error() => e,
                 done => return done,
@@ -162,6 +139,19 @@ impl<'a> Holder<'a> {
                 None => tokio::time::sleep(nap).await,
             }
         }
+    }
+}
+
+/// `step`, cut off after `left` (when given) with [`no_answer`].
+async fn within<F: Future<Output = Result<(), IdemError>>>(
+    left: Option<Duration>,
+    step: F,
+) -> Result<(), IdemError> {
+    match left {
+        Some(left) => tokio::time::timeout(left, step)
+            .await
+            .unwrap_or_else(|_| Err(no_answer())),
+        None => step.await,
     }
 }
 

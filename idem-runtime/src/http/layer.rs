@@ -156,6 +156,15 @@ fn over_limit(e: &axum::Error) -> bool {
     false
 }
 
+/// `stored` as the record keeps it: without its body when the body is over `max_body` bytes or
+/// the whole would not fit the store's snapshot limit (the engine wraps the snapshot in a few
+/// bytes of envelope; a margin is kept for it).
+fn kept(stored: Stored, body_len: usize, max_body: usize, store_limit: usize) -> Stored {
+    let fits = body_len <= max_body
+        && serde_json::to_vec(&stored).is_ok_and(|json| json.len() + 64 <= store_limit);
+    if fits { stored } else { stored.without_body() }
+}
+
 fn with_body<B>(response: Response<B>) -> Response<Body>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -313,10 +322,12 @@ where
         let Some(stored) = stored else {
             return Err(Flow::ServerError);
         };
-        // The engine wraps the snapshot in a few bytes of envelope; keep a margin for it.
-        let fits = bytes.len() <= cfg.max_response_bytes
-            && serde_json::to_vec(&stored).is_ok_and(|json| json.len() + 64 <= store_limit);
-        Ok(if fits { stored } else { stored.without_body() })
+        Ok(kept(
+            stored,
+            bytes.len(),
+            cfg.max_response_bytes,
+            store_limit,
+        ))
     };
     let result: Result<Stored, Flow<S::Error>> = match &cfg.recover {
         None => call.run(&*cfg.store, handler).await,
@@ -346,9 +357,12 @@ where
                     ));
                 }
                 let stored = Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers);
-                let fits = bytes.len() <= cfg.max_response_bytes
-                    && serde_json::to_vec(&stored).is_ok_and(|json| json.len() + 64 <= store_limit);
-                Ok(Some(if fits { stored } else { stored.without_body() }))
+                Ok(Some(kept(
+                    stored,
+                    bytes.len(),
+                    cfg.max_response_bytes,
+                    store_limit,
+                )))
             })
             .run(&*cfg.store, handler)
             .await

@@ -23,6 +23,8 @@ struct Flaky {
     /// Marks fail with "connection refused" until this moment (an outage).
     marks_down_until: std::sync::Mutex<Option<std::time::Instant>>,
     renewals: AtomicU32,
+    /// The next claim's reply comes back this late (a server slow to answer after a restart).
+    claim_delay: std::sync::Mutex<Option<Duration>>,
 }
 
 impl Flaky {
@@ -64,7 +66,12 @@ impl Store for Flaky {
         if take_one(&self.failing_claims) {
             return Err(busy());
         }
-        self.inner.claim(req).await
+        let outcome = self.inner.claim(req).await;
+        let delay = self.claim_delay.lock().unwrap().take();
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
+        outcome
     }
     async fn complete(
         &self,
@@ -385,4 +392,42 @@ async fn a_rolled_back_transaction_runs_again() {
         1,
         "only a rolled-back transaction runs again"
     );
+}
+
+/// A claim whose reply comes back after its lease ended (400 ms against 300 ms) while another
+/// caller took the record over: the late holder confirms its claim with one fenced renewal before
+/// running anything, finds it taken (`LeaseLost`), and its body never runs. One effect, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_comes_back_after_its_lease_runs_nothing_when_taken_over() {
+    let store = Arc::new(Flaky::default());
+    let runs = Arc::new(AtomicU32::new(0));
+    let lease = Duration::from_millis(300);
+    *store.claim_delay.lock().unwrap() = Some(Duration::from_millis(400));
+    let late = {
+        let (store, runs) = (store.clone(), runs.clone());
+        tokio::spawn(async move {
+            let (res, report) =
+                idem::observe(Call::new("FAULT", "late").lease(lease).run(&*store, async {
+                    Ok::<_, IdemError>(runs.fetch_add(1, Ordering::SeqCst))
+                }))
+                .await;
+            (res, report.unwrap().outcome)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(320)).await;
+    let (taker, outcome) = call_with(&store, Call::new("FAULT", "late").lease(lease), &runs).await;
+    assert_eq!((taker.unwrap(), outcome), (0, Outcome::TakenOver));
+    let (res, outcome) = late.await.unwrap();
+    assert!(matches!(res, Err(IdemError::LeaseLost { .. })), "{res:?}");
+    assert_eq!(outcome, Outcome::LeaseLost);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the late holder ran nothing"
+    );
+
+    // Late but not taken over: the renewal confirms the claim and the body runs once.
+    *store.claim_delay.lock().unwrap() = Some(Duration::from_millis(400));
+    let (res, outcome) = call_with(&store, Call::new("FAULT", "alone").lease(lease), &runs).await;
+    assert_eq!((res.unwrap(), outcome), (1, Outcome::Executed));
 }

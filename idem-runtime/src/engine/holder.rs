@@ -94,6 +94,26 @@ impl<'a> Holder<'a> {
         }
     }
 
+    /// Before anything runs: a claim whose reply came back (or whose task got to run) only after
+    /// its lease's safe part had passed may have been taken over meanwhile; one fenced renewal
+    /// says whether it is still ours, and extends it. A claim still inside its lease needs
+    /// nothing (the common case: no round trip).
+    ///
+    /// # Errors
+    /// `LeaseLost` when another attempt took it over; a store error when the renewal could not
+    /// tell. Either way nothing must run.
+    pub(crate) async fn confirm(&mut self) -> Result<(), IdemError> {
+        if self.time_left().is_some() {
+            return Ok(());
+        }
+        let sent = Instant::now();
+        let (store, req, claim) = (self.store, self.req, self.claim);
+        retry_transient(|| store.renew(req.biz, req.key, &claim, req.lease)).await?;
+        self.lease_ends = sent + req.lease;
+        self.last_beat = sent;
+        Ok(())
+    }
+
     /// How long the claim stays safely ours: until the lease ends less the margin; `None` once
     /// that moment has passed.
     fn time_left(&self) -> Option<Duration> {

@@ -231,6 +231,16 @@ where
         // expires and a later attempt takes over; nothing ever claims a success that did not happen.
         let mut holder = Holder::new(store, &req, claim, call.heartbeat_every(), claimed_at);
         let attempt = claim.attempt;
+        if let Err(e) = holder.confirm().await {
+            // The claim came back too late to be sure it is still ours: nothing runs.
+            let outcome = match e {
+                IdemError::LeaseLost { .. } => Outcome::LeaseLost,
+                _ => Outcome::Rejected,
+            };
+            tracing::warn!(attempt, error = %e, "the claim came back after its lease; nothing ran");
+            report(biz, outcome, attempt);
+            return Err(err.from_idem(e));
+        }
         let recovered = match recover {
             Some(recover) if how == Acquired::TakeOver => match holder.run(recover()).await {
                 Ok(found) => found,

@@ -66,6 +66,17 @@ pub enum IdemError {
         /// The decoder's message.
         reason: String,
     },
+    /// A recovery point ([`crate::step`]) could not be used: its name is out of range, the body
+    /// has more than [`crate::MAX_STEPS`] steps, its result cannot be encoded or is too large to
+    /// save, or a saved result no longer decodes as the step's type. The reason says whether the
+    /// step's work ran (HTTP 500: the service's own mistake).
+    #[error("recovery point `{step}`: {reason}")]
+    Step {
+        /// The step's name.
+        step: String,
+        /// What is wrong, and whether the step's work ran.
+        reason: String,
+    },
     /// A stored result snapshot could not be opened by an `EncryptedStore` (feature `encrypt`): it
     /// was sealed under a key id the keyring no longer holds, it failed authentication (altered, or
     /// moved from another record), or it is no envelope at all (written without encryption). The

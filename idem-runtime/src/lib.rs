@@ -51,6 +51,7 @@ pub use clock::TestClock;
 pub use duration::MAX_DURATION;
 pub use engine::current::current_claim;
 pub use engine::retry::{RestartsTransaction, retry_transaction};
+pub use engine::steps::{MAX_STEP_NAME_LEN, MAX_STEPS, step, step_key};
 pub use engine::tx::{IdemTx, TransactionalStore};
 pub use engine::{Call, DEFAULT_LEASE, DEFAULT_TTL, Recovering};
 pub use error::{BoxError, Busy, DecryptFailure, IdemError};

@@ -11,6 +11,7 @@ pub mod edges;
 pub mod reconcile;
 pub mod recover;
 pub mod server;
+pub mod steps;
 pub mod tokens;
 pub mod tx;
 
@@ -30,6 +31,13 @@ pub use reconcile::{
 pub use recover::{
     a_failed_recover_releases_the_claim, a_takeover_asks_recover_before_running_the_body,
     recover_is_not_asked_for_a_fresh_claim_or_a_retry,
+};
+#[allow(unused_imports)]
+pub use steps::{
+    a_new_life_or_another_payload_starts_without_steps,
+    a_retry_after_a_failure_resumes_after_the_saved_steps,
+    a_takeover_runs_only_the_steps_not_saved,
+    saved_steps_are_fenced_and_outlive_takeovers_and_failures, steps_are_refused_with_clear_errors,
 };
 
 use std::sync::Arc;
@@ -163,7 +171,7 @@ fn req<'a>(biz: &'a str, key: &'a str, lease: Duration) -> ClaimRequest<'a> {
 }
 
 /// The ttl of [`req`]'s claims.
-const TTL: Duration = Duration::from_secs(3600);
+pub const TTL: Duration = Duration::from_secs(3600);
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
@@ -1147,6 +1155,11 @@ macro_rules! with_contract_cases {
             stuck_lists_ended_leases_oldest_first,
             the_reconciler_resolves_stuck_records_in_batches,
             a_takeover_racing_the_reconciler_has_one_winner,
+            saved_steps_are_fenced_and_outlive_takeovers_and_failures,
+            a_new_life_or_another_payload_starts_without_steps,
+            a_takeover_runs_only_the_steps_not_saved,
+            a_retry_after_a_failure_resumes_after_the_saved_steps,
+            steps_are_refused_with_clear_errors,
         );
     };
 }

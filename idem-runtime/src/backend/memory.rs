@@ -9,7 +9,7 @@ use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
 use crate::store::decide::{Decision, RecordState, decide, duration_ms, millis, taken};
 use crate::store::{
-    Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store,
+    Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store, keeps_steps,
 };
 
 #[derive(Debug, Clone)]
@@ -18,6 +18,7 @@ struct Entry {
     attempt: u32,
     fence: u64,
     fingerprint: Option<Box<str>>,
+    /// The result once SUCCEEDED; before that, the saved steps (as the SQL stores keep them).
     snapshot: Option<Vec<u8>>,
     lease_until: i64,
     expire_at: i64,
@@ -34,6 +35,7 @@ impl Entry {
     }
 
     fn record(&self, biz: &str, key: &str) -> Record {
+        let (snapshot, steps) = Record::split_blob(self.status, self.snapshot.clone());
         Record {
             biz: biz.to_owned(),
             key: key.to_owned(),
@@ -41,7 +43,8 @@ impl Entry {
             attempt: self.attempt,
             fence: Fence::new(self.fence),
             fingerprint: self.fingerprint.as_deref().map(Into::into),
-            snapshot: self.snapshot.clone(),
+            snapshot,
+            steps,
             lease_until_ms: self.lease_until,
             expire_at_ms: self.expire_at,
         }
@@ -166,14 +169,14 @@ impl Store for MemoryStore {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         let now_us = self.now_us();
         let now = now_us.div_euclid(1000);
-        let fresh = |old: Option<(u32, u64, i64)>, reset: bool| {
+        let fresh = |old: Option<(u32, u64, i64)>, reset: bool, steps: Option<Vec<u8>>| {
             let t = taken(old, reset, now_us, req.lease, req.ttl);
             Entry {
                 status: Status::Processing,
                 attempt: t.attempt,
                 fence: t.fence,
                 fingerprint: req.fingerprint.map(Into::into),
-                snapshot: None,
+                snapshot: steps,
                 lease_until: t.lease_until_ms,
                 expire_at: t.expire_at_ms,
             }
@@ -188,7 +191,7 @@ impl Store for MemoryStore {
         let entry = match by_key.entry_ref(req.key) {
             hashbrown::hash_map::EntryRef::Occupied(e) => e.into_mut(),
             hashbrown::hash_map::EntryRef::Vacant(v) => {
-                let entry = v.insert(fresh(None, true));
+                let entry = v.insert(fresh(None, true, None));
                 return Ok(ClaimOutcome::Acquired {
                     claim: entry.claim(),
                     how: Acquired::Fresh,
@@ -197,7 +200,16 @@ impl Store for MemoryStore {
         };
         Ok(match decide(&entry.state(), req.fingerprint, now) {
             Decision::Take { how, reset } => {
-                *entry = fresh(Some((entry.attempt, entry.fence, entry.expire_at)), reset);
+                let steps = if keeps_steps(reset, entry.fingerprint.as_deref(), req.fingerprint) {
+                    entry.snapshot.take()
+                } else {
+                    None
+                };
+                *entry = fresh(
+                    Some((entry.attempt, entry.fence, entry.expire_at)),
+                    reset,
+                    steps,
+                );
                 ClaimOutcome::Acquired {
                     claim: entry.claim(),
                     how,
@@ -232,7 +244,18 @@ impl Store for MemoryStore {
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
         self.with_held(biz, key, claim, Status::Failed, |e| {
             e.status = Status::Failed;
-            e.snapshot = None;
+        })
+    }
+
+    async fn save_steps(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        self.with_held(biz, key, claim, Status::Processing, |e| {
+            e.snapshot = Some(steps.to_vec());
         })
     }
 

@@ -1,11 +1,43 @@
-//! The claim a running body holds, for bodies that pass their fence on (the fencing-token pattern).
+//! The claim a running body holds, for bodies that pass their fence on (the fencing-token pattern),
+//! and the call it belongs to, for its recovery points (steps.rs).
 
+use std::borrow::Cow;
 use std::future::Future;
+use std::sync::Arc;
 
+use super::steps::Steps;
 use crate::store::Claim;
 
 tokio::task_local! {
-    static CURRENT: Claim;
+    static CURRENT: Current;
+}
+
+/// What a running body's task knows of its call.
+#[derive(Clone)]
+pub(crate) struct Current {
+    pub(crate) claim: Claim,
+    pub(crate) call: Arc<CallScope>,
+}
+
+/// The call a body runs for: its record's identity, and in lease mode the log of its steps,
+/// shared with the holder that saves them.
+pub(crate) struct CallScope {
+    pub(crate) biz: Cow<'static, str>,
+    pub(crate) key: String,
+    /// `None` in transaction mode: a step's result would be saved in the transaction a crash
+    /// rolls back, so steps run as plain code there.
+    pub(crate) steps: Option<Steps>,
+}
+
+impl CallScope {
+    pub(crate) fn new(biz: Cow<'static, str>, key: String, steps: Option<Steps>) -> Self {
+        CallScope { biz, key, steps }
+    }
+}
+
+/// The running body's call, if this task runs one.
+pub(crate) fn current() -> Option<Current> {
+    CURRENT.try_with(Clone::clone).ok()
 }
 
 /// The claim held by the idempotent call whose body is running on this task: its attempt and its
@@ -31,10 +63,10 @@ tokio::task_local! {
 /// # receipt.map(|_| ()) }
 /// ```
 pub fn current_claim() -> Option<Claim> {
-    CURRENT.try_with(|claim| *claim).ok()
+    CURRENT.try_with(|current| current.claim).ok()
 }
 
-/// Runs `body` as the holder of `claim`.
-pub(crate) async fn scope<F: Future>(claim: Claim, body: F) -> F::Output {
-    CURRENT.scope(claim, body).await
+/// Runs `body` as the holder of `claim` for `call`.
+pub(crate) async fn scope<F: Future>(claim: Claim, call: Arc<CallScope>, body: F) -> F::Output {
+    CURRENT.scope(Current { claim, call }, body).await
 }

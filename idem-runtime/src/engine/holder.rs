@@ -9,13 +9,16 @@
 
 use std::future::Future;
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::current::CallScope;
+use super::steps::{self, Steps};
 use super::{TRANSIENT_TRIES, back_off_pause, current, retry_transient};
 use crate::IdemError;
-use crate::store::{Claim, ClaimRequest, Store};
+use crate::store::{Claim, ClaimRequest, Status, Store};
 
 /// The part of the lease a mark leaves unused: a tenth of it, at most 1 s. A mark sent later could
 /// land after another attempt took the record over.
@@ -30,6 +33,8 @@ pub(crate) struct Holder<'a> {
     store: &'a dyn Store,
     req: &'a ClaimRequest<'a>,
     claim: Claim,
+    /// The call, with the log of its steps (`call.steps` is always set in lease mode).
+    call: Arc<CallScope>,
     heartbeat: Option<Duration>,
     lease_ends: Instant,
     last_beat: Instant,
@@ -42,6 +47,7 @@ impl<'a> Holder<'a> {
         store: &'a dyn Store,
         req: &'a ClaimRequest<'a>,
         claim: Claim,
+        call: Arc<CallScope>,
         heartbeat: Option<Duration>,
         claimed_at: Instant,
     ) -> Self {
@@ -49,6 +55,7 @@ impl<'a> Holder<'a> {
             store,
             req,
             claim,
+            call,
             heartbeat,
             lease_ends: claimed_at + req.lease,
             last_beat: claimed_at,
@@ -57,21 +64,86 @@ impl<'a> Holder<'a> {
     }
 
     /// Runs the body as the holder of the claim (see [`current::current_claim`]), renewing the
-    /// lease every heartbeat while it runs.
+    /// lease every heartbeat while it runs, and reading and saving its steps when they ask.
     pub(crate) async fn run<F: Future>(&mut self, body: F) -> F::Output {
-        let body = current::scope(self.claim, body);
-        let Some(every) = self.heartbeat else {
-            return body.await;
-        };
-        let mut body = pin!(body);
+        let call = self.call.clone();
+        let mut body = pin!(current::scope(self.claim, call.clone(), body));
+        let steps = call.steps.as_ref();
         loop {
-            let next_beat = self.last_beat + every;
+            let next_beat = self.heartbeat.map(|every| self.last_beat + every);
             tokio::select! {
                 biased;
                 out = &mut body => return out,
-                () = tokio::time::sleep_until(next_beat), if self.renewing => self.beat().await,
+                () = async { steps.expect("guarded").wake.notified().await }, if steps.is_some() => {
+                    self.serve(steps.expect("guarded")).await;
+                }
+                () = tokio::time::sleep_until(next_beat.unwrap_or_else(Instant::now)),
+                    if self.renewing && next_beat.is_some() => self.beat().await,
             }
         }
+    }
+
+    /// Answers what the body's steps asked: reads the log saved under the record (once, after a
+    /// takeover or a retry), then saves the log with the new steps in it, fenced, trying as a mark
+    /// tries. One save covers every step that asked meanwhile.
+    async fn serve(&mut self, steps: &Steps) {
+        let (asks, unread) = steps.take_asks();
+        if asks.is_empty() {
+            return;
+        }
+        let mut read = Ok(());
+        if unread {
+            read = self.read_steps().await.map(|log| steps.set_log(log));
+        }
+        let saves: Vec<&str> = asks.iter().filter_map(|a| a.save.as_deref()).collect();
+        let saved = match &read {
+            Err(e) => Err(copy_of(e)),
+            Ok(()) if saves.is_empty() => Ok(()),
+            Ok(()) => self.save_steps(steps, &saves).await,
+        };
+        for ask in asks {
+            let answer = match if ask.save.is_some() { &saved } else { &read } {
+                Ok(()) => Ok(()),
+                Err(e) => Err(copy_of(e)),
+            };
+            // A step whose future was dropped does not wait for its answer.
+            let _ = ask.reply.send(answer);
+        }
+    }
+
+    /// The log saved under the record this call holds.
+    async fn read_steps(&mut self) -> Result<steps::Log, IdemError> {
+        let (store, req, claim) = (self.store, self.req, self.claim);
+        let left = self.time_left();
+        let record = retry_transient(|| within(left, store.load(req.biz, req.key))).await?;
+        match record {
+            Some(r) if r.fence == claim.fence && r.status == Status::Processing => {
+                steps::decode_log(r.steps.as_deref())
+            }
+            _ => Err(IdemError::LeaseLost {
+                attempt: claim.attempt,
+            }),
+        }
+    }
+
+    /// Saves the log, which now holds the steps `saves`.
+    async fn save_steps(&mut self, steps: &Steps, saves: &[&str]) -> Result<(), IdemError> {
+        let blob = steps.encoded();
+        let limit = self.store.limits().max_snapshot_len;
+        if blob.len() > limit {
+            steps.forget(saves);
+            return Err(IdemError::Step {
+                step: saves.join(", "),
+                reason: format!(
+                    "the step ran, but the saved steps would be {} bytes, more than the store's \
+                     snapshot limit of {limit}: save less (an id, not a document)",
+                    blob.len()
+                ),
+            });
+        }
+        let (store, req, claim) = (self.store, self.req, self.claim);
+        self.finish(|| store.save_steps(req.biz, req.key, &claim, &blob))
+            .await
     }
 
     /// Renews the lease once, trying a transient error again as a claim is tried, each try cut
@@ -163,15 +235,30 @@ impl<'a> Holder<'a> {
 }
 
 /// `step`, cut off after `left` (when given) with [`no_answer`].
-async fn within<F: Future<Output = Result<(), IdemError>>>(
+async fn within<T, F: Future<Output = Result<T, IdemError>>>(
     left: Option<Duration>,
     step: F,
-) -> Result<(), IdemError> {
+) -> Result<T, IdemError> {
     match left {
         Some(left) => tokio::time::timeout(left, step)
             .await
             .unwrap_or_else(|_| Err(no_answer())),
         None => step.await,
+    }
+}
+
+/// `e` again, for each of several steps that wait on one read or save: the same variant where
+/// it carries no source, the same class (unavailable, busy, other) with its message otherwise.
+fn copy_of(e: &IdemError) -> IdemError {
+    match e {
+        IdemError::LeaseLost { attempt } => IdemError::LeaseLost { attempt: *attempt },
+        IdemError::Step { step, reason } => IdemError::Step {
+            step: step.clone(),
+            reason: reason.clone(),
+        },
+        IdemError::StoreUnavailable { .. } => IdemError::unavailable(e.to_string()),
+        IdemError::StoreBusy { reason, .. } => IdemError::busy(*reason, e.to_string()),
+        _ => IdemError::store(e.to_string()),
     }
 }
 

@@ -10,6 +10,7 @@ pub(crate) mod current;
 mod holder;
 pub(crate) mod retry;
 pub(crate) mod snapshot;
+pub(crate) mod steps;
 pub(crate) mod tx;
 
 use std::future::Future;
@@ -27,7 +28,9 @@ use snapshot::{ErrType, OkType};
 use crate::IdemError;
 use crate::metrics::{Outcome, report};
 use crate::store::{Acquired, ClaimOutcome, ClaimRequest, Store};
+use current::CallScope;
 use holder::Holder;
+use steps::Steps;
 
 /// Where a call's store comes from.
 pub enum StoreArg<'a> {
@@ -184,7 +187,7 @@ pub(crate) type NoRecover<T, E> = fn() -> std::future::Ready<Result<Option<T>, E
 /// PROCESSING with its lease ended, so the next call asks again) and is the call's answer.
 pub(crate) async fn execute<T, E, F, R, RF>(
     store: Result<StoreHandle<'_>, IdemError>,
-    call: Call,
+    mut call: Call,
     ok: OkType<T>,
     err: ErrType<E>,
     recover: Option<R>,
@@ -197,6 +200,8 @@ where
 {
     let span = call_span(&call.biz);
     async move {
+        // The key moves into the body's task-local (for its steps) instead of being copied.
+        let key = std::mem::take(&mut call.key);
         let biz = call.biz();
         let refuse = |e: IdemError, outcome: Outcome| {
             report(biz, outcome, 0);
@@ -207,7 +212,12 @@ where
             Err(e) => return refuse(e, Outcome::Rejected),
         };
         let store = handle.get();
-        let req = match call.request(store) {
+        let scope = Arc::new(CallScope::new(
+            call.biz.clone(),
+            key,
+            Some(Steps::new(false)),
+        ));
+        let req = match call.request_for(store, &scope.key) {
             Ok(req) => req,
             Err(e) => return refuse(e, Outcome::Rejected),
         };
@@ -229,7 +239,19 @@ where
         };
         // From here the claim is ours. A panic or a dropped future leaves it PROCESSING: the lease
         // expires and a later attempt takes over; nothing ever claims a success that did not happen.
-        let mut holder = Holder::new(store, &req, claim, call.heartbeat_every(), claimed_at);
+        if how == Acquired::Fresh
+            && let Some(steps) = &scope.steps
+        {
+            steps.set_log(steps::Log::new());
+        }
+        let mut holder = Holder::new(
+            store,
+            &req,
+            claim,
+            scope.clone(),
+            call.heartbeat_every(),
+            claimed_at,
+        );
         let attempt = claim.attempt;
         if let Err(e) = holder.confirm().await {
             // The claim came back too late to be sure it is still ours: nothing runs.

@@ -149,7 +149,8 @@ where
 
 /// Runs the body as the holder of the guard's claim (see [`crate::current_claim`]).
 pub async fn tx_body<F: Future>(guard: &TxGuard, body: F) -> F::Output {
-    super::current::scope(guard.claim, body).await
+    let call = super::current::CallScope::new(guard.call.biz.clone(), guard.call.key.clone(), None);
+    super::current::scope(guard.claim, std::sync::Arc::new(call), body).await
 }
 
 /// Marks the claim done with the body's result (same transaction), or rolls the claim and the

@@ -9,7 +9,7 @@
 use crate::IdemError;
 use crate::engine::back_off;
 use crate::store::decide::{Decision, RecordState, decide, duration_ms};
-use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Status};
+use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Status, keeps_steps};
 
 /// A row as read for the claim decision, with the database's clock.
 #[derive(Debug)]
@@ -45,13 +45,15 @@ pub(crate) trait CasRecords {
     ) -> Result<(bool, Option<SeenRecord>), IdemError>;
 
     /// Takes `seen` over if it is unchanged (same fence, status and lease end): a new fence, a new
-    /// lease, and an expiry that covers the lease (a new life when `reset`). `None` when the record
-    /// changed since it was read.
+    /// lease, and an expiry that covers the lease (a new life when `reset`); the saved steps (in
+    /// `result`) are kept when `keep_steps`, else cleared. `None` when the record changed since it
+    /// was read.
     async fn take(
         &mut self,
         req: &ClaimRequest<'_>,
         seen: &SeenRecord,
         reset: bool,
+        keep_steps: bool,
     ) -> Result<Option<Claim>, IdemError>;
 }
 
@@ -80,7 +82,8 @@ pub(crate) async fn claim_by_cas<C: CasRecords>(
             };
             match decide(&state, req.fingerprint, seen.now_ms) {
                 Decision::Take { how, reset } => {
-                    if let Some(claim) = records.take(req, &seen, reset).await? {
+                    let keep = keeps_steps(reset, seen.fingerprint.as_deref(), req.fingerprint);
+                    if let Some(claim) = records.take(req, &seen, reset, keep).await? {
                         return Ok(ClaimOutcome::Acquired { claim, how });
                     }
                 }

@@ -177,10 +177,40 @@ pub struct Record {
     pub fingerprint: Option<String>,
     /// Result snapshot, once SUCCEEDED.
     pub snapshot: Option<Vec<u8>>,
+    /// The saved recovery points of an unfinished record (PROCESSING or FAILED): what
+    /// [`crate::step`] saved under it, opaque bytes the engine reads back after a takeover or a
+    /// retry. `None` when no step was saved (and always once SUCCEEDED).
+    pub steps: Option<Vec<u8>>,
     /// End of the current lease, ms since the Unix epoch by the store's clock.
     pub lease_until_ms: i64,
     /// When the record expires, same clock (never before its lease ends).
     pub expire_at_ms: i64,
+}
+
+impl Record {
+    /// Where a stored blob goes: the result snapshot of a SUCCEEDED record, the saved steps of an
+    /// unfinished one. The SQL and Redis stores keep both in one column (`result`, field `r`): a
+    /// record has steps only until it has a result, and its result replaces them.
+    pub(crate) fn split_blob(
+        status: Status,
+        blob: Option<Vec<u8>>,
+    ) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+        match status {
+            Status::Succeeded => (blob, None),
+            Status::Processing | Status::Failed => (None, blob),
+        }
+    }
+}
+
+/// Whether a take keeps the record's saved steps: a takeover or a retry of the same payload
+/// resumes from them; a record that starts a new life (`reset`), or a retry with another payload
+/// (both fingerprinted and different), starts with none.
+pub(crate) fn keeps_steps(reset: bool, stored_fp: Option<&str>, asked_fp: Option<&str>) -> bool {
+    !reset
+        && match (stored_fp, asked_fp) {
+            (Some(stored), Some(asked)) => stored == asked,
+            _ => true,
+        }
 }
 
 /// A backend that keeps dedup records.
@@ -256,6 +286,30 @@ pub trait Store: Send + Sync + 'static {
     /// As [`Store::renew`].
     async fn release(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
         self.renew(biz, key, claim, Duration::ZERO).await
+    }
+
+    /// Saves `steps`, the log of the body's recovery points ([`crate::step`]), under the record,
+    /// replacing the log saved before, only while it is PROCESSING under `claim`'s fence. Saving
+    /// the same log again succeeds (a save sent again after its reply was lost). A takeover or a
+    /// retry of the same payload keeps the log ([`Store::load`] reads it as [`Record::steps`]);
+    /// a mark of success replaces it with the result; a new life of the record starts without.
+    ///
+    /// # Errors
+    /// [`IdemError::LeaseLost`] when the claim is no longer held (nothing is changed);
+    /// [`IdemError::NotSupported`] for a store that cannot save steps (the default); backend
+    /// errors as for [`Store::claim`].
+    async fn save_steps(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        let _ = (biz, key, claim, steps);
+        Err(IdemError::NotSupported {
+            backend: self.backend(),
+            what: "saving recovery points (idem::step)",
+        })
     }
 
     /// Reads the record for `(biz, key)`, expired or not.

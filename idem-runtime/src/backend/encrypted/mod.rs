@@ -93,6 +93,9 @@ impl<S: Store> EncryptedStore<S> {
         if let Some(sealed) = record.snapshot.take() {
             record.snapshot = Some(self.inner.keyring.open(biz, key, &sealed)?);
         }
+        if let Some(sealed) = record.steps.take() {
+            record.steps = Some(self.inner.keyring.open(biz, key, &sealed)?);
+        }
         Ok(record)
     }
 
@@ -177,6 +180,19 @@ impl<S: Store> Store for EncryptedStore<S> {
     }
 
     /// The record with its snapshot opened.
+    /// Seals the steps as a snapshot is sealed: what a body's steps returned is as private as
+    /// what the body returns.
+    async fn save_steps(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        let sealed = self.inner.keyring.seal(biz, key, steps)?;
+        self.inner.store.save_steps(biz, key, claim, &sealed).await
+    }
+
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
         let Some(record) = self.inner.store.load(biz, key).await? else {
             return Ok(None);
@@ -188,8 +204,8 @@ impl<S: Store> Store for EncryptedStore<S> {
         self.inner.store.sweep_expired(batch).await
     }
 
-    /// The inner store's stuck records, each opened as [`Store::load`] opens it (a PROCESSING
-    /// record has no snapshot, so there is nothing to open unless a backend kept one).
+    /// The inner store's stuck records, each opened as [`Store::load`] opens it (their saved
+    /// steps, if any).
     async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
         let stuck = self.inner.store.stuck(biz, batch).await?;
         stuck

@@ -388,6 +388,19 @@ impl Store for MySqlStore {
             .await
     }
 
+    async fn save_steps(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        self.records(&mut conn, false)
+            .save_steps(biz, key, claim, steps)
+            .await
+    }
+
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
         let mut conn = self.pool.acquire().await.map_err(db_error)?;
         self.records(&mut conn, false).load(biz, key).await

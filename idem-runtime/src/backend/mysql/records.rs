@@ -51,13 +51,15 @@ pub(crate) struct Statements {
     /// duplicates reading it do not deadlock each other (`FOR UPDATE` would: each holds the shared
     /// lock the other's exclusive lock waits for).
     read_locking: Arc<str>,
-    /// ?reset ?off ?fp ?reset ?off ?reset ?off ?ttl ?off ?lease ?off ?lease ?off
+    /// ?reset ?off ?fp ?keep_steps ?reset ?off ?reset ?off ?ttl ?off ?lease ?off ?lease ?off
     /// ?biz ?key ?fence ?status ?lease_until
     take: Arc<str>,
     /// ?snapshot ?off ?ttl ?off ?biz ?key ?fence
     complete: Arc<str>,
     /// ?off ?biz ?key ?fence
     fail: Arc<str>,
+    /// ?steps ?off ?biz ?key ?fence
+    save_steps: Arc<str>,
     /// ?off ?lease ?off ?lease ?off ?biz ?key ?fence
     renew: Arc<str>,
     /// ?biz ?key
@@ -102,11 +104,12 @@ impl Statements {
             .into(),
             read_locking: format!("{read} LOCK IN SHARE MODE").into(),
             read: read.into(),
-            // Assignments run left to right; each reads only its own column's old value.
+            // Assignments run left to right; each reads only its own column's old value. The
+            // saved steps of an unfinished record (in `result`) stay when the take keeps them.
             take: format!(
                 "UPDATE {t} SET status = 'PROCESSING', attempt = IF(?, 1, attempt + 1), \
                  fence = LAST_INSERT_ID(GREATEST(fence + 1, {now_us})), fingerprint = ?, \
-                 result = NULL, created_at = IF(?, {now}, created_at), \
+                 result = IF(?, result, NULL), created_at = IF(?, {now}, created_at), \
                  expire_at = IF(?, {now} + ?, GREATEST(expire_at, {now} + ?)), \
                  lease_until = {now} + ?, updated_at = {now} \
                  WHERE {key} AND fence = ? AND status = ? AND lease_until = ?",
@@ -127,9 +130,17 @@ impl Statements {
                 now = now_ms!()
             )
             .into(),
+            // The saved steps (in `result`) stay for a retry.
             fail: format!(
-                "UPDATE {t} SET status = 'FAILED', result = NULL, updated_at = {now} \
+                "UPDATE {t} SET status = 'FAILED', updated_at = {now} \
                  WHERE {key} AND fence = ? AND status IN ('PROCESSING', 'FAILED')",
+                now = now_ms!()
+            )
+            .into(),
+            // The steps of an unfinished record live in `result` until a success replaces them.
+            save_steps: format!(
+                "UPDATE {t} SET result = ?, updated_at = {now} \
+                 WHERE {key} AND fence = ? AND status = 'PROCESSING'",
                 now = now_ms!()
             )
             .into(),
@@ -207,14 +218,17 @@ fn attempt_of(row: &MySqlRow) -> Result<u32, IdemError> {
 
 /// The record `(biz, key)` from a row with the columns of `load`.
 fn record_of(row: &MySqlRow, biz: &str, key: String) -> Result<Record, IdemError> {
+    let status = Status::parse(row.try_get("status").map_err(db_error)?)?;
+    let (snapshot, steps) = Record::split_blob(status, row.try_get("result").map_err(db_error)?);
     Ok(Record {
         biz: biz.to_owned(),
         key,
-        status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+        status,
         attempt: attempt_of(row)?,
         fence: Fence::new(row.try_get("fence").map_err(db_error)?),
         fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-        snapshot: row.try_get("result").map_err(db_error)?,
+        snapshot,
+        steps,
         lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
         expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
     })
@@ -277,6 +291,22 @@ impl<'c> Records<'c> {
         claim: &Claim,
     ) -> Result<(), IdemError> {
         let q = query(&self.sql.fail)
+            .bind(self.off)
+            .bind(biz)
+            .bind(key)
+            .bind(fence_param(claim));
+        self.held(q, claim).await
+    }
+
+    pub(super) async fn save_steps(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        let q = query(&self.sql.save_steps)
+            .bind(steps)
             .bind(self.off)
             .bind(biz)
             .bind(key)
@@ -431,12 +461,14 @@ impl CasRecords for Records<'_> {
         req: &ClaimRequest<'_>,
         seen: &SeenRecord,
         reset: bool,
+        keep_steps: bool,
     ) -> Result<Option<Claim>, IdemError> {
         let (lease, ttl, off) = (millis(req.lease), millis(req.ttl), self.off);
         let done = query(&self.sql.take)
             .bind(reset)
             .bind(off)
             .bind(req.fingerprint)
+            .bind(keep_steps)
             .bind(reset)
             .bind(off)
             .bind(reset)

@@ -460,6 +460,17 @@ impl Store for PgStore {
             .await
     }
 
+    async fn save_steps(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        self.with_conn(async |conn| self.records(conn).save_steps(biz, key, claim, steps).await)
+            .await
+    }
+
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
         if biz.contains('\0') || key.contains('\0') {
             // Postgres text cannot hold NUL, and no claim stores such a key: there is no record.

@@ -41,6 +41,7 @@ pub(super) struct Statements {
     take: SqlStr,
     complete: SqlStr,
     fail: SqlStr,
+    save_steps: SqlStr,
     renew: SqlStr,
     load: SqlStr,
     sweep: SqlStr,
@@ -77,12 +78,14 @@ impl Statements {
             )
         };
         // $1 biz, $2 key, $3 fingerprint, $4 lease ms, $5 ttl ms, $6 offset, $7 reset,
-        // $8 seen fence, $9 seen status, $10 seen lease end.
+        // $8 seen fence, $9 seen status, $10 seen lease end, $11 keep the saved steps (`result`
+        // of an unfinished record).
         let take = format!(
             "WITH c AS ({clock}) \
              UPDATE {t} AS r SET status = 'PROCESSING', \
              attempt = CASE WHEN $7 THEN 1 ELSE r.attempt + 1 END, \
-             fence = GREATEST(r.fence + 1, c.us), fingerprint = $3, result = NULL, \
+             fence = GREATEST(r.fence + 1, c.us), fingerprint = $3, \
+             result = CASE WHEN $11 THEN r.result END, \
              lease_until = c.n + $4, updated_at = c.n, \
              created_at = CASE WHEN $7 THEN c.n ELSE r.created_at END, \
              expire_at = CASE WHEN $7 THEN c.n + $5 ELSE GREATEST(r.expire_at, c.n + $4) END \
@@ -105,13 +108,22 @@ impl Statements {
              AND r.status IN ('PROCESSING', 'SUCCEEDED')",
             clock = clock("$6"),
         );
-        // $1 biz, $2 key, $3 fence, $4 offset.
+        // $1 biz, $2 key, $3 fence, $4 offset. The saved steps (in `result`) stay for a retry.
         let fail = format!(
             "WITH c AS ({clock}) \
-             UPDATE {t} AS r SET status = 'FAILED', result = NULL, updated_at = c.n FROM c \
+             UPDATE {t} AS r SET status = 'FAILED', updated_at = c.n FROM c \
              WHERE r.biz_type = $1 AND r.idem_key = $2 AND r.fence = $3 \
              AND r.status IN ('PROCESSING', 'FAILED')",
             clock = clock("$4"),
+        );
+        // $1 biz, $2 key, $3 fence, $4 steps, $5 offset. The steps of an unfinished record live in
+        // `result` until a success replaces them.
+        let save_steps = format!(
+            "WITH c AS ({clock}) \
+             UPDATE {t} AS r SET result = $4, updated_at = c.n FROM c \
+             WHERE r.biz_type = $1 AND r.idem_key = $2 AND r.fence = $3 \
+             AND r.status = 'PROCESSING'",
+            clock = clock("$5"),
         );
         // $1 biz, $2 key, $3 fence, $4 lease ms, $5 offset.
         let renew = format!(
@@ -153,6 +165,7 @@ impl Statements {
             take: sql(take),
             complete: sql(complete),
             fail: sql(fail),
+            save_steps: sql(save_steps),
             renew: sql(renew),
             load: sql(load),
             sweep: sql(sweep),
@@ -170,6 +183,7 @@ impl Statements {
             "take" => &self.take,
             "complete" => &self.complete,
             "fail" => &self.fail,
+            "save_steps" => &self.save_steps,
             "renew" => &self.renew,
             "load" => &self.load,
             "sweep" => &self.sweep,
@@ -201,14 +215,17 @@ fn fence_of(row: &PgRow) -> Result<u64, IdemError> {
 
 /// The record `(biz, key)` from a row with the columns of `load`.
 fn record_of(row: &PgRow, biz: &str, key: String) -> Result<Record, IdemError> {
+    let status = Status::parse(row.try_get("status").map_err(db_error)?)?;
+    let (snapshot, steps) = Record::split_blob(status, row.try_get("result").map_err(db_error)?);
     Ok(Record {
         biz: biz.to_owned(),
         key,
-        status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+        status,
         attempt: attempt_of(row)?,
         fence: Fence::new(fence_of(row)?),
         fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-        snapshot: row.try_get("result").map_err(db_error)?,
+        snapshot,
+        steps,
         lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
         expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
     })
@@ -277,6 +294,22 @@ impl<'c> Records<'c> {
             .bind(biz)
             .bind(key)
             .bind(fence_param(claim)?)
+            .bind(self.offset_ms);
+        self.held(query, claim).await
+    }
+
+    pub(super) async fn save_steps(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        let query = sqlx::query(self.sql.save_steps.clone())
+            .bind(biz)
+            .bind(key)
+            .bind(fence_param(claim)?)
+            .bind(steps)
             .bind(self.offset_ms);
         self.held(query, claim).await
     }
@@ -384,6 +417,7 @@ impl CasRecords for Records<'_> {
         req: &ClaimRequest<'_>,
         seen: &SeenRecord,
         reset: bool,
+        keep_steps: bool,
     ) -> Result<Option<Claim>, IdemError> {
         let Some(row) = sqlx::query(self.sql.take.clone())
             .bind(req.biz)
@@ -396,6 +430,7 @@ impl CasRecords for Records<'_> {
             .bind(i64::try_from(seen.fence).unwrap_or(i64::MAX))
             .bind(seen.status.as_str())
             .bind(seen.lease_until_ms)
+            .bind(keep_steps)
             .fetch_optional(&mut *self.conn)
             .await
             .map_err(db_error)?

@@ -127,6 +127,16 @@ impl Store for RedisClusterStore {
         self.0.renew(biz, key, claim, lease).await
     }
 
+    async fn save_steps(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        self.0.save_steps(biz, key, claim, steps).await
+    }
+
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
         self.0.load(biz, key).await
     }

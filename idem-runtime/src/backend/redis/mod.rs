@@ -39,6 +39,7 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLAIM));
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLETE));
 static FAIL: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::FAIL));
+static SAVE_STEPS: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SAVE_STEPS));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RENEW));
 static SWEEP: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SWEEP));
 
@@ -140,17 +141,21 @@ fn record_of(biz: &str, key: &str, fields: &[Value]) -> Result<Option<Record>, I
     let Some(status) = text(s) else {
         return Ok(None);
     };
+    let status = Status::parse(&status)?;
+    let blob = match r {
+        Value::BulkString(b) => Some(b.clone()),
+        _ => None,
+    };
+    let (snapshot, steps) = Record::split_blob(status, blob);
     Ok(Some(Record {
         biz: biz.to_owned(),
         key: key.to_owned(),
-        status: Status::parse(&status)?,
+        status,
         attempt: u32::try_from(int(a, "attempt")?).unwrap_or(0),
         fence: Fence::new(u64::try_from(int(f, "fence")?).unwrap_or(0)),
         fingerprint: text(fp).filter(|fp| !fp.is_empty()),
-        snapshot: match r {
-            Value::BulkString(b) => Some(b.clone()),
-            _ => None,
-        },
+        snapshot,
+        steps,
         lease_until_ms: int(lu, "lease")?,
         expire_at_ms: int(ex, "expiry")?,
     }))
@@ -510,6 +515,18 @@ impl Store for RedisStore {
         let lease = millis(lease).to_string();
         self.records
             .held(&RENEW, biz, key, claim, &[lease.as_bytes()])
+            .await
+    }
+
+    async fn save_steps(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        self.records
+            .held(&SAVE_STEPS, biz, key, claim, &[steps])
             .await
     }
 

@@ -33,19 +33,21 @@ local now = math.floor(now_us / 1000)
 /// `KEYS[1]` the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: fingerprint (`""`
 /// for none), lease ms, ttl ms, offset ms.
 /// Returns `{'A', attempt, fence, how}` (attempt and fence as integer replies: no formatting),
-/// `{'R', result}`, `{'M'}` or `{'P', ms left}`. A new record has no result to delete, so the
-/// `HDEL` runs only when there is one: each `redis.call` is a command Redis dispatches. A claim that
-/// takes the record puts it in the index with its new lease end (`ZADD` adds or moves it).
+/// `{'R', result}`, `{'M'}` or `{'P', ms left}`. `r` holds the result of a SUCCEEDED record and the
+/// saved steps of an unfinished one: a takeover, and a retry of the same payload, keep the steps;
+/// a new life deletes `r`. A new record has no `r` to delete, so the `HDEL` runs only when there is
+/// one: each `redis.call` is a command Redis dispatches. A claim that takes the record puts it in
+/// the index with its new lease end (`ZADD` adds or moves it).
 pub const CLAIM: &str = concat!(
     prelude!(),
     r#"
 local fp, lease, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local rec = redis.call('HMGET', KEYS[1], 's', 'a', 'f', 'fp', 'lu', 'ex', 'r')
-local function acquire(attempt, fence, expire, how)
+local function acquire(attempt, fence, expire, how, keep)
   local lu = now + lease
   redis.call('HSET', KEYS[1], 's', 'PROCESSING', 'a', num(attempt), 'f', num(fence), 'fp', fp,
     'lu', num(lu), 'ex', num(expire))
-  if rec[7] then redis.call('HDEL', KEYS[1], 'r') end
+  if rec[7] and not keep then redis.call('HDEL', KEYS[1], 'r') end
   redis.call('PEXPIREAT', KEYS[1], num(math.max(expire, lu) - offset))
   if KEYS[2] then redis.call('ZADD', KEYS[2], num(lu), KEYS[1]) end
   return {'A', attempt, fence, how}
@@ -62,7 +64,7 @@ if ex <= now and not live then
 end
 local same = (rec[4] == '' or fp == '' or rec[4] == fp)
 if s == 'FAILED' then
-  return acquire(a + 1, fence, math.max(ex, now + lease), 'retry')
+  return acquire(a + 1, fence, math.max(ex, now + lease), 'retry', same)
 end
 if s == 'SUCCEEDED' then
   if same then return {'R', rec[7] or ''} end
@@ -70,7 +72,7 @@ if s == 'SUCCEEDED' then
 end
 if not same then return {'M'} end
 if lu > now then return {'P', num(lu - now)} end
-return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover')
+return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover', true)
 "#
 );
 
@@ -96,14 +98,24 @@ return 1
 
 /// KEYS[1] the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: fence, offset. 1 when
 /// the record was PROCESSING under the fence (or is already FAILED under it); it leaves the index.
+/// The saved steps (`r`) stay for a retry.
 pub(super) const FAIL: &str = r#"
 local rec = redis.call('HMGET', KEYS[1], 's', 'f')
 if rec[2] ~= ARGV[1] then return 0 end
 if rec[1] == 'FAILED' then return 1 end
 if rec[1] ~= 'PROCESSING' then return 0 end
 redis.call('HSET', KEYS[1], 's', 'FAILED')
-redis.call('HDEL', KEYS[1], 'r')
 if KEYS[2] then redis.call('ZREM', KEYS[2], KEYS[1]) end
+return 1
+"#;
+
+/// KEYS[1] the record (`KEYS[2]`, its stuck index, is not touched); ARGV: fence, steps, offset.
+/// 1 when the record is PROCESSING under the fence: its saved steps (`r`, until a success
+/// replaces them with the result) are now `steps`.
+pub(super) const SAVE_STEPS: &str = r#"
+local rec = redis.call('HMGET', KEYS[1], 's', 'f')
+if rec[1] ~= 'PROCESSING' or rec[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'r', ARGV[2])
 return 1
 "#;
 

@@ -163,6 +163,18 @@ impl<S: Store> Store for ShardedStore<S> {
         self.shard_of(biz, key).renew(biz, key, claim, lease).await
     }
 
+    async fn save_steps(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        self.shard_of(biz, key)
+            .save_steps(biz, key, claim, steps)
+            .await
+    }
+
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
         self.shard_of(biz, key).load(biz, key).await
     }

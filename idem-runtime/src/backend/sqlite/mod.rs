@@ -288,6 +288,21 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn save_steps(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        self.with_conn(async |conn| {
+            Records::new(conn, self)
+                .save_steps(biz, key, claim, steps)
+                .await
+        })
+        .await
+    }
+
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
         self.with_conn(async |conn| Records::new(conn, self).load(biz, key).await)
             .await

@@ -67,13 +67,13 @@ const CLAIM: &str = concat!(
     "FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2 AND changes() = 1"
 );
 /// ?1 biz, ?2 key, ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 offset, ?7 reset, ?8 seen fence,
-/// ?9 seen status, ?10 seen lease end.
+/// ?9 seen status, ?10 seen lease end, ?11 keep the saved steps (`result` of an unfinished record).
 const TAKE: &str = concat!(
     "UPDATE idem_record SET status = 'PROCESSING', ",
     "attempt = CASE WHEN ?7 THEN 1 ELSE attempt + 1 END, ",
     "fence = max(fence + 1, ",
     clock_fence!(),
-    "), fingerprint = ?3, result = NULL, lease_until = c.n + ?4, updated_at = c.n, ",
+    "), fingerprint = ?3, result = CASE WHEN ?11 THEN result END, lease_until = c.n + ?4, updated_at = c.n, ",
     "created_at = CASE WHEN ?7 THEN c.n ELSE created_at END, ",
     "expire_at = CASE WHEN ?7 THEN c.n + ?5 ELSE max(expire_at, c.n + ?4) END ",
     "FROM (SELECT ",
@@ -94,11 +94,18 @@ const COMPLETE: &str = concat!(
     " + ?6 AS n) AS c ",
     "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'SUCCEEDED')"
 );
-/// ?1 biz, ?2 key, ?3 fence, ?4 offset.
+/// ?1 biz, ?2 key, ?3 fence, ?4 offset. The saved steps (in `result`) stay for a retry.
 const FAIL: &str = concat!(
-    "UPDATE idem_record SET status = 'FAILED', result = NULL, updated_at = ",
+    "UPDATE idem_record SET status = 'FAILED', updated_at = ",
     now_ms!(),
     " + ?4 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'FAILED')"
+);
+/// ?1 biz, ?2 key, ?3 fence, ?4 steps, ?5 offset. The steps of an unfinished record live in
+/// `result` until a success replaces them.
+const SAVE_STEPS: &str = concat!(
+    "UPDATE idem_record SET result = ?4, updated_at = ",
+    now_ms!(),
+    " + ?5 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'"
 );
 /// ?1 biz, ?2 key, ?3 fence, ?4 lease ms, ?5 offset.
 const RENEW: &str = concat!(
@@ -146,14 +153,17 @@ fn fence_of(row: &SqliteRow) -> Result<u64, IdemError> {
 
 /// The record `(biz, key)` from a row with the columns of `LOAD`.
 fn record_of(row: &SqliteRow, biz: &str, key: String) -> Result<Record, IdemError> {
+    let status = Status::parse(row.try_get("status").map_err(db_error)?)?;
+    let (snapshot, steps) = Record::split_blob(status, row.try_get("result").map_err(db_error)?);
     Ok(Record {
         biz: biz.to_owned(),
         key,
-        status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+        status,
         attempt: attempt_of(row)?,
         fence: Fence::new(fence_of(row)?),
         fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-        snapshot: row.try_get("result").map_err(db_error)?,
+        snapshot,
+        steps,
         lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
         expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
     })
@@ -217,6 +227,22 @@ impl<'c> Records<'c> {
             .bind(biz)
             .bind(key)
             .bind(fence_param(claim)?)
+            .bind(self.offset_ms);
+        self.held(query, claim).await
+    }
+
+    pub(super) async fn save_steps(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        let query = sqlx::query(SAVE_STEPS)
+            .bind(biz)
+            .bind(key)
+            .bind(fence_param(claim)?)
+            .bind(steps)
             .bind(self.offset_ms);
         self.held(query, claim).await
     }
@@ -317,6 +343,7 @@ impl CasRecords for Records<'_> {
         req: &ClaimRequest<'_>,
         seen: &SeenRecord,
         reset: bool,
+        keep_steps: bool,
     ) -> Result<Option<Claim>, IdemError> {
         let Some(row) = sqlx::query(TAKE)
             .bind(req.biz)
@@ -329,6 +356,7 @@ impl CasRecords for Records<'_> {
             .bind(i64::try_from(seen.fence).unwrap_or(i64::MAX))
             .bind(seen.status.as_str())
             .bind(seen.lease_until_ms)
+            .bind(keep_steps)
             .fetch_optional(&mut *self.conn)
             .await
             .map_err(db_error)?

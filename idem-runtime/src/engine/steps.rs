@@ -1,0 +1,331 @@
+//! Recovery points: [`step`] saves what one step of a lease-mode body returned under the record its
+//! call holds (fenced, like a mark), so an attempt that takes the record over, or retries it after a
+//! failure, gets the saved result back instead of running the step again; [`step_key`] names a
+//! step for an external API's own idempotency key.
+//!
+//! The log of a call's steps is a JSON object (name → result) kept in the record's result column
+//! until a success replaces it. The body's task reaches it through the task-local of current.rs;
+//! the holder (holder.rs), which owns the store and the claim, loads and saves it when a step asks.
+
+use std::future::Future;
+use std::sync::Mutex;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+use tokio::sync::{Notify, oneshot};
+
+use super::current;
+use crate::IdemError;
+
+/// The most steps one call saves (distinct names): a step past it is refused before its work
+/// runs.
+pub const MAX_STEPS: usize = 64;
+
+/// The longest step name, in bytes (names are 1 to 64 bytes, any UTF-8 without control
+/// characters).
+pub const MAX_STEP_NAME_LEN: usize = 64;
+
+/// The log of one call's saved steps: name → what the step returned.
+pub(crate) type Log = Map<String, Value>;
+
+/// The steps of one lease-mode call, shared by the body's steps and the holder.
+pub(crate) struct Steps {
+    state: Mutex<State>,
+    /// Wakes the holder when a step asks for something.
+    pub(crate) wake: Notify,
+}
+
+struct State {
+    /// The saved log; `None` until it was read back (a takeover or a retry: the record may hold the
+    /// steps of an earlier attempt). A fresh record starts with an empty log.
+    log: Option<Log>,
+    /// What steps asked for, in order.
+    asks: Vec<Ask>,
+}
+
+/// One step's request to the holder: read the log (`save: None`), or save it now that it holds
+/// the step `save`.
+pub(crate) struct Ask {
+    pub(crate) save: Option<String>,
+    pub(crate) reply: oneshot::Sender<Result<(), IdemError>>,
+}
+
+impl Steps {
+    /// The steps of a call whose claim `fresh`ly created its record (nothing saved yet), or took
+    /// over or retried one (its log is read when the first step asks).
+    pub(crate) fn new(fresh: bool) -> Self {
+        Steps {
+            state: Mutex::new(State {
+                log: fresh.then(Log::new),
+                asks: Vec::new(),
+            }),
+            wake: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every change under the lock is a single insert, push or assignment.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends an ask to the holder and waits for its answer.
+    async fn ask(&self, save: Option<String>) -> Result<(), IdemError> {
+        let (reply, answer) = oneshot::channel();
+        self.lock().asks.push(Ask { save, reply });
+        self.wake.notify_one();
+        answer.await.unwrap_or_else(|_| {
+            Err(IdemError::store(
+                "the call's holder ended before it answered a step",
+            ))
+        })
+    }
+
+    /// The asks since the last call, and whether the log still has to be read.
+    pub(crate) fn take_asks(&self) -> (Vec<Ask>, bool) {
+        let mut state = self.lock();
+        (std::mem::take(&mut state.asks), state.log.is_none())
+    }
+
+    /// Sets the log read back from the record.
+    pub(crate) fn set_log(&self, log: Log) {
+        self.lock().log.get_or_insert(log);
+    }
+
+    /// The log as it is saved.
+    pub(crate) fn encoded(&self) -> Vec<u8> {
+        let state = self.lock();
+        serde_json::to_vec(state.log.as_ref().unwrap_or(&Log::new())).unwrap_or_default()
+    }
+
+    /// Forgets the steps `names` (their save was refused for good: saving them again would fail
+    /// again, and every later step with them).
+    pub(crate) fn forget(&self, names: &[&str]) {
+        let mut state = self.lock();
+        if let Some(log) = state.log.as_mut() {
+            for name in names {
+                log.remove(*name);
+            }
+        }
+    }
+}
+
+/// The log saved in a record, as [`Steps::encoded`] wrote it (no steps: an empty log).
+pub(crate) fn decode_log(saved: Option<&[u8]>) -> Result<Log, IdemError> {
+    match saved {
+        None => Ok(Log::new()),
+        Some(bytes) => serde_json::from_slice(bytes).map_err(|e| IdemError::Step {
+            step: String::new(),
+            reason: format!(
+                "the record's saved steps cannot be read ({e}); no step runs again until the \
+                 record is resolved"
+            ),
+        }),
+    }
+}
+
+fn refuse(name: &str, reason: impl Into<String>) -> IdemError {
+    IdemError::Step {
+        step: name.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn check_name(name: &str) -> Result<(), IdemError> {
+    if name.is_empty() || name.len() > MAX_STEP_NAME_LEN {
+        return Err(refuse(
+            name,
+            format!(
+                "a step name is 1 to {MAX_STEP_NAME_LEN} bytes, this one is {}; the step did not run",
+                name.len()
+            ),
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(refuse(
+            name,
+            "a step name has no control characters; the step did not run",
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `work` as the recovery point `name` of the idempotent body running on this task, or
+/// returns what it returned in an earlier attempt at this call.
+///
+/// A lease-mode body whose holder dies (or whose mark never lands) is taken over by the next
+/// call, which runs the body again. With its effects in steps, the second run returns the saved
+/// results of the steps that completed and runs only the rest (seed 003's partial success: the
+/// money was taken, so the debit is not sent again):
+///
+/// ```
+/// # #[derive(Debug, thiserror::Error)] #[error(transparent)] struct AppError(#[from] idem_runtime::IdemError);
+/// # async fn charge(_: &str, _: &str) -> Result<String, AppError> { Ok("ch_1".into()) }
+/// # async fn ship(_: &str) -> Result<u64, AppError> { Ok(7) }
+/// # async fn demo(store: &idem_runtime::MemoryStore) -> Result<(), AppError> {
+/// use idem_runtime::{Call, step, step_key};
+///
+/// let shipment: u64 = Call::new("ORDER", "order-7")
+///     .run(store, async {
+///         // The gateway's own Idempotency-Key: the same in every attempt at this call.
+///         let key = step_key("charge").expect("inside an idempotent body");
+///         let _charge: String = step("charge", charge("order-7", &key)).await?;
+///         step("ship", ship("order-7")).await
+///     })
+///     .await?;
+/// # let _ = shipment; Ok(()) }
+/// ```
+///
+/// - When `work` returns `Ok`, its value is saved under the record (JSON, like a result
+///   snapshot) before `step` returns it, only while the call still holds its claim (fenced). A
+///   later attempt at the same call (a takeover after the lease ended, or a retry after the body
+///   failed, with the same payload) gets the saved value and `work` does not run. A success
+///   replaces the saved steps with the result; a record that expired starts with none.
+/// - When `work` returns `Err`, nothing is saved: the next attempt runs it again.
+/// - A step that died between its effect and its save runs again in the next attempt: pass
+///   [`step_key`] to the external API as its idempotency key, so that repeat is deduplicated there.
+/// - Names identify steps within one call: 1 to [`MAX_STEP_NAME_LEN`] bytes, no control
+///   characters, at most [`MAX_STEPS`] per call. A second `step` with a name that was saved returns
+///   the saved value. The whole log must fit the store's snapshot limit.
+/// - Outside an idempotent body, in a task the body spawned (task-locals are not inherited), and
+///   in transaction mode (`tx = "…"`: the save would be rolled back with the transaction a crash
+///   ends), `work` just runs and nothing is saved.
+///
+/// # Errors
+/// `work`'s own error; otherwise an [`IdemError`] converted into `E`: [`IdemError::Step`] for a
+/// bad name, a step past [`MAX_STEPS`] (before `work` runs), a value that cannot be encoded or
+/// makes the log larger than the store's snapshot limit (after `work` ran: the reason says so),
+/// or a saved value that no longer decodes as `T` (`work` does not run);
+/// [`IdemError::LeaseLost`] when the call no longer holds its claim (another attempt took it
+/// over: stop); a store error when the log could not be read or saved while the lease was live.
+pub async fn step<T, E, F>(name: &str, work: F) -> Result<T, E>
+where
+    F: Future<Output = Result<T, E>>,
+    T: Serialize + DeserializeOwned,
+    E: From<IdemError>,
+{
+    let Some(current) = current::current() else {
+        return work.await;
+    };
+    let Some(steps) = current.call.steps.as_ref() else {
+        return work.await;
+    };
+    check_name(name)?;
+    if steps.lock().log.is_none() {
+        steps.ask(None).await?;
+    }
+    let saved = {
+        let state = steps.lock();
+        let log = state.log.as_ref();
+        match log.and_then(|log| log.get(name)) {
+            Some(value) => Some(value.clone()),
+            None if log.map_or(0, Map::len) >= MAX_STEPS => {
+                return Err(refuse(
+                    name,
+                    format!("a call saves at most {MAX_STEPS} steps; the step did not run"),
+                )
+                .into());
+            }
+            None => None,
+        }
+    };
+    if let Some(value) = saved {
+        return serde_json::from_value(value).map_err(|e| {
+            refuse(
+                name,
+                format!(
+                    "the result saved by an earlier attempt does not decode as the step's type \
+                     ({e}); the step did not run again"
+                ),
+            )
+            .into()
+        });
+    }
+    let value = work.await?;
+    let json = serde_json::to_value(&value).map_err(|e| {
+        refuse(
+            name,
+            format!("the step ran, but its result cannot be encoded to be saved: {e}"),
+        )
+    })?;
+    if let Some(log) = steps.lock().log.as_mut() {
+        log.insert(name.to_owned(), json);
+    }
+    steps.ask(Some(name.to_owned())).await?;
+    Ok(value)
+}
+
+/// A key for the step `name` of the idempotent call running on this task, to pass to an external
+/// API as its own idempotency key (Stripe's `Idempotency-Key`, a broker's message id): the same in
+/// every attempt at the call, in every process, so a step that runs again after its holder died
+/// is deduplicated downstream. `None` outside an idempotent body (and in a task it spawned).
+///
+/// It is 32 lowercase hex digits: the first 128 bits of SHA-256 over the call's business type,
+/// its key and `name` (each with its length in front, so no two triples share a key). The same
+/// `(biz, key, name)` gives the same key also after the record expired, as the business action is
+/// the same; use another name for another action. Works in transaction mode too.
+pub fn step_key(name: &str) -> Option<String> {
+    let current = current::current()?;
+    Some(derive_key(&current.call.biz, &current.call.key, name))
+}
+
+fn derive_key(biz: &str, key: &str, name: &str) -> String {
+    use sha2::{Digest, Sha256};
+
+    let mut hash = Sha256::new();
+    for part in [biz, key, name] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    crate::fingerprint::hex(&hash.finalize()[..16])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_stable_and_apart() {
+        let k = derive_key("PAY", "order-1", "charge");
+        assert_eq!(k.len(), 32);
+        assert!(
+            k.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+        assert_eq!(k, derive_key("PAY", "order-1", "charge"));
+        assert_ne!(k, derive_key("PAY", "order-1", "ship"));
+        assert_ne!(k, derive_key("PAY", "order-2", "charge"));
+        // Length prefixes: moving a byte from one part to the next gives another key.
+        assert_ne!(derive_key("PA", "Yorder-1", "charge"), k);
+        // A known value (computed outside Rust), so a change to the derivation, which would break
+        // every downstream deduplication across an upgrade, fails here.
+        assert_eq!(k, "db79adbf8349715a1c4a835190009735");
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("charge").is_ok());
+        assert!(check_name(&"n".repeat(MAX_STEP_NAME_LEN)).is_ok());
+        for bad in [
+            String::new(),
+            "n".repeat(MAX_STEP_NAME_LEN + 1),
+            "a\nb".into(),
+        ] {
+            assert!(
+                matches!(check_name(&bad), Err(IdemError::Step { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_log_that_cannot_be_read_is_refused() {
+        assert!(decode_log(None).unwrap().is_empty());
+        let log = decode_log(Some(br#"{"charge":"ch_1"}"#)).unwrap();
+        assert_eq!(log["charge"], "ch_1");
+        assert!(matches!(
+            decode_log(Some(b"not json")),
+            Err(IdemError::Step { .. })
+        ));
+    }
+}

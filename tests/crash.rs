@@ -10,6 +10,10 @@
 //!   The same through `#[idempotent(recover = …)]` (SQLite, 10 trials), and through the HTTP
 //!   layer: a service killed after its handler's effect, restarted on the same records (4 trials
 //!   per store, half with the layer's `recover`).
+//! - SIGKILL between two recovery points (`idem::step`), 10 trials per store: a 3-step body dies
+//!   after step two; the takeover gets steps one and two from the record and runs step three only,
+//!   and each step's downstream key (`idem::step_key`) is the same in both attempts, checked by a
+//!   fake external API (the effects table) that counts calls per key.
 //! - SIGKILL mid-transaction (tx mode), 100 trials: the claim and the business write die with the
 //!   transaction: no record, no effect, and the next caller runs at once.
 //! - SIGSTOP past the lease: a paused holder (heartbeat and all) is taken over; resumed, it gets
@@ -71,6 +75,9 @@ enum Act {
     /// Lease mode: claim, write the effect, say READY, wait to be killed: a holder that dies
     /// after its effect and before its mark.
     Effect,
+    /// Lease mode: a body of three steps, each a call to the fake API; after step two it says
+    /// READY and waits to be killed.
+    Steps,
     /// As `Effect`, through an `#[idempotent]` fn with `recover` (SQLite only).
     EffectThroughTheAttribute,
     /// Serves the Idempotency-Key layer on the site's store (says `LISTEN <port>`); its handler
@@ -254,6 +261,13 @@ async fn child() {
                     say("READY");
                     std::future::pending().await
                 })
+                .await;
+        }
+        Act::Steps => {
+            let store = open(&spec.backend).await;
+            let effects = effects_pool(&spec.effects).await;
+            let _: Result<Vec<String>, IdemError> = call()
+                .run(&*store, three_steps(&effects, &spec.biz, "child", true))
                 .await;
         }
         Act::EffectThroughTheAttribute => {
@@ -709,6 +723,83 @@ async fn killed_after_its_effect(site: Site) {
     }
 }
 
+/// The fake external API of the steps trials: one row per call, under the downstream key the step
+/// passes (its `step_key`) and who called; it answers with that key.
+async fn api(effects: &SqlitePool, biz: &str, step: &str, who: &str) -> Result<String, IdemError> {
+    let key = idem::step_key(step).expect("inside an idempotent body");
+    effect(effects, biz, &key, who).await?;
+    Ok(key)
+}
+
+/// Three steps, each one API call; with `die`, it says READY after step two and waits to be
+/// killed. Answers each step's result and the step key the attempt itself computed for it.
+async fn three_steps(
+    effects: &SqlitePool,
+    biz: &str,
+    who: &str,
+    die: bool,
+) -> Result<Vec<String>, IdemError> {
+    let mut out = Vec::new();
+    for (i, name) in ["one", "two", "three"].into_iter().enumerate() {
+        if die && i == 2 {
+            say("READY");
+            std::future::pending::<()>().await;
+        }
+        out.push(idem::step(name, api(effects, biz, name, who)).await?);
+        out.push(idem::step_key(name).expect("inside the body"));
+    }
+    Ok(out)
+}
+
+/// Children killed after step two of three (10 trials). After the lease the takeover gets steps
+/// one and two from the record (the child's keys, the same as its own) and runs step three only:
+/// the API saw each downstream key once.
+async fn killed_between_steps(site: Site) {
+    let biz = "CRASHSTEP";
+    let lease = Duration::from_secs(3);
+    let keys = site
+        .kill_n(10, biz, lease, Act::Steps, 10, async |key| {
+            let record = site.store.load(biz, key).await.unwrap().expect("claimed");
+            assert_eq!(record.status, Status::Processing, "{key}");
+            assert!(record.steps.is_some(), "{key}: steps one and two saved");
+        })
+        .await;
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    for key in &keys {
+        let (res, report) = idem::observe(Call::new(biz, key).lease(lease).run(
+            &*site.store,
+            three_steps(&site.effects, biz, "repeat", false),
+        ))
+        .await;
+        let got = res.unwrap();
+        assert_eq!(report.unwrap().outcome, Outcome::TakenOver, "{key}");
+        for (step, pair) in got.chunks(2).enumerate() {
+            assert_eq!(
+                pair[0], pair[1],
+                "{key} step {step}: the same downstream key"
+            );
+            let expected: &[&str] = if step < 2 { &["child"] } else { &["repeat"] };
+            assert_eq!(
+                effects_of(&site.effects, biz, &pair[0]).await,
+                expected,
+                "{key} step {step}: one API call per downstream key"
+            );
+        }
+        let record = site.store.load(biz, key).await.unwrap().unwrap();
+        assert_eq!(record.status, Status::Succeeded, "{key}");
+    }
+    let (calls,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM effects WHERE biz = ?")
+        .bind(biz)
+        .fetch_one(&site.effects)
+        .await
+        .unwrap();
+    assert_eq!(
+        calls,
+        3 * keys.len() as i64,
+        "three API calls per key in all"
+    );
+}
+
 /// The effects table the attribute trial's fns use (one per process: only that trial sets it).
 static ATTRIBUTE_EFFECTS: std::sync::OnceLock<SqlitePool> = std::sync::OnceLock::new();
 
@@ -1065,6 +1156,14 @@ async fn sqlite_killed_after_its_effect() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_killed_between_steps() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    killed_between_steps(sqlite_site().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_paused_past_the_lease() {
     if std::env::var("IDEM_CRASH_CHILD").is_ok() {
         return;
@@ -1245,6 +1344,9 @@ on_server! {
     "redis": redis_killed_after_its_effect = killed_after_its_effect on redis_site;
     "postgres": postgres_killed_after_its_effect = killed_after_its_effect on pg_site;
     "mysql": mysql_killed_after_its_effect = killed_after_its_effect on my_site;
+    "redis": redis_killed_between_steps = killed_between_steps on redis_site;
+    "postgres": postgres_killed_between_steps = killed_between_steps on pg_site;
+    "mysql": mysql_killed_between_steps = killed_between_steps on my_site;
     "redis": redis_skewed_clocks_change_no_outcome = skewed_clocks_change_no_outcome on redis_site;
     "postgres": postgres_killed_between_claim_and_mark = killed_between_claim_and_mark on pg_site;
     "postgres": postgres_paused_past_the_lease = paused_past_the_lease on pg_site;

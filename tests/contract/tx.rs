@@ -237,6 +237,40 @@ pub async fn the_body_learns_its_fence_in_a_transaction<B: TxBackend>(b: Arc<B>)
     );
 }
 
+/// In a transaction a step is plain code (its save would roll back with the transaction a crash
+/// ends): it runs every time and nothing is saved; its downstream key is the lease-mode one.
+pub async fn steps_in_a_transaction_run_as_plain_code<B: TxBackend>(b: Arc<B>) {
+    let (store, biz) = (b.store(), biz("tx_steps"));
+    let mut tx = b.begin_for(&biz, "k").await;
+    let ran = std::sync::atomic::AtomicU32::new(0);
+    let seen: Result<String, IdemError> = call(&biz, "k")
+        .run_in_tx(&mut tx, async |_tx: &mut B::Tx| {
+            for _ in 0..2 {
+                idem::step("one", async {
+                    ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok::<_, IdemError>(1u32)
+                })
+                .await?;
+            }
+            Ok(idem::step_key("one").expect("inside the body"))
+        })
+        .await;
+    B::commit(tx).await;
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 2, "not saved");
+    let tx_key = seen.unwrap();
+    // The same (biz, key, name) in lease mode, on any store, gives the same key.
+    let lease_key: String = call(&biz, "k")
+        .run(&idem::MemoryStore::new(), async {
+            Ok::<_, IdemError>(idem::step_key("one").unwrap())
+        })
+        .await
+        .unwrap();
+    assert_eq!(tx_key.len(), 32);
+    assert_eq!(tx_key, lease_key);
+    let rec = store.load(&biz, "k").await.unwrap().unwrap();
+    assert_eq!((rec.status, rec.steps), (Status::Succeeded, None));
+}
+
 /// A result that cannot be stored: the business ran, so the claim is kept as done (with the
 /// business writes, when the caller commits) and a repeat gets the same error without running.
 pub async fn an_unstorable_result_in_a_transaction_keeps_the_claim<B: TxBackend>(b: Arc<B>) {
@@ -281,6 +315,7 @@ macro_rules! tx_contract_suite {
             lease_and_transaction_modes_see_each_other,
             the_body_learns_its_fence_in_a_transaction,
             an_unstorable_result_in_a_transaction_keeps_the_claim,
+            steps_in_a_transaction_run_as_plain_code,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {$(

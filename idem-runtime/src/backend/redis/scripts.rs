@@ -164,7 +164,7 @@ return 0
 ///
 /// Returns `{more, kept, member, s, a, f, fp, lu, ex, r, member, …}`: `more` 1 when it stopped at
 /// the budget (there may be more to walk), `kept` how many stuck records it passed, then (`want`
-/// > 0) each one's key and its fields in `load`'s order (`r` a null: a PROCESSING record has none).
+/// > 0) each one's key and its fields in `load`'s order (`r` its saved steps, if any).
 pub(super) const STUCK: &str = concat!(
     prelude!(),
     r#"

@@ -1,8 +1,16 @@
 //! Differential property tests of the claim protocol: random sequences of claims, completes,
-//! fails, renewals, sweeps and clock advances, run against every store that is built, each step
-//! compared with a small reference model written here from DESIGN §3 (independently of the
-//! stores' decision code). A failing sequence shrinks to a minimal case; proptest keeps it in
+//! fails, renewals, releases, saves of recovery points (`Store::save_steps`), sweeps and clock
+//! advances, run against every store that is built, each step compared with a small reference
+//! model written here from DESIGN §3 and the steps contract (independently of the stores' decision
+//! code). A failing sequence shrinks to a minimal case; proptest keeps it in
 //! `proptest-regressions/` and replays it first on every later run.
+//!
+//! The reference keeps each record's saved steps: a save lands only while the record is PROCESSING
+//! under the saving claim's fence; a takeover and a retry after a failure keep them unless both
+//! payloads are fingerprinted and differ; a fresh record, or one that expired and starts a new
+//! life, starts without; a fail keeps them and a complete replaces them with the result. Every
+//! save's outcome (saved or `LeaseLost`) and every `load`ed record's `steps` and `snapshot` are
+//! compared.
 //!
 //! Cases per store: 64 (`PROPTEST_CASES` raises it; the figures are in docs/RELIABILITY.md).
 
@@ -30,6 +38,9 @@ enum Op {
     Renew(usize, u64),
     /// Give the claim up with its lease ended now (what a failed recover does).
     Release(usize),
+    /// Save the steps `{"s":<tag>}` with the `n`-th claim handed out so far (modulo); few tags,
+    /// so the same bytes are saved again now and then.
+    SaveSteps(usize, u8),
     Sweep,
     /// Move the store's clock forward by this many seconds.
     Advance(u64),
@@ -43,6 +54,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::Fail),
         1 => (any::<usize>(), prop_oneof![Just(5u64), Just(20)]).prop_map(|(n, s)| Op::Renew(n, s)),
         1 => any::<usize>().prop_map(Op::Release),
+        3 => (any::<usize>(), 0u8..3).prop_map(|(n, tag)| Op::SaveSteps(n, tag)),
         1 => Just(Op::Sweep),
         3 => prop_oneof![Just(1u64), Just(4), Just(5), Just(10), Just(16), Just(31)].prop_map(Op::Advance),
     ]
@@ -55,7 +67,10 @@ struct Rec {
     attempt: u32,
     fence: u64,
     fingerprint: Option<String>,
+    /// The result, once SUCCEEDED.
     snapshot: Option<Vec<u8>>,
+    /// The saved recovery points of an unfinished record (never set once SUCCEEDED).
+    steps: Option<Vec<u8>>,
     lease_until: i64,
     expire_at: i64,
 }
@@ -120,12 +135,22 @@ impl Reference {
             Some(old) if !fresh => old.expire_at.max(now + lease),
             _ => now + ttl,
         };
+        // A takeover or a retry (not a new life) resumes from the saved steps, unless the record
+        // was made from another payload (both fingerprinted and different): that starts afresh.
+        let steps = match &self.recs[key] {
+            Some(old) if !fresh => match (&old.fingerprint, fp) {
+                (Some(stored), Some(asked)) if stored != asked => None,
+                _ => old.steps.clone(),
+            },
+            _ => None,
+        };
         self.recs[key] = Some(Rec {
             status: Status::Processing,
             attempt: claim.attempt,
             fence: claim.fence.get(),
             fingerprint: fp.map(str::to_owned),
             snapshot: None,
+            steps,
             lease_until: now + lease,
             expire_at,
         });
@@ -221,6 +246,32 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                     ),
                 }
             }
+            Op::SaveSteps(n, tag) => {
+                if claims.is_empty() {
+                    continue;
+                }
+                let (key, claim, _) = claims[n % claims.len()];
+                let bytes = format!(r#"{{"s":{tag}}}"#).into_bytes();
+                // Only while PROCESSING under the claim's fence (a FAILED or SUCCEEDED record
+                // under the same fence refuses it, unlike a repeated mark).
+                let held = matches!(&model.recs[key], Some(r) if r.fence == claim.fence.get()
+                    && r.status == Status::Processing);
+                match store.save_steps(biz, KEYS[key], &claim, &bytes).await {
+                    Ok(()) => {
+                        prop_assert!(
+                            held,
+                            "step {}: {:?} saved under a claim the store no longer holds",
+                            step,
+                            op
+                        );
+                        model.recs[key].as_mut().unwrap().steps = Some(bytes);
+                    }
+                    Err(IdemError::LeaseLost { .. }) => {
+                        prop_assert!(!held, "step {}: {:?} refused a claim that holds", step, op)
+                    }
+                    Err(e) => prop_assert!(false, "step {}: {:?}: {}", step, op, e),
+                }
+            }
             Op::Complete(n) | Op::Fail(n) | Op::Renew(n, _) | Op::Release(n) => {
                 if claims.is_empty() {
                     continue;
@@ -267,13 +318,16 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                             Op::Complete(_) => {
                                 // The first mark stores the result and lives a ttl from now at
                                 // least; the same mark again changes nothing.
+                                // The result replaces the saved steps.
                                 if rec.status == Status::Processing {
                                     rec.status = Status::Succeeded;
                                     rec.snapshot = Some(format!("r{step}").into_bytes());
+                                    rec.steps = None;
                                     rec.expire_at = rec.expire_at.max(now + ttl);
                                 }
                             }
                             Op::Fail(_) => {
+                                // The saved steps stay, for a retry of the same payload.
                                 rec.status = Status::Failed;
                                 rec.snapshot = None;
                             }
@@ -341,9 +395,17 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                             g.attempt,
                             g.fence.get(),
                             &g.fingerprint,
-                            &g.snapshot
+                            &g.snapshot,
+                            &g.steps
                         ),
-                        (e.status, e.attempt, e.fence, &e.fingerprint, &e.snapshot),
+                        (
+                            e.status,
+                            e.attempt,
+                            e.fence,
+                            &e.fingerprint,
+                            &e.snapshot,
+                            &e.steps
+                        ),
                         "step {}: record {}",
                         step,
                         KEYS[key]

@@ -195,6 +195,37 @@ impl Api {
         }
     }
 
+    /// `POST /orders` as alice with `key`, the body `body` sent as it is with `content_type`, and
+    /// extra `headers`.
+    async fn post_raw(
+        &self,
+        key: &str,
+        content_type: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let mut req = self
+            .client
+            .post(format!("{}/orders", self.url))
+            .header(USER, "alice")
+            .header("idempotency-key", key)
+            .header("content-type", content_type)
+            .body(body.to_owned());
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let response = req.send().await.unwrap();
+        let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
     /// Alice's order `item` under `key`, sent while the same request sent `gap` earlier is still
     /// running: (the first reply, the repeat's).
     async fn overlapping(&self, key: &str, item: &str, gap: Duration) -> (Reply, Reply) {
@@ -453,6 +484,221 @@ async fn server_errors_are_not_stored_and_large_responses_are_not_replayed() {
     assert_eq!(repeat.problem(), "urn:idem:problem:response-not-kept");
     assert!(!repeat.headers.contains_key("retry-after"));
     assert_eq!(shop.rows().await, 2, "the large order ran once");
+}
+
+/// A refusal the client can fix (415 for a wrong `Content-Type`, 400 for JSON that does not
+/// parse) is not stored: the same key sent again, fixed, runs the handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_the_client_can_fix_is_not_stored() {
+    let shop = Shop::new().await;
+    let url = start(&shop, builder(&store().await).build().unwrap()).await;
+    let api = Api::new(&url);
+    let order = r#"{"item":"pen"}"#;
+    let wrong_type = api.post_raw("fix-me", "text/plain", order, &[]).await;
+    assert_eq!(wrong_type.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let malformed = api
+        .post_raw("fix-me", "application/json", r#"{"item":"#, &[])
+        .await;
+    assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+    assert!(!malformed.replayed(), "the 415 was not kept");
+    let fixed = api.post_raw("fix-me", "application/json", order, &[]).await;
+    assert_eq!(fixed.status, StatusCode::CREATED, "{:?}", fixed.body);
+    assert!(!fixed.replayed(), "the 400 was not kept: the handler ran");
+    let again = api.post_raw("fix-me", "application/json", order, &[]).await;
+    assert!(again.replayed());
+    assert_eq!(again.body["order_id"], fixed.body["order_id"]);
+    assert_eq!(shop.rows().await, 1);
+}
+
+/// The same JSON with members in another order and other spacing is the same request (canonical
+/// JSON in the fingerprint); byte for byte on request. The `Content-Type` and any header named
+/// with `fingerprint_header` count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fingerprint_reads_json_canonically_and_counts_the_content_type() {
+    let shop = Shop::new().await;
+    let layer = builder(&store().await)
+        .fingerprint_header(HeaderName::from_static("api-version"))
+        .build()
+        .unwrap();
+    let api = Api::new(&start(&shop, layer).await);
+    let v1 = [("api-version", "1")];
+    let first = api
+        .post_raw(
+            "json",
+            "application/json",
+            r#"{"item":"pen","note":"a b"}"#,
+            &v1,
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let reordered = api
+        .post_raw(
+            "json",
+            "application/json; charset=utf-8",
+            "{ \"note\" : \"a b\",\n  \"item\" : \"pen\" }",
+            &v1,
+        )
+        .await;
+    assert!(reordered.replayed(), "{:?}", reordered.body);
+    assert_eq!(reordered.body["order_id"], first.body["order_id"]);
+    let other_version = api
+        .post_raw(
+            "json",
+            "application/json",
+            r#"{"item":"pen","note":"a b"}"#,
+            &[("api-version", "2")],
+        )
+        .await;
+    assert_eq!(other_version.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other_version.problem(), "urn:idem:problem:payload-mismatch");
+    let other_value = api
+        .post_raw(
+            "json",
+            "application/json",
+            r#"{"item":"pen","note":"ab"}"#,
+            &v1,
+        )
+        .await;
+    assert_eq!(other_value.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(shop.rows().await, 1);
+
+    let exact = Shop::new().await;
+    let layer = builder(&store().await).byte_exact_bodies().build().unwrap();
+    let api = Api::new(&start(&exact, layer).await);
+    let first = api
+        .post_raw(
+            "json",
+            "application/json",
+            r#"{"item":"pen","note":"a b"}"#,
+            &[],
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let reordered = api
+        .post_raw(
+            "json",
+            "application/json",
+            r#"{"note":"a b","item":"pen"}"#,
+            &[],
+        )
+        .await;
+    assert_eq!(reordered.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(exact.rows().await, 1);
+}
+
+/// A response with `Cache-Control: no-store` is not stored: its key is released and the next
+/// request with it runs the handler again. A storage policy may keep more (or less).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_store_response_releases_its_key_and_the_policy_decides_the_rest() {
+    let runs = Arc::new(AtomicU32::new(0));
+    let app = |runs: Arc<AtomicU32>| {
+        Router::new().route(
+            "/orders",
+            post(move |body: String| {
+                let runs = runs.clone();
+                async move {
+                    let n = runs.fetch_add(1, Ordering::SeqCst);
+                    match body.as_str() {
+                        "quote" => (
+                            StatusCode::OK,
+                            [("cache-control", "private, No-Store")],
+                            format!("quote {n}"),
+                        )
+                            .into_response(),
+                        _ => (StatusCode::NOT_FOUND, format!("missing {n}")).into_response(),
+                    }
+                }
+            }),
+        )
+    };
+    let store = store().await;
+    let url = serve(app(runs.clone()).layer(builder(&store).build().unwrap())).await;
+    let api = Api::new(&url);
+    for _ in 0..2 {
+        let quote = api.post_raw("q", "text/plain", "quote", &[]).await;
+        assert_eq!(quote.status, StatusCode::OK);
+        assert!(!quote.replayed());
+        let missing = api.post_raw("m", "text/plain", "missing", &[]).await;
+        assert_eq!(missing.status, StatusCode::NOT_FOUND);
+        assert!(!missing.replayed(), "404 is not kept by default");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 4, "every request ran");
+
+    let kept_404 = Arc::new(AtomicU32::new(0));
+    let layer = builder(&store)
+        .biz("HTTP404")
+        .store_if(|s| s == StatusCode::NOT_FOUND || idem::http::stored_by_default(s))
+        .build()
+        .unwrap();
+    let api = Api::new(&serve(app(kept_404.clone()).layer(layer)).await);
+    let first = api.post_raw("m", "text/plain", "missing", &[]).await;
+    let again = api.post_raw("m", "text/plain", "missing", &[]).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(kept_404.load(Ordering::SeqCst), 1);
+}
+
+/// 50 duplicates of a 50 ms handler released together: each one told to come back is told about
+/// a second (the route's recent duration), not the lease's 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retry_after_follows_the_handlers_duration_not_the_lease() {
+    let shop = Shop::new().await;
+    shop.slow_ms.store(50, Ordering::SeqCst);
+    let url = start(&shop, builder(&store().await).build().unwrap()).await;
+    let api = Api::new(&url);
+    for i in 0..3 {
+        let warm = api
+            .post(
+                Some("alice"),
+                Some(&format!("warm-{i}")),
+                json!({ "item": "w" }),
+            )
+            .await;
+        assert_eq!(warm.status, StatusCode::CREATED);
+    }
+    let barrier = Arc::new(Barrier::new(50));
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let (api, barrier) = (api.clone(), Arc::clone(&barrier));
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            api.post(Some("alice"), Some("hot"), json!({ "item": "tv" }))
+                .await
+        }));
+    }
+    let mut told = Vec::new();
+    for task in tasks {
+        let reply = task.await.unwrap();
+        if reply.status == StatusCode::CONFLICT {
+            told.push(
+                reply.headers["retry-after"]
+                    .to_str()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap(),
+            );
+        } else {
+            assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+        }
+    }
+    assert!(told.iter().all(|s| (1..=2).contains(s)), "{told:?}");
+    assert_eq!(
+        shop.rows().await,
+        4,
+        "3 warm-up orders and one for 50 duplicates"
+    );
+}
+
+/// `check()` at start-up finds a store that was never migrated; a migrated one passes.
+#[tokio::test]
+async fn check_at_start_up_finds_a_store_that_was_never_migrated() {
+    let bare = SqliteStore::in_memory().await.unwrap();
+    let layer = builder(&bare).build().unwrap();
+    let err = layer.check().await.unwrap_err();
+    assert!(matches!(err, IdemError::StoreSchema { .. }), "{err:?}");
+    assert!(err.to_string().contains("migrate"), "{err}");
+    bare.migrate().await.unwrap();
+    builder(&bare).build().unwrap().check().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

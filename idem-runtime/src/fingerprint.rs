@@ -34,7 +34,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 }
 
 /// Writes `value` as canonical JSON.
-fn write_canonical(value: &Value, out: &mut Vec<u8>) {
+pub(crate) fn write_canonical(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Null | Value::Bool(_) | Value::String(_) => {
             serde_json::to_writer(&mut *out, value).expect("writing to a Vec cannot fail")

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, Method, header};
+use http::{HeaderName, Method, StatusCode, header};
 
 use super::cap::Cap;
 use super::drain::Inflight;
@@ -28,6 +28,48 @@ const KEPT_HEADERS: [HeaderName; 7] = [
     header::LINK,
 ];
 
+/// Which responses the layer stores by default (see [`IdempotencyBuilder::store_if`]): every
+/// status below 500 but those that say the request was refused before the handler did anything a
+/// retry must not repeat, so that a client that fixes its request is not handed the refusal
+/// again.
+///
+/// Not stored (the key is released; a retry runs the handler again): 400 Bad Request, 401
+/// Unauthorized, 403 Forbidden, 404 Not Found, 405 Method Not Allowed, 406 Not Acceptable, 408
+/// Request Timeout, 411 Length Required, 412 Precondition Failed, 413 Content Too Large, 414 URI
+/// Too Long, 415 Unsupported Media Type, 421 Misdirected Request, 422 Unprocessable Content, 423
+/// Locked, 425 Too Early, 428 Precondition Required, 429 Too Many Requests, 431 Request Header
+/// Fields Too Large. Stored: 1xx–3xx, and the other 4xx, which answer the request itself (402
+/// Payment Required for a declined card, 409 Conflict for an order that already exists, 410 Gone,
+/// …).
+///
+/// The IETF draft (draft-ietf-httpapi-idempotency-key-header-07, §2.6) leaves it to the
+/// resource which responses to keep; this follows Stripe's published behaviour, which keeps a
+/// result only once the endpoint began to execute and not for requests that failed validation
+/// or conflicted with a concurrent one. A 5xx is never stored, whatever the policy says.
+pub fn stored_by_default(status: StatusCode) -> bool {
+    !matches!(
+        status.as_u16(),
+        400 | 401
+            | 403
+            | 404
+            | 405
+            | 406
+            | 408
+            | 411
+            | 412
+            | 413
+            | 414
+            | 415
+            | 421
+            | 422
+            | 423
+            | 425
+            | 428
+            | 429
+            | 431
+    ) && !status.is_server_error()
+}
+
 /// The layer's settings, shared by every request.
 pub(crate) struct Config {
     pub(super) store: Arc<dyn Store>,
@@ -40,6 +82,10 @@ pub(crate) struct Config {
     pub(super) max_request_bytes: usize,
     pub(super) max_response_bytes: usize,
     pub(super) keep_headers: Vec<HeaderName>,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) canonical_json: bool,
+    pub(super) store_if: fn(StatusCode) -> bool,
+    pub(super) durations: super::hint::Durations,
     pub(super) principal: Principal,
     pub(super) ttl: Duration,
     pub(super) lease: Duration,
@@ -63,6 +109,9 @@ pub struct IdempotencyBuilder {
     max_request_bytes: usize,
     max_response_bytes: usize,
     keep_headers: Vec<HeaderName>,
+    fingerprint_headers: Vec<HeaderName>,
+    canonical_json: bool,
+    store_if: fn(StatusCode) -> bool,
     principal: Option<Principal>,
     ttl: Duration,
     lease: Duration,
@@ -150,6 +199,46 @@ impl IdempotencyBuilder {
     /// the headers above (written by an older version) never replays it.
     pub fn keep_header(mut self, name: HeaderName) -> Self {
         self.keep_headers.push(name);
+        self
+    }
+
+    /// Also counts this request header in the fingerprint (by default: method, path with query,
+    /// `Content-Type` and body), so a repeat that sends another value of it gets 422
+    /// `payload-mismatch` instead of the first response. For headers that change what the handler
+    /// does (`Accept`, an API version header); never for ones that change on every try (a
+    /// timestamp, a trace id).
+    pub fn fingerprint_header(mut self, name: HeaderName) -> Self {
+        if !self.fingerprint_headers.contains(&name) {
+            self.fingerprint_headers.push(name);
+        }
+        self
+    }
+
+    /// Compares JSON bodies byte for byte. By default a body whose `Content-Type` is JSON
+    /// (`application/json`, `…+json`) and that parses counts in its canonical form (members
+    /// sorted, no insignificant whitespace), as the attribute's payloads do: the same JSON with
+    /// members in another order or other spacing replays instead of answering 422.
+    pub fn byte_exact_bodies(mut self) -> Self {
+        self.canonical_json = false;
+        self
+    }
+
+    /// Which responses are stored and replayed: `policy(status)` true stores it; false releases
+    /// the key (the record is marked failed, nothing is kept) so a retry runs the handler again,
+    /// as after a 5xx. The default is [`stored_by_default`] (every status below 500 but the
+    /// refusals that mean the handler did nothing: 400, 401, 403, 404, 405, 406, 408, 411, 412,
+    /// 413, 414, 415, 421, 422, 423, 425, 428, 429, 431). A 5xx is never stored, and neither is a
+    /// response with `Cache-Control: no-store`, whatever the policy says.
+    ///
+    /// ```
+    /// # fn demo(builder: idem_runtime::http::IdempotencyBuilder) {
+    /// use idem_runtime::http::stored_by_default;
+    /// // Also keep 404 (a resource that cannot appear later under the same key):
+    /// let builder = builder.store_if(|s| s.as_u16() == 404 || stored_by_default(s));
+    /// # let _ = builder; }
+    /// ```
+    pub fn store_if(mut self, policy: fn(StatusCode) -> bool) -> Self {
+        self.store_if = policy;
         self
     }
 
@@ -312,6 +401,10 @@ impl IdempotencyBuilder {
                 max_request_bytes: self.max_request_bytes,
                 max_response_bytes: self.max_response_bytes,
                 keep_headers,
+                fingerprint_headers: self.fingerprint_headers,
+                canonical_json: self.canonical_json,
+                store_if: self.store_if,
+                durations: super::hint::Durations::default(),
                 principal,
                 ttl: self.ttl,
                 lease: self.lease,
@@ -338,6 +431,9 @@ impl IdempotencyLayer {
             max_request_bytes: 1 << 20,
             max_response_bytes: 48 << 10,
             keep_headers: KEPT_HEADERS.to_vec(),
+            fingerprint_headers: Vec::new(),
+            canonical_json: true,
+            store_if: stored_by_default,
             principal: None,
             ttl: Duration::from_secs(24 * 3600),
             lease: crate::DEFAULT_LEASE,

@@ -276,15 +276,79 @@ pub(crate) fn principal_id(principal: Option<&str>) -> [u8; 16] {
     id
 }
 
-/// The fingerprint of method, path (with query) and body.
-pub(crate) fn fingerprint(parts: &Parts, body: &[u8]) -> String {
+/// Whether a `Content-Type` is JSON: `application/json`, or any `+json` type
+/// (`application/problem+json`, `application/vnd.api+json`).
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or("").trim();
+    essence.eq_ignore_ascii_case("application/json")
+        || essence
+            .rsplit_once('+')
+            .is_some_and(|(ty, suffix)| ty.contains('/') && suffix.eq_ignore_ascii_case("json"))
+}
+
+/// A `Content-Type` as the fingerprint sees it: its media type, lowercase, without parameters
+/// (a client library may add `charset=utf-8` on one try and not the next; a multipart boundary
+/// changes on every try, and the body's bytes say the rest).
+fn normalized_type(content_type: &[u8]) -> Vec<u8> {
+    let essence = content_type.split(|b| *b == b';').next().unwrap_or(b"");
+    essence.trim_ascii().to_ascii_lowercase()
+}
+
+/// The fingerprint of a request: method, path (with query), the media type of its `Content-Type`,
+/// the headers the layer
+/// was told to include, and the body. A JSON body (by its `Content-Type`) that parses counts in
+/// its canonical form (object members sorted, no insignificant whitespace, numbers in one form),
+/// as the attribute's payloads do, unless the layer compares bodies byte for byte; any other body
+/// counts byte for byte. Each part carries its length, so no two requests share a fingerprint by
+/// moving bytes from one part to the next.
+pub(crate) fn fingerprint(cfg: &Config, parts: &Parts, body: &[u8]) -> String {
     let mut hash = Sha256::new();
-    hash.update(parts.method.as_str().as_bytes());
-    hash.update([0]);
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    hash.update(path.as_bytes());
-    hash.update([0]);
-    hash.update(body);
+    let mut part = |bytes: &[u8]| {
+        hash.update((bytes.len() as u64).to_be_bytes());
+        hash.update(bytes);
+    };
+    part(parts.method.as_str().as_bytes());
+    part(
+        parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .as_bytes(),
+    );
+    let content_type = parts.headers.get(http::header::CONTENT_TYPE);
+    part(&content_type.map_or_else(Vec::new, |v| normalized_type(v.as_bytes())));
+    for name in &cfg.fingerprint_headers {
+        part(name.as_str().as_bytes());
+        let values: Vec<&[u8]> = parts
+            .headers
+            .get_all(name)
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect();
+        part(&values.len().to_be_bytes());
+        for value in values {
+            part(value);
+        }
+    }
+    let json = cfg.canonical_json
+        && content_type
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(is_json);
+    match json
+        .then(|| serde_json::from_slice::<Value>(body).ok())
+        .flatten()
+    {
+        Some(value) => {
+            let mut canonical = Vec::with_capacity(body.len());
+            crate::fingerprint::write_canonical(&value, &mut canonical);
+            part(b"json");
+            part(&canonical);
+        }
+        None => {
+            part(b"bytes");
+            part(body);
+        }
+    }
     hex(&hash.finalize())
 }
 

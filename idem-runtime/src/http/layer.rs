@@ -31,7 +31,7 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// - the first request runs the handler; its response (status, kept headers, body) is stored, and
 ///   every repeat gets it again with `Idempotent-Replayed: true`;
 /// - a repeat while the first is still running gets 409 with `Retry-After`; the same key with
-///   another method, path or body gets 422;
+///   another method, path, content type, body (JSON compared in canonical form) or fingerprinted header gets 422;
 /// - a 5xx response is not stored (the record is marked failed, so a retry runs again); a response
 ///   body over the size limit is not kept: repeats get 409 `response-not-kept`, and the handler
 ///   does not run twice;
@@ -59,6 +59,22 @@ pub struct IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
+    /// Checks at start-up that the layer's store answers and is set up, with one read of a record
+    /// (no write), so a store that is unreachable or was never migrated fails the service's
+    /// start instead of its first request (which would get a 500 or a 503).
+    ///
+    /// # Errors
+    /// [`IdemError::StoreUnavailable`] when the store cannot be reached,
+    /// [`IdemError::StoreSchema`] when its table is missing (run the store's `migrate()`), other
+    /// store errors as they come.
+    pub async fn check(&self) -> Result<(), IdemError> {
+        self.cfg
+            .store
+            .load(&self.cfg.biz, "idem-start-up-check")
+            .await
+            .map(drop)
+    }
+
     /// A handle that waits, at shutdown, for the handlers this layer (and every service made
     /// from it) is running: see [`Drain`](super::Drain).
     pub fn drain(&self) -> super::Drain {
@@ -131,8 +147,9 @@ enum Flow<E> {
     Idem(IdemError),
     /// The handler's service failed.
     Inner(E),
-    /// The handler answered 5xx: not stored, the record is marked failed.
-    ServerError,
+    /// The handler answered what is not stored (a 5xx, a status the storage policy leaves out, a
+    /// `Cache-Control: no-store` response): the record is marked failed, a retry runs again.
+    NotStored,
     /// The recover fn could not tell whether the first request's action happened.
     Recover(crate::BoxError),
 }
@@ -141,6 +158,26 @@ impl<E> From<IdemError> for Flow<E> {
     fn from(e: IdemError) -> Self {
         Flow::Idem(e)
     }
+}
+
+/// Whether a response says it must not be stored (`Cache-Control: no-store`, RFC 9111 §5.2.2.5).
+fn no_store(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|directive| directive.trim().eq_ignore_ascii_case("no-store"))
+}
+
+/// The route a request is for, to learn its handler's durations: axum's matched route when there
+/// is one (`POST /orders/{id}`), else the path.
+fn route_of(parts: &http::request::Parts) -> String {
+    let path = parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| parts.uri.path(), |m| m.as_str());
+    format!("{} {path}", parts.method)
 }
 
 /// Whether reading a body failed because it is over a limit (ours, or one a layer in front of us
@@ -255,7 +292,7 @@ where
         }
     };
     let record_key = key::record_key(principal.as_deref(), &key);
-    let fingerprint = key::fingerprint(&parts, &body);
+    let fingerprint = key::fingerprint(&cfg, &parts, &body);
     let reservation = match &cfg.cap {
         None => None,
         Some(cap) => match cap.reserve(key::principal_id(principal.as_deref())) {
@@ -285,6 +322,7 @@ where
         ),
         None => Default::default(),
     };
+    let route = route_of(&parts);
     let req = Request::from_parts(parts, Body::from(body));
     let mut live: Option<Response<Body>> = None;
     let mut ran = false;
@@ -299,6 +337,7 @@ where
     }
     let handler = async {
         ran = true;
+        let started = std::time::Instant::now();
         let response = inner.call(req).await.map_err(Flow::Inner)?;
         let (head, body) = response.into_parts();
         let bytes = match body.collect().await {
@@ -312,15 +351,18 @@ where
                     "Internal error",
                     "the response could not be produced",
                 ));
-                return Err(Flow::ServerError);
+                return Err(Flow::NotStored);
             }
         };
-        let server_error = head.status.is_server_error();
-        let stored = (!server_error)
-            .then(|| Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers));
+        cfg.durations.record(&route, started.elapsed());
+        let keep = !head.status.is_server_error()
+            && (cfg.store_if)(head.status)
+            && !no_store(&head.headers);
+        let stored =
+            keep.then(|| Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers));
         live = Some(Response::from_parts(head, Body::from(bytes.clone())));
         let Some(stored) = stored else {
-            return Err(Flow::ServerError);
+            return Err(Flow::NotStored);
         };
         Ok(kept(
             stored,
@@ -375,12 +417,16 @@ where
         (Err(Flow::Inner(e)), _) => Err(e),
         // The handler ran for this request: its client gets its response, whatever became of the
         // record (stored, not stored, or another attempt's by now).
-        (Ok(_) | Err(Flow::ServerError), Some(response)) => Ok(response),
+        (Ok(_) | Err(Flow::NotStored), Some(response)) => Ok(response),
         (Err(Flow::Idem(e)), Some(response)) => {
             tracing::warn!(error = %e, "the handler ran but its response could not be recorded");
             Ok(response)
         }
         (Ok(stored), None) => Ok(stored.replay()),
+        (Err(Flow::Idem(IdemError::InProgress { retry_after })), None) => {
+            let retry_after = cfg.durations.hint(&route, retry_after);
+            Ok(problem::from_idem(&IdemError::InProgress { retry_after }))
+        }
         (Err(Flow::Idem(e)), None) => Ok(problem::from_idem(&e)),
         (Err(Flow::Recover(e)), _) => {
             tracing::warn!(error = %e, "the recover fn could not tell whether the request's action happened; answering 503");
@@ -394,7 +440,7 @@ where
                 std::time::Duration::from_secs(1),
             ))
         }
-        (Err(Flow::ServerError), None) => Ok(problem(
+        (Err(Flow::NotStored), None) => Ok(problem(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             "Internal error",

@@ -13,7 +13,7 @@
 //! | 409 `in-progress`, `Retry-After` | a repeat while the first still runs |
 //! | 409 `response-not-kept` | a repeat of a request whose response was too large to keep |
 //! | 413 `request-too-large` | a body over the request limit |
-//! | 422 `payload-mismatch` | the key was used with another method, path or body |
+//! | 422 `payload-mismatch` | the key was used with another method, path, content type, body (JSON in canonical form) or fingerprinted header |
 //! | 429 `too-many-keys`, `Retry-After` | the caller is over its cap of new records |
 //! | 503 `store-unavailable`, `Retry-After` | the store failed; nothing ran |
 //! | 503 `recover-failed`, `Retry-After` | a takeover's recover fn could not tell whether the first request's action happened; nothing ran |
@@ -24,6 +24,7 @@
 mod builder;
 mod cap;
 mod drain;
+mod hint;
 mod key;
 mod layer;
 mod principal;
@@ -32,7 +33,7 @@ mod recover;
 mod stored;
 mod tokens;
 
-pub use builder::IdempotencyBuilder;
+pub use builder::{IdempotencyBuilder, stored_by_default};
 pub use drain::Drain;
 pub use layer::{IDEMPOTENCY_KEY, Idempotency, IdempotencyLayer};
 pub use principal::Principal;

@@ -65,7 +65,7 @@ pub(crate) fn from_idem(e: &IdemError) -> Response<Body> {
             status,
             "payload-mismatch",
             "Idempotency key reused",
-            "this idempotency key was already used with a different request (method, path or body); use a new key for a new request",
+            "this idempotency key was already used with a different request (method, path, content type, body or a fingerprinted header); use a new key for a new request",
         ),
         IdemError::TokenUsed => problem(
             status,

@@ -14,6 +14,9 @@
 //!   after step two; the takeover gets steps one and two from the record and runs step three only,
 //!   and each step's downstream key (`idem::step_key`) is the same in both attempts, checked by a
 //!   fake external API (the effects table) that counts calls per key.
+//! - A service with the layer in transaction mode SIGKILLed mid-handler (its order inserted through
+//!   the layer's transaction, not committed), 3 trials per SQL store: no order and no record are
+//!   left, and the retry at a restarted service runs at once and creates exactly one.
 //! - SIGKILL mid-transaction (tx mode), 100 trials: the claim and the business write die with the
 //!   transaction: no record, no effect, and the next caller runs at once.
 //! - SIGSTOP past the lease: a paused holder (heartbeat and all) is taken over; resumed, it gets
@@ -32,6 +35,9 @@ mod mysql_leftovers;
 #[cfg(feature = "postgres")]
 #[path = "support/postgres.rs"]
 mod pg;
+#[cfg(feature = "axum")]
+#[path = "support/tx_orders.rs"]
+mod tx_orders;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -85,6 +91,10 @@ enum Act {
     ServeHttp,
     /// Tx mode: claim and write the effect in a transaction, say READY, wait to be killed.
     HoldTx,
+    /// Serves the layer in transaction mode on the site's SQL store (says `LISTEN <port>`); its
+    /// handler inserts the order through the layer's transaction, says READY and waits to be
+    /// killed.
+    ServeHttpTx,
     /// Lease mode with a heartbeat: claim, say READY, wait for a line on stdin (the parent
     /// pauses it meanwhile), then write the effect, finish, and print how the call ended.
     Stall,
@@ -288,6 +298,15 @@ async fn child() {
         }
         #[cfg(not(feature = "axum"))]
         Act::ServeHttp => unreachable!("the HTTP trial needs the `axum` feature"),
+        #[cfg(feature = "axum")]
+        Act::ServeHttpTx => {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            say(&format!("LISTEN {}", listener.local_addr().unwrap().port()));
+            let app = tx_service(&spec.backend, "child", true).await;
+            axum::serve(listener, app).await.unwrap();
+        }
+        #[cfg(not(feature = "axum"))]
+        Act::ServeHttpTx => unreachable!("the HTTP trial needs the `axum` feature"),
         Act::HoldTx => match &spec.backend {
             Backend::Sqlite { path } => {
                 let store = SqliteStore::open(path).await.unwrap();
@@ -1019,6 +1038,190 @@ async fn service_killed_after_its_handlers_effect(site: Site) {
     }
 }
 
+/// The layer in transaction mode on the site's SQL store, with a handler that inserts the order
+/// (`who`) through the layer's transaction and then (when `hang`) says READY and waits to be
+/// killed, else answers 201 `ordered by <who>`.
+#[cfg(feature = "axum")]
+async fn tx_service(backend: &Backend, who: &'static str, hang: bool) -> axum::Router {
+    match backend {
+        Backend::Sqlite { path } => tx_router(
+            SqliteStore::open(path).await.unwrap(),
+            orders_table(backend),
+            who,
+            hang,
+        ),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres { url, table } => {
+            tx_router(pg_store(url, table).await, orders_table(backend), who, hang)
+        }
+        #[cfg(feature = "mysql")]
+        Backend::MySql { url, table } => {
+            tx_router(my_store(url, table).await, orders_table(backend), who, hang)
+        }
+        _ => unreachable!("transaction mode runs on SQL stores"),
+    }
+}
+
+/// The handler's order table in the store's database.
+#[cfg(feature = "axum")]
+fn orders_table(backend: &Backend) -> String {
+    match backend {
+        Backend::Postgres { table, .. } | Backend::MySql { table, .. } => format!("{table}_orders"),
+        _ => "orders".to_owned(),
+    }
+}
+
+#[cfg(feature = "axum")]
+fn tx_router<S>(store: S, table: String, who: &'static str, hang: bool) -> axum::Router
+where
+    S: idem::TransactionalStore,
+    S::Tx: idem::TransitionTx + tx_orders::Orders,
+{
+    use tx_orders::Orders;
+    let layer = idem::http::IdempotencyLayer::builder_tx(store)
+        .principal(idem::http::Principal::unscoped(
+            "a test service with one caller",
+        ))
+        .build()
+        .unwrap();
+    let order = move |headers: axum::http::HeaderMap, mut tx: idem::http::Transaction<S::Tx>| {
+        let table = table.clone();
+        async move {
+            let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+            tx.insert_order(&table, &key, who).await.unwrap();
+            if hang {
+                say("READY");
+                std::future::pending::<()>().await;
+            }
+            (axum::http::StatusCode::CREATED, format!("ordered by {who}"))
+        }
+    };
+    axum::Router::new()
+        .route("/orders", axum::routing::post(order))
+        .layer(layer)
+}
+
+/// Runs `sql` (one statement, binding `key` when it has a placeholder) on the site's SQL
+/// database; the first column of its row, if any.
+#[cfg(feature = "axum")]
+async fn on_db(backend: &Backend, sql: String, key: Option<&str>) -> Option<i64> {
+    macro_rules! run {
+        ($pool:expr) => {{
+            let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+            let q = match key {
+                Some(key) => q.bind(key.to_owned()),
+                None => q,
+            };
+            q.fetch_optional($pool).await.unwrap()
+        }};
+    }
+    match backend {
+        Backend::Sqlite { path } => run!(SqliteStore::open(path).await.unwrap().pool()),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres { url, table } => run!(pg_store(url, table).await.pool()),
+        #[cfg(feature = "mysql")]
+        Backend::MySql { url, table } => run!(my_store(url, table).await.pool()),
+        _ => unreachable!("transaction mode runs on SQL stores"),
+    }
+}
+
+/// A service with the layer in transaction mode killed (SIGKILL) mid-handler, after its insert
+/// and before the commit, 3 times: the database rolls the transaction back, so no order and no
+/// record are left; a retry at a restarted service runs at once (no lease to wait for) and
+/// creates exactly one order, and a repeat replays it.
+#[cfg(feature = "axum")]
+async fn service_killed_mid_transaction(site: Site) {
+    let table = orders_table(&site.backend);
+    on_db(&site.backend, tx_orders::create_table(&table), None).await;
+    let placeholder = match site.backend {
+        Backend::Postgres { .. } => "$1",
+        _ => "?",
+    };
+    let count = format!("SELECT COUNT(*) FROM {table} WHERE k = {placeholder}");
+    let client = reqwest::Client::new();
+    for trial in 0..3 {
+        let key = format!("tx-order-{trial}");
+        let spec = site.spec("HTTP", &key, Duration::from_secs(30), Act::ServeHttpTx);
+        let mut child = tokio::task::spawn_blocking(move || {
+            let mut child = Running::spawn(&spec);
+            let port = child.wait_for("LISTEN");
+            (
+                child,
+                port.trim_start_matches("LISTEN ").parse::<u16>().unwrap(),
+            )
+        })
+        .await
+        .unwrap();
+        let first = {
+            let (client, key, port) = (client.clone(), key.clone(), child.1);
+            tokio::spawn(async move {
+                client
+                    .post(format!("http://127.0.0.1:{port}/orders"))
+                    .header("idempotency-key", key)
+                    .send()
+                    .await
+            })
+        };
+        child = tokio::task::spawn_blocking(move || {
+            child.0.wait_for("READY");
+            child
+        })
+        .await
+        .unwrap();
+        child.0.kill();
+        assert!(
+            first.await.unwrap().is_err(),
+            "the service died mid-request"
+        );
+
+        let app = tx_service(&site.backend, "repeat", false).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/orders", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        // The server may take a moment to see the connection die and roll back: the retry waits
+        // for the lock meanwhile, never for a lease.
+        let retry = client
+            .post(&url)
+            .header("idempotency-key", &key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(retry.status(), 201, "{key}");
+        assert!(
+            !retry.headers().contains_key("idempotent-replayed"),
+            "{key}"
+        );
+        assert_eq!(retry.text().await.unwrap(), "ordered by repeat", "{key}");
+        let orders = on_db(&site.backend, count.clone(), Some(&key)).await;
+        assert_eq!(
+            orders,
+            Some(1),
+            "{key}: the killed insert rolled back, the retry's stayed"
+        );
+        let again = client
+            .post(&url)
+            .header("idempotency-key", &key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(again.headers()["idempotent-replayed"], "true", "{key}");
+        assert_eq!(
+            on_db(&site.backend, count.clone(), Some(&key)).await,
+            Some(1)
+        );
+        server.abort();
+    }
+}
+
+#[cfg(feature = "axum")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_service_killed_mid_transaction() {
+    if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+        return;
+    }
+    service_killed_mid_transaction(sqlite_site().await).await;
+}
+
 #[cfg(feature = "axum")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_service_killed_after_its_handlers_effect() {
@@ -1042,6 +1245,27 @@ macro_rules! service_killed_on_server {
             }
         }
     )*};
+}
+
+/// The transaction-mode service killed mid-handler, on a server store.
+macro_rules! tx_service_killed_on_server {
+    ($($feature:literal: $name:ident on $site:ident;)*) => {$(
+        #[cfg(all(feature = "axum", feature = $feature))]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            if std::env::var("IDEM_CRASH_CHILD").is_ok() {
+                return;
+            }
+            if let Some(site) = $site().await {
+                service_killed_mid_transaction(site).await;
+            }
+        }
+    )*};
+}
+
+tx_service_killed_on_server! {
+    "mysql": mysql_service_killed_mid_transaction on my_site;
+    "postgres": postgres_service_killed_mid_transaction on pg_site;
 }
 
 service_killed_on_server! {

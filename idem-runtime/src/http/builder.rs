@@ -93,6 +93,8 @@ pub(crate) struct Config {
     pub(super) wait: Option<Duration>,
     pub(super) cap: Option<Arc<Cap>>,
     pub(super) recover: Option<RecoverFn>,
+    /// Transaction mode: how to begin the request's transaction.
+    pub(super) tx: Option<super::tx::Begin>,
     pub(super) inflight: Arc<Inflight>,
 }
 
@@ -119,6 +121,7 @@ pub struct IdempotencyBuilder {
     wait: Option<Duration>,
     cap: Option<(u32, Duration)>,
     recover: Option<RecoverFn>,
+    tx: Option<super::tx::Begin>,
 }
 
 impl IdempotencyBuilder {
@@ -365,6 +368,11 @@ impl IdempotencyBuilder {
             return invalid("the key and request size limits must be above zero");
         }
         crate::engine::check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
+        if self.tx.is_some() && self.recover.is_some() {
+            return invalid(
+                "`recover` is for lease mode: in transaction mode a handler that dies rolls its transaction back, so there is nothing to recover; drop `.recover(…)` or build with `builder`",
+            );
+        }
         let cap = match self.cap {
             Some((0, _)) => return invalid("a cap of 0 records refuses every request"),
             Some((max, window)) => {
@@ -412,6 +420,7 @@ impl IdempotencyBuilder {
                 wait: self.wait,
                 cap,
                 recover: self.recover,
+                tx: self.tx,
                 inflight: Arc::default(),
             }),
         })
@@ -441,6 +450,57 @@ impl IdempotencyLayer {
             wait: None,
             cap: None,
             recover: None,
+            tx: None,
         }
+    }
+
+    /// A builder for a layer in transaction mode on `store` (SQLite, MySQL / MariaDB, Postgres,
+    /// or an `EncryptedStore` over one): for each covered request the layer begins a transaction
+    /// on the store, claims the key in it, and hands it to the handler as a
+    /// [`Transaction`](super::Transaction) extractor for the handler's own writes. When the handler
+    /// answers, the layer stores the response in the same transaction and commits: the writes
+    /// and the stored response commit together or not at all. A response that is not stored (a
+    /// 5xx, a status the policy leaves out, `no-store`), a panic, a process that dies, roll
+    /// everything back: nothing written, nothing stored, and a retry runs from the start. A
+    /// concurrent duplicate waits in the database for the first transaction (bounded by its lock
+    /// timeout: MySQL's `innodb_lock_wait_timeout`, SQLite's busy timeout, Postgres's
+    /// `lock_timeout` if set), then replays its response. Each waiting duplicate holds a
+    /// connection of the store's pool meanwhile.
+    ///
+    /// The handler's writes must go through the [`Transaction`](super::Transaction) (not the
+    /// pool) to commit with the response. [`recover`](IdempotencyBuilder::recover) is for lease
+    /// mode and is refused here: a holder that dies takes its transaction with it.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), idem::IdemError> {
+    /// use axum::{Router, routing::post};
+    /// use idem::http::{IdempotencyLayer, Principal, Transaction};
+    /// use idem::{SqliteStore, SqliteTx};
+    ///
+    /// async fn create(mut tx: Transaction<SqliteTx>) -> Result<String, String> {
+    ///     idem::sqlx::query("INSERT INTO orders (item) VALUES ('tv')")
+    ///         .execute(&mut **tx)
+    ///         .await
+    ///         .map_err(|e| e.to_string())?;
+    ///     Ok("created".to_owned())
+    /// }
+    ///
+    /// let store = SqliteStore::open("shop.db").await?;
+    /// store.migrate().await?;
+    /// let layer = IdempotencyLayer::builder_tx(store)
+    ///     .principal(Principal::header(http::HeaderName::from_static("x-user-id")))
+    ///     .build()?;
+    /// let app: Router = Router::new().route("/orders", post(create)).layer(layer);
+    /// # Ok(()) }
+    /// ```
+    pub fn builder_tx<S>(store: S) -> IdempotencyBuilder
+    where
+        S: crate::TransactionalStore,
+        S::Tx: crate::TransitionTx + 'static,
+    {
+        let store = Arc::new(store);
+        let mut builder = IdempotencyLayer::builder(Arc::clone(&store));
+        builder.tx = Some(super::tx::begin_on(store));
+        builder
     }
 }

@@ -210,6 +210,174 @@ where
     response.map(Body::new)
 }
 
+/// The problem for a refused request; a repeat told the first is still running gets the route's
+/// recent duration as `Retry-After` (bounded by the first's lease), not the rest of the lease.
+fn refusal(cfg: &Config, route: &str, e: &IdemError) -> Response<Body> {
+    match e {
+        IdemError::InProgress { retry_after } => {
+            let retry_after = cfg.durations.hint(route, *retry_after);
+            problem::from_idem(&IdemError::InProgress { retry_after })
+        }
+        e => problem::from_idem(e),
+    }
+}
+
+/// Runs the handler: the response for its own client, and what the record keeps of it (`None`
+/// when it is not stored: a 5xx, a status the storage policy leaves out, `Cache-Control:
+/// no-store`, a body that failed).
+async fn run_handler<S, B>(
+    cfg: &Config,
+    inner: &mut S,
+    req: Request<Body>,
+    route: &str,
+) -> Result<(Response<Body>, Option<Stored>), S::Error>
+where
+    S: Service<Request<Body>, Response = Response<B>> + Send,
+    S::Future: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<crate::BoxError>,
+{
+    let started = std::time::Instant::now();
+    let response = inner.call(req).await?;
+    let (head, body) = response.into_parts();
+    let bytes = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            let e: crate::BoxError = e.into();
+            tracing::error!(error = %e, "the handler's response body failed; the request is marked failed");
+            let failed = problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal error",
+                "the response could not be produced",
+            );
+            return Ok((failed, None));
+        }
+    };
+    cfg.durations.record(route, started.elapsed());
+    let keep =
+        !head.status.is_server_error() && (cfg.store_if)(head.status) && !no_store(&head.headers);
+    let stored = keep.then(|| {
+        let stored = Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers);
+        kept(
+            stored,
+            bytes.len(),
+            cfg.max_response_bytes,
+            cfg.store.limits().max_snapshot_len,
+        )
+    });
+    Ok((Response::from_parts(head, Body::from(bytes)), stored))
+}
+
+/// What a transaction-mode request came to: whether its handler ran (a cap slot is refunded
+/// otherwise).
+enum Ran {
+    Yes(Response<Body>),
+    No(Response<Body>),
+}
+
+impl Ran {
+    fn into_response(self) -> Response<Body> {
+        match self {
+            Ran::Yes(r) | Ran::No(r) => r,
+        }
+    }
+}
+
+/// Transaction mode: begin, claim in the transaction, run the handler with it, then store the
+/// response and commit, or roll everything back when the response is not stored.
+async fn in_tx<S, B>(
+    cfg: &Config,
+    begin: &super::tx::Begin,
+    call: Call,
+    mut inner: S,
+    mut req: Request<Body>,
+    route: &str,
+) -> Result<Ran, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<B>> + Send,
+    S::Future: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<crate::BoxError>,
+{
+    use crate::engine::snapshot::{ErrType, OkType};
+    use crate::engine::tx::{TxClaim, call_span, in_span, tx_body, tx_claim, tx_finish};
+
+    let rollback = async |tx: Box<dyn super::tx::LayerTx>| {
+        if let Err(e) = tx.finish(false).await {
+            tracing::warn!(error = %e, "could not roll the request's transaction back; the database rolls it back when the connection ends");
+        }
+    };
+    let (ok, err) = (OkType::<Stored>::new(), ErrType::<Flow<S::Error>>::new());
+    in_span(call_span(&call), async move {
+        let mut tx = match begin().await {
+            Ok(tx) => tx,
+            Err(e) => return Ok(Ran::No(problem::from_idem(&e))),
+        };
+        let guard = match tx_claim(call, ok, &mut *tx).await {
+            Ok(TxClaim::Run(guard)) => guard,
+            Ok(TxClaim::Replay(stored)) => {
+                rollback(tx).await;
+                return Ok(Ran::No(stored.replay()));
+            }
+            Err(e) => {
+                rollback(tx).await;
+                return Ok(Ran::No(refusal(cfg, route, &e)));
+            }
+        };
+        let slot = super::tx::Slot::new(tx);
+        req.extensions_mut().insert(slot.clone());
+        let ran = tx_body(&guard, run_handler(cfg, &mut inner, req, route)).await;
+        let Some(mut tx) = slot.take() else {
+            tracing::error!("the handler kept the request's transaction past its answer; nothing is committed");
+            return Ok(Ran::Yes(problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal error",
+                "the request could not be processed",
+            )));
+        };
+        let (live, stored) = match ran {
+            Ok(answer) => answer,
+            Err(e) => {
+                let _ = tx_finish(guard, &mut *tx, ok, err, Err(Flow::NotStored)).await;
+                rollback(tx).await;
+                return Err(e);
+            }
+        };
+        let Some(stored) = stored else {
+            // Not stored: the handler's writes go with it, so a retry starts from nothing.
+            let _ = tx_finish(guard, &mut *tx, ok, err, Err(Flow::NotStored)).await;
+            rollback(tx).await;
+            return Ok(Ran::Yes(live));
+        };
+        match tx_finish(guard, &mut *tx, ok, err, Ok(stored)).await {
+            // Marked in the transaction (also a response kept as not storable, which ran).
+            Ok(_) | Err(Flow::Idem(IdemError::ResultNotStorable { .. })) => match tx.finish(true).await {
+                Ok(()) => Ok(Ran::Yes(live)),
+                Err(e) => {
+                    tracing::error!(error = %e, "the request's transaction did not commit; its writes and its record are gone");
+                    Ok(Ran::Yes(problem::from_idem(&e)))
+                }
+            },
+            Err(Flow::Idem(e)) => {
+                rollback(tx).await;
+                Ok(Ran::Yes(problem::from_idem(&e)))
+            }
+            Err(_) => {
+                rollback(tx).await;
+                Ok(Ran::Yes(problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "Internal error",
+                    "the request could not be processed",
+                )))
+            }
+        }
+    })
+    .await
+}
+
 async fn handle<S, B>(
     cfg: Arc<Config>,
     mut inner: S,
@@ -324,9 +492,6 @@ where
     };
     let route = route_of(&parts);
     let req = Request::from_parts(parts, Body::from(body));
-    let mut live: Option<Response<Body>> = None;
-    let mut ran = false;
-    let store_limit = cfg.store.limits().max_snapshot_len;
     let mut call = Call::new(cfg.biz.clone(), &record_key)
         .fingerprint_hash(fingerprint)
         .ttl(cfg.ttl)
@@ -335,42 +500,26 @@ where
     if let Some(max) = cfg.wait {
         call = call.wait(max);
     }
+    if let Some(begin) = &cfg.tx {
+        let answer = in_tx(&cfg, begin, call, inner, req, &route).await;
+        if let Some(slot) = reservation
+            && !matches!(answer, Ok(Ran::Yes(_)))
+        {
+            slot.refund();
+        }
+        return answer.map(Ran::into_response);
+    }
+    let mut live: Option<Response<Body>> = None;
+    let mut ran = false;
     let handler = async {
         ran = true;
-        let started = std::time::Instant::now();
-        let response = inner.call(req).await.map_err(Flow::Inner)?;
-        let (head, body) = response.into_parts();
-        let bytes = match body.collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) => {
-                let e: crate::BoxError = e.into();
-                tracing::error!(error = %e, "the handler's response body failed; the request is marked failed");
-                live = Some(problem(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "Internal error",
-                    "the response could not be produced",
-                ));
-                return Err(Flow::NotStored);
-            }
-        };
-        cfg.durations.record(&route, started.elapsed());
-        let keep = !head.status.is_server_error()
-            && (cfg.store_if)(head.status)
-            && !no_store(&head.headers);
-        let stored =
-            keep.then(|| Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers));
-        live = Some(Response::from_parts(head, Body::from(bytes.clone())));
-        let Some(stored) = stored else {
-            return Err(Flow::NotStored);
-        };
-        Ok(kept(
-            stored,
-            bytes.len(),
-            cfg.max_response_bytes,
-            store_limit,
-        ))
+        let (response, stored) = run_handler(&cfg, &mut inner, req, &route)
+            .await
+            .map_err(Flow::Inner)?;
+        live = Some(response);
+        stored.ok_or(Flow::NotStored)
     };
+    let store_limit = cfg.store.limits().max_snapshot_len;
     let result: Result<Stored, Flow<S::Error>> = match &cfg.recover {
         None => call.run(&*cfg.store, handler).await,
         Some(recover) => {
@@ -423,11 +572,7 @@ where
             Ok(response)
         }
         (Ok(stored), None) => Ok(stored.replay()),
-        (Err(Flow::Idem(IdemError::InProgress { retry_after })), None) => {
-            let retry_after = cfg.durations.hint(&route, retry_after);
-            Ok(problem::from_idem(&IdemError::InProgress { retry_after }))
-        }
-        (Err(Flow::Idem(e)), None) => Ok(problem::from_idem(&e)),
+        (Err(Flow::Idem(e)), None) => Ok(refusal(&cfg, &route, &e)),
         (Err(Flow::Recover(e)), _) => {
             tracing::warn!(error = %e, "the recover fn could not tell whether the request's action happened; answering 503");
             Ok(problem::retry_after(

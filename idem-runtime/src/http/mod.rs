@@ -32,6 +32,7 @@ mod problem;
 mod recover;
 mod stored;
 mod tokens;
+mod tx;
 
 pub use builder::{IdempotencyBuilder, stored_by_default};
 pub use drain::Drain;
@@ -41,6 +42,7 @@ pub use problem::PROBLEM_TYPE_PREFIX;
 pub use recover::RecoverRequest;
 pub use stored::REPLAYED_HEADER;
 pub use tokens::{TOKEN_HEADER, TokenEndpoint, TokenGuard, TokenGuardLayer};
+pub use tx::Transaction;
 
 /// What the layers' services return.
 type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;

@@ -1,0 +1,158 @@
+//! Transaction mode for the Idempotency-Key layer: the layer begins a transaction on its store,
+//! claims in it, hands it to the handler ([`Transaction`], an extractor), and after the handler
+//! answers stores the response in it and commits, so the handler's writes and the stored response
+//! commit together or not at all.
+
+use std::any::Any;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use http::request::Parts;
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+
+use super::BoxFuture;
+use super::problem::problem;
+use crate::transition::TransitionTx;
+use crate::{IdemError, IdemTx, TransactionalStore};
+
+/// A transaction the layer can begin, lend to the handler and finish.
+pub(crate) trait LayerTx: IdemTx + 'static {
+    fn as_any(&mut self) -> &mut dyn Any;
+    fn finish(self: Box<Self>, commit: bool) -> BoxFuture<Result<(), IdemError>>;
+}
+
+impl<T: IdemTx + TransitionTx + 'static> LayerTx for T {
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn finish(self: Box<Self>, commit: bool) -> BoxFuture<Result<(), IdemError>> {
+        if commit {
+            TransitionTx::commit(self)
+        } else {
+            TransitionTx::rollback(self)
+        }
+    }
+}
+
+/// Begins one transaction on the layer's store.
+pub(crate) type Begin =
+    Arc<dyn Fn() -> BoxFuture<Result<Box<dyn LayerTx>, IdemError>> + Send + Sync>;
+
+/// `begin()` on `store`, erased.
+pub(crate) fn begin_on<S>(store: Arc<S>) -> Begin
+where
+    S: TransactionalStore,
+    S::Tx: TransitionTx + 'static,
+{
+    Arc::new(move || {
+        let store = Arc::clone(&store);
+        Box::pin(async move {
+            let tx = store.begin_tx().await?;
+            Ok(Box::new(tx) as Box<dyn LayerTx>)
+        })
+    })
+}
+
+/// Where the handler finds the request's transaction (a request extension), and the layer takes
+/// it back once the handler answered.
+#[derive(Clone)]
+pub(crate) struct Slot(Arc<Mutex<Option<Box<dyn LayerTx>>>>);
+
+impl Slot {
+    pub(crate) fn new(tx: Box<dyn LayerTx>) -> Self {
+        Slot(Arc::new(Mutex::new(Some(tx))))
+    }
+
+    /// The transaction back, once the handler let go of it; `None` when the handler still holds
+    /// its [`Transaction`] (it moved it into a task that outlives it: the transaction rolls back
+    /// when that lets go).
+    pub(crate) fn take(&self) -> Option<Box<dyn LayerTx>> {
+        self.0.try_lock().ok()?.take()
+    }
+}
+
+/// The transaction of a request behind an [`IdempotencyLayer`](super::IdempotencyLayer) in
+/// transaction mode ([`IdempotencyLayer::builder_tx`](super::IdempotencyLayer::builder_tx)): an
+/// axum extractor that derefs to the store's transaction type `T` (`idem::SqliteTx`,
+/// `idem::MySqlTx`, `idem::PgTx`), and through it to the connection for the handler's own
+/// queries. The layer has claimed the request's key in it; once the handler answers, the layer
+/// stores the response in it and commits: the handler's writes and the stored response commit
+/// together, or (a 5xx, a response that is not stored, a panic) none of them does.
+///
+/// ```no_run
+/// use idem_runtime::http::Transaction;
+/// use idem_runtime::{IdemError, SqliteTx};
+///
+/// async fn create_order(mut tx: Transaction<SqliteTx>) -> Result<String, String> {
+///     let id: i64 = idem_runtime::sqlx::query_scalar("INSERT INTO orders (item) VALUES ('tv') RETURNING id")
+///         .fetch_one(&mut **tx)
+///         .await
+///         .map_err(|e| e.to_string())?;
+///     Ok(format!("order {id}"))
+/// }
+/// ```
+///
+/// Let it go before the handler returns (do not move it into a task that outlives the handler):
+/// the layer needs it back to commit. A handler behind a layer in lease mode, or a `T` other than
+/// the store's transaction type, is refused with a 500 problem that says so.
+pub struct Transaction<T: 'static>(OwnedMappedMutexGuard<Option<Box<dyn LayerTx>>, T>);
+
+impl<T> Deref for Transaction<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> DerefMut for Transaction<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+impl<T> std::fmt::Debug for Transaction<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transaction")
+            .field("type", &std::any::type_name::<T>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Send + Sync, T: Send + Sync + 'static> FromRequestParts<S> for Transaction<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let refuse = |detail: String| {
+            tracing::error!(%detail, "a handler asked for the layer's transaction");
+            problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal error",
+                "the request could not be processed",
+            )
+            .into_response()
+        };
+        let Some(slot) = parts.extensions.get::<Slot>().cloned() else {
+            return Err(refuse(format!(
+                "`Transaction<{}>` needs the route behind an IdempotencyLayer built with \
+                 `builder_tx` (transaction mode), and a request the layer covers",
+                std::any::type_name::<T>()
+            )));
+        };
+        let guard: OwnedMutexGuard<Option<Box<dyn LayerTx>>> = slot.0.lock_owned().await;
+        OwnedMutexGuard::try_map(guard, |tx| tx.as_mut()?.as_any().downcast_mut::<T>())
+            .map(Transaction)
+            .map_err(|_| {
+                refuse(format!(
+                    "the layer's transaction is not a `{}`: ask for the transaction type of the \
+                     layer's store",
+                    std::any::type_name::<T>()
+                ))
+            })
+    }
+}

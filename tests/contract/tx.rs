@@ -256,7 +256,11 @@ pub async fn steps_in_a_transaction_run_as_plain_code<B: TxBackend>(b: Arc<B>) {
         })
         .await;
     B::commit(tx).await;
-    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 2, "not saved");
+    assert_eq!(
+        ran.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "not saved"
+    );
     let tx_key = seen.unwrap();
     // The same (biz, key, name) in lease mode, on any store, gives the same key.
     let lease_key: String = call(&biz, "k")

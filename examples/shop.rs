@@ -1,5 +1,6 @@
-//! A small shop service to copy from: axum, the Idempotency-Key layer, an SQL store, a state
-//! machine for orders, one-time submit tokens, and Prometheus metrics.
+//! A small shop service to copy from: axum, the Idempotency-Key layer in transaction mode (the
+//! order row and the stored response commit together), an SQL store, a state machine for orders,
+//! one-time submit tokens, and Prometheus metrics.
 //!
 //! ```sh
 //! cargo run --example shop --features axum                 # embedded SQLite (shop.db in the temp dir)
@@ -12,7 +13,7 @@
 //!
 //! | Route | What | Duplicates |
 //! |---|---|---|
-//! | `POST /orders` `{"item", "amount"}` | creates an order (`WAIT_PAY`), 201 | `Idempotency-Key` header: a repeat replays the 201 |
+//! | `POST /orders` `{"item", "amount"}` | creates an order (`WAIT_PAY`), 201 | `Idempotency-Key` header: a repeat replays the 201; the order is written in the layer's transaction, so a crash leaves neither order nor record |
 //! | `POST /orders/{no}/pay` | `WAIT_PAY` → `PAID`, 200 | state machine: a repeat is 200 again, a wrong state 409 |
 //! | `POST /tokens` | a one-time submit token for the cancel form, 201 | |
 //! | `POST /orders/{no}/cancel` | `WAIT_PAY` → `CANCELLED`, 200 | `X-Idem-Token`: a second submit is 409 `token-used` |
@@ -33,7 +34,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use idem::http::{IdempotencyLayer, Principal, TokenEndpoint, TokenGuardLayer};
+use idem::http::{IdempotencyLayer, Principal, TokenEndpoint, TokenGuardLayer, Transaction};
 use idem::{IdemError, StateMachine, Store, TokenStore, Transition, state_transition};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
@@ -68,14 +69,15 @@ async fn cancel(order_no: &str) -> Result<Transition<(), OrderStatus>, IdemError
     Ok(())
 }
 
-/// The shop's own tables, on the store's database (SQLite or MySQL; both take `?` placeholders).
+/// The shop's store, whose database also holds the shop's own tables (SQLite or MySQL; both
+/// take `?` placeholders).
 #[derive(Clone)]
 pub enum Db {
     /// The embedded default.
-    Sqlite(idem::sqlx::SqlitePool),
+    Sqlite(idem::SqliteStore),
     /// MariaDB / MySQL.
     #[cfg(feature = "mysql")]
-    MySql(idem::sqlx::MySqlPool),
+    MySql(idem::MySqlStore),
 }
 
 const ORDERS_DDL: &str = "CREATE TABLE IF NOT EXISTS shop_orders (
@@ -85,15 +87,24 @@ const ORDERS_DDL: &str = "CREATE TABLE IF NOT EXISTS shop_orders (
     amount BIGINT NOT NULL,
     status VARCHAR(16) NOT NULL)";
 
+const INSERT_ORDER: &str =
+    "INSERT INTO shop_orders (order_no, owner, item, amount, status) VALUES (?, ?, ?, ?, ?)";
+
 /// One order row: (owner, item, amount, status).
 type OrderRow = (String, String, i64, String);
 
 macro_rules! on_pool {
     ($db:expr, $pool:ident => $body:expr) => {
         match $db {
-            Db::Sqlite($pool) => $body,
+            Db::Sqlite(store) => {
+                let $pool = store.pool();
+                $body
+            }
             #[cfg(feature = "mysql")]
-            Db::MySql($pool) => $body,
+            Db::MySql(store) => {
+                let $pool = store.pool();
+                $body
+            }
         }
     };
 }
@@ -103,25 +114,51 @@ impl Db {
         on_pool!(self, pool => idem::sqlx::query(ORDERS_DDL).execute(pool).await.map(drop))
     }
 
-    async fn insert(
-        &self,
-        no: &str,
-        owner: &str,
-        item: &str,
-        amount: i64,
-    ) -> Result<(), idem::sqlx::Error> {
-        let sql = "INSERT INTO shop_orders (order_no, owner, item, amount, status) VALUES (?, ?, ?, ?, ?)";
-        let status = OrderStatus::WaitPay.as_str();
-        on_pool!(self, pool => idem::sqlx::query(sql)
-            .bind(no).bind(owner).bind(item).bind(amount).bind(status)
-            .execute(pool).await.map(drop))
-    }
-
     async fn find(&self, no: &str) -> Result<Option<OrderRow>, idem::sqlx::Error> {
         let sql = "SELECT owner, item, amount, status FROM shop_orders WHERE order_no = ?";
         on_pool!(self, pool => idem::sqlx::query_as(sql).bind(no).fetch_optional(pool).await)
     }
 }
+
+/// The transaction the layer lends `POST /orders`: the store's own (`SqliteTx`, `MySqlTx`).
+pub trait OrderTx: Send + Sync + 'static {
+    /// Inserts a new order in `WAIT_PAY`.
+    fn insert_order(
+        &mut self,
+        no: &str,
+        owner: &str,
+        item: &str,
+        amount: i64,
+    ) -> impl Future<Output = Result<(), idem::sqlx::Error>> + Send;
+}
+
+macro_rules! order_tx {
+    ($($tx:ty),*) => {$(
+        impl OrderTx for $tx {
+            async fn insert_order(
+                &mut self,
+                no: &str,
+                owner: &str,
+                item: &str,
+                amount: i64,
+            ) -> Result<(), idem::sqlx::Error> {
+                idem::sqlx::query(INSERT_ORDER)
+                    .bind(no)
+                    .bind(owner)
+                    .bind(item)
+                    .bind(amount)
+                    .bind(OrderStatus::WaitPay.as_str())
+                    .execute(&mut **self)
+                    .await
+                    .map(drop)
+            }
+        }
+    )*};
+}
+
+order_tx!(idem::SqliteTx);
+#[cfg(feature = "mysql")]
+order_tx!(idem::MySqlTx);
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -169,9 +206,11 @@ fn order_no() -> String {
     format!("O{micros}-{}", SEQ.fetch_add(1, Ordering::Relaxed))
 }
 
-async fn create_order(
-    State(shop): State<Shop>,
+/// Creates an order through the layer's transaction: the row commits with the stored 201, or
+/// neither does.
+async fn create_order<T: OrderTx>(
     headers: HeaderMap,
+    mut tx: Transaction<T>,
     body: axum::Json<NewOrder>,
 ) -> Response {
     if body.amount <= 0 || body.item.is_empty() || body.item.len() > 128 {
@@ -181,9 +220,8 @@ async fn create_order(
         );
     }
     let no = order_no();
-    if let Err(e) = shop
-        .db
-        .insert(&no, caller(&headers), &body.item, body.amount)
+    if let Err(e) = tx
+        .insert_order(&no, caller(&headers), &body.item, body.amount)
         .await
     {
         return internal(e);
@@ -277,14 +315,25 @@ pub async fn app(
     db.setup().await?;
     idem::register_store(STORE, Arc::clone(&store));
     let principal = Principal::header(USER);
-    let idempotent = IdempotencyLayer::builder(Arc::clone(&store))
-        .biz("SHOP_HTTP")
-        .principal(principal.clone())
-        .cap_per_principal(1000, Duration::from_secs(60))
-        .build()?;
+    // Transaction mode: the layer begins a transaction on the store for each new key and lends
+    // it to `create_order`; the order row and the stored response commit together.
+    let idempotent = |builder: idem::http::IdempotencyBuilder| {
+        builder
+            .biz("SHOP_HTTP")
+            .principal(principal.clone())
+            .cap_per_principal(1000, Duration::from_secs(60))
+            .build()
+    };
+    let create = match &db {
+        Db::Sqlite(store) => post(create_order::<idem::SqliteTx>)
+            .layer(idempotent(IdempotencyLayer::builder_tx(store.clone()))?),
+        #[cfg(feature = "mysql")]
+        Db::MySql(store) => post(create_order::<idem::MySqlTx>)
+            .layer(idempotent(IdempotencyLayer::builder_tx(store.clone()))?),
+    };
     let shop = Shop { db, metrics };
     Ok(Router::new()
-        .route("/orders", post(create_order).layer(idempotent))
+        .route("/orders", create)
         .route("/orders/{no}", get(get_order))
         .route("/orders/{no}/pay", to(OrderStatus::Paid))
         .route(
@@ -312,7 +361,7 @@ pub async fn open(
         {
             let store = idem::MySqlStore::connect(&url).await?;
             store.migrate().await?;
-            let db = Db::MySql(store.pool().clone());
+            let db = Db::MySql(store.clone());
             return Ok((Arc::new(store.clone()), db, Arc::new(store.tokens())));
         }
         #[cfg(not(feature = "mysql"))]
@@ -320,7 +369,7 @@ pub async fn open(
     }
     let store = idem::SqliteStore::open(path).await?;
     store.migrate().await?;
-    let db = Db::Sqlite(store.pool().clone());
+    let db = Db::Sqlite(store.clone());
     Ok((Arc::new(store.clone()), db, Arc::new(store.tokens())))
 }
 

@@ -201,7 +201,7 @@ async fn the_shop_answers_a_session_and_exposes_its_metrics() {
     }
     let store = idem::SqliteStore::open(&path).await.unwrap();
     store.migrate().await.unwrap();
-    let db = shop::Db::Sqlite(store.pool().clone());
+    let db = shop::Db::Sqlite(store.clone());
     let app = shop::app(
         Arc::new(store.clone()),
         db,
@@ -305,7 +305,7 @@ async fn the_shop_answers_the_same_session_on_mariadb() {
     };
     store.migrate().await.unwrap();
     let _turn = ONE_SHOP.lock().await;
-    let db = shop::Db::MySql(store.pool().clone());
+    let db = shop::Db::MySql(store.clone());
     let app = shop::app(
         Arc::new(store.clone()),
         db,

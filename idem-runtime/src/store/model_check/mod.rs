@@ -14,6 +14,28 @@
 //! the checker finds a dead or paused holder's effect run again by a takeover; with it, no effect
 //! happens twice, but for one made by a holder that woke past its lease.
 //!
+//! With `steps`, the body is two recovery points, A then B (`idem::step`), each with its own
+//! business effect counted outside the store (`runs`), and what the downstream system applied
+//! (`applied`; with `dedup` it applies a step once per step key, as an API given `idem::step_key`
+//! as its idempotency key does). After a step's effect the holder saves it (`Save`, an action of
+//! its own, so a crash, a pause past the lease or, with `save_errors`, a failed save can fall
+//! between the effect and the save). The save is fenced: it lands only while the record is
+//! PROCESSING under the caller's fence, else the call stops (`LeaseLost`). A claim that takes the
+//! record reads its saved steps (as the engine does before the first step) and skips their effects.
+//! The record's saved steps follow the store rules: a take keeps them when the store's own
+//! `keeps_steps` says so (a takeover, a retry after a failure: not a new life; the model has one
+//! payload), a fail or a renewal keeps them, a complete replaces them with the result, a sweep or a
+//! new life drops them. Ground truth is kept apart from the record's field: `landed`, the steps
+//! whose save landed in this life of the record, and each holder's `before`, what had landed when
+//! it claimed. The checker finds that a step whose save landed never runs in a later holder, that
+//! no save lands on another claim's record, and that a holder skips only steps saved in this life;
+//! and it finds a step's effect run twice: without steps by a takeover after the holder died after
+//! it; with steps only when that run's save never landed (its holder died, paused, or its save
+//! failed) or by a holder that paused before the step and woke after a takeover (no fence stops an
+//! effect, only its save). With `dedup` nothing is applied twice downstream. `StepRules` other than
+//! `Store` each break one rule (an unfenced save, a take that drops the steps, a new life that
+//! keeps them); the checker finds each, so those checks are known to bite.
+//!
 //! `Rules::Before` is the decision order before the fix of issue 6 (TTL checked before the lease,
 //! a takeover keeping the old expiry, the attempt number as the fence), with a complete that keeps
 //! the claim's expiry (before issue 20); the checker finds its counterexamples, so the check is
@@ -23,8 +45,8 @@ use std::time::Duration;
 
 use stateright::{Model, Property};
 
-use super::Status;
 use super::decide::{Decision, RecordState, decide, taken};
+use super::{Status, keeps_steps};
 
 /// One tick of the store clock.
 const TICK_MS: i64 = 1000;
@@ -36,6 +58,70 @@ pub(crate) enum Rules {
     Current,
     /// Before issue 6.
     Before,
+}
+
+/// A step of the two-step body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Step {
+    A,
+    B,
+}
+
+impl Step {
+    const ALL: [Step; 2] = [Step::A, Step::B];
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// How the body's two steps run (the steps checks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Steps {
+    /// No two-step body (the single effect of [`Protocol::effects`], or none).
+    Off,
+    /// A and B, as plain code: both effects run in every attempt and nothing is saved.
+    Unsaved,
+    /// `idem::step`: each step saved after its effect, under these rules.
+    Saved(StepRules),
+}
+
+/// The store rules for saved steps: the stores' own, or one of them broken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum StepRules {
+    /// A save is fenced; a take keeps the steps as `keeps_steps` says.
+    Store,
+    /// A save lands on any PROCESSING record, whatever its fence.
+    Unfenced,
+    /// A takeover or a retry starts with no steps.
+    TakeDrops,
+    /// A record that starts a new life keeps the steps of the old one.
+    NewLifeKeeps,
+}
+
+/// A rule of the steps that an action broke (only the action itself can see it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum StepFault {
+    /// A step's effect ran in a holder that claimed the record after the step's save had landed
+    /// (in this life of the record).
+    RerunSaved,
+    /// A step's effect ran again, by the record's current holder, although a save of it had
+    /// landed: not the window between an effect and its save, nor a holder taken over.
+    RerunOutsideWindow,
+    /// A save landed on a record that another claim holds.
+    StaleSave,
+    /// A holder skipped a step whose save had not landed in this life of the record.
+    SkippedUnsaved,
+}
+
+impl StepFault {
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -52,6 +138,8 @@ struct Rec {
     result_by: Option<u32>,
     /// When that complete landed (store clock).
     marked_at: Option<i64>,
+    /// The saved steps (bits of [`Step::bit`]): the store's field.
+    steps: u8,
 }
 
 impl Rec {
@@ -77,6 +165,15 @@ enum Caller {
         claims: u8,
         /// The body's business effect happened (modelled with [`Protocol::effects`]).
         did_effect: bool,
+        /// The steps the claim found saved (it skips them).
+        known: u8,
+        /// The steps whose save had landed in this life of the record when the claim took it
+        /// (ground truth, apart from the record's field).
+        before: u8,
+        /// The steps whose effect this holder ran.
+        ran: u8,
+        /// The steps whose save this holder landed.
+        saved: u8,
     },
     /// Died; never acts again.
     Crashed,
@@ -97,6 +194,16 @@ pub(crate) struct State {
     /// An effect was made by a holder whose lease had ended (a paused holder woke up): recover
     /// cannot undo that; fenced downstream writes or step keys are what stop it.
     stale_effect: bool,
+    /// How many times each step's effect ran (ground truth, outside the store), by [`Step::index`].
+    runs: [u8; 2],
+    /// How many times the downstream system applied each step (with [`Protocol::dedup`], once
+    /// per step key at most).
+    applied: [u8; 2],
+    /// The steps whose save landed in the record's current life (ground truth, apart from the
+    /// record's field: cleared only when the record is swept or taken after it expired).
+    landed: u8,
+    /// The rules of the steps an action broke (bits of [`StepFault::bit`]).
+    faults: u8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -110,6 +217,10 @@ pub(crate) enum Action {
     Crash(usize),
     /// The body's business effect (with [`Protocol::effects`]).
     Effect(usize),
+    /// The effect of a step (with [`Protocol::steps`]).
+    Work(usize, Step),
+    /// The save of a step whose effect ran: fenced, or the call stops (`LeaseLost`).
+    Save(usize, Step),
 }
 
 /// The protocol with `callers` callers, a lease and TTL in ticks, and the clock bounded.
@@ -127,6 +238,18 @@ pub(crate) struct Protocol {
     /// A takeover asks recover first: when the effect already happened, the recovered result is
     /// stored and the body does not run (the engine's `Call::recover`).
     pub recover: bool,
+    /// The body may fail (return an error before its effect, or before a step's effect): the
+    /// caller marks the record FAILED and may retry.
+    pub fails: bool,
+    /// The body as two steps (A then B) instead, with or without saving them.
+    pub steps: Steps,
+    /// A save may fail (the store unreachable for the rest of the lease): the step returns the
+    /// error, the body with it, and the call fails (a `Fail` after the effect, before the save).
+    pub save_errors: bool,
+    /// The downstream system deduplicates each step by its step key (`idem::step_key`: the same
+    /// in every attempt, every life of the record): it applies a step's effect once, however many
+    /// times the step runs.
+    pub dedup: bool,
 }
 
 impl Protocol {
@@ -206,12 +329,52 @@ impl Protocol {
             holder: claim,
             result_by: None,
             marked_at: None,
+            steps: self.kept_steps(old, reset),
         }
     }
 
     /// Whether `fence` holds the record (the contract's condition for complete, fail, renew).
     fn holds(rec: &Option<Rec>, fence: u64) -> bool {
         matches!(rec, Some(r) if r.fence == fence && r.status == Status::Processing)
+    }
+
+    /// Whether a save under `fence` lands.
+    fn save_lands(&self, rec: &Option<Rec>, fence: u64) -> bool {
+        match self.steps {
+            Steps::Saved(StepRules::Unfenced) => {
+                matches!(rec, Some(r) if r.status == Status::Processing)
+            }
+            _ => Self::holds(rec, fence),
+        }
+    }
+
+    /// The saved steps a take of `old` leaves in the record (`reset`: a new life).
+    fn kept_steps(&self, old: Option<&Rec>, reset: bool) -> u8 {
+        let Some(old) = old else {
+            return 0;
+        };
+        let keep = match self.steps {
+            Steps::Saved(StepRules::TakeDrops) => false,
+            Steps::Saved(StepRules::NewLifeKeeps) => true,
+            // The model has no fingerprints (one payload).
+            _ => keeps_steps(reset, None, None),
+        };
+        if keep { old.steps } else { 0 }
+    }
+
+    /// What a holder does next in its body of steps: the first step it neither skipped nor
+    /// finished, and whether that step's effect already ran (its save is due); `None` when the
+    /// body is done.
+    fn next_step(&self, known: u8, ran: u8, saved: u8) -> Option<(Step, bool)> {
+        let done = match self.steps {
+            Steps::Off => return None,
+            Steps::Unsaved => ran,
+            Steps::Saved(_) => known | saved,
+        };
+        Step::ALL
+            .into_iter()
+            .find(|step| done & step.bit() == 0)
+            .map(|step| (step, ran & step.bit() != 0))
     }
 }
 
@@ -233,11 +396,15 @@ impl Model for Protocol {
             broken: None,
             effects: 0,
             stale_effect: false,
+            runs: [0; 2],
+            applied: [0; 2],
+            landed: 0,
+            faults: 0,
         }]
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
-        if state.broken.is_some() {
+        if state.broken.is_some() || state.faults != 0 {
             return;
         }
         if state.now < self.max_tick * TICK_MS {
@@ -251,14 +418,44 @@ impl Model for Protocol {
         for (i, caller) in state.callers.iter().enumerate() {
             match caller {
                 Caller::Ready { claims } if *claims > 0 => actions.push(Action::Claim(i)),
-                Caller::InBody { did_effect, .. } => {
+                Caller::InBody {
+                    did_effect,
+                    known,
+                    ran,
+                    saved,
+                    ..
+                } => {
                     actions.extend([Action::Renew(i), Action::Crash(i)]);
-                    if !self.effects {
-                        actions.extend([Action::Complete(i), Action::Fail(i)]);
+                    if self.steps != Steps::Off {
+                        match self.next_step(*known, *ran, *saved) {
+                            // The step's effect, or its work returns an error before any effect
+                            // (nothing saved) and the body fails.
+                            Some((step, false)) => {
+                                actions.push(Action::Work(i, step));
+                                if self.fails {
+                                    actions.push(Action::Fail(i));
+                                }
+                            }
+                            Some((step, true)) => {
+                                actions.push(Action::Save(i, step));
+                                if self.save_errors {
+                                    actions.push(Action::Fail(i));
+                                }
+                            }
+                            None => actions.push(Action::Complete(i)),
+                        }
+                    } else if !self.effects {
+                        actions.push(Action::Complete(i));
+                        if self.fails {
+                            actions.push(Action::Fail(i));
+                        }
                     } else if *did_effect {
                         actions.push(Action::Complete(i));
                     } else {
-                        actions.extend([Action::Effect(i), Action::Fail(i)]);
+                        actions.push(Action::Effect(i));
+                        if self.fails {
+                            actions.push(Action::Fail(i));
+                        }
                     }
                 }
                 _ => {}
@@ -271,7 +468,10 @@ impl Model for Protocol {
         let now = s.now;
         match action {
             Action::Tick => s.now += TICK_MS,
-            Action::Sweep => s.rec = None,
+            Action::Sweep => {
+                s.rec = None;
+                s.landed = 0;
+            }
             Action::Claim(i) => {
                 let Caller::Ready { claims } = s.callers[i] else {
                     return None;
@@ -282,6 +482,10 @@ impl Model for Protocol {
                     None => Some(self.take(None, true, now, claim)),
                     Some(rec) => match self.decide(rec, now) {
                         Decision::Take { reset, how } => {
+                            if self.expired(rec, now) {
+                                // A new life of the record: nothing of the old one is saved in it.
+                                s.landed = 0;
+                            }
                             if rec.status == Status::Succeeded && rec.expire_at > now {
                                 s.broken = Some("a repeat within the TTL ran the body");
                             }
@@ -309,14 +513,23 @@ impl Model for Protocol {
                         rec.result_by = Some(claim);
                         rec.marked_at = Some(now);
                         rec.expire_at = rec.expire_at.max(now + self.ttl * TICK_MS);
+                        rec.steps = 0;
                         s.callers[i] = Caller::Done;
                     } else {
+                        // The engine reads the saved steps (fenced) before the first step runs.
+                        if rec.steps & !s.landed != 0 {
+                            s.faults |= StepFault::SkippedUnsaved.bit();
+                        }
                         s.callers[i] = Caller::InBody {
                             claim,
                             fence: rec.fence,
                             lease_until: rec.lease_until,
                             claims: claims - 1,
                             did_effect: false,
+                            known: rec.steps,
+                            before: s.landed,
+                            ran: 0,
+                            saved: 0,
                         };
                     }
                     s.rec = Some(rec);
@@ -337,12 +550,67 @@ impl Model for Protocol {
                     s.stale_effect = true;
                 }
             }
+            Action::Work(i, step) => {
+                let Caller::InBody {
+                    claim,
+                    ref mut ran,
+                    before,
+                    lease_until,
+                    ..
+                } = s.callers[i]
+                else {
+                    return None;
+                };
+                *ran |= step.bit();
+                let n = step.index();
+                if before & step.bit() != 0 {
+                    s.faults |= StepFault::RerunSaved.bit();
+                }
+                let holds = matches!(&s.rec, Some(r) if r.holder == claim);
+                if s.runs[n] > 0 && s.landed & step.bit() != 0 && holds {
+                    s.faults |= StepFault::RerunOutsideWindow.bit();
+                }
+                s.runs[n] += 1;
+                if !self.dedup || s.applied[n] == 0 {
+                    s.applied[n] += 1;
+                }
+                if lease_until <= now {
+                    s.stale_effect = true;
+                }
+            }
+            Action::Save(i, step) => {
+                let Caller::InBody {
+                    claim,
+                    fence,
+                    ref mut saved,
+                    ..
+                } = s.callers[i]
+                else {
+                    return None;
+                };
+                if self.save_lands(&s.rec, fence) {
+                    *saved |= step.bit();
+                    let rec = s.rec.as_mut().expect("held");
+                    if rec.holder != claim {
+                        s.faults |= StepFault::StaleSave.bit();
+                    }
+                    rec.steps |= step.bit();
+                    s.landed |= step.bit();
+                } else {
+                    // LeaseLost: the step returns it, the body with it; the call stops.
+                    s.callers[i] = Caller::Done;
+                }
+            }
             Action::Complete(i) | Action::Fail(i) | Action::Renew(i) => {
                 let Caller::InBody {
                     claim,
                     fence,
                     claims,
                     did_effect,
+                    known,
+                    before,
+                    ran,
+                    saved,
                     ..
                 } = s.callers[i]
                 else {
@@ -359,12 +627,15 @@ impl Model for Protocol {
                             rec.status = Status::Succeeded;
                             rec.result_by = Some(claim);
                             rec.marked_at = Some(now);
+                            // The result replaces the saved steps.
+                            rec.steps = 0;
                             if self.rules == Rules::Current {
                                 rec.expire_at = rec.expire_at.max(now + self.ttl * TICK_MS);
                             }
                             s.callers[i] = Caller::Done;
                         }
                         Action::Fail(_) => {
+                            // The saved steps stay, for the retry.
                             rec.status = Status::Failed;
                             s.callers[i] = Caller::Ready { claims };
                         }
@@ -378,6 +649,10 @@ impl Model for Protocol {
                                 lease_until,
                                 claims,
                                 did_effect,
+                                known,
+                                before,
+                                ran,
+                                saved,
                             };
                         }
                     }
@@ -392,7 +667,7 @@ impl Model for Protocol {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut properties = vec![
             Property::always("never two bodies under live claims", |_, s: &State| {
                 let live = s
                     .callers
@@ -445,8 +720,81 @@ impl Model for Protocol {
             Property::sometimes("a sweep then a new claim happen", |_, s: &State| {
                 s.next_claim >= 3 && matches!(&s.rec, Some(r) if r.attempt == 1 && r.holder >= 2)
             }),
-        ]
+        ];
+        if self.steps != Steps::Off {
+            properties.extend(step_properties());
+        }
+        properties
     }
+}
+
+/// The names of the steps properties, as the checks ask for them.
+pub(crate) mod step_property {
+    pub const SAVED_NEVER_RERUN: &str = "a step whose save landed never runs in a later holder";
+    pub const WINDOW_ONLY: &str =
+        "a step runs again only if its save never landed, or by a holder taken over";
+    pub const STALE_SAVE: &str = "a stale holder's save never lands";
+    pub const SKIPS_ONLY_SAVED: &str = "a holder skips only steps saved in this life of the record";
+    pub const RUNS_ONCE: &str = "each step's effect runs at most once";
+    pub const APPLIED_ONCE: &str = "downstream applies each step at most once";
+    pub const NO_STEPS_IN_RESULT: &str = "a success holds no saved steps";
+    pub const SKIP: &str = "a holder skips a saved step";
+    pub const STALE_HOLDER_SAVES: &str = "a stale holder comes to save after a takeover";
+    pub const EXPIRES_WITH_STEPS: &str = "a record expires with a step saved";
+}
+
+fn step_properties() -> Vec<Property<Protocol>> {
+    use step_property::*;
+    vec![
+        Property::always(SAVED_NEVER_RERUN, |_, s: &State| {
+            s.faults & StepFault::RerunSaved.bit() == 0
+        }),
+        Property::always(WINDOW_ONLY, |_, s: &State| {
+            s.faults & StepFault::RerunOutsideWindow.bit() == 0
+        }),
+        Property::always(STALE_SAVE, |_, s: &State| {
+            s.faults & StepFault::StaleSave.bit() == 0
+        }),
+        Property::always(SKIPS_ONLY_SAVED, |_, s: &State| {
+            s.faults & StepFault::SkippedUnsaved.bit() == 0
+        }),
+        Property::always(RUNS_ONCE, |_, s: &State| s.runs.iter().all(|&n| n <= 1)),
+        Property::always(APPLIED_ONCE, |_, s: &State| {
+            s.applied.iter().all(|&n| n <= 1)
+        }),
+        Property::always(
+            NO_STEPS_IN_RESULT,
+            |_, s: &State| !matches!(&s.rec, Some(r) if r.status == Status::Succeeded && r.steps != 0),
+        ),
+        Property::sometimes(SKIP, |_, s: &State| {
+            s.callers
+                .iter()
+                .any(|c| matches!(c, Caller::InBody { known, .. } if *known != 0))
+        }),
+        Property::sometimes(STALE_HOLDER_SAVES, |m: &Protocol, s: &State| {
+            let Some(rec) = &s.rec else {
+                return false;
+            };
+            s.callers.iter().any(|c| match *c {
+                Caller::InBody {
+                    claim,
+                    known,
+                    ran,
+                    saved,
+                    ..
+                } => {
+                    claim != rec.holder
+                        && rec.status == Status::Processing
+                        && matches!(m.next_step(known, ran, saved), Some((_, true)))
+                }
+                _ => false,
+            })
+        }),
+        Property::sometimes(
+            EXPIRES_WITH_STEPS,
+            |m: &Protocol, s: &State| matches!(&s.rec, Some(r) if r.steps != 0 && m.expired(r, s.now)),
+        ),
+    ]
 }
 
 /// The bounds CI checks: 3 callers with 2 calls each, lease 2 ticks, TTL 3 ticks, 6 ticks.
@@ -460,6 +808,10 @@ pub(crate) fn ci_bounds(rules: Rules) -> Protocol {
         max_tick: 6,
         effects: false,
         recover: false,
+        fails: true,
+        steps: Steps::Off,
+        save_errors: false,
+        dedup: false,
     }
 }
 
@@ -476,6 +828,41 @@ pub(crate) fn recover_bounds(recover: bool) -> Protocol {
         max_tick: 5,
         effects: true,
         recover,
+        fails: true,
+        steps: Steps::Off,
+        save_errors: false,
+        dedup: false,
+    }
+}
+
+/// The bounds of the steps checks: the body as two steps, 2 callers with 2 calls each, lease 2
+/// ticks, 5 ticks, a TTL beyond them (as for recover: a record never starts a new life here).
+pub(crate) fn steps_bounds(steps: Steps, dedup: bool) -> Protocol {
+    Protocol {
+        rules: Rules::Current,
+        callers: 2,
+        claims_each: 2,
+        lease: 2,
+        ttl: 10,
+        max_tick: 5,
+        effects: false,
+        recover: false,
+        fails: true,
+        steps,
+        save_errors: false,
+        dedup,
+    }
+}
+
+/// The bounds of the steps check across lives of the record: lease 1 tick, TTL 2 ticks, 4 ticks,
+/// so a record with saved steps is taken over, expires, is swept or taken as new, and is claimed
+/// again.
+pub(crate) fn steps_life_bounds(rules: StepRules) -> Protocol {
+    Protocol {
+        lease: 1,
+        ttl: 2,
+        max_tick: 4,
+        ..steps_bounds(Steps::Saved(rules), false)
     }
 }
 

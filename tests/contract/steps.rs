@@ -333,6 +333,40 @@ pub async fn steps_are_refused_with_clear_errors(s: Subject) {
     );
     let rec = store.load(&biz, "lost").await.unwrap().unwrap();
     assert_eq!(rec.steps, None, "the late holder saved nothing");
+
+    // A holder that paused past its lease (by its own clock) confirms its claim before the next
+    // step's work: taken over meanwhile, it runs nothing more.
+    let go = Notify::new();
+    let lease = Duration::from_millis(300);
+    let taken = async {
+        wait_until_held(&*store, &biz, "paused").await;
+        tokio::time::sleep(lease + Duration::from_millis(150)).await;
+        let (_, how) = acquire(&*store, &req(&biz, "paused", secs(10))).await;
+        assert_eq!(how, Acquired::TakeOver);
+        go.notify_one();
+    };
+    let paused = call(&biz, "paused")
+        .lease(lease)
+        .no_heartbeat()
+        .run(&*store, async {
+            step("before", api(&fx, &biz, "before")).await?;
+            go.notified().await;
+            step("after", async {
+                fx.record(&biz, "paused-after").await;
+                Ok::<_, PayError>(())
+            })
+            .await
+        });
+    let (res, ()) = tokio::join!(paused, taken);
+    assert!(
+        matches!(res, Err(PayError::Idem(IdemError::LeaseLost { .. }))),
+        "{res:?}"
+    );
+    assert_eq!(
+        fx.count(&biz, "paused-after").await,
+        0,
+        "the step after the pause did not run"
+    );
 }
 
 /// Waits (bounded) until `(biz, key)` is PROCESSING.

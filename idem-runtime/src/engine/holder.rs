@@ -91,8 +91,8 @@ impl<'a> Holder<'a> {
         if asks.is_empty() {
             return;
         }
-        let mut read = Ok(());
-        if unread {
+        let mut read = self.still_held().await;
+        if unread && read.is_ok() {
             read = self.read_steps().await.map(|log| steps.set_log(log));
         }
         let saves: Vec<&str> = asks.iter().filter_map(|a| a.save.as_deref()).collect();
@@ -109,6 +109,18 @@ impl<'a> Holder<'a> {
             // A step whose future was dropped does not wait for its answer.
             let _ = ask.reply.send(answer);
         }
+    }
+
+    /// Whether the claim is still this call's, before a step's work: refused once a heartbeat
+    /// found it taken over; confirmed with one fenced renewal once the lease's safe part has
+    /// passed (a holder that paused); otherwise known without a round trip.
+    async fn still_held(&mut self) -> Result<(), IdemError> {
+        if !self.renewing {
+            return Err(IdemError::LeaseLost {
+                attempt: self.claim.attempt,
+            });
+        }
+        self.confirm().await
     }
 
     /// The log saved under the record this call holds.

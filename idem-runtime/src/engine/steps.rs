@@ -44,7 +44,8 @@ struct State {
     asks: Vec<Ask>,
 }
 
-/// One step's request to the holder: read the log (`save: None`), or save it now that it holds
+/// One step's request to the holder: before its work, that the claim is still held (and the log
+/// read, after a takeover or a retry; `save: None`), or after it, to save the log that now holds
 /// the step `save`.
 pub(crate) struct Ask {
     pub(crate) save: Option<String>,
@@ -182,8 +183,11 @@ fn check_name(name: &str) -> Result<(), IdemError> {
 ///   failed, with the same payload) gets the saved value and `work` does not run. A success
 ///   replaces the saved steps with the result; a record that expired starts with none.
 /// - When `work` returns `Err`, nothing is saved: the next attempt runs it again.
-/// - A step that died between its effect and its save runs again in the next attempt: pass
-///   [`step_key`] to the external API as its idempotency key, so that repeat is deduplicated there.
+/// - Before `work` runs, the claim is checked (locally, or with one fenced renewal once its
+///   lease's safe part has passed): a holder whose claim was taken over runs no more steps.
+/// - A step whose holder died (or paused past its lease) between its effect and its save runs
+///   again in the next attempt: pass [`step_key`] to the external API as its idempotency key, so
+///   that repeat is deduplicated there.
 /// - Names identify steps within one call: 1 to [`MAX_STEP_NAME_LEN`] bytes, no control
 ///   characters, at most [`MAX_STEPS`] per call. A second `step` with a name that was saved returns
 ///   the saved value. The whole log must fit the store's snapshot limit.
@@ -195,9 +199,10 @@ fn check_name(name: &str) -> Result<(), IdemError> {
 /// `work`'s own error; otherwise an [`IdemError`] converted into `E`: [`IdemError::Step`] for a
 /// bad name, a step past [`MAX_STEPS`] (before `work` runs), a value that cannot be encoded or
 /// makes the log larger than the store's snapshot limit (after `work` ran: the reason says so),
-/// or a saved value that no longer decodes as `T` (`work` does not run);
+/// or a saved value that no longer decodes as `T` (`work` does not run), or a result that could
+/// not be saved while the lease was live (`work` ran: the reason says so);
 /// [`IdemError::LeaseLost`] when the call no longer holds its claim (another attempt took it
-/// over: stop); a store error when the log could not be read or saved while the lease was live.
+/// over: stop); a store error when the log could not be read before `work`.
 pub async fn step<T, E, F>(name: &str, work: F) -> Result<T, E>
 where
     F: Future<Output = Result<T, E>>,
@@ -211,9 +216,9 @@ where
         return work.await;
     };
     check_name(name)?;
-    if steps.lock().log.is_none() {
-        steps.ask(None).await?;
-    }
+    // The log (read once after a takeover or a retry), and a claim still held: a holder that
+    // paused past its lease, or whose heartbeat found it taken over, runs no more steps.
+    steps.ask(None).await?;
     let saved = {
         let state = steps.lock();
         let log = state.log.as_ref();
@@ -251,8 +256,18 @@ where
     if let Some(log) = steps.lock().log.as_mut() {
         log.insert(name.to_owned(), json);
     }
-    steps.ask(Some(name.to_owned())).await?;
-    Ok(value)
+    match steps.ask(Some(name.to_owned())).await {
+        Ok(()) => Ok(value),
+        Err(e @ (IdemError::LeaseLost { .. } | IdemError::Step { .. })) => Err(e.into()),
+        Err(e) => Err(refuse(
+            name,
+            format!(
+                "the step ran, but its result could not be saved while the claim's lease was live \
+                 ({e}); the next attempt runs it again (pass `step_key` downstream to deduplicate it)"
+            ),
+        )
+        .into()),
+    }
 }
 
 /// A key for the step `name` of the idempotent call running on this task, to pass to an external

@@ -234,8 +234,9 @@ impl IdempotencyBuilder {
     /// response with `Cache-Control: no-store`, whatever the policy says.
     ///
     /// ```
-    /// # fn demo(builder: idem_runtime::http::IdempotencyBuilder) {
-    /// use idem_runtime::http::stored_by_default;
+    /// # use idem_runtime as idem;
+    /// # fn demo(builder: idem::http::IdempotencyBuilder) {
+    /// use idem::http::stored_by_default;
     /// // Also keep 404 (a resource that cannot appear later under the same key):
     /// let builder = builder.store_if(|s| s.as_u16() == 404 || stored_by_default(s));
     /// # let _ = builder; }
@@ -286,9 +287,10 @@ impl IdempotencyBuilder {
     /// request, a replay and a retry after a 5xx never do.
     ///
     /// ```no_run
-    /// # fn demo(builder: idem_runtime::http::IdempotencyBuilder) {
+    /// # use idem_runtime as idem;
+    /// # fn demo(builder: idem::http::IdempotencyBuilder) {
     /// use axum::response::IntoResponse;
-    /// use idem_runtime::http::RecoverRequest;
+    /// use idem::http::RecoverRequest;
     /// let builder = builder.recover(|req: RecoverRequest| async move {
     ///     // Look the order up by the client's key (the handler stored it with the order).
     ///     let found: Option<String> = None; // e.g. SELECT … WHERE idempotency_key = req.key
@@ -472,6 +474,7 @@ impl IdempotencyLayer {
     /// mode and is refused here: a holder that dies takes its transaction with it.
     ///
     /// ```no_run
+    /// # use idem_runtime as idem;
     /// # async fn demo() -> Result<(), idem::IdemError> {
     /// use axum::{Router, routing::post};
     /// use idem::http::{IdempotencyLayer, Principal, Transaction};

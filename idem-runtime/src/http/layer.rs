@@ -40,11 +40,12 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// - every error is an `application/problem+json` body.
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+/// # use idem_runtime as idem;
+/// # async fn demo() -> Result<(), idem::IdemError> {
 /// use axum::{Router, routing::post};
-/// use idem_runtime::http::{IdempotencyLayer, Principal};
+/// use idem::http::{IdempotencyLayer, Principal};
 ///
-/// let store = idem_runtime::SqliteStore::open("idem.db").await?;
+/// let store = idem::SqliteStore::open("idem.db").await?;
 /// let layer = IdempotencyLayer::builder(store)
 ///     .principal(Principal::header(http::HeaderName::from_static("x-user-id")))
 ///     .build()?;

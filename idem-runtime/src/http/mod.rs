@@ -7,16 +7,19 @@
 //! |---|---|
 //! | the handler's response | first request with a key |
 //! | the stored response, `Idempotent-Replayed: true` | a repeat of a finished request |
+//! | the handler's response, not stored | a 5xx, a status [`stored_by_default`] (or the layer's policy) leaves out, `Cache-Control: no-store`: the key is released, a retry runs again |
 //! | 400 `missing-key` / `invalid-key` | a covered request without a usable key, or with several (two `Idempotency-Key` lines, a body key field twice) |
 //! | 400 `request-unreadable` | the request body could not be read to its end (cut short, reset); nothing was written |
 //! | 401 `no-principal` | the [`Principal`] extractor found no caller |
-//! | 409 `in-progress`, `Retry-After` | a repeat while the first still runs |
+//! | 409 `in-progress`, `Retry-After` | a repeat while the first still runs (lease mode), or a claim another request took over before the handler ran |
 //! | 409 `response-not-kept` | a repeat of a request whose response was too large to keep |
 //! | 413 `request-too-large` | a body over the request limit |
 //! | 422 `payload-mismatch` | the key was used with another method, path, content type, body (JSON in canonical form) or fingerprinted header |
 //! | 429 `too-many-keys`, `Retry-After` | the caller is over its cap of new records |
-//! | 503 `store-unavailable`, `Retry-After` | the store failed; nothing ran |
+//! | 500 `internal` | a fault to fix in the service (logged): a permanent store error such as a table never migrated ([`IdempotencyLayer::check`] finds it at start-up), a stored response that cannot be decrypted, a [`Transaction`] kept past the handler's answer or asked for on a route without a transaction-mode layer |
+//! | 503 `store-unavailable`, `Retry-After` | the store failed (or, in transaction mode, the transaction could not begin or commit); nothing ran or nothing of it was kept |
 //! | 503 `recover-failed`, `Retry-After` | a takeover's recover fn could not tell whether the first request's action happened; nothing ran |
+//! | 503 `shutting-down` | the runtime dropped the handler's task at shutdown |
 //! | 400 `missing-token` / `token-invalid`, 409 `token-used` | the token guard refused |
 //!
 //! Enabled by the `axum` feature.

@@ -61,6 +61,17 @@ pub(crate) fn from_idem(e: &IdemError) -> Response<Body> {
             ),
             *after,
         ),
+        // Another request with this key took the record over before this one's handler ran (its
+        // claim came back late): it is that request's now.
+        IdemError::LeaseLost { .. } => retry_after(
+            problem(
+                StatusCode::CONFLICT,
+                "in-progress",
+                "Request in progress",
+                "another request with this idempotency key is being processed; retry after the time in Retry-After",
+            ),
+            Duration::from_secs(1),
+        ),
         IdemError::PayloadMismatch => problem(
             status,
             "payload-mismatch",

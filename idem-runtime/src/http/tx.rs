@@ -84,11 +84,12 @@ impl Slot {
 /// together, or (a 5xx, a response that is not stored, a panic) none of them does.
 ///
 /// ```no_run
-/// use idem_runtime::http::Transaction;
-/// use idem_runtime::{IdemError, SqliteTx};
+/// # use idem_runtime as idem;
+/// use idem::http::Transaction;
+/// use idem::{IdemError, SqliteTx};
 ///
 /// async fn create_order(mut tx: Transaction<SqliteTx>) -> Result<String, String> {
-///     let id: i64 = idem_runtime::sqlx::query_scalar("INSERT INTO orders (item) VALUES ('tv') RETURNING id")
+///     let id: i64 = idem::sqlx::query_scalar("INSERT INTO orders (item) VALUES ('tv') RETURNING id")
 ///         .fetch_one(&mut **tx)
 ///         .await
 ///         .map_err(|e| e.to_string())?;

@@ -179,7 +179,6 @@ impl<S: Store> Store for EncryptedStore<S> {
         self.inner.store.renew(biz, key, claim, lease).await
     }
 
-    /// The record with its snapshot opened.
     /// Seals the steps as a snapshot is sealed: what a body's steps returned is as private as
     /// what the body returns.
     async fn save_steps(
@@ -193,6 +192,7 @@ impl<S: Store> Store for EncryptedStore<S> {
         self.inner.store.save_steps(biz, key, claim, &sealed).await
     }
 
+    /// The record with its snapshot (or saved steps) opened.
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
         let Some(record) = self.inner.store.load(biz, key).await? else {
             return Ok(None);

@@ -39,7 +39,7 @@ use proc_macro::TokenStream;
 /// | `lease` | no | how long a claim in progress is protected before another attempt may take over; must be shorter than `ttl` | `"30s"` |
 /// | `fingerprint` | no | an expression over the parameters (string or bare) whose serialized hash is stored; a repeat with the same key and another fingerprint gets `IdemError::PayloadMismatch` | none |
 /// | `on_in_progress` | no | `"reject"`: a repeat while the first call runs gets `IdemError::InProgress`; `"wait(5s)"`: it waits up to that long for the first result | `"reject"` |
-/// | `tx` | no | the name of a `&mut` parameter holding a transaction begun with the store's `begin()` (`&mut idem::SqliteTx`): claim, body and mark commit or roll back together in it. The transaction carries its store, so `store` is not given (and is refused): the claim goes to that store's table by construction | none |
+/// | `tx` | no | the name of a `&mut` parameter holding a transaction begun with the store's `begin()` (`&mut idem::SqliteTx`, `&mut idem::MySqlTx` or `&mut idem::PgTx`; `ShardedStore::begin_for` and `EncryptedStore::begin` give theirs): claim, body and mark commit or roll back together in it. The transaction carries its store, so `store` is not given (and is refused): the claim goes to that store's table by construction; a sqlx `Transaction` or connection, which carries none, is refused | none |
 /// | `heartbeat` | no | renew the lease this often while the body runs, so a slow but healthy body is not taken over (shorter than `lease`; not with `tx`); `"off"` never renews | a third of `lease` |
 /// | `recover` | no | a call over the parameters, in a string or bare, to an async fn returning `Result<Option<T>, E2>` with the fn's own `T` and an `E2` the fn's error converts from (`recover = "find_payment(&req.order_no)"`). Asked before a takeover re-runs the body (a holder that died, paused or could not mark): `Some(result)` is stored and returned without running the body, `None` runs it, an error is returned and the next call asks again. Not with `tx` | none |
 /// | `crate` | no | the path at which idem is reachable, when it is renamed or re-exported (like serde's) | `"::idem"` |
@@ -77,7 +77,8 @@ use proc_macro::TokenStream;
 ///
 /// - a missing, unknown (with "did you mean") or duplicate option; a bad `biz`, duration or
 ///   `on_in_progress`; `ttl` not longer than `lease`; a `heartbeat` not shorter than `lease`; `tx`
-///   naming no parameter or a parameter that is no transaction of a store, `store` beside `tx`;
+///   naming no parameter, a parameter not taken by `&mut`, or one that is no transaction of a store
+///   (one error, at `tx`, naming `SqliteTx`, `MySqlTx` and `PgTx`), `store` beside `tx`;
 /// - a `key` or `fingerprint` that names an unknown parameter, reads no parameter at all (every call
 ///   would share one record), contains `.await`, or calls something that differs on every retry
 ///   (`Uuid::new_v4()`, `SystemTime::now()`, `rand::random()`, …): the key must come from the caller and
@@ -113,6 +114,7 @@ use proc_macro::TokenStream;
 /// }
 ///
 /// // Claim, business writes and mark in one transaction (from `store.begin()`): all commit or none.
+/// // On MySQL take a `&mut idem::MySqlTx`, on Postgres a `&mut idem::PgTx` (and bind `$1`).
 /// #[idempotent(biz = "PAY", key = "req.order_no", tx = "tx")]
 /// async fn pay_in_tx(tx: &mut idem::SqliteTx, req: &PayReq) -> Result<Receipt, PayError> {
 ///     idem::sqlx::query("INSERT INTO payments (order_no) VALUES (?)")
@@ -280,7 +282,8 @@ pub fn derive_state_machine(item: TokenStream) -> TokenStream {
 /// ```ignore
 /// #[state_transition(from = "WAIT_PAY", to = "PAID")]
 /// async fn mark_paid(
-///     tx: &mut idem::SqliteTx,                   // the caller's transaction (`store.begin()`)
+///     tx: &mut idem::SqliteTx,                   // the caller's transaction (`store.begin()`;
+///                                                // `idem::MySqlTx`, `idem::PgTx` on those)
 ///     order_no: &str,                            // the key: named like the machine's key column
 /// ) -> Result<idem::Transition<Receipt, OrderStatus>, PayError> {
 ///     issue_coupon(tx, order_no).await?;         // runs only when the row moved, in the same tx
@@ -302,7 +305,7 @@ pub fn derive_state_machine(item: TokenStream) -> TokenStream {
 /// | `now = "paid_at"` | none | a column set to the database's `CURRENT_TIMESTAMP`: on SQLite UTC text `YYYY-MM-DD HH:MM:SS`; on MySQL the session time zone's date-time; on Postgres a `timestamptz`, the transaction's start time |
 /// | `match(trade_no, …)` | none | `set` columns that must equal the stored values for a repeat to count as `AlreadyApplied` (same `trade_no`: the same payment; another: `Rejected`) |
 /// | `version = "seen_version"` | none | optimistic lock: adds `AND version = ?`; an `i64` expression; the machine needs `version = "…"`. (A machine with a version column has it bumped by every transition, with or without this option.) |
-/// | `tx = "tx"` | a parameter named `tx` | the caller's transaction: `&mut idem::SqliteTx` (from `store.begin()`), or an `idem::sqlx` `Transaction` / connection; update and body run in a savepoint of it; the caller commits |
+/// | `tx = "tx"` | a parameter named `tx` | the caller's transaction: `&mut idem::SqliteTx`, `&mut idem::MySqlTx` or `&mut idem::PgTx` (from `store.begin()`), or an `idem::sqlx` `Transaction` / connection; update and body run in a savepoint of it; the caller commits |
 /// | `store = "sqlite"` | none | instead of `tx`: a registered store with a database; the fn begins a transaction on it (`BEGIN IMMEDIATE` on SQLite), commits on `Ok`, rolls back on `Err`. The body cannot see this transaction: a body writing to the same SQLite database would wait for its lock, so use `tx` mode for such bodies |
 /// | `crate = "path"` | `"::idem"` | where idem is reachable when renamed |
 ///

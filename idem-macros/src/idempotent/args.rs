@@ -281,7 +281,8 @@ fn tx(value: &Expr, errors: &mut Errors) -> Option<Ident> {
     }
     errors.spanned(
         value,
-        "`tx` takes the name of the transaction parameter, e.g. `tx = \"tx\"` for `tx: &mut sqlx::Transaction<'_, Sqlite>`",
+        "`tx` takes the name of the transaction parameter, e.g. `tx = \"tx\"` for `tx: &mut idem::SqliteTx` \
+         (or `idem::MySqlTx`, `idem::PgTx`)",
     );
     None
 }

@@ -4,14 +4,15 @@
 //! The output is a [`Spec`]: everything code generation needs, with no `Option` left to unwrap.
 
 use proc_macro2::Span;
-use syn::{Expr, Ident, ItemFn, LitStr, Path};
+use syn::spanned::Spanned;
+use syn::{Expr, FnArg, Ident, ItemFn, LitStr, Pat, Path, ReceiverKind, Signature, Type};
 
 use super::args::{self, HeartbeatArg, IdempotentArgs, InProgress};
 use crate::common::diag::{self, Errors};
 use crate::common::expr_arg::ExprArg;
 use crate::common::key_scan::{Role, check_expr_arg};
 use crate::common::signature::{
-    AsyncNeed, ResultShape, ReturnNeed, check_async, check_return, parameters,
+    AsyncNeed, ResultShape, ReturnNeed, check_async, check_return, parameters, peel,
 };
 use crate::common::store_arg::{RECORD_STORES, StoreSpec, check_store_expr};
 
@@ -87,7 +88,7 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
         check_expr_arg(recover, Role::Recover, &params, &fn_name, &mut errors);
     }
     if let Some(tx) = &tx {
-        check_tx(tx, &params, &fn_name, &mut errors);
+        check_tx(tx, &item.sig, &params, &mut errors);
         if let Some(InProgress::Wait(wait)) = &on_in_progress {
             // Waiting inside the transaction would hold its locks while the other call needs them.
             errors.at(
@@ -137,25 +138,96 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
     }
 }
 
-/// `tx = "tx"` must name a parameter.
-fn check_tx(tx: &Ident, params: &[String], fn_name: &str, errors: &mut Errors) {
+/// The parameter `tx` takes, for messages: a `&mut` to the transaction each SQL store's `begin()`
+/// returns.
+fn tx_param(name: &str) -> String {
+    if name == "self" {
+        return "`&mut self`".to_owned();
+    }
+    format!("`{name}: &mut idem::SqliteTx` (or `idem::MySqlTx`, `idem::PgTx`)")
+}
+
+/// `tx = "tx"` must name a parameter, taken by `&mut`.
+fn check_tx(tx: &Ident, sig: &Signature, params: &[String], errors: &mut Errors) {
     let name = tx.to_string();
+    let fn_name = sig.ident.to_string();
     if params.contains(&name) {
+        check_tx_by_mut(&name, sig, errors);
         return;
     }
     let names = params.iter().map(String::as_str);
     let message = if params.is_empty() {
         format!(
-            "`tx` names `{name}`, but `{fn_name}` has no parameters; add the transaction as a parameter, \
-             e.g. `{name}: &mut sqlx::Transaction<'_, sqlx::Sqlite>`"
+            "`tx` names `{name}`, but `{fn_name}` has no parameters; add the transaction from the \
+             store's `begin()` as a parameter, e.g. {}",
+            tx_param(&name)
         )
     } else {
         format!(
             "`tx` names `{name}`, which is not a parameter of `{fn_name}`{} the parameters are {}; name \
-             the `&mut` transaction or connection parameter",
+             the `&mut` transaction parameter",
             diag::did_you_mean_clause(&name, names.clone()),
             diag::backticked(names),
         )
     };
     errors.at(tx.span(), message);
+}
+
+/// The `tx` parameter must be a `&mut` reference: the claim and the mark are written in the
+/// transaction. Anything else (by value, `&`) is one error at the parameter, here, before the type
+/// checker would report it in terms of the generated code (`*tx` on a `u64`, a `&mut` borrow
+/// through a `&`). A type that is no reference syntax at all (a macro) is left to the type checker,
+/// which reports a non-transaction once, at the `tx` option.
+fn check_tx_by_mut(name: &str, sig: &Signature, errors: &mut Errors) {
+    let taken = sig.inputs.iter().find_map(|input| match input {
+        FnArg::Receiver(receiver) if name == "self" => Some(match &receiver.kind {
+            ReceiverKind::Reference(_, _, Some(_)) => Taken::ByMut,
+            ReceiverKind::Reference(and, ..) => Taken::Shared(and.span()),
+            ReceiverKind::Typed(_, ty) => taken(ty),
+            _ => Taken::ByValue(receiver.span()),
+        }),
+        FnArg::Typed(typed) => match &*typed.pat {
+            Pat::Ident(pat) if pat.ident == name => Some(taken(&typed.ty)),
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    });
+    match taken {
+        Some(Taken::Shared(span)) => errors.at(
+            span,
+            format!(
+                "`{name}` is a shared reference; `tx` needs a `&mut` one, as the claim and the mark \
+                 are written in the transaction: write `&mut` here"
+            ),
+        ),
+        Some(Taken::ByValue(span)) => errors.at(
+            span,
+            format!(
+                "`{name}` is taken by value; `tx` needs a `&mut` transaction from the store's \
+                 `begin()`: write {}",
+                tx_param(name)
+            ),
+        ),
+        // Bound inside a pattern (`(tx, n): (&mut SqliteTx, u8)`): left to the type checker.
+        Some(Taken::ByMut) | None => {}
+    }
+}
+
+/// How the `tx` parameter takes its value, by its written type.
+enum Taken {
+    /// `&mut T`, or a type only the type checker can judge.
+    ByMut,
+    /// `&T` (`&self`), at the `&`.
+    Shared(Span),
+    /// Anything else, at its span.
+    ByValue(Span),
+}
+
+fn taken(ty: &Type) -> Taken {
+    match peel(ty) {
+        Type::Reference(reference) if reference.mutability.is_some() => Taken::ByMut,
+        Type::Reference(reference) => Taken::Shared(reference.and_token.span()),
+        Type::Macro(_) | Type::Verbatim(_) => Taken::ByMut,
+        _ => Taken::ByValue(ty.span()),
+    }
 }

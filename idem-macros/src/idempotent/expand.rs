@@ -82,8 +82,11 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
             quote!(#run)
         }
         Some(tx) => {
-            // Every use of the connection is spanned at the `tx = "…"` literal, so a parameter that is
-            // not a transaction is reported there.
+            // The parameter is checked once, by `JoinableTx`, spanned at the `tx = "…"` literal
+            // (`check` has refused one that is not taken by `&mut`). Every use of the connection is
+            // spanned there too: the engine calls' `IdemTx` bounds then fail, for a type that is no
+            // transaction, with the predicate the check failed with, at the same span, and rustc
+            // reports them as the check's one error (see `JoinableTx`).
             let span = tx.span();
             let check_tx = {
                 let private = located_at(private.clone(), span);

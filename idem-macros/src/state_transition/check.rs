@@ -173,7 +173,8 @@ fn transaction(
                     tx.span(),
                     format!(
                         "`tx = \"{name}\"` names no parameter; the parameters are {}; add a \
-                         `{name}: &mut sqlx::Transaction<'_, Sqlite>` parameter",
+                         `{name}: &mut idem::SqliteTx` parameter (or `idem::MySqlTx`, `idem::PgTx`, \
+                         an `idem::sqlx` transaction)",
                         diag::backticked(params.iter().map(String::as_str))
                     ),
                 );
@@ -187,9 +188,10 @@ fn transaction(
             Some(tx) => Some(tx),
             None => {
                 errors.push(args.options.error_at(
-                    "`#[state_transition]` needs a transaction: a `tx: &mut sqlx::Transaction<'_, \
-                     Sqlite>` parameter (or `tx = \"name\"`), or `store = \"sqlite\"` to begin one on \
-                     a registered store",
+                    "`#[state_transition]` needs a transaction: a `tx: &mut idem::SqliteTx` \
+                     parameter (or `idem::MySqlTx`, `idem::PgTx`, an `idem::sqlx` transaction; \
+                     `tx = \"name\"` for another name), or `store = \"sqlite\"` to begin one on a \
+                     registered store",
                 ));
                 None
             }

@@ -1,7 +1,8 @@
 //! Transaction mode (`tx = "…"`): the claim, the business writes and the mark commit or roll back
 //! together, in the caller's transaction.
 //!
-//! The transaction is begun on a store (`SqliteStore::begin` returns an [`IdemTx`]) and carries
+//! The transaction is begun on a store (`SqliteStore::begin`, `MySqlStore::begin` and
+//! `PgStore::begin` return an [`IdemTx`]: a `SqliteTx`, `MySqlTx`, `PgTx`) and carries
 //! that store, so the claim is written to the store's own table, on its own database, by
 //! construction: a call cannot claim in one database while lease-mode calls and the sweeper look
 //! in another.
@@ -19,12 +20,17 @@ use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Store};
 
 /// A transaction begun on a store, which a `tx = "…"` call joins.
 ///
-/// Implemented by each SQL backend's transaction type (`idem::SqliteTx`, from
-/// `SqliteStore::begin`); a wrapping store implements it by wrapping its inner store's transaction.
+/// Implemented by each SQL backend's transaction type (`idem::SqliteTx` from `SqliteStore::begin`,
+/// `idem::MySqlTx` from `MySqlStore::begin`, `idem::PgTx` from `PgStore::begin`); a wrapping store
+/// implements it by wrapping its inner store's transaction (`ShardedTx` from
+/// `ShardedStore::begin_for`, `EncryptedTx` from `EncryptedStore::begin`).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a transaction idem can join",
     label = "`tx` must name a `&mut` transaction begun with the store's `begin()`",
-    note = "begin it with `store.begin().await?` on the store that keeps the records: that returns an `idem::SqliteTx` (for SQLite), which carries its store and derefs to the connection for your own queries"
+    note = "begin it with `store.begin().await?` on the store that keeps the records: an \
+            `idem::SqliteTx`, `idem::MySqlTx` or `idem::PgTx` (`ShardedStore::begin_for` and \
+            `EncryptedStore::begin` give theirs), which carries its store and derefs to the connection \
+            for your own queries"
 )]
 #[async_trait]
 pub trait IdemTx: Send {
@@ -68,7 +74,7 @@ pub trait IdemTx: Send {
 /// [`IdemTx`] that carries the store. Implemented by every SQL store; [`crate::ShardedStore`] uses
 /// it to begin a transaction on the shard a key belongs to.
 pub trait TransactionalStore: Store {
-    /// The store's transaction (`SqliteTx`, …).
+    /// The store's transaction (`SqliteTx`, `MySqlTx`, `PgTx`, …).
     type Tx: IdemTx + Send;
 
     /// Begins a transaction on the store's database.

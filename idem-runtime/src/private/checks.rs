@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::engine::snapshot::{ErrType, OkType};
+use crate::engine::tx::IdemTx;
 use crate::{IdemError, Store, TokenStore};
 
 /// Turns what `store = <expr>` names into a `&dyn Store` (method syntax, so references and
@@ -199,21 +200,32 @@ impl<E: From<IdemError>> CarriesIdemError for E {
 }
 
 /// What `tx = "…"` may name: a transaction begun on a store (`store.begin()`), which carries that
-/// store. The generated code calls `JoinableTx::joinable(&*tx)` spanned at the `tx` option.
+/// store. The generated code calls `JoinableTx::joinable(&*tx)` once, spanned at the `tx` option,
+/// before the engine calls that take `&mut *tx` (spanned there too).
+///
+/// A type that is no transaction fails the one impl's `C: IdemTx`, and that is the failure rustc
+/// records at the span; the engine calls' `C: IdemTx` bounds fail with the very same predicate at
+/// the same span, so rustc reports them with it: one error, with this message. (`IdemTx` is no
+/// supertrait: rustc would report the trait's own bound, with `IdemTx`'s impls listed and a note
+/// pointing into this file.)
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a transaction idem can join",
     label = "`tx` must name a `&mut` transaction from the store's `begin()`",
-    note = "begin it with `store.begin().await?` on the store that keeps the records (for SQLite that is an \
-            `idem::SqliteTx`, which derefs to the connection for your own queries): a `sqlx::Transaction`, of \
-            any sqlx version, does not say which store it belongs to, so idem could claim in a database \
-            where the store never looks"
+    note = "begin it with `store.begin().await?` on the store that keeps the records: an \
+            `idem::SqliteTx`, `idem::MySqlTx` or `idem::PgTx` (`ShardedStore::begin_for` and \
+            `EncryptedStore::begin` give theirs), which derefs to the connection for your own queries; \
+            a sqlx `Transaction` or connection, of any sqlx version, does not say which store it \
+            belongs to, so idem could claim in a database where the store never looks"
 )]
 pub trait JoinableTx {
     /// Nothing: the call is the check.
     fn joinable(&self) {}
 }
+// `do_not_recommend`: a type that is no transaction is reported as "not a `JoinableTx`" with the
+// message above, and rustc lists no impls (not `JoinableTx`'s one, nor every `IdemTx` of the
+// enabled backends, which would differ between feature sets).
 #[diagnostic::do_not_recommend]
-impl<C: crate::engine::tx::IdemTx + ?Sized> JoinableTx for C {}
+impl<C: IdemTx + ?Sized> JoinableTx for C {}
 
 /// The `Ok` and `Err` types of a fn's return type that the signature does not spell out as
 /// `Result<T, E>`: the `Err` of `anyhow::Result<T>`, both of `ShopResult<T>`. The generated code names

@@ -21,12 +21,16 @@ pub struct StateRow {
 
 /// A connection inside a transaction on which a `#[state_transition]` runs.
 ///
-/// Implemented (feature `sqlite`) for `idem::SqliteTx` (from `SqliteStore::begin`),
-/// `idem::sqlx::Transaction<'_, Sqlite>` and `SqliteConnection`; each backend adds its own.
+/// Implemented by each SQL backend for its store's transaction and for `idem::sqlx`'s transaction
+/// and connection of its database: `idem::SqliteTx` (from `SqliteStore::begin`),
+/// `idem::sqlx::Transaction<'_, Sqlite>` and `SqliteConnection` (feature `sqlite`); `idem::MySqlTx`
+/// (from `MySqlStore::begin`), `Transaction<'_, MySql>` and `MySqlConnection` (feature `mysql`);
+/// `idem::PgTx` (from `PgStore::begin`), `Transaction<'_, Postgres>` and `PgConnection` (feature
+/// `postgres`); and the wrapping stores' `ShardedTx` and `EncryptedTx` over one of those.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a transaction a state transition can run in",
     label = "`tx` must name a `&mut` transaction on the machine's database",
-    note = "pass the transaction from the store's `begin()` (e.g. `idem::SqliteTx`), or a `Transaction` / connection of `idem::sqlx`, the sqlx (0.9) idem is built with; a `sqlx::Transaction` from another sqlx version is another type: depend on the same sqlx version as idem, or name `idem::sqlx` in your code"
+    note = "pass the transaction from the store's `begin()` (`idem::SqliteTx`, `idem::MySqlTx` or `idem::PgTx`), or a `Transaction` / connection of `idem::sqlx`, the sqlx (0.9) idem is built with; a `sqlx::Transaction` from another sqlx version is another type: depend on the same sqlx version as idem, or name `idem::sqlx` in your code"
 )]
 #[async_trait]
 pub trait TransitionConn: Send {

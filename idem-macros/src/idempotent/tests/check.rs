@@ -276,6 +276,59 @@ fn checks_that_tx_names_a_parameter() {
 }
 
 #[test]
+fn the_tx_parameter_must_be_taken_by_mut() {
+    let tx_errors = |sig: TokenStream| {
+        errors(
+            quote!(biz = "PAY", key = "req.id", tx = "tx"),
+            quote!(async fn pay(#sig) -> Result<u8, E> { todo!() }),
+        )
+    };
+    for good in [
+        quote!(tx: &mut SqliteTx, req: &Req),
+        quote!(tx: &'a mut idem::MySqlTx, req: &Req),
+        quote!(tx: &mut dyn idem::IdemTx, req: &Req),
+        quote!(tx: &mut T, req: &Req),
+        // Only the type checker can tell.
+        quote!(tx: tx_type!(), req: &Req),
+        // Bound inside a pattern: left to the type checker too.
+        quote!((tx, n): (&mut SqliteTx, u8), req: &Req),
+    ] {
+        assert_eq!(tx_errors(good.clone()), Vec::<String>::new(), "{good}");
+    }
+    let found = tx_errors(quote!(tx: &SqliteTx, req: &Req));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("`tx` is a shared reference;"),
+        "{found:?}"
+    );
+    for by_value in [
+        quote!(tx: SqliteTx, req: &Req),
+        quote!(mut tx: u64, req: &Req),
+        quote!(tx: impl IdemTx, req: &Req),
+    ] {
+        let found = tx_errors(by_value.clone());
+        assert_eq!(found.len(), 1, "{by_value}: {found:?}");
+        assert!(
+            found[0].contains(
+                "`tx` is taken by value; `tx` needs a `&mut` transaction from the store's `begin()`: \
+                 write `tx: &mut idem::SqliteTx` (or `idem::MySqlTx`, `idem::PgTx`)"
+            ),
+            "{found:?}"
+        );
+    }
+    let on_self = |receiver: TokenStream| {
+        errors(
+            quote!(biz = "PAY", key = "req.id", tx = "self"),
+            quote!(async fn pay(#receiver, req: &Req) -> Result<u8, E> { todo!() }),
+        )
+    };
+    assert!(on_self(quote!(&mut self)).is_empty());
+    assert!(on_self(quote!(self: &mut Self)).is_empty());
+    assert!(on_self(quote!(&self))[0].starts_with("`self` is a shared reference;"));
+    assert!(on_self(quote!(self))[0].contains("write `&mut self`"));
+}
+
+#[test]
 fn hints_at_a_quoted_store_name() {
     let found = errors(
         quote!(biz = "PAY", key = "req.id", store = sqlite),

@@ -3,6 +3,10 @@
 //! behind the layer on a `MemoryStore`, first executions (a new key each) and replays (one key).
 //! Rounds alternate the order and the ratio is taken per round, then the median.
 //!
+//! Transaction mode on an in-memory SQLite store: a bare handler that inserts its order in a
+//! transaction of its own (begin, insert, commit) against the same insert behind the layer in
+//! transaction mode (begin, claim, insert, mark, commit), first executions and replays.
+//!
 //! `cargo bench --bench http --features axum`
 
 use std::hint::black_box;
@@ -10,10 +14,12 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::State;
 use axum::http::{HeaderName, Request};
 use axum::routing::post;
-use idem::MemoryStore;
-use idem::http::{IdempotencyLayer, Principal};
+use idem::http::{IdempotencyLayer, LayerTx, Principal};
+use idem::sqlx::SqlitePool;
+use idem::{MemoryStore, SqliteStore, SqliteTx};
 use tower::ServiceExt;
 
 fn router(layer: Option<IdempotencyLayer>) -> Router {
@@ -25,6 +31,34 @@ fn router(layer: Option<IdempotencyLayer>) -> Router {
         None => route,
     };
     Router::new().route("/orders", route)
+}
+
+const INSERT: &str = "INSERT INTO orders (item) VALUES ('book')";
+
+/// `POST /orders` inserting an order: in a transaction of its own (bare), or in the layer's.
+fn tx_router(store: &SqliteStore, layer: bool) -> Router {
+    if layer {
+        let route = post(|mut tx: LayerTx<SqliteTx>| async move {
+            idem::sqlx::query(INSERT).execute(&mut **tx).await.unwrap();
+            axum::Json(serde_json::json!({ "order_id": 7 }))
+        });
+        let layer = IdempotencyLayer::builder_tx(store.clone())
+            .principal(Principal::header(HeaderName::from_static("x-user")))
+            .ttl(Duration::from_secs(3600))
+            .build()
+            .unwrap();
+        Router::new().route("/orders", route.layer(layer))
+    } else {
+        let route = post(|State(pool): State<SqlitePool>| async move {
+            let mut tx = pool.begin().await.unwrap();
+            idem::sqlx::query(INSERT).execute(&mut *tx).await.unwrap();
+            tx.commit().await.unwrap();
+            axum::Json(serde_json::json!({ "order_id": 7 }))
+        });
+        Router::new()
+            .route("/orders", route)
+            .with_state(store.pool().clone())
+    }
 }
 
 fn request(key: &str) -> Request<Body> {
@@ -99,30 +133,73 @@ fn main() {
             first_ratio.push(first_rate / bare_rate);
             replay_ratio.push(replay_rate / bare_rate);
         }
+        let us = |rate: f64| 1e6 / rate;
+        let (bare, first, replay) = (median(b), median(f), median(r));
         println!(
             "idem HTTP layer (one core, in-process router, median of {rounds} rounds of {n})\n"
         );
-        println!("{:<52} {:>12}", "scenario", "requests/s");
-        println!("{:<52} {:>12.0}", "bare axum handler", median(b));
+        println!("{:<58} {:>12} {:>12}", "scenario", "requests/s", "µs added");
+        println!("{:<58} {:>12.0}", "bare axum handler", bare);
         println!(
-            "{:<52} {:>12.0}",
-            "behind the layer: first execution (new key)",
-            median(f)
+            "{:<58} {:>12.0} {:>12.2}",
+            "lease mode (memory): first execution (new key)",
+            first,
+            us(first) - us(bare)
         );
         println!(
-            "{:<52} {:>12.0}",
-            "behind the layer: replay (same key)",
-            median(r)
+            "{:<58} {:>12.0} {:>12.2}",
+            "lease mode (memory): replay (same key)",
+            replay,
+            us(replay) - us(bare)
         );
         println!(
-            "{:<52} {:>12.3}",
+            "{:<58} {:>12.3}",
             "ratio layer / bare, first execution",
             median(first_ratio)
         );
         println!(
-            "{:<52} {:>12.3}",
+            "{:<58} {:>12.3}",
             "ratio layer / bare, replay",
             median(replay_ratio)
+        );
+
+        // Transaction mode on an in-memory SQLite store.
+        let store = SqliteStore::in_memory().await.unwrap();
+        store.migrate().await.unwrap();
+        idem::sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let n = (n / 4).max(100);
+        let (bare_tx, layer_tx) = (tx_router(&store, false), tx_router(&store, true));
+        run(&layer_tx, 1, |_| "same".to_owned()).await;
+        let (mut b, mut f, mut r) = (vec![], vec![], vec![]);
+        for round in 0..rounds {
+            let x = run(&bare_tx, n, |_| "k".to_owned()).await;
+            let y = run(&layer_tx, n, |i| format!("t-{round}-{i}")).await;
+            let z = run(&layer_tx, n, |_| "same".to_owned()).await;
+            b.push(x);
+            f.push(y);
+            r.push(z);
+        }
+        let (bare, first, replay) = (median(b), median(f), median(r));
+        println!("\ntransaction mode (SQLite in memory), median of {rounds} rounds of {n}\n");
+        println!("{:<58} {:>12} {:>12}", "scenario", "requests/s", "µs added");
+        println!(
+            "{:<58} {:>12.0}",
+            "bare handler: begin, insert, commit", bare
+        );
+        println!(
+            "{:<58} {:>12.0} {:>12.2}",
+            "transaction mode: first execution (new key)",
+            first,
+            us(first) - us(bare)
+        );
+        println!(
+            "{:<58} {:>12.0} {:>12.2}",
+            "transaction mode: replay (same key)",
+            replay,
+            us(replay) - us(bare)
         );
     });
 }

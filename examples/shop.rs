@@ -34,7 +34,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use idem::http::{IdempotencyLayer, Principal, TokenEndpoint, TokenGuardLayer, Transaction};
+use idem::http::{IdempotencyLayer, LayerTx, Principal, TokenEndpoint, TokenGuardLayer};
 use idem::{IdemError, StateMachine, Store, TokenStore, Transition, state_transition};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
@@ -210,7 +210,7 @@ fn order_no() -> String {
 /// neither does.
 async fn create_order<T: OrderTx>(
     headers: HeaderMap,
-    mut tx: Transaction<T>,
+    mut tx: LayerTx<T>,
     body: axum::Json<NewOrder>,
 ) -> Response {
     if body.amount <= 0 || body.item.is_empty() || body.item.len() > 128 {

@@ -1084,7 +1084,7 @@ where
         ))
         .build()
         .unwrap();
-    let order = move |headers: axum::http::HeaderMap, mut tx: idem::http::Transaction<S::Tx>| {
+    let order = move |headers: axum::http::HeaderMap, mut tx: idem::http::LayerTx<S::Tx>| {
         let table = table.clone();
         async move {
             let key = headers["idempotency-key"].to_str().unwrap().to_owned();

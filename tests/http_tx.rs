@@ -1,6 +1,6 @@
 //! The Idempotency-Key layer in transaction mode (`IdempotencyLayer::builder_tx`) on SQLite,
 //! MySQL / MariaDB and Postgres, over real HTTP (an axum server on loopback, a reqwest client):
-//! the handler writes its order through the layer's transaction (`Transaction<…Tx>`), so the
+//! the handler writes its order through the layer's transaction (`LayerTx<…Tx>`), so the
 //! order and the stored response commit together. Audited in the handler's own order table.
 //!
 //! - 64 duplicates released together (a 200 ms handler) create one order, and every one of them
@@ -28,7 +28,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use idem::http::{IdempotencyLayer, Principal, Transaction};
+use idem::http::{IdempotencyLayer, LayerTx, Principal};
 use idem::{Status, Store, TransactionalStore, TransitionTx};
 use tokio::sync::Barrier;
 use tx_orders::Orders;
@@ -47,7 +47,7 @@ static SERIAL: AtomicU64 = AtomicU64::new(0);
 async fn create<T: Orders>(
     State(app): State<App>,
     headers: HeaderMap,
-    mut tx: Transaction<T>,
+    mut tx: LayerTx<T>,
     body: String,
 ) -> Response {
     let key = headers["idempotency-key"].to_str().unwrap().to_owned();

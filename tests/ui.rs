@@ -17,7 +17,20 @@ fn ui() {
         }
         return;
     }
-    t.compile_fail("tests/ui/idempotent_*.rs");
+    // Files that name a server backend's sqlx types compile only with its feature.
+    let needs = |name: &str| {
+        (name.contains("_mysql_") && !cfg!(feature = "mysql"))
+            || (name.contains("_postgres_") && !cfg!(feature = "postgres"))
+    };
+    let mut idempotent: Vec<_> = std::fs::read_dir("tests/ui")
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.starts_with("idempotent_") && name.ends_with(".rs") && !needs(name))
+        .collect();
+    idempotent.sort();
+    for name in idempotent {
+        t.compile_fail(format!("tests/ui/{name}"));
+    }
     t.compile_fail("tests/ui/consume_token_*.rs");
     t.compile_fail("tests/ui/state_machine_*.rs");
     let mut transitions: Vec<_> = std::fs::read_dir("tests/ui")

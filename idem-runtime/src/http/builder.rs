@@ -459,7 +459,7 @@ impl IdempotencyLayer {
     /// A builder for a layer in transaction mode on `store` (SQLite, MySQL / MariaDB, Postgres,
     /// or an `EncryptedStore` over one): for each covered request the layer begins a transaction
     /// on the store, claims the key in it, and hands it to the handler as a
-    /// [`Transaction`](super::Transaction) extractor for the handler's own writes. When the handler
+    /// [`LayerTx`](super::LayerTx) extractor for the handler's own writes. When the handler
     /// answers, the layer stores the response in the same transaction and commits: the writes
     /// and the stored response commit together or not at all. A response that is not stored (a
     /// 5xx, a status the policy leaves out, `no-store`), a panic, a process that dies, roll
@@ -469,7 +469,7 @@ impl IdempotencyLayer {
     /// `lock_timeout` if set), then replays its response. Each waiting duplicate holds a
     /// connection of the store's pool meanwhile.
     ///
-    /// The handler's writes must go through the [`Transaction`](super::Transaction) (not the
+    /// The handler's writes must go through the [`LayerTx`](super::LayerTx) (not the
     /// pool) to commit with the response. [`recover`](IdempotencyBuilder::recover) is for lease
     /// mode and is refused here: a holder that dies takes its transaction with it.
     ///
@@ -477,10 +477,10 @@ impl IdempotencyLayer {
     /// # use idem_runtime as idem;
     /// # async fn demo() -> Result<(), idem::IdemError> {
     /// use axum::{Router, routing::post};
-    /// use idem::http::{IdempotencyLayer, Principal, Transaction};
+    /// use idem::http::{IdempotencyLayer, LayerTx, Principal};
     /// use idem::{SqliteStore, SqliteTx};
     ///
-    /// async fn create(mut tx: Transaction<SqliteTx>) -> Result<String, String> {
+    /// async fn create(mut tx: LayerTx<SqliteTx>) -> Result<String, String> {
     ///     idem::sqlx::query("INSERT INTO orders (item) VALUES ('tv')")
     ///         .execute(&mut **tx)
     ///         .await

@@ -304,7 +304,7 @@ where
     use crate::engine::snapshot::{ErrType, OkType};
     use crate::engine::tx::{TxClaim, call_span, in_span, tx_body, tx_claim, tx_finish};
 
-    let rollback = async |tx: Box<dyn super::tx::LayerTx>| {
+    let rollback = async |tx: Box<dyn super::tx::Lent>| {
         if let Err(e) = tx.finish(false).await {
             tracing::warn!(error = %e, "could not roll the request's transaction back; the database rolls it back when the connection ends");
         }

@@ -16,7 +16,7 @@
 //! | 413 `request-too-large` | a body over the request limit |
 //! | 422 `payload-mismatch` | the key was used with another method, path, content type, body (JSON in canonical form) or fingerprinted header |
 //! | 429 `too-many-keys`, `Retry-After` | the caller is over its cap of new records |
-//! | 500 `internal` | a fault to fix in the service (logged): a permanent store error such as a table never migrated ([`IdempotencyLayer::check`] finds it at start-up), a stored response that cannot be decrypted, a [`Transaction`] kept past the handler's answer or asked for on a route without a transaction-mode layer |
+//! | 500 `internal` | a fault to fix in the service (logged): a permanent store error such as a table never migrated ([`IdempotencyLayer::check`] finds it at start-up), a stored response that cannot be decrypted, a [`LayerTx`] kept past the handler's answer or asked for on a route without a transaction-mode layer |
 //! | 503 `store-unavailable`, `Retry-After` | the store failed (or, in transaction mode, the transaction could not begin or commit); nothing ran or nothing of it was kept |
 //! | 503 `recover-failed`, `Retry-After` | a takeover's recover fn could not tell whether the first request's action happened; nothing ran |
 //! | 503 `shutting-down` | the runtime dropped the handler's task at shutdown |
@@ -45,7 +45,7 @@ pub use problem::PROBLEM_TYPE_PREFIX;
 pub use recover::RecoverRequest;
 pub use stored::REPLAYED_HEADER;
 pub use tokens::{TOKEN_HEADER, TokenEndpoint, TokenGuard, TokenGuardLayer};
-pub use tx::Transaction;
+pub use tx::LayerTx;
 
 /// What the layers' services return.
 type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;

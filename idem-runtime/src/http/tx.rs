@@ -1,5 +1,5 @@
 //! Transaction mode for the Idempotency-Key layer: the layer begins a transaction on its store,
-//! claims in it, hands it to the handler ([`Transaction`], an extractor), and after the handler
+//! claims in it, hands it to the handler ([`LayerTx`], an extractor), and after the handler
 //! answers stores the response in it and commits, so the handler's writes and the stored response
 //! commit together or not at all.
 
@@ -19,12 +19,12 @@ use crate::transition::TransitionTx;
 use crate::{IdemError, IdemTx, TransactionalStore};
 
 /// A transaction the layer can begin, lend to the handler and finish.
-pub(crate) trait LayerTx: IdemTx + 'static {
+pub(crate) trait Lent: IdemTx + 'static {
     fn as_any(&mut self) -> &mut dyn Any;
     fn finish(self: Box<Self>, commit: bool) -> BoxFuture<Result<(), IdemError>>;
 }
 
-impl<T: IdemTx + TransitionTx + 'static> LayerTx for T {
+impl<T: IdemTx + TransitionTx + 'static> Lent for T {
     fn as_any(&mut self) -> &mut dyn Any {
         self
     }
@@ -39,8 +39,7 @@ impl<T: IdemTx + TransitionTx + 'static> LayerTx for T {
 }
 
 /// Begins one transaction on the layer's store.
-pub(crate) type Begin =
-    Arc<dyn Fn() -> BoxFuture<Result<Box<dyn LayerTx>, IdemError>> + Send + Sync>;
+pub(crate) type Begin = Arc<dyn Fn() -> BoxFuture<Result<Box<dyn Lent>, IdemError>> + Send + Sync>;
 
 /// `begin()` on `store`, erased.
 pub(crate) fn begin_on<S>(store: Arc<S>) -> Begin
@@ -52,7 +51,7 @@ where
         let store = Arc::clone(&store);
         Box::pin(async move {
             let tx = store.begin_tx().await?;
-            Ok(Box::new(tx) as Box<dyn LayerTx>)
+            Ok(Box::new(tx) as Box<dyn Lent>)
         })
     })
 }
@@ -60,17 +59,17 @@ where
 /// Where the handler finds the request's transaction (a request extension), and the layer takes
 /// it back once the handler answered.
 #[derive(Clone)]
-pub(crate) struct Slot(Arc<Mutex<Option<Box<dyn LayerTx>>>>);
+pub(crate) struct Slot(Arc<Mutex<Option<Box<dyn Lent>>>>);
 
 impl Slot {
-    pub(crate) fn new(tx: Box<dyn LayerTx>) -> Self {
+    pub(crate) fn new(tx: Box<dyn Lent>) -> Self {
         Slot(Arc::new(Mutex::new(Some(tx))))
     }
 
     /// The transaction back, once the handler let go of it; `None` when the handler still holds
-    /// its [`Transaction`] (it moved it into a task that outlives it: the transaction rolls back
+    /// its [`LayerTx`] (it moved it into a task that outlives it: the transaction rolls back
     /// when that lets go).
-    pub(crate) fn take(&self) -> Option<Box<dyn LayerTx>> {
+    pub(crate) fn take(&self) -> Option<Box<dyn Lent>> {
         self.0.try_lock().ok()?.take()
     }
 }
@@ -85,10 +84,10 @@ impl Slot {
 ///
 /// ```no_run
 /// # use idem_runtime as idem;
-/// use idem::http::Transaction;
+/// use idem::http::LayerTx;
 /// use idem::{IdemError, SqliteTx};
 ///
-/// async fn create_order(mut tx: Transaction<SqliteTx>) -> Result<String, String> {
+/// async fn create_order(mut tx: LayerTx<SqliteTx>) -> Result<String, String> {
 ///     let id: i64 = idem::sqlx::query_scalar("INSERT INTO orders (item) VALUES ('tv') RETURNING id")
 ///         .fetch_one(&mut **tx)
 ///         .await
@@ -100,9 +99,9 @@ impl Slot {
 /// Let it go before the handler returns (do not move it into a task that outlives the handler):
 /// the layer needs it back to commit. A handler behind a layer in lease mode, or a `T` other than
 /// the store's transaction type, is refused with a 500 problem that says so.
-pub struct Transaction<T: 'static>(OwnedMappedMutexGuard<Option<Box<dyn LayerTx>>, T>);
+pub struct LayerTx<T: 'static>(OwnedMappedMutexGuard<Option<Box<dyn Lent>>, T>);
 
-impl<T> Deref for Transaction<T> {
+impl<T> Deref for LayerTx<T> {
     type Target = T;
 
     fn deref(&self) -> &T {
@@ -110,21 +109,21 @@ impl<T> Deref for Transaction<T> {
     }
 }
 
-impl<T> DerefMut for Transaction<T> {
+impl<T> DerefMut for LayerTx<T> {
     fn deref_mut(&mut self) -> &mut T {
         &mut self.0
     }
 }
 
-impl<T> std::fmt::Debug for Transaction<T> {
+impl<T> std::fmt::Debug for LayerTx<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Transaction")
+        f.debug_struct("LayerTx")
             .field("type", &std::any::type_name::<T>())
             .finish_non_exhaustive()
     }
 }
 
-impl<S: Send + Sync, T: Send + Sync + 'static> FromRequestParts<S> for Transaction<T> {
+impl<S: Send + Sync, T: Send + Sync + 'static> FromRequestParts<S> for LayerTx<T> {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
@@ -140,14 +139,14 @@ impl<S: Send + Sync, T: Send + Sync + 'static> FromRequestParts<S> for Transacti
         };
         let Some(slot) = parts.extensions.get::<Slot>().cloned() else {
             return Err(refuse(format!(
-                "`Transaction<{}>` needs the route behind an IdempotencyLayer built with \
+                "`LayerTx<{}>` needs the route behind an IdempotencyLayer built with \
                  `builder_tx` (transaction mode), and a request the layer covers",
                 std::any::type_name::<T>()
             )));
         };
-        let guard: OwnedMutexGuard<Option<Box<dyn LayerTx>>> = slot.0.lock_owned().await;
+        let guard: OwnedMutexGuard<Option<Box<dyn Lent>>> = slot.0.lock_owned().await;
         OwnedMutexGuard::try_map(guard, |tx| tx.as_mut()?.as_any().downcast_mut::<T>())
-            .map(Transaction)
+            .map(LayerTx)
             .map_err(|_| {
                 refuse(format!(
                     "the layer's transaction is not a `{}`: ask for the transaction type of the \

@@ -214,19 +214,9 @@ impl Call {
     }
 
     pub(crate) fn request(&self, store: &dyn Store) -> Result<ClaimRequest<'_>, IdemError> {
-        self.request_for(store, &self.key)
-    }
-
-    /// [`Call::request`] for `key`, the call's key moved elsewhere (the engine keeps it in the
-    /// body's task-local instead of copying it).
-    pub(crate) fn request_for<'a>(
-        &'a self,
-        store: &dyn Store,
-        key: &'a str,
-    ) -> Result<ClaimRequest<'a>, IdemError> {
         let limits = store.limits();
         key::validate_biz(&self.biz, limits.max_biz_len)?;
-        key::validate_key(key, limits.max_key_len)?;
+        key::validate_key(&self.key, limits.max_key_len)?;
         check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
         let fingerprint = match &self.fingerprint {
             None => None,
@@ -239,7 +229,7 @@ impl Call {
         };
         Ok(ClaimRequest {
             biz: &self.biz,
-            key,
+            key: &self.key,
             fingerprint,
             lease: self.lease,
             ttl: self.ttl,

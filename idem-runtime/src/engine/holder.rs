@@ -10,6 +10,7 @@
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -68,6 +69,12 @@ impl<'a> Holder<'a> {
     pub(crate) async fn run<F: Future>(&mut self, body: F) -> F::Output {
         let call = self.call.clone();
         let mut body = pin!(current::scope(self.claim, call.clone(), body));
+        // A body that is done at its first poll (no I/O, a cache hit) needs no heartbeat timer:
+        // arming and dropping one costs more than many such bodies.
+        let first = std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll(cx))).await;
+        if let Poll::Ready(out) = first {
+            return out;
+        }
         let steps = call.steps.as_ref();
         loop {
             let next_beat = self.heartbeat.map(|every| self.last_beat + every);

@@ -187,7 +187,7 @@ pub(crate) type NoRecover<T, E> = fn() -> std::future::Ready<Result<Option<T>, E
 /// PROCESSING with its lease ended, so the next call asks again) and is the call's answer.
 pub(crate) async fn execute<T, E, F, R, RF>(
     store: Result<StoreHandle<'_>, IdemError>,
-    mut call: Call,
+    call: Call,
     ok: OkType<T>,
     err: ErrType<E>,
     recover: Option<R>,
@@ -200,8 +200,6 @@ where
 {
     let span = call_span(&call.biz);
     async move {
-        // The key moves into the body's task-local (for its steps) instead of being copied.
-        let key = std::mem::take(&mut call.key);
         let biz = call.biz();
         let refuse = |e: IdemError, outcome: Outcome| {
             report(biz, outcome, 0);
@@ -212,12 +210,7 @@ where
             Err(e) => return refuse(e, Outcome::Rejected),
         };
         let store = handle.get();
-        let scope = Arc::new(CallScope::new(
-            call.biz.clone(),
-            key,
-            Some(Steps::new(false)),
-        ));
-        let req = match call.request_for(store, &scope.key) {
+        let req = match call.request(store) {
             Ok(req) => req,
             Err(e) => return refuse(e, Outcome::Rejected),
         };
@@ -239,16 +232,18 @@ where
         };
         // From here the claim is ours. A panic or a dropped future leaves it PROCESSING: the lease
         // expires and a later attempt takes over; nothing ever claims a success that did not happen.
-        if how == Acquired::Fresh
-            && let Some(steps) = &scope.steps
-        {
-            steps.set_log(steps::Log::new());
-        }
+        // What the body's task knows of its call (for its steps): made only once the body may
+        // run, so a replay allocates nothing for it.
+        let scope = Arc::new(CallScope::new(
+            call.biz.clone(),
+            call.key.clone(),
+            Some(Steps::new(how == Acquired::Fresh)),
+        ));
         let mut holder = Holder::new(
             store,
             &req,
             claim,
-            scope.clone(),
+            scope,
             call.heartbeat_every(),
             claimed_at,
         );

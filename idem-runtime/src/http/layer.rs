@@ -199,7 +199,8 @@ fn over_limit(e: &axum::Error) -> bool {
 /// bytes of envelope; a margin is kept for it).
 fn kept(stored: Stored, body_len: usize, max_body: usize, store_limit: usize) -> Stored {
     let fits = body_len <= max_body
-        && serde_json::to_vec(&stored).is_ok_and(|json| json.len() + 64 <= store_limit);
+        && (stored.json_len_bound() + 64 <= store_limit
+            || serde_json::to_vec(&stored).is_ok_and(|json| json.len() + 64 <= store_limit));
     if fits { stored } else { stored.without_body() }
 }
 
@@ -502,7 +503,7 @@ where
         call = call.wait(max);
     }
     if let Some(begin) = &cfg.tx {
-        let answer = in_tx(&cfg, begin, call, inner, req, &route).await;
+        let answer = Box::pin(in_tx(&cfg, begin, call, inner, req, &route)).await;
         if let Some(slot) = reservation
             && !matches!(answer, Ok(Ran::Yes(_)))
         {
@@ -522,7 +523,9 @@ where
     };
     let store_limit = cfg.store.limits().max_snapshot_len;
     let result: Result<Stored, Flow<S::Error>> = match &cfg.recover {
-        None => call.run(&*cfg.store, handler).await,
+        // Boxed: the engine's future is kilobytes, and the request's future is moved into its task
+        // (and polled through axum's layers) whole.
+        None => Box::pin(call.run(&*cfg.store, handler)).await,
         Some(recover) => {
             let asked = RecoverRequest {
                 key: key.clone(),
@@ -533,7 +536,7 @@ where
                 body: recover_parts.3,
             };
             let cfg = &*cfg;
-            call.recover(|| async move {
+            let recovering = call.recover(|| async move {
                 let Some(response) = recover(asked).await.map_err(Flow::Recover)? else {
                     return Ok(None);
                 };
@@ -555,9 +558,8 @@ where
                     cfg.max_response_bytes,
                     store_limit,
                 )))
-            })
-            .run(&*cfg.store, handler)
-            .await
+            });
+            Box::pin(recovering.run(&*cfg.store, handler)).await
         }
     };
     if !ran && let Some(slot) = reservation {

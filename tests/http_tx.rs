@@ -150,6 +150,35 @@ async fn sqlite_site() -> Option<Site> {
     Some(Site::start(store, "orders".to_owned(), orders).await)
 }
 
+/// SQLite under `EncryptedStore`: the layer's transaction is an `EncryptedTx` over the SQLite
+/// one, and the handler writes through it as through a `SqliteTx`.
+#[cfg(feature = "encrypt")]
+async fn encrypted_site() -> Option<Site> {
+    let dir = Box::leak(Box::new(tempfile::tempdir().unwrap()));
+    let inner = idem::SqliteStore::open(dir.path().join("shop.db"))
+        .await
+        .unwrap();
+    inner.migrate().await.unwrap();
+    idem::sqlx::query(idem::sqlx::AssertSqlSafe(tx_orders::create_table("orders")))
+        .execute(inner.pool())
+        .await
+        .unwrap();
+    let pool = inner.pool().clone();
+    let keyring = idem::Keyring::new(1, [9u8; 32]).unwrap();
+    let store = idem::EncryptedStore::new(inner, keyring);
+    let orders: Count = Arc::new(move |key| {
+        let pool = pool.clone();
+        Box::pin(async move {
+            idem::sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE k = ?")
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        })
+    });
+    Some(Site::start(store, "orders".to_owned(), orders).await)
+}
+
 #[cfg(feature = "mysql")]
 async fn mysql_site() -> Option<Site> {
     use contract::server;
@@ -290,6 +319,8 @@ macro_rules! on_site {
 on_site! {
     "sqlite": sqlite_sixty_four_duplicates_create_one_order = sixty_four_duplicates_create_one_order on sqlite_site;
     "sqlite": sqlite_what_is_not_stored_leaves_nothing = what_is_not_stored_leaves_nothing on sqlite_site;
+    "encrypt": encrypted_sixty_four_duplicates_create_one_order = sixty_four_duplicates_create_one_order on encrypted_site;
+    "encrypt": encrypted_what_is_not_stored_leaves_nothing = what_is_not_stored_leaves_nothing on encrypted_site;
     "mysql": mysql_sixty_four_duplicates_create_one_order = sixty_four_duplicates_create_one_order on mysql_site;
     "mysql": mysql_what_is_not_stored_leaves_nothing = what_is_not_stored_leaves_nothing on mysql_site;
     "postgres": postgres_sixty_four_duplicates_create_one_order = sixty_four_duplicates_create_one_order on postgres_site;

@@ -32,6 +32,21 @@ impl Orders for idem::SqliteTx {
     }
 }
 
+#[cfg(feature = "encrypt")]
+impl Orders for idem::EncryptedTx<idem::SqliteStore> {
+    async fn insert_order(&mut self, table: &str, key: &str, who: &str) -> Result<(), IdemError> {
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {table} (k, who) VALUES (?, ?)"
+        )))
+        .bind(key)
+        .bind(who)
+        .execute(&mut **self)
+        .await
+        .map(drop)
+        .map_err(IdemError::store)
+    }
+}
+
 #[cfg(feature = "mysql")]
 impl Orders for idem::MySqlTx {
     async fn insert_order(&mut self, table: &str, key: &str, who: &str) -> Result<(), IdemError> {

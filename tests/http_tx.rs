@@ -1,4 +1,5 @@
-//! The Idempotency-Key layer in transaction mode (`IdempotencyLayer::builder_tx`) on SQLite,
+//! The Idempotency-Key layer in transaction mode (`IdempotencyLayer::builder_tx`) on SQLite (also
+//! under `EncryptedStore`),
 //! MySQL / MariaDB and Postgres, over real HTTP (an axum server on loopback, a reqwest client):
 //! the handler writes its order through the layer's transaction (`LayerTx<…Tx>`), so the
 //! order and the stored response commit together. Audited in the handler's own order table.

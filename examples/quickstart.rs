@@ -7,12 +7,17 @@
 //! ```text
 //! cargo run --example quickstart            # uses ./idem-quickstart.db
 //! cargo run --example quickstart -- my.db   # another file
+//! IDEM_STORE_URL=redis://127.0.0.1:6379 cargo run --example quickstart --features redis
 //! ```
+//!
+//! The records go to the store `IDEM_STORE_URL` names (`idem::connect`: `sqlite:PATH`,
+//! `postgres://…`, `mysql://…`, `redis://…`, …), by default the SQLite file; the ledger (the
+//! business's own table) is always in the SQLite file.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use idem::{IdemError, SqliteStore, idempotent};
+use idem::{IdemError, idempotent};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -101,15 +106,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "idem-quickstart.db".to_owned());
-    let store = SqliteStore::open(&path).await?;
+    let url = std::env::var("IDEM_STORE_URL").unwrap_or_else(|_| format!("sqlite:{path}"));
+    let store = idem::connect(&url).await?;
     store.migrate().await?;
-    let ledger = store.pool().clone();
+    let ledger = idem::sqlx::sqlite::SqlitePoolOptions::new()
+        .connect_with(
+            idem::sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true)
+                .journal_mode(idem::sqlx::sqlite::SqliteJournalMode::Wal)
+                .busy_timeout(std::time::Duration::from_secs(5)),
+        )
+        .await?;
     idem::sqlx::query("CREATE TABLE IF NOT EXISTS ledger (txn INTEGER PRIMARY KEY, order_no TEXT NOT NULL, amount_cents INTEGER NOT NULL)")
         .execute(&ledger)
         .await?;
+    let records_on = store.url().to_owned();
     idem::register_store("sqlite", store);
     let before = idem::counts_for("PAY");
-    println!("idem quickstart on {path}\n");
+    println!("idem quickstart: records on {records_on}, ledger in {path}\n");
     println!(
         "{:<34} {:<12} {:<28} executions",
         "step", "outcome", "answer"

@@ -71,6 +71,7 @@ async fn cancel(order_no: &str) -> Result<Transition<(), OrderStatus>, IdemError
 
 /// The shop's store, whose database also holds the shop's own tables (SQLite or MySQL; both
 /// take `?` placeholders).
+#[allow(clippy::large_enum_variant)] // one per service
 #[derive(Clone)]
 pub enum Db {
     /// The embedded default.

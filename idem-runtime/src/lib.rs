@@ -13,6 +13,7 @@
 
 mod backend;
 mod clock;
+mod connect;
 pub(crate) mod duration;
 mod engine;
 mod error;
@@ -48,6 +49,7 @@ pub use backend::sharded::{ShardedStore, ShardedTx};
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite::{SqliteStore, SqliteTokens, SqliteTx};
 pub use clock::TestClock;
+pub use connect::{AnyStore, connect, connect_tokens};
 pub use duration::MAX_DURATION;
 pub use engine::current::current_claim;
 pub use engine::retry::{RestartsTransaction, retry_transaction};

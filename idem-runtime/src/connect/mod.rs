@@ -1,20 +1,5 @@
 //! Stores from a URL: [`connect`] picks the backend by the URL's scheme, so a deployment chooses
 //! its store in configuration (`IDEM_STORE_URL`) instead of in code.
-//!
-//! | URL | store |
-//! |---|---|
-//! | `memory:` | [`MemoryStore`](crate::MemoryStore) (this process only) |
-//! | `sqlite:PATH`, `sqlite://PATH`, `sqlite::memory:` | [`SqliteStore`](crate::SqliteStore) on the file (created if missing), or in memory (feature `sqlite`) |
-//! | `mysql://…`, `mariadb://…` | [`MySqlStore`](crate::MySqlStore) (feature `mysql`) |
-//! | `postgres://…`, `postgresql://…` | [`PgStore`](crate::PgStore) (feature `postgres`) |
-//! | `redis://…`, `rediss://…` | [`RedisStore`](crate::RedisStore) (feature `redis`) |
-//! | `redis+cluster://host:port,host:port` | [`RedisClusterStore`](crate::RedisClusterStore) on those seed nodes (feature `redis`) |
-//! | `sharded:URL|URL|…` | [`ShardedStore`](crate::ShardedStore) over the stores of those URLs, in that order |
-//!
-//! Options idem reads from the query, removed before the URL reaches the driver (whose own
-//! options, such as Postgres's `sslmode`, stay): `idem_table=NAME` (MySQL, Postgres: the records'
-//! table; its token table is `NAME_tok`) and `idem_prefix=P` (Redis, Redis Cluster: the keys'
-//! prefix). An option a backend does not have is refused.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -174,8 +159,23 @@ impl AnyStore {
     }
 }
 
-/// Opens the store `url` names (see the [module](self) for the schemes and options). It does not
-/// migrate: call [`AnyStore::migrate`] where the service may create its tables.
+/// Opens the store `url` names. It does not migrate: call [`AnyStore::migrate`] where the service
+/// may create its tables.
+///
+/// | URL | store |
+/// |---|---|
+/// | `memory:` | [`MemoryStore`](crate::MemoryStore) (this process only) |
+/// | `sqlite:PATH`, `sqlite://PATH`, `sqlite::memory:` | [`SqliteStore`](crate::SqliteStore) on the file (created if missing), or in memory (feature `sqlite`) |
+/// | `mysql://…`, `mariadb://…` | `MySqlStore` (feature `mysql`) |
+/// | `postgres://…`, `postgresql://…` | `PgStore` (feature `postgres`) |
+/// | `redis://…`, `rediss://…` | `RedisStore` (feature `redis`) |
+/// | `redis+cluster://host:port,host:port` | `RedisClusterStore` on those seed nodes (feature `redis`) |
+/// | `sharded:URL\|URL\|…` | [`ShardedStore`](crate::ShardedStore) over the stores of those URLs, in that order |
+///
+/// Options idem reads from the query, removed before the URL reaches the driver (whose own
+/// options, such as Postgres's `sslmode`, stay): `idem_table=NAME` (MySQL, Postgres: the records'
+/// table; its token table is `NAME_tok`) and `idem_prefix=P` (Redis, Redis Cluster: the keys'
+/// prefix). An option a backend does not have is refused.
 ///
 /// ```
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {

@@ -944,6 +944,43 @@ fn http_layer(
     builder.build().unwrap()
 }
 
+/// Starts the child service `spec` serves (it says `LISTEN <port>`), sends it `POST /orders`
+/// with `key`, and kills it (SIGKILL) once its handler says READY: the request dies with it.
+#[cfg(feature = "axum")]
+async fn killed_mid_request(spec: Spec, client: &reqwest::Client, key: &str) {
+    let mut child = tokio::task::spawn_blocking(move || {
+        let mut child = Running::spawn(&spec);
+        let port = child.wait_for("LISTEN");
+        (
+            child,
+            port.trim_start_matches("LISTEN ").parse::<u16>().unwrap(),
+        )
+    })
+    .await
+    .unwrap();
+    let first = {
+        let (client, key, port) = (client.clone(), key.to_owned(), child.1);
+        tokio::spawn(async move {
+            client
+                .post(format!("http://127.0.0.1:{port}/orders"))
+                .header("idempotency-key", key)
+                .send()
+                .await
+        })
+    };
+    child = tokio::task::spawn_blocking(move || {
+        child.0.wait_for("READY");
+        child
+    })
+    .await
+    .unwrap();
+    child.0.kill();
+    assert!(
+        first.await.unwrap().is_err(),
+        "the service died mid-request"
+    );
+}
+
 /// A service killed (SIGKILL) after its handler's effect and before the layer stored the
 /// response, 4 times (half of them with `recover`): after the lease, a retry at a restarted service
 /// with `recover` gets the first order's response and no second effect; without `recover`, the
@@ -956,37 +993,7 @@ async fn service_killed_after_its_handlers_effect(site: Site) {
         let with_recover = trial % 2 == 0;
         let key = format!("order-{trial}");
         let spec = site.spec("CRASHHTTP", &key, lease, Act::ServeHttp);
-        let mut child = tokio::task::spawn_blocking(move || {
-            let mut child = Running::spawn(&spec);
-            let port = child.wait_for("LISTEN");
-            (
-                child,
-                port.trim_start_matches("LISTEN ").parse::<u16>().unwrap(),
-            )
-        })
-        .await
-        .unwrap();
-        let first = {
-            let (client, key, port) = (client.clone(), key.clone(), child.1);
-            tokio::spawn(async move {
-                client
-                    .post(format!("http://127.0.0.1:{port}/orders"))
-                    .header("idempotency-key", key)
-                    .send()
-                    .await
-            })
-        };
-        child = tokio::task::spawn_blocking(move || {
-            child.0.wait_for("READY");
-            child
-        })
-        .await
-        .unwrap();
-        child.0.kill();
-        assert!(
-            first.await.unwrap().is_err(),
-            "the service died mid-request"
-        );
+        killed_mid_request(spec, &client, &key).await;
         assert_eq!(
             effects_of(&site.effects, "CRASHHTTP", &key).await,
             ["child"]
@@ -1142,37 +1149,7 @@ async fn service_killed_mid_transaction(site: Site) {
     for trial in 0..3 {
         let key = format!("tx-order-{trial}");
         let spec = site.spec("HTTP", &key, Duration::from_secs(30), Act::ServeHttpTx);
-        let mut child = tokio::task::spawn_blocking(move || {
-            let mut child = Running::spawn(&spec);
-            let port = child.wait_for("LISTEN");
-            (
-                child,
-                port.trim_start_matches("LISTEN ").parse::<u16>().unwrap(),
-            )
-        })
-        .await
-        .unwrap();
-        let first = {
-            let (client, key, port) = (client.clone(), key.clone(), child.1);
-            tokio::spawn(async move {
-                client
-                    .post(format!("http://127.0.0.1:{port}/orders"))
-                    .header("idempotency-key", key)
-                    .send()
-                    .await
-            })
-        };
-        child = tokio::task::spawn_blocking(move || {
-            child.0.wait_for("READY");
-            child
-        })
-        .await
-        .unwrap();
-        child.0.kill();
-        assert!(
-            first.await.unwrap().is_err(),
-            "the service died mid-request"
-        );
+        killed_mid_request(spec, &client, &key).await;
 
         let app = tx_service(&site.backend, "repeat", false).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

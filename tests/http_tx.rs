@@ -127,27 +127,37 @@ impl Site {
     }
 }
 
+/// Creates the order table `table` on `pool` and gives what counts a key's orders there (`$p`: the
+/// driver's placeholder).
+macro_rules! order_table {
+    ($pool:expr, $table:expr, $p:literal) => {{
+        let (pool, table): (_, String) = ($pool.clone(), $table);
+        idem::sqlx::query(idem::sqlx::AssertSqlSafe(tx_orders::create_table(&table)))
+            .execute(&pool)
+            .await
+            .unwrap();
+        let sql = format!("SELECT COUNT(*) FROM {table} WHERE k = {}", $p);
+        let count: Count = Arc::new(move |key| {
+            let (pool, sql) = (pool.clone(), sql.clone());
+            Box::pin(async move {
+                idem::sqlx::query_scalar(idem::sqlx::AssertSqlSafe(sql))
+                    .bind(key)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap()
+            })
+        });
+        count
+    }};
+}
+
 async fn sqlite_site() -> Option<Site> {
     let dir = Box::leak(Box::new(tempfile::tempdir().unwrap()));
     let store = idem::SqliteStore::open(dir.path().join("shop.db"))
         .await
         .unwrap();
     store.migrate().await.unwrap();
-    idem::sqlx::query(idem::sqlx::AssertSqlSafe(tx_orders::create_table("orders")))
-        .execute(store.pool())
-        .await
-        .unwrap();
-    let pool = store.pool().clone();
-    let orders: Count = Arc::new(move |key| {
-        let pool = pool.clone();
-        Box::pin(async move {
-            idem::sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE k = ?")
-                .bind(key)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        })
-    });
+    let orders = order_table!(store.pool(), "orders".to_owned(), "?");
     Some(Site::start(store, "orders".to_owned(), orders).await)
 }
 
@@ -160,23 +170,9 @@ async fn encrypted_site() -> Option<Site> {
         .await
         .unwrap();
     inner.migrate().await.unwrap();
-    idem::sqlx::query(idem::sqlx::AssertSqlSafe(tx_orders::create_table("orders")))
-        .execute(inner.pool())
-        .await
-        .unwrap();
-    let pool = inner.pool().clone();
+    let orders = order_table!(inner.pool(), "orders".to_owned(), "?");
     let keyring = idem::Keyring::new(1, [9u8; 32]).unwrap();
     let store = idem::EncryptedStore::new(inner, keyring);
-    let orders: Count = Arc::new(move |key| {
-        let pool = pool.clone();
-        Box::pin(async move {
-            idem::sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE k = ?")
-                .bind(key)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        })
-    });
     Some(Site::start(store, "orders".to_owned(), orders).await)
 }
 
@@ -188,24 +184,7 @@ async fn mysql_site() -> Option<Site> {
     let store = store.with_table(&server::unique("idem_htx")).unwrap();
     store.migrate().await.unwrap();
     let table = format!("{}_orders", store.table());
-    idem::sqlx::query(idem::sqlx::AssertSqlSafe(tx_orders::create_table(&table)))
-        .execute(store.pool())
-        .await
-        .unwrap();
-    let (pool, count_sql) = (
-        store.pool().clone(),
-        format!("SELECT COUNT(*) FROM {table} WHERE k = ?"),
-    );
-    let orders: Count = Arc::new(move |key| {
-        let (pool, sql) = (pool.clone(), count_sql.clone());
-        Box::pin(async move {
-            idem::sqlx::query_scalar(idem::sqlx::AssertSqlSafe(sql))
-                .bind(key)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        })
-    });
+    let orders = order_table!(store.pool(), table.clone(), "?");
     Some(Site::start(store, table, orders).await)
 }
 
@@ -213,24 +192,7 @@ async fn mysql_site() -> Option<Site> {
 async fn postgres_site() -> Option<Site> {
     let store = pg::store(16).await?;
     let table = format!("{}_orders", store.table());
-    idem::sqlx::query(idem::sqlx::AssertSqlSafe(tx_orders::create_table(&table)))
-        .execute(store.pool())
-        .await
-        .unwrap();
-    let (pool, count_sql) = (
-        store.pool().clone(),
-        format!("SELECT COUNT(*) FROM {table} WHERE k = $1"),
-    );
-    let orders: Count = Arc::new(move |key| {
-        let (pool, sql) = (pool.clone(), count_sql.clone());
-        Box::pin(async move {
-            idem::sqlx::query_scalar(idem::sqlx::AssertSqlSafe(sql))
-                .bind(key)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        })
-    });
+    let orders = order_table!(store.pool(), table.clone(), "$1");
     Some(Site::start(store, table, orders).await)
 }
 

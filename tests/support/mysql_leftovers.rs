@@ -6,12 +6,13 @@
 
 use idem::sqlx::{self, AssertSqlSafe, MySqlPool};
 
-/// The pid in a name made by `unique`, with an optional `_fx` / `_pay` / `_tok` suffix: `idem_c_4242_7_fx`.
+/// The pid in a name made by `unique`, with an optional `_fx` / `_pay` / `_tok` / `_orders` suffix: `idem_c_4242_7_fx`.
 fn pid_of(name: &str) -> Option<u32> {
     let name = name
         .strip_suffix("_fx")
         .or_else(|| name.strip_suffix("_pay"))
         .or_else(|| name.strip_suffix("_tok"))
+        .or_else(|| name.strip_suffix("_orders"))
         .unwrap_or(name);
     let mut parts = name.rsplit('_');
     let n = parts.next()?;

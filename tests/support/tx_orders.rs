@@ -18,64 +18,44 @@ pub trait Orders: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), IdemError>> + Send;
 }
 
-impl Orders for idem::SqliteTx {
-    async fn insert_order(&mut self, table: &str, key: &str, who: &str) -> Result<(), IdemError> {
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {table} (k, who) VALUES (?, ?)"
-        )))
-        .bind(key)
-        .bind(who)
-        .execute(&mut **self)
-        .await
-        .map(drop)
-        .map_err(IdemError::store)
-    }
+/// `Orders` for a transaction type whose driver writes its two placeholders `$p1`, `$p2`.
+macro_rules! orders {
+    ($(#[$cfg:meta])* $tx:ty, $p1:literal, $p2:literal) => {
+        $(#[$cfg])*
+        impl Orders for $tx {
+            async fn insert_order(
+                &mut self,
+                table: &str,
+                key: &str,
+                who: &str,
+            ) -> Result<(), IdemError> {
+                let insert = format!("INSERT INTO {table} (k, who) VALUES ({}, {})", $p1, $p2);
+                sqlx::query(AssertSqlSafe(insert))
+                    .bind(key)
+                    .bind(who)
+                    .execute(&mut **self)
+                    .await
+                    .map(drop)
+                    .map_err(IdemError::store)
+            }
+        }
+    };
 }
 
-#[cfg(feature = "encrypt")]
-impl Orders for idem::EncryptedTx<idem::SqliteStore> {
-    async fn insert_order(&mut self, table: &str, key: &str, who: &str) -> Result<(), IdemError> {
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {table} (k, who) VALUES (?, ?)"
-        )))
-        .bind(key)
-        .bind(who)
-        .execute(&mut **self)
-        .await
-        .map(drop)
-        .map_err(IdemError::store)
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl Orders for idem::MySqlTx {
-    async fn insert_order(&mut self, table: &str, key: &str, who: &str) -> Result<(), IdemError> {
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {table} (k, who) VALUES (?, ?)"
-        )))
-        .bind(key)
-        .bind(who)
-        .execute(&mut **self)
-        .await
-        .map(drop)
-        .map_err(IdemError::store)
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl Orders for idem::PgTx {
-    async fn insert_order(&mut self, table: &str, key: &str, who: &str) -> Result<(), IdemError> {
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {table} (k, who) VALUES ($1, $2)"
-        )))
-        .bind(key)
-        .bind(who)
-        .execute(&mut **self)
-        .await
-        .map(drop)
-        .map_err(IdemError::store)
-    }
-}
+orders!(idem::SqliteTx, "?", "?");
+orders!(#[cfg(feature = "encrypt")] idem::EncryptedTx<idem::SqliteStore>, "?", "?");
+orders!(
+    #[cfg(feature = "mysql")]
+    idem::MySqlTx,
+    "?",
+    "?"
+);
+orders!(
+    #[cfg(feature = "postgres")]
+    idem::PgTx,
+    "$1",
+    "$2"
+);
 
 /// The DDL of an order table named `table`.
 pub fn create_table(table: &str) -> String {

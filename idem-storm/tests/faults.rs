@@ -113,7 +113,8 @@ async fn restarted_mid_storm(store: &str, restart: fn()) {
     }
 }
 
-/// The flags of a lease-mode storm with `--recover` and a lease (300 ms) shorter than the outage.
+/// The flags of a lease-mode storm with `--recover` and a lease (800 ms) shorter than the outage
+/// (Postgres and MariaDB are down 2 s and more).
 /// A holder caught by the restart between its claim and its mark writes its effect (into the
 /// ledger, a separate SQLite file the restart does not touch) and its mark waits for the server;
 /// its lease ends meanwhile. When the server is back, a duplicate held up in its claim (50 %
@@ -122,6 +123,15 @@ async fn restarted_mid_storm(store: &str, restart: fn()) {
 /// `--recover` it runs the body again (the late mark gets `LeaseLost`), with it recover finds the
 /// effect and answers with its run. That race is narrow, so a run may recover nothing; what must
 /// hold is that nothing runs twice.
+///
+/// The lease was 300 ms. In one run of the whole suite on this 2-core machine (the binary's other
+/// fault tests running beside the restart) one key of 3,014 ran twice, with 1 takeover, 3
+/// recovered and 4 lease lost: most likely a holder whose 20 ms body was held up past its lease
+/// before its ledger write, so the takeover's recover found no effect yet and ran the body, and the
+/// late holder wrote a second one. That is a holder paused past its lease after it began, which
+/// neither recover nor a fence at the mark can undo (README, "When a holder dies"); 800 ms keeps
+/// the lease shorter than the outage, which is what this storm is about, with room for a loaded
+/// machine's scheduling.
 const RECOVER_STORM: &[&str] = &[
     "--mode",
     "lease",
@@ -132,7 +142,7 @@ const RECOVER_STORM: &[&str] = &[
     "--body",
     "20ms",
     "--lease",
-    "300ms",
+    "800ms",
     "--dup-rate",
     "0.5",
     "--skew",
@@ -141,14 +151,17 @@ const RECOVER_STORM: &[&str] = &[
     "-q",
 ];
 
+/// The lease of a `RECOVER_STORM`.
+const RECOVER_LEASE: Duration = Duration::from_millis(800);
+
 /// What a `RECOVER_STORM` must show after its restart: the storm held (no double execution, no
-/// wrong answer, only retryable errors), and some caller waited longer than the lease, so the
-/// outage did outlast the claims in flight.
-fn held_through_an_outage_longer_than_the_lease(s: &Summary, fault_at: Duration) {
+/// wrong answer, only retryable errors), and the server was down (`down`, from its stop to its
+/// start) longer than the lease, so the outage did outlast the claims in flight.
+fn held_through_an_outage_longer_than_the_lease(s: &Summary, fault_at: Duration, down: Duration) {
     held_through_the_outage(s, fault_at);
     assert!(
-        s.max_ms > 300.0,
-        "no caller waited out the 300 ms lease: the outage was too short to matter:\n{s}"
+        down > RECOVER_LEASE,
+        "the server was down {down:?}, not longer than the {RECOVER_LEASE:?} lease: the outage was too short to matter:\n{s}"
     );
 }
 
@@ -164,12 +177,14 @@ async fn restarted_mid_storm_with_recover(store: &str, restart: fn()) {
     let fault_at = Duration::from_millis(800);
     let restart = async {
         tokio::time::sleep(fault_at).await;
+        let began = std::time::Instant::now();
         tokio::task::spawn_blocking(restart).await.unwrap();
+        began.elapsed()
     };
-    let (summary, ()) = tokio::join!(idem_storm::run(&storm), restart);
+    let (summary, down) = tokio::join!(idem_storm::run(&storm), restart);
     let summary = summary.unwrap();
-    eprintln!("{summary}");
-    held_through_an_outage_longer_than_the_lease(&summary, fault_at);
+    eprintln!("{summary}\n  server down          {down:?}");
+    held_through_an_outage_longer_than_the_lease(&summary, fault_at, down);
 }
 
 /// Held by each test that restarts the machine's Postgres, which would otherwise run alongside the
@@ -401,17 +416,19 @@ async fn redis_killed_and_restarted_mid_storm_with_recover() {
     let faults = async move {
         tokio::time::sleep(fault_at).await;
         tokio::task::spawn_blocking(move || {
+            let began = std::time::Instant::now();
             s.kill();
-            std::thread::sleep(Duration::from_millis(500));
+            std::thread::sleep(RECOVER_LEASE + Duration::from_millis(300));
             s.start_again();
+            began.elapsed()
         })
         .await
-        .unwrap();
+        .unwrap()
     };
-    let (summary, ()) = tokio::join!(idem_storm::run(&storm), faults);
+    let (summary, down) = tokio::join!(idem_storm::run(&storm), faults);
     let summary = summary.unwrap();
     server.shutdown_nosave();
     let _ = std::fs::remove_dir_all(&dir);
-    eprintln!("{summary}");
-    held_through_an_outage_longer_than_the_lease(&summary, fault_at);
+    eprintln!("{summary}\n  server down          {down:?}");
+    held_through_an_outage_longer_than_the_lease(&summary, fault_at, down);
 }

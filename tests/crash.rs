@@ -1208,9 +1208,9 @@ async fn sqlite_service_killed_after_its_handlers_effect() {
     service_killed_after_its_handlers_effect(sqlite_site().await).await;
 }
 
-/// The same on a server store (needs the HTTP layer too).
+/// A service scenario on a server store (needs the HTTP layer too).
 macro_rules! service_killed_on_server {
-    ($($feature:literal: $name:ident on $site:ident;)*) => {$(
+    ($($feature:literal: $name:ident = $scenario:ident on $site:ident;)*) => {$(
         #[cfg(all(feature = "axum", feature = $feature))]
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
@@ -1218,37 +1218,21 @@ macro_rules! service_killed_on_server {
                 return;
             }
             if let Some(site) = $site().await {
-                service_killed_after_its_handlers_effect(site).await;
+                $scenario(site).await;
             }
         }
     )*};
-}
-
-/// The transaction-mode service killed mid-handler, on a server store.
-macro_rules! tx_service_killed_on_server {
-    ($($feature:literal: $name:ident on $site:ident;)*) => {$(
-        #[cfg(all(feature = "axum", feature = $feature))]
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-                return;
-            }
-            if let Some(site) = $site().await {
-                service_killed_mid_transaction(site).await;
-            }
-        }
-    )*};
-}
-
-tx_service_killed_on_server! {
-    "mysql": mysql_service_killed_mid_transaction on my_site;
-    "postgres": postgres_service_killed_mid_transaction on pg_site;
 }
 
 service_killed_on_server! {
-    "mysql": mysql_service_killed_after_its_handlers_effect on my_site;
-    "postgres": postgres_service_killed_after_its_handlers_effect on pg_site;
-    "redis": redis_service_killed_after_its_handlers_effect on redis_site;
+    "mysql": mysql_service_killed_mid_transaction = service_killed_mid_transaction on my_site;
+    "postgres": postgres_service_killed_mid_transaction = service_killed_mid_transaction on pg_site;
+}
+
+service_killed_on_server! {
+    "mysql": mysql_service_killed_after_its_handlers_effect = service_killed_after_its_handlers_effect on my_site;
+    "postgres": postgres_service_killed_after_its_handlers_effect = service_killed_after_its_handlers_effect on pg_site;
+    "redis": redis_service_killed_after_its_handlers_effect = service_killed_after_its_handlers_effect on redis_site;
 }
 
 async fn paused_past_the_lease(site: Site) {

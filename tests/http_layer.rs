@@ -226,6 +226,26 @@ impl Api {
         }
     }
 
+    /// `n` copies of alice's order of a TV under `key`, released together by a barrier; their
+    /// replies.
+    async fn released_together(&self, n: usize, key: &str) -> Vec<Reply> {
+        let barrier = Arc::new(Barrier::new(n));
+        let mut tasks = Vec::new();
+        for _ in 0..n {
+            let (api, barrier, key) = (self.clone(), Arc::clone(&barrier), key.to_owned());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                api.post(Some("alice"), Some(&key), json!({ "item": "tv" }))
+                    .await
+            }));
+        }
+        let mut replies = Vec::new();
+        for task in tasks {
+            replies.push(task.await.unwrap());
+        }
+        replies
+    }
+
     /// Alice's order `item` under `key`, sent while the same request sent `gap` earlier is still
     /// running: (the first reply, the repeat's).
     async fn overlapping(&self, key: &str, item: &str, gap: Duration) -> (Reply, Reply) {
@@ -280,20 +300,9 @@ async fn sixty_four_concurrent_duplicates_run_once() {
     shop.slow_ms.store(300, Ordering::SeqCst);
     let url = start(&shop, builder(&store().await).build().unwrap()).await;
     let api = Api::new(&url);
-    let barrier = Arc::new(Barrier::new(64));
-    let mut tasks = Vec::new();
-    for _ in 0..64 {
-        let (api, barrier) = (api.clone(), Arc::clone(&barrier));
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            api.post(Some("alice"), Some("storm"), json!({ "item": "tv" }))
-                .await
-        }));
-    }
     let mut created = Vec::new();
     let mut in_progress = 0;
-    for task in tasks {
-        let reply = task.await.unwrap();
+    for reply in api.released_together(64, "storm").await {
         match reply.status {
             StatusCode::CREATED => created.push(reply.body["order_id"].as_i64().unwrap()),
             StatusCode::CONFLICT => {
@@ -656,19 +665,8 @@ async fn retry_after_follows_the_handlers_duration_not_the_lease() {
             .await;
         assert_eq!(warm.status, StatusCode::CREATED);
     }
-    let barrier = Arc::new(Barrier::new(50));
-    let mut tasks = Vec::new();
-    for _ in 0..50 {
-        let (api, barrier) = (api.clone(), Arc::clone(&barrier));
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            api.post(Some("alice"), Some("hot"), json!({ "item": "tv" }))
-                .await
-        }));
-    }
     let mut told = Vec::new();
-    for task in tasks {
-        let reply = task.await.unwrap();
+    for reply in api.released_together(50, "hot").await {
         if reply.status == StatusCode::CONFLICT {
             told.push(
                 reply.headers["retry-after"]

@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo run --example shop --features axum                 # embedded SQLite (shop.db in the temp dir)
-//! SHOP_MYSQL_URL=mysql://root@127.0.0.1:3306/test \
+//! IDEM_STORE_URL=mysql://root@127.0.0.1:3306/test \
 //!     cargo run --example shop --features axum,mysql       # on MariaDB / MySQL
 //! ```
 //!
@@ -352,26 +352,52 @@ pub async fn app(
         .with_state(shop))
 }
 
-/// The store, the shop's database and the token store: MariaDB when `SHOP_MYSQL_URL` is set,
+/// The store, the shop's database and the token store, from `IDEM_STORE_URL` (`sqlite:PATH` or
+/// `mysql://…`: order creation runs in the layer's transaction mode, so the store is one of the
+/// SQL stores whose database also holds the orders; `SHOP_MYSQL_URL` is read too, as before),
 /// else SQLite in `path`.
 pub async fn open(
     path: &std::path::Path,
 ) -> Result<(Arc<dyn Store>, Db, Arc<dyn TokenStore>), Box<dyn std::error::Error + Send + Sync>> {
-    if let Ok(url) = std::env::var("SHOP_MYSQL_URL") {
-        #[cfg(feature = "mysql")]
-        {
-            let store = idem::MySqlStore::connect(&url).await?;
-            store.migrate().await?;
-            let db = Db::MySql(store.clone());
-            return Ok((Arc::new(store.clone()), db, Arc::new(store.tokens())));
+    let url = std::env::var("IDEM_STORE_URL")
+        .or_else(|_| std::env::var("SHOP_MYSQL_URL"))
+        .unwrap_or_else(|_| format!("sqlite:{}", path.display()));
+    let scheme = url.split(':').next().unwrap_or("").to_ascii_lowercase();
+    let db = match scheme.as_str() {
+        "sqlite" => {
+            let file = url.trim_start_matches("sqlite:").trim_start_matches("//");
+            Db::Sqlite(idem::SqliteStore::open(file).await?)
         }
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Db::MySql(idem::MySqlStore::connect(&url).await?),
         #[cfg(not(feature = "mysql"))]
-        return Err(format!("SHOP_MYSQL_URL={url} needs the mysql feature: cargo run --example shop --features axum,mysql").into());
-    }
-    let store = idem::SqliteStore::open(path).await?;
-    store.migrate().await?;
-    let db = Db::Sqlite(store.clone());
-    Ok((Arc::new(store.clone()), db, Arc::new(store.tokens())))
+        "mysql" | "mariadb" => {
+            return Err(format!(
+                "{url} needs the mysql feature: cargo run --example shop --features axum,mysql"
+            )
+            .into());
+        }
+        _ => {
+            return Err(format!(
+                "the shop creates orders in the layer's transaction mode, on the store's own database: \
+                 give IDEM_STORE_URL as sqlite:PATH or mysql://…, not {url}"
+            )
+            .into());
+        }
+    };
+    Ok(match db {
+        Db::Sqlite(store) => {
+            store.migrate().await?;
+            let tokens = Arc::new(store.tokens());
+            (Arc::new(store.clone()), Db::Sqlite(store), tokens)
+        }
+        #[cfg(feature = "mysql")]
+        Db::MySql(store) => {
+            store.migrate().await?;
+            let tokens = Arc::new(store.tokens());
+            (Arc::new(store.clone()), Db::MySql(store), tokens)
+        }
+    })
 }
 
 #[tokio::main]

@@ -66,6 +66,13 @@ pub enum IdemError {
         /// The decoder's message.
         reason: String,
     },
+    /// [`crate::preflight`] found stores the attributes name that are not registered, not
+    /// migrated or not answering: every problem, one per line.
+    #[error("idem preflight found {} problem(s):\n- {}", problems.len(), problems.join("\n- "))]
+    Preflight {
+        /// What is wrong, each with what to do.
+        problems: Vec<String>,
+    },
     /// A recovery point ([`crate::step`]) could not be used: its name is out of range, the body
     /// has more than [`crate::MAX_STEPS`] steps, its result cannot be encoded or is too large to
     /// save, or a saved result no longer decodes as the step's type. The reason says whether the

@@ -22,6 +22,7 @@ mod fingerprint;
 pub mod http;
 mod key;
 mod metrics;
+mod preflight;
 mod recovery;
 mod registry;
 mod sql;
@@ -62,6 +63,7 @@ pub use key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN, IdemKey, validate_biz, v
 pub use metrics::{
     CallReport, Counts, Outcome, count_token_op, counts, counts_for, names, observe,
 };
+pub use preflight::preflight;
 pub use recovery::{Reconciled, Reconciler};
 pub use registry::{IntoSharedStore, register_store, store, unregister_store};
 pub use store::{

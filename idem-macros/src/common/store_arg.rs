@@ -100,16 +100,41 @@ pub(crate) fn check_store_expr(
     );
 }
 
-/// The store argument of the runtime call (`<private>::StoreArg::Named("sqlite")`), and the import
-/// its method call needs for a given store.
+/// The item that tells `idem::preflight()` this attribute (`by`, e.g. `#[idempotent] pay`) uses
+/// the store registered as `name` (a token store when `tokens`): collected at link time.
+pub(crate) fn store_use(
+    name: &LitStr,
+    tokens: bool,
+    by: &str,
+    private: &TokenStream,
+) -> TokenStream {
+    quote! {
+        #private::inventory::submit! {
+            #private::StoreUse {
+                name: #name,
+                tokens: #tokens,
+                by: #by,
+                at: ::core::concat!(::core::file!(), ":", ::core::line!()),
+            }
+        }
+    }
+}
+
+/// The store argument of the runtime call (`<private>::StoreArg::Named("sqlite")`), and the items
+/// it needs: for a name, its [`store_use`] for preflight; for a given store, the import its method
+/// call needs.
 pub(crate) fn store_arg(
     store: &StoreSpec,
     kind: &StoreKind,
+    by: &str,
     private: &TokenStream,
 ) -> (TokenStream, TokenStream) {
     let arg = format_ident!("{}", kind.arg);
     match store {
-        StoreSpec::Named(name) => (TokenStream::new(), quote!(#private::#arg::Named(#name))),
+        StoreSpec::Named(name) => (
+            store_use(name, kind.arg == "TokenStoreArg", by, private),
+            quote!(#private::#arg::Named(#name)),
+        ),
         StoreSpec::Given(expr) => {
             // Method syntax on `&(expr)`: `AsStore` matches a store, an `Arc` of one or a
             // `dyn Store` at once; `AsStoreRef` one auto-ref later matches a reference to a store,

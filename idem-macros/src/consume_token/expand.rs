@@ -20,7 +20,8 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     let ret = &spec.ret;
     let err_check = wrap::err_check(ret, &private);
     let (ok_arg, err_arg) = wrap::type_args(ret);
-    let (use_as_store, store_arg) = store_arg::store_arg(&spec.store, &TOKEN_STORES, &private);
+    let by = format!("#[consume_token] {}", item.sig.ident);
+    let (use_as_store, store_arg) = store_arg::store_arg(&spec.store, &TOKEN_STORES, &by, &private);
     let token = text(&spec.token, &private, "TokenText", "token_text");
     let subject = match &spec.subject {
         Some(subject) => {

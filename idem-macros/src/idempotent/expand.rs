@@ -32,7 +32,10 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
 
     let call = call(spec, &private);
     let (use_as_store, store_arg) = match &spec.store {
-        Some(store) => store_arg::store_arg(store, &RECORD_STORES, &private),
+        Some(store) => {
+            let by = format!("#[idempotent] {}", item.sig.ident);
+            store_arg::store_arg(store, &RECORD_STORES, &by, &private)
+        }
         None => (TokenStream::new(), TokenStream::new()),
     };
     let user_body = wrap::user_body(ret, &private, &item.block.stmts);

@@ -219,7 +219,11 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
 
     let run = match &spec.store {
         None => quote!(#core.await),
-        Some(store) => quote! {
+        Some(store) => {
+            let by = format!("#[state_transition] {}", item.sig.ident);
+            let used = crate::common::store_arg::store_use(store, false, &by, &private);
+            quote! {
+            #used
             let mut __idem_tx = match __idem_call.begin(#private::StoreArg::Named(#store)).await {
                 ::core::result::Result::Ok(tx) => tx,
                 ::core::result::Result::Err(e) => {
@@ -228,7 +232,8 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
             };
             let __idem_result = #core.await;
             __idem_call.end(__idem_tx, __idem_err, __idem_result).await
-        },
+            }
+        }
     };
 
     let docs = docs(spec);

@@ -7,6 +7,8 @@ pub use crate::engine::tx::{
     CallSpan, IdemTx, TxClaim, TxGuard, call_span, in_span, tx_body, tx_claim, tx_finish,
 };
 pub use crate::engine::{Call, StoreArg, run, run_recovering};
+pub use crate::preflight::StoreUse;
+pub use inventory;
 
 mod checks;
 pub use checks::*;

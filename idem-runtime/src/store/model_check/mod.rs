@@ -45,8 +45,17 @@ use std::time::Duration;
 
 use stateright::{Model, Property};
 
+use super::Status;
 use super::decide::{Decision, RecordState, decide, taken};
-use super::{Status, keeps_steps};
+
+mod bounds;
+mod properties;
+mod steps;
+
+pub(crate) use bounds::*;
+pub(crate) use properties::step_property;
+use steps::StepFault;
+pub(crate) use steps::{Step, StepRules, Steps};
 
 /// One tick of the store clock.
 const TICK_MS: i64 = 1000;
@@ -58,70 +67,6 @@ pub(crate) enum Rules {
     Current,
     /// Before issue 6.
     Before,
-}
-
-/// A step of the two-step body.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Step {
-    A,
-    B,
-}
-
-impl Step {
-    const ALL: [Step; 2] = [Step::A, Step::B];
-
-    fn bit(self) -> u8 {
-        1 << self as u8
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// How the body's two steps run (the steps checks).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Steps {
-    /// No two-step body (the single effect of [`Protocol::effects`], or none).
-    Off,
-    /// A and B, as plain code: both effects run in every attempt and nothing is saved.
-    Unsaved,
-    /// `idem::step`: each step saved after its effect, under these rules.
-    Saved(StepRules),
-}
-
-/// The store rules for saved steps: the stores' own, or one of them broken.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum StepRules {
-    /// A save is fenced; a take keeps the steps as `keeps_steps` says.
-    Store,
-    /// A save lands on any PROCESSING record, whatever its fence.
-    Unfenced,
-    /// A takeover or a retry starts with no steps.
-    TakeDrops,
-    /// A record that starts a new life keeps the steps of the old one.
-    NewLifeKeeps,
-}
-
-/// A rule of the steps that an action broke (only the action itself can see it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum StepFault {
-    /// A step's effect ran in a holder that claimed the record after the step's save had landed
-    /// (in this life of the record).
-    RerunSaved,
-    /// A step's effect ran again, by the record's current holder, although a save of it had
-    /// landed: not the window between an effect and its save, nor a holder taken over.
-    RerunOutsideWindow,
-    /// A save landed on a record that another claim holds.
-    StaleSave,
-    /// A holder skipped a step whose save had not landed in this life of the record.
-    SkippedUnsaved,
-}
-
-impl StepFault {
-    fn bit(self) -> u8 {
-        1 << self as u8
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -336,45 +281,6 @@ impl Protocol {
     /// Whether `fence` holds the record (the contract's condition for complete, fail, renew).
     fn holds(rec: &Option<Rec>, fence: u64) -> bool {
         matches!(rec, Some(r) if r.fence == fence && r.status == Status::Processing)
-    }
-
-    /// Whether a save under `fence` lands.
-    fn save_lands(&self, rec: &Option<Rec>, fence: u64) -> bool {
-        match self.steps {
-            Steps::Saved(StepRules::Unfenced) => {
-                matches!(rec, Some(r) if r.status == Status::Processing)
-            }
-            _ => Self::holds(rec, fence),
-        }
-    }
-
-    /// The saved steps a take of `old` leaves in the record (`reset`: a new life).
-    fn kept_steps(&self, old: Option<&Rec>, reset: bool) -> u8 {
-        let Some(old) = old else {
-            return 0;
-        };
-        let keep = match self.steps {
-            Steps::Saved(StepRules::TakeDrops) => false,
-            Steps::Saved(StepRules::NewLifeKeeps) => true,
-            // The model has no fingerprints (one payload).
-            _ => keeps_steps(reset, None, None),
-        };
-        if keep { old.steps } else { 0 }
-    }
-
-    /// What a holder does next in its body of steps: the first step it neither skipped nor
-    /// finished, and whether that step's effect already ran (its save is due); `None` when the
-    /// body is done.
-    fn next_step(&self, known: u8, ran: u8, saved: u8) -> Option<(Step, bool)> {
-        let done = match self.steps {
-            Steps::Off => return None,
-            Steps::Unsaved => ran,
-            Steps::Saved(_) => known | saved,
-        };
-        Step::ALL
-            .into_iter()
-            .find(|step| done & step.bit() == 0)
-            .map(|step| (step, ran & step.bit() != 0))
     }
 }
 
@@ -667,202 +573,7 @@ impl Model for Protocol {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        let mut properties = vec![
-            Property::always("never two bodies under live claims", |_, s: &State| {
-                let live = s
-                    .callers
-                    .iter()
-                    .filter(
-                        |c| matches!(c, Caller::InBody { lease_until, .. } if *lease_until > s.now),
-                    )
-                    .count();
-                live <= 1
-            }),
-            Property::always(
-                "a stored result is the current claim's",
-                |_, s: &State| match &s.rec {
-                    Some(rec) if rec.status == Status::Succeeded => {
-                        rec.result_by == Some(rec.holder)
-                    }
-                    _ => true,
-                },
-            ),
-            Property::always("no step breaks a rule", |_, s: &State| s.broken.is_none()),
-            Property::always(
-                "a success lives a ttl from its mark",
-                |m: &Protocol, s: &State| match &s.rec {
-                    Some(Rec {
-                        status: Status::Succeeded,
-                        marked_at: Some(at),
-                        expire_at,
-                        ..
-                    }) => *expire_at >= at + m.ttl * TICK_MS,
-                    _ => true,
-                },
-            ),
-            Property::always(
-                "a claim whose holder is gone is taken over once its lease ends",
-                |m: &Protocol, s: &State| match &s.rec {
-                    Some(rec) if rec.status == Status::Processing && rec.lease_until <= s.now => {
-                        matches!(m.decide(rec, s.now), Decision::Take { .. })
-                    }
-                    _ => true,
-                },
-            ),
-            Property::always(
-                "the business effect happens at most once (but for a holder past its lease)",
-                |_, s: &State| s.effects <= 1 || s.stale_effect,
-            ),
-            Property::sometimes(
-                "a takeover happens",
-                |_, s: &State| matches!(&s.rec, Some(r) if r.attempt >= 2 && r.status == Status::Processing),
-            ),
-            Property::sometimes("a sweep then a new claim happen", |_, s: &State| {
-                s.next_claim >= 3 && matches!(&s.rec, Some(r) if r.attempt == 1 && r.holder >= 2)
-            }),
-        ];
-        if self.steps != Steps::Off {
-            properties.extend(step_properties());
-        }
-        properties
-    }
-}
-
-/// The names of the steps properties, as the checks ask for them.
-pub(crate) mod step_property {
-    pub const SAVED_NEVER_RERUN: &str = "a step whose save landed never runs in a later holder";
-    pub const WINDOW_ONLY: &str =
-        "a step runs again only if its save never landed, or by a holder taken over";
-    pub const STALE_SAVE: &str = "a stale holder's save never lands";
-    pub const SKIPS_ONLY_SAVED: &str = "a holder skips only steps saved in this life of the record";
-    pub const RUNS_ONCE: &str = "each step's effect runs at most once";
-    pub const APPLIED_ONCE: &str = "downstream applies each step at most once";
-    pub const NO_STEPS_IN_RESULT: &str = "a success holds no saved steps";
-    pub const SKIP: &str = "a holder skips a saved step";
-    pub const STALE_HOLDER_SAVES: &str = "a stale holder comes to save after a takeover";
-    pub const EXPIRES_WITH_STEPS: &str = "a record expires with a step saved";
-}
-
-fn step_properties() -> Vec<Property<Protocol>> {
-    use step_property::*;
-    vec![
-        Property::always(SAVED_NEVER_RERUN, |_, s: &State| {
-            s.faults & StepFault::RerunSaved.bit() == 0
-        }),
-        Property::always(WINDOW_ONLY, |_, s: &State| {
-            s.faults & StepFault::RerunOutsideWindow.bit() == 0
-        }),
-        Property::always(STALE_SAVE, |_, s: &State| {
-            s.faults & StepFault::StaleSave.bit() == 0
-        }),
-        Property::always(SKIPS_ONLY_SAVED, |_, s: &State| {
-            s.faults & StepFault::SkippedUnsaved.bit() == 0
-        }),
-        Property::always(RUNS_ONCE, |_, s: &State| s.runs.iter().all(|&n| n <= 1)),
-        Property::always(APPLIED_ONCE, |_, s: &State| {
-            s.applied.iter().all(|&n| n <= 1)
-        }),
-        Property::always(
-            NO_STEPS_IN_RESULT,
-            |_, s: &State| !matches!(&s.rec, Some(r) if r.status == Status::Succeeded && r.steps != 0),
-        ),
-        Property::sometimes(SKIP, |_, s: &State| {
-            s.callers
-                .iter()
-                .any(|c| matches!(c, Caller::InBody { known, .. } if *known != 0))
-        }),
-        Property::sometimes(STALE_HOLDER_SAVES, |m: &Protocol, s: &State| {
-            let Some(rec) = &s.rec else {
-                return false;
-            };
-            s.callers.iter().any(|c| match *c {
-                Caller::InBody {
-                    claim,
-                    known,
-                    ran,
-                    saved,
-                    ..
-                } => {
-                    claim != rec.holder
-                        && rec.status == Status::Processing
-                        && matches!(m.next_step(known, ran, saved), Some((_, true)))
-                }
-                _ => false,
-            })
-        }),
-        Property::sometimes(
-            EXPIRES_WITH_STEPS,
-            |m: &Protocol, s: &State| matches!(&s.rec, Some(r) if r.steps != 0 && m.expired(r, s.now)),
-        ),
-    ]
-}
-
-/// The bounds CI checks: 3 callers with 2 calls each, lease 2 ticks, TTL 3 ticks, 6 ticks.
-pub(crate) fn ci_bounds(rules: Rules) -> Protocol {
-    Protocol {
-        rules,
-        callers: 3,
-        claims_each: 2,
-        lease: 2,
-        ttl: 3,
-        max_tick: 6,
-        effects: false,
-        recover: false,
-        fails: true,
-        steps: Steps::Off,
-        save_errors: false,
-        dedup: false,
-    }
-}
-
-/// The bounds of the recover check: the business effect modelled, 2 callers with 2 calls each,
-/// lease 2 ticks, 5 ticks, a TTL beyond them (a record whose TTL passes unfinished counts as
-/// absent, which recover is not asked about: the reconciler's case).
-pub(crate) fn recover_bounds(recover: bool) -> Protocol {
-    Protocol {
-        rules: Rules::Current,
-        callers: 2,
-        claims_each: 2,
-        lease: 2,
-        ttl: 10,
-        max_tick: 5,
-        effects: true,
-        recover,
-        fails: true,
-        steps: Steps::Off,
-        save_errors: false,
-        dedup: false,
-    }
-}
-
-/// The bounds of the steps checks: the body as two steps, 2 callers with 2 calls each, lease 2
-/// ticks, 5 ticks, a TTL beyond them (as for recover: a record never starts a new life here).
-pub(crate) fn steps_bounds(steps: Steps, dedup: bool) -> Protocol {
-    Protocol {
-        rules: Rules::Current,
-        callers: 2,
-        claims_each: 2,
-        lease: 2,
-        ttl: 10,
-        max_tick: 5,
-        effects: false,
-        recover: false,
-        fails: true,
-        steps,
-        save_errors: false,
-        dedup,
-    }
-}
-
-/// The bounds of the steps check across lives of the record: lease 1 tick, TTL 2 ticks, 4 ticks,
-/// so a record with saved steps is taken over, expires, is swept or taken as new, and is claimed
-/// again.
-pub(crate) fn steps_life_bounds(rules: StepRules) -> Protocol {
-    Protocol {
-        lease: 1,
-        ttl: 2,
-        max_tick: 4,
-        ..steps_bounds(Steps::Saved(rules), false)
+        properties::all(self)
     }
 }
 

@@ -1208,10 +1208,11 @@ async fn sqlite_service_killed_after_its_handlers_effect() {
     service_killed_after_its_handlers_effect(sqlite_site().await).await;
 }
 
-/// A service scenario on a server store (needs the HTTP layer too).
-macro_rules! service_killed_on_server {
-    ($($feature:literal: $name:ident = $scenario:ident on $site:ident;)*) => {$(
-        #[cfg(all(feature = "axum", feature = $feature))]
+/// A scenario on a server store's site, as a test of its own under `cfg` (skipped when the server
+/// is unreachable, or in the child).
+macro_rules! on_server {
+    ($($cfg:meta: $name:ident = $scenario:ident on $site:ident;)*) => {$(
+        #[cfg($cfg)]
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
             if std::env::var("IDEM_CRASH_CHILD").is_ok() {
@@ -1224,15 +1225,15 @@ macro_rules! service_killed_on_server {
     )*};
 }
 
-service_killed_on_server! {
-    "mysql": mysql_service_killed_mid_transaction = service_killed_mid_transaction on my_site;
-    "postgres": postgres_service_killed_mid_transaction = service_killed_mid_transaction on pg_site;
+on_server! {
+    all(feature = "axum", feature = "mysql"): mysql_service_killed_mid_transaction = service_killed_mid_transaction on my_site;
+    all(feature = "axum", feature = "postgres"): postgres_service_killed_mid_transaction = service_killed_mid_transaction on pg_site;
 }
 
-service_killed_on_server! {
-    "mysql": mysql_service_killed_after_its_handlers_effect = service_killed_after_its_handlers_effect on my_site;
-    "postgres": postgres_service_killed_after_its_handlers_effect = service_killed_after_its_handlers_effect on pg_site;
-    "redis": redis_service_killed_after_its_handlers_effect = service_killed_after_its_handlers_effect on redis_site;
+on_server! {
+    all(feature = "axum", feature = "mysql"): mysql_service_killed_after_its_handlers_effect = service_killed_after_its_handlers_effect on my_site;
+    all(feature = "axum", feature = "postgres"): postgres_service_killed_after_its_handlers_effect = service_killed_after_its_handlers_effect on pg_site;
+    all(feature = "axum", feature = "redis"): redis_service_killed_after_its_handlers_effect = service_killed_after_its_handlers_effect on redis_site;
 }
 
 async fn paused_past_the_lease(site: Site) {
@@ -1506,37 +1507,20 @@ server_killed_mid_transaction!(
     "SELECT COUNT(*) FROM {table}_fx WHERE biz = ? AND k = ?"
 );
 
-/// A scenario on a server store's site, as a test of its own (skipped when the server is
-/// unreachable, or in the child).
-macro_rules! on_server {
-    ($($feature:literal: $name:ident = $scenario:ident on $site:ident;)*) => {$(
-        #[cfg(feature = $feature)]
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            if std::env::var("IDEM_CRASH_CHILD").is_ok() {
-                return;
-            }
-            if let Some(site) = $site().await {
-                $scenario(site).await;
-            }
-        }
-    )*};
-}
-
 on_server! {
-    "redis": redis_killed_between_claim_and_mark = killed_between_claim_and_mark on redis_site;
-    "redis": redis_paused_past_the_lease = paused_past_the_lease on redis_site;
-    "redis": redis_killed_after_its_effect = killed_after_its_effect on redis_site;
-    "postgres": postgres_killed_after_its_effect = killed_after_its_effect on pg_site;
-    "mysql": mysql_killed_after_its_effect = killed_after_its_effect on my_site;
-    "redis": redis_killed_between_steps = killed_between_steps on redis_site;
-    "postgres": postgres_killed_between_steps = killed_between_steps on pg_site;
-    "mysql": mysql_killed_between_steps = killed_between_steps on my_site;
-    "redis": redis_skewed_clocks_change_no_outcome = skewed_clocks_change_no_outcome on redis_site;
-    "postgres": postgres_killed_between_claim_and_mark = killed_between_claim_and_mark on pg_site;
-    "postgres": postgres_paused_past_the_lease = paused_past_the_lease on pg_site;
-    "postgres": postgres_skewed_clocks_change_no_outcome = skewed_clocks_change_no_outcome on pg_site;
-    "mysql": mysql_killed_between_claim_and_mark = killed_between_claim_and_mark on my_site;
-    "mysql": mysql_paused_past_the_lease = paused_past_the_lease on my_site;
-    "mysql": mysql_skewed_clocks_change_no_outcome = skewed_clocks_change_no_outcome on my_site;
+    feature = "redis": redis_killed_between_claim_and_mark = killed_between_claim_and_mark on redis_site;
+    feature = "redis": redis_paused_past_the_lease = paused_past_the_lease on redis_site;
+    feature = "redis": redis_killed_after_its_effect = killed_after_its_effect on redis_site;
+    feature = "postgres": postgres_killed_after_its_effect = killed_after_its_effect on pg_site;
+    feature = "mysql": mysql_killed_after_its_effect = killed_after_its_effect on my_site;
+    feature = "redis": redis_killed_between_steps = killed_between_steps on redis_site;
+    feature = "postgres": postgres_killed_between_steps = killed_between_steps on pg_site;
+    feature = "mysql": mysql_killed_between_steps = killed_between_steps on my_site;
+    feature = "redis": redis_skewed_clocks_change_no_outcome = skewed_clocks_change_no_outcome on redis_site;
+    feature = "postgres": postgres_killed_between_claim_and_mark = killed_between_claim_and_mark on pg_site;
+    feature = "postgres": postgres_paused_past_the_lease = paused_past_the_lease on pg_site;
+    feature = "postgres": postgres_skewed_clocks_change_no_outcome = skewed_clocks_change_no_outcome on pg_site;
+    feature = "mysql": mysql_killed_between_claim_and_mark = killed_between_claim_and_mark on my_site;
+    feature = "mysql": mysql_paused_past_the_lease = paused_past_the_lease on my_site;
+    feature = "mysql": mysql_skewed_clocks_change_no_outcome = skewed_clocks_change_no_outcome on my_site;
 }

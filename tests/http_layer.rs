@@ -143,6 +143,19 @@ struct Reply {
 }
 
 impl Reply {
+    /// A response read whole: a JSON body parsed, any other kept as a string.
+    async fn of(response: reqwest::Response) -> Reply {
+        let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
     fn replayed(&self) -> bool {
         self.headers
             .get("idempotent-replayed")
@@ -183,16 +196,7 @@ impl Api {
         if let Some(key) = key {
             req = req.header("idempotency-key", key);
         }
-        let response = req.send().await.unwrap();
-        let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
-        let headers = response.headers().clone();
-        let text = response.text().await.unwrap();
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Reply {
-            status,
-            headers,
-            body,
-        }
+        Reply::of(req.send().await.unwrap()).await
     }
 
     /// `POST /orders` as alice with `key`, the body `body` sent as it is with `content_type`, and
@@ -214,16 +218,7 @@ impl Api {
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
-        let response = req.send().await.unwrap();
-        let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
-        let headers = response.headers().clone();
-        let text = response.text().await.unwrap();
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Reply {
-            status,
-            headers,
-            body,
-        }
+        Reply::of(req.send().await.unwrap()).await
     }
 
     /// `n` copies of alice's order of a TV under `key`, released together by a barrier; their

@@ -104,7 +104,8 @@ impl AnyStore {
     }
 
     /// The same store on a [`TestClock`](crate::TestClock) (every shard of a sharded one): its
-    /// clock reads the test clock's offset on top of its own, for tests that move time.
+    /// clock reads the test clock's offset on top of its own, for tests that move time. A
+    /// `memory:` store starts empty again (its records are its own).
     pub fn with_test_clock(self, clock: crate::TestClock) -> Self {
         let (store, backend): (Arc<dyn Store>, Backend) = match self.backend {
             Backend::Memory => {
@@ -210,10 +211,13 @@ pub async fn connect(url: &str) -> Result<AnyStore, IdemError> {
             opened.push(Box::pin(connect(shard.trim())).await?);
         }
         let sharded = crate::ShardedStore::new(opened.clone())?;
+        // Each shard's URL without its password (the whole is no URL the parser knows).
+        let shards: Vec<&str> = opened.iter().map(AnyStore::url).collect();
+        let url = format!("sharded:{}", shards.join("|"));
         return Ok(AnyStore {
             store: Arc::new(sharded),
             backend: Backend::Sharded(opened),
-            url: redacted(url).into(),
+            url: url.into(),
         });
     }
     let (base, options) = Options::split(url)?;
@@ -539,6 +543,13 @@ mod tests {
         assert_eq!(base, "redis://h:6379/0");
         assert_eq!(o.prefix.as_deref(), Some("app:"));
         assert!(Options::split("mysql://h/db?idem_tabel=x").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_sharded_url_keeps_no_password() {
+        let store = connect("sharded:memory:|memory:").await.unwrap();
+        assert_eq!(store.url(), "sharded:memory:|memory:");
+        assert_eq!(store.backend(), "sharded");
     }
 
     #[test]

@@ -118,3 +118,19 @@ pub(crate) fn from_idem(e: &IdemError) -> Response<Body> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_taken_over_before_its_handler_ran_is_a_conflict_to_retry() {
+        let response = from_idem(&IdemError::LeaseLost { attempt: 2 });
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+    }
+}

@@ -117,6 +117,7 @@ async fn a_bad_url_is_told_what_idem_can_open() {
         ("", "no scheme"),
         ("ftp://u:hunter2@h/x", "not one idem knows"),
         ("sqlite:", "names a file"),
+        ("sqlite:x.db?mode=ro", "takes no query options"),
         ("memory:?idem_table=t", "not an option of a memory"),
         ("sqlite:x.db?idem_prefix=p", "not an option of a SQLite"),
         ("memory:?idem_tabel=t", "`idem_tabel` is not an option"),

@@ -335,11 +335,18 @@ impl Options {
 
 #[cfg(feature = "sqlite")]
 async fn open_sqlite(
-    _base: &str,
+    base: &str,
     rest: &str,
     options: &Options,
 ) -> Result<(Arc<dyn Store>, Backend), IdemError> {
     options.none_for("SQLite")?;
+    if base.contains('?') {
+        return Err(IdemError::InvalidOptions {
+            reason: "a `sqlite:` store URL takes no query options: write `sqlite:PATH` (the path \
+                     is opened, or created, with idem's own settings)"
+                .to_owned(),
+        });
+    }
     let path = rest.split('?').next().unwrap_or("");
     let path = path.strip_prefix("//").unwrap_or(path);
     let store = match path {

@@ -9,7 +9,7 @@
 #[path = "support/proxy.rs"]
 mod proxy;
 #[cfg(feature = "redis")]
-#[path = "../../tests/support/redis_server.rs"]
+#[path = "../../idem-suite/tests/support/redis_server.rs"]
 mod redis_server;
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};

@@ -65,7 +65,7 @@ impl<'a> StoreArg<'a> {
 }
 
 /// The `idem` span of one call: `biz`, then `outcome` and `attempt` once it ends. Never the key or
-/// the result: keys come from clients and results may be private (tests/observability.rs).
+/// the result: keys come from clients and results may be private (idem-suite/tests/observability.rs).
 pub(crate) fn call_span(biz: &str) -> tracing::Span {
     tracing::info_span!(
         "idem",
@@ -91,7 +91,10 @@ const TRANSIENT_TRIES: u32 = 4;
 /// again in lockstep.
 pub(crate) fn back_off_pause(tried: u32) -> Duration {
     let base = 2u64.saturating_mul(1 << tried.min(8)).min(500);
-    Duration::from_micros(base * 1000 / 2 + fastrand::u64(0..=base * 1000))
+    // The OS generator (already linked for tokens and nonces): a pause is rare, so a syscall
+    // per pause costs nothing measurable; should it fail, the pause has no jitter.
+    let jitter = getrandom::u64().map_or(base * 1000 / 2, |r| r % (base * 1000 + 1));
+    Duration::from_micros(base * 1000 / 2 + jitter)
 }
 
 /// Sleeps for [`back_off_pause`].

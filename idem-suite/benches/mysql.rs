@@ -1,10 +1,10 @@
 //! The MySQL store against the floor, side by side in one process, on the local MariaDB / MySQL.
 //!
 //! ```text
-//! cargo bench --bench mysql --features mysql                  # on mysql://root@127.0.0.1:3306/test
-//! IDEM_MYSQL_URL=mysql://user:pass@host:3306/db cargo bench --bench mysql --features mysql
-//! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench --bench mysql --features mysql   # a quick look
-//! IDEM_BENCH_ONLY=tx cargo bench --bench mysql --features mysql   # one mode (tx or lease)
+//! cargo bench -p idem-suite --bench mysql --features mysql                  # on mysql://root@127.0.0.1:3306/test
+//! IDEM_MYSQL_URL=mysql://user:pass@host:3306/db cargo bench -p idem-suite --bench mysql --features mysql
+//! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench -p idem-suite --bench mysql --features mysql   # a quick look
+//! IDEM_BENCH_ONLY=tx cargo bench -p idem-suite --bench mysql --features mysql   # one mode (tx or lease)
 //! ```
 //!
 //! Workload: a small serde result (`Receipt`: a string and two integers).

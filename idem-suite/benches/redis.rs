@@ -1,9 +1,9 @@
 //! The Redis store against the floor, side by side in one process.
 //!
 //! ```text
-//! cargo bench --bench redis --features redis              # full run on redis://127.0.0.1:6379
-//! IDEM_REDIS_URL=redis://host:port/db cargo bench --bench redis --features redis
-//! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench --bench redis --features redis   # a quick look
+//! cargo bench -p idem-suite --bench redis --features redis              # full run on redis://127.0.0.1:6379
+//! IDEM_REDIS_URL=redis://host:port/db cargo bench -p idem-suite --bench redis --features redis
+//! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench -p idem-suite --bench redis --features redis   # a quick look
 //! ```
 //!
 //! Workload: a small serde result (`Receipt`: a string and two integers). "first" = a new key per

@@ -3,7 +3,7 @@
 //! for orders that never asked for one. Prints what each kind of delivery got and the audit.
 //!
 //! ```sh
-//! cargo run --example pay_callback
+//! cargo run -p idem-suite --example pay_callback
 //! ```
 
 #[path = "../tests/support/pay_callback.rs"]

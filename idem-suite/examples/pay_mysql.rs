@@ -2,8 +2,8 @@
 //! change in ONE transaction, under a concurrent retry storm at 12 % duplicates.
 //!
 //! ```text
-//! cargo run --example pay_mysql --features mysql
-//! IDEM_MYSQL_URL=mysql://user:pass@host:3306/db cargo run --example pay_mysql --features mysql
+//! cargo run -p idem-suite --example pay_mysql --features mysql
+//! IDEM_MYSQL_URL=mysql://user:pass@host:3306/db cargo run -p idem-suite --example pay_mysql --features mysql
 //! ```
 //!
 //! It makes a database of its own (`idem_example_pay`, dropped and made again on every run) on the

@@ -1,8 +1,8 @@
 //! Throughput and memory of the engine, in one run so the figures compare as ratios.
 //!
 //! ```text
-//! cargo bench --bench throughput            # full run
-//! IDEM_BENCH_SCALE=0.1 cargo bench --bench throughput   # a quick look
+//! cargo bench -p idem-suite --bench throughput            # full run
+//! IDEM_BENCH_SCALE=0.1 cargo bench -p idem-suite --bench throughput   # a quick look
 //! ```
 //!
 //! Everything runs on one core (a current-thread tokio runtime). "first" = a new key per call

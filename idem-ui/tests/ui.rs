@@ -1,6 +1,6 @@
 //! Compile-time behaviour of the macros: every error they can give, as the user sees it
 //! (`tests/ui/<macro>_<condition>.stderr`, message and span), and the forms that must compile
-//! (`tests/ui/pass_*.rs`). Regenerate snapshots with `TRYBUILD=overwrite cargo test --test ui`, then
+//! (`tests/ui/pass_*.rs`). Regenerate snapshots with `TRYBUILD=overwrite cargo test -p idem-ui --test ui`, then
 //! read every changed `.stderr`: the span must be on the user's token, the message must say the fix,
 //! and no name of idem's generated code may show. `IDEM_UI=state_transition_*` runs only the files
 //! matching that pattern.

@@ -7,7 +7,7 @@
 //! transaction of its own (begin, insert, commit) against the same insert behind the layer in
 //! transaction mode (begin, claim, insert, mark, commit), first executions and replays.
 //!
-//! `cargo bench --bench http --features axum`
+//! `cargo bench -p idem-suite --bench http --features axum`
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -1,10 +1,10 @@
 //! The Postgres store against the floor, side by side in one process.
 //!
 //! ```text
-//! cargo bench --bench postgres --features postgres,sqlite        # on postgres://postgres@127.0.0.1:5432/test
-//! IDEM_PG_URL=postgres://user@host/db cargo bench --bench postgres --features postgres,sqlite
-//! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench --bench postgres --features postgres,sqlite
-//! IDEM_BENCH_ONLY=c1 cargo bench --bench postgres --features postgres,sqlite     # one mode (c1 or c32)
+//! cargo bench -p idem-suite --bench postgres --features postgres,sqlite        # on postgres://postgres@127.0.0.1:5432/test
+//! IDEM_PG_URL=postgres://user@host/db cargo bench -p idem-suite --bench postgres --features postgres,sqlite
+//! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench -p idem-suite --bench postgres --features postgres,sqlite
+//! IDEM_BENCH_ONLY=c1 cargo bench -p idem-suite --bench postgres --features postgres,sqlite     # one mode (c1 or c32)
 //! ```
 //!
 //! Workloads (a small serde result: a string and two integers):

@@ -12,8 +12,8 @@
 //! be read is dropped (`basic.reject` without requeue, JetStream `Term`).
 //!
 //! ```text
-//! cargo run --example mq_consumer -- rabbitmq   # IDEM_AMQP_URL, default amqp://guest:guest@127.0.0.1:5672/%2f
-//! cargo run --example mq_consumer -- nats       # IDEM_NATS_URL, default nats://127.0.0.1:4222
+//! cargo run -p idem-suite --example mq_consumer -- rabbitmq   # IDEM_AMQP_URL, default amqp://guest:guest@127.0.0.1:5672/%2f
+//! cargo run -p idem-suite --example mq_consumer -- nats       # IDEM_NATS_URL, default nats://127.0.0.1:4222
 //! ```
 //!
 //! The demo publishes six messages for three orders (each order twice, under distinct message
@@ -755,7 +755,7 @@ async fn demo(broker: &str) -> Result<(), BoxError> {
 async fn main() {
     let broker = std::env::args().nth(1).unwrap_or_default();
     if broker != "rabbitmq" && broker != "nats" {
-        eprintln!("usage: cargo run --example mq_consumer -- rabbitmq|nats");
+        eprintln!("usage: cargo run -p idem-suite --example mq_consumer -- rabbitmq|nats");
         std::process::exit(2);
     }
     if let Err(e) = demo(&broker).await {

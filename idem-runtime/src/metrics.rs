@@ -1,12 +1,17 @@
-//! Per-outcome counters (global and per business type), per-call reports, and the same events
-//! through the [`metrics`](https://docs.rs/metrics) facade for any exporter a service installs
-//! (Prometheus, StatsD, …). The names are in [`names`].
+//! Per-outcome counters (global and per business type), per-call reports, and, with the `metrics`
+//! feature, the same events through the [`metrics`](https://docs.rs/metrics) facade for any
+//! exporter a service installs (Prometheus, StatsD, …). The names are in [`names`]. Without the
+//! feature the counters, [`observe`] and the spans are all there and nothing reaches a recorder.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
-use std::sync::{LazyLock, OnceLock, RwLock};
+#[cfg(feature = "metrics")]
+use std::sync::OnceLock;
+#[cfg(feature = "metrics")]
+use std::sync::atomic::AtomicPtr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, RwLock};
 
 /// How one idempotent call (or state transition) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -176,11 +181,13 @@ static PER_BIZ: LazyLock<RwLock<HashMap<&'static str, &'static Biz>>> =
 struct Biz {
     name: &'static str,
     counts: Counters,
+    #[cfg(feature = "metrics")]
     /// Handles registered with the recorder whose address they carry; registered again when
     /// another recorder is in charge (one installed later, a thread-local one in a test).
     exported: AtomicPtr<Exported>,
 }
 
+#[cfg(feature = "metrics")]
 /// The metric handles of one business type, registered once with one recorder: a call then costs
 /// an atomic add per metric instead of building and hashing a labelled key.
 struct Exported {
@@ -192,6 +199,7 @@ struct Exported {
     claims: [OnceLock<metrics::Histogram>; STORES.len()],
 }
 
+#[cfg(feature = "metrics")]
 /// Backends whose claim histograms are kept as handles (others are looked up per call).
 const STORES: [&str; 7] = [
     "memory",
@@ -204,10 +212,12 @@ const STORES: [&str; 7] = [
 ];
 
 /// The address of the recorder `metrics` hands out on this thread now.
+#[cfg(feature = "metrics")]
 fn recorder_id() -> usize {
     metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize)
 }
 
+#[cfg(feature = "metrics")]
 impl Biz {
     fn exported(&self) -> &Exported {
         let recorder = recorder_id();
@@ -263,6 +273,7 @@ fn biz_entry(biz: &str) -> &'static Biz {
         let entry: &'static Biz = Box::leak(Box::new(Biz {
             name,
             counts: Counters::default(),
+            #[cfg(feature = "metrics")]
             exported: AtomicPtr::new(std::ptr::null_mut()),
         }));
         map.insert(name, entry);
@@ -272,11 +283,17 @@ fn biz_entry(biz: &str) -> &'static Biz {
     entry
 }
 
-/// Counts one call in the process counters and through the `metrics` facade.
+/// Counts one call in the process counters and (feature `metrics`) through the `metrics` facade.
 pub(crate) fn record(biz: &str, outcome: Outcome) {
     GLOBAL.0[outcome.index()].fetch_add(1, Ordering::Relaxed);
     let biz = biz_entry(biz);
     biz.counts.0[outcome.index()].fetch_add(1, Ordering::Relaxed);
+    #[cfg(feature = "metrics")]
+    export_call(biz, outcome);
+}
+
+#[cfg(feature = "metrics")]
+fn export_call(biz: &Biz, outcome: Outcome) {
     let exported = biz.exported();
     exported.calls[outcome.index()].increment(1);
     if outcome.is_duplicate() {
@@ -287,9 +304,10 @@ pub(crate) fn record(biz: &str, outcome: Outcome) {
     }
 }
 
-/// The names of what idem emits through the [`metrics`](https://docs.rs/metrics) facade. Install
-/// any recorder (`metrics-exporter-prometheus`, …) to export them; without one they cost a few
-/// nanoseconds and go nowhere. Labels never carry a key, a token or a result.
+/// The names of what idem emits through the [`metrics`](https://docs.rs/metrics) facade with the
+/// `metrics` feature. Install any recorder (`metrics-exporter-prometheus`, …) to export them;
+/// without one they cost a few nanoseconds and go nowhere. Labels never carry a key, a token or a
+/// result.
 pub mod names {
     /// Counter: finished calls, labelled `biz` and `outcome` (the names of
     /// [`Outcome::as_str`](super::Outcome::as_str)).
@@ -318,7 +336,13 @@ pub mod names {
     pub const RECOVERED: &str = "idem_recovered_total";
 }
 
+/// Records one claim's latency (feature `metrics`; nothing without it).
+#[cfg(not(feature = "metrics"))]
+#[inline(always)]
+pub(crate) fn claim_latency(_: &str, _: &'static str, _: std::time::Duration) {}
+
 /// Records one claim's latency.
+#[cfg(feature = "metrics")]
 pub(crate) fn claim_latency(biz: &str, store: &'static str, elapsed: std::time::Duration) {
     let biz = biz_entry(biz);
     let seconds = elapsed.as_secs_f64();
@@ -337,6 +361,9 @@ pub(crate) fn claim_latency(biz: &str, store: &'static str, elapsed: std::time::
 
 /// Counts rows a sweeper deleted.
 pub(crate) fn swept(store: &'static str, kind: &'static str, rows: u64) {
+    #[cfg(not(feature = "metrics"))]
+    let _ = (store, kind, rows);
+    #[cfg(feature = "metrics")]
     if rows > 0 {
         metrics::counter!(names::SWEPT, "store" => store, "kind" => kind).increment(rows);
     }
@@ -350,7 +377,27 @@ pub fn count_token_op<T>(op: &'static str, result: &Result<T, crate::IdemError>)
         Err(crate::IdemError::TokenInvalid { .. }) => "invalid",
         Err(_) => "error",
     };
+    #[cfg(not(feature = "metrics"))]
+    let _ = (op, outcome);
+    #[cfg(feature = "metrics")]
     metrics::counter!(names::TOKENS, "op" => op, "outcome" => outcome).increment(1);
+}
+
+/// A reconciler pass over `biz`: how many stuck records it found, and how it resolved them
+/// (`how`, count) (feature `metrics`; nothing without it).
+pub(crate) fn reconciled(biz: &str, found: u64, resolved: [(&'static str, u64); 3]) {
+    #[cfg(not(feature = "metrics"))]
+    let _ = (biz, found, resolved);
+    #[cfg(feature = "metrics")]
+    {
+        metrics::gauge!(names::STUCK, "biz" => biz.to_string()).set(found as f64);
+        for (how, n) in resolved {
+            if n > 0 {
+                metrics::counter!(names::RECOVERED, "biz" => biz.to_string(), "how" => how)
+                    .increment(n);
+            }
+        }
+    }
 }
 
 /// Counters over every call in this process.
@@ -427,7 +474,7 @@ pub(crate) fn report(biz: &str, outcome: Outcome, attempt: u32) {
     });
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "metrics"))]
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};

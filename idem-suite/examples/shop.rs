@@ -3,9 +3,9 @@
 //! one-time submit tokens, and Prometheus metrics.
 //!
 //! ```sh
-//! cargo run -p idem-suite --example shop --features axum                 # embedded SQLite (shop.db in the temp dir)
+//! cargo run -p idem-suite --example shop --features axum,metrics                 # embedded SQLite (shop.db in the temp dir)
 //! IDEM_STORE_URL=mysql://root@127.0.0.1:3306/test \
-//!     cargo run -p idem-suite --example shop --features axum,mysql       # on MariaDB / MySQL
+//!     cargo run -p idem-suite --example shop --features axum,metrics,mysql       # on MariaDB / MySQL
 //! ```
 //!
 //! It listens on `127.0.0.1:3000` (`SHOP_ADDR` to change). The caller is the `x-user-id` header,
@@ -373,7 +373,7 @@ pub async fn open(
         #[cfg(not(feature = "mysql"))]
         "mysql" | "mariadb" => {
             return Err(format!(
-                "{url} needs the mysql feature: cargo run -p idem-suite --example shop --features axum,mysql"
+                "{url} needs the mysql feature: cargo run -p idem-suite --example shop --features axum,metrics,mysql"
             )
             .into());
         }

@@ -12,13 +12,35 @@ use super::body;
 use super::diag::{self, located_at};
 use super::signature::ResultShape;
 
-/// `::idem::__private`, or `<crate = "…">::__private`.
+/// `<root>::__private`, the root as [`crate_root`] finds it.
 pub(crate) fn private_path(krate: Option<&Path>) -> TokenStream {
-    match krate {
-        Some(path) => quote!(#path::__private),
-        None => quote!(::idem::__private),
+    let root = crate_root(krate);
+    quote!(#root::__private)
+}
+
+/// The path of idem in the user's crate: the `crate = "…"` path when given, else the name the
+/// user's Cargo.toml gives the `idemkit` package (`foo = { package = "idemkit" }` makes it
+/// `::foo`), else `::idem`, the library's own name. The manifest is read by `proc-macro-crate`;
+/// when it cannot tell (no manifest, the package not among the dependencies: a re-export through
+/// another crate, which is what `crate = "…"` is for) the library's name is the guess.
+pub(crate) fn crate_root(krate: Option<&Path>) -> TokenStream {
+    use proc_macro_crate::{FoundCrate, crate_name};
+    if let Some(path) = krate {
+        return quote!(#path);
+    }
+    match crate_name(PACKAGE) {
+        // A dependency named after the package is the library under its own name; so is the
+        // package itself (its examples and tests reach the library by that name too).
+        Ok(FoundCrate::Name(name)) if name != PACKAGE.replace('-', "_") => {
+            let ident = proc_macro2::Ident::new(&name, Span::call_site());
+            quote!(::#ident)
+        }
+        _ => quote!(::idem),
     }
 }
+
+/// The facade's package name on crates.io (its library is `idem`).
+const PACKAGE: &str = "idemkit";
 
 /// `<private>::<function>(<args>).await`, with the path, the parentheses and `.await` all at `anchor`.
 ///

@@ -121,12 +121,9 @@ pub(super) fn stub(ident: &Ident, krate: Option<&Path>) -> TokenStream {
     }
 }
 
-/// `::idem`, or the `crate = "…"` path.
+/// idem's path in the user's crate (see [`crate_root`](crate::common::wrap::crate_root)).
 fn crate_path(krate: Option<&Path>) -> TokenStream {
-    match krate {
-        Some(path) => quote!(#path),
-        None => quote!(::idem),
-    }
+    crate::common::wrap::crate_root(krate)
 }
 
 /// `Display` and `FromStr` through the stored name, binding as a SQL value (its stored name, for

@@ -49,12 +49,9 @@ pub(super) fn fallback(item: &ItemFn, krate: Option<&Path>) -> TokenStream {
     body::fallback_fn(item, Some(wrapped))
 }
 
-/// `::idem`, or the `crate = "…"` path.
+/// idem's path in the user's crate (see [`crate_root`](crate::common::wrap::crate_root)).
 fn crate_path(krate: Option<&Path>) -> TokenStream {
-    match krate {
-        Some(path) => quote!(#path),
-        None => quote!(::idem),
-    }
+    crate::common::wrap::crate_root(krate)
 }
 
 /// `M! { (checker) transition { … } }`: the machine's hidden macro (see the derive) hands the

@@ -17,7 +17,6 @@ use serde::de::DeserializeOwned;
 
 use crate::engine::retry_transient;
 use crate::engine::snapshot::OkType;
-use crate::metrics::names;
 use crate::store::{ClaimOutcome, ClaimRequest};
 use crate::{DEFAULT_LEASE, DEFAULT_TTL, IdemError, IntoSharedStore, Store, duration, key};
 
@@ -185,18 +184,15 @@ impl Reconciler {
         for (biz, resolve) in &self.by_biz {
             let before = done;
             let result = self.reconcile_biz(biz, &**resolve, &mut done).await;
-            metrics::gauge!(names::STUCK, "biz" => biz.to_string())
-                .set((done.found - before.found) as f64);
-            for (how, n) in [
-                ("succeeded", done.succeeded - before.succeeded),
-                ("failed", done.failed - before.failed),
-                ("undecided", done.undecided - before.undecided),
-            ] {
-                if n > 0 {
-                    metrics::counter!(names::RECOVERED, "biz" => biz.to_string(), "how" => how)
-                        .increment(n);
-                }
-            }
+            crate::metrics::reconciled(
+                biz,
+                done.found - before.found,
+                [
+                    ("succeeded", done.succeeded - before.succeeded),
+                    ("failed", done.failed - before.failed),
+                    ("undecided", done.undecided - before.undecided),
+                ],
+            );
             result?;
         }
         Ok(done)

@@ -9,6 +9,8 @@
 
 pub use idem_macros::{StateMachine, state_transition};
 pub use idem_macros::{consume_token, idempotent};
+/// Operator actions on a store (inspect, release, stuck, sweep), as the `idem` CLI runs them.
+pub use idem_runtime::admin;
 pub use idem_runtime::*;
 
 /// The sqlx this crate was built with (0.9), for your own queries in idem's transactions

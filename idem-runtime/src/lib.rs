@@ -11,6 +11,7 @@
 //! entry point of `#[state_transition]`).
 #![warn(missing_docs)]
 
+pub mod admin;
 mod backend;
 mod clock;
 mod connect;
@@ -67,7 +68,7 @@ pub use preflight::preflight;
 pub use recovery::{Reconciled, Reconciler};
 pub use registry::{IntoSharedStore, register_store, store, unregister_store};
 pub use store::{
-    Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store,
+    Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, StatusCount, Store,
 };
 pub use sweeper::Sweeper;
 pub use tokens::{MAX_SUBJECT_LEN, MemoryTokens, TokenStore, register_tokens, tokens};

@@ -9,7 +9,8 @@ use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
 use crate::store::decide::{Decision, RecordState, decide, duration_ms, millis, taken};
 use crate::store::{
-    Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store, keeps_steps,
+    Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, StatusCount, Store,
+    keeps_steps,
 };
 
 #[derive(Debug, Clone)]
@@ -297,6 +298,19 @@ impl Store for MemoryStore {
             .take(batch)
             .map(|(key, e)| e.record(biz, key))
             .collect())
+    }
+
+    async fn stats(&self) -> Result<Vec<StatusCount>, IdemError> {
+        let records = self.lock();
+        Ok(StatusCount::tally(records.iter().flat_map(
+            |(biz, by_key)| {
+                by_key.values().map(|e| StatusCount {
+                    biz: biz.clone(),
+                    status: e.status,
+                    records: 1,
+                })
+            },
+        )))
     }
 
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {

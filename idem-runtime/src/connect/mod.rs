@@ -532,6 +532,10 @@ impl Store for AnyStore {
         self.store.stuck(biz, batch).await
     }
 
+    async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
+        self.store.stats().await
+    }
+
     async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
         self.store.begin_transition().await
     }

@@ -14,8 +14,8 @@ mod model_check;
 
 use crate::transition::TransitionTx;
 
-/// The state of a dedup record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The state of a dedup record. Ordered as a record's life goes: PROCESSING, SUCCEEDED, FAILED.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Status {
     /// A call holds the claim; its lease protects it until `lease_until`.
     Processing,
@@ -48,6 +48,37 @@ impl Status {
                 "unknown record status `{other}` in the store"
             ))),
         }
+    }
+}
+
+/// How many records of one business type are in one status: a row of [`Store::stats`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusCount {
+    /// Business type.
+    pub biz: String,
+    /// Status.
+    pub status: Status,
+    /// How many records of `biz` are in `status`, expired but not yet swept ones included.
+    pub records: u64,
+}
+
+impl StatusCount {
+    /// Sums `counts` per `(biz, status)`, sorted by business type then status (what every
+    /// [`Store::stats`] returns): a store whose counts come in pieces (SCAN batches, shards) adds
+    /// them up here.
+    pub fn tally(counts: impl IntoIterator<Item = StatusCount>) -> Vec<StatusCount> {
+        let mut sums: std::collections::BTreeMap<(String, Status), u64> = Default::default();
+        for c in counts {
+            *sums.entry((c.biz, c.status)).or_default() += c.records;
+        }
+        sums.into_iter()
+            .filter(|(_, records)| *records > 0)
+            .map(|((biz, status), records)| StatusCount {
+                biz,
+                status,
+                records,
+            })
+            .collect()
     }
 }
 
@@ -339,6 +370,23 @@ pub trait Store: Send + Sync + 'static {
         Err(IdemError::NotSupported {
             backend: self.backend(),
             what: "listing stuck records (the reconciler)",
+        })
+    }
+
+    /// Counts the records per business type and status, sorted by business type then status (see
+    /// [`StatusCount::tally`]): what an operator reads first (`idem stats`, [`crate::admin`]).
+    /// Records whose TTL passed but that no sweep deleted yet are counted under their status (a
+    /// claim treats them as absent); Redis deletes its expired records by itself, so there they
+    /// mostly are not. It reads the whole table (a `GROUP BY`) or SCANs the whole prefix: for
+    /// operators, not for a request path.
+    ///
+    /// # Errors
+    /// [`IdemError::NotSupported`] for a store that cannot count them (the default); backend errors
+    /// as for [`Store::claim`].
+    async fn stats(&self) -> Result<Vec<StatusCount>, IdemError> {
+        Err(IdemError::NotSupported {
+            backend: self.backend(),
+            what: "counting records per status (stats)",
         })
     }
 

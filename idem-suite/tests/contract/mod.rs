@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod admin;
 pub mod edges;
 pub mod reconcile;
 pub mod recover;
@@ -17,6 +18,13 @@ pub mod tx;
 
 // The suites' macros name every case as `contract::<case>`; binaries that only use `tokens` or `tx`
 // name none of these.
+#[allow(unused_imports)]
+pub use admin::{
+    a_release_racing_a_takeover_has_one_winner,
+    release_moves_an_ended_lease_to_failed_and_the_next_call_runs,
+    release_refuses_a_success_a_live_lease_an_absent_key_and_a_bad_reason,
+    stats_count_records_per_biz_and_status, stuck_all_lists_ended_leases_across_business_types,
+};
 #[allow(unused_imports)]
 pub use edges::{
     a_store_clamps_durations_it_is_handed, distinct_pairs_are_distinct_records,
@@ -1160,6 +1168,11 @@ macro_rules! with_contract_cases {
             a_takeover_runs_only_the_steps_not_saved,
             a_retry_after_a_failure_resumes_after_the_saved_steps,
             steps_are_refused_with_clear_errors,
+            stats_count_records_per_biz_and_status,
+            release_moves_an_ended_lease_to_failed_and_the_next_call_runs,
+            release_refuses_a_success_a_live_lease_an_absent_key_and_a_bad_reason,
+            a_release_racing_a_takeover_has_one_winner,
+            stuck_all_lists_ended_leases_across_business_types,
         );
     };
 }

@@ -217,6 +217,11 @@ impl<S: Store> Store for EncryptedStore<S> {
             .collect()
     }
 
+    /// The inner store's counts (business types and statuses are not sealed).
+    async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
+        self.inner.store.stats().await
+    }
+
     async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
         self.inner.store.begin_transition().await
     }

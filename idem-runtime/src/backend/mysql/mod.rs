@@ -416,6 +416,11 @@ impl Store for MySqlStore {
         self.records(&mut conn, false).stuck(biz, batch).await
     }
 
+    async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        self.records(&mut conn, false).stats().await
+    }
+
     async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
         Ok(Box::new(self.begin().await?))
     }

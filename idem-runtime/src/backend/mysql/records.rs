@@ -18,7 +18,7 @@ use crate::sql::claim::{CasRecords, SeenRecord};
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
 use crate::store::decide::millis;
-use crate::store::{Claim, ClaimOutcome, ClaimRequest, Fence, Record, Status};
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Fence, Record, Status, StatusCount};
 
 /// The database clock in microseconds since the Unix epoch, plus the offset bound at its `?`.
 /// `UTC_TIMESTAMP` is fixed for the length of a statement, so every `now` in one statement agrees.
@@ -68,6 +68,8 @@ pub(crate) struct Statements {
     sweep: Arc<str>,
     /// ?biz ?off ?batch
     stuck: Arc<str>,
+    /// (no parameters)
+    stats: Arc<str>,
     pub(super) tokens: TokenStatements,
 }
 
@@ -170,6 +172,10 @@ impl Statements {
                 now = now_ms!()
             )
             .into(),
+            // Records per business type and status (expired ones not yet swept included): a scan
+            // of the index `<table>_stuck (biz_type, status, lease_until)`, which starts with both.
+            stats: format!("SELECT biz_type, status, COUNT(*) AS n FROM {t} GROUP BY biz_type, status")
+                .into(),
             tokens: TokenStatements {
                 issue: format!(
                     "INSERT INTO {tk} (token, subject, spent, expire_at) VALUES (?, ?, 0, {now} + ?)",
@@ -366,6 +372,27 @@ impl<'c> Records<'c> {
                 record_of(row, biz, String::from_utf8(key).map_err(IdemError::store)?)
             })
             .collect()
+    }
+
+    pub(super) async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError> {
+        let rows = query(&self.sql.stats)
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        let counts = rows
+            .iter()
+            .map(|row| {
+                // A VARBINARY column: the bytes of the business type, which a claim wrote from a `&str`.
+                let biz = row.try_get::<Vec<u8>, _>("biz_type").map_err(db_error)?;
+                Ok(StatusCount {
+                    biz: String::from_utf8(biz).map_err(IdemError::store)?,
+                    status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+                    records: u64::try_from(row.try_get::<i64, _>("n").map_err(db_error)?)
+                        .unwrap_or(0),
+                })
+            })
+            .collect::<Result<Vec<_>, IdemError>>()?;
+        Ok(StatusCount::tally(counts))
     }
 
     pub(super) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {

@@ -494,6 +494,11 @@ impl Store for PgStore {
             .await
     }
 
+    async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
+        self.with_conn(async |conn| self.records(conn).stats().await)
+            .await
+    }
+
     async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
         Ok(Box::new(self.begin().await?))
     }

@@ -18,7 +18,7 @@ use crate::sql::claim::{CasRecords, SeenRecord};
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
 use crate::store::decide::millis;
-use crate::store::{Claim, ClaimRequest, Fence, Record, Status};
+use crate::store::{Claim, ClaimRequest, Fence, Record, Status, StatusCount};
 
 /// The database clock read once, plus the test clock's offset bound at `off`: `n` in milliseconds,
 /// `us` (a fence) in microseconds.
@@ -46,6 +46,7 @@ pub(super) struct Statements {
     load: SqlStr,
     sweep: SqlStr,
     stuck: SqlStr,
+    stats: SqlStr,
 }
 
 fn sql(text: String) -> SqlStr {
@@ -159,6 +160,10 @@ impl Statements {
              WHERE d.biz_type = doomed.biz_type AND d.idem_key = doomed.idem_key",
             clock = clock("$2"),
         );
+        // Records per business type and status (expired ones not yet swept included): the index
+        // `<table>_stuck (biz_type, status, lease_until)` starts with both.
+        let stats =
+            format!("SELECT biz_type, status, COUNT(*) AS n FROM {t} GROUP BY biz_type, status");
         Statements {
             claim: sql(claim("")),
             claim_locking: sql(claim(" FOR UPDATE")),
@@ -170,6 +175,7 @@ impl Statements {
             load: sql(load),
             sweep: sql(sweep),
             stuck: sql(stuck),
+            stats: sql(stats),
         }
     }
 }
@@ -188,6 +194,7 @@ impl Statements {
             "load" => &self.load,
             "sweep" => &self.sweep,
             "stuck" => &self.stuck,
+            "stats" => &self.stats,
             _ => return None,
         };
         Some(sql.as_str())
@@ -358,6 +365,25 @@ impl<'c> Records<'c> {
         rows.iter()
             .map(|row| record_of(row, biz, row.try_get("idem_key").map_err(db_error)?))
             .collect()
+    }
+
+    pub(super) async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError> {
+        let rows = sqlx::query(self.sql.stats.clone())
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        let counts = rows
+            .iter()
+            .map(|row| {
+                Ok(StatusCount {
+                    biz: row.try_get("biz_type").map_err(db_error)?,
+                    status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+                    records: u64::try_from(row.try_get::<i64, _>("n").map_err(db_error)?)
+                        .unwrap_or(0),
+                })
+            })
+            .collect::<Result<Vec<_>, IdemError>>()?;
+        Ok(StatusCount::tally(counts))
     }
 
     pub(super) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {

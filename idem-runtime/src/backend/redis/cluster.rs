@@ -144,4 +144,9 @@ impl Store for RedisClusterStore {
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
         self.0.sweep_expired(batch).await
     }
+
+    /// Every primary's record keys scanned in turn.
+    async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
+        self.0.stats().await
+    }
 }

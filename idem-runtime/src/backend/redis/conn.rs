@@ -145,61 +145,89 @@ impl Conn {
 
     /// Every key matching `pattern`: SCAN on the server, or on every primary of a cluster.
     pub(super) async fn scan_keys(&self, pattern: &str) -> RedisResult<Vec<String>> {
-        match self {
-            Conn::Single(_) => scan(&mut self.clone(), pattern, None).await,
+        let mut scan = self.scan(pattern).await?;
+        let mut keys = Vec::new();
+        while let Some(batch) = scan.next(self).await? {
+            keys.extend(batch);
+        }
+        Ok(keys)
+    }
+
+    /// A SCAN for `pattern` to walk one reply (about 1,000 keys) at a time with [`Scan::next`]:
+    /// on the server, or on every primary of a cluster in turn.
+    pub(super) async fn scan(&self, pattern: &str) -> RedisResult<Scan> {
+        let nodes = match self {
+            Conn::Single(_) => vec![None],
             Conn::Cluster(c) => {
-                let mut conn = c.clone();
                 let nodes: String = redis::cmd("CLUSTER")
                     .arg("NODES")
-                    .query_async(&mut conn)
+                    .query_async(&mut c.clone())
                     .await?;
-                let mut keys = Vec::new();
-                for line in nodes.lines() {
-                    let fields: Vec<&str> = line.split_whitespace().collect();
-                    let (Some(addr), Some(flags)) = (fields.get(1), fields.get(2)) else {
-                        continue;
-                    };
-                    if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
-                        continue;
-                    }
-                    let addr = addr.split('@').next().unwrap_or(addr);
-                    let Some((host, port)) = addr.rsplit_once(':') else {
-                        continue;
-                    };
-                    let Ok(port) = port.parse() else { continue };
-                    let node = SingleNodeRoutingInfo::ByAddress {
-                        host: host.to_owned(),
-                        port,
-                    };
-                    keys.extend(scan(&mut conn, pattern, Some(node)).await?);
-                }
-                Ok(keys)
+                primaries(&nodes).into_iter().map(Some).collect()
             }
-        }
+        };
+        Ok(Scan {
+            pattern: pattern.to_owned(),
+            nodes,
+            cursor: 0,
+        })
     }
 }
 
-async fn scan(
-    conn: &mut (impl ConnectionLike + RouteTo),
-    pattern: &str,
-    node: Option<SingleNodeRoutingInfo>,
-) -> RedisResult<Vec<String>> {
-    let mut keys = Vec::new();
-    let mut cursor = 0u64;
-    loop {
+/// A SCAN under way ([`Conn::scan`]): the nodes left to walk (the first one being walked) and its
+/// cursor there.
+pub(super) struct Scan {
+    pattern: String,
+    nodes: Vec<Option<SingleNodeRoutingInfo>>,
+    cursor: u64,
+}
+
+impl Scan {
+    /// The next reply's keys (possibly none), or `None` once every node was walked.
+    pub(super) async fn next(&mut self, conn: &Conn) -> RedisResult<Option<Vec<String>>> {
+        let Some(node) = self.nodes.first().cloned() else {
+            return Ok(None);
+        };
         let mut cmd = redis::cmd("SCAN");
-        cmd.arg(cursor)
+        cmd.arg(self.cursor)
             .arg("MATCH")
-            .arg(pattern)
+            .arg(&self.pattern)
             .arg("COUNT")
             .arg(1000);
-        let (next, batch): (u64, Vec<String>) = conn.route(cmd, node.clone()).await?;
-        keys.extend(batch);
+        let (next, batch): (u64, Vec<String>) = match conn {
+            Conn::Single(_) => conn.clone().route(cmd, node).await?,
+            Conn::Cluster(c) => c.clone().route(cmd, node).await?,
+        };
         if next == 0 {
-            return Ok(keys);
+            self.nodes.remove(0);
         }
-        cursor = next;
+        self.cursor = next;
+        Ok(Some(batch))
     }
+}
+
+/// The primaries `CLUSTER NODES` lists that are not failing.
+fn primaries(nodes: &str) -> Vec<SingleNodeRoutingInfo> {
+    let mut found = Vec::new();
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(addr), Some(flags)) = (fields.get(1), fields.get(2)) else {
+            continue;
+        };
+        if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+            continue;
+        }
+        let addr = addr.split('@').next().unwrap_or(addr);
+        let Some((host, port)) = addr.rsplit_once(':') else {
+            continue;
+        };
+        let Ok(port) = port.parse() else { continue };
+        found.push(SingleNodeRoutingInfo::ByAddress {
+            host: host.to_owned(),
+            port,
+        });
+    }
+    found
 }
 
 /// Sending a command to one node of a cluster (or to the one server).

@@ -10,6 +10,7 @@ mod cluster;
 mod conn;
 mod error;
 pub(crate) mod scripts;
+mod stats;
 mod stuck;
 mod tokens;
 
@@ -544,5 +545,10 @@ impl Store for RedisStore {
     /// without the index (before an upgrade) are not listed.
     async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
         self.records.stuck(biz, batch).await
+    }
+
+    /// A SCAN of the prefix's record keys in batches, and each one's status (`stats.rs`).
+    async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
+        self.records.stats().await
     }
 }

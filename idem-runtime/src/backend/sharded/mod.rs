@@ -204,4 +204,13 @@ impl<S: Store> Store for ShardedStore<S> {
         stuck.truncate(batch);
         Ok(stuck)
     }
+
+    /// Every shard's counts, summed.
+    async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
+        let mut counts = Vec::new();
+        for shard in &self.inner.shards {
+            counts.extend(shard.stats().await?);
+        }
+        Ok(crate::StatusCount::tally(counts))
+    }
 }

@@ -26,7 +26,7 @@ use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::Dialect;
-use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, StatusCount, Store};
 use crate::transition::TransitionTx;
 use records::Records;
 pub use tokens::SqliteTokens;
@@ -315,6 +315,11 @@ impl Store for SqliteStore {
 
     async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
         self.with_conn(async |conn| Records::new(conn, self).stuck(biz, batch).await)
+            .await
+    }
+
+    async fn stats(&self) -> Result<Vec<StatusCount>, IdemError> {
+        self.with_conn(async |conn| Records::new(conn, self).stats().await)
             .await
     }
 

@@ -13,7 +13,7 @@ use super::{SqliteStore, db_error};
 use crate::IdemError;
 use crate::sql::claim::{CasRecords, SeenRecord};
 use crate::store::decide::millis;
-use crate::store::{Claim, ClaimRequest, Fence, Record, Status};
+use crate::store::{Claim, ClaimRequest, Fence, Record, Status, StatusCount};
 
 /// The database clock in milliseconds since the Unix epoch (`Dialect::SQLite.now_ms()`).
 macro_rules! now_ms {
@@ -126,6 +126,10 @@ const STUCK: &str = concat!(
     now_ms!(),
     " + ?2 ORDER BY lease_until LIMIT ?3"
 );
+/// Records per business type and status (expired ones not yet swept included): a scan of the
+/// index `idem_record_stuck (biz_type, status, lease_until)`, which starts with both.
+const STATS: &str =
+    "SELECT biz_type, status, COUNT(*) AS n FROM idem_record GROUP BY biz_type, status";
 /// ?1 batch, ?2 offset. Expired: the TTL passed and no lease is live.
 const SWEEP: &str = concat!(
     "DELETE FROM idem_record WHERE (biz_type, idem_key) IN (",
@@ -291,6 +295,25 @@ impl<'c> Records<'c> {
         rows.iter()
             .map(|row| record_of(row, biz, row.try_get("idem_key").map_err(db_error)?))
             .collect()
+    }
+
+    pub(super) async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError> {
+        let rows = sqlx::query(STATS)
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        let counts = rows
+            .iter()
+            .map(|row| {
+                Ok(StatusCount {
+                    biz: row.try_get("biz_type").map_err(db_error)?,
+                    status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+                    records: u64::try_from(row.try_get::<i64, _>("n").map_err(db_error)?)
+                        .unwrap_or(0),
+                })
+            })
+            .collect::<Result<Vec<_>, IdemError>>()?;
+        Ok(StatusCount::tally(counts))
     }
 
     pub(super) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {

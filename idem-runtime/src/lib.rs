@@ -51,7 +51,7 @@ pub use backend::sharded::{ShardedStore, ShardedTx};
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite::{SqliteStore, SqliteTokens, SqliteTx};
 pub use clock::TestClock;
-pub use connect::{AnyStore, connect, connect_tokens};
+pub use connect::{AnyStore, connect, connect_tokens, migrations};
 pub use duration::MAX_DURATION;
 pub use engine::current::current_claim;
 pub use engine::retry::{RestartsTransaction, retry_transaction};

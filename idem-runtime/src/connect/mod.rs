@@ -248,6 +248,109 @@ pub async fn connect_tokens(url: &str) -> Result<Arc<dyn TokenStore>, IdemError>
     connect(url).await?.tokens()
 }
 
+/// The DDL [`AnyStore::migrate`] applies for the store `url` names, worked out without connecting:
+/// the SQL stores' `MIGRATIONS` with the tables of the URL's `idem_table` option (its token table
+/// `NAME_tok`), in order; every shard's of a sharded URL, one after the other. `None` for a store
+/// without a schema (memory, Redis). For services that apply migrations with their own tool
+/// (`idem migrate --print`).
+///
+/// # Errors
+/// As [`connect`] for a URL it could not open (without its "unreachable" errors).
+pub fn migrations(url: &str) -> Result<Option<Vec<String>>, IdemError> {
+    let (scheme, rest) = url
+        .split_once(':')
+        .ok_or_else(|| invalid(url, "it has no scheme"))?;
+    let scheme = scheme.to_ascii_lowercase();
+    if scheme == "sharded" {
+        let mut all = Vec::new();
+        for shard in rest.split('|').filter(|s| !s.trim().is_empty()) {
+            if let Some(ddl) = migrations(shard.trim())? {
+                all.extend(ddl);
+            }
+        }
+        return Ok((!all.is_empty()).then_some(all));
+    }
+    let (base, options) = Options::split(url)?;
+    match scheme.as_str() {
+        "memory" => options.none_for("memory").map(|()| None),
+        "sqlite" => {
+            options.none_for("SQLite")?;
+            if base.contains('?') {
+                return Err(invalid(url, "a `sqlite:` store URL takes no query options"));
+            }
+            sqlite_migrations()
+        }
+        "mysql" | "mariadb" => {
+            options.only("MySQL", true, false)?;
+            mysql_migrations(options.table.as_deref())
+        }
+        "postgres" | "postgresql" => {
+            options.only("Postgres", true, false)?;
+            postgres_migrations(options.table.as_deref())
+        }
+        "redis" | "rediss" => options.only("Redis", false, true).map(|()| None),
+        "redis+cluster" => options.only("Redis Cluster", false, true).map(|()| None),
+        _ => Err(invalid(url, "its scheme is not one idem knows")),
+    }
+}
+
+#[cfg(feature = "sqlite")]
+fn sqlite_migrations() -> Result<Option<Vec<String>>, IdemError> {
+    Ok(Some(
+        crate::SqliteStore::MIGRATIONS
+            .iter()
+            .map(|ddl| (*ddl).to_owned())
+            .collect(),
+    ))
+}
+
+#[cfg(not(feature = "sqlite"))]
+fn sqlite_migrations() -> Result<Option<Vec<String>>, IdemError> {
+    Err(feature_off("sqlite", "sqlite"))
+}
+
+/// The records' and tokens' table names of the `idem_table` option (default names without).
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+fn tables(
+    table: Option<&str>,
+) -> Result<(crate::sql::table::TableName, crate::sql::table::TableName), IdemError> {
+    use crate::sql::table::TableName;
+    Ok(match table {
+        Some(t) => (TableName::new(t)?, TableName::new(&format!("{t}_tok"))?),
+        None => (TableName::default_table(), TableName::new("idem_token")?),
+    })
+}
+
+#[cfg(feature = "mysql")]
+fn mysql_migrations(table: Option<&str>) -> Result<Option<Vec<String>>, IdemError> {
+    let (records, tokens) = tables(table)?;
+    Ok(Some(
+        crate::backend::mysql::migrations_named(&records, &tokens).to_vec(),
+    ))
+}
+
+#[cfg(not(feature = "mysql"))]
+fn mysql_migrations(_: Option<&str>) -> Result<Option<Vec<String>>, IdemError> {
+    Err(feature_off("mysql", "mysql"))
+}
+
+#[cfg(feature = "postgres")]
+fn postgres_migrations(table: Option<&str>) -> Result<Option<Vec<String>>, IdemError> {
+    use crate::backend::postgres::named;
+    let (records, tokens) = tables(table)?;
+    let [r, t, s] = crate::PgStore::MIGRATIONS;
+    Ok(Some(vec![
+        named(r, "idem_record", &records),
+        named(t, "idem_token", &tokens),
+        named(s, "idem_record", &records),
+    ]))
+}
+
+#[cfg(not(feature = "postgres"))]
+fn postgres_migrations(_: Option<&str>) -> Result<Option<Vec<String>>, IdemError> {
+    Err(feature_off("postgres", "postgres"))
+}
+
 fn invalid(url: &str, why: &str) -> IdemError {
     IdemError::InvalidOptions {
         reason: format!(
@@ -561,6 +664,41 @@ mod tests {
         let store = connect("sharded:memory:|memory:").await.unwrap();
         assert_eq!(store.url(), "sharded:memory:|memory:");
         assert_eq!(store.backend(), "sharded");
+    }
+
+    #[test]
+    fn migrations_are_worked_out_from_the_url_alone() {
+        assert_eq!(migrations("memory:").unwrap(), None);
+        #[cfg(feature = "redis")]
+        assert_eq!(migrations("redis://h:1/0?idem_prefix=p:").unwrap(), None);
+        #[cfg(feature = "sqlite")]
+        assert_eq!(migrations("sqlite:x.db").unwrap().unwrap().len(), 4);
+        #[cfg(feature = "postgres")]
+        {
+            let ddl = migrations("postgres://u:pw@nowhere/db?idem_table=t1")
+                .unwrap()
+                .unwrap();
+            assert!(ddl[0].contains("IF NOT EXISTS \"t1\" "), "{}", ddl[0]);
+            assert!(ddl[1].contains("\"t1_tok\""), "{}", ddl[1]);
+            assert!(
+                ddl.iter()
+                    .all(|d| !d.contains("EXISTS idem_") && !d.contains("ON idem_")),
+                "{ddl:?}"
+            );
+        }
+        #[cfg(feature = "mysql")]
+        {
+            let ddl = migrations("mariadb://root@nowhere/test?idem_table=t2")
+                .unwrap()
+                .unwrap();
+            assert!(
+                ddl[0].contains("`t2`") && ddl[1].contains("`t2_tok`"),
+                "{ddl:?}"
+            );
+            assert!(ddl[2].contains("`t2_stuck`"), "{}", ddl[2]);
+        }
+        assert!(migrations("nope://x").is_err());
+        assert!(migrations("memory:?idem_table=t").is_err());
     }
 
     #[test]

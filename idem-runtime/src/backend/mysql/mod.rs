@@ -258,18 +258,8 @@ impl MySqlStore {
     /// # Errors
     /// The database's error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
-        let [records, tokens, stuck] = Self::MIGRATIONS;
-        for (ddl, table, default) in [
-            (records, &self.table, "idem_record"),
-            (tokens, &self.token_table, "idem_token"),
-        ] {
-            let index = format!("`{default}_expire_at`");
-            let ddl = ddl
-                .replace(
-                    &index,
-                    &Dialect::MySQL.quote_ident(&table.index_name("expire_at")),
-                )
-                .replace(&format!("`{default}`"), &table.quoted(Dialect::MySQL));
+        let [records, tokens, stuck] = migrations_named(&self.table, &self.token_table);
+        for ddl in [records, tokens] {
             sqlx::raw_sql(AssertSqlSafe(ddl))
                 .execute(&self.pool)
                 .await
@@ -279,13 +269,10 @@ impl MySqlStore {
         // NOT EXISTS`: an index of that name already there (made by an earlier `migrate()`, by
         // hand, or by another service migrating at the same moment) is refused with
         // ER_DUP_KEYNAME (1061), which is the answer "it exists".
-        let ddl = stuck
-            .replace(
-                "`idem_record_stuck`",
-                &Dialect::MySQL.quote_ident(&self.table.unique_index_name("stuck")),
-            )
-            .replace("`idem_record`", &self.table.quoted(Dialect::MySQL));
-        match sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&self.pool).await {
+        match sqlx::raw_sql(AssertSqlSafe(stuck))
+            .execute(&self.pool)
+            .await
+        {
             Err(e) if error_number(&e) == Some(1061) => Ok(()),
             done => done.map(drop).map_err(db_error),
         }
@@ -316,6 +303,31 @@ impl crate::TransactionalStore for MySqlStore {
     async fn begin_tx(&self) -> Result<MySqlTx, IdemError> {
         self.begin().await
     }
+}
+
+/// [`MySqlStore::MIGRATIONS`] with the records' table `table` and the tokens' table `tokens` (and
+/// their indexes) in place of the defaults: what [`MySqlStore::migrate`] applies (and `idem migrate
+/// --print` shows).
+pub(crate) fn migrations_named(table: &TableName, tokens: &TableName) -> [String; 3] {
+    let [records, token_ddl, stuck] = MySqlStore::MIGRATIONS;
+    let named = |ddl: &str, table: &TableName, default: &str| {
+        ddl.replace(
+            &format!("`{default}_expire_at`"),
+            &Dialect::MySQL.quote_ident(&table.index_name("expire_at")),
+        )
+        .replace(&format!("`{default}`"), &table.quoted(Dialect::MySQL))
+    };
+    let stuck = stuck
+        .replace(
+            "`idem_record_stuck`",
+            &Dialect::MySQL.quote_ident(&table.unique_index_name("stuck")),
+        )
+        .replace("`idem_record`", &table.quoted(Dialect::MySQL));
+    [
+        named(records, table, "idem_record"),
+        named(token_ddl, tokens, "idem_token"),
+        stuck,
+    ]
 }
 
 /// How many times a lease-mode claim runs again after InnoDB chose it as a deadlock victim (the

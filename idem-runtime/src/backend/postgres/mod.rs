@@ -383,7 +383,7 @@ impl PgStore {
 }
 
 /// The migration `ddl` with `default` (and its indexes) renamed to `table`, quoted.
-fn named(ddl: &str, default: &str, table: &TableName) -> String {
+pub(crate) fn named(ddl: &str, default: &str, table: &TableName) -> String {
     let index = format!("{default}_expire_at");
     ddl.replace(
         &index,

@@ -1,0 +1,592 @@
+//! `idem`: the operator CLI of idem, as sqlx-cli is for sqlx. It opens any store URL
+//! [`idem::connect`] takes (`--url`, or `IDEM_STORE_URL`) and runs what operators otherwise write
+//! SQL or Lua for, through [`idem::admin`] and the [`idem::Store`] trait, never around them:
+//!
+//! | command | what it does |
+//! |---|---|
+//! | `idem migrate [--print]` | applies the schema ([`idem::AnyStore::migrate`]), or prints the DDL for the URL's backend without connecting ([`idem::migrations`]) |
+//! | `idem inspect BIZ KEY [--show-result]` | a record's status, attempt, fence, lease end and expiry, fingerprint, sizes; the result with `--show-result` |
+//! | `idem stuck [--biz B] [--limit N]` | PROCESSING records whose lease ended ([`idem::admin::stuck_all`]) |
+//! | `idem release BIZ KEY --reason TEXT [--force]` | a fenced move of a stuck claim to FAILED so the next call runs ([`idem::admin::release`]) |
+//! | `idem sweep [--batch N] [--tokens]` | deletes expired records (and submit tokens) ([`idem::admin::sweep`]) |
+//! | `idem stats` | records per business type and status ([`idem::Store::stats`]) |
+//!
+//! Exit status: `0` done; `1` refused, not found, or lost a race (a `release` that another attempt
+//! beat, a `release` of a success or of a live lease, an `inspect` of an absent key); `2` usage (a
+//! bad flag or value, as clap reports it, or a store URL idem cannot open); `3` a store error (the
+//! server is unreachable, the table is missing, the store cannot do what was asked).
+//!
+//! Times are shown as RFC 3339 UTC and relative to this machine's clock ("in 12s", "ended 3m
+//! ago"); the store judges leases by its own clock, which may differ from this one.
+
+use std::fmt::Write as _;
+use std::io::IsTerminal as _;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{CommandFactory, Parser, Subcommand};
+use idem::admin::{self, Release, Released};
+use idem::{AnyStore, IdemError, Record, Status, Store};
+
+const LONG_ABOUT: &str = "\
+The operator CLI of idem: inspect a key, list and release stuck claims, sweep expired records, \
+count records per status, apply or print the schema, on any store URL idem can open \
+(memory:, sqlite:PATH, mysql://, mariadb://, postgres://, redis://, redis+cluster://, \
+sharded:URL|URL; options idem_table=NAME and idem_prefix=P as for idem::connect).
+
+Exit status:
+  0  done
+  1  refused, not found, or lost a race (release of a success, of a live lease without --force, \
+or beaten by a takeover; inspect of an absent key)
+  2  usage: a bad flag or value, or a store URL idem cannot open
+  3  store error: unreachable, not migrated, or not supported by the store
+
+Times are RFC 3339 UTC and relative to this machine's clock; the store judges leases by its own.";
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, about = "The operator CLI of idem", long_about = LONG_ABOUT)]
+struct Cli {
+    /// The store, any URL idem::connect takes (its password is never printed)
+    #[arg(long, env = "IDEM_STORE_URL", global = true, hide_env_values = true)]
+    url: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create the store's tables and indexes if missing (SQL stores), or print their DDL
+    Migrate {
+        /// Print the DDL for the URL's backend and tables instead, without connecting
+        #[arg(long)]
+        print: bool,
+    },
+    /// Show one record: status, attempt, fence, lease end, expiry, fingerprint, sizes
+    Inspect {
+        /// Business type
+        biz: String,
+        /// Idempotency key
+        key: String,
+        /// Also print the stored result (UTF-8 text as is, other bytes as hex)
+        #[arg(long)]
+        show_result: bool,
+    },
+    /// List PROCESSING records whose lease ended, oldest lease first
+    Stuck {
+        /// Only this business type (default: every business type the store holds)
+        #[arg(long)]
+        biz: Option<String>,
+        /// At most this many records, 1..=10000
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        limit: u64,
+    },
+    /// Move a stuck PROCESSING record to FAILED (fenced) so the next call runs again
+    Release {
+        /// Business type
+        biz: String,
+        /// Idempotency key
+        key: String,
+        /// Why (1 to 200 bytes, no control characters); logged with the business type and fence
+        #[arg(long, value_parser = reason)]
+        reason: String,
+        /// Release even while the lease is still running (its holder may still be running)
+        #[arg(long)]
+        force: bool,
+    },
+    /// Delete expired records (and with --tokens expired submit tokens), batch by batch
+    Sweep {
+        /// Rows per delete statement, 1..=10000
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        batch: u64,
+        /// Also sweep the submit tokens of the same store
+        #[arg(long)]
+        tokens: bool,
+    },
+    /// Count records per business type and status
+    Stats,
+}
+
+/// `--reason`, checked as `idem::admin` checks it, before anything is opened.
+fn reason(text: &str) -> Result<String, String> {
+    admin::check_reason(text)
+        .map(|()| text.to_owned())
+        .map_err(|e| match e {
+            IdemError::InvalidOptions { reason } => reason,
+            other => other.to_string(),
+        })
+}
+
+/// How a command ended: its exit status.
+enum Exit {
+    Ok,
+    /// Refused, not found, lost a race.
+    Refused,
+    /// A store URL idem cannot open.
+    Usage,
+    /// The store failed.
+    Store,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> Self {
+        ExitCode::from(match exit {
+            Exit::Ok => 0,
+            Exit::Refused => 1,
+            Exit::Usage => 2,
+            Exit::Store => 3,
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Some(url) = cli.url.clone() else {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "the store URL is missing: give --url URL or set IDEM_STORE_URL",
+            )
+            .exit();
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return Exit::Store.into();
+        }
+    };
+    runtime.block_on(run(cli.command, &url)).into()
+}
+
+/// A store error as the exit status it gives, printed.
+fn failed(e: &IdemError) -> Exit {
+    eprintln!("error: {e}");
+    match e {
+        IdemError::InvalidOptions { .. } => Exit::Usage,
+        _ => Exit::Store,
+    }
+}
+
+async fn run(command: Command, url: &str) -> Exit {
+    if let Command::Migrate { print: true } = command {
+        return print_migrations(url);
+    }
+    let store = match idem::connect(url).await {
+        Ok(store) => store,
+        Err(e) => return failed(&e),
+    };
+    let done = match command {
+        Command::Migrate { .. } => migrate(&store).await,
+        Command::Inspect {
+            biz,
+            key,
+            show_result,
+        } => inspect(&store, &biz, &key, show_result).await,
+        Command::Stuck { biz, limit } => stuck(&store, biz.as_deref(), limit).await,
+        Command::Release {
+            biz,
+            key,
+            reason,
+            force,
+        } => release(&store, &biz, &key, &reason, force).await,
+        Command::Sweep { batch, tokens } => sweep(&store, batch, tokens).await,
+        Command::Stats => stats(&store).await,
+    };
+    done.unwrap_or_else(|e| failed(&e))
+}
+
+fn print_migrations(url: &str) -> Exit {
+    match idem::migrations(url) {
+        Ok(Some(ddl)) => {
+            for statement in ddl {
+                println!("{}\n", statement.trim_end());
+            }
+            Exit::Ok
+        }
+        Ok(None) => {
+            let scheme = url.split(':').next().unwrap_or(url);
+            println!("-- a {scheme} store has no DDL: its records need no schema");
+            Exit::Ok
+        }
+        Err(e) => failed(&e),
+    }
+}
+
+async fn migrate(store: &AnyStore) -> Result<Exit, IdemError> {
+    if matches!(store.backend(), "memory" | "redis" | "redis-cluster") {
+        println!(
+            "nothing to migrate: a {} store has no schema ({})",
+            store.backend(),
+            store.url()
+        );
+        return Ok(Exit::Ok);
+    }
+    store.migrate().await?;
+    println!("migrated: {} ({})", store.url(), store.backend());
+    Ok(Exit::Ok)
+}
+
+async fn inspect(
+    store: &AnyStore,
+    biz: &str,
+    key: &str,
+    show_result: bool,
+) -> Result<Exit, IdemError> {
+    let Some(record) = admin::inspect(store, biz, key).await? else {
+        println!("no record for biz {biz:?} key {key:?}");
+        return Ok(Exit::Refused);
+    };
+    let now = wall_ms();
+    println!("biz          {}", record.biz);
+    println!("key          {}", record.key);
+    println!("status       {}", record.status.as_str());
+    println!("attempt      {}", record.attempt);
+    println!("fence        {}", record.fence);
+    println!(
+        "lease until  {} ({})",
+        rfc3339(record.lease_until_ms),
+        relative(record.lease_until_ms, now, "ended")
+    );
+    println!(
+        "expires at   {} ({})",
+        rfc3339(record.expire_at_ms),
+        relative(record.expire_at_ms, now, "expired")
+    );
+    match &record.fingerprint {
+        Some(fp) => println!("fingerprint  present ({})", fp.get(..12).unwrap_or(fp)),
+        None => println!("fingerprint  absent"),
+    }
+    println!("result       {}", size(record.snapshot.as_deref()));
+    println!("steps        {}", size(record.steps.as_deref()));
+    println!("(relative times by this machine's clock)");
+    if show_result {
+        match &record.snapshot {
+            Some(bytes) => match std::str::from_utf8(bytes) {
+                Ok(text) => println!("{text}"),
+                Err(_) => println!("{}", hex(bytes)),
+            },
+            None => println!("(no result: the record is {})", record.status.as_str()),
+        }
+    }
+    Ok(Exit::Ok)
+}
+
+async fn stuck(store: &AnyStore, biz: Option<&str>, limit: u64) -> Result<Exit, IdemError> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let records = match biz {
+        Some(biz) => store.stuck(biz, limit).await?,
+        None => admin::stuck_all(store, limit).await?,
+    };
+    if records.is_empty() {
+        println!("no stuck records (PROCESSING past their lease)");
+        return Ok(Exit::Ok);
+    }
+    let now = wall_ms();
+    let rows: Vec<[String; 5]> = records
+        .iter()
+        .map(|r| {
+            [
+                r.biz.clone(),
+                r.key.clone(),
+                r.attempt.to_string(),
+                r.fence.to_string(),
+                format!(
+                    "{} ({})",
+                    rfc3339(r.lease_until_ms),
+                    relative(r.lease_until_ms, now, "ended")
+                ),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(
+            &["BIZ", "KEY", "ATTEMPT", "FENCE", "LEASE ENDED"],
+            &rows,
+            &[false, false, true, true, false]
+        )
+    );
+    println!(
+        "{} stuck record{} (PROCESSING past their lease{})",
+        records.len(),
+        if records.len() == 1 { "" } else { "s" },
+        if records.len() == limit {
+            "; --limit reached, there may be more"
+        } else {
+            ""
+        }
+    );
+    Ok(Exit::Ok)
+}
+
+fn held(r: &Record) -> String {
+    format!(
+        "{} (attempt {}, fence {})",
+        r.status.as_str(),
+        r.attempt,
+        r.fence
+    )
+}
+
+async fn release(
+    store: &AnyStore,
+    biz: &str,
+    key: &str,
+    reason: &str,
+    force: bool,
+) -> Result<Exit, IdemError> {
+    let done = admin::release(store, biz, key, Release { reason, force }).await?;
+    let exit = if done.released() {
+        Exit::Ok
+    } else {
+        Exit::Refused
+    };
+    match done {
+        Released::Failed { before } => println!(
+            "released: was {}, now FAILED; the next call with this key runs again",
+            held(&before)
+        ),
+        Released::AlreadyFailed { record } => println!(
+            "already released: the record is {}; the next call runs again; nothing changed",
+            held(&record)
+        ),
+        Released::NotFound => println!("not found: no record for biz {biz:?} key {key:?}"),
+        Released::Succeeded { record } => println!(
+            "refused: the record {}; a success is never released (repeats replay it)",
+            held(&record)
+        ),
+        Released::LeaseLive { record, remaining } => println!(
+            "refused: the record is {} and its lease runs {} more, by this machine's clock; its \
+             holder may still be running (--force releases it anyway)",
+            held(&record),
+            human(remaining)
+        ),
+        Released::LeaseLost { now } => match now {
+            Some(now) => println!(
+                "lost the race: another attempt took the record over; nothing changed; it is {} now",
+                held(&now)
+            ),
+            None => println!("lost the race: the record is gone; nothing changed"),
+        },
+        other => println!("nothing changed: {other:?}"),
+    }
+    Ok(exit)
+}
+
+/// A spinner on stderr when it is a terminal, nothing otherwise.
+fn spinner() -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
+}
+
+async fn sweep(store: &AnyStore, batch: u64, tokens: bool) -> Result<Exit, IdemError> {
+    let batch = usize::try_from(batch).unwrap_or(usize::MAX);
+    let bar = spinner();
+    bar.set_message("sweeping expired records");
+    let swept = admin::sweep(store, batch, |total| {
+        bar.set_message(format!("deleted {total} expired records"));
+    })
+    .await;
+    bar.finish_and_clear();
+    let swept = swept?;
+    println!("swept {swept} expired records");
+    if tokens {
+        let token_store = store.tokens()?;
+        let bar = spinner();
+        bar.set_message("sweeping expired tokens");
+        let swept = admin::sweep_tokens(&*token_store, batch, |total| {
+            bar.set_message(format!("deleted {total} expired tokens"));
+        })
+        .await;
+        bar.finish_and_clear();
+        println!("swept {} expired tokens", swept?);
+    }
+    Ok(Exit::Ok)
+}
+
+async fn stats(store: &AnyStore) -> Result<Exit, IdemError> {
+    let counts = store.stats().await?;
+    if counts.is_empty() {
+        println!("no records in {}", store.url());
+        return Ok(Exit::Ok);
+    }
+    const ORDER: [Status; 3] = [Status::Processing, Status::Succeeded, Status::Failed];
+    let mut rows: Vec<(String, [u64; 3])> = Vec::new();
+    for c in counts {
+        if rows.last().is_none_or(|(biz, _)| *biz != c.biz) {
+            rows.push((c.biz.clone(), [0; 3]));
+        }
+        let at = ORDER.iter().position(|s| *s == c.status).unwrap_or(0);
+        if let Some((_, n)) = rows.last_mut() {
+            n[at] += c.records;
+        }
+    }
+    let mut total = [0u64; 3];
+    let mut cells: Vec<[String; 5]> = Vec::new();
+    for (biz, n) in &rows {
+        for (t, v) in total.iter_mut().zip(n) {
+            *t += v;
+        }
+        cells.push(row(biz, n));
+    }
+    cells.push(row("total", &total));
+    print!(
+        "{}",
+        table(
+            &["BIZ", "PROCESSING", "SUCCEEDED", "FAILED", "TOTAL"],
+            &cells,
+            &[false, true, true, true, true]
+        )
+    );
+    println!("(expired records not yet swept count under their status)");
+    Ok(Exit::Ok)
+}
+
+fn row(biz: &str, n: &[u64; 3]) -> [String; 5] {
+    [
+        biz.to_owned(),
+        n[0].to_string(),
+        n[1].to_string(),
+        n[2].to_string(),
+        n.iter().sum::<u64>().to_string(),
+    ]
+}
+
+/// An aligned table: a header row and rows, numbers right-aligned.
+fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]], right: &[bool; N]) -> String {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut text = String::new();
+        for (i, cell) in cells.enumerate() {
+            if i > 0 {
+                text.push_str("  ");
+            }
+            let pad = widths[i].saturating_sub(cell.chars().count());
+            if right[i] {
+                text.push_str(&" ".repeat(pad));
+                text.push_str(cell);
+            } else {
+                text.push_str(cell);
+                text.push_str(&" ".repeat(pad));
+            }
+        }
+        let _ = writeln!(out, "{}", text.trim_end());
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+fn size(bytes: Option<&[u8]>) -> String {
+    match bytes {
+        Some(b) => format!("{} bytes", b.len()),
+        None => "absent".to_owned(),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// This machine's clock in milliseconds since the Unix epoch.
+fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// `at` relative to `now`: "in 12s", or `past` and "… ago" ("ended 3m5s ago").
+fn relative(at: i64, now: i64, past: &str) -> String {
+    let d = Duration::from_millis(at.abs_diff(now));
+    if at >= now {
+        format!("in {}", human(d))
+    } else {
+        format!("{past} {} ago", human(d))
+    }
+}
+
+/// A duration in its two largest units: `850ms`, `12s`, `3m5s`, `2h7m`, `4d3h`.
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{}ms", d.as_millis()),
+        1..60 => format!("{s}s"),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h{}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// Milliseconds since the Unix epoch as RFC 3339 UTC, `2026-12-01T17:04:45.123Z`.
+fn rfc3339(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms.rem_euclid(1000)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_read_as_people_read_them() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339(1_796_143_485_007), "2026-12-01T16:44:45.007Z");
+        assert_eq!(relative(12_000, 0, "ended"), "in 12s");
+        assert_eq!(relative(0, 185_000, "ended"), "ended 3m5s ago");
+        assert_eq!(human(Duration::from_millis(850)), "850ms");
+        assert_eq!(human(Duration::from_secs(2 * 86_400 + 7200)), "2d2h");
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(
+            &["BIZ", "N"],
+            &[["PAY".into(), "7".into()], ["ORDER".into(), "12".into()]],
+            &[false, true],
+        );
+        assert_eq!(t, "BIZ     N\nPAY     7\nORDER  12\n");
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -21,6 +21,7 @@ mod error;
 mod fingerprint;
 #[cfg(feature = "axum")]
 pub mod http;
+pub mod inbox;
 mod key;
 mod metrics;
 mod preflight;

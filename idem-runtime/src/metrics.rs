@@ -424,6 +424,11 @@ pub struct CallReport {
     pub outcome: Outcome,
     /// The attempt that ran the body (0 when the body did not run).
     pub attempt: u32,
+    /// Set when an error of idem's own ended the call before its body ran or instead of its
+    /// answer (a refusal, a store error, a stored result that cannot be read): whether the same
+    /// call may succeed later ([`IdemError::is_retryable`](crate::IdemError::is_retryable)).
+    /// `None` when the call returned the body's value or the body's own error, or a replay.
+    pub retryable: Option<bool>,
 }
 
 impl CallReport {
@@ -459,6 +464,15 @@ pub async fn observe<F: Future>(fut: F) -> (F::Output, Option<CallReport>) {
 /// Counts a finished call, records its outcome in the current `idem` span and hands it to an
 /// enclosing [`observe`].
 pub(crate) fn report(biz: &str, outcome: Outcome, attempt: u32) {
+    report_with(biz, outcome, attempt, None);
+}
+
+/// [`report`] for a call that idem's own `error` ended.
+pub(crate) fn report_error(biz: &str, outcome: Outcome, attempt: u32, error: &crate::IdemError) {
+    report_with(biz, outcome, attempt, Some(error.is_retryable()));
+}
+
+fn report_with(biz: &str, outcome: Outcome, attempt: u32, retryable: Option<bool>) {
     let span = tracing::Span::current();
     span.record("outcome", outcome.as_str());
     if attempt > 0 {
@@ -470,6 +484,7 @@ pub(crate) fn report(biz: &str, outcome: Outcome, attempt: u32) {
             biz: biz.to_owned(),
             outcome,
             attempt,
+            retryable,
         });
     });
 }

@@ -26,7 +26,7 @@ pub use call::{Call, DEFAULT_LEASE, DEFAULT_TTL, Recovering};
 use snapshot::{ErrType, OkType};
 
 use crate::IdemError;
-use crate::metrics::{Outcome, report};
+use crate::metrics::{Outcome, report, report_error};
 use crate::store::{Acquired, ClaimOutcome, ClaimRequest, Store};
 use current::CallScope;
 use holder::Holder;
@@ -205,7 +205,7 @@ where
     async move {
         let biz = call.biz();
         let refuse = |e: IdemError, outcome: Outcome| {
-            report(biz, outcome, 0);
+            report_error(biz, outcome, 0, &e);
             Err(err.from_idem(e))
         };
         let handle = match store {
@@ -222,7 +222,10 @@ where
             Ok(ClaimOutcome::Acquired { claim, how }) => (claim, how),
             Ok(ClaimOutcome::Replay { snapshot }) => {
                 let (result, outcome) = replayed(ok, &snapshot);
-                report(biz, outcome, 0);
+                match &result {
+                    Ok(_) => report(biz, outcome, 0),
+                    Err(e) => report_error(biz, outcome, 0, e),
+                }
                 return result.map_err(|e| err.from_idem(e));
             }
             Ok(ClaimOutcome::Mismatch) => {
@@ -258,7 +261,7 @@ where
                 _ => Outcome::Rejected,
             };
             tracing::warn!(attempt, error = %e, "the claim came back after its lease; nothing ran");
-            report(biz, outcome, attempt);
+            report_error(biz, outcome, attempt, &e);
             return Err(err.from_idem(e));
         }
         let recovered = match recover {

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use super::snapshot::{ErrType, OkType};
 use super::{Call, encoded, replayed};
 use crate::IdemError;
-use crate::metrics::{Outcome, report};
+use crate::metrics::{Outcome, report, report_error};
 use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Store};
 
 /// A transaction begun on a store, which a `tx = "…"` call joins.
@@ -122,7 +122,7 @@ where
     C: IdemTx + ?Sized,
 {
     let refuse = |e: IdemError, outcome: Outcome, biz: &str| {
-        report(biz, outcome, 0);
+        report_error(biz, outcome, 0, &e);
         Err(e)
     };
     let outcome = match call.request(tx.store()) {
@@ -138,7 +138,10 @@ where
         Ok(ClaimOutcome::Acquired { claim, how }) => Ok(TxClaim::Run(TxGuard { call, claim, how })),
         Ok(ClaimOutcome::Replay { snapshot }) => {
             let (result, outcome) = replayed(ok, &snapshot);
-            report(call.biz(), outcome, 0);
+            match &result {
+                Ok(_) => report(call.biz(), outcome, 0),
+                Err(e) => report_error(call.biz(), outcome, 0, e),
+            }
             result.map(TxClaim::Replay)
         }
         Ok(ClaimOutcome::Mismatch) => {

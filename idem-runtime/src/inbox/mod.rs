@@ -1,0 +1,437 @@
+//! A consumer inbox: what a message consumer tells its broker after an idempotent handler ran.
+//!
+//! Brokers deliver at least once, so a consumer deduplicates, keyed by the message's **business
+//! key** (an order number in the payload), never by the broker's message id, which changes when a
+//! producer sends the same event again. The handler is an `#[idempotent]` fn (lease or transaction
+//! mode, with a `recover` fn if it has one) or any future that calls one; [`Inbox::handle`] runs
+//! it inside [`observe`](crate::observe) and derives a [`Verdict`] from how the call ended:
+//!
+//! | The call | Verdict |
+//! | --- | --- |
+//! | returned a value: first run, replay of a duplicate, recovered | [`Verdict::Ack`] |
+//! | in progress elsewhere, lease lost, mark failed, recover failed | [`Verdict::Requeue`] after [`InboxBuilder::busy_delay`] |
+//! | the body failed (a business error), attempt below the maximum | [`Verdict::Requeue`], back-off from [`InboxBuilder::retry_delay`] |
+//! | the body failed, attempt at [`InboxBuilder::max_attempts`] | [`Verdict::DeadLetter`] |
+//! | another payload under a key already processed, a result that cannot be stored, a refusal that no retry changes (bad key, unknown store) | [`Verdict::DeadLetter`] |
+//! | a store error that may pass (unavailable, busy) | [`Verdict::Requeue`] |
+//! | the payload cannot be read | [`Verdict::DeadLetter`] at once, the handler not called |
+//!
+//! **Attempts are counted per key**: in lease mode by the record's own attempt number (a failed
+//! record keeps it; a duplicate published under another message id counts on the same record),
+//! and by the broker's delivery count where the broker keeps one (JetStream's `num_delivered`,
+//! RabbitMQ's `x-delivery-count` on quorum queues); the larger of the two decides. In
+//! transaction mode a failed body rolls its claim back, so only the broker's count remains.
+//!
+//! The adapters settle a verdict on a real broker: [`amqp`] (feature `rabbitmq`: ack, nack with
+//! requeue, reject to the queue's dead-letter exchange) and [`jetstream`] (feature `nats`: ack,
+//! nak with a delay, a copy to a dead-letter subject then term).
+//!
+//! **Kafka** has no adapter and is untested here (no Kafka broker runs where idem is tested).
+//! The key choice is the same: the business key in the payload; when a payload carries none,
+//! `topic/partition/offset` identifies a record exactly (a producer's resend gets a new offset,
+//! so that key dedups redeliveries only, not resends). Commit the offset after an
+//! [`Verdict::Ack`]; for [`Verdict::DeadLetter`] produce the record to a dead-letter topic, then
+//! commit; for [`Verdict::Requeue`] do not commit (seek back to the offset).
+
+#[cfg(feature = "rabbitmq")]
+pub mod amqp;
+#[cfg(feature = "nats")]
+pub mod jetstream;
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::{IdemError, Outcome};
+
+/// The most attempts [`InboxBuilder::max_attempts`] takes.
+pub const MAX_ATTEMPTS: u32 = 1_000;
+
+/// The longest delay [`InboxBuilder::busy_delay`], [`InboxBuilder::retry_delay`] and
+/// [`InboxBuilder::max_retry_delay`] take: one hour.
+pub const MAX_DELAY: Duration = Duration::from_secs(3_600);
+
+/// What the consumer tells the broker about one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Done: the business ran once (now or in an earlier delivery); remove the message.
+    Ack,
+    /// Not done yet: deliver the message again after `delay`.
+    Requeue {
+        /// How long the broker should wait before the redelivery.
+        delay: Duration,
+    },
+    /// Never going to succeed, or out of attempts: move the message to the dead letters.
+    DeadLetter {
+        /// Why, for the operator reading the dead letters (no key, no payload in it).
+        reason: String,
+    },
+}
+
+/// One delivery as the inbox handled it.
+#[derive(Debug)]
+pub struct Handled<T, E> {
+    /// What to tell the broker.
+    pub verdict: Verdict,
+    /// How the idempotent call ended, when one ran.
+    pub outcome: Option<Outcome>,
+    /// The attempt this delivery counts as (the larger of the record's and the broker's count).
+    pub attempts: u32,
+    /// The handler's answer; `None` when the payload could not be read.
+    pub result: Option<Result<T, E>>,
+}
+
+/// How a consumer maps handler outcomes to verdicts; see the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    max_attempts: u32,
+    busy_delay: Duration,
+    retry_delay: Duration,
+    max_retry_delay: Duration,
+}
+
+/// Builds an [`Inbox`]; every value is checked by [`build`](InboxBuilder::build).
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct InboxBuilder {
+    inbox: Inbox,
+}
+
+impl Default for InboxBuilder {
+    fn default() -> Self {
+        InboxBuilder {
+            inbox: Inbox {
+                max_attempts: 5,
+                busy_delay: Duration::from_millis(500),
+                retry_delay: Duration::from_secs(1),
+                max_retry_delay: Duration::from_secs(60),
+            },
+        }
+    }
+}
+
+impl InboxBuilder {
+    /// Attempts per key before a business error dead-letters the message: 1 to [`MAX_ATTEMPTS`]
+    /// (default 5; 1 dead-letters at the first failure).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.inbox.max_attempts = attempts;
+        self
+    }
+
+    /// The redelivery delay while another delivery of the same key is in progress: 0 to
+    /// [`MAX_DELAY`] (default 500 ms).
+    pub fn busy_delay(mut self, delay: Duration) -> Self {
+        self.inbox.busy_delay = delay;
+        self
+    }
+
+    /// The first redelivery delay after a business error, doubled for each attempt up to
+    /// [`max_retry_delay`](Self::max_retry_delay): 0 to [`MAX_DELAY`] (default 1 s).
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.inbox.retry_delay = delay;
+        self
+    }
+
+    /// The longest redelivery delay after a business error: `retry_delay` to [`MAX_DELAY`]
+    /// (default 60 s).
+    pub fn max_retry_delay(mut self, delay: Duration) -> Self {
+        self.inbox.max_retry_delay = delay;
+        self
+    }
+
+    /// The inbox.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] naming the value out of its range.
+    pub fn build(self) -> Result<Inbox, IdemError> {
+        let inbox = self.inbox;
+        let refuse = |reason: String| Err(IdemError::InvalidOptions { reason });
+        if inbox.max_attempts == 0 || inbox.max_attempts > MAX_ATTEMPTS {
+            return refuse(format!(
+                "inbox max_attempts is 1 to {MAX_ATTEMPTS}, not {}",
+                inbox.max_attempts
+            ));
+        }
+        for (name, delay) in [
+            ("busy_delay", inbox.busy_delay),
+            ("retry_delay", inbox.retry_delay),
+            ("max_retry_delay", inbox.max_retry_delay),
+        ] {
+            if delay > MAX_DELAY {
+                return refuse(format!(
+                    "inbox {name} is at most {MAX_DELAY:?}, not {delay:?}"
+                ));
+            }
+        }
+        if inbox.max_retry_delay < inbox.retry_delay {
+            return refuse(format!(
+                "inbox max_retry_delay ({:?}) is shorter than retry_delay ({:?})",
+                inbox.max_retry_delay, inbox.retry_delay
+            ));
+        }
+        Ok(inbox)
+    }
+}
+
+impl Inbox {
+    /// A builder with the defaults: 5 attempts, 500 ms while busy, 1 s to 60 s after a failure.
+    pub fn builder() -> InboxBuilder {
+        InboxBuilder::default()
+    }
+
+    /// Attempts per key before a business error dead-letters the message.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// Runs `handler` (a future that makes one idempotent call: an `#[idempotent]` fn, or code
+    /// that begins a transaction, calls one and commits) and says what to tell the broker.
+    /// `delivered` is the broker's delivery count of this message, when it keeps one (1 for a
+    /// first delivery).
+    ///
+    /// A handler that returns `Ok` is acked only then: in transaction mode, commit inside the
+    /// handler, so a failed commit is an `Err` and the message is delivered again.
+    pub async fn handle<T, E, F>(&self, delivered: Option<u32>, handler: F) -> Handled<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: std::fmt::Display,
+    {
+        let (result, report) = crate::observe(handler).await;
+        let outcome = report.as_ref().map(|r| r.outcome);
+        let record_attempt = report.as_ref().map_or(0, |r| r.attempt);
+        let attempts = record_attempt.max(delivered.unwrap_or(0)).max(1);
+        let verdict = match &result {
+            Ok(_) => Verdict::Ack,
+            Err(e) => self.verdict_for_error(
+                outcome,
+                report.as_ref().and_then(|r| r.retryable),
+                attempts,
+                e,
+            ),
+        };
+        if let Verdict::DeadLetter { reason } = &verdict {
+            tracing::warn!(?outcome, attempts, reason = %reason, "message dead-lettered");
+        }
+        Handled {
+            verdict,
+            outcome,
+            attempts,
+            result: Some(result),
+        }
+    }
+
+    /// [`handle`](Self::handle) for a JSON payload: decodes it as `M` and hands it to
+    /// `handler`; a payload that is not an `M` is dead-lettered at once and the handler is not
+    /// called.
+    pub async fn handle_json<M, T, E, H, F>(
+        &self,
+        payload: &[u8],
+        delivered: Option<u32>,
+        handler: H,
+    ) -> Handled<T, E>
+    where
+        M: serde::de::DeserializeOwned,
+        H: FnOnce(M) -> F,
+        F: Future<Output = Result<T, E>>,
+        E: std::fmt::Display,
+    {
+        match serde_json::from_slice::<M>(payload) {
+            Ok(message) => self.handle(delivered, handler(message)).await,
+            Err(e) => self.unreadable(delivered, &e),
+        }
+    }
+
+    /// The verdict for a payload that cannot be read (`error` says why): dead letter, at once.
+    pub fn unreadable<T, E>(
+        &self,
+        delivered: Option<u32>,
+        error: &dyn std::fmt::Display,
+    ) -> Handled<T, E> {
+        let reason = format!("unreadable payload: {error}");
+        tracing::warn!(reason = %reason, "message dead-lettered");
+        Handled {
+            verdict: Verdict::DeadLetter { reason },
+            outcome: None,
+            attempts: delivered.unwrap_or(1).max(1),
+            result: None,
+        }
+    }
+
+    fn verdict_for_error(
+        &self,
+        outcome: Option<Outcome>,
+        retryable: Option<bool>,
+        attempts: u32,
+        error: &dyn std::fmt::Display,
+    ) -> Verdict {
+        let requeue = |delay| Verdict::Requeue { delay };
+        let dead = |why: String| Verdict::DeadLetter { reason: why };
+        match outcome {
+            // Someone else is at it, or this attempt lost its claim: the key is not done, and it
+            // is not this message's fault.
+            Some(
+                Outcome::InProgress
+                | Outcome::LeaseLost
+                | Outcome::MarkFailed
+                | Outcome::RecoverFailed
+                | Outcome::VersionConflict,
+            ) => requeue(self.busy_delay),
+            Some(Outcome::Mismatch) => {
+                dead("another payload under a key already processed".to_owned())
+            }
+            Some(Outcome::Unstorable) => dead(format!("the result cannot be stored: {error}")),
+            Some(Outcome::WrongState) => dead(format!("the state does not allow it: {error}")),
+            Some(Outcome::Rejected) if retryable != Some(true) => {
+                dead(format!("refused, and a retry would be too: {error}"))
+            }
+            Some(Outcome::Rejected) => requeue(self.busy_delay),
+            // The body's own error, a missing row, an error after a successful call (a commit
+            // that failed), or an error before any idempotent call: count the attempt.
+            _ if attempts >= self.max_attempts => dead(format!(
+                "failed {attempts} time{}: {error}",
+                if attempts == 1 { "" } else { "s" }
+            )),
+            _ => requeue(self.back_off(attempts)),
+        }
+    }
+
+    /// `retry_delay × 2^(attempts − 1)`, at most `max_retry_delay`.
+    fn back_off(&self, attempts: u32) -> Duration {
+        let doublings = attempts.saturating_sub(1).min(20);
+        self.retry_delay
+            .saturating_mul(1 << doublings)
+            .min(self.max_retry_delay)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inbox() -> Inbox {
+        Inbox::builder()
+            .max_attempts(3)
+            .busy_delay(Duration::from_millis(50))
+            .retry_delay(Duration::from_millis(100))
+            .max_retry_delay(Duration::from_millis(250))
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn each_outcome_has_its_verdict() {
+        let inbox = inbox();
+        let v = |outcome, retryable, attempts| {
+            inbox.verdict_for_error(Some(outcome), retryable, attempts, &"boom")
+        };
+        let busy = Verdict::Requeue {
+            delay: Duration::from_millis(50),
+        };
+        assert_eq!(v(Outcome::InProgress, Some(true), 1), busy);
+        assert_eq!(v(Outcome::LeaseLost, Some(true), 9), busy);
+        assert_eq!(v(Outcome::MarkFailed, None, 9), busy);
+        assert!(matches!(
+            v(Outcome::Mismatch, Some(false), 1),
+            Verdict::DeadLetter { .. }
+        ));
+        assert!(matches!(
+            v(Outcome::Rejected, Some(false), 1),
+            Verdict::DeadLetter { .. }
+        ));
+        assert_eq!(v(Outcome::Rejected, Some(true), 1), busy);
+        assert!(matches!(
+            v(Outcome::Unstorable, Some(false), 1),
+            Verdict::DeadLetter { .. }
+        ));
+        assert_eq!(
+            v(Outcome::Failed, None, 1),
+            Verdict::Requeue {
+                delay: Duration::from_millis(100)
+            }
+        );
+        assert_eq!(
+            v(Outcome::Failed, None, 2),
+            Verdict::Requeue {
+                delay: Duration::from_millis(200)
+            }
+        );
+        let Verdict::DeadLetter { reason } = v(Outcome::Failed, None, 3) else {
+            panic!("the third failure of three is a dead letter");
+        };
+        assert_eq!(reason, "failed 3 times: boom");
+        // An error with no idempotent call in it counts by the broker's deliveries alone.
+        assert!(matches!(
+            inbox.verdict_for_error(None, None, 3, &"boom"),
+            Verdict::DeadLetter { .. }
+        ));
+    }
+
+    #[test]
+    fn the_back_off_doubles_up_to_its_cap() {
+        let inbox = Inbox::builder()
+            .max_attempts(MAX_ATTEMPTS)
+            .retry_delay(Duration::from_millis(100))
+            .max_retry_delay(Duration::from_millis(250))
+            .build()
+            .unwrap();
+        let delays: Vec<_> = (1..=4).map(|a| inbox.back_off(a).as_millis()).collect();
+        assert_eq!(delays, [100, 200, 250, 250]);
+        assert_eq!(inbox.back_off(u32::MAX), Duration::from_millis(250));
+    }
+
+    #[test]
+    fn every_value_out_of_range_is_refused_with_its_name() {
+        let refused = |b: InboxBuilder| match b.build() {
+            Err(IdemError::InvalidOptions { reason }) => reason,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        assert!(refused(Inbox::builder().max_attempts(0)).contains("max_attempts is 1 to 1000"));
+        assert!(refused(Inbox::builder().max_attempts(1_001)).contains("max_attempts"));
+        assert!(
+            refused(Inbox::builder().busy_delay(MAX_DELAY + Duration::from_millis(1)))
+                .contains("busy_delay")
+        );
+        assert!(
+            refused(
+                Inbox::builder()
+                    .retry_delay(Duration::from_secs(10))
+                    .max_retry_delay(Duration::from_secs(5))
+            )
+            .contains("shorter than retry_delay")
+        );
+        assert!(Inbox::builder().max_attempts(1).build().is_ok());
+        assert!(Inbox::builder().busy_delay(MAX_DELAY).build().is_ok());
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_payload_is_dead_lettered_without_calling_the_handler() {
+        let inbox = inbox();
+        let called = std::cell::Cell::new(false);
+        let handled = inbox
+            .handle_json(b"{not json", Some(1), |_: serde_json::Value| {
+                called.set(true);
+                async { Ok::<_, IdemError>(()) }
+            })
+            .await;
+        assert!(!called.get());
+        assert!(handled.result.is_none());
+        let Verdict::DeadLetter { reason } = handled.verdict else {
+            panic!("an unreadable payload is a dead letter");
+        };
+        assert!(reason.starts_with("unreadable payload: "), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn a_handler_that_makes_no_call_is_counted_by_the_brokers_deliveries() {
+        let inbox = inbox();
+        let fail = || async { Err::<(), _>("no call made") };
+        let first = inbox.handle(Some(1), fail()).await;
+        assert!(matches!(first.verdict, Verdict::Requeue { .. }));
+        assert_eq!(first.outcome, None);
+        let last = inbox.handle(Some(3), fail()).await;
+        assert!(matches!(last.verdict, Verdict::DeadLetter { .. }));
+        assert_eq!(last.attempts, 3);
+        let ok = inbox.handle(None, async { Ok::<_, &str>(7) }).await;
+        assert_eq!(ok.verdict, Verdict::Ack);
+        assert_eq!(ok.result.unwrap().unwrap(), 7);
+    }
+}

@@ -24,6 +24,8 @@ pub mod http;
 pub mod inbox;
 mod key;
 mod metrics;
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+pub mod outbox;
 mod preflight;
 mod recovery;
 mod registry;

@@ -78,6 +78,7 @@ shipper!(ship_pg, PgTx, "$1");
 
 /// The database side of one run: MariaDB or Postgres, with its tables.
 #[derive(Clone)]
+#[allow(clippy::large_enum_variant)]
 enum Db {
     MySql(MySqlStore),
     Pg(PgStore),

@@ -254,10 +254,12 @@ fn api_cases() -> Vec<(&'static str, &'static str, Case)> {
             "result",
             "result over the snapshot limit",
             case(|s| async move {
-                let small = SqliteStore::from_pool(s.pool().clone()).with_limits(Limits {
-                    max_snapshot_len: 16,
-                    ..Limits::default()
-                });
+                let small = SqliteStore::from_pool(s.pool().clone())
+                    .with_limits(Limits {
+                        max_snapshot_len: 16,
+                        ..Limits::default()
+                    })
+                    .unwrap();
                 call(&small, Call::new("PAY", "big"), "x".repeat(100)).await
             }),
         ),

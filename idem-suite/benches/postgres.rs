@@ -305,7 +305,8 @@ async fn measure(url: &str, mode: &str, tasks: u64, calls: u64, rounds: usize) -
         .unwrap()
         .token_table(&format!("{tag}_floor_tok"))
         .unwrap()
-        .build(pool(url, conns).await);
+        .build(pool(url, conns).await)
+        .unwrap();
     floor_store.migrate().await.unwrap();
     let text = |name: &str| -> &'static str {
         Box::leak(

@@ -264,10 +264,12 @@ async fn a_plain_snapshot_is_not_an_envelope() {
 /// the inner store's limit to the byte; one byte more is unstorable.
 #[tokio::test]
 async fn the_snapshot_limit_is_exact() {
-    let inner = MemoryStore::with_limits(Limits {
-        max_snapshot_len: 200,
-        ..Limits::default()
-    });
+    let inner = MemoryStore::new()
+        .with_limits(Limits {
+            max_snapshot_len: 200,
+            ..Limits::default()
+        })
+        .unwrap();
     let store = EncryptedStore::new(inner, Keyring::new(1, K1).unwrap());
     assert_eq!(store.limits().max_snapshot_len, 200 - ENVELOPE_OVERHEAD);
     // `{"Ok":"…"}`: 9 bytes around the text.
@@ -345,4 +347,66 @@ async fn a_transactional_call_seals_its_snapshot() {
         .unwrap();
     assert_eq!(Keyring::key_id_of(&sealed).unwrap(), 5);
     assert!(!contains(&sealed, SECRET));
+}
+
+/// `with_limits` on the encrypted store narrows within the inner store's limits, the envelope
+/// counted: a snapshot limit that leaves the envelope room is taken, one byte more is refused
+/// naming the bound, and so is a key longer than the inner store takes.
+#[tokio::test]
+async fn with_limits_leaves_room_for_the_envelope() {
+    let inner = MemoryStore::new()
+        .with_limits(Limits {
+            max_snapshot_len: 200,
+            max_key_len: 64,
+            ..Limits::default()
+        })
+        .unwrap();
+    let store = EncryptedStore::new(inner, Keyring::new(1, K1).unwrap());
+    let narrower = store
+        .clone()
+        .with_limits(Limits {
+            max_snapshot_len: 100,
+            max_key_len: 8,
+            ..Limits::default()
+        })
+        .unwrap();
+    assert_eq!(narrower.limits().max_snapshot_len, 100);
+    let long_key: Result<u8, IdemError> = Call::new("SEAL", "123456789")
+        .run(&narrower, async { Ok(1) })
+        .await;
+    assert!(
+        matches!(long_key, Err(IdemError::InvalidKey { .. })),
+        "{long_key:?}"
+    );
+    let at_room = store
+        .clone()
+        .with_limits(Limits {
+            max_snapshot_len: 200 - ENVELOPE_OVERHEAD,
+            max_key_len: 64,
+            ..Limits::default()
+        })
+        .unwrap();
+    assert_eq!(at_room.limits(), store.limits());
+    for (limits, names) in [
+        (
+            Limits {
+                max_snapshot_len: 200 - ENVELOPE_OVERHEAD + 1,
+                max_key_len: 64,
+                ..Limits::default()
+            },
+            format!("max_snapshot_len = {}", 200 - ENVELOPE_OVERHEAD + 1),
+        ),
+        (
+            Limits {
+                max_key_len: 65,
+                ..Limits::default()
+            },
+            "max_key_len = 65".to_owned(),
+        ),
+    ] {
+        let err = store.clone().with_limits(limits).unwrap_err();
+        assert!(matches!(err, IdemError::InvalidOptions { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains(&names) && text.contains("envelope"), "{text}");
+    }
 }

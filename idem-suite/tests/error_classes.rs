@@ -196,6 +196,7 @@ fn pg_store_on(tables: &PgStore, pool: PgPool, lock_timeout: Duration) -> PgStor
         .unwrap()
         .lock_timeout(lock_timeout)
         .build(pool)
+        .unwrap()
 }
 
 /// `$name`: the scenario a lock wait that is cut off shows up in. `holder` (on the same tables) keeps a

@@ -347,10 +347,12 @@ fn no_raw_key_token_or_result_reaches_spans_or_logs() {
 
 #[tokio::test]
 async fn a_tighter_key_limit_is_enforced_before_anything_is_written() {
-    let store = MemoryStore::with_limits(Limits {
-        max_key_len: 8,
-        ..Limits::default()
-    });
+    let store = MemoryStore::new()
+        .with_limits(Limits {
+            max_key_len: 8,
+            ..Limits::default()
+        })
+        .unwrap();
     let too_long = call(&store, "123456789", false).await;
     assert!(
         matches!(too_long, Err(IdemError::InvalidKey { .. })),
@@ -362,10 +364,12 @@ async fn a_tighter_key_limit_is_enforced_before_anything_is_written() {
 
 #[tokio::test]
 async fn a_store_may_refuse_long_business_types() {
-    let store = MemoryStore::with_limits(Limits {
-        max_biz_len: 4,
-        ..Limits::default()
-    });
+    let store = MemoryStore::new()
+        .with_limits(Limits {
+            max_biz_len: 4,
+            ..Limits::default()
+        })
+        .unwrap();
     let res: Result<u32, IdemError> = Call::new("TRACE", "k").run(&store, async { Ok(1) }).await;
     assert!(matches!(res, Err(IdemError::InvalidBiz { .. })), "{res:?}");
     assert!(store.load("TRACE", "k").await.unwrap().is_none());

@@ -305,7 +305,8 @@ async fn schema_qualified_tables_work_and_bad_names_are_refused() {
     let store = PgStore::builder()
         .table(&format!("{schema}.records"))
         .unwrap()
-        .build(pool.clone());
+        .build(pool.clone())
+        .unwrap();
     assert_eq!(store.token_table(), format!("{schema}.idem_token"));
     store.migrate().await.unwrap();
     store.migrate().await.unwrap(); // idempotent
@@ -361,7 +362,8 @@ async fn a_missing_table_says_run_migrate() {
     let missing = PgStore::builder()
         .table(&format!("{}_never_made", store.table()))
         .unwrap()
-        .build(store.pool().clone());
+        .build(store.pool().clone())
+        .unwrap();
     let res: Result<(), IdemError> = Call::new("PG_SCHEMA", "k")
         .run(&missing, async { Ok(()) })
         .await;
@@ -612,7 +614,8 @@ async fn migrate_adds_the_stuck_index_to_a_table_of_the_previous_version() {
         .unwrap()
         .token_table(base.token_table())
         .unwrap()
-        .build(base.pool().clone());
+        .build(base.pool().clone())
+        .unwrap();
     let names = |defs: Vec<(String, String)>| defs.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
     assert_eq!(
         names(index_defs(&store, &t).await),
@@ -639,7 +642,8 @@ async fn migrate_adds_the_stuck_index_to_a_table_of_the_previous_version() {
         .unwrap()
         .token_table(base.token_table())
         .unwrap()
-        .build(base.pool().clone());
+        .build(base.pool().clone())
+        .unwrap();
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
     let mut columns: Vec<String> = index_defs(&store, &long)
@@ -661,4 +665,61 @@ async fn migrate_adds_the_stuck_index_to_a_table_of_the_previous_version() {
         .await
         .unwrap();
     pg::drop_tables(&base).await;
+}
+
+/// The store's own `with_table` / `with_token_table` (not only the builder's): the statements and
+/// `migrate()` use the new names; `with_limits` on the store and the builder's `limits` at `build`
+/// refuse what a `bytea` / `text` column cannot hold.
+#[tokio::test]
+async fn the_store_takes_table_names_and_checks_limits() {
+    let Some(base) = pg::store(2).await else {
+        return;
+    };
+    let t = format!("{}_own", base.table());
+    let store = base
+        .clone()
+        .with_table(&t)
+        .unwrap()
+        .with_token_table(&format!("{t}_tok"))
+        .unwrap();
+    assert_eq!(
+        (store.table(), store.token_table()),
+        (t.as_str(), &*format!("{t}_tok"))
+    );
+    store.migrate().await.unwrap();
+    let ran: Result<u8, IdemError> = Call::new("PG_OWN", "k").run(&store, async { Ok(1) }).await;
+    assert_eq!(ran.unwrap(), 1);
+    assert!(base.load("PG_OWN", "k").await.unwrap().is_none());
+    assert!(store.load("PG_OWN", "k").await.unwrap().is_some());
+    for bad in ["", "a-b", "a.b.c"] {
+        assert!(matches!(
+            base.clone().with_table(bad),
+            Err(IdemError::InvalidOptions { .. })
+        ));
+    }
+    let too_big = idem::Limits {
+        max_snapshot_len: (1 << 30) + 1,
+        ..idem::Limits::default()
+    };
+    let err = store.clone().with_limits(too_big.clone()).err().unwrap();
+    assert!(
+        matches!(err, IdemError::InvalidOptions { .. })
+            && err.to_string().contains("max_snapshot_len = 1073741825")
+            && err.to_string().contains("at most 1073741824"),
+        "{err}"
+    );
+    assert!(matches!(
+        PgStore::builder()
+            .limits(too_big)
+            .build(base.pool().clone()),
+        Err(IdemError::InvalidOptions { .. })
+    ));
+    let wide = store
+        .with_limits(idem::Limits {
+            max_snapshot_len: 1 << 30,
+            ..idem::Limits::default()
+        })
+        .unwrap();
+    assert_eq!(wide.limits().max_snapshot_len, 1 << 30);
+    pg::drop_tables(&wide).await;
 }

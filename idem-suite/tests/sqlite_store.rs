@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use idem::sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 use idem::sqlx::{self, Row};
-use idem::{Busy, Call, IdemError, SqliteStore, Status, Store};
+use idem::{Busy, Call, IdemError, SqliteStore, Status, Store, TokenStore};
 
 fn temp_db(name: &str) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("idem-sqlite-{name}-{}.db", std::process::id()));
@@ -314,4 +314,122 @@ async fn migrate_adds_the_stuck_index_to_a_database_of_the_previous_version() {
             .map(|row| row.get(0))
             .collect();
     assert_eq!(columns, ["biz_type", "status", "lease_until"]);
+}
+
+/// Two stores on one database file, each on tables of its own (`with_table`,
+/// `with_token_table`): each migrates its tables and its indexes under names of its own, runs
+/// calls, transactions, tokens and sweeps, and neither sees the other's records.
+#[tokio::test]
+async fn two_tables_in_one_file_keep_their_records_apart() {
+    let path = temp_db("two_tables");
+    let clock = idem::TestClock::new();
+    let base = SqliteStore::open(&path)
+        .await
+        .unwrap()
+        .with_test_clock(clock.clone());
+    let orders = base
+        .clone()
+        .with_table("orders_idem")
+        .unwrap()
+        .with_token_table("orders_tok")
+        .unwrap();
+    let refunds = base
+        .clone()
+        .with_table("refunds_idem")
+        .unwrap()
+        .with_token_table("refunds_tok")
+        .unwrap();
+    for store in [&orders, &refunds] {
+        store.migrate().await.unwrap();
+        store.migrate().await.unwrap(); // idempotent
+    }
+    let tables: Vec<String> = sqlx::query(
+        "SELECT name FROM sqlite_master WHERE type IN ('table', 'index') \
+         AND name NOT LIKE 'sqlite_%' ORDER BY name",
+    )
+    .fetch_all(base.pool())
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| row.get(0))
+    .collect();
+    assert_eq!(
+        tables,
+        [
+            "orders_idem",
+            "orders_idem_expire_at",
+            "orders_idem_stuck",
+            "orders_tok",
+            "orders_tok_expire_at",
+            "refunds_idem",
+            "refunds_idem_expire_at",
+            "refunds_idem_stuck",
+            "refunds_tok",
+            "refunds_tok_expire_at",
+        ],
+        "no default table is made, and each index is named after its table"
+    );
+
+    // The same key in both: two records, each run once and replayed by its own store only.
+    let first: Result<u8, IdemError> = Call::new("PAY", "k1").run(&orders, async { Ok(1) }).await;
+    assert_eq!(first.unwrap(), 1);
+    assert!(refunds.load("PAY", "k1").await.unwrap().is_none());
+    let other: Result<u8, IdemError> = Call::new("PAY", "k1").run(&refunds, async { Ok(2) }).await;
+    assert_eq!(other.unwrap(), 2, "the other table has no record of k1");
+    let again: Result<u8, IdemError> = Call::new("PAY", "k1").run(&orders, async { Ok(9) }).await;
+    assert_eq!(again.unwrap(), 1, "replayed from its own table");
+    let again: Result<u8, IdemError> = Call::new("PAY", "k1").run(&refunds, async { Ok(9) }).await;
+    assert_eq!(again.unwrap(), 2);
+
+    // A transaction claims in its store's table.
+    let mut tx = refunds.begin().await.unwrap();
+    let in_tx: Result<u8, IdemError> = Call::new("PAY", "k2")
+        .run_in_tx(&mut tx, async |_tx| Ok(3))
+        .await;
+    tx.commit().await.unwrap();
+    assert_eq!(in_tx.unwrap(), 3);
+    assert_eq!(
+        refunds.load("PAY", "k2").await.unwrap().unwrap().status,
+        Status::Succeeded
+    );
+    assert!(orders.load("PAY", "k2").await.unwrap().is_none());
+
+    // Counts and stuck lists read one table each.
+    let counts = |stats: Vec<idem::StatusCount>| stats.iter().map(|c| c.records).sum::<u64>();
+    assert_eq!(counts(orders.stats().await.unwrap()), 1);
+    assert_eq!(counts(refunds.stats().await.unwrap()), 2);
+
+    // Tokens live in each store's token table.
+    let tokens = orders.tokens();
+    let token = tokens
+        .issue(Duration::from_secs(60), Some("alice"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        refunds.tokens().consume(&token, Some("alice")).await,
+        Err(IdemError::TokenInvalid { .. })
+    ));
+    tokens.consume(&token, Some("alice")).await.unwrap();
+
+    // Sweeping one table leaves the other's expired records alone.
+    clock.advance(Duration::from_secs(8 * 24 * 3600)); // past the default ttl (7 days)
+    assert_eq!(orders.sweep_expired(100).await.unwrap(), 1);
+    assert!(orders.load("PAY", "k1").await.unwrap().is_none());
+    assert!(refunds.load("PAY", "k1").await.unwrap().is_some());
+    assert_eq!(refunds.sweep_expired(100).await.unwrap(), 2);
+}
+
+/// A store on a table that was never migrated says to run `migrate()`, like the default table.
+#[tokio::test]
+async fn a_named_table_not_migrated_says_to_run_migrate() {
+    let store = SqliteStore::in_memory()
+        .await
+        .unwrap()
+        .with_table("never_made")
+        .unwrap();
+    let res: Result<u8, IdemError> = Call::new("PAY", "k").run(&store, async { Ok(1) }).await;
+    assert!(
+        matches!(&res, Err(IdemError::StoreSchema { .. })),
+        "{res:?}"
+    );
 }

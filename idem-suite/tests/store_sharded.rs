@@ -185,3 +185,48 @@ async fn the_attribute_joins_a_sharded_transaction() {
     assert_eq!(pay(&mut tx, "O-9").await.unwrap(), first, "replayed");
     tx.into_inner().commit().await.unwrap();
 }
+
+/// `with_limits` on a sharded store narrows within the strictest shard's limits (a record may land
+/// on any shard): a narrower limit is enforced on every key, one past a shard's is refused.
+#[tokio::test]
+async fn with_limits_stays_within_every_shard() {
+    let mut shards = shards(TestClock::new()).await;
+    shards[2] = shards[2]
+        .clone()
+        .with_limits(idem::Limits {
+            max_key_len: 40,
+            ..idem::Limits::default()
+        })
+        .unwrap();
+    let store = ShardedStore::new(shards).unwrap();
+    assert_eq!(store.limits().max_key_len, 40, "the strictest shard's");
+    let err = store
+        .clone()
+        .with_limits(idem::Limits {
+            max_key_len: 41,
+            ..idem::Limits::default()
+        })
+        .err()
+        .unwrap();
+    assert!(
+        matches!(err, IdemError::InvalidOptions { .. })
+            && err.to_string().contains("max_key_len = 41")
+            && err.to_string().contains("at most 40"),
+        "{err}"
+    );
+    let narrow = store
+        .with_limits(idem::Limits {
+            max_key_len: 4,
+            ..idem::Limits::default()
+        })
+        .unwrap();
+    let over: Result<u8, IdemError> = Call::new("PAY", "12345")
+        .run(&narrow, async { Ok(1) })
+        .await;
+    assert!(
+        matches!(over, Err(IdemError::InvalidKey { .. })),
+        "{over:?}"
+    );
+    let ok: Result<u8, IdemError> = Call::new("PAY", "1234").run(&narrow, async { Ok(1) }).await;
+    assert_eq!(ok.unwrap(), 1);
+}

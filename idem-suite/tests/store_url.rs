@@ -1,7 +1,7 @@
 //! Stores opened from a URL (`idem::connect`), one per scheme, each through the whole store
 //! contract: `memory:`, `sqlite:PATH`, `mysql://` (on the local MariaDB), `postgres://`,
-//! `redis://`, and `sharded:` over two SQLite files; with the URL options `idem_table` and
-//! `idem_prefix` giving each test a table or key prefix of its own. Then what a bad URL is told.
+//! `redis://`, and `sharded:` over two SQLite files; with the URL options `idem_table` (SQLite too),
+//! `idem_token_table` and `idem_prefix` giving each test a table or key prefix of its own. Then what a bad URL is told.
 
 mod contract;
 #[cfg(feature = "mysql")]
@@ -49,6 +49,62 @@ mod sqlite {
     }
 
     contract_suite!(store, burst = (50, 16));
+}
+
+/// `idem_table` (and `idem_token_table`) on a `sqlite:` URL: the store keeps its records in that
+/// table of the file, which `migrate()` creates.
+mod sqlite_table {
+    use super::*;
+
+    async fn store(clock: TestClock) -> Option<Arc<dyn Store>> {
+        let table = server::unique("idem_u");
+        let url = format!(
+            "sqlite:{}?idem_table={table}&idem_token_table={table}_tokens",
+            sqlite_path()
+        );
+        open("SQLite", &url, clock).await
+    }
+
+    contract_suite!(store, burst = (50, 16));
+}
+
+/// The tables a `sqlite:` URL's options name are the ones written: a default-table store on the
+/// same file sees nothing of them, and `migrations(url)` prints the same names.
+#[tokio::test]
+async fn a_sqlite_url_with_a_table_keeps_its_records_there() {
+    let path = sqlite_path();
+    let named = idem::connect(&format!("sqlite:{path}?idem_table=idem_orders"))
+        .await
+        .unwrap();
+    named.migrate().await.unwrap();
+    let ran: Result<u8, IdemError> = idem::Call::new("PAY", "k")
+        .run(&named, async { Ok(1) })
+        .await;
+    assert_eq!(ran.unwrap(), 1);
+    let plain = idem::SqliteStore::open(&path).await.unwrap();
+    plain.migrate().await.unwrap();
+    assert!(plain.load("PAY", "k").await.unwrap().is_none());
+    let on_table = plain.clone().with_table("idem_orders").unwrap();
+    assert!(on_table.load("PAY", "k").await.unwrap().is_some());
+    let tokens = named.tokens().unwrap();
+    let token = tokens
+        .issue(std::time::Duration::from_secs(60), None)
+        .await
+        .unwrap();
+    let in_tok: i64 = idem::sqlx::query_scalar("SELECT COUNT(*) FROM idem_orders_tok")
+        .fetch_one(plain.pool())
+        .await
+        .unwrap();
+    assert_eq!(in_tok, 1, "{token}: in `NAME_tok`");
+    let ddl = idem::migrations(&format!("sqlite:{path}?idem_table=idem_orders"))
+        .unwrap()
+        .unwrap();
+    assert!(ddl[0].contains("\"idem_orders\""), "{ddl:?}");
+    // And the options a `sqlite:` URL does not take are still refused.
+    assert!(matches!(
+        idem::connect(&format!("sqlite:{path}?idem_table=other.t")).await,
+        Err(IdemError::InvalidOptions { .. })
+    ));
 }
 
 mod sharded {
@@ -172,4 +228,155 @@ async fn tokens_come_from_the_same_url() {
             .tokens(),
         Err(IdemError::NotSupported { .. })
     ));
+}
+
+/// A limit past what a backend holds, for `with_limits` refusals: a key of 2 GiB is more than any
+/// store but memory takes.
+#[cfg(any(feature = "mysql", feature = "postgres", feature = "redis"))]
+fn too_long_keys() -> idem::Limits {
+    idem::Limits {
+        max_key_len: 2 << 30,
+        ..idem::Limits::default()
+    }
+}
+
+/// `AnyStore::with_table` / `with_token_table` / `with_limits` on the SQL servers: applied to the
+/// store it holds (its table is the one written), refused past the columns, and `with_prefix`
+/// refused.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+#[tokio::test]
+async fn any_store_names_the_tables_of_sql_servers() {
+    let mut bases = Vec::new();
+    #[cfg(feature = "mysql")]
+    bases.push((
+        "MySQL",
+        server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
+        "idem_u",
+    ));
+    #[cfg(feature = "postgres")]
+    bases.push((
+        "Postgres",
+        server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test"),
+        "idemt",
+    ));
+    for (service, base, prefix) in bases {
+        let Some(store) = server::reach(service, &base, idem::connect(&base)).await else {
+            continue;
+        };
+        let table = server::unique(prefix);
+        let store = store
+            .with_table(&table)
+            .unwrap()
+            .with_token_table(&format!("{table}_tok"))
+            .unwrap()
+            .with_limits(idem::Limits {
+                max_key_len: 200,
+                ..idem::Limits::default()
+            })
+            .unwrap();
+        assert_eq!(store.limits().max_key_len, 200);
+        store.migrate().await.unwrap();
+        let key = "k".repeat(200);
+        let ran: Result<u8, IdemError> = idem::Call::new("ANY", &key)
+            .run(&store, async { Ok(1) })
+            .await;
+        assert_eq!(ran.unwrap(), 1, "{service}");
+        assert!(store.load("ANY", &key).await.unwrap().is_some());
+        let plain = idem::connect(&base).await.unwrap();
+        plain.migrate().await.unwrap();
+        assert!(
+            plain.load("ANY", &key).await.unwrap().is_none(),
+            "{service}: written in {table}, not the default table"
+        );
+        let err = store.clone().with_limits(too_long_keys()).unwrap_err();
+        assert!(
+            matches!(err, IdemError::InvalidOptions { .. })
+                && err.to_string().contains("max_key_len"),
+            "{service}: {err}"
+        );
+        let err = store.with_prefix("p:").unwrap_err().to_string();
+        assert!(err.contains("with_prefix"), "{service}: {err}");
+    }
+}
+
+/// `AnyStore::with_prefix` / `with_limits` on Redis: applied (its records are under the prefix),
+/// refused past a Redis string, and `with_table` refused.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn any_store_sets_the_prefix_of_redis() {
+    let base = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+    let Some(store) = server::reach("Redis", &base, idem::connect(&base)).await else {
+        return;
+    };
+    let prefix = format!("{}:", server::unique("idemt"));
+    let store = store.with_prefix(&prefix).unwrap();
+    let ran: Result<u8, IdemError> = idem::Call::new("ANY", "k")
+        .run(&store, async { Ok(1) })
+        .await;
+    assert_eq!(ran.unwrap(), 1);
+    let other = idem::connect(&base)
+        .await
+        .unwrap()
+        .with_prefix(&format!("{prefix}other:"))
+        .unwrap();
+    assert!(other.load("ANY", "k").await.unwrap().is_none());
+    assert!(store.load("ANY", "k").await.unwrap().is_some());
+    let err = store.clone().with_limits(too_long_keys()).unwrap_err();
+    assert!(
+        matches!(err, IdemError::InvalidOptions { .. }) && err.to_string().contains("max_key_len"),
+        "{err}"
+    );
+    assert!(matches!(
+        store.clone().with_prefix("bad prefix"),
+        Err(IdemError::InvalidOptions { .. })
+    ));
+    let err = store.with_table("t").unwrap_err().to_string();
+    assert!(err.contains("with_table") && err.contains("redis"), "{err}");
+}
+
+/// A sharded store takes the options of its shards, on every shard: a table on each SQLite file,
+/// limits on each; and refuses what no shard has.
+#[tokio::test]
+async fn any_store_options_reach_every_shard() {
+    let url = format!("sharded:sqlite:{}|sqlite:{}", sqlite_path(), sqlite_path());
+    let store = idem::connect(&url)
+        .await
+        .unwrap()
+        .with_table("idem_sharded")
+        .unwrap()
+        .with_limits(idem::Limits {
+            max_key_len: 64,
+            ..idem::Limits::default()
+        })
+        .unwrap();
+    store.migrate().await.unwrap();
+    assert_eq!(store.limits().max_key_len, 64);
+    for key in ["a", "b", "c", "d", "e", "f"] {
+        let ran: Result<u8, IdemError> = idem::Call::new("ANY", key)
+            .run(&store, async { Ok(1) })
+            .await;
+        assert_eq!(ran.unwrap(), 1);
+    }
+    let over: Result<u8, IdemError> = idem::Call::new("ANY", &"k".repeat(65))
+        .run(&store, async { Ok(1) })
+        .await;
+    assert!(
+        matches!(over, Err(IdemError::InvalidKey { .. })),
+        "{over:?}"
+    );
+    assert!(matches!(
+        store.clone().with_prefix("p:"),
+        Err(IdemError::InvalidOptions { .. })
+    ));
+    let err = store
+        .with_limits(idem::Limits {
+            max_snapshot_len: 2_000_000_000,
+            ..idem::Limits::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("max_snapshot_len") && err.contains("SQLite"),
+        "{err}"
+    );
 }

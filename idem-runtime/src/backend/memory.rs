@@ -84,11 +84,6 @@ impl Default for MemoryStore {
 impl MemoryStore {
     /// An empty store with default limits.
     pub fn new() -> Self {
-        Self::with_limits(Limits::default())
-    }
-
-    /// An empty store with the given limits.
-    pub fn with_limits(limits: Limits) -> Self {
         let epoch_us = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
@@ -97,9 +92,20 @@ impl MemoryStore {
             epoch: Instant::now(),
             epoch_us,
             offset: ClockOffset::default(),
-            limits,
+            limits: Limits::default(),
             capacity: 0,
         }
+    }
+
+    /// The same store with other limits (`MemoryStore::new().with_limits(limits)?`). Memory holds
+    /// any length, so no limit is refused; the `Result` is the shape every store's `with_limits`
+    /// has, so code written for one backend moves to another unchanged.
+    ///
+    /// # Errors
+    /// None today.
+    pub fn with_limits(mut self, limits: Limits) -> Result<Self, IdemError> {
+        self.limits = limits;
+        Ok(self)
     }
 
     /// The same store, reserving room for `records` keys per business type up front, so a

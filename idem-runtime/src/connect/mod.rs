@@ -28,7 +28,8 @@ pub struct AnyStore {
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 enum Backend {
-    Memory,
+    /// A `memory:` store is rebuilt from these when it is reconfigured (its records are its own).
+    Memory(MemoryOptions),
     #[cfg(feature = "sqlite")]
     Sqlite(crate::SqliteStore),
     #[cfg(feature = "mysql")]
@@ -40,6 +41,66 @@ enum Backend {
     #[cfg(feature = "redis")]
     RedisCluster(crate::RedisClusterStore),
     Sharded(Vec<AnyStore>),
+}
+
+/// How a `memory:` store was configured.
+#[derive(Clone, Default)]
+struct MemoryOptions {
+    limits: Limits,
+    clock: Option<crate::TestClock>,
+}
+
+impl MemoryOptions {
+    fn store(&self) -> crate::MemoryStore {
+        let store = crate::MemoryStore::new()
+            .with_limits(self.limits.clone())
+            .unwrap_or_else(|_| unreachable!("memory holds any limits"));
+        match &self.clock {
+            Some(clock) => store.with_test_clock(clock.clone()),
+            None => store,
+        }
+    }
+}
+
+impl Backend {
+    /// The backend's name as [`Store::backend`] says it, for refusals.
+    fn name(&self) -> &'static str {
+        match self {
+            Backend::Memory(_) => "memory",
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => "sqlite",
+            #[cfg(feature = "mysql")]
+            Backend::MySql(_) => "mysql",
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => "postgres",
+            #[cfg(feature = "redis")]
+            Backend::Redis(_) => "redis",
+            #[cfg(feature = "redis")]
+            Backend::RedisCluster(_) => "redis-cluster",
+            Backend::Sharded(_) => "sharded",
+        }
+    }
+
+    /// The store this backend is.
+    fn store(&self) -> Arc<dyn Store> {
+        match self {
+            Backend::Memory(options) => Arc::new(options.store()),
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(s) => Arc::new(s.clone()),
+            #[cfg(feature = "mysql")]
+            Backend::MySql(s) => Arc::new(s.clone()),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(s) => Arc::new(s.clone()),
+            #[cfg(feature = "redis")]
+            Backend::Redis(s) => Arc::new(s.clone()),
+            #[cfg(feature = "redis")]
+            Backend::RedisCluster(s) => Arc::new(s.clone()),
+            Backend::Sharded(shards) => Arc::new(
+                crate::ShardedStore::new(shards.clone())
+                    .unwrap_or_else(|_| unreachable!("the same shards it was made with")),
+            ),
+        }
+    }
 }
 
 impl std::fmt::Debug for AnyStore {
@@ -58,7 +119,7 @@ impl AnyStore {
     /// The backend's migration error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
         match &self.backend {
-            Backend::Memory => Ok(()),
+            Backend::Memory(_) => Ok(()),
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(s) => s.migrate().await,
             #[cfg(feature = "mysql")]
@@ -83,7 +144,7 @@ impl AnyStore {
     /// [`IdemError::NotSupported`] for a sharded store (pick one shard's URL for tokens).
     pub fn tokens(&self) -> Result<Arc<dyn TokenStore>, IdemError> {
         Ok(match &self.backend {
-            Backend::Memory => Arc::new(crate::MemoryTokens::new()),
+            Backend::Memory(_) => Arc::new(crate::MemoryTokens::new()),
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(s) => Arc::new(s.tokens()),
             #[cfg(feature = "mysql")]
@@ -107,50 +168,173 @@ impl AnyStore {
     /// clock reads the test clock's offset on top of its own, for tests that move time. A
     /// `memory:` store starts empty again (its records are its own).
     pub fn with_test_clock(self, clock: crate::TestClock) -> Self {
-        let (store, backend): (Arc<dyn Store>, Backend) = match self.backend {
-            Backend::Memory => {
-                let s = crate::MemoryStore::new().with_test_clock(clock);
-                (Arc::new(s), Backend::Memory)
+        let backend = match self.backend {
+            Backend::Memory(mut options) => {
+                options.clock = Some(clock);
+                Backend::Memory(options)
             }
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite(s) => {
-                let s = s.with_test_clock(clock);
-                (Arc::new(s.clone()), Backend::Sqlite(s))
-            }
+            Backend::Sqlite(s) => Backend::Sqlite(s.with_test_clock(clock)),
             #[cfg(feature = "mysql")]
-            Backend::MySql(s) => {
-                let s = s.with_test_clock(clock);
-                (Arc::new(s.clone()), Backend::MySql(s))
-            }
+            Backend::MySql(s) => Backend::MySql(s.with_test_clock(clock)),
             #[cfg(feature = "postgres")]
-            Backend::Postgres(s) => {
-                let s = s.with_test_clock(clock);
-                (Arc::new(s.clone()), Backend::Postgres(s))
-            }
+            Backend::Postgres(s) => Backend::Postgres(s.with_test_clock(clock)),
             #[cfg(feature = "redis")]
-            Backend::Redis(s) => {
-                let s = s.with_test_clock(clock);
-                (Arc::new(s.clone()), Backend::Redis(s))
-            }
+            Backend::Redis(s) => Backend::Redis(s.with_test_clock(clock)),
             #[cfg(feature = "redis")]
-            Backend::RedisCluster(s) => {
-                let s = s.with_test_clock(clock);
-                (Arc::new(s.clone()), Backend::RedisCluster(s))
-            }
-            Backend::Sharded(shards) => {
-                let shards: Vec<AnyStore> = shards
+            Backend::RedisCluster(s) => Backend::RedisCluster(s.with_test_clock(clock)),
+            Backend::Sharded(shards) => Backend::Sharded(
+                shards
                     .into_iter()
                     .map(|s| s.with_test_clock(clock.clone()))
-                    .collect();
-                let sharded = crate::ShardedStore::new(shards.clone())
-                    .expect("the same shards it was made with");
-                (Arc::new(sharded), Backend::Sharded(shards))
+                    .collect(),
+            ),
+        };
+        AnyStore::of(backend, self.url)
+    }
+
+    /// The same store with other limits, delegated to the backend it holds (every shard of a
+    /// sharded one), whose `with_limits` checks them against what its storage holds: SQLite 10⁹
+    /// bytes a value, MySQL its columns (a biz type of 64 bytes, a key of 255, a snapshot under 16
+    /// MiB), Postgres 1 GiB a value, Redis 512 MiB a string; memory holds any. A `memory:` store
+    /// starts empty again (its records are its own).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] naming the limit the backend (or a shard) cannot hold and
+    /// the bound.
+    pub fn with_limits(self, limits: Limits) -> Result<Self, IdemError> {
+        let backend = match self.backend {
+            Backend::Memory(mut options) => {
+                options.limits = limits;
+                Backend::Memory(options)
+            }
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(s) => Backend::Sqlite(s.with_limits(limits)?),
+            #[cfg(feature = "mysql")]
+            Backend::MySql(s) => Backend::MySql(s.with_limits(limits)?),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(s) => Backend::Postgres(s.with_limits(limits)?),
+            #[cfg(feature = "redis")]
+            Backend::Redis(s) => Backend::Redis(s.with_limits(limits)?),
+            #[cfg(feature = "redis")]
+            Backend::RedisCluster(s) => Backend::RedisCluster(s.with_limits(limits)?),
+            Backend::Sharded(shards) => Backend::Sharded(
+                shards
+                    .into_iter()
+                    .map(|s| s.with_limits(limits.clone()))
+                    .collect::<Result<_, _>>()?,
+            ),
+        };
+        Ok(AnyStore::of(backend, self.url))
+    }
+
+    /// The same store on another records table (SQL stores: SQLite, MySQL, Postgres; every shard
+    /// of a sharded one, each in its own database), as the backend's `with_table` names it; run
+    /// [`AnyStore::migrate`] to create it.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a name the backend cannot use, or a store without tables
+    /// (memory, Redis: their records are under a key prefix, see [`AnyStore::with_prefix`]).
+    pub fn with_table(self, name: &str) -> Result<Self, IdemError> {
+        self.with_sql_table("with_table", name, false)
+    }
+
+    /// The same store with its submit tokens in another table (SQL stores; every shard of a
+    /// sharded one), as the backend's `with_token_table` names it.
+    ///
+    /// # Errors
+    /// As [`AnyStore::with_table`].
+    pub fn with_token_table(self, name: &str) -> Result<Self, IdemError> {
+        self.with_sql_table("with_token_table", name, true)
+    }
+
+    fn with_sql_table(self, method: &str, name: &str, tokens: bool) -> Result<Self, IdemError> {
+        let backend = match self.backend {
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(s) => Backend::Sqlite(if tokens {
+                s.with_token_table(name)?
+            } else {
+                s.with_table(name)?
+            }),
+            #[cfg(feature = "mysql")]
+            Backend::MySql(s) => Backend::MySql(if tokens {
+                s.with_token_table(name)?
+            } else {
+                s.with_table(name)?
+            }),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(s) => Backend::Postgres(if tokens {
+                s.with_token_table(name)?
+            } else {
+                s.with_table(name)?
+            }),
+            Backend::Sharded(shards) => Backend::Sharded(
+                shards
+                    .into_iter()
+                    .map(|s| s.with_sql_table(method, name, tokens))
+                    .collect::<Result<_, _>>()?,
+            ),
+            other => {
+                return Err(IdemError::InvalidOptions {
+                    reason: format!(
+                        "`{method}` names a table of an SQL store (sqlite, mysql, postgres); a \
+                         {} store has no tables{}",
+                        other.name(),
+                        if matches!(other.name(), "redis" | "redis-cluster") {
+                            " (give it a key prefix: `with_prefix`)"
+                        } else {
+                            ""
+                        }
+                    ),
+                });
             }
         };
+        Ok(AnyStore::of(backend, self.url))
+    }
+
+    /// The same store with its records under another key prefix (Redis, Redis Cluster; every
+    /// shard of a sharded one), as [`RedisStore::with_prefix`](crate::RedisStore::with_prefix)
+    /// checks it.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a prefix Redis cannot use, or a store without key
+    /// prefixes (memory, SQL stores: theirs is a table, see [`AnyStore::with_table`]).
+    pub fn with_prefix(self, prefix: &str) -> Result<Self, IdemError> {
+        let backend = match self.backend {
+            #[cfg(feature = "redis")]
+            Backend::Redis(s) => Backend::Redis(s.with_prefix(prefix)?),
+            #[cfg(feature = "redis")]
+            Backend::RedisCluster(s) => Backend::RedisCluster(s.with_prefix(prefix)?),
+            Backend::Sharded(shards) => Backend::Sharded(
+                shards
+                    .into_iter()
+                    .map(|s| s.with_prefix(prefix))
+                    .collect::<Result<_, _>>()?,
+            ),
+            other => {
+                return Err(IdemError::InvalidOptions {
+                    reason: format!(
+                        "`with_prefix` sets the key prefix of a Redis store (redis, \
+                         redis-cluster); a {} store has none{}",
+                        other.name(),
+                        if other.name() == "memory" {
+                            ""
+                        } else {
+                            " (name its table instead: `with_table`)"
+                        }
+                    ),
+                });
+            }
+        };
+        Ok(AnyStore::of(backend, self.url))
+    }
+
+    /// The store `backend` is, opened from `url`.
+    fn of(backend: Backend, url: Arc<str>) -> Self {
         AnyStore {
-            store,
+            store: backend.store(),
             backend,
-            url: self.url,
+            url,
         }
     }
 
@@ -174,9 +358,10 @@ impl AnyStore {
 /// | `sharded:URL\|URL\|…` | [`ShardedStore`](crate::ShardedStore) over the stores of those URLs, in that order |
 ///
 /// Options idem reads from the query, removed before the URL reaches the driver (whose own
-/// options, such as Postgres's `sslmode`, stay): `idem_table=NAME` (MySQL, Postgres: the records'
-/// table; its token table is `NAME_tok`) and `idem_prefix=P` (Redis, Redis Cluster: the keys'
-/// prefix). An option a backend does not have is refused.
+/// options, such as Postgres's `sslmode`, stay): `idem_table=NAME` (SQLite, MySQL, Postgres: the
+/// records' table; its token table is `NAME_tok`), `idem_token_table=NAME` (SQLite, MySQL,
+/// Postgres: the tokens' table, whatever `idem_table` says) and `idem_prefix=P` (Redis, Redis
+/// Cluster: the keys' prefix). An option a backend does not have is refused.
 ///
 /// ```
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
@@ -224,7 +409,8 @@ pub async fn connect(url: &str) -> Result<AnyStore, IdemError> {
     let (store, backend): (Arc<dyn Store>, Backend) = match scheme.as_str() {
         "memory" => {
             options.none_for("memory")?;
-            (Arc::new(crate::MemoryStore::new()), Backend::Memory)
+            let memory = MemoryOptions::default();
+            (Arc::new(memory.store()), Backend::Memory(memory))
         }
         "sqlite" => open_sqlite(&base, rest, &options).await?,
         "mysql" | "mariadb" => open_mysql(&base, &options).await?,
@@ -274,19 +460,19 @@ pub fn migrations(url: &str) -> Result<Option<Vec<String>>, IdemError> {
     match scheme.as_str() {
         "memory" => options.none_for("memory").map(|()| None),
         "sqlite" => {
-            options.none_for("SQLite")?;
+            options.only("SQLite", true, false)?;
             if base.contains('?') {
                 return Err(invalid(url, "a `sqlite:` store URL takes no query options"));
             }
-            sqlite_migrations()
+            sqlite_migrations(&options)
         }
         "mysql" | "mariadb" => {
             options.only("MySQL", true, false)?;
-            mysql_migrations(options.table.as_deref())
+            mysql_migrations(&options)
         }
         "postgres" | "postgresql" => {
             options.only("Postgres", true, false)?;
-            postgres_migrations(options.table.as_deref())
+            postgres_migrations(&options)
         }
         "redis" | "rediss" => options.only("Redis", false, true).map(|()| None),
         "redis+cluster" => options.only("Redis Cluster", false, true).map(|()| None),
@@ -295,49 +481,59 @@ pub fn migrations(url: &str) -> Result<Option<Vec<String>>, IdemError> {
 }
 
 #[cfg(feature = "sqlite")]
-fn sqlite_migrations() -> Result<Option<Vec<String>>, IdemError> {
+fn sqlite_migrations(options: &Options) -> Result<Option<Vec<String>>, IdemError> {
+    let (records, tokens) = tables(options)?;
+    // Checked as the store checks them when opened (a plain name, no schema).
+    for name in [&records, &tokens] {
+        crate::backend::sqlite::plain_table(name.as_str())?;
+    }
     Ok(Some(
-        crate::SqliteStore::MIGRATIONS
-            .iter()
-            .map(|ddl| (*ddl).to_owned())
-            .collect(),
+        crate::backend::sqlite::migrations_named(&records, &tokens).to_vec(),
     ))
 }
 
 #[cfg(not(feature = "sqlite"))]
-fn sqlite_migrations() -> Result<Option<Vec<String>>, IdemError> {
+fn sqlite_migrations(_: &Options) -> Result<Option<Vec<String>>, IdemError> {
     Err(feature_off("sqlite", "sqlite"))
 }
 
-/// The records' and tokens' table names of the `idem_table` option (default names without).
-#[cfg(any(feature = "mysql", feature = "postgres"))]
+/// The records' and tokens' table names of the `idem_table` and `idem_token_table` options
+/// (`NAME_tok` for the tokens of `idem_table=NAME` without `idem_token_table`; the default names
+/// without either).
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 fn tables(
-    table: Option<&str>,
+    options: &Options,
 ) -> Result<(crate::sql::table::TableName, crate::sql::table::TableName), IdemError> {
     use crate::sql::table::TableName;
-    Ok(match table {
-        Some(t) => (TableName::new(t)?, TableName::new(&format!("{t}_tok"))?),
-        None => (TableName::default_table(), TableName::new("idem_token")?),
-    })
+    let records = match &options.table {
+        Some(t) => TableName::new(t)?,
+        None => TableName::default_table(),
+    };
+    let tokens = match (&options.token_table, &options.table) {
+        (Some(t), _) => TableName::new(t)?,
+        (None, Some(t)) => TableName::new(&format!("{t}_tok"))?,
+        (None, None) => TableName::new("idem_token")?,
+    };
+    Ok((records, tokens))
 }
 
 #[cfg(feature = "mysql")]
-fn mysql_migrations(table: Option<&str>) -> Result<Option<Vec<String>>, IdemError> {
-    let (records, tokens) = tables(table)?;
+fn mysql_migrations(options: &Options) -> Result<Option<Vec<String>>, IdemError> {
+    let (records, tokens) = tables(options)?;
     Ok(Some(
         crate::backend::mysql::migrations_named(&records, &tokens).to_vec(),
     ))
 }
 
 #[cfg(not(feature = "mysql"))]
-fn mysql_migrations(_: Option<&str>) -> Result<Option<Vec<String>>, IdemError> {
+fn mysql_migrations(_: &Options) -> Result<Option<Vec<String>>, IdemError> {
     Err(feature_off("mysql", "mysql"))
 }
 
 #[cfg(feature = "postgres")]
-fn postgres_migrations(table: Option<&str>) -> Result<Option<Vec<String>>, IdemError> {
+fn postgres_migrations(options: &Options) -> Result<Option<Vec<String>>, IdemError> {
     use crate::backend::postgres::named;
-    let (records, tokens) = tables(table)?;
+    let (records, tokens) = tables(options)?;
     let [r, t, s] = crate::PgStore::MIGRATIONS;
     Ok(Some(vec![
         named(r, "idem_record", &records),
@@ -347,7 +543,7 @@ fn postgres_migrations(table: Option<&str>) -> Result<Option<Vec<String>>, IdemE
 }
 
 #[cfg(not(feature = "postgres"))]
-fn postgres_migrations(_: Option<&str>) -> Result<Option<Vec<String>>, IdemError> {
+fn postgres_migrations(_: &Options) -> Result<Option<Vec<String>>, IdemError> {
     Err(feature_off("postgres", "postgres"))
 }
 
@@ -384,6 +580,7 @@ fn redacted(url: &str) -> String {
 #[derive(Default)]
 struct Options {
     table: Option<String>,
+    token_table: Option<String>,
     prefix: Option<String>,
 }
 
@@ -397,11 +594,15 @@ impl Options {
         for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
             match &*name {
                 "idem_table" => options.table = Some(value.into_owned()),
+                "idem_token_table" => options.token_table = Some(value.into_owned()),
                 "idem_prefix" => options.prefix = Some(value.into_owned()),
                 other if other.starts_with("idem_") => {
                     return Err(invalid(
                         url,
-                        &format!("`{other}` is not an option idem has (idem_table, idem_prefix)"),
+                        &format!(
+                            "`{other}` is not an option idem has (idem_table, idem_token_table, \
+                             idem_prefix)"
+                        ),
                     ));
                 }
                 _ => kept.push((name.into_owned(), value.into_owned())),
@@ -418,6 +619,30 @@ impl Options {
         Ok((base, options))
     }
 
+    /// The table names `idem_table` and `idem_token_table` give (`NAME_tok` for the tokens of
+    /// `idem_table=NAME` alone), each set on `store` with its `with_table` / `with_token_table`;
+    /// `store` unchanged without them.
+    #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+    fn apply_tables<S>(
+        &self,
+        mut store: S,
+        with_table: impl FnOnce(S, &str) -> Result<S, IdemError>,
+        with_token_table: impl FnOnce(S, &str) -> Result<S, IdemError>,
+    ) -> Result<S, IdemError> {
+        if let Some(table) = &self.table {
+            store = with_table(store, table)?;
+        }
+        let tokens = match (&self.token_table, &self.table) {
+            (Some(tokens), _) => Some(tokens.clone()),
+            (None, Some(table)) => Some(format!("{table}_tok")),
+            (None, None) => None,
+        };
+        match tokens {
+            Some(tokens) => with_token_table(store, &tokens),
+            None => Ok(store),
+        }
+    }
+
     fn none_for(&self, backend: &str) -> Result<(), IdemError> {
         self.only(backend, false, false)
     }
@@ -428,6 +653,9 @@ impl Options {
         };
         if self.table.is_some() && !table {
             return Err(refuse("idem_table"));
+        }
+        if self.token_table.is_some() && !table {
+            return Err(refuse("idem_token_table"));
         }
         if self.prefix.is_some() && !prefix {
             return Err(refuse("idem_prefix"));
@@ -442,11 +670,12 @@ async fn open_sqlite(
     rest: &str,
     options: &Options,
 ) -> Result<(Arc<dyn Store>, Backend), IdemError> {
-    options.none_for("SQLite")?;
+    options.only("SQLite", true, false)?;
     if base.contains('?') {
         return Err(IdemError::InvalidOptions {
-            reason: "a `sqlite:` store URL takes no query options: write `sqlite:PATH` (the path \
-                     is opened, or created, with idem's own settings)"
+            reason: "a `sqlite:` store URL takes no query options but idem's own (`idem_table`, \
+                     `idem_token_table`): write `sqlite:PATH` (the path is opened, or created, \
+                     with idem's own settings)"
                 .to_owned(),
         });
     }
@@ -462,6 +691,11 @@ async fn open_sqlite(
         }
         path => crate::SqliteStore::open(path).await?,
     };
+    let store = options.apply_tables(
+        store,
+        crate::SqliteStore::with_table,
+        crate::SqliteStore::with_token_table,
+    )?;
     Ok((Arc::new(store.clone()), Backend::Sqlite(store)))
 }
 
@@ -481,12 +715,12 @@ async fn open_mysql(base: &str, options: &Options) -> Result<(Arc<dyn Store>, Ba
         Some((scheme, rest)) if scheme.eq_ignore_ascii_case("mariadb") => format!("mysql:{rest}"),
         _ => base.to_owned(),
     };
-    let mut store = crate::MySqlStore::connect(&base).await?;
-    if let Some(table) = &options.table {
-        store = store
-            .with_table(table)?
-            .with_token_table(&format!("{table}_tok"))?;
-    }
+    let store = crate::MySqlStore::connect(&base).await?;
+    let store = options.apply_tables(
+        store,
+        crate::MySqlStore::with_table,
+        crate::MySqlStore::with_token_table,
+    )?;
     Ok((Arc::new(store.clone()), Backend::MySql(store)))
 }
 
@@ -501,10 +735,11 @@ async fn open_postgres(
     options: &Options,
 ) -> Result<(Arc<dyn Store>, Backend), IdemError> {
     options.only("Postgres", true, false)?;
-    let mut builder = crate::PgStore::builder();
-    if let Some(table) = &options.table {
-        builder = builder.table(table)?.token_table(&format!("{table}_tok"))?;
-    }
+    let builder = options.apply_tables(
+        crate::PgStore::builder(),
+        crate::PgStoreBuilder::table,
+        crate::PgStoreBuilder::token_table,
+    )?;
     let store = builder.connect(base).await?;
     Ok((Arc::new(store.clone()), Backend::Postgres(store)))
 }
@@ -659,6 +894,75 @@ mod tests {
         assert!(Options::split("mysql://h/db?idem_tabel=x").is_err());
     }
 
+    #[test]
+    fn the_token_table_option_is_read() {
+        let (base, o) = Options::split("sqlite:x.db?idem_table=t1&idem_token_table=tk").unwrap();
+        assert_eq!(base, "sqlite:x.db");
+        assert_eq!(o.table.as_deref(), Some("t1"));
+        assert_eq!(o.token_table.as_deref(), Some("tk"));
+        assert!(o.only("Redis", false, true).is_err());
+    }
+
+    #[tokio::test]
+    async fn any_store_options_apply_where_the_backend_has_them() {
+        let limits = Limits {
+            max_key_len: 16,
+            ..Limits::default()
+        };
+        let memory = connect("memory:").await.unwrap();
+        let memory = memory.with_limits(limits.clone()).unwrap();
+        assert_eq!(memory.limits(), &limits);
+        for refused in [
+            memory.clone().with_table("t").err(),
+            memory.clone().with_token_table("t").err(),
+            memory.clone().with_prefix("p:").err(),
+        ] {
+            assert!(
+                matches!(refused, Some(IdemError::InvalidOptions { .. })),
+                "{refused:?}"
+            );
+        }
+        let sharded = connect("sharded:memory:|memory:").await.unwrap();
+        let sharded = sharded.with_limits(limits.clone()).unwrap();
+        assert_eq!(sharded.limits(), &limits);
+        let Backend::Sharded(shards) = &sharded.backend else {
+            panic!("a sharded store")
+        };
+        assert!(shards.iter().all(|s| s.limits() == &limits));
+        let err = sharded.with_table("t").unwrap_err().to_string();
+        assert!(err.contains("memory store has no tables"), "{err}");
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn an_sqlite_store_takes_tables_and_limits_not_a_prefix() {
+        let store = connect("sqlite::memory:").await.unwrap();
+        let store = store
+            .with_table("idem_any")
+            .unwrap()
+            .with_token_table("idem_any_tok")
+            .unwrap();
+        let Backend::Sqlite(s) = &store.backend else {
+            panic!("an SQLite store")
+        };
+        assert_eq!((s.table(), s.token_table()), ("idem_any", "idem_any_tok"));
+        let err = store.clone().with_prefix("p:").unwrap_err().to_string();
+        assert!(
+            err.contains("with_prefix") && err.contains("sqlite"),
+            "{err}"
+        );
+        let too_big = Limits {
+            max_snapshot_len: 2_000_000_000,
+            ..Limits::default()
+        };
+        let err = store.clone().with_limits(too_big).unwrap_err().to_string();
+        assert!(err.contains("max_snapshot_len"), "{err}");
+        assert!(matches!(
+            store.with_table("main.x"),
+            Err(IdemError::InvalidOptions { .. })
+        ));
+    }
+
     #[tokio::test]
     async fn a_sharded_url_keeps_no_password() {
         let store = connect("sharded:memory:|memory:").await.unwrap();
@@ -672,7 +976,23 @@ mod tests {
         #[cfg(feature = "redis")]
         assert_eq!(migrations("redis://h:1/0?idem_prefix=p:").unwrap(), None);
         #[cfg(feature = "sqlite")]
-        assert_eq!(migrations("sqlite:x.db").unwrap().unwrap().len(), 4);
+        {
+            assert_eq!(migrations("sqlite:x.db").unwrap().unwrap().len(), 4);
+            let ddl = migrations("sqlite:x.db?idem_table=t3").unwrap().unwrap();
+            assert!(
+                ddl[0].contains("\"t3\"") && ddl[2].contains("\"t3_tok\""),
+                "{ddl:?}"
+            );
+            assert!(ddl[3].contains("\"t3_stuck\""), "{ddl:?}");
+            let ddl = migrations("sqlite:x.db?idem_token_table=tk")
+                .unwrap()
+                .unwrap();
+            assert!(
+                ddl[0].contains("idem_record") && ddl[2].contains("\"tk\""),
+                "{ddl:?}"
+            );
+            assert!(migrations("sqlite:x.db?idem_table=s.t").is_err());
+        }
         #[cfg(feature = "postgres")]
         {
             let ddl = migrations("postgres://u:pw@nowhere/db?idem_table=t1")

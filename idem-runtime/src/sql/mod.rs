@@ -8,5 +8,5 @@ pub(crate) mod claim;
 pub(crate) mod dialect;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub(crate) mod error;
-#[cfg(any(feature = "mysql", feature = "postgres", test))]
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres", test))]
 pub(crate) mod table;

@@ -11,7 +11,10 @@ use crate::IdemError;
 pub struct TableName(String);
 
 // Without a server backend only this module's own tests use it.
-#[cfg_attr(not(any(feature = "mysql", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "mysql", feature = "postgres")),
+    allow(dead_code)
+)]
 impl TableName {
     /// The default table: `idem_record`.
     pub fn default_table() -> Self {

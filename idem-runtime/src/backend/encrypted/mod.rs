@@ -45,18 +45,19 @@ pub use tx::EncryptedTx;
 /// ```
 pub struct EncryptedStore<S> {
     inner: Arc<Inner<S>>,
+    limits: Limits,
 }
 
 struct Inner<S> {
     store: S,
     keyring: Keyring,
-    limits: Limits,
 }
 
 impl<S> Clone for EncryptedStore<S> {
     fn clone(&self) -> Self {
         EncryptedStore {
             inner: self.inner.clone(),
+            limits: self.limits.clone(),
         }
     }
 }
@@ -66,15 +67,31 @@ impl<S: Store> EncryptedStore<S> {
     /// any key it holds open. To rotate keys, build a new `EncryptedStore` over the same store (a
     /// clone of it) with the new keyring and register that one.
     pub fn new(store: S, keyring: Keyring) -> Self {
-        let mut limits = store.limits().clone();
-        limits.max_snapshot_len = limits.max_snapshot_len.saturating_sub(ENVELOPE_OVERHEAD);
+        let limits = sealed_room(store.limits());
         EncryptedStore {
-            inner: Arc::new(Inner {
-                store,
-                keyring,
-                limits,
-            }),
+            inner: Arc::new(Inner { store, keyring }),
+            limits,
         }
+    }
+
+    /// The same store with other limits, on the plain snapshot (what a call returns), checked
+    /// against the inner store's: a business type and a key of at most the inner store's limits,
+    /// a snapshot of at most the inner store's snapshot limit less [`ENVELOPE_OVERHEAD`] (so a
+    /// snapshot at the limit still fits once sealed). To raise them, raise the inner store's
+    /// limits first (its `with_limits`) and wrap it again; this only narrows.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] naming the limit the inner store cannot hold and the bound.
+    pub fn with_limits(mut self, limits: Limits) -> Result<Self, IdemError> {
+        let room = sealed_room(self.inner.store.limits());
+        let holder = format!(
+            "the inner {} store (its limits, less the {ENVELOPE_OVERHEAD}-byte envelope on a \
+             snapshot)",
+            self.inner.store.backend()
+        );
+        crate::store::check_limits(&holder, &limits, &room)?;
+        self.limits = limits;
+        Ok(self)
     }
 
     /// The wrapped store: what it returns is sealed (for inspection, e.g. with
@@ -113,6 +130,14 @@ impl<S: Store> EncryptedStore<S> {
     }
 }
 
+/// The plain-snapshot limits a store with `inner` limits leaves: its snapshot limit less the
+/// envelope.
+fn sealed_room(inner: &Limits) -> Limits {
+    let mut limits = inner.clone();
+    limits.max_snapshot_len = limits.max_snapshot_len.saturating_sub(ENVELOPE_OVERHEAD);
+    limits
+}
+
 impl<S: TransactionalStore> EncryptedStore<S> {
     /// Begins a transaction on the inner store's database, for `tx = "…"` calls whose snapshots
     /// are sealed like those of lease-mode calls.
@@ -129,7 +154,7 @@ impl<S> std::fmt::Debug for EncryptedStore<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EncryptedStore")
             .field("keyring", &self.inner.keyring)
-            .field("limits", &self.inner.limits)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -142,7 +167,7 @@ impl<S: Store> Store for EncryptedStore<S> {
     }
 
     fn limits(&self) -> &Limits {
-        &self.inner.limits
+        &self.limits
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {

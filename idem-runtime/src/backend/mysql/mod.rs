@@ -189,20 +189,14 @@ impl MySqlStore {
     /// `MEDIUMBLOB`; the server's `max_allowed_packet` must let it through too).
     ///
     /// # Errors
-    /// [`IdemError::InvalidOptions`] for a limit the table cannot hold.
+    /// [`IdemError::InvalidOptions`] naming the limit the table cannot hold and the bound.
     pub fn with_limits(mut self, limits: Limits) -> Result<Self, IdemError> {
-        if limits.max_biz_len > MAX_BIZ_COLUMN
-            || limits.max_key_len > MAX_KEY_COLUMN
-            || limits.max_snapshot_len > MAX_RESULT_COLUMN
-        {
-            return Err(IdemError::InvalidOptions {
-                reason: format!(
-                    "the MySQL table holds a biz type of at most {MAX_BIZ_COLUMN} bytes, a key of \
-                     at most {MAX_KEY_COLUMN} and a snapshot of at most {MAX_RESULT_COLUMN}: \
-                     {limits:?} asks for more"
-                ),
-            });
-        }
+        let bounds = Limits {
+            max_key_len: MAX_KEY_COLUMN,
+            max_biz_len: MAX_BIZ_COLUMN,
+            max_snapshot_len: MAX_RESULT_COLUMN,
+        };
+        crate::store::check_limits("the MySQL table", &limits, &bounds)?;
         self.limits = limits;
         Ok(self)
     }

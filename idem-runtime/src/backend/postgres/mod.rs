@@ -38,8 +38,12 @@ pub(crate) fn db_error(e: sqlx::Error) -> IdemError {
 /// transaction mode) before it answers `InProgress`.
 pub const DEFAULT_PG_LOCK_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// The longest `bytea` or `text` value Postgres holds: 1 GiB. What `PgStore::with_limits`
+/// checks each limit against.
+const PG_MAX_FIELD_LEN: usize = 1 << 30;
+
 /// Keeps records in a PostgreSQL table (`idem_record` by default; any name, schema-qualified or
-/// not, with [`PgStoreBuilder::table`]).
+/// not, with [`PgStore::with_table`] or [`PgStoreBuilder::table`]).
 ///
 /// Times come from the database's clock (`clock_timestamp()`), never the application's. A claim is
 /// one statement (`INSERT … ON CONFLICT DO NOTHING` behind a read of the record, so a concurrent
@@ -121,7 +125,8 @@ impl PgStoreBuilder {
         Ok(self)
     }
 
-    /// The limits the store enforces before it writes.
+    /// The limits the store enforces before it writes; checked by [`PgStoreBuilder::connect`] and
+    /// [`PgStoreBuilder::build`] as [`PgStore::with_limits`] checks them.
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
         self
@@ -155,9 +160,11 @@ impl PgStoreBuilder {
     /// Opens a pool on `url` (`postgres://user@host:port/db`) and makes the store.
     ///
     /// # Errors
-    /// [`IdemError::InvalidOptions`] for a malformed URL or an acquire timeout out of range,
+    /// [`IdemError::InvalidOptions`] for a malformed URL, an acquire timeout out of range or
+    /// limits a column cannot hold (before any connection is opened),
     /// [`IdemError::StoreUnavailable`] when the server cannot be reached.
     pub async fn connect(self, url: &str) -> Result<PgStore, IdemError> {
+        check_pg_limits(&self.limits)?;
         crate::duration::check(
             "the acquire timeout",
             self.acquire_timeout,
@@ -178,12 +185,22 @@ impl PgStoreBuilder {
             .connect_with(options)
             .await
             .map_err(IdemError::unavailable)?;
-        Ok(self.build(pool))
+        Ok(self.store(pool))
     }
 
     /// The store on an existing pool (its database must have the tables: see
     /// [`PgStore::migrate`]).
-    pub fn build(self, pool: PgPool) -> PgStore {
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for limits a column cannot hold (see
+    /// [`PgStore::with_limits`]).
+    pub fn build(self, pool: PgPool) -> Result<PgStore, IdemError> {
+        check_pg_limits(&self.limits)?;
+        Ok(self.store(pool))
+    }
+
+    /// The store on `pool`, its options already checked.
+    fn store(self, pool: PgPool) -> PgStore {
         let token_table = self.token_table.unwrap_or_else(|| {
             let name = match self.table.as_str().split_once('.') {
                 Some((schema, _)) => format!("{schema}.idem_token"),
@@ -202,6 +219,16 @@ impl PgStoreBuilder {
             lock_timeout: self.lock_timeout,
         }
     }
+}
+
+/// Checks `limits` against what the table's `text` and `bytea` columns hold.
+fn check_pg_limits(limits: &Limits) -> Result<(), IdemError> {
+    let bounds = Limits {
+        max_key_len: PG_MAX_FIELD_LEN,
+        max_biz_len: PG_MAX_FIELD_LEN,
+        max_snapshot_len: PG_MAX_FIELD_LEN,
+    };
+    crate::store::check_limits("a Postgres `text` or `bytea` column", limits, &bounds)
 }
 
 /// The largest `lock_timeout` Postgres accepts: `i32::MAX` milliseconds.
@@ -242,13 +269,42 @@ impl PgStore {
 
     /// A store on an existing pool with the default options.
     pub fn from_pool(pool: PgPool) -> Self {
-        Self::builder().build(pool)
+        Self::builder().store(pool)
     }
 
-    /// The same store with other limits.
-    pub fn with_limits(mut self, limits: Limits) -> Self {
+    /// The same store on another records table (`[A-Za-z_][A-Za-z0-9_]*`, optionally
+    /// `schema.table`; the schema must exist): each service, or each test, may keep its records in
+    /// a table of its own. The tokens' table stays what it was (see [`PgStore::with_token_table`]).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a name idem cannot use.
+    pub fn with_table(mut self, name: &str) -> Result<Self, IdemError> {
+        self.table = TableName::new(name)?;
+        self.sql = Arc::new(Statements::new(&self.table));
+        Ok(self)
+    }
+
+    /// The same store with its submit tokens in another table (default `idem_token`; same rules).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a name idem cannot use.
+    pub fn with_token_table(mut self, name: &str) -> Result<Self, IdemError> {
+        self.token_table = TableName::new(name)?;
+        self.token_sql = Arc::new(TokenStatements::new(&self.token_table));
+        Ok(self)
+    }
+
+    /// The same store with other limits, checked against what the columns hold: a biz type, a key
+    /// (`text`) and a snapshot (`bytea`) each of at most 1 GiB. (The
+    /// primary key's B-tree index holds a business type and key of about 2.7 kB together, after
+    /// compression; a longer pair is refused by the database when it is written.)
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] naming the limit a column cannot hold and the bound.
+    pub fn with_limits(mut self, limits: Limits) -> Result<Self, IdemError> {
+        check_pg_limits(&limits)?;
         self.limits = limits;
-        self
+        Ok(self)
     }
 
     /// The same store on a [`TestClock`]: every statement reads the database's clock plus the
@@ -507,6 +563,37 @@ impl Store for PgStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn limits_past_a_column_are_refused_before_connecting() {
+        let big = Limits {
+            max_snapshot_len: PG_MAX_FIELD_LEN + 1,
+            ..Limits::default()
+        };
+        let err = check_pg_limits(&big).unwrap_err();
+        assert!(
+            err.to_string().contains("max_snapshot_len = 1073741825")
+                && err.to_string().contains("1073741824"),
+            "{err}"
+        );
+        // Nothing listens there: the limits are refused before any connection is tried.
+        let refused = PgStore::builder()
+            .limits(big)
+            .connect("postgres://nobody@127.0.0.1:9/none")
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(refused, IdemError::InvalidOptions { .. }),
+            "{refused:?}"
+        );
+        let at_bound = Limits {
+            max_key_len: PG_MAX_FIELD_LEN,
+            max_biz_len: PG_MAX_FIELD_LEN,
+            max_snapshot_len: PG_MAX_FIELD_LEN,
+        };
+        assert!(check_pg_limits(&at_bound).is_ok());
+    }
 
     #[test]
     fn migrations_take_the_configured_names() {

@@ -57,9 +57,13 @@ impl RedisClusterStore {
         }))
     }
 
-    /// The same store with other limits.
-    pub fn with_limits(self, limits: Limits) -> Self {
-        RedisClusterStore(self.0.with_limits(limits))
+    /// The same store with other limits, checked as [`RedisStore::with_limits`] checks them
+    /// (a Redis string holds at most 512 MiB).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] naming the limit Redis cannot hold and the bound.
+    pub fn with_limits(self, limits: Limits) -> Result<Self, IdemError> {
+        Ok(RedisClusterStore(self.0.with_limits(limits)?))
     }
 
     /// The same store on a [`TestClock`].

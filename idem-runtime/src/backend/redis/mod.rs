@@ -90,6 +90,35 @@ fn valid_prefix(prefix: &str) -> Result<(), IdemError> {
     }
 }
 
+/// The longest string Redis holds (`proto-max-bulk-len`'s default): 512 MiB.
+const REDIS_MAX_STRING: usize = 512 * 1024 * 1024;
+
+/// What a record's key adds to its business type and key at most: the longest prefix (64 bytes),
+/// the braces, the length's digits and two `:`.
+const RECORD_KEY_FRAMING: usize = 64 + 2 + 20 + 2;
+
+/// Checks `limits` against what a Redis string holds (see [`RedisStore::with_limits`]).
+fn check_redis_limits(limits: &Limits) -> Result<(), IdemError> {
+    let key_room = REDIS_MAX_STRING - RECORD_KEY_FRAMING;
+    let bounds = Limits {
+        max_key_len: key_room,
+        max_biz_len: key_room,
+        max_snapshot_len: REDIS_MAX_STRING,
+    };
+    crate::store::check_limits("a Redis string", limits, &bounds)?;
+    let both = limits.max_biz_len.saturating_add(limits.max_key_len);
+    if both > key_room {
+        return Err(IdemError::InvalidOptions {
+            reason: format!(
+                "max_biz_len + max_key_len = {both} is more than a Redis key holds: a business \
+                 type and a key of at most {key_room} bytes together (a string of 512 MiB, less \
+                 the record key's prefix and framing)"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// What the two Redis stores share.
 #[derive(Clone)]
 struct Records {
@@ -415,9 +444,16 @@ impl RedisStore {
         })
     }
 
-    /// The same store with other limits.
-    pub fn with_limits(self, limits: Limits) -> Self {
-        self.with(|r| r.limits = limits)
+    /// The same store with other limits, checked against what Redis holds: a string (a key, a
+    /// hash field's value) of at most 512 MiB. A snapshot is one value, so at most 512 MiB; the
+    /// business type and the key share the record's key (`<prefix>{<n>:<biz>:<key>}`), so
+    /// together, with the longest prefix and the framing, at most 512 MiB too.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] naming the limit Redis cannot hold and the bound.
+    pub fn with_limits(self, limits: Limits) -> Result<Self, IdemError> {
+        check_redis_limits(&limits)?;
+        Ok(self.with(|r| r.limits = limits))
     }
 
     /// The same store on a [`TestClock`]: every script reads Redis `TIME` plus the clock's offset.
@@ -550,5 +586,50 @@ impl Store for RedisStore {
     /// A SCAN of the prefix's record keys in batches, and each one's status (`stats.rs`).
     async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
         self.records.stats().await
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn limits_past_a_redis_string_are_refused() {
+        assert!(check_redis_limits(&Limits::default()).is_ok());
+        assert!(
+            check_redis_limits(&Limits {
+                max_snapshot_len: REDIS_MAX_STRING,
+                ..Limits::default()
+            })
+            .is_ok()
+        );
+        for (limits, names) in [
+            (
+                Limits {
+                    max_snapshot_len: REDIS_MAX_STRING + 1,
+                    ..Limits::default()
+                },
+                "max_snapshot_len = 536870913",
+            ),
+            (
+                Limits {
+                    max_key_len: REDIS_MAX_STRING,
+                    ..Limits::default()
+                },
+                "max_key_len",
+            ),
+            (
+                Limits {
+                    max_biz_len: REDIS_MAX_STRING / 2,
+                    max_key_len: REDIS_MAX_STRING / 2,
+                    max_snapshot_len: 1,
+                },
+                "max_biz_len + max_key_len",
+            ),
+        ] {
+            let err = check_redis_limits(&limits).unwrap_err();
+            assert!(matches!(err, IdemError::InvalidOptions { .. }), "{err:?}");
+            assert!(err.to_string().contains(names), "{err}");
+        }
     }
 }

@@ -24,7 +24,8 @@ pub use tx::ShardedTx;
 /// absent: add shards when their TTL-bounded history can be given up, or copy it over first). The
 /// order of the shards is part of the routing: keep it.
 ///
-/// Its limits are the strictest of its shards'. Lease-mode calls route by themselves; a
+/// Its limits are the strictest of its shards' ([`ShardedStore::with_limits`] narrows them).
+/// Lease-mode calls route by themselves; a
 /// transactional call begins its transaction on the key's own shard with
 /// [`ShardedStore::begin_for`], and a claim for a key of another shard in it is refused before
 /// anything is written.
@@ -46,17 +47,18 @@ pub use tx::ShardedTx;
 /// ```
 pub struct ShardedStore<S> {
     inner: Arc<Inner<S>>,
+    limits: Limits,
 }
 
 struct Inner<S> {
     shards: Vec<S>,
-    limits: Limits,
 }
 
 impl<S> Clone for ShardedStore<S> {
     fn clone(&self) -> Self {
         ShardedStore {
             inner: self.inner.clone(),
+            limits: self.limits.clone(),
         }
     }
 }
@@ -76,21 +78,29 @@ impl<S: Store> ShardedStore<S> {
                 ),
             });
         }
-        let limits = shards.iter().map(|s| s.limits()).fold(
-            Limits {
-                max_key_len: usize::MAX,
-                max_biz_len: usize::MAX,
-                max_snapshot_len: usize::MAX,
-            },
-            |strictest, l| Limits {
-                max_key_len: strictest.max_key_len.min(l.max_key_len),
-                max_biz_len: strictest.max_biz_len.min(l.max_biz_len),
-                max_snapshot_len: strictest.max_snapshot_len.min(l.max_snapshot_len),
-            },
-        );
+        let limits = strictest(&shards);
         Ok(ShardedStore {
-            inner: Arc::new(Inner { shards, limits }),
+            inner: Arc::new(Inner { shards }),
+            limits,
         })
+    }
+
+    /// The same store with other limits, checked against every shard's: at most the strictest
+    /// shard's limits, since a record may land on any shard.
+    ///
+    /// It narrows; it does not set the shards' limits. The shards are any [`Store`], which has no
+    /// way to change its limits, and each was made (with its own `with_limits`) before it was
+    /// given here: to raise the limits, give each shard its `with_limits(…)?` before
+    /// [`ShardedStore::new`]. (A sharded [`AnyStore`](crate::AnyStore) does that for you: its
+    /// `with_limits` is applied to every shard.)
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] naming the limit some shard cannot hold and the bound.
+    pub fn with_limits(mut self, limits: Limits) -> Result<Self, IdemError> {
+        let room = strictest(&self.inner.shards);
+        crate::store::check_limits("the strictest shard", &limits, &room)?;
+        self.limits = limits;
+        Ok(self)
     }
 
     /// The shards, in routing order.
@@ -107,6 +117,13 @@ impl<S: Store> ShardedStore<S> {
     pub fn shard_of(&self, biz: &str, key: &str) -> &S {
         &self.inner.shards[self.shard_index(biz, key)]
     }
+}
+
+/// Each limit the smallest among `shards`'.
+fn strictest<S: Store>(shards: &[S]) -> Limits {
+    shards
+        .iter()
+        .fold(Limits::UNBOUNDED, |l, s| l.strictest(s.limits()))
 }
 
 impl<S: TransactionalStore> ShardedStore<S> {
@@ -129,7 +146,7 @@ impl<S: Store> Store for ShardedStore<S> {
     }
 
     fn limits(&self) -> &Limits {
-        &self.inner.limits
+        &self.limits
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {

@@ -19,20 +19,28 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite};
+use sqlx::{AssertSqlSafe, Row, Sqlite};
 use tokio::sync::Mutex;
 
 use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::Dialect;
+use crate::sql::table::TableName;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, StatusCount, Store};
 use crate::transition::TransitionTx;
-use records::Records;
+use records::{Records, Statements};
 pub use tokens::SqliteTokens;
+use tokens::TokenStatements;
 pub use tx::SqliteTx;
 
-/// Keeps records in an SQLite database (table `idem_record`).
+/// The longest string or BLOB SQLite holds with its default `SQLITE_MAX_LENGTH` (a build of SQLite
+/// may lower it, not raise it past 2³¹ − 1): what `SqliteStore::with_limits` checks each limit
+/// against.
+const SQLITE_MAX_LENGTH: usize = 1_000_000_000;
+
+/// Keeps records in an SQLite database (table `idem_record` unless [`SqliteStore::with_table`]
+/// names another; submit tokens in `idem_token` unless [`SqliteStore::with_token_table`] does).
 ///
 /// On a database file, idem's own statements run on one connection the store keeps for itself
 /// (taken from the pool once): SQLite admits one writer at a time anyway, and a connection of its
@@ -54,6 +62,10 @@ pub struct SqliteStore {
     /// The connection idem's statements run on (`None` until first use, or after it broke); absent
     /// for an in-memory database, whose statements go through the pool's one connection.
     own: Option<Arc<Mutex<Option<PoolConnection<Sqlite>>>>>,
+    table: TableName,
+    token_table: TableName,
+    sql: Arc<Statements>,
+    token_sql: Arc<TokenStatements>,
 }
 
 /// A driver error as an [`IdemError`] of the right class.
@@ -63,8 +75,9 @@ pub(crate) fn db_error(e: sqlx::Error) -> IdemError {
 
 impl SqliteStore {
     /// The DDL of the `idem_record` table (its fence, the tokens table and the index
-    /// [`Store::stuck`] reads came later), in order, as shipped in `migrations/sqlite/`; for
-    /// services that apply migrations with their own tool. [`SqliteStore::migrate`] applies them.
+    /// [`Store::stuck`] reads came later), in order, as shipped in `migrations/sqlite/` (with the
+    /// default names `idem_record` and `idem_token`); for services that apply migrations with
+    /// their own tool. [`SqliteStore::migrate`] applies them with the store's table names.
     pub const MIGRATIONS: [&'static str; 4] = [
         include_str!("../../../migrations/sqlite/0001_idem_record.sql"),
         include_str!("../../../migrations/sqlite/0002_idem_record_fence.sql"),
@@ -117,7 +130,7 @@ impl SqliteStore {
             .test_before_acquire(false)
     }
 
-    /// A store on an existing pool (its database must have the `idem_record` table: see
+    /// A store on an existing pool (its database must have the store's tables: see
     /// [`SqliteStore::migrate`]).
     pub fn from_pool(pool: SqlitePool) -> Self {
         let filename = pool
@@ -126,11 +139,17 @@ impl SqliteStore {
             .to_string_lossy()
             .into_owned();
         let in_memory = filename == ":memory:" || filename.contains("memory");
+        let table = TableName::default_table();
+        let token_table = TableName::new(DEFAULT_TOKEN_TABLE).expect("a valid name");
         SqliteStore {
             pool,
             limits: Limits::default(),
             offset: ClockOffset::default(),
             own: (!in_memory).then(Arc::default),
+            sql: Arc::new(Statements::new(&table)),
+            token_sql: Arc::new(TokenStatements::new(&token_table)),
+            table,
+            token_table,
         }
     }
 
@@ -157,10 +176,46 @@ impl SqliteStore {
         result
     }
 
-    /// The same store with other limits.
-    pub fn with_limits(mut self, limits: Limits) -> Self {
+    /// The same store on another records table (`[A-Za-z_][A-Za-z0-9_]*`, at most 63 bytes):
+    /// each service, or each test, may keep its records in a table of its own, also in one
+    /// database file. [`SqliteStore::migrate`] creates it, with its indexes named after it
+    /// (`<table>_expire_at`, `<table>_stuck`).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a name idem cannot use, or a `schema.table` name (a
+    /// table of an attached database is not supported).
+    pub fn with_table(mut self, name: &str) -> Result<Self, IdemError> {
+        self.table = plain_table(name)?;
+        self.sql = Arc::new(Statements::new(&self.table));
+        Ok(self)
+    }
+
+    /// The same store with its submit tokens in another table (default `idem_token`; same rules as
+    /// [`SqliteStore::with_table`]).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a name idem cannot use.
+    pub fn with_token_table(mut self, name: &str) -> Result<Self, IdemError> {
+        self.token_table = plain_table(name)?;
+        self.token_sql = Arc::new(TokenStatements::new(&self.token_table));
+        Ok(self)
+    }
+
+    /// The same store with other limits, checked against what SQLite holds: a biz type, a key and
+    /// a snapshot each of at most `SQLITE_MAX_LENGTH` (1,000,000,000) bytes, SQLite's default
+    /// longest string or BLOB.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] naming the limit SQLite cannot hold and the bound.
+    pub fn with_limits(mut self, limits: Limits) -> Result<Self, IdemError> {
+        let bounds = Limits {
+            max_key_len: SQLITE_MAX_LENGTH,
+            max_biz_len: SQLITE_MAX_LENGTH,
+            max_snapshot_len: SQLITE_MAX_LENGTH,
+        };
+        crate::store::check_limits("an SQLite database", &limits, &bounds)?;
         self.limits = limits;
-        self
+        Ok(self)
     }
 
     /// The same store on a [`TestClock`]: every statement reads the database's clock plus the
@@ -173,6 +228,16 @@ impl SqliteStore {
     /// The pool, for the application's own queries.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// The records table's name.
+    pub fn table(&self) -> &str {
+        self.table.as_str()
+    }
+
+    /// The tokens table's name.
+    pub fn token_table(&self) -> &str {
+        self.token_table.as_str()
     }
 
     /// Begins a write transaction (`BEGIN IMMEDIATE`) for `tx = "…"` calls and state transitions.
@@ -193,37 +258,34 @@ impl SqliteStore {
         Ok(SqliteTx::new(tx, self.clone()))
     }
 
-    /// Creates the `idem_record` table (and `idem_token`, for submit tokens) and their indexes if
-    /// they do not exist, and adds the columns and indexes of later versions to a table made by an
-    /// earlier one.
+    /// Creates the records table (`idem_record` by default) and the tokens table (`idem_token`)
+    /// with their indexes if they do not exist, and adds the columns and indexes of later versions
+    /// to a table made by an earlier one: the DDL of `migrations/sqlite/` with the store's table
+    /// names.
     ///
     /// # Errors
     /// The database's error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
-        let [v1, v2, v3, v4] = Self::MIGRATIONS;
-        sqlx::raw_sql(v1)
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
-        let has_fence: i64 = sqlx::query(
-            "SELECT COUNT(*) FROM pragma_table_info('idem_record') WHERE name = 'fence'",
-        )
-        .fetch_one(&self.pool)
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(db_error)?;
+        let [v1, v2, v3, v4] = migrations_named(&self.table, &self.token_table);
+        let run = async |ddl: String| {
+            sqlx::raw_sql(AssertSqlSafe(ddl))
+                .execute(&self.pool)
+                .await
+                .map_err(db_error)
+        };
+        run(v1).await?;
+        let has_fence: i64 =
+            sqlx::query("SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = 'fence'")
+                .bind(self.table.as_str())
+                .fetch_one(&self.pool)
+                .await
+                .and_then(|row| row.try_get(0))
+                .map_err(db_error)?;
         if has_fence == 0 {
-            sqlx::raw_sql(v2)
-                .execute(&self.pool)
-                .await
-                .map_err(db_error)?;
+            run(v2).await?;
         }
-        for ddl in [v3, v4] {
-            sqlx::raw_sql(ddl)
-                .execute(&self.pool)
-                .await
-                .map_err(db_error)?;
-        }
+        run(v3).await?;
+        run(v4).await?;
         Ok(())
     }
 
@@ -231,6 +293,56 @@ impl SqliteStore {
     fn offset_ms(&self) -> i64 {
         self.offset.ms()
     }
+}
+
+/// The default tokens table.
+const DEFAULT_TOKEN_TABLE: &str = "idem_token";
+
+/// `name` as an SQLite store's table: a valid [`TableName`] without a schema.
+pub(crate) fn plain_table(name: &str) -> Result<TableName, IdemError> {
+    let table = TableName::new(name)?;
+    if table.as_str().contains('.') {
+        return Err(IdemError::InvalidOptions {
+            reason: format!(
+                "`{name}` names a table of another schema: an SQLite store's table is a plain \
+                 name (`[A-Za-z_][A-Za-z0-9_]*`), in the store's own database"
+            ),
+        });
+    }
+    Ok(table)
+}
+
+/// [`SqliteStore::MIGRATIONS`] with the records' table `table` and the tokens' table `tokens` in
+/// place of the defaults, their indexes named after them (`<table>_expire_at`, `<table>_stuck`,
+/// `<tokens>_expire_at`): what [`SqliteStore::migrate`] applies (and `idem migrate --print`
+/// shows). With the default names, the shipped DDL as it is.
+pub(crate) fn migrations_named(table: &TableName, tokens: &TableName) -> [String; 4] {
+    let [v1, v2, v3, v4] = SqliteStore::MIGRATIONS;
+    let records = |ddl: &str| rename(ddl, "idem_record", table);
+    [
+        records(v1),
+        records(v2),
+        rename(v3, DEFAULT_TOKEN_TABLE, tokens),
+        records(v4),
+    ]
+}
+
+/// `ddl` with the table `default` renamed to `table` (quoted), and its indexes
+/// `<default>_expire_at` and `<default>_stuck` to the names [`TableName`] derives from `table`.
+fn rename(ddl: &str, default: &str, table: &TableName) -> String {
+    if table.as_str() == default {
+        return ddl.to_owned();
+    }
+    let q = |name: &str| Dialect::SQLite.quote_ident(name);
+    // The index names contain the table's: they are set aside first, so the table's own
+    // replacement does not reach into them.
+    let expire = format!("{default}_expire_at");
+    let stuck = format!("{default}_stuck");
+    ddl.replace(&expire, "\u{0}expire\u{0}")
+        .replace(&stuck, "\u{0}stuck\u{0}")
+        .replace(default, &table.quoted(Dialect::SQLite))
+        .replace("\u{0}expire\u{0}", &q(&table.index_name("expire_at")))
+        .replace("\u{0}stuck\u{0}", &q(&table.unique_index_name("stuck")))
 }
 
 impl crate::TransactionalStore for SqliteStore {
@@ -325,5 +437,173 @@ impl Store for SqliteStore {
 
     async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
         Ok(Box::new(self.begin().await?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_names_keep_the_shipped_ddl() {
+        let named = migrations_named(
+            &TableName::default_table(),
+            &TableName::new(DEFAULT_TOKEN_TABLE).unwrap(),
+        );
+        assert_eq!(named, SqliteStore::MIGRATIONS.map(str::to_owned));
+    }
+
+    #[test]
+    fn migrations_take_the_configured_names() {
+        let [v1, v2, v3, v4] = migrations_named(
+            &TableName::new("orders").unwrap(),
+            &TableName::new("orders_tok").unwrap(),
+        );
+        assert!(
+            v1.contains("CREATE TABLE IF NOT EXISTS \"orders\" ("),
+            "{v1}"
+        );
+        assert!(
+            v1.contains(
+                "CREATE INDEX IF NOT EXISTS \"orders_expire_at\" ON \"orders\" (expire_at)"
+            ),
+            "{v1}"
+        );
+        assert!(
+            v2.contains("ALTER TABLE \"orders\" ADD COLUMN fence"),
+            "{v2}"
+        );
+        assert!(
+            v3.contains("CREATE TABLE IF NOT EXISTS \"orders_tok\" ("),
+            "{v3}"
+        );
+        assert!(
+            v3.contains("\"orders_tok_expire_at\" ON \"orders_tok\""),
+            "{v3}"
+        );
+        assert!(
+            v4.contains("CREATE INDEX IF NOT EXISTS \"orders_stuck\" ON \"orders\" (biz_type, status, lease_until)"),
+            "{v4}"
+        );
+        for ddl in [&v1, &v2, &v3, &v4] {
+            assert!(
+                !ddl.contains("idem_record") && !ddl.contains("idem_token"),
+                "{ddl}"
+            );
+        }
+    }
+
+    #[test]
+    fn statements_name_the_table() {
+        let sql = Statements::new(&TableName::new("t1").unwrap());
+        let text = format!("{sql:?}");
+        assert!(
+            !text.contains("{t}") && !text.contains("idem_record"),
+            "{text}"
+        );
+        assert!(text.contains("FROM \\\"t1\\\""), "{text}");
+    }
+
+    #[tokio::test]
+    async fn names_and_limits_sqlite_cannot_take_are_refused() {
+        let store = SqliteStore::in_memory().await.unwrap();
+        for bad in ["", "a-b", "main.idem_record", "x; DROP TABLE y"] {
+            for refused in [
+                store.clone().with_table(bad).err(),
+                store.clone().with_token_table(bad).err(),
+            ] {
+                assert!(
+                    matches!(refused, Some(IdemError::InvalidOptions { .. })),
+                    "{bad}"
+                );
+            }
+        }
+        for (limits, names) in [
+            (
+                Limits {
+                    max_snapshot_len: SQLITE_MAX_LENGTH + 1,
+                    ..Limits::default()
+                },
+                "max_snapshot_len = 1000000001",
+            ),
+            (
+                Limits {
+                    max_key_len: usize::MAX,
+                    ..Limits::default()
+                },
+                "max_key_len",
+            ),
+            (
+                Limits {
+                    max_biz_len: SQLITE_MAX_LENGTH + 1,
+                    ..Limits::default()
+                },
+                "max_biz_len",
+            ),
+        ] {
+            let err = store.clone().with_limits(limits).err().unwrap();
+            let text = err.to_string();
+            assert!(matches!(err, IdemError::InvalidOptions { .. }), "{err:?}");
+            assert!(
+                text.contains(names) && text.contains("1000000000"),
+                "{text}"
+            );
+        }
+        let at_bound = Limits {
+            max_key_len: SQLITE_MAX_LENGTH,
+            max_biz_len: SQLITE_MAX_LENGTH,
+            max_snapshot_len: SQLITE_MAX_LENGTH,
+        };
+        let store = store.with_limits(at_bound.clone()).unwrap();
+        assert_eq!(store.limits(), &at_bound);
+    }
+
+    /// Two stores on one database, each on its own tables, migrated side by side: neither sees
+    /// the other's records.
+    #[tokio::test]
+    async fn two_tables_in_one_database_stay_apart() {
+        let base = SqliteStore::in_memory().await.unwrap();
+        let a = base.clone().with_table("idem_a").unwrap();
+        let b = base
+            .clone()
+            .with_table("idem_b")
+            .unwrap()
+            .with_token_table("idem_b_tok")
+            .unwrap();
+        a.migrate().await.unwrap();
+        b.migrate().await.unwrap();
+        b.migrate().await.unwrap();
+        let req = ClaimRequest {
+            biz: "PAY",
+            key: "k1",
+            fingerprint: None,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(3600),
+        };
+        let ClaimOutcome::Acquired { claim, .. } = a.claim(&req).await.unwrap() else {
+            panic!("a fresh key")
+        };
+        a.complete("PAY", "k1", &claim, b"{\"Ok\":1}", req.ttl)
+            .await
+            .unwrap();
+        assert!(b.load("PAY", "k1").await.unwrap().is_none());
+        assert!(matches!(
+            b.claim(&req).await.unwrap(),
+            ClaimOutcome::Acquired { .. }
+        ));
+        assert!(matches!(
+            a.claim(&req).await.unwrap(),
+            ClaimOutcome::Replay { .. }
+        ));
+        let indexes: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'idem_b%' ORDER BY name",
+        )
+        .fetch_all(base.pool())
+        .await
+        .unwrap();
+        assert_eq!(
+            indexes,
+            ["idem_b_expire_at", "idem_b_stuck", "idem_b_tok_expire_at"]
+        );
     }
 }

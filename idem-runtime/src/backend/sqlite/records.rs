@@ -1,17 +1,21 @@
 //! The statements of the SQLite store and the claim protocol's steps on one connection.
 //!
-//! Every statement reads the database's clock (plus the test clock's offset) and binds every value.
+//! Every statement reads the database's clock (plus the test clock's offset) and binds every value;
+//! the table's name is validated ([`TableName`]) and quoted (the templates below say `{t}`).
 //! A claim is one round trip: the read of the record and, only when there is none, the insert (see
 //! `CLAIM`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::Row;
-use sqlx::sqlite::{SqliteConnection, SqliteRow};
+use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
+use sqlx::{AssertSqlSafe, Row, Sqlite};
 
 use super::{SqliteStore, db_error};
 use crate::IdemError;
 use crate::sql::claim::{CasRecords, SeenRecord};
+use crate::sql::dialect::Dialect;
+use crate::sql::table::TableName;
 use crate::store::decide::millis;
 use crate::store::{Claim, ClaimRequest, Fence, Record, Status, StatusCount};
 
@@ -51,8 +55,8 @@ const CLAIM: &str = concat!(
     record_columns!(),
     now_ms!(),
     " + ?6 AS now_ms, 0 AS inserted ",
-    "FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2; ",
-    "INSERT INTO idem_record (biz_type, idem_key, status, attempt, fence, fingerprint, result, ",
+    "FROM {t} WHERE biz_type = ?1 AND idem_key = ?2; ",
+    "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, ",
     "lease_until, created_at, updated_at, expire_at) ",
     "SELECT ?1, ?2, 'PROCESSING', 1, ",
     clock_fence!(),
@@ -64,12 +68,12 @@ const CLAIM: &str = concat!(
     "SELECT ",
     record_columns!(),
     "created_at AS now_ms, 1 AS inserted ",
-    "FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2 AND changes() = 1"
+    "FROM {t} WHERE biz_type = ?1 AND idem_key = ?2 AND changes() = 1"
 );
 /// ?1 biz, ?2 key, ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 offset, ?7 reset, ?8 seen fence,
 /// ?9 seen status, ?10 seen lease end, ?11 keep the saved steps (`result` of an unfinished record).
 const TAKE: &str = concat!(
-    "UPDATE idem_record SET status = 'PROCESSING', ",
+    "UPDATE {t} SET status = 'PROCESSING', ",
     "attempt = CASE WHEN ?7 THEN 1 ELSE attempt + 1 END, ",
     "fence = max(fence + 1, ",
     clock_fence!(),
@@ -87,7 +91,7 @@ const TAKE: &str = concat!(
 /// SUCCEEDED under the fence counts as held and keeps its result and expiry: a mark sent again
 /// after a lost reply succeeds (and FAILED likewise for `FAIL`).
 const COMPLETE: &str = concat!(
-    "UPDATE idem_record SET result = CASE WHEN status = 'PROCESSING' THEN ?4 ELSE result END, ",
+    "UPDATE {t} SET result = CASE WHEN status = 'PROCESSING' THEN ?4 ELSE result END, ",
     "expire_at = CASE WHEN status = 'PROCESSING' THEN max(expire_at, c.n + ?5) ELSE expire_at END, ",
     "status = 'SUCCEEDED', updated_at = c.n FROM (SELECT ",
     now_ms!(),
@@ -96,52 +100,93 @@ const COMPLETE: &str = concat!(
 );
 /// ?1 biz, ?2 key, ?3 fence, ?4 offset. The saved steps (in `result`) stay for a retry.
 const FAIL: &str = concat!(
-    "UPDATE idem_record SET status = 'FAILED', updated_at = ",
+    "UPDATE {t} SET status = 'FAILED', updated_at = ",
     now_ms!(),
     " + ?4 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'FAILED')"
 );
 /// ?1 biz, ?2 key, ?3 fence, ?4 steps, ?5 offset. The steps of an unfinished record live in
 /// `result` until a success replaces them.
 const SAVE_STEPS: &str = concat!(
-    "UPDATE idem_record SET result = ?4, updated_at = ",
+    "UPDATE {t} SET result = ?4, updated_at = ",
     now_ms!(),
     " + ?5 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'"
 );
 /// ?1 biz, ?2 key, ?3 fence, ?4 lease ms, ?5 offset.
 const RENEW: &str = concat!(
-    "UPDATE idem_record SET lease_until = c.n + ?4, expire_at = max(expire_at, c.n + ?4), ",
+    "UPDATE {t} SET lease_until = c.n + ?4, expire_at = max(expire_at, c.n + ?4), ",
     "updated_at = c.n FROM (SELECT ",
     now_ms!(),
     " + ?5 AS n) AS c ",
     "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'"
 );
 const LOAD: &str = "SELECT status, attempt, fence, fingerprint, result, lease_until, expire_at \
-    FROM idem_record WHERE biz_type = ?1 AND idem_key = ?2";
+    FROM {t} WHERE biz_type = ?1 AND idem_key = ?2";
 /// ?1 biz, ?2 offset, ?3 batch. PROCESSING with the lease ended, oldest lease first: a range of
-/// the index `idem_record_stuck (biz_type, status, lease_until)`, read in its order (no sort), that
+/// the index `<table>_stuck (biz_type, status, lease_until)`, read in its order (no sort), that
 /// stops after the batch.
 const STUCK: &str = concat!(
     "SELECT idem_key, status, attempt, fence, fingerprint, result, lease_until, expire_at ",
-    "FROM idem_record WHERE biz_type = ?1 AND status = 'PROCESSING' AND lease_until <= ",
+    "FROM {t} WHERE biz_type = ?1 AND status = 'PROCESSING' AND lease_until <= ",
     now_ms!(),
     " + ?2 ORDER BY lease_until LIMIT ?3"
 );
 /// Records per business type and status (expired ones not yet swept included): a scan of the
-/// index `idem_record_stuck (biz_type, status, lease_until)`, which starts with both.
-const STATS: &str =
-    "SELECT biz_type, status, COUNT(*) AS n FROM idem_record GROUP BY biz_type, status";
+/// index `<table>_stuck (biz_type, status, lease_until)`, which starts with both.
+const STATS: &str = "SELECT biz_type, status, COUNT(*) AS n FROM {t} GROUP BY biz_type, status";
 /// ?1 batch, ?2 offset. Expired: the TTL passed and no lease is live.
 const SWEEP: &str = concat!(
-    "DELETE FROM idem_record WHERE (biz_type, idem_key) IN (",
-    "SELECT biz_type, idem_key FROM idem_record, (SELECT ",
+    "DELETE FROM {t} WHERE (biz_type, idem_key) IN (",
+    "SELECT biz_type, idem_key FROM {t}, (SELECT ",
     now_ms!(),
     " + ?2 AS n) AS c ",
     "WHERE expire_at <= c.n AND NOT (status = 'PROCESSING' AND lease_until > c.n) LIMIT ?1)"
 );
 
+/// The statements for one records table, built once per store from the templates above with
+/// the table's quoted name in place of `{t}` (each is prepared once per connection and cached by
+/// sqlx, so a name in their text costs nothing per call).
+#[derive(Debug)]
+pub(super) struct Statements {
+    claim: Arc<str>,
+    take: Arc<str>,
+    complete: Arc<str>,
+    fail: Arc<str>,
+    save_steps: Arc<str>,
+    renew: Arc<str>,
+    load: Arc<str>,
+    stuck: Arc<str>,
+    stats: Arc<str>,
+    sweep: Arc<str>,
+}
+
+impl Statements {
+    pub(super) fn new(table: &TableName) -> Self {
+        let t = table.quoted(Dialect::SQLite);
+        let named = |template: &str| -> Arc<str> { template.replace("{t}", &t).into() };
+        Statements {
+            claim: named(CLAIM),
+            take: named(TAKE),
+            complete: named(COMPLETE),
+            fail: named(FAIL),
+            save_steps: named(SAVE_STEPS),
+            renew: named(RENEW),
+            load: named(LOAD),
+            stuck: named(STUCK),
+            stats: named(STATS),
+            sweep: named(SWEEP),
+        }
+    }
+}
+
+/// A statement of the store as a sqlx query.
+pub(super) fn query(sql: &Arc<str>) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
+    sqlx::query(AssertSqlSafe(sql.clone()))
+}
+
 /// The store's records, reached through one connection.
 pub(super) struct Records<'c> {
     conn: &'c mut SqliteConnection,
+    sql: &'c Statements,
     offset_ms: i64,
 }
 
@@ -180,9 +225,10 @@ fn fence_param(claim: &Claim) -> Result<i64, IdemError> {
 }
 
 impl<'c> Records<'c> {
-    pub(super) fn new(conn: &'c mut SqliteConnection, store: &SqliteStore) -> Self {
+    pub(super) fn new(conn: &'c mut SqliteConnection, store: &'c SqliteStore) -> Self {
         Records {
             conn,
+            sql: &store.sql,
             offset_ms: store.offset_ms(),
         }
     }
@@ -190,7 +236,7 @@ impl<'c> Records<'c> {
     /// Changes the record held under `claim` with `sql` (complete, fail, renew).
     async fn held(
         &mut self,
-        query: sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+        query: sqlx::query::Query<'_, Sqlite, SqliteArguments>,
         claim: &Claim,
     ) -> Result<(), IdemError> {
         let done = query.execute(&mut *self.conn).await.map_err(db_error)?;
@@ -211,7 +257,7 @@ impl<'c> Records<'c> {
         snapshot: &[u8],
         ttl: Duration,
     ) -> Result<(), IdemError> {
-        let query = sqlx::query(COMPLETE)
+        let query = query(&self.sql.complete)
             .bind(biz)
             .bind(key)
             .bind(fence_param(claim)?)
@@ -227,7 +273,7 @@ impl<'c> Records<'c> {
         key: &str,
         claim: &Claim,
     ) -> Result<(), IdemError> {
-        let query = sqlx::query(FAIL)
+        let query = query(&self.sql.fail)
             .bind(biz)
             .bind(key)
             .bind(fence_param(claim)?)
@@ -242,7 +288,7 @@ impl<'c> Records<'c> {
         claim: &Claim,
         steps: &[u8],
     ) -> Result<(), IdemError> {
-        let query = sqlx::query(SAVE_STEPS)
+        let query = query(&self.sql.save_steps)
             .bind(biz)
             .bind(key)
             .bind(fence_param(claim)?)
@@ -258,7 +304,7 @@ impl<'c> Records<'c> {
         claim: &Claim,
         lease: Duration,
     ) -> Result<(), IdemError> {
-        let query = sqlx::query(RENEW)
+        let query = query(&self.sql.renew)
             .bind(biz)
             .bind(key)
             .bind(fence_param(claim)?)
@@ -268,7 +314,7 @@ impl<'c> Records<'c> {
     }
 
     pub(super) async fn load(&mut self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        let Some(row) = sqlx::query(LOAD)
+        let Some(row) = query(&self.sql.load)
             .bind(biz)
             .bind(key)
             .fetch_optional(&mut *self.conn)
@@ -285,7 +331,7 @@ impl<'c> Records<'c> {
         biz: &str,
         batch: usize,
     ) -> Result<Vec<Record>, IdemError> {
-        let rows = sqlx::query(STUCK)
+        let rows = query(&self.sql.stuck)
             .bind(biz)
             .bind(self.offset_ms)
             .bind(i64::try_from(batch).unwrap_or(i64::MAX))
@@ -298,7 +344,7 @@ impl<'c> Records<'c> {
     }
 
     pub(super) async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError> {
-        let rows = sqlx::query(STATS)
+        let rows = query(&self.sql.stats)
             .fetch_all(&mut *self.conn)
             .await
             .map_err(db_error)?;
@@ -317,7 +363,7 @@ impl<'c> Records<'c> {
     }
 
     pub(super) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {
-        let done = sqlx::query(SWEEP)
+        let done = query(&self.sql.sweep)
             .bind(i64::try_from(batch).unwrap_or(i64::MAX))
             .bind(self.offset_ms)
             .execute(&mut *self.conn)
@@ -332,7 +378,7 @@ impl CasRecords for Records<'_> {
         &mut self,
         req: &ClaimRequest<'_>,
     ) -> Result<(bool, Option<SeenRecord>), IdemError> {
-        let Some(row) = sqlx::query(CLAIM)
+        let Some(row) = query(&self.sql.claim)
             .bind(req.biz)
             .bind(req.key)
             .bind(req.fingerprint)
@@ -368,7 +414,7 @@ impl CasRecords for Records<'_> {
         reset: bool,
         keep_steps: bool,
     ) -> Result<Option<Claim>, IdemError> {
-        let Some(row) = sqlx::query(TAKE)
+        let Some(row) = query(&self.sql.take)
             .bind(req.biz)
             .bind(req.key)
             .bind(req.fingerprint)

@@ -1,12 +1,17 @@
-//! One-time submit tokens in the SQLite store's database (table `idem_token`).
+//! One-time submit tokens in the SQLite store's database (table `idem_token` unless
+//! [`SqliteStore::with_token_table`] names another).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::Row;
 
+use super::records::query;
 use super::{SqliteStore, db_error};
 use crate::IdemError;
+use crate::sql::dialect::Dialect;
+use crate::sql::table::TableName;
 use crate::store::decide::millis;
 use crate::tokens::{Found, TokenStore, check_token, check_ttl, new_token, refusal, subject_of};
 
@@ -23,37 +28,61 @@ macro_rules! now_ms {
 
 /// ?1 token, ?2 subject, ?3 ttl ms, ?4 offset.
 const ISSUE: &str = concat!(
-    "INSERT INTO idem_token (token, subject, spent, expire_at) VALUES (?1, ?2, 0, ",
+    "INSERT INTO {tk} (token, subject, spent, expire_at) VALUES (?1, ?2, 0, ",
     now_ms!("?4"),
     " + ?3)"
 );
 /// ?1 token, ?2 subject, ?3 the spent flag it must have, ?4 the one it gets, ?5 offset.
 const FLIP: &str = concat!(
-    "UPDATE idem_token SET spent = ?4 WHERE token = ?1 AND subject = ?2 AND spent = ?3 AND expire_at > ",
+    "UPDATE {tk} SET spent = ?4 WHERE token = ?1 AND subject = ?2 AND spent = ?3 AND expire_at > ",
     now_ms!("?5")
 );
 /// ?1 token, ?2 offset.
 const FIND: &str = concat!(
     "SELECT subject, expire_at > ",
     now_ms!("?2"),
-    " AS live FROM idem_token WHERE token = ?1"
+    " AS live FROM {tk} WHERE token = ?1"
 );
 /// ?1 batch, ?2 offset.
 const SWEEP: &str = concat!(
-    "DELETE FROM idem_token WHERE token IN (SELECT token FROM idem_token WHERE expire_at <= ",
+    "DELETE FROM {tk} WHERE token IN (SELECT token FROM {tk} WHERE expire_at <= ",
     now_ms!("?2"),
     " LIMIT ?1)"
 );
 
+/// The token statements for one table: the templates above with its quoted name in place of
+/// `{tk}`.
+#[derive(Debug)]
+pub(super) struct TokenStatements {
+    issue: Arc<str>,
+    flip: Arc<str>,
+    find: Arc<str>,
+    sweep: Arc<str>,
+}
+
+impl TokenStatements {
+    pub(super) fn new(table: &TableName) -> Self {
+        let tk = table.quoted(Dialect::SQLite);
+        let named = |template: &str| -> Arc<str> { template.replace("{tk}", &tk).into() };
+        TokenStatements {
+            issue: named(ISSUE),
+            flip: named(FLIP),
+            find: named(FIND),
+            sweep: named(SWEEP),
+        }
+    }
+}
+
 /// One-time submit tokens in an SQLite store's database ([`SqliteStore::tokens`]). Run the
-/// store's `migrate()` first (it creates `idem_token`).
+/// store's `migrate()` first (it creates the token table).
 #[derive(Clone)]
 pub struct SqliteTokens {
     store: SqliteStore,
 }
 
 impl SqliteStore {
-    /// The one-time submit tokens kept in this store's database (table `idem_token`).
+    /// The one-time submit tokens kept in this store's database (its token table, `idem_token`
+    /// unless [`SqliteStore::with_token_table`] names another).
     pub fn tokens(&self) -> SqliteTokens {
         SqliteTokens {
             store: self.clone(),
@@ -68,7 +97,7 @@ impl SqliteTokens {
         let offset = self.store.offset_ms();
         self.store
             .with_conn(async |conn| {
-                let done = sqlx::query(FLIP)
+                let done = query(&self.store.token_sql.flip)
                     .bind(token)
                     .bind(subject)
                     .bind(!to)
@@ -80,7 +109,7 @@ impl SqliteTokens {
                 if done.rows_affected() == 1 {
                     return Ok(());
                 }
-                let row = sqlx::query(FIND)
+                let row = query(&self.store.token_sql.find)
                     .bind(token)
                     .bind(offset)
                     .fetch_optional(&mut *conn)
@@ -116,7 +145,7 @@ impl TokenStore for SqliteTokens {
         let offset = self.store.offset_ms();
         self.store
             .with_conn(async |conn| {
-                sqlx::query(ISSUE)
+                query(&self.store.token_sql.issue)
                     .bind(&token)
                     .bind(subject)
                     .bind(millis(ttl))
@@ -141,7 +170,7 @@ impl TokenStore for SqliteTokens {
         let offset = self.store.offset_ms();
         self.store
             .with_conn(async |conn| {
-                let done = sqlx::query(SWEEP)
+                let done = query(&self.store.token_sql.sweep)
                     .bind(i64::try_from(batch).unwrap_or(i64::MAX))
                     .bind(offset)
                     .execute(conn)

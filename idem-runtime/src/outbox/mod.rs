@@ -325,14 +325,16 @@ outbox_tx!("postgres", crate::PgTx);
 /// The database a [`Relay`] reads: a pool of one of the SQL backends (`From` a pool, or a
 /// store's: `store.pool()`).
 #[derive(Debug, Clone)]
-pub enum OutboxPool {
-    /// SQLite.
+pub struct OutboxPool(Pool);
+
+// Private, so its variants' names (`Sqlite`, …) are not public items: rustc would otherwise print
+// sqlx's `Sqlite` with its full path in every diagnostic that names it.
+#[derive(Debug, Clone)]
+enum Pool {
     #[cfg(feature = "sqlite")]
     Sqlite(sqlx::SqlitePool),
-    /// MySQL / MariaDB.
     #[cfg(feature = "mysql")]
     MySql(sqlx::MySqlPool),
-    /// Postgres.
     #[cfg(feature = "postgres")]
     Postgres(sqlx::PgPool),
 }
@@ -342,14 +344,14 @@ macro_rules! pool_from {
         #[cfg(feature = $feature)]
         impl From<$pool> for OutboxPool {
             fn from(pool: $pool) -> Self {
-                OutboxPool::$variant(pool)
+                OutboxPool(Pool::$variant(pool))
             }
         }
 
         #[cfg(feature = $feature)]
         impl From<&$pool> for OutboxPool {
             fn from(pool: &$pool) -> Self {
-                OutboxPool::$variant(pool.clone())
+                OutboxPool(Pool::$variant(pool.clone()))
             }
         }
     };
@@ -362,13 +364,13 @@ pool_from!("postgres", sqlx::PgPool, Postgres);
 /// Runs `$body` with `$pool` bound to the variant's pool, the same code for every backend.
 macro_rules! on_pool {
     ($outbox_pool:expr, $pool:ident => $body:expr) => {
-        match $outbox_pool {
+        match &($outbox_pool).0 {
             #[cfg(feature = "sqlite")]
-            OutboxPool::Sqlite($pool) => $body,
+            $crate::outbox::Pool::Sqlite($pool) => $body,
             #[cfg(feature = "mysql")]
-            OutboxPool::MySql($pool) => $body,
+            $crate::outbox::Pool::MySql($pool) => $body,
             #[cfg(feature = "postgres")]
-            OutboxPool::Postgres($pool) => $body,
+            $crate::outbox::Pool::Postgres($pool) => $body,
         }
     };
 }
@@ -377,13 +379,13 @@ pub(crate) use on_pool;
 impl OutboxPool {
     /// The pool's dialect.
     pub fn dialect(&self) -> Dialect {
-        match self {
+        match &self.0 {
             #[cfg(feature = "sqlite")]
-            OutboxPool::Sqlite(_) => Dialect::SQLite,
+            Pool::Sqlite(_) => Dialect::SQLite,
             #[cfg(feature = "mysql")]
-            OutboxPool::MySql(_) => Dialect::MySQL,
+            Pool::MySql(_) => Dialect::MySQL,
             #[cfg(feature = "postgres")]
-            OutboxPool::Postgres(_) => Dialect::Postgres,
+            Pool::Postgres(_) => Dialect::Postgres,
         }
     }
 

@@ -1,0 +1,899 @@
+//! Messages/s through idem's inbox and outbox relay, against the plain client loop, on the local
+//! RabbitMQ (`IDEM_AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`) and NATS JetStream
+//! (`IDEM_NATS_URL`, default `nats://127.0.0.1:4222`).
+//!
+//! ```text
+//! cargo bench -p idem-suite --features rabbitmq,nats,sqlite --bench messaging
+//! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench -p idem-suite --features rabbitmq,nats,sqlite --bench messaging
+//! IDEM_BENCH_ONLY=outbox,nats cargo bench …   # workloads by name, side (inbox, outbox), broker (rabbitmq, nats) or `dup`
+//! ```
+//!
+//! Workloads, each on a fresh queue or stream and a fresh SQLite file per contender and round
+//! (deleted after it), `N` = 2,000 messages × `IDEM_BENCH_SCALE`:
+//!
+//! - `inbox-amqp`, `inbox-nats`: `N` messages with distinct order numbers, pre-filled (a quorum
+//!   queue declared by `inbox::amqp::declare_queue`, prefetch 64; a work-queue JetStream stream in
+//!   memory with a durable pull consumer), then consumed one at a time. `plain` decodes the JSON,
+//!   inserts one `shipped` row in an SQLite transaction (begin, insert, commit) and acks (AMQP
+//!   `basic.ack`; JetStream `double_ack`, the ack `inbox::jetstream::settle` sends). `idem` hands the
+//!   payload to `Inbox::handle_json`, whose handler begins a transaction, calls an
+//!   `#[idempotent(tx = "tx")]` fn keyed by the order number (claim, insert, mark, in that
+//!   transaction) and commits, then settles the verdict with `inbox::amqp::settle` /
+//!   `inbox::jetstream::settle`.
+//! - `inbox-amqp-dup`, `inbox-nats-dup`: the same with 12 % of the `N` messages duplicates (an order
+//!   number already sent, another message id, a few messages later). `idem` acks them as replays
+//!   (counted and checked: one row per order); `plain` does not deduplicate and ships them again.
+//! - `outbox-amqp`, `outbox-nats`: an SQLite outbox (`Outbox::migrate`) with `N` committed rows
+//!   (distinct keys), published to a durable classic queue / a JetStream stream in memory. `idem`
+//!   runs `Relay::run_once` (default batch of 100) until all are sent, with `AmqpPublisher` /
+//!   `JetStreamPublisher`. `plain` reads the same rows 100 at a time, publishes each with the same
+//!   properties (message id, key; persistent and mandatory on RabbitMQ) and awaits its confirm
+//!   (RabbitMQ publisher confirm; JetStream publish ack), then marks it sent with an `UPDATE`.
+//!
+//! Each round runs every workload's two contenders, which goes first alternating from round to
+//! round (and workload to workload); a warm-up run of each, `N / 5` messages, is not counted. The
+//! ratio idem / plain is taken within a round, then the median over rounds (`IDEM_BENCH_ROUNDS`,
+//! default 5) is printed, with one `messages/s <contender> <workload> <value>` line per contender
+//! (the median of its rounds) and one `ratio idem / plain <workload> <value>` line per workload.
+//! A broker that cannot be reached is skipped with one line.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self as js, message::PublishMessage};
+use futures_util::StreamExt;
+use idem::inbox::{Inbox, Verdict, amqp as amqp_inbox, jetstream as js_inbox};
+use idem::outbox::amqp::AmqpPublisher;
+use idem::outbox::jetstream::{JetStreamPublisher, KEY_HEADER};
+use idem::outbox::{Outbox, Relay};
+use idem::sqlx::{self, SqlitePool};
+use idem::{IdemError, Outcome, SqliteStore, SqliteTx, idempotent};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
+use serde::{Deserialize, Serialize};
+
+/// An order event as published (JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct OrderMsg {
+    order_no: String,
+    sku: String,
+    qty: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ShipError {
+    #[error(transparent)]
+    Idem(#[from] IdemError),
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+const SHIPPED_DDL: &str = "CREATE TABLE IF NOT EXISTS shipped (id INTEGER PRIMARY KEY, \
+                           order_no TEXT NOT NULL, sku TEXT NOT NULL, qty INTEGER NOT NULL)";
+const INSERT: &str = "INSERT INTO shipped (order_no, sku, qty) VALUES (?1, ?2, ?3)";
+
+/// Ships an order once: its row, with the claim and the mark, in the caller's transaction.
+#[idempotent(
+    biz = "BENCH_SHIP",
+    key = "msg.order_no",
+    tx = "tx",
+    fingerprint = "msg"
+)]
+async fn ship(tx: &mut SqliteTx, msg: &OrderMsg) -> Result<i64, ShipError> {
+    let id = sqlx::query(INSERT)
+        .bind(&msg.order_no)
+        .bind(&msg.sku)
+        .bind(msg.qty)
+        .execute(&mut **tx)
+        .await?
+        .last_insert_rowid();
+    Ok(id)
+}
+
+/// idem's handler: a transaction of the consumer's own around the idempotent fn.
+async fn ship_idem(store: &SqliteStore, msg: OrderMsg) -> Result<i64, ShipError> {
+    let mut tx = store.begin().await?;
+    let id = ship(&mut tx, &msg).await?;
+    tx.commit().await?;
+    Ok(id)
+}
+
+/// The plain loop's handler: the same row in a transaction, no deduplication.
+async fn ship_plain(pool: &SqlitePool, payload: &[u8]) -> i64 {
+    let msg: OrderMsg = serde_json::from_slice(payload).expect("an order");
+    let mut tx = pool.begin().await.unwrap();
+    let id = sqlx::query(INSERT)
+        .bind(&msg.order_no)
+        .bind(&msg.sku)
+        .bind(msg.qty)
+        .execute(&mut *tx)
+        .await
+        .unwrap()
+        .last_insert_rowid();
+    tx.commit().await.unwrap();
+    id
+}
+
+/// A name no other run of this process (or a concurrent one) uses.
+fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A fresh SQLite file (idem's settings: WAL, synchronous=NORMAL) with idem's tables, the
+/// `shipped` table and the outbox table; removed with the returned directory.
+async fn side_db() -> (SqliteStore, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("side.db")).await.unwrap();
+    store.migrate().await.unwrap();
+    sqlx::query(SHIPPED_DDL)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    Outbox::new().migrate(store.pool()).await.unwrap();
+    (store, dir)
+}
+
+/// `(rows, distinct order numbers)` in `shipped`.
+async fn shipped(pool: &SqlitePool) -> (i64, i64) {
+    sqlx::query_as("SELECT COUNT(*), COUNT(DISTINCT order_no) FROM shipped")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+fn order(i: usize) -> OrderMsg {
+    OrderMsg {
+        order_no: format!("ORD-{i:07}"),
+        sku: format!("SKU-{}", i % 97),
+        qty: 1 + (i % 5) as u32,
+    }
+}
+
+/// `n` messages `(message id, JSON)`: `n × dup_pct / 100` of them duplicates (an order number
+/// sent 10 messages earlier, under another message id), the rest distinct orders. Returns them
+/// and the number of distinct orders.
+fn traffic(n: usize, dup_pct: usize) -> (Vec<(String, Vec<u8>)>, usize) {
+    let dups = n * dup_pct / 100;
+    let distinct = n - dups;
+    let json = |i: usize| serde_json::to_vec(&order(i)).unwrap();
+    // Duplicate k is of order k × distinct / dups, sent after the original of 10 orders later.
+    let mut pending: VecDeque<(usize, usize)> = (0..dups)
+        .map(|k| {
+            let of = k * distinct / dups;
+            (of + 10, of)
+        })
+        .collect();
+    let mut msgs = Vec::with_capacity(n);
+    for i in 0..distinct {
+        msgs.push((format!("ORD-{i:07}-m1"), json(i)));
+        while pending.front().is_some_and(|(after, _)| *after <= i) {
+            let (_, of) = pending.pop_front().unwrap();
+            msgs.push((format!("ORD-{of:07}-m2"), json(of)));
+        }
+    }
+    for (_, of) in pending {
+        msgs.push((format!("ORD-{of:07}-m2"), json(of)));
+    }
+    (msgs, distinct)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    Plain,
+    Idem,
+}
+
+/// One contender's run: messages/s, and (idem's inbox) deliveries acked as replays.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    rate: f64,
+    replays: usize,
+}
+
+/// The longest a run may take before the bench gives up on it.
+const RUN_LIMIT: Duration = Duration::from_secs(300);
+const PREFETCH: u16 = 64;
+
+/// Counts idem's verdicts; panics on anything but an ack (none is expected here).
+#[derive(Default)]
+struct Verdicts {
+    executed: usize,
+    replays: usize,
+}
+
+impl Verdicts {
+    fn count(&mut self, verdict: &Verdict, outcome: Option<Outcome>) {
+        assert_eq!(*verdict, Verdict::Ack, "outcome {outcome:?}");
+        match outcome {
+            Some(Outcome::Executed) => self.executed += 1,
+            Some(Outcome::Replayed) => self.replays += 1,
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+}
+
+/// Checks the side-effect table after an inbox run: one row per message for the plain loop, one
+/// per order for idem.
+async fn check_inbox(pool: &SqlitePool, who: Who, n: usize, distinct: usize, v: &Verdicts) {
+    let (rows, orders) = shipped(pool).await;
+    assert_eq!(orders as usize, distinct, "every order shipped");
+    match who {
+        Who::Plain => assert_eq!(rows as usize, n, "the plain loop ships every message"),
+        Who::Idem => {
+            assert_eq!(rows as usize, distinct, "idem ships each order once");
+            assert_eq!((v.executed, v.replays), (distinct, n - distinct));
+        }
+    }
+}
+
+async fn inbox_amqp(conn: &Connection, who: Who, n: usize, dup_pct: usize) -> Run {
+    let (msgs, distinct) = traffic(n, dup_pct);
+    let queue = unique("idem_bench_inbox");
+    let channel = conn.create_channel().await.unwrap();
+    amqp_inbox::declare_queue(&channel, &queue).await.unwrap();
+    // Pre-fill: every publish sent, then every confirm awaited.
+    let publisher = conn.create_channel().await.unwrap();
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let mut confirms = Vec::with_capacity(msgs.len());
+    for (id, payload) in &msgs {
+        confirms.push(
+            publisher
+                .basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    payload,
+                    BasicProperties::default()
+                        .with_message_id(id.as_str().into())
+                        .with_delivery_mode(2),
+                )
+                .await
+                .unwrap(),
+        );
+    }
+    for confirm in confirms {
+        assert!(confirm.await.unwrap().is_ack());
+    }
+    let _ = publisher.close(200, "filled".into()).await;
+    let (store, dir) = side_db().await;
+    let inbox = Inbox::builder().build().unwrap();
+    channel
+        .basic_qos(PREFETCH, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let tag = unique("idem-bench");
+    let mut verdicts = Verdicts::default();
+    let t = Instant::now();
+    let mut deliveries = channel
+        .basic_consume(
+            queue.as_str().into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    for _ in 0..n {
+        let delivery = tokio::time::timeout_at((t + RUN_LIMIT).into(), deliveries.next())
+            .await
+            .expect("the run finishes in time")
+            .expect("the consumer was cancelled")
+            .unwrap();
+        match who {
+            Who::Plain => {
+                ship_plain(store.pool(), &delivery.data).await;
+                delivery.ack(BasicAckOptions::default()).await.unwrap();
+            }
+            Who::Idem => {
+                let handled = inbox
+                    .handle_json(
+                        &delivery.data,
+                        amqp_inbox::delivered(&delivery),
+                        |msg: OrderMsg| ship_idem(&store, msg),
+                    )
+                    .await;
+                amqp_inbox::settle(&delivery, &handled.verdict)
+                    .await
+                    .unwrap();
+                verdicts.count(&handled.verdict, handled.outcome);
+            }
+        }
+    }
+    let elapsed = t.elapsed();
+    channel
+        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+        .await
+        .unwrap();
+    check_inbox(store.pool(), who, n, distinct, &verdicts).await;
+    for q in [queue.clone(), amqp_inbox::dead_letter_queue(&queue)] {
+        channel
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
+    let _ = channel.close(200, "done".into()).await;
+    store.pool().close().await;
+    drop(dir);
+    Run {
+        rate: n as f64 / elapsed.as_secs_f64(),
+        replays: verdicts.replays,
+    }
+}
+
+async fn inbox_nats(ctx: &js::Context, who: Who, n: usize, dup_pct: usize) -> Run {
+    let (msgs, distinct) = traffic(n, dup_pct);
+    let name = unique("idem_bench_inbox");
+    let subject = format!("{name}.orders");
+    let stream = ctx
+        .create_stream(js::stream::Config {
+            name: name.clone(),
+            subjects: vec![subject.clone()],
+            retention: js::stream::RetentionPolicy::WorkQueue,
+            storage: js::stream::StorageType::Memory,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let consumer: js::consumer::PullConsumer = stream
+        .create_consumer(js::consumer::pull::Config {
+            durable_name: Some("shipping".to_owned()),
+            ack_policy: js::consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut acks = Vec::with_capacity(msgs.len());
+    for (id, payload) in &msgs {
+        acks.push(
+            ctx.send_publish(
+                subject.clone(),
+                PublishMessage::build()
+                    .message_id(id)
+                    .payload(payload.clone().into()),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    for ack in acks {
+        ack.await.unwrap();
+    }
+    let (store, dir) = side_db().await;
+    let inbox = Inbox::builder().build().unwrap();
+    let mut verdicts = Verdicts::default();
+    let t = Instant::now();
+    let mut messages = consumer.messages().await.unwrap();
+    for _ in 0..n {
+        let msg = tokio::time::timeout_at((t + RUN_LIMIT).into(), messages.next())
+            .await
+            .expect("the run finishes in time")
+            .expect("the consumer closed")
+            .unwrap();
+        match who {
+            Who::Plain => {
+                ship_plain(store.pool(), &msg.payload).await;
+                msg.double_ack().await.unwrap();
+            }
+            Who::Idem => {
+                let handled = inbox
+                    .handle_json(
+                        &msg.payload,
+                        js_inbox::delivered(&msg),
+                        |order: OrderMsg| ship_idem(&store, order),
+                    )
+                    .await;
+                js_inbox::settle(&msg, &handled.verdict, None)
+                    .await
+                    .unwrap();
+                verdicts.count(&handled.verdict, handled.outcome);
+            }
+        }
+    }
+    let elapsed = t.elapsed();
+    drop(messages);
+    check_inbox(store.pool(), who, n, distinct, &verdicts).await;
+    ctx.delete_stream(&name).await.unwrap();
+    store.pool().close().await;
+    drop(dir);
+    Run {
+        rate: n as f64 / elapsed.as_secs_f64(),
+        replays: verdicts.replays,
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Broker<'a> {
+    Amqp(&'a Connection),
+    Nats(&'a js::Context),
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+const DUE: &str = "SELECT id, destination, msg_key, payload FROM idem_outbox \
+                   WHERE sent_at IS NULL ORDER BY id LIMIT 100";
+const MARK: &str = "UPDATE idem_outbox SET sent_at = ?1 WHERE id = ?2";
+
+async fn outbox(broker: Broker<'_>, who: Who, n: usize) -> Run {
+    let name = unique("idem_bench_outbox");
+    let destination = match broker {
+        Broker::Amqp(conn) => {
+            let channel = conn.create_channel().await.unwrap();
+            channel
+                .queue_declare(
+                    name.as_str().into(),
+                    QueueDeclareOptions::durable(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            let _ = channel.close(200, "declared".into()).await;
+            name.clone()
+        }
+        Broker::Nats(ctx) => {
+            ctx.create_stream(js::stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{name}.events")],
+                storage: js::stream::StorageType::Memory,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            format!("{name}.events")
+        }
+    };
+    let (store, dir) = side_db().await;
+    let ob = Outbox::new();
+    let mut tx = store.begin().await.unwrap();
+    for i in 0..n {
+        let msg = order(i);
+        let payload = serde_json::to_vec(&msg).unwrap();
+        ob.enqueue(&mut tx, &destination, &msg.order_no, &payload)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let pool = store.pool().clone();
+
+    let t;
+    match (who, broker) {
+        (Who::Idem, _) => {
+            let relay = match broker {
+                Broker::Amqp(conn) => {
+                    let publisher = AmqpPublisher::new(conn.create_channel().await.unwrap())
+                        .await
+                        .unwrap();
+                    Relay::builder(&pool, publisher).build().unwrap()
+                }
+                Broker::Nats(ctx) => Relay::builder(&pool, JetStreamPublisher::new(ctx.clone()))
+                    .build()
+                    .unwrap(),
+            };
+            t = Instant::now();
+            let mut sent = 0;
+            while sent < n as u64 {
+                let pass = relay.run_once().await.unwrap();
+                assert_eq!(pass.failed, 0, "no publish fails");
+                assert!(pass.sent > 0, "a pass sends while rows are pending");
+                sent += pass.sent;
+            }
+        }
+        (Who::Plain, Broker::Amqp(conn)) => {
+            let channel = conn.create_channel().await.unwrap();
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .unwrap();
+            t = Instant::now();
+            loop {
+                let due: Vec<(i64, String, String, Vec<u8>)> =
+                    sqlx::query_as(DUE).fetch_all(&pool).await.unwrap();
+                if due.is_empty() {
+                    break;
+                }
+                for (id, destination, key, payload) in due {
+                    let message_id = format!("idem_outbox:{id}");
+                    let confirm = channel
+                        .basic_publish(
+                            "".into(),
+                            destination.as_str().into(),
+                            BasicPublishOptions {
+                                mandatory: true,
+                                ..BasicPublishOptions::default()
+                            },
+                            &payload,
+                            BasicProperties::default()
+                                .with_message_id(message_id.as_str().into())
+                                .with_correlation_id(key.as_str().into())
+                                .with_delivery_mode(2),
+                        )
+                        .await
+                        .unwrap()
+                        .await
+                        .unwrap();
+                    assert!(matches!(confirm, Confirmation::Ack(None)), "{confirm:?}");
+                    sqlx::query(MARK)
+                        .bind(now_ms())
+                        .bind(id)
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+        (Who::Plain, Broker::Nats(ctx)) => {
+            t = Instant::now();
+            loop {
+                let due: Vec<(i64, String, String, Vec<u8>)> =
+                    sqlx::query_as(DUE).fetch_all(&pool).await.unwrap();
+                if due.is_empty() {
+                    break;
+                }
+                for (id, destination, key, payload) in due {
+                    let publish = PublishMessage::build()
+                        .message_id(format!("idem_outbox:{id}"))
+                        .header(KEY_HEADER, key.as_str())
+                        .payload(payload.into());
+                    ctx.send_publish(destination, publish)
+                        .await
+                        .unwrap()
+                        .await
+                        .unwrap();
+                    sqlx::query(MARK)
+                        .bind(now_ms())
+                        .bind(id)
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+    }
+    let elapsed = t.elapsed();
+
+    let pending: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(pending, 0, "every row marked sent");
+    match broker {
+        Broker::Amqp(conn) => {
+            let channel = conn.create_channel().await.unwrap();
+            let queue = channel
+                .queue_declare(
+                    name.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            assert_eq!(queue.message_count() as usize, n, "every row in the queue");
+            channel
+                .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .unwrap();
+            let _ = channel.close(200, "done".into()).await;
+        }
+        Broker::Nats(ctx) => {
+            let info = ctx
+                .get_stream(&name)
+                .await
+                .unwrap()
+                .get_info()
+                .await
+                .unwrap();
+            assert_eq!(info.state.messages as usize, n, "every row in the stream");
+            ctx.delete_stream(&name).await.unwrap();
+        }
+    }
+    pool.close().await;
+    drop(dir);
+    Run {
+        rate: n as f64 / elapsed.as_secs_f64(),
+        replays: 0,
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Inbox { dup_pct: usize },
+    Outbox,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum On {
+    Rabbit,
+    Nats,
+}
+
+struct Workload {
+    name: &'static str,
+    on: On,
+    kind: Kind,
+}
+
+const WORKLOADS: [Workload; 6] = [
+    Workload {
+        name: "inbox-amqp",
+        on: On::Rabbit,
+        kind: Kind::Inbox { dup_pct: 0 },
+    },
+    Workload {
+        name: "inbox-amqp-dup",
+        on: On::Rabbit,
+        kind: Kind::Inbox { dup_pct: 12 },
+    },
+    Workload {
+        name: "inbox-nats",
+        on: On::Nats,
+        kind: Kind::Inbox { dup_pct: 0 },
+    },
+    Workload {
+        name: "inbox-nats-dup",
+        on: On::Nats,
+        kind: Kind::Inbox { dup_pct: 12 },
+    },
+    Workload {
+        name: "outbox-amqp",
+        on: On::Rabbit,
+        kind: Kind::Outbox,
+    },
+    Workload {
+        name: "outbox-nats",
+        on: On::Nats,
+        kind: Kind::Outbox,
+    },
+];
+
+impl Workload {
+    fn picked(&self, only: &[String]) -> bool {
+        if only.is_empty() {
+            return true;
+        }
+        let side = match self.kind {
+            Kind::Inbox { .. } => "inbox",
+            Kind::Outbox => "outbox",
+        };
+        let broker = match self.on {
+            On::Rabbit => "rabbitmq",
+            On::Nats => "nats",
+        };
+        let dup = matches!(self.kind, Kind::Inbox { dup_pct } if dup_pct > 0);
+        // Every kind of token given must match: `outbox,nats` is the outbox on NATS.
+        let sides: Vec<_> = only
+            .iter()
+            .filter(|t| ["inbox", "outbox"].contains(&t.as_str()))
+            .collect();
+        let brokers: Vec<_> = only
+            .iter()
+            .filter(|t| ["rabbitmq", "nats"].contains(&t.as_str()))
+            .collect();
+        let names: Vec<_> = only
+            .iter()
+            .filter(|t| WORKLOADS.iter().any(|w| w.name == t.as_str()))
+            .collect();
+        let want_dup = only.iter().any(|t| t == "dup");
+        (names.is_empty() || names.iter().any(|t| t.as_str() == self.name))
+            && (sides.is_empty() || sides.iter().any(|t| t.as_str() == side))
+            && (brokers.is_empty() || brokers.iter().any(|t| t.as_str() == broker))
+            && (!want_dup || dup)
+    }
+
+    async fn run(
+        &self,
+        amqp: Option<&Connection>,
+        nats: Option<&js::Context>,
+        who: Who,
+        n: usize,
+    ) -> Run {
+        match (self.kind, self.on) {
+            (Kind::Inbox { dup_pct }, On::Rabbit) => {
+                inbox_amqp(amqp.unwrap(), who, n, dup_pct).await
+            }
+            (Kind::Inbox { dup_pct }, On::Nats) => inbox_nats(nats.unwrap(), who, n, dup_pct).await,
+            (Kind::Outbox, On::Rabbit) => outbox(Broker::Amqp(amqp.unwrap()), who, n).await,
+            (Kind::Outbox, On::Nats) => outbox(Broker::Nats(nats.unwrap()), who, n).await,
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// One workload's rounds: `(plain, idem)` per round.
+struct Figures {
+    rounds: Vec<(Run, Run)>,
+}
+
+impl Figures {
+    fn plain(&self) -> f64 {
+        median(self.rounds.iter().map(|(p, _)| p.rate).collect())
+    }
+
+    fn idem(&self) -> f64 {
+        median(self.rounds.iter().map(|(_, i)| i.rate).collect())
+    }
+
+    fn ratio(&self) -> f64 {
+        median(self.rounds.iter().map(|(p, i)| i.rate / p.rate).collect())
+    }
+}
+
+async fn reach<T, E: std::fmt::Display>(
+    service: &str,
+    url: &str,
+    connect: impl std::future::Future<Output = Result<T, E>>,
+) -> Option<T> {
+    match tokio::time::timeout(Duration::from_secs(5), connect).await {
+        Ok(Ok(value)) => Some(value),
+        Ok(Err(e)) => {
+            println!("skipped: {service} at {url} is unreachable ({e})");
+            None
+        }
+        Err(_) => {
+            println!("skipped: {service} at {url} is unreachable (no answer within 5 s)");
+            None
+        }
+    }
+}
+
+async fn bench() {
+    let env = |name: &str| std::env::var(name).ok();
+    let amqp_url =
+        env("IDEM_AMQP_URL").unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let nats_url = env("IDEM_NATS_URL").unwrap_or_else(|| "nats://127.0.0.1:4222".to_owned());
+    let scale: f64 = env("IDEM_BENCH_SCALE")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    let rounds: usize = env("IDEM_BENCH_ROUNDS")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5)
+        .max(1);
+    let only: Vec<String> = env("IDEM_BENCH_ONLY")
+        .map(|s| {
+            s.split(',')
+                .map(|t| t.trim().to_owned())
+                .filter(|t| !t.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let n = ((2_000.0 * scale) as usize).max(50);
+
+    let picked: Vec<&Workload> = WORKLOADS.iter().filter(|w| w.picked(&only)).collect();
+    let amqp = if picked.iter().any(|w| w.on == On::Rabbit) {
+        reach(
+            "RabbitMQ",
+            &amqp_url,
+            Connection::connect(&amqp_url, ConnectionProperties::default()),
+        )
+        .await
+    } else {
+        None
+    };
+    let nats = if picked.iter().any(|w| w.on == On::Nats) {
+        reach("NATS", &nats_url, async_nats::connect(&nats_url))
+            .await
+            .map(js::new)
+    } else {
+        None
+    };
+    let workloads: Vec<&Workload> = picked
+        .into_iter()
+        .filter(|w| match w.on {
+            On::Rabbit => amqp.is_some(),
+            On::Nats => nats.is_some(),
+        })
+        .collect();
+    if workloads.is_empty() {
+        return;
+    }
+    println!(
+        "idem messaging: RabbitMQ {amqp_url}, NATS {nats_url}; {n} messages per contender per round, \
+         {rounds} rounds, median of per-round ratios; scale {scale}\n"
+    );
+    let (amqp, nats) = (amqp.as_ref(), nats.as_ref());
+
+    // Warm-up, not counted: connections, the SQLite code paths, the brokers' queues.
+    for w in &workloads {
+        for who in [Who::Plain, Who::Idem] {
+            w.run(amqp, nats, who, (n / 5).max(50)).await;
+        }
+    }
+
+    let mut figures: Vec<Figures> = workloads
+        .iter()
+        .map(|_| Figures { rounds: Vec::new() })
+        .collect();
+    for round in 0..rounds {
+        for (wi, w) in workloads.iter().enumerate() {
+            let plain_first = (round + wi) % 2 == 0;
+            let (plain, idem) = if plain_first {
+                let p = w.run(amqp, nats, Who::Plain, n).await;
+                (p, w.run(amqp, nats, Who::Idem, n).await)
+            } else {
+                let i = w.run(amqp, nats, Who::Idem, n).await;
+                (w.run(amqp, nats, Who::Plain, n).await, i)
+            };
+            eprintln!(
+                "  round {round} {:<15} plain {:>7.0}  idem {:>7.0} msg/s  ratio {:.3} ({} first)",
+                w.name,
+                plain.rate,
+                idem.rate,
+                idem.rate / plain.rate,
+                if plain_first { "plain" } else { "idem" }
+            );
+            figures[wi].rounds.push((plain, idem));
+        }
+    }
+
+    println!(
+        "{:<18} {:>12} {:>12} {:>12}",
+        "workload", "plain msg/s", "idem msg/s", "idem/plain"
+    );
+    for (w, f) in workloads.iter().zip(&figures) {
+        println!(
+            "{:<18} {:>12.0} {:>12.0} {:>12.3}",
+            w.name,
+            f.plain(),
+            f.idem(),
+            f.ratio()
+        );
+    }
+    println!();
+    for (w, f) in workloads.iter().zip(&figures) {
+        println!("messages/s plain {} {:.0}", w.name, f.plain());
+        println!("messages/s idem {} {:.0}", w.name, f.idem());
+        println!("ratio idem / plain {} {:.3}", w.name, f.ratio());
+        if let Kind::Inbox { dup_pct } = w.kind
+            && dup_pct > 0
+        {
+            let dups = n * dup_pct / 100;
+            let replays: Vec<usize> = f.rounds.iter().map(|(_, i)| i.replays).collect();
+            println!(
+                "duplicates {}: {dups} of {n} messages per round; idem acked {replays:?} as \
+                 replays (one shipped row per order), plain shipped them again",
+                w.name
+            );
+        }
+    }
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(bench());
+}

@@ -299,6 +299,8 @@ impl AnyStore {
     /// # Errors
     /// [`IdemError::InvalidOptions`] for a prefix Redis cannot use, or a store without key
     /// prefixes (memory, SQL stores: theirs is a table, see [`AnyStore::with_table`]).
+    // Without Redis only the sharded arm passes the prefix on, to shards that refuse it.
+    #[cfg_attr(not(feature = "redis"), allow(clippy::only_used_in_recursion))]
     pub fn with_prefix(self, prefix: &str) -> Result<Self, IdemError> {
         let backend = match self.backend {
             #[cfg(feature = "redis")]

@@ -1,0 +1,241 @@
+//! What one call costs the server, counted by the server itself, so that a change that adds a
+//! statement or a round trip to a call's path fails here (issue 24). Each figure is the change of a
+//! server counter over `CALLS` sequential calls, divided by `CALLS`:
+//!
+//! - MariaDB (`IDEM_MYSQL_URL`): `Questions` (statements, `SHOW GLOBAL STATUS`) and
+//!   `Com_admin_commands` (pings and other non-statement commands: sqlx pings a connection it
+//!   takes from the pool);
+//! - Redis (`IDEM_REDIS_URL`): `EVALSHA` calls (round trips: each step is one script) and
+//!   `total_commands_processed` (what the server ran, the scripts' own commands included), from
+//!   `INFO`.
+//!
+//! Postgres has no server-side statement counter without `pg_stat_statements` preloaded (not the
+//! case on the machines idem is tested on), so it is not counted here.
+//!
+//! The counters are the server's, global: this binary has one test, which runs its scenarios one
+//! after the other, and no other test binary runs at the same time (`cargo test` runs them in
+//! turn). The budgets are today's figures: lower them when a change makes a call cheaper.
+
+#[path = "contract/server.rs"]
+#[allow(dead_code)]
+mod server;
+
+use std::collections::BTreeMap;
+
+use idem::{Call, IdemError, Store};
+
+const CALLS: u32 = 50;
+
+/// MariaDB statements of one transaction-mode call with a body that writes nothing, its BEGIN and
+/// COMMIT included, today: BEGIN, SAVEPOINT, the claim, the mark, RELEASE SAVEPOINT, COMMIT and one
+/// read; a replay sends as many (the claim refused, the read of the result, the savepoint's).
+const TX_FIRST: f64 = 7.0;
+const TX_REPLAY: f64 = 7.0;
+
+/// Runs `CALLS` calls on keys `k-0`…: first executions the first time, replays after.
+async fn lease_calls(store: &dyn Store, biz: &str) {
+    for i in 0..CALLS {
+        let key = format!("k-{i}");
+        let value: Result<u32, IdemError> = Call::new(biz.to_owned(), &key)
+            .run(store, async move { Ok(i) })
+            .await;
+        assert_eq!(value.unwrap(), i);
+    }
+}
+
+async fn mysql_counters(pool: &idem::sqlx::MySqlPool) -> BTreeMap<String, u64> {
+    let rows: Vec<(String, String)> = idem::sqlx::query_as(
+        "SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Com_admin_commands')",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    rows.into_iter()
+        .map(|(name, value)| (name, value.parse().unwrap()))
+        .collect()
+}
+
+/// Per-call deltas of `after - before`, less what reading the counters itself cost (`probe`).
+fn per_call(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    probe: &BTreeMap<String, u64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(name, value)| {
+            let spent = value - before.get(name).copied().unwrap_or(0);
+            let probe = probe.get(name).copied().unwrap_or(0);
+            (
+                name.clone(),
+                spent.saturating_sub(probe) as f64 / f64::from(CALLS),
+            )
+        })
+        .collect()
+}
+
+async fn mariadb() {
+    let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let Some(store) = server::reach("MariaDB", &url, idem::MySqlStore::connect(&url)).await else {
+        return;
+    };
+    let table = server::unique("idemt_counts");
+    let store = store.with_table(&table).unwrap();
+    store.migrate().await.unwrap();
+    let probe_pool = idem::sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    // What one reading of the counters costs, measured the same way.
+    let a = mysql_counters(&probe_pool).await;
+    let b = mysql_counters(&probe_pool).await;
+    let probe: BTreeMap<_, _> = b.iter().map(|(k, v)| (k.clone(), v - a[k])).collect();
+
+    // Warm the pool, so connecting is not counted.
+    lease_calls(&store, "COUNT_WARM").await;
+    let before = mysql_counters(&probe_pool).await;
+    lease_calls(&store, "COUNT").await;
+    let after = mysql_counters(&probe_pool).await;
+    let first = per_call(&before, &after, &probe);
+    lease_calls(&store, "COUNT").await;
+    let replayed = per_call(&after, &mysql_counters(&probe_pool).await, &probe);
+    eprintln!("MariaDB per lease-mode call: first {first:?}, replay {replayed:?}");
+    // Today: a first execution is the claim and the mark (2 statements), a replay the refused
+    // claim and the read of the result (2 statements); each takes a connection from the pool
+    // (sqlx pings it: 1 admin command per acquire).
+    assert!(first["Questions"] <= 2.0, "first execution: {first:?}");
+    assert!(
+        first["Com_admin_commands"] <= 2.0,
+        "first execution: {first:?}"
+    );
+    assert!(replayed["Questions"] <= 2.0, "replay: {replayed:?}");
+    assert!(
+        replayed["Com_admin_commands"] <= 1.0,
+        "replay: {replayed:?}"
+    );
+
+    // Transaction mode: begin, the call in the transaction (a no-op body), commit.
+    let tx_calls = |biz: &'static str| {
+        let store = store.clone();
+        async move {
+            for i in 0..CALLS {
+                let mut tx = store.begin().await.unwrap();
+                let value: Result<u32, IdemError> = Call::new(biz, &format!("t-{i}"))
+                    .run_in_tx(&mut tx, async |_| Ok(i))
+                    .await;
+                assert_eq!(value.unwrap(), i);
+                tx.commit().await.unwrap();
+            }
+        }
+    };
+    let before = mysql_counters(&probe_pool).await;
+    tx_calls("COUNT_TX").await;
+    let after = mysql_counters(&probe_pool).await;
+    let tx_first = per_call(&before, &after, &probe);
+    tx_calls("COUNT_TX").await;
+    let tx_replayed = per_call(&after, &mysql_counters(&probe_pool).await, &probe);
+    eprintln!("MariaDB per transaction-mode call: first {tx_first:?}, replay {tx_replayed:?}");
+    assert!(
+        tx_first["Questions"] <= TX_FIRST,
+        "tx first execution: {tx_first:?}"
+    );
+    assert!(
+        tx_first["Com_admin_commands"] <= 1.0,
+        "tx first execution: {tx_first:?}"
+    );
+    assert!(
+        tx_replayed["Questions"] <= TX_REPLAY,
+        "tx replay: {tx_replayed:?}"
+    );
+
+    idem::sqlx::query(idem::sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
+        .execute(&probe_pool)
+        .await
+        .unwrap();
+}
+
+async fn redis_counters(conn: &mut redis::aio::MultiplexedConnection) -> BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("all")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let mut counters = BTreeMap::new();
+    for line in info.lines() {
+        if let Some(total) = line.strip_prefix("total_commands_processed:") {
+            counters.insert("total".to_owned(), total.trim().parse().unwrap());
+        }
+        if let Some(rest) = line.strip_prefix("cmdstat_")
+            && let Some((name, stats)) = rest.split_once(':')
+            && let Some(calls) = stats.split(',').find_map(|f| f.strip_prefix("calls="))
+        {
+            counters.insert(name.to_owned(), calls.parse().unwrap());
+        }
+    }
+    counters
+}
+
+async fn redis() {
+    let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+    let Some(store) = server::reach("Redis", &url, idem::RedisStore::connect(&url)).await else {
+        return;
+    };
+    let prefix = server::unique("idemt_counts");
+    let store = store.with_prefix(&prefix).unwrap();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let a = redis_counters(&mut conn).await;
+    let b = redis_counters(&mut conn).await;
+    let probe: BTreeMap<_, _> = b
+        .iter()
+        .map(|(k, v)| (k.clone(), v - a.get(k).copied().unwrap_or(0)))
+        .collect();
+
+    lease_calls(&store, "COUNT_WARM").await;
+    let before = redis_counters(&mut conn).await;
+    lease_calls(&store, "COUNT").await;
+    let after = redis_counters(&mut conn).await;
+    let first = per_call(&before, &after, &probe);
+    lease_calls(&store, "COUNT").await;
+    let replayed = per_call(&after, &redis_counters(&mut conn).await, &probe);
+    let nonzero = |m: &BTreeMap<String, f64>| -> BTreeMap<String, f64> {
+        m.iter()
+            .filter(|(_, v)| **v > 0.0)
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    };
+    eprintln!(
+        "Redis per lease-mode call: first {:?}, replay {:?}",
+        nonzero(&first),
+        nonzero(&replayed)
+    );
+    // Today: a first execution is two round trips, one script for the claim and one for the
+    // mark, which run 12 commands between them (TIME, HMGET, HSET, PEXPIREAT each, and the
+    // reconciler's index: ZADD, then ZREM); a replay is one script, the claim that finds the
+    // result (TIME, HMGET: 3 commands with the EVALSHA). `total_commands_processed` counts the
+    // commands a script runs as well as the script.
+    assert!(first["evalsha"] <= 2.0, "first execution: {first:?}");
+    assert!(first["total"] <= 12.0, "first execution: {first:?}");
+    assert!(replayed["evalsha"] <= 1.0, "replay: {replayed:?}");
+    assert!(replayed["total"] <= 3.0, "replay: {replayed:?}");
+
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    if !keys.is_empty() {
+        let _: () = redis::cmd("DEL")
+            .arg(keys)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_costs_the_server_no_more_statements_than_today() {
+        mariadb().await;
+        redis().await;
+}

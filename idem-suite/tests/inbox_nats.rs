@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use futures_util::StreamExt;
-use idem::Outcome;
 use idem::inbox::{Inbox, Verdict, jetstream as js_inbox};
 use inbox_orders::{OrderMsg, Orders, Seen};
 
@@ -222,44 +221,11 @@ async fn a_delivery_while_its_key_is_in_progress_is_naked_with_a_delay_then_acke
     on_fresh_streams("idem_inbox_busy", |fresh| async move {
         let orders = Orders::new().await;
         let order_no = format!("{}-SLOW", fresh.name);
-        let release = orders.park(&order_no);
-        let msg = OrderMsg {
-            order_no: order_no.clone(),
-            qty: 1,
-        };
-        let holder = {
-            let (orders, msg) = (orders.clone(), msg.clone());
-            tokio::spawn(async move { orders.ship(&msg).await.unwrap() })
-        };
-        while orders.attempts(&order_no).await == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let payload = serde_json::to_vec(&msg).unwrap();
+        let (payload, releaser) = inbox_orders::held_in_progress(&orders, &order_no).await;
         publish(&fresh, &[(format!("{order_no}-m2"), payload)]).await;
-        let releaser = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            release.notify_one();
-            holder.await.unwrap();
-        });
         let seen = consume(&fresh, &orders, &inbox_orders::inbox(), 1).await;
         releaser.await.unwrap();
-        let (last, earlier) = seen.0.split_last().unwrap();
-        assert!(
-            !earlier.is_empty(),
-            "the duplicate was naked while in progress"
-        );
-        for (_, outcome, verdict) in earlier {
-            assert_eq!(*outcome, Some(Outcome::InProgress));
-            assert_eq!(
-                *verdict,
-                Verdict::Requeue {
-                    delay: Duration::from_millis(100)
-                }
-            );
-        }
-        assert_eq!((last.1, &last.2), (Some(Outcome::Replayed), &Verdict::Ack));
-        assert_eq!(orders.shipped().await, [(order_no.clone(), 1)]);
-        assert_eq!(orders.attempts(&order_no).await, 1);
+        inbox_orders::assert_requeued_while_busy_then_replayed(&orders, &order_no, &seen).await;
     })
     .await;
 }

@@ -12,9 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idem::Outcome;
 use idem::inbox::{Inbox, Verdict, amqp};
-use inbox_orders::{OrderMsg, Orders, Seen};
+use inbox_orders::{Orders, Seen};
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeleteOptions,
@@ -194,50 +193,11 @@ async fn a_delivery_while_its_key_is_in_progress_is_requeued_then_acked_as_a_rep
     on_fresh_queue("idem_inbox_busy", |channel, queue| async move {
         let orders = Orders::new().await;
         let order_no = format!("{queue}-SLOW");
-        let release = orders.park(&order_no);
-        let msg = OrderMsg {
-            order_no: order_no.clone(),
-            qty: 1,
-        };
-        // Another process's delivery of the same order holds the claim, its body parked.
-        let holder = {
-            let (orders, msg) = (orders.clone(), msg.clone());
-            tokio::spawn(async move { orders.ship(&msg).await.unwrap() })
-        };
-        while orders.attempts(&order_no).await == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let payload = serde_json::to_vec(&msg).unwrap();
+        let (payload, releaser) = inbox_orders::held_in_progress(&orders, &order_no).await;
         publish(&channel, &queue, &[(format!("{order_no}-m2"), payload)]).await;
-        // Release the holder once the duplicate was requeued at least once.
-        let releaser = {
-            let orders = orders.clone();
-            let order_no = order_no.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                release.notify_one();
-                holder.await.unwrap();
-                assert_eq!(orders.attempts(&order_no).await, 1);
-            })
-        };
         let seen = consume(&channel, &queue, &orders, &inbox_orders::inbox(), 1).await;
         releaser.await.unwrap();
-        let (last, earlier) = seen.0.split_last().unwrap();
-        assert!(
-            !earlier.is_empty(),
-            "the duplicate was requeued while in progress"
-        );
-        for (_, outcome, verdict) in earlier {
-            assert_eq!(*outcome, Some(Outcome::InProgress));
-            assert_eq!(
-                *verdict,
-                Verdict::Requeue {
-                    delay: Duration::from_millis(100)
-                }
-            );
-        }
-        assert_eq!((last.1, &last.2), (Some(Outcome::Replayed), &Verdict::Ack));
-        assert_eq!(orders.shipped().await, [(order_no, 1)]);
+        inbox_orders::assert_requeued_while_busy_then_replayed(&orders, &order_no, &seen).await;
     })
     .await;
 }

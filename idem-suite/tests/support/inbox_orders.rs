@@ -262,3 +262,55 @@ pub async fn assert_settled(orders: &Orders, prefix: &str, seen: &Seen) {
         );
     }
 }
+
+/// Another caller's delivery of `order_no` holding its claim, its body parked: gives the payload of
+/// a duplicate to publish and a task that releases the holder after 300 ms and waits for it.
+pub async fn held_in_progress(
+    orders: &Arc<Orders>,
+    order_no: &str,
+) -> (Vec<u8>, tokio::task::JoinHandle<()>) {
+    let release = orders.park(order_no);
+    let msg = OrderMsg {
+        order_no: order_no.to_owned(),
+        qty: 1,
+    };
+    let holder = {
+        let (orders, msg) = (orders.clone(), msg.clone());
+        tokio::spawn(async move { orders.ship(&msg).await.unwrap() })
+    };
+    while orders.attempts(order_no).await == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let releaser = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        release.notify_one();
+        holder.await.unwrap();
+    });
+    (serde_json::to_vec(&msg).unwrap(), releaser)
+}
+
+/// The duplicate of a held order was requeued with the busy delay while the holder ran, then
+/// acked as a replay; the order shipped once, by the holder.
+pub async fn assert_requeued_while_busy_then_replayed(
+    orders: &Orders,
+    order_no: &str,
+    seen: &Seen,
+) {
+    let (last, earlier) = seen.0.split_last().unwrap();
+    assert!(
+        !earlier.is_empty(),
+        "the duplicate was requeued while in progress"
+    );
+    for (_, outcome, verdict) in earlier {
+        assert_eq!(*outcome, Some(Outcome::InProgress));
+        assert_eq!(
+            *verdict,
+            Verdict::Requeue {
+                delay: Duration::from_millis(100)
+            }
+        );
+    }
+    assert_eq!((last.1, &last.2), (Some(Outcome::Replayed), &Verdict::Ack));
+    assert_eq!(orders.shipped().await, [(order_no.to_owned(), 1)]);
+    assert_eq!(orders.attempts(order_no).await, 1);
+}

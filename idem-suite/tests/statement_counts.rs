@@ -236,6 +236,6 @@ async fn redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_costs_the_server_no_more_statements_than_today() {
-        mariadb().await;
-        redis().await;
+    mariadb().await;
+    redis().await;
 }

@@ -329,6 +329,14 @@ mod tests {
         assert_eq!(v(Outcome::InProgress, Some(true), 1), busy);
         assert_eq!(v(Outcome::LeaseLost, Some(true), 9), busy);
         assert_eq!(v(Outcome::MarkFailed, None, 9), busy);
+        // A recover fn that could not tell: the claim is released for the next delivery to ask
+        // again, so the message waits and comes back.
+        assert_eq!(v(Outcome::RecoverFailed, None, 9), busy);
+        assert_eq!(v(Outcome::VersionConflict, None, 9), busy);
+        assert!(matches!(
+            v(Outcome::WrongState, None, 1),
+            Verdict::DeadLetter { .. }
+        ));
         assert!(matches!(
             v(Outcome::Mismatch, Some(false), 1),
             Verdict::DeadLetter { .. }

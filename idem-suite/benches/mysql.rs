@@ -5,7 +5,12 @@
 //! IDEM_MYSQL_URL=mysql://user:pass@host:3306/db cargo bench -p idem-suite --bench mysql --features mysql
 //! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench -p idem-suite --bench mysql --features mysql   # a quick look
 //! IDEM_BENCH_ONLY=tx cargo bench -p idem-suite --bench mysql --features mysql   # one mode (tx or lease)
+//! IDEM_BENCH_ONLY=design cargo bench -p idem-suite --bench mysql --features mysql   # idem and the design floor only
+//! IDEM_BENCH_ONLY=lease,floor cargo bench -p idem-suite --bench mysql --features mysql   # a mode and a floor
 //! ```
+//!
+//! `IDEM_BENCH_ONLY` is a comma-separated choice of modes (`lease`, `tx`) and floors (`floor`,
+//! `design`); what names neither of a kind runs all of that kind. idem always runs.
 //!
 //! Workload: a small serde result (`Receipt`: a string and two integers).
 //! - `lease first`: a new key per call: the claim `INSERT` (its fence back in the OK packet), the
@@ -19,10 +24,17 @@
 //! Contenders: `idem` (`Call::run` on a `MySqlStore`, `Call::run_in_tx` on its `MySqlTx`) and
 //! `floor`, the same statements hand-written in plain sqlx with no framework, on a pool of the
 //! same kind (no ping before acquire, one connection per statement in lease mode, one per
-//! transaction in tx mode). Each round runs both contenders on every workload, with 1 caller and
-//! with 32 concurrent callers (a multi-thread runtime, 2 workers), in 10 alternating slices each
-//! (the machine's speed drifts); a ratio is taken within a round, and the median over rounds is
-//! reported.
+//! transaction in tx mode); and `design`, the design floor of issue 24: what a careful team would
+//! hand-write for a dedup table of its own (`biz, idem_key, status, lease_until, expire_at, result`,
+//! primary key `(biz, idem_key)`, made and dropped by the bench), with the fewest statements: a
+//! first execution = the claim `INSERT` + the `UPDATE` to done with the result; a replay = one
+//! `SELECT` by primary key (the floor knows which workload it runs, so it never tries the claim
+//! first); tx mode = `BEGIN`, claim `INSERT`, the body's writes (none here: idem's tx body writes
+//! nothing either), mark `UPDATE`, `COMMIT`, and a tx replay = `BEGIN`, the `SELECT`, `COMMIT`.
+//! Times are the client's clock (`lease_until`, `expire_at` in ms bound as values). Each round runs both contenders on every workload, with 1 caller and
+//! with 32 concurrent callers (a multi-thread runtime, 2 workers), in 10 slices each, the order of
+//! the contenders rotating from slice to slice (the machine's speed drifts); a ratio is taken
+//! within a round, and the median over rounds is reported: idem / floor and idem / design.
 
 use std::future::Future;
 use std::hint::black_box;
@@ -143,13 +155,14 @@ impl Workload {
 }
 
 trait Contender: Send + Sync + 'static {
-    fn call(&self, key: String, k: u64, tx: bool) -> impl Future<Output = Receipt> + Send;
+    fn call(&self, key: String, k: u64, w: Workload) -> impl Future<Output = Receipt> + Send;
 }
 
 struct Idem(MySqlStore);
 
 impl Contender for Idem {
-    async fn call(&self, key: String, k: u64, tx: bool) -> Receipt {
+    async fn call(&self, key: String, k: u64, w: Workload) -> Receipt {
+        let tx = w.in_tx();
         let call = Call::new(BIZ, &key).ttl(Duration::from_millis(TTL_MS as u64));
         let r: Result<Receipt, IdemError> = if tx {
             let mut t = self.0.begin().await.unwrap();
@@ -250,7 +263,8 @@ impl Floor {
 }
 
 impl Contender for Floor {
-    async fn call(&self, key: String, k: u64, tx: bool) -> Receipt {
+    async fn call(&self, key: String, k: u64, w: Workload) -> Receipt {
+        let tx = w.in_tx();
         if !tx {
             // As the store does: the claim on one pool connection, the mark on the next.
             let mut conn = self.pool.acquire().await.unwrap();
@@ -284,6 +298,118 @@ impl Contender for Floor {
     }
 }
 
+/// The design floor: a dedup table of its own and the fewest statements per call.
+struct Design {
+    pool: MySqlPool,
+    insert: String,
+    mark: String,
+    read: String,
+}
+
+impl Design {
+    fn new(pool: MySqlPool, t: &str) -> Self {
+        Design {
+            pool,
+            insert: format!(
+                "INSERT INTO `{t}` (biz, idem_key, status, lease_until, expire_at) VALUES (?, ?, 'P', ?, ?)"
+            ),
+            mark: format!(
+                "UPDATE `{t}` SET status = 'D', result = ?, expire_at = ? WHERE biz = ? AND idem_key = ?"
+            ),
+            read: format!("SELECT status, result FROM `{t}` WHERE biz = ? AND idem_key = ?"),
+        }
+    }
+
+    fn create(t: &str) -> String {
+        format!(
+            "CREATE TABLE `{t}` (biz VARCHAR(64) NOT NULL, idem_key VARCHAR(191) NOT NULL, \
+             status CHAR(1) NOT NULL, lease_until BIGINT NOT NULL, expire_at BIGINT NOT NULL, \
+             result BLOB NULL, PRIMARY KEY (biz, idem_key)) ENGINE = InnoDB"
+        )
+    }
+
+    async fn claim<'c>(&self, exec: impl sqlx::Executor<'c, Database = sqlx::MySql>, key: &str) {
+        let now = now_ms();
+        let done = sqlx::query(AssertSqlSafe(self.insert.as_str()))
+            .bind(BIZ)
+            .bind(key)
+            .bind(now + LEASE_MS)
+            .bind(now + TTL_MS)
+            .execute(exec)
+            .await
+            .unwrap();
+        assert_eq!(done.rows_affected(), 1);
+    }
+
+    async fn mark<'c>(
+        &self,
+        exec: impl sqlx::Executor<'c, Database = sqlx::MySql>,
+        key: &str,
+        k: u64,
+    ) -> Receipt {
+        let value = receipt(k);
+        let snapshot = serde_json::to_vec(&value).unwrap();
+        let done = sqlx::query(AssertSqlSafe(self.mark.as_str()))
+            .bind(snapshot)
+            .bind(now_ms() + TTL_MS)
+            .bind(BIZ)
+            .bind(key)
+            .execute(exec)
+            .await
+            .unwrap();
+        assert_eq!(done.rows_affected(), 1);
+        value
+    }
+
+    async fn read<'c>(
+        &self,
+        exec: impl sqlx::Executor<'c, Database = sqlx::MySql>,
+        key: &str,
+    ) -> Receipt {
+        let row = sqlx::query(AssertSqlSafe(self.read.as_str()))
+            .bind(BIZ)
+            .bind(key)
+            .fetch_one(exec)
+            .await
+            .unwrap();
+        assert_eq!(row.get::<String, _>("status"), "D");
+        serde_json::from_slice(&row.get::<Vec<u8>, _>("result")).unwrap()
+    }
+}
+
+/// The client's clock in ms since the epoch.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+impl Contender for Design {
+    async fn call(&self, key: String, k: u64, w: Workload) -> Receipt {
+        match w {
+            Workload::LeaseFirst => {
+                self.claim(&self.pool, &key).await;
+                self.mark(&self.pool, &key, k).await
+            }
+            Workload::LeaseReplay => self.read(&self.pool, &key).await,
+            Workload::TxFirst => {
+                let mut t = self.pool.begin().await.unwrap();
+                self.claim(&mut *t, &key).await;
+                let value = self.mark(&mut *t, &key, k).await;
+                t.commit().await.unwrap();
+                value
+            }
+            Workload::TxReplay => {
+                let mut t = self.pool.begin().await.unwrap();
+                let value = self.read(&mut *t, &key).await;
+                t.commit().await.unwrap();
+                value
+            }
+        }
+    }
+}
+
 /// Runs calls `from..to` of `workload` from `callers` tasks; the time they took.
 async fn measure<C: Contender>(
     c: &Arc<C>,
@@ -303,7 +429,7 @@ async fn measure<C: Contender>(
                     if k >= calls {
                         return;
                     }
-                    black_box(c.call(format!("{prefix}-{k}"), k, workload.in_tx()).await);
+                    black_box(c.call(format!("{prefix}-{k}"), k, workload).await);
                 }
             })
         })
@@ -315,14 +441,16 @@ async fn measure<C: Contender>(
 }
 
 /// The machine's speed drifts from minute to minute: each contender runs in slices of
-/// `calls / SLICES` calls, alternating with the other, and the times add up.
+/// `calls / SLICES` calls, the contenders' order rotating from slice to slice, and the times add
+/// up.
 const SLICES: u64 = 10;
 
-/// (workload, callers) and the (idem, floor) calls/s of every round.
-type Measured = ((Workload, usize), Vec<(f64, f64)>);
+/// (workload, callers) and the (idem, floor, design) calls/s of every round (NaN for a floor not
+/// run).
+type Measured = ((Workload, usize), Vec<[f64; 3]>);
 
 fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
@@ -337,12 +465,25 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1.0);
-    // IDEM_BENCH_ONLY=tx (or lease) runs one mode's workloads.
-    let only = std::env::var("IDEM_BENCH_ONLY").unwrap_or_default();
-    let wanted = |w: Workload| match only.as_str() {
-        "tx" => w.in_tx(),
-        "lease" => !w.in_tx(),
-        _ => true,
+    // IDEM_BENCH_ONLY: modes (tx, lease) and floors (floor, design), comma-separated.
+    let only: Vec<String> = std::env::var("IDEM_BENCH_ONLY")
+        .map(|s| s.split(',').map(|t| t.trim().to_owned()).collect())
+        .unwrap_or_default();
+    let has = |t: &str| only.iter().any(|o| o == t);
+    let (tx_only, lease_only) = (has("tx"), has("lease"));
+    let wanted = |w: Workload| {
+        if tx_only == lease_only {
+            true
+        } else if tx_only {
+            w.in_tx()
+        } else {
+            !w.in_tx()
+        }
+    };
+    let (run_floor, run_design) = if has("floor") || has("design") {
+        (has("floor"), has("design"))
+    } else {
+        (true, true)
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -360,18 +501,31 @@ fn main() {
         let table = format!("idem_bench_{}", std::process::id());
         let store = store.with_table(&table).unwrap();
         store.migrate().await.unwrap();
+        let design_table = format!("{table}_design");
+        sqlx::raw_sql(AssertSqlSafe(Design::create(&design_table)))
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let design = Design::new(store.pool().clone(), &design_table);
         let floor = Floor {
             pool: store.pool().clone(),
             sql: Sql::new(&table),
             savepoints: AtomicU64::new(0),
         };
-        Some((Arc::new(Idem(store)), Arc::new(floor), table))
+        Some((
+            Arc::new(Idem(store)),
+            Arc::new(floor),
+            Arc::new(design),
+            table,
+            design_table,
+        ))
     });
-    let Some((idem, floor, table)) = setup else {
+    let Some((idem, floor, design, table, design_table)) = setup else {
         return;
     };
     println!(
-        "MySqlStore vs the same statements in plain sqlx; {rounds} rounds, median ratio (idem / floor)"
+        "MySqlStore vs the same statements in plain sqlx (floor) and vs the design floor (design); \
+         {rounds} rounds, median ratios (idem / floor, idem / design)"
     );
     let mut results: Vec<Measured> = Vec::new();
     for callers in [1usize, 32] {
@@ -390,50 +544,61 @@ fn main() {
                 };
                 let pi = format!("i{round}{key_round}{callers}");
                 let pf = format!("f{round}{key_round}{callers}");
-                let (i, f) = rt.block_on(async {
-                    let (mut ti, mut tf) = (Duration::ZERO, Duration::ZERO);
+                let pd = format!("d{round}{key_round}{callers}");
+                let rates = rt.block_on(async {
+                    let mut t = [Duration::ZERO; 3];
                     for slice in 0..SLICES {
                         let range = (calls * slice / SLICES, calls * (slice + 1) / SLICES);
-                        if (round as u64 + slice).is_multiple_of(2) {
-                            ti += measure(&idem, &pi, w, callers, range).await;
-                            tf += measure(&floor, &pf, w, callers, range).await;
-                        } else {
-                            tf += measure(&floor, &pf, w, callers, range).await;
-                            ti += measure(&idem, &pi, w, callers, range).await;
+                        for j in 0..3 {
+                            let who = (round + slice as usize + j) % 3;
+                            t[who] += match who {
+                                0 => measure(&idem, &pi, w, callers, range).await,
+                                1 if run_floor => measure(&floor, &pf, w, callers, range).await,
+                                2 if run_design => measure(&design, &pd, w, callers, range).await,
+                                _ => Duration::ZERO,
+                            };
                         }
                     }
-                    let rate = |t: Duration| calls as f64 / t.as_secs_f64();
-                    (rate(ti), rate(tf))
+                    t.map(|t| {
+                        if t.is_zero() {
+                            f64::NAN
+                        } else {
+                            calls as f64 / t.as_secs_f64()
+                        }
+                    })
                 });
                 let slot = results
                     .iter_mut()
                     .find(|(key, _)| *key == (w, callers))
                     .unwrap();
-                slot.1.push((i, f));
+                slot.1.push(rates);
             }
         }
         eprintln!("round {} of {rounds} done", round + 1);
     }
     println!(
-        "{:<14} {:>7} {:>12} {:>12} {:>7}",
-        "workload", "callers", "idem/s", "floor/s", "ratio"
+        "{:<14} {:>7} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        "workload", "callers", "idem/s", "floor/s", "design/s", "idem/floor", "idem/design"
     );
     for ((w, callers), runs) in &results {
-        let ratio = median(runs.iter().map(|(i, f)| i / f).collect());
-        let i = median(runs.iter().map(|(i, _)| *i).collect());
-        let f = median(runs.iter().map(|(_, f)| *f).collect());
+        let col = |j: usize| median(runs.iter().map(|r| r[j]).collect());
+        let ratio = |j: usize| median(runs.iter().map(|r| r[0] / r[j]).collect());
         println!(
-            "{:<14} {:>7} {:>12.0} {:>12.0} {:>7.3}",
+            "{:<14} {:>7} {:>12.0} {:>12.0} {:>12.0} {:>12.3} {:>12.3}",
             w.name(),
             callers,
-            i,
-            f,
-            ratio
+            col(0),
+            col(1),
+            col(2),
+            ratio(1),
+            ratio(2)
         );
     }
     rt.block_on(async {
-        let _ = sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE `{table}`")))
-            .execute(&floor.pool)
-            .await;
+        for t in [&table, &design_table] {
+            let _ = sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE `{t}`")))
+                .execute(&floor.pool)
+                .await;
+        }
     });
 }

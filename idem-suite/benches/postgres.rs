@@ -5,7 +5,11 @@
 //! IDEM_PG_URL=postgres://user@host/db cargo bench -p idem-suite --bench postgres --features postgres,sqlite
 //! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench -p idem-suite --bench postgres --features postgres,sqlite
 //! IDEM_BENCH_ONLY=c1 cargo bench -p idem-suite --bench postgres --features postgres,sqlite     # one mode (c1 or c32)
+//! IDEM_BENCH_ONLY=design cargo bench -p idem-suite --bench postgres --features postgres,sqlite # idem and the design floor only
 //! ```
+//!
+//! `IDEM_BENCH_ONLY` is a comma-separated choice of modes (`c1`, `c32`) and floors (`floor`,
+//! `design`); what names neither of a kind runs all of that kind. idem always runs.
 //!
 //! Workloads (a small serde result: a string and two integers):
 //! - `lease`: a new key per call in lease mode: the claim statement, the body, the complete
@@ -22,7 +26,14 @@
 //! Contenders, each on a pool of its own of the same size and settings (`PgStore::connect`'s):
 //! - `idem`: `Call::new(..).run(&PgStore, ..)` / `.run_in_tx(&mut PgTx, ..)`;
 //! - `floor`: plain sqlx sending the same statements (their texts are the store's own, from
-//!   `PgStore::__statement`) with no framework around them.
+//!   `PgStore::__statement`) with no framework around them;
+//! - `design`: the design floor of issue 24, what a careful team would hand-write for a dedup
+//!   table of its own (`biz, idem_key, status, lease_until, expire_at, result`, primary key
+//!   `(biz, idem_key)`, made and dropped by the bench) with the fewest statements: a first
+//!   execution = the claim `INSERT … ON CONFLICT DO NOTHING` + the `UPDATE` to done with the
+//!   result; a replay = one `SELECT` by primary key (the floor knows which workload it runs); tx =
+//!   BEGIN, claim, the body's writes (none: idem's tx body writes nothing either), mark, COMMIT;
+//!   tx-replay = BEGIN, the `SELECT`, COMMIT. Times are the client's clock, bound as values.
 //!
 //! Besides calls/s it prints the client's CPU time per call (user + system of this process, from
 //! `/proc/self/stat`), which a loaded machine disturbs far less than wall-clock throughput.
@@ -193,6 +204,124 @@ impl Contender for Floor {
     }
 }
 
+/// The design floor: a dedup table of its own and the fewest statements per call.
+#[derive(Clone)]
+struct Design {
+    pool: PgPool,
+    insert: &'static str,
+    mark: &'static str,
+    read: &'static str,
+    lease_ms: i64,
+    ttl_ms: i64,
+}
+
+/// The client's clock in ms since the epoch.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+impl Design {
+    fn new(pool: PgPool, t: &str, lease_ms: i64, ttl_ms: i64) -> Self {
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        Design {
+            pool,
+            insert: leak(format!(
+                "INSERT INTO {t} (biz, idem_key, status, lease_until, expire_at) \
+                 VALUES ($1, $2, 'P', $3, $4) ON CONFLICT DO NOTHING"
+            )),
+            mark: leak(format!(
+                "UPDATE {t} SET status = 'D', result = $3, expire_at = $4 \
+                 WHERE biz = $1 AND idem_key = $2"
+            )),
+            read: leak(format!(
+                "SELECT status, result FROM {t} WHERE biz = $1 AND idem_key = $2"
+            )),
+            lease_ms,
+            ttl_ms,
+        }
+    }
+
+    fn create(t: &str) -> String {
+        format!(
+            "CREATE TABLE {t} (biz text NOT NULL, idem_key text NOT NULL, status char(1) NOT NULL, \
+             lease_until bigint NOT NULL, expire_at bigint NOT NULL, result bytea, \
+             PRIMARY KEY (biz, idem_key))"
+        )
+    }
+
+    async fn claim(&self, conn: &mut sqlx::PgConnection, k: u64) {
+        let now = now_ms();
+        let done = sqlx::query(self.insert)
+            .bind(BIZ)
+            .bind(k.to_string())
+            .bind(now + self.lease_ms)
+            .bind(now + self.ttl_ms)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(done.rows_affected(), 1, "the design floor's key was taken");
+    }
+
+    async fn mark(&self, conn: &mut sqlx::PgConnection, k: u64) -> Receipt {
+        let r = receipt(k);
+        let done = sqlx::query(self.mark)
+            .bind(BIZ)
+            .bind(k.to_string())
+            .bind(serde_json::to_vec(&r).unwrap())
+            .bind(now_ms() + self.ttl_ms)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(done.rows_affected(), 1);
+        r
+    }
+
+    async fn read(&self, conn: &mut sqlx::PgConnection, k: u64) -> Receipt {
+        let row = sqlx::query(self.read)
+            .bind(BIZ)
+            .bind(k.to_string())
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(row.get::<&str, _>("status"), "D");
+        serde_json::from_slice(row.get::<&[u8], _>("result")).unwrap()
+    }
+}
+
+impl Contender for Design {
+    async fn call(&self, w: usize, k: u64) -> Receipt {
+        match w {
+            0 => {
+                let mut conn = self.pool.acquire().await.unwrap();
+                self.claim(&mut conn, k).await;
+                drop(conn);
+                let mut conn = self.pool.acquire().await.unwrap();
+                self.mark(&mut conn, k).await
+            }
+            1 => {
+                let mut conn = self.pool.acquire().await.unwrap();
+                self.read(&mut conn, k).await
+            }
+            2 => {
+                let mut tx = self.pool.begin().await.unwrap();
+                self.claim(&mut tx, k).await;
+                let r = self.mark(&mut tx, k).await;
+                tx.commit().await.unwrap();
+                r
+            }
+            _ => {
+                let mut tx = self.pool.begin().await.unwrap();
+                let r = self.read(&mut tx, k).await;
+                tx.commit().await.unwrap();
+                r
+            }
+        }
+    }
+}
+
 /// CPU time this process has used (user + system, all threads), from `/proc/self/stat`, in
 /// seconds (10 ms resolution); 0 where there is no `/proc`.
 fn cpu_seconds() -> f64 {
@@ -247,7 +376,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v.sort_by(f64::total_cmp);
     let n = v.len();
     if n % 2 == 1 {
         v[n / 2]
@@ -256,20 +385,21 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Calls/s and client CPU µs per call, per contender (0 idem, 1 floor) and workload, one per
-/// round.
+/// Calls/s and client CPU µs per call, per contender (0 idem, 1 floor, 2 design) and workload,
+/// one per round.
 #[derive(Default)]
 struct Figures {
-    ops: [[Vec<f64>; 4]; 2],
-    cpu: [[Vec<f64>; 4]; 2],
+    ops: [[Vec<f64>; 4]; 3],
+    cpu: [[Vec<f64>; 4]; 3],
 }
 
 impl Figures {
-    fn ratio(&self, workload: usize) -> f64 {
+    /// The median of the per-round ratios idem / contender `of` (1 floor, 2 design).
+    fn ratio(&self, of: usize, workload: usize) -> f64 {
         median(
             self.ops[0][workload]
                 .iter()
-                .zip(&self.ops[1][workload])
+                .zip(&self.ops[of][workload])
                 .map(|(x, y)| x / y)
                 .collect(),
         )
@@ -287,7 +417,14 @@ async fn pool(url: &str, max: u32) -> PgPool {
         .unwrap()
 }
 
-async fn measure(url: &str, mode: &str, tasks: u64, calls: u64, rounds: usize) -> Figures {
+async fn measure(
+    url: &str,
+    mode: &str,
+    tasks: u64,
+    calls: u64,
+    rounds: usize,
+    picked: [bool; 3],
+) -> Figures {
     let tag = format!("bench_{}_{mode}", std::process::id());
     let conns = u32::try_from(tasks).unwrap().max(2);
     let store = PgStore::builder()
@@ -327,6 +464,18 @@ async fn measure(url: &str, mode: &str, tasks: u64, calls: u64, rounds: usize) -
         ttl_ms: TTL.as_millis() as i64,
     };
     let idem = Idem(store.clone());
+    let design_table = format!("{tag}_design");
+    let design_pool = pool(url, conns).await;
+    sqlx::raw_sql(AssertSqlSafe(Design::create(&design_table)))
+        .execute(&design_pool)
+        .await
+        .unwrap();
+    let design = Design::new(
+        design_pool,
+        &design_table,
+        idem::DEFAULT_LEASE.as_millis() as i64,
+        TTL.as_millis() as i64,
+    );
 
     // A warm-up, not counted: connections up, statements prepared, caches warm.
     let warm = (calls / 5).max(tasks);
@@ -334,25 +483,33 @@ async fn measure(url: &str, mode: &str, tasks: u64, calls: u64, rounds: usize) -
     for (w, offset) in [(0, 0), (1, 0), (2, warm), (3, warm)] {
         let keys = base + offset..base + offset + warm;
         timed(&idem, w, keys.clone(), tasks).await;
-        timed(&floor, w, keys, tasks).await;
+        if picked[1] {
+            timed(&floor, w, keys.clone(), tasks).await;
+        }
+        if picked[2] {
+            timed(&design, w, keys, tasks).await;
+        }
     }
 
     let mut figures = Figures::default();
     for round in 0..rounds {
         let lease_keys = (2 * round as u64 * calls)..(2 * round as u64 + 1) * calls;
         let tx_keys = lease_keys.end..lease_keys.end + calls;
-        for i in 0..2 {
-            let who = (round + i) % 2;
+        for i in 0..3 {
+            let who = (round + i) % 3;
+            if !picked[who] {
+                continue;
+            }
             for (w, keys) in [
                 (0, &lease_keys),
                 (1, &lease_keys),
                 (2, &tx_keys),
                 (3, &tx_keys),
             ] {
-                let (ops, cpu) = if who == 0 {
-                    timed(&idem, w, keys.clone(), tasks).await
-                } else {
-                    timed(&floor, w, keys.clone(), tasks).await
+                let (ops, cpu) = match who {
+                    0 => timed(&idem, w, keys.clone(), tasks).await,
+                    1 => timed(&floor, w, keys.clone(), tasks).await,
+                    _ => timed(&design, w, keys.clone(), tasks).await,
                 };
                 figures.ops[who][w].push(ops);
                 figures.cpu[who][w].push(cpu);
@@ -360,15 +517,19 @@ async fn measure(url: &str, mode: &str, tasks: u64, calls: u64, rounds: usize) -
         }
         let at = |who: usize, w: usize| figures.ops[who][w].last().copied().unwrap_or(f64::NAN);
         eprintln!(
-            "  {mode} round {round}: lease {:.0}/{:.0}, replay {:.0}/{:.0}, tx {:.0}/{:.0}, tx-replay {:.0}/{:.0} (idem/floor)",
+            "  {mode} round {round}: lease {:.0}/{:.0}/{:.0}, replay {:.0}/{:.0}/{:.0}, tx {:.0}/{:.0}/{:.0}, tx-replay {:.0}/{:.0}/{:.0} (idem/floor/design)",
             at(0, 0),
             at(1, 0),
+            at(2, 0),
             at(0, 1),
             at(1, 1),
+            at(2, 1),
             at(0, 2),
             at(1, 2),
+            at(2, 2),
             at(0, 3),
             at(1, 3),
+            at(2, 3),
         );
     }
     for s in [&store, &floor_store] {
@@ -381,6 +542,10 @@ async fn measure(url: &str, mode: &str, tasks: u64, calls: u64, rounds: usize) -
         .await
         .unwrap();
     }
+    sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE {design_table}")))
+        .execute(&design.pool)
+        .await
+        .unwrap();
     figures
 }
 
@@ -421,23 +586,36 @@ fn main() {
     println!(
         "idem on Postgres ({url}), {rounds} rounds, median of per-round ratios; scale {scale}\n"
     );
-    // IDEM_BENCH_ONLY=c1 or c32: one mode.
-    let only = env("IDEM_BENCH_ONLY").unwrap_or_default();
+    // IDEM_BENCH_ONLY: modes (c1, c32) and floors (floor, design), comma-separated.
+    let only: Vec<String> = env("IDEM_BENCH_ONLY")
+        .map(|s| s.split(',').map(|t| t.trim().to_owned()).collect())
+        .unwrap_or_default();
+    let has = |t: &str| only.iter().any(|o| o == t);
+    let (c1, c32) = if has("c1") || has("c32") {
+        (has("c1"), has("c32"))
+    } else {
+        (true, true)
+    };
+    let picked = if has("floor") || has("design") {
+        [true, has("floor"), has("design")]
+    } else {
+        [true; 3]
+    };
     let mut results = Vec::new();
-    if only != "c32" {
+    if c1 {
         let n = calls(2_000);
-        let f = seq_rt.block_on(measure(&url, "c1", 1, n, rounds));
+        let f = seq_rt.block_on(measure(&url, "c1", 1, n, rounds, picked));
         results.push(("1 caller", n, f));
     }
     drop(seq_rt);
-    if only != "c1" {
+    if c32 {
         let multi_rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
         let n = calls(8_000);
-        let f = multi_rt.block_on(measure(&url, "c32", 32, n, rounds));
+        let f = multi_rt.block_on(measure(&url, "c32", 32, n, rounds, picked));
         results.push(("32 callers", n, f));
     }
 
@@ -447,7 +625,8 @@ fn main() {
     );
     for (label, n, f) in &results {
         println!("-- {label} ({n} keys per contender per round)");
-        for (i, name) in ["idem", "floor (plain sqlx)"].iter().enumerate() {
+        let names = ["idem", "floor (plain sqlx)", "design floor"];
+        for (i, name) in names.iter().enumerate().filter(|(i, _)| picked[*i]) {
             println!(
                 "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>10.0}",
                 name,
@@ -457,7 +636,12 @@ fn main() {
                 median(f.ops[i][3].clone()),
             );
         }
-        for (i, name) in ["idem CPU µs/call", "floor CPU µs/call"].iter().enumerate() {
+        let names = [
+            "idem CPU µs/call",
+            "floor CPU µs/call",
+            "design CPU µs/call",
+        ];
+        for (i, name) in names.iter().enumerate().filter(|(i, _)| picked[*i]) {
             println!(
                 "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>10.0}",
                 name,
@@ -467,13 +651,17 @@ fn main() {
                 median(f.cpu[i][3].clone()),
             );
         }
-        println!(
-            "{:<24} {:>10.3} {:>10.3} {:>10.3} {:>10.3}",
-            "ratio idem / floor",
-            f.ratio(0),
-            f.ratio(1),
-            f.ratio(2),
-            f.ratio(3)
-        );
+        for (of, name) in [(1, "ratio idem / floor"), (2, "ratio idem / design")] {
+            if picked[of] {
+                println!(
+                    "{:<24} {:>10.3} {:>10.3} {:>10.3} {:>10.3}",
+                    name,
+                    f.ratio(of, 0),
+                    f.ratio(of, 1),
+                    f.ratio(of, 2),
+                    f.ratio(of, 3)
+                );
+            }
+        }
     }
 }

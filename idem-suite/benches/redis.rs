@@ -19,11 +19,17 @@
 //!   claim script, and for a new key EVALSHA of its complete script, on the same two keys (the
 //!   record and the business type's stuck index; the script texts are the runtime's own, from
 //!   `idem::__private::redis_scripts`); a replay is the claim script only, then `serde_json`
-//!   decoding.
+//!   decoding;
+//! - `design`: the design floor of issue 24, what a careful team would hand-write with the fewest
+//!   commands, on keys of its own prefix: a first execution = `SET key <claim> NX PX lease` then
+//!   `SET key <result> XX PX ttl`; a replay = one `GET` (the floor knows which workload it runs),
+//!   then `serde_json` decoding.
 //!
 //! Two modes: `seq` (one task on a current-thread runtime) and `c64` (64 tasks on a multi-thread
 //! runtime with 2 workers). Each round runs every contender once per mode; the order rotates from
 //! round to round; a ratio is taken within a round, then the median over rounds is reported.
+//!
+//! `IDEM_BENCH_ONLY=design` runs the design floor alone (`idem-call,design` idem against it).
 //!
 //! Besides the table it prints one line per contender, mode and workload,
 //! `calls/s <contender> <mode> <workload> <value>` (medians over rounds), the format the peer
@@ -65,16 +71,17 @@ async fn via_macro(store: &RedisStore, k: u64) -> Result<Receipt, IdemError> {
     Ok(receipt(k))
 }
 
-/// One way of making call `k`.
+/// One way of making call `k` (`replay`: the workload is the replay, which only the design floor
+/// reads).
 trait Contender: Clone + Send + Sync + 'static {
-    fn call(&self, k: u64) -> impl Future<Output = Receipt> + Send;
+    fn call(&self, k: u64, replay: bool) -> impl Future<Output = Receipt> + Send;
 }
 
 #[derive(Clone)]
 struct IdemCall(RedisStore);
 
 impl Contender for IdemCall {
-    async fn call(&self, k: u64) -> Receipt {
+    async fn call(&self, k: u64, _replay: bool) -> Receipt {
         let r: Result<Receipt, IdemError> = Call::new(BIZ, &k)
             .ttl(TTL)
             .run(&self.0, async move { Ok(receipt(k)) })
@@ -87,7 +94,7 @@ impl Contender for IdemCall {
 struct IdemMacro(RedisStore);
 
 impl Contender for IdemMacro {
-    async fn call(&self, k: u64) -> Receipt {
+    async fn call(&self, k: u64, _replay: bool) -> Receipt {
         via_macro(&self.0, k).await.unwrap()
     }
 }
@@ -104,7 +111,7 @@ struct Floor {
 }
 
 impl Contender for Floor {
-    async fn call(&self, k: u64) -> Receipt {
+    async fn call(&self, k: u64, _replay: bool) -> Receipt {
         // The keys idem uses: the record `<prefix>{<n>:<biz>:<key>}` and the business type's stuck
         // index `<prefix>stuck:<n>:<biz>` (a claim adds the record to it, a mark removes it).
         let key = format!("{}{{{}:{BIZ}:{k}}}", self.prefix, BIZ.len());
@@ -149,8 +156,58 @@ impl Contender for Floor {
     }
 }
 
+/// The design floor: `SET NX PX` + `SET XX PX` for a first execution, one `GET` for a replay.
+#[derive(Clone)]
+struct Design {
+    conn: ConnectionManager,
+    prefix: &'static str,
+    lease_ms: u64,
+    ttl_ms: u64,
+}
+
+/// What the design floor stores while a call runs (not JSON, so never taken for a result).
+const CLAIM_MARK: &[u8] = b"~";
+
+impl Contender for Design {
+    async fn call(&self, k: u64, replay: bool) -> Receipt {
+        let key = format!("{}{BIZ}:{k}", self.prefix);
+        let mut conn = self.conn.clone();
+        if replay {
+            let stored: Vec<u8> = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_ne!(stored, CLAIM_MARK, "replay of a call still running");
+            return serde_json::from_slice(&stored).unwrap();
+        }
+        let claimed: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(CLAIM_MARK)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.lease_ms)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(claimed.is_some(), "the design floor's key was taken");
+        let receipt = receipt(k);
+        let marked: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(serde_json::to_vec(&receipt).unwrap())
+            .arg("XX")
+            .arg("PX")
+            .arg(self.ttl_ms)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(marked.is_some(), "the design floor's claim expired");
+        receipt
+    }
+}
+
 /// Runs calls `keys` split over `tasks` tasks (each its keys in order), all at once; returns calls/s.
-async fn timed<C: Contender>(c: &C, keys: std::ops::Range<u64>, tasks: u64) -> f64 {
+async fn timed<C: Contender>(c: &C, keys: std::ops::Range<u64>, tasks: u64, replay: bool) -> f64 {
     let per = (keys.end - keys.start) / tasks;
     let t = Instant::now();
     let handles: Vec<_> = (0..tasks)
@@ -159,7 +216,7 @@ async fn timed<C: Contender>(c: &C, keys: std::ops::Range<u64>, tasks: u64) -> f
             let start = keys.start + i * per;
             tokio::spawn(async move {
                 for k in start..start + per {
-                    let r = c.call(k).await;
+                    let r = c.call(k, replay).await;
                     assert_eq!(black_box(r).seq, k);
                 }
             })
@@ -175,7 +232,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v.sort_by(f64::total_cmp);
     let n = v.len();
     if n % 2 == 1 {
         v[n / 2]
@@ -184,12 +241,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-const NAMES: [&str; 3] = ["idem-call", "idem-macro", "floor"];
+const NAMES: [&str; 4] = ["idem-call", "idem-macro", "floor", "design"];
 
 /// Calls/s per contender (index as in [`NAMES`]) and workload (0 first, 1 replay), one per round.
 #[derive(Default)]
 struct Figures {
-    ops: [[Vec<f64>; 2]; 3],
+    ops: [[Vec<f64>; 2]; 4],
 }
 
 impl Figures {
@@ -205,7 +262,7 @@ impl Figures {
     }
 }
 
-/// Every round runs the three contenders, in an order rotating from round to round: each makes
+/// Every round runs the contenders, in an order rotating from round to round: each makes
 /// `calls` first executions on keys of its own, then replays them.
 async fn measure(
     url: &str,
@@ -214,7 +271,7 @@ async fn measure(
     calls: u64,
     rounds: usize,
     run_id: &str,
-    picked: [bool; 3],
+    picked: [bool; 4],
 ) -> Figures {
     static CLAIM: std::sync::LazyLock<Script> =
         std::sync::LazyLock::new(|| Script::new(redis_scripts::CLAIM));
@@ -234,9 +291,18 @@ async fn measure(
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_response_timeout(Some(Duration::from_secs(10)))
         .set_connection_timeout(Some(Duration::from_secs(2)));
-    let conn = ConnectionManager::new_with_config(redis::Client::open(url).unwrap(), config)
-        .await
-        .unwrap();
+    let conn =
+        ConnectionManager::new_with_config(redis::Client::open(url).unwrap(), config.clone())
+            .await
+            .unwrap();
+    let design = Design {
+        conn: ConnectionManager::new_with_config(redis::Client::open(url).unwrap(), config)
+            .await
+            .unwrap(),
+        prefix: Box::leak(format!("rbd{run_id}{mode}:").into_boxed_str()),
+        lease_ms: idem::DEFAULT_LEASE.as_millis() as u64,
+        ttl_ms: TTL.as_millis() as u64,
+    };
     let floor = Floor {
         conn,
         claim: &CLAIM,
@@ -251,35 +317,43 @@ async fn measure(
     let warm = (calls / 5).max(tasks);
     let base = 1_000_000_000u64;
     if picked[0] {
-        timed(&call, base..base + warm, tasks).await;
+        timed(&call, base..base + warm, tasks, false).await;
     }
     if picked[1] {
-        timed(&mac, base..base + warm, tasks).await;
+        timed(&mac, base..base + warm, tasks, false).await;
     }
     if picked[2] {
-        timed(&floor, base..base + warm, tasks).await;
+        timed(&floor, base..base + warm, tasks, false).await;
+    }
+    if picked[3] {
+        timed(&design, base..base + warm, tasks, false).await;
+        timed(&design, base..base + warm, tasks, true).await;
     }
 
     let mut figures = Figures::default();
     for round in 0..rounds {
         let keys = (round as u64 * calls)..(round as u64 + 1) * calls;
-        for i in 0..3 {
-            let who = (round + i) % 3;
+        for i in 0..4 {
+            let who = (round + i) % 4;
             if !picked[who] {
                 continue;
             }
             let (first, replay) = match who {
                 0 => (
-                    timed(&call, keys.clone(), tasks).await,
-                    timed(&call, keys.clone(), tasks).await,
+                    timed(&call, keys.clone(), tasks, false).await,
+                    timed(&call, keys.clone(), tasks, true).await,
                 ),
                 1 => (
-                    timed(&mac, keys.clone(), tasks).await,
-                    timed(&mac, keys.clone(), tasks).await,
+                    timed(&mac, keys.clone(), tasks, false).await,
+                    timed(&mac, keys.clone(), tasks, true).await,
+                ),
+                2 => (
+                    timed(&floor, keys.clone(), tasks, false).await,
+                    timed(&floor, keys.clone(), tasks, true).await,
                 ),
                 _ => (
-                    timed(&floor, keys.clone(), tasks).await,
-                    timed(&floor, keys.clone(), tasks).await,
+                    timed(&design, keys.clone(), tasks, false).await,
+                    timed(&design, keys.clone(), tasks, true).await,
                 ),
             };
             figures.ops[who][0].push(first);
@@ -287,18 +361,20 @@ async fn measure(
         }
         let at = |who: usize, w: usize| figures.ops[who][w].last().copied().unwrap_or(f64::NAN);
         eprintln!(
-            "  {mode} round {round}: first {:.0} / {:.0} / {:.0}, replay {:.0} / {:.0} / {:.0} (call / macro / floor)",
+            "  {mode} round {round}: first {:.0} / {:.0} / {:.0} / {:.0}, replay {:.0} / {:.0} / {:.0} / {:.0} (call / macro / floor / design)",
             at(0, 0),
             at(1, 0),
             at(2, 0),
+            at(3, 0),
             at(0, 1),
             at(1, 1),
             at(2, 1),
+            at(3, 1),
         );
     }
     // Leave nothing behind: the keys of this mode (they would expire within the TTL anyway).
     let mut conn = floor.conn.clone();
-    for prefix in ["rbi", "rbm", "rbf"] {
+    for prefix in ["rbi", "rbm", "rbf", "rbd"] {
         let pattern = format!("{prefix}{run_id}{mode}:*");
         let mut cursor = 0u64;
         loop {
@@ -358,7 +434,7 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(9);
     // IDEM_BENCH_ONLY: a comma-separated choice of modes (seq, c64) and contenders (idem-call,
-    // idem-macro, floor), e.g. `c64,floor` to profile one; or `scripts`: load the claim and
+    // idem-macro, floor, design), e.g. `c64,floor` to profile one; or `scripts`: load the claim and
     // complete scripts and print their SHA1s (for redis-benchmark's EVALSHA), nothing else.
     let only: Vec<String> = env("IDEM_BENCH_ONLY")
         .map(|s| s.split(',').map(|t| t.trim().to_owned()).collect())
@@ -373,8 +449,8 @@ fn main() {
         modes
     };
     let mut picked = NAMES.map(|n| only.iter().any(|t| t == n));
-    if picked == [false; 3] {
-        picked = [true; 3];
+    if picked == [false; 4] {
+        picked = [true; 4];
     }
     let calls = |base: u64| ((base as f64 * scale) as u64).max(64) / 64 * 64;
 
@@ -440,13 +516,13 @@ fn main() {
                 median(f.ops[i][1].clone())
             );
         }
-        if picked[2] {
+        for of in [2, 3].into_iter().filter(|of| picked[*of]) {
             for (i, name) in NAMES.iter().enumerate().take(2).filter(|(i, _)| picked[*i]) {
                 println!(
                     "{:<38} {:>12.3} {:>12.3}",
-                    format!("ratio {name} / floor"),
-                    f.ratio(i, 2, 0),
-                    f.ratio(i, 2, 1)
+                    format!("ratio {name} / {}", NAMES[of]),
+                    f.ratio(i, of, 0),
+                    f.ratio(i, of, 1)
                 );
             }
         }

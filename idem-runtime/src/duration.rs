@@ -68,6 +68,13 @@ pub(crate) fn clamped_millis(d: Duration) -> i64 {
     d.min(MAX_DURATION).as_millis() as i64
 }
 
+/// The back-off before retry number `failures` (1 for the first): `base × 2^(failures − 1)`, at
+/// most `cap`; saturating, so no count of failures overflows.
+pub(crate) fn doubling(base: Duration, failures: u32, cap: Duration) -> Duration {
+    base.saturating_mul(1 << failures.saturating_sub(1).min(30))
+        .min(cap)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

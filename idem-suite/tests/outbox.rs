@@ -412,7 +412,7 @@ async fn bad_input_is_refused_before_anything_is_written() {
         .contains("shorter than retry_delay")
     );
     assert!(
-        refused(Relay::builder(db.pool(), tap).retention(idem::outbox::MAX_OUTBOX_DURATION * 2))
+        refused(Relay::builder(db.pool(), tap).retention(idem::MAX_DURATION * 2))
             .contains("retention")
     );
 }

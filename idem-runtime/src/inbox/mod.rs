@@ -296,10 +296,7 @@ impl Inbox {
 
     /// `retry_delay × 2^(attempts − 1)`, at most `max_retry_delay`.
     fn back_off(&self, attempts: u32) -> Duration {
-        let doublings = attempts.saturating_sub(1).min(20);
-        self.retry_delay
-            .saturating_mul(1 << doublings)
-            .min(self.max_retry_delay)
+        crate::duration::doubling(self.retry_delay, attempts, self.max_retry_delay)
     }
 }
 

@@ -52,7 +52,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub use relay::{MAX_BATCH, MAX_OUTBOX_DURATION, Relay, RelayBuilder, RelayPass};
+pub use relay::{MAX_BATCH, Relay, RelayBuilder, RelayPass};
 use sql::OutboxSql;
 
 use crate::sql::table::TableName;

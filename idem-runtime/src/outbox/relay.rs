@@ -6,15 +6,11 @@ use std::time::{Duration, Instant};
 
 use super::sql::OutboxSql;
 use super::{OutboxMessage, OutboxPool, Publisher, on_pool};
-use crate::IdemError;
+use crate::{IdemError, duration};
 use sqlx::AssertSqlSafe;
 
 /// The most rows one relay pass leases: 10,000.
 pub const MAX_BATCH: usize = 10_000;
-
-/// The longest duration a [`RelayBuilder`] takes (lease, poll interval, retry delays,
-/// retention): 366 days.
-pub const MAX_OUTBOX_DURATION: Duration = Duration::from_secs(366 * 24 * 3_600);
 
 /// How often a running relay deletes sent rows past their retention.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -85,7 +81,7 @@ impl RelayBuilder {
     }
 
     /// How long a leased row is this relay's before another may publish it again: 1 ms to
-    /// [`MAX_OUTBOX_DURATION`] (default 30 s). A publish that takes longer than half of it is
+    /// [`MAX_DURATION`](crate::MAX_DURATION) (default 30 s). A publish that takes longer than half of it is
     /// given up (the row is due again).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
@@ -93,27 +89,27 @@ impl RelayBuilder {
     }
 
     /// The pause of [`Relay::spawn`]'s loop after a pass that found nothing due: 1 ms to
-    /// [`MAX_OUTBOX_DURATION`] (default 200 ms).
+    /// [`MAX_DURATION`](crate::MAX_DURATION) (default 200 ms).
     pub fn poll(mut self, every: Duration) -> Self {
         self.poll = every;
         self
     }
 
     /// The first delay after a failed publish, doubled for each further failure of the row up to
-    /// [`max_retry_delay`](Self::max_retry_delay): 0 to [`MAX_OUTBOX_DURATION`] (default 1 s).
+    /// [`max_retry_delay`](Self::max_retry_delay): 0 to [`MAX_DURATION`](crate::MAX_DURATION) (default 1 s).
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.retry_delay = delay;
         self
     }
 
-    /// The longest delay after a failed publish: `retry_delay` to [`MAX_OUTBOX_DURATION`]
+    /// The longest delay after a failed publish: `retry_delay` to [`MAX_DURATION`](crate::MAX_DURATION)
     /// (default 5 min).
     pub fn max_retry_delay(mut self, delay: Duration) -> Self {
         self.max_retry_delay = delay;
         self
     }
 
-    /// How long a sent row is kept before the relay deletes it: 0 to [`MAX_OUTBOX_DURATION`]
+    /// How long a sent row is kept before the relay deletes it: 0 to [`MAX_DURATION`](crate::MAX_DURATION)
     /// (default 7 days).
     pub fn retention(mut self, keep: Duration) -> Self {
         self.retention = keep;
@@ -133,18 +129,25 @@ impl RelayBuilder {
                 self.batch
             ));
         }
-        for (name, value, least) in [
-            ("lease", self.lease, Duration::from_millis(1)),
-            ("poll", self.poll, Duration::from_millis(1)),
-            ("retry_delay", self.retry_delay, Duration::ZERO),
-            ("max_retry_delay", self.max_retry_delay, Duration::ZERO),
-            ("retention", self.retention, Duration::ZERO),
+        let ms = Duration::from_millis(1);
+        for (what, value, least, below) in [
+            ("the relay's lease", self.lease, ms, "shorter than 1ms"),
+            ("the relay's poll", self.poll, ms, "shorter than 1ms"),
+            (
+                "the relay's retry_delay",
+                self.retry_delay,
+                Duration::ZERO,
+                "",
+            ),
+            (
+                "the relay's max_retry_delay",
+                self.max_retry_delay,
+                Duration::ZERO,
+                "",
+            ),
+            ("the relay's retention", self.retention, Duration::ZERO, ""),
         ] {
-            if value < least || value > MAX_OUTBOX_DURATION {
-                return refuse(format!(
-                    "relay {name} is {least:?} to {MAX_OUTBOX_DURATION:?}, not {value:?}"
-                ));
-            }
+            duration::check(what, value, least, below)?;
         }
         if self.max_retry_delay < self.retry_delay {
             return refuse(format!(
@@ -166,10 +169,6 @@ impl RelayBuilder {
             last_sweep: Mutex::new(None),
         })
     }
-}
-
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// A token naming one pass's leases: 16 hex digits from the OS generator.
@@ -218,7 +217,7 @@ impl Relay {
         for (id, destination, key, payload, attempts) in due {
             let leased = on_pool!(&self.pool, pool => sqlx::query(AssertSqlSafe(self.sql.lease.as_str()))
                 .bind(&owner)
-                .bind(ms(self.lease))
+                .bind(duration::clamped_millis(self.lease))
                 .bind(id)
                 .execute(pool)
                 .await
@@ -266,7 +265,7 @@ impl Relay {
                     let mut error = error;
                     error.truncate(1_000);
                     on_pool!(&self.pool, pool => sqlx::query(AssertSqlSafe(self.sql.failed.as_str()))
-                        .bind(ms(self.back_off(attempts + 1)))
+                        .bind(duration::clamped_millis(self.back_off(attempts + 1)))
                         .bind(&error)
                         .bind(id)
                         .bind(&owner)
@@ -294,7 +293,7 @@ impl Relay {
     /// The database's error.
     pub async fn sweep_once(&self) -> Result<u64, IdemError> {
         let deleted = on_pool!(&self.pool, pool => sqlx::query(AssertSqlSafe(self.sql.sweep.as_str()))
-            .bind(ms(self.retention))
+            .bind(duration::clamped_millis(self.retention))
             .bind(10_000i64)
             .execute(pool)
             .await
@@ -336,10 +335,7 @@ impl Relay {
 
     /// `retry_delay × 2^(failures − 1)`, at most `max_retry_delay`.
     fn back_off(&self, failures: u32) -> Duration {
-        let doublings = failures.saturating_sub(1).min(30);
-        self.retry_delay
-            .saturating_mul(1 << doublings)
-            .min(self.max_retry_delay)
+        duration::doubling(self.retry_delay, failures, self.max_retry_delay)
     }
 
     fn pool_error(&self, e: sqlx::Error) -> IdemError {

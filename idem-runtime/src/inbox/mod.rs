@@ -208,8 +208,10 @@ impl Inbox {
                 e,
             ),
         };
-        if let Verdict::DeadLetter { reason } = &verdict {
-            tracing::warn!(?outcome, attempts, reason = %reason, "message dead-lettered");
+        if matches!(verdict, Verdict::DeadLetter { .. }) {
+            // The reason stays in the verdict: it quotes the handler's error, which may name the
+            // key, and no event of idem's carries a key.
+            tracing::warn!(?outcome, attempts, "message dead-lettered");
         }
         Handled {
             verdict,
@@ -247,7 +249,7 @@ impl Inbox {
         error: &dyn std::fmt::Display,
     ) -> Handled<T, E> {
         let reason = format!("unreadable payload: {error}");
-        tracing::warn!(reason = %reason, "message dead-lettered");
+        tracing::warn!(attempts = delivered, "unreadable message dead-lettered");
         Handled {
             verdict: Verdict::DeadLetter { reason },
             outcome: None,

@@ -63,6 +63,17 @@ pub struct StatusCount {
 }
 
 impl StatusCount {
+    /// One row of an SQL store's `GROUP BY biz_type, status`: the status as stored, the count as
+    /// the database gives it.
+    #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+    pub(crate) fn of_row(biz: String, status: &str, records: i64) -> Result<Self, IdemError> {
+        Ok(StatusCount {
+            biz,
+            status: Status::parse(status)?,
+            records: u64::try_from(records).unwrap_or(0),
+        })
+    }
+
     /// Sums `counts` per `(biz, status)`, sorted by business type then status (what every
     /// [`Store::stats`] returns): a store whose counts come in pieces (SCAN batches, shards) adds
     /// them up here.

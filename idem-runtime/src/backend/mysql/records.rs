@@ -384,12 +384,11 @@ impl<'c> Records<'c> {
             .map(|row| {
                 // A VARBINARY column: the bytes of the business type, which a claim wrote from a `&str`.
                 let biz = row.try_get::<Vec<u8>, _>("biz_type").map_err(db_error)?;
-                Ok(StatusCount {
-                    biz: String::from_utf8(biz).map_err(IdemError::store)?,
-                    status: Status::parse(row.try_get("status").map_err(db_error)?)?,
-                    records: u64::try_from(row.try_get::<i64, _>("n").map_err(db_error)?)
-                        .unwrap_or(0),
-                })
+                StatusCount::of_row(
+                    String::from_utf8(biz).map_err(IdemError::store)?,
+                    row.try_get("status").map_err(db_error)?,
+                    row.try_get("n").map_err(db_error)?,
+                )
             })
             .collect::<Result<Vec<_>, IdemError>>()?;
         Ok(StatusCount::tally(counts))

@@ -375,12 +375,11 @@ impl<'c> Records<'c> {
         let counts = rows
             .iter()
             .map(|row| {
-                Ok(StatusCount {
-                    biz: row.try_get("biz_type").map_err(db_error)?,
-                    status: Status::parse(row.try_get("status").map_err(db_error)?)?,
-                    records: u64::try_from(row.try_get::<i64, _>("n").map_err(db_error)?)
-                        .unwrap_or(0),
-                })
+                StatusCount::of_row(
+                    row.try_get("biz_type").map_err(db_error)?,
+                    row.try_get("status").map_err(db_error)?,
+                    row.try_get("n").map_err(db_error)?,
+                )
             })
             .collect::<Result<Vec<_>, IdemError>>()?;
         Ok(StatusCount::tally(counts))

@@ -26,11 +26,20 @@ use idem::{Call, IdemError, Store};
 
 const CALLS: u32 = 50;
 
+/// What other sessions may add to a global counter while a figure is measured (a ping of another
+/// pool now and then): a tenth of a statement per call. A statement more per call is ten times that.
+const SLACK: f64 = 0.1;
+
 /// MariaDB statements of one transaction-mode call with a body that writes nothing, its BEGIN and
-/// COMMIT included, today: BEGIN, SAVEPOINT, the claim, the mark, RELEASE SAVEPOINT, COMMIT and one
-/// read; a replay sends as many (the claim refused, the read of the result, the savepoint's).
-const TX_FIRST: f64 = 7.0;
-const TX_REPLAY: f64 = 7.0;
+/// COMMIT included, today: `SET SESSION innodb_lock_wait_timeout` and BEGIN (one round trip),
+/// SAVEPOINT, the claim, the mark and COMMIT (the savepoint is released by the commit, or with the
+/// next claim's); a replay: the SET and BEGIN, one read, COMMIT.
+const TX_FIRST: f64 = 6.0;
+const TX_REPLAY: f64 = 4.0;
+
+/// A store's claims read first or write first by what its recent claims found (idem's
+/// `store/order.rs`), and turn within 32 claims: each figure is measured after `CALLS` calls of the
+/// same kind, so it is the settled cost of that kind.
 
 /// Runs `CALLS` calls on keys `k-0`…: first executions the first time, replays after.
 async fn lease_calls(store: &dyn Store, biz: &str) {
@@ -76,7 +85,9 @@ fn per_call(
 
 async fn mariadb() {
     let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
-    let Some(store) = server::reach("MariaDB", &url, idem::MySqlStore::connect(&url)).await else {
+    // One connection: a pool that opened another mid-measure would count its session setup.
+    let one = idem::MySqlStore::connect_with(&url, 1, std::time::Duration::from_secs(2));
+    let Some(store) = server::reach("MariaDB", &url, one).await else {
         return;
     };
     let table = server::unique("idemt_counts");
@@ -92,26 +103,31 @@ async fn mariadb() {
     let b = mysql_counters(&probe_pool).await;
     let probe: BTreeMap<_, _> = b.iter().map(|(k, v)| (k.clone(), v - a[k])).collect();
 
-    // Warm the pool, so connecting is not counted.
+    // Warm the pool, so connecting is not counted, and settle the store on new keys.
     lease_calls(&store, "COUNT_WARM").await;
     let before = mysql_counters(&probe_pool).await;
     lease_calls(&store, "COUNT").await;
-    let after = mysql_counters(&probe_pool).await;
-    let first = per_call(&before, &after, &probe);
+    let first = per_call(&before, &mysql_counters(&probe_pool).await, &probe);
+    // Settle it on repeats.
+    lease_calls(&store, "COUNT_WARM").await;
+    let before = mysql_counters(&probe_pool).await;
     lease_calls(&store, "COUNT").await;
-    let replayed = per_call(&after, &mysql_counters(&probe_pool).await, &probe);
+    let replayed = per_call(&before, &mysql_counters(&probe_pool).await, &probe);
     eprintln!("MariaDB per lease-mode call: first {first:?}, replay {replayed:?}");
-    // Today: a first execution is the claim and the mark (2 statements), a replay the refused
-    // claim and the read of the result (2 statements); each takes a connection from the pool
-    // (sqlx pings it: 1 admin command per acquire).
-    assert!(first["Questions"] <= 2.0, "first execution: {first:?}");
+    // Today: a first execution is the claim and the mark (2 statements), a replay one read of the
+    // result; each statement takes a connection from the pool (sqlx pings it when it goes back:
+    // 1 admin command each).
     assert!(
-        first["Com_admin_commands"] <= 2.0,
+        first["Questions"] <= 2.0 + SLACK,
         "first execution: {first:?}"
     );
-    assert!(replayed["Questions"] <= 2.0, "replay: {replayed:?}");
     assert!(
-        replayed["Com_admin_commands"] <= 1.0,
+        first["Com_admin_commands"] <= 2.0 + SLACK,
+        "first execution: {first:?}"
+    );
+    assert!(replayed["Questions"] <= 1.0 + SLACK, "replay: {replayed:?}");
+    assert!(
+        replayed["Com_admin_commands"] <= 1.0 + SLACK,
         "replay: {replayed:?}"
     );
 
@@ -129,23 +145,25 @@ async fn mariadb() {
             }
         }
     };
+    tx_calls("COUNT_TX_WARM").await;
     let before = mysql_counters(&probe_pool).await;
     tx_calls("COUNT_TX").await;
-    let after = mysql_counters(&probe_pool).await;
-    let tx_first = per_call(&before, &after, &probe);
+    let tx_first = per_call(&before, &mysql_counters(&probe_pool).await, &probe);
+    tx_calls("COUNT_TX_WARM").await;
+    let before = mysql_counters(&probe_pool).await;
     tx_calls("COUNT_TX").await;
-    let tx_replayed = per_call(&after, &mysql_counters(&probe_pool).await, &probe);
+    let tx_replayed = per_call(&before, &mysql_counters(&probe_pool).await, &probe);
     eprintln!("MariaDB per transaction-mode call: first {tx_first:?}, replay {tx_replayed:?}");
     assert!(
-        tx_first["Questions"] <= TX_FIRST,
+        tx_first["Questions"] <= TX_FIRST + SLACK,
         "tx first execution: {tx_first:?}"
     );
     assert!(
-        tx_first["Com_admin_commands"] <= 1.0,
+        tx_first["Com_admin_commands"] <= 1.0 + SLACK,
         "tx first execution: {tx_first:?}"
     );
     assert!(
-        tx_replayed["Questions"] <= TX_REPLAY,
+        tx_replayed["Questions"] <= TX_REPLAY + SLACK,
         "tx replay: {tx_replayed:?}"
     );
 
@@ -195,10 +213,11 @@ async fn redis() {
     lease_calls(&store, "COUNT_WARM").await;
     let before = redis_counters(&mut conn).await;
     lease_calls(&store, "COUNT").await;
-    let after = redis_counters(&mut conn).await;
-    let first = per_call(&before, &after, &probe);
+    let first = per_call(&before, &redis_counters(&mut conn).await, &probe);
+    lease_calls(&store, "COUNT_WARM").await;
+    let before = redis_counters(&mut conn).await;
     lease_calls(&store, "COUNT").await;
-    let replayed = per_call(&after, &redis_counters(&mut conn).await, &probe);
+    let replayed = per_call(&before, &redis_counters(&mut conn).await, &probe);
     let nonzero = |m: &BTreeMap<String, f64>| -> BTreeMap<String, f64> {
         m.iter()
             .filter(|(_, v)| **v > 0.0)
@@ -212,13 +231,19 @@ async fn redis() {
     );
     // Today: a first execution is two round trips, one script for the claim and one for the
     // mark, which run 12 commands between them (TIME, HMGET, HSET, PEXPIREAT each, and the
-    // reconciler's index: ZADD, then ZREM); a replay is one script, the claim that finds the
-    // result (TIME, HMGET: 3 commands with the EVALSHA). `total_commands_processed` counts the
-    // commands a script runs as well as the script.
-    assert!(first["evalsha"] <= 2.0, "first execution: {first:?}");
-    assert!(first["total"] <= 12.0, "first execution: {first:?}");
-    assert!(replayed["evalsha"] <= 1.0, "replay: {replayed:?}");
-    assert!(replayed["total"] <= 3.0, "replay: {replayed:?}");
+    // reconciler's index: ZADD, then ZREM); a replay is no script: one round trip of two
+    // commands, HMGET and TIME. `total_commands_processed` counts the commands a script runs as
+    // well as the script.
+    assert!(
+        first["evalsha"] <= 2.0 + SLACK,
+        "first execution: {first:?}"
+    );
+    assert!(first["total"] <= 12.0 + SLACK, "first execution: {first:?}");
+    assert!(
+        replayed.get("evalsha").copied().unwrap_or(0.0) < SLACK,
+        "replay: {replayed:?}"
+    );
+    assert!(replayed["total"] <= 2.0 + SLACK, "replay: {replayed:?}");
 
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}*"))

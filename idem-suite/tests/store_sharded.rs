@@ -58,6 +58,15 @@ impl TxBackend for Sharded {
         self.0.begin_for(biz, key).await.unwrap()
     }
 
+    fn keys_in_one_transaction(&self, biz: &str, n: usize) -> Vec<String> {
+        let shard = self.0.shard_index(biz, "k0");
+        (0..)
+            .map(|i| format!("k{i}"))
+            .filter(|key| self.0.shard_index(biz, key) == shard)
+            .take(n)
+            .collect()
+    }
+
     async fn commit(tx: Self::Tx) {
         tx.into_inner().commit().await.unwrap()
     }

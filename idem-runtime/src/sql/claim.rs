@@ -5,10 +5,14 @@
 //! existing one is changed only by an `UPDATE … WHERE
 //! fence = <seen> AND status = <seen> AND lease_until = <seen>`, so two callers that read the same
 //! row cannot both win. The loser backs off (with jitter) and reads again.
+//!
+//! A store's [`ClaimOrder`] chooses the first step: the insert (new keys) or a plain read (repeats:
+//! a live success is decided by the read alone, see `store/order.rs`).
 
 use crate::IdemError;
 use crate::engine::back_off;
 use crate::store::decide::{Decision, RecordState, decide, duration_ms};
+use crate::store::order::ClaimOrder;
 use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Status, keeps_steps};
 
 /// A row as read for the claim decision, with the database's clock.
@@ -36,6 +40,10 @@ impl SeenRecord {
 /// The two primitive steps a SQL store provides, on one connection (a pool connection, or the
 /// caller's transaction).
 pub(crate) trait CasRecords {
+    /// Reads the record with the database's clock: a plain read (no lock, the latest committed row
+    /// in lease mode, the transaction's snapshot in tx mode). `None` when there is none.
+    async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError>;
+
     /// Reads the record, or inserts a new PROCESSING record (attempt 1, a fence from the clock) when
     /// there is none: `(inserted, record)`. `None` when a record appeared or vanished between the
     /// read and the insert (another writer was faster): read again.
@@ -60,13 +68,87 @@ pub(crate) trait CasRecords {
 /// How many times a claim reads again after losing a race before it reports the key as busy.
 const MAX_RACES: u32 = 12;
 
-/// Runs the claim protocol on `records`.
+/// The decision table on a row as read.
+fn decided(seen: &SeenRecord, req: &ClaimRequest<'_>) -> Decision {
+    let state = RecordState {
+        status: seen.status,
+        fingerprint: seen.fingerprint.as_deref(),
+        lease_until_ms: seen.lease_until_ms,
+        expire_at_ms: seen.expire_at_ms,
+    };
+    decide(&state, req.fingerprint, seen.now_ms)
+}
+
+/// Runs the claim protocol on `records` (lease mode), the first step chosen by `order`, which
+/// learns what the claim found.
 pub(crate) async fn claim_by_cas<C: CasRecords>(
     records: &mut C,
     req: &ClaimRequest<'_>,
+    order: &ClaimOrder,
+) -> Result<ClaimOutcome, IdemError> {
+    let outcome = claim_in_order(records, req, order.read_first()).await;
+    if let Ok(outcome) = &outcome {
+        order.observe(outcome);
+    }
+    outcome
+}
+
+/// Runs the claim protocol on `records` with the insert step first whatever `order` says (which
+/// still learns what the claim found): in a transaction (in its savepoint), where a duplicate
+/// insert waits for the transaction that holds the key and reads it with a current read; and on a
+/// store whose insert step reads first anyway (SQLite, in one round trip).
+pub(crate) async fn claim_insert_first<C: CasRecords>(
+    records: &mut C,
+    req: &ClaimRequest<'_>,
+    order: &ClaimOrder,
+) -> Result<ClaimOutcome, IdemError> {
+    let outcome = claim_in_order(records, req, false).await;
+    if let Ok(outcome) = &outcome {
+        order.observe(outcome);
+    }
+    outcome
+}
+
+/// In a transaction, before its savepoint: when `order` says repeats prevail, one plain read, which
+/// answers a live success (its replay, or a mismatch) on its own. `None`: claim as usual (a record
+/// that is not a live success is decided by the locking claim, never by the transaction's
+/// snapshot: [`claim_insert_first`]).
+pub(crate) async fn replay_by_read<C: CasRecords>(
+    records: &mut C,
+    req: &ClaimRequest<'_>,
+    order: &ClaimOrder,
+) -> Result<Option<ClaimOutcome>, IdemError> {
+    if !order.read_first() {
+        return Ok(None);
+    }
+    let Some(seen) = records.read(req).await? else {
+        return Ok(None);
+    };
+    let outcome = match (seen.status, decided(&seen, req)) {
+        (Status::Succeeded, Decision::Replay) => ClaimOutcome::Replay {
+            snapshot: seen.snapshot.unwrap_or_default(),
+        },
+        (Status::Succeeded, Decision::Mismatch) => ClaimOutcome::Mismatch,
+        _ => return Ok(None),
+    };
+    order.observe(&outcome);
+    Ok(Some(outcome))
+}
+
+/// The claim protocol; the first step a plain read when `read_first`.
+async fn claim_in_order<C: CasRecords>(
+    records: &mut C,
+    req: &ClaimRequest<'_>,
+    mut read_first: bool,
 ) -> Result<ClaimOutcome, IdemError> {
     for race in 0..MAX_RACES {
-        let (inserted, seen) = records.insert_or_read(req).await?;
+        let (inserted, seen) = match std::mem::take(&mut read_first) {
+            true => match records.read(req).await? {
+                Some(seen) => (false, Some(seen)),
+                None => records.insert_or_read(req).await?,
+            },
+            false => records.insert_or_read(req).await?,
+        };
         if let Some(seen) = seen {
             if inserted {
                 return Ok(ClaimOutcome::Acquired {
@@ -74,13 +156,7 @@ pub(crate) async fn claim_by_cas<C: CasRecords>(
                     how: Acquired::Fresh,
                 });
             }
-            let state = RecordState {
-                status: seen.status,
-                fingerprint: seen.fingerprint.as_deref(),
-                lease_until_ms: seen.lease_until_ms,
-                expire_at_ms: seen.expire_at_ms,
-            };
-            match decide(&state, req.fingerprint, seen.now_ms) {
+            match decided(&seen, req) {
                 Decision::Take { how, reset } => {
                     let keep = keeps_steps(reset, seen.fingerprint.as_deref(), req.fingerprint);
                     if let Some(claim) = records.take(req, &seen, reset, keep).await? {

@@ -95,6 +95,16 @@ impl Savepoint {
         format!("SAVEPOINT {}", self.name)
     }
 
+    /// Opens this savepoint after releasing `done`, the savepoint of a claim marked done since
+    /// (one batch, one round trip): a call that completes leaves its savepoint for the next claim
+    /// in the transaction to release, or for the commit, instead of spending a round trip on it.
+    pub(crate) fn open_after(&self, done: Option<Savepoint>) -> String {
+        match done {
+            Some(done) => format!("{}; {}", done.release(), self.open()),
+            None => self.open(),
+        }
+    }
+
     /// Keeps what was written since it opened (the enclosing transaction decides the rest).
     pub(crate) fn release(&self) -> String {
         format!("RELEASE SAVEPOINT {}", self.name)

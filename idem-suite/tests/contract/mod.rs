@@ -199,6 +199,51 @@ async fn acquire(store: &dyn Store, r: &ClaimRequest<'_>) -> (Claim, Acquired) {
     }
 }
 
+/// Turns `store` to reading first: a SQL or Redis store sends a claim's plain read before its
+/// write once most of its recent claims met a record. One key run once, then repeated 24 times,
+/// turns it from any state.
+pub async fn turned_to_read_first(store: &dyn Store) -> &dyn Store {
+    let biz = biz("warm");
+    for _ in 0..25 {
+        let done: Result<u32, IdemError> = Call::new(biz.clone(), "warm")
+            .run(store, async { Ok(7) })
+            .await;
+        assert_eq!(done.unwrap(), 7);
+    }
+    store
+}
+
+/// The decision table once claims read first: every case gives what it gives written first.
+pub async fn the_decision_table_holds_when_claims_read_first(s: Subject) {
+    let again = |s: &Subject| Subject {
+        store: s.store.clone(),
+        clock: s.clock.clone(),
+    };
+    macro_rules! read_first {
+        ($($case:ident),*) => {$(
+            turned_to_read_first(&*s.store).await;
+            $case(again(&s)).await;
+        )*};
+    }
+    read_first!(
+        fresh_key_runs_once_then_replays,
+        succeeded_with_other_payload_is_a_mismatch,
+        processing_with_valid_lease_is_in_progress,
+        processing_with_other_payload_is_a_mismatch,
+        expired_lease_is_taken_over_and_the_late_finisher_is_fenced,
+        failure_allows_a_retry,
+        expired_record_counts_as_absent_and_is_swept,
+        waiting_duplicate_gets_the_first_answer,
+        a_live_lease_outlives_the_ttl,
+        a_success_outlives_a_body_slower_than_its_ttl,
+        a_takeover_racing_a_late_complete_has_one_winner,
+        a_contended_takeover_runs_the_business_once,
+        a_burst_with_failing_bodies_executes_each_key_once
+    );
+    turned_to_read_first(&*s.store).await;
+    burst_executes_each_key_once(again(&s), 8, 16).await;
+}
+
 // ---- the decision table -------------------------------------------------------------------
 
 pub async fn fresh_key_runs_once_then_replays(s: Subject) {
@@ -1129,6 +1174,7 @@ macro_rules! with_contract_cases {
     ($callback:ident ! ($($prefix:tt)*)) => {
         $crate::$callback!($($prefix)*
             fresh_key_runs_once_then_replays,
+            the_decision_table_holds_when_claims_read_first,
             same_key_other_biz_is_another_record,
             succeeded_with_other_payload_is_a_mismatch,
             processing_with_valid_lease_is_in_progress,

@@ -28,6 +28,13 @@ pub trait TxBackend: Send + Sync + 'static {
         self.begin()
     }
 
+    /// `n` keys of `biz` that one transaction may claim together (a sharded store: keys of one
+    /// shard); by default `k0`, `k1`, ….
+    fn keys_in_one_transaction(&self, biz: &str, n: usize) -> Vec<String> {
+        let _ = biz;
+        (0..n).map(|i| format!("k{i}")).collect()
+    }
+
     /// Commits.
     fn commit(tx: Self::Tx) -> impl Future<Output = ()> + Send;
 
@@ -305,6 +312,69 @@ pub async fn an_unstorable_result_in_a_transaction_keeps_the_claim<B: TxBackend>
     assert_eq!(b.effects(&biz, "k").await, 1, "the business ran once");
 }
 
+/// Three calls in one transaction: the middle one's body fails. Its claim and writes roll back to
+/// its savepoint; the others' (whose savepoints a later claim or the commit releases) stay.
+pub async fn calls_in_one_transaction_keep_each_others_writes<B: TxBackend>(b: Arc<B>) {
+    let (store, biz) = (b.store(), biz("tx_three"));
+    let keys = b.keys_in_one_transaction(&biz, 3);
+    let [a_key, b_key, c_key] = [&keys[0], &keys[1], &keys[2]].map(String::as_str);
+    let mut tx = b.begin_for(&biz, a_key).await;
+    let a = run::<B>(&mut tx, call(&biz, a_key), &biz, a_key, false).await;
+    let declined = run::<B>(&mut tx, call(&biz, b_key), &biz, b_key, true).await;
+    let c = run::<B>(&mut tx, call(&biz, c_key), &biz, c_key, false).await;
+    B::commit(tx).await;
+    assert!(matches!(declined, Err(PayError::Declined)), "{declined:?}");
+    let (a, c) = (a.unwrap(), c.unwrap());
+    assert_eq!(
+        (
+            b.effects(&biz, a_key).await,
+            b.effects(&biz, b_key).await,
+            b.effects(&biz, c_key).await
+        ),
+        (1, 0, 1)
+    );
+    assert!(
+        store.load(&biz, b_key).await.unwrap().is_none(),
+        "no claim of the failed call is left"
+    );
+    for (key, first) in [(a_key, &a), (c_key, &c)] {
+        let mut tx = b.begin_for(&biz, key).await;
+        let again = run::<B>(&mut tx, call(&biz, key), &biz, key, false).await;
+        B::commit(tx).await;
+        assert_eq!(&again.unwrap(), first, "{key} replays");
+    }
+    let mut tx = b.begin_for(&biz, b_key).await;
+    run::<B>(&mut tx, call(&biz, b_key), &biz, b_key, false)
+        .await
+        .unwrap();
+    B::commit(tx).await;
+    assert_eq!(
+        b.effects(&biz, b_key).await,
+        1,
+        "the failed call runs on its retry"
+    );
+}
+
+/// The transaction cases once the store's claims read first (a live success is then answered by
+/// one plain read, before any savepoint).
+pub async fn transactions_hold_when_claims_read_first<B: TxBackend>(b: Arc<B>) {
+    macro_rules! read_first {
+        ($($case:ident),*) => {$(
+            super::turned_to_read_first(&*b.store()).await;
+            $case(b.clone()).await;
+        )*};
+    }
+    read_first!(
+        commit_keeps_claim_business_and_mark_together,
+        body_error_rolls_back_the_claim_and_the_business_writes,
+        caller_rollback_after_success_leaves_nothing_and_a_retry_runs,
+        concurrent_duplicates_in_transactions_execute_once,
+        payload_mismatch_in_a_transaction_writes_nothing,
+        lease_and_transaction_modes_see_each_other,
+        calls_in_one_transaction_keep_each_others_writes
+    );
+}
+
 /// Generates one `#[tokio::test]` per tx-mode case. `$make` is an async fn giving `Option<Arc<B>>`
 /// (None: the server is unreachable and the suite is skipped, unless IDEM_REQUIRE_SERVICES=1).
 #[macro_export]
@@ -320,6 +390,8 @@ macro_rules! tx_contract_suite {
             the_body_learns_its_fence_in_a_transaction,
             an_unstorable_result_in_a_transaction_keeps_the_claim,
             steps_in_a_transaction_run_as_plain_code,
+            calls_in_one_transaction_keep_each_others_writes,
+            transactions_hold_when_claims_read_first,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {$(

@@ -25,6 +25,7 @@ mod transition;
 mod tx;
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -33,8 +34,10 @@ use sqlx::{AssertSqlSafe, Executor};
 
 use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
+use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
+use crate::store::order::ClaimOrder;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 use crate::transition::TransitionTx;
 use records::{Records, Statements};
@@ -70,6 +73,8 @@ pub struct MySqlStore {
     token_table: TableName,
     lock_wait_secs: u64,
     sql: Statements,
+    /// Which step a claim sends first (`store/order.rs`).
+    order: Arc<ClaimOrder>,
 }
 
 /// A driver error as an [`IdemError`] of the right class.
@@ -154,6 +159,7 @@ impl MySqlStore {
         let token_table = TableName::new("idem_token").expect("a valid name");
         MySqlStore {
             sql: Statements::new(&table, &token_table),
+            order: Arc::default(),
             pool,
             limits: Limits::default(),
             offset: ClockOffset::default(),
@@ -342,7 +348,7 @@ impl Store for MySqlStore {
         let mut conn = self.pool.acquire().await.map_err(db_error)?;
         let mut tried = 0;
         loop {
-            let outcome = records::claim(&mut self.records(&mut conn, false), req).await;
+            let outcome = claim_by_cas(&mut self.records(&mut conn, false), req, &self.order).await;
             match outcome {
                 Err(e) if e.restarts_transaction() && tried + 1 < DEADLOCK_TRIES => {
                     tried += 1;

@@ -4,7 +4,8 @@
 //! appears) and binds every value; table names are validated ([`TableName`]) and quoted.
 //!
 //! Round trips: a new key is one `INSERT` (its fence comes back in the OK packet) and one mark; a
-//! repeat is the `INSERT` refused with 1062 and one read; a takeover adds one conditional `UPDATE`.
+//! repeat is the `INSERT` refused with 1062 and one read, or, once the store's claims mostly meet a
+//! record (`store/order.rs`), the read alone; a takeover adds one conditional `UPDATE`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +19,7 @@ use crate::sql::claim::{CasRecords, SeenRecord};
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
 use crate::store::decide::millis;
-use crate::store::{Claim, ClaimOutcome, ClaimRequest, Fence, Record, Status, StatusCount};
+use crate::store::{Claim, ClaimRequest, Fence, Record, Status, StatusCount};
 
 /// The database clock in microseconds since the Unix epoch, plus the offset bound at its `?`.
 /// `UTC_TIMESTAMP` is fixed for the length of a statement, so every `now` in one statement agrees.
@@ -405,9 +406,14 @@ impl<'c> Records<'c> {
         Ok(done.rows_affected())
     }
 
-    /// Reads the record (a current read in tx mode).
-    async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
-        let sql = if self.locking {
+    /// Reads the record after its insert was refused (a current read in tx mode), or with `plain`
+    /// a plain read in either mode.
+    async fn read_row(
+        &mut self,
+        req: &ClaimRequest<'_>,
+        plain: bool,
+    ) -> Result<Option<SeenRecord>, IdemError> {
+        let sql = if self.locking && !plain {
             &self.sql.read_locking
         } else {
             &self.sql.read
@@ -435,15 +441,11 @@ impl<'c> Records<'c> {
     }
 }
 
-/// Runs the claim protocol on `records`.
-pub(super) async fn claim(
-    records: &mut Records<'_>,
-    req: &ClaimRequest<'_>,
-) -> Result<ClaimOutcome, IdemError> {
-    crate::sql::claim::claim_by_cas(records, req).await
-}
-
 impl CasRecords for Records<'_> {
+    async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
+        self.read_row(req, true).await
+    }
+
     async fn insert_or_read(
         &mut self,
         req: &ClaimRequest<'_>,
@@ -477,7 +479,9 @@ impl CasRecords for Records<'_> {
                 }),
             )),
             // ER_DUP_ENTRY: the record exists (and InnoDB holds a shared lock on it for us).
-            Err(e) if error_number(&e) == Some(1062) => Ok((false, self.read(req).await?)),
+            Err(e) if error_number(&e) == Some(1062) => {
+                Ok((false, self.read_row(req, false).await?))
+            }
             Err(e) => Err(db_error(e)),
         }
     }

@@ -8,8 +8,9 @@ use async_trait::async_trait;
 use sqlx::mysql::MySqlConnection;
 use sqlx::{MySql, Transaction};
 
-use super::{MySqlStore, db_error, records};
+use super::{MySqlStore, db_error};
 use crate::engine::tx::IdemTx;
+use crate::sql::claim::{claim_insert_first, replay_by_read};
 use crate::sql::dialect::{Dialect, Savepoint};
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
 use crate::transition::{SqlValue, StateRow, TransitionConn, TransitionTx};
@@ -33,6 +34,9 @@ pub struct MySqlTx {
     store: MySqlStore,
     /// The savepoint of the claim in progress (between `claim` and `complete`/`abort`).
     claim: Option<Savepoint>,
+    /// The savepoint of the last claim marked done, released with the next claim's (or by the
+    /// commit).
+    done: Option<Savepoint>,
 }
 
 impl MySqlTx {
@@ -41,6 +45,7 @@ impl MySqlTx {
             tx,
             store,
             claim: None,
+            done: None,
         }
     }
 
@@ -103,11 +108,20 @@ impl IdemTx for MySqlTx {
     }
 
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        // A live success needs no savepoint: one plain read answers it (once repeats prevail).
+        let order = self.store.order.clone();
+        if let Some(outcome) =
+            replay_by_read(&mut self.store.records(&mut self.tx, true), req, &order).await?
+        {
+            return Ok(outcome);
+        }
         let savepoint = Savepoint::claim();
-        self.exec(savepoint.open()).await?;
+        let open = savepoint.open_after(self.done.take());
+        self.exec(open).await?;
         let release = savepoint.release();
         self.claim = Some(savepoint);
-        let outcome = records::claim(&mut self.store.records(&mut self.tx, true), req).await;
+        let outcome =
+            claim_insert_first(&mut self.store.records(&mut self.tx, true), req, &order).await;
         match outcome {
             Ok(outcome @ ClaimOutcome::Acquired { .. }) => Ok(outcome),
             Ok(outcome) => {
@@ -151,10 +165,13 @@ impl IdemTx for MySqlTx {
             .complete(biz, key, claim, snapshot, ttl)
             .await;
         match done {
-            Ok(()) => match self.claim.take() {
-                Some(savepoint) => self.exec(savepoint.release()).await,
-                None => Ok(()),
-            },
+            Ok(()) => {
+                // Kept: released with the next claim's savepoint, or by the commit.
+                if let Some(savepoint) = self.claim.take() {
+                    self.done = Some(savepoint);
+                }
+                Ok(())
+            }
             Err(e) if e.restarts_transaction() => {
                 self.claim = None;
                 Err(e)
@@ -167,6 +184,8 @@ impl IdemTx for MySqlTx {
     }
 
     async fn abort(&mut self) -> Result<(), IdemError> {
+        // A done savepoint opened after this claim's goes with the rollback.
+        self.done = None;
         let Some(savepoint) = self.claim.take() else {
             return Ok(());
         };

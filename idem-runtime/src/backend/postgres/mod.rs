@@ -21,6 +21,7 @@ use crate::clock::{ClockOffset, TestClock};
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
+use crate::store::order::ClaimOrder;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 use crate::transition::TransitionTx;
 use crate::{Busy, IdemError};
@@ -69,6 +70,8 @@ pub struct PgStore {
     sql: Arc<Statements>,
     token_sql: Arc<TokenStatements>,
     lock_timeout: Duration,
+    /// Which step a claim sends first (`store/order.rs`).
+    order: Arc<ClaimOrder>,
 }
 
 /// Options of a [`PgStore`]: its table names, its pool, its limits and its lock timeout.
@@ -217,6 +220,7 @@ impl PgStoreBuilder {
             table: self.table,
             token_table,
             lock_timeout: self.lock_timeout,
+            order: Arc::default(),
         }
     }
 }
@@ -479,7 +483,7 @@ impl Store for PgStore {
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         let outcome = self
-            .with_conn(async |conn| claim_by_cas(&mut self.records(conn), req).await)
+            .with_conn(async |conn| claim_by_cas(&mut self.records(conn), req, &self.order).await)
             .await;
         self.lock_timed_out(outcome)
     }

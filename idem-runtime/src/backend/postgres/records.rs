@@ -38,6 +38,8 @@ pub(super) struct Statements {
     /// Transaction mode: the read locks the row (`FOR UPDATE`): a current read, never the
     /// transaction's old snapshot, and a duplicate waits for the claimant's transaction.
     claim_locking: SqlStr,
+    /// The claim's plain read, with the clock (`store/order.rs`).
+    read: SqlStr,
     take: SqlStr,
     complete: SqlStr,
     fail: SqlStr,
@@ -135,6 +137,12 @@ impl Statements {
             clock = clock("$5"),
         );
         let load = format!("SELECT {COLUMNS} FROM {t} WHERE biz_type = $1 AND idem_key = $2");
+        // $1 biz, $2 key, $3 offset.
+        let read = format!(
+            "SELECT {COLUMNS}, c.n AS now_ms FROM {t}, ({clock}) AS c \
+             WHERE biz_type = $1 AND idem_key = $2",
+            clock = clock("$3"),
+        );
         // $1 biz, $2 offset, $3 batch. PROCESSING with the lease ended, oldest lease first: a range
         // of the index `<table>_stuck (biz_type, status, lease_until)`, read in its order (no
         // sort), that stops after the batch. The clock is a scalar subquery, read once before the
@@ -167,6 +175,7 @@ impl Statements {
         Statements {
             claim: sql(claim("")),
             claim_locking: sql(claim(" FOR UPDATE")),
+            read: sql(read),
             take: sql(take),
             complete: sql(complete),
             fail: sql(fail),
@@ -396,7 +405,32 @@ impl<'c> Records<'c> {
     }
 }
 
+/// The claim's view of a row with the columns of the claim or the read.
+fn seen_of(row: &PgRow) -> Result<SeenRecord, IdemError> {
+    Ok(SeenRecord {
+        status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+        attempt: attempt_of(row)?,
+        fence: fence_of(row)?,
+        fingerprint: row.try_get("fingerprint").map_err(db_error)?,
+        snapshot: row.try_get("result").map_err(db_error)?,
+        lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
+        expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+        now_ms: row.try_get("now_ms").map_err(db_error)?,
+    })
+}
+
 impl CasRecords for Records<'_> {
+    async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
+        let row = sqlx::query(self.sql.read.clone())
+            .bind(req.biz)
+            .bind(req.key)
+            .bind(self.offset_ms)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        row.as_ref().map(seen_of).transpose()
+    }
+
     async fn insert_or_read(
         &mut self,
         req: &ClaimRequest<'_>,
@@ -422,19 +456,7 @@ impl CasRecords for Records<'_> {
             return Ok((false, None));
         };
         let inserted: bool = row.try_get("inserted").map_err(db_error)?;
-        Ok((
-            inserted,
-            Some(SeenRecord {
-                status: Status::parse(row.try_get("status").map_err(db_error)?)?,
-                attempt: attempt_of(&row)?,
-                fence: fence_of(&row)?,
-                fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-                snapshot: row.try_get("result").map_err(db_error)?,
-                lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
-                expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
-                now_ms: row.try_get("now_ms").map_err(db_error)?,
-            }),
-        ))
+        Ok((inserted, Some(seen_of(&row)?)))
     }
 
     async fn take(

@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use super::records::Records;
 use super::{PgStore, db_error, lock_timeout_text};
 use crate::engine::tx::IdemTx;
-use crate::sql::claim::claim_by_cas;
+use crate::sql::claim::{claim_insert_first, replay_by_read};
 use crate::sql::dialect::{Dialect, Savepoint};
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
 use crate::transition::{SqlValue, StateRow, TransitionConn, TransitionTx};
@@ -59,6 +59,9 @@ pub struct PgTx {
     store: PgStore,
     /// The savepoint of the claim in progress (between `claim` and `complete`/`abort`).
     claim: Option<Savepoint>,
+    /// The savepoint of the last claim marked done, released with the next claim's (or by the
+    /// commit).
+    done: Option<Savepoint>,
 }
 
 impl PgTx {
@@ -67,6 +70,7 @@ impl PgTx {
             tx,
             store,
             claim: None,
+            done: None,
         }
     }
 
@@ -118,7 +122,7 @@ impl PgTx {
         // One round trip: the savepoint, the caller's lock timeout, and the claim's.
         let rows = sqlx::raw_sql(AssertSqlSafe(format!(
             "{}; SHOW lock_timeout; SET LOCAL lock_timeout = '{}'",
-            savepoint.open(),
+            savepoint.open_after(self.done.take()),
             lock_timeout_text(self.store.lock_timeout)
         )))
         .fetch_all(&mut *self.tx)
@@ -128,9 +132,10 @@ impl PgTx {
             Some(row) => row.try_get(0).map_err(db_error)?,
             None => return Err(IdemError::store("SHOW lock_timeout returned no row")),
         };
-        let outcome = claim_by_cas(
+        let outcome = claim_insert_first(
             &mut Records::new(&mut self.tx, &self.store.sql, self.store.offset_ms(), true),
             req,
+            &self.store.order,
         )
         .await?;
         if let ClaimOutcome::Acquired { .. } = outcome {
@@ -174,6 +179,12 @@ impl IdemTx for PgTx {
     }
 
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        // A live success needs no savepoint: one plain read answers it (once repeats prevail).
+        let order = self.store.order.clone();
+        let mut records = Records::new(&mut self.tx, &self.store.sql, self.store.offset_ms(), true);
+        if let Some(outcome) = replay_by_read(&mut records, req, &order).await? {
+            return Ok(outcome);
+        }
         let savepoint = Savepoint::claim();
         let outcome = self.claim_in(&savepoint, req).await;
         match outcome {
@@ -215,10 +226,13 @@ impl IdemTx for PgTx {
             .complete(biz, key, claim, snapshot, ttl)
             .await;
         match done {
-            Ok(()) => match self.claim.take() {
-                Some(savepoint) => self.exec(savepoint.release()).await,
-                None => Ok(()),
-            },
+            Ok(()) => {
+                // Kept: released with the next claim's savepoint, or by the commit.
+                if let Some(savepoint) = self.claim.take() {
+                    self.done = Some(savepoint);
+                }
+                Ok(())
+            }
             Err(e) => {
                 let _ = IdemTx::abort(self).await;
                 Err(e)
@@ -227,6 +241,8 @@ impl IdemTx for PgTx {
     }
 
     async fn abort(&mut self) -> Result<(), IdemError> {
+        // A done savepoint opened after this claim's goes with the rollback.
+        self.done = None;
         let Some(savepoint) = self.claim.take() else {
             return Ok(());
         };

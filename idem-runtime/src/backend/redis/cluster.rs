@@ -53,6 +53,7 @@ impl RedisClusterStore {
                 offset: ClockOffset::default(),
                 prefix: "idem:".to_owned(),
                 acks: None,
+                order: Default::default(),
             }),
         }))
     }

@@ -26,7 +26,8 @@ use redis::{Script, Value};
 
 use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
-use crate::store::decide::millis;
+use crate::store::decide::{Decision, RecordState, decide, duration_ms, millis};
+use crate::store::order::ClaimOrder;
 use crate::store::{
     Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store,
 };
@@ -128,6 +129,9 @@ struct Records {
     prefix: String,
     /// `WAIT` after every write: how many replicas must acknowledge it, and for how long to wait.
     acks: Option<(u32, Duration)>,
+    /// Which step a claim sends first (`store/order.rs`): the claim script, or (on one server) a
+    /// plain `HMGET` with `TIME`.
+    order: Arc<ClaimOrder>,
 }
 
 fn int(v: &Value, what: &str) -> Result<i64, IdemError> {
@@ -227,6 +231,72 @@ impl Records {
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        if self.order.read_first()
+            && let Conn::Single(_) = self.conn
+            && let Some(outcome) = self.decided_by_read(req).await?
+        {
+            self.order.observe(&outcome);
+            return Ok(outcome);
+        }
+        let outcome = self.claim_by_script(req).await;
+        if let Ok(outcome) = &outcome {
+            self.order.observe(outcome);
+        }
+        outcome
+    }
+
+    /// The claim's plain read: the record's fields and Redis's clock in one round trip (two
+    /// commands, no script). A record that is a live success, a mismatch or in progress is decided
+    /// here by the decision table (a SUCCEEDED record is immutable until it expires, and `TIME`,
+    /// read after the fields, is no earlier than the moment they were read); `None` for any other
+    /// (none, FAILED, expired, a lease that ended): the claim script decides and takes it atomically.
+    async fn decided_by_read(
+        &self,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, IdemError> {
+        let mut conn = self.conn.clone();
+        let (mut fields, (secs, micros)): (Vec<Value>, (i64, i64)) = redis::pipe()
+            .cmd("HMGET")
+            .arg(self.key(req.biz, req.key))
+            .arg(&["s", "fp", "lu", "ex", "r"])
+            .cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        let [s, fp, lu, ex, r] = fields.as_mut_slice() else {
+            return Err(IdemError::store("HMGET returned an unexpected reply"));
+        };
+        let Some(status) = text(s) else {
+            return Ok(None);
+        };
+        let stored_fp = text(fp).filter(|fp| !fp.is_empty());
+        let state = RecordState {
+            status: Status::parse(&status)?,
+            fingerprint: stored_fp.as_deref(),
+            lease_until_ms: int(lu, "lease")?,
+            expire_at_ms: int(ex, "expiry")?,
+        };
+        // The scripts' clock: Redis time in µs plus the offset, floored to ms.
+        let now_ms = (secs * 1_000_000 + micros).div_euclid(1000) + self.offset.ms();
+        // The scripts take an empty fingerprint for none.
+        let asked = req.fingerprint.filter(|fp| !fp.is_empty());
+        Ok(match decide(&state, asked, now_ms) {
+            Decision::Replay => Some(ClaimOutcome::Replay {
+                snapshot: match std::mem::replace(r, Value::Nil) {
+                    Value::BulkString(b) => b,
+                    _ => Vec::new(),
+                },
+            }),
+            Decision::Mismatch => Some(ClaimOutcome::Mismatch),
+            Decision::InProgress(ms) => Some(ClaimOutcome::InProgress {
+                retry_after: duration_ms(ms),
+            }),
+            Decision::Take { .. } => None,
+        })
+    }
+
+    /// The claim script: the whole decision table, and the take, in one atomic step.
+    async fn claim_by_script(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         let mut conn = self.conn.clone();
         let record = self.key(req.biz, req.key);
         let index = self.index(req.biz);
@@ -440,6 +510,7 @@ impl RedisStore {
                 offset: ClockOffset::default(),
                 prefix: "idem:".to_owned(),
                 acks: None,
+                order: Arc::default(),
             }),
         })
     }

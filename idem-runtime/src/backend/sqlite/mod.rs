@@ -24,9 +24,10 @@ use tokio::sync::Mutex;
 
 use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
-use crate::sql::claim::claim_by_cas;
+use crate::sql::claim::claim_insert_first;
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
+use crate::store::order::ClaimOrder;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, StatusCount, Store};
 use crate::transition::TransitionTx;
 use records::{Records, Statements};
@@ -66,6 +67,8 @@ pub struct SqliteStore {
     token_table: TableName,
     sql: Arc<Statements>,
     token_sql: Arc<TokenStatements>,
+    /// What its claims found, for the transaction's read before its savepoint (`store/order.rs`).
+    order: Arc<ClaimOrder>,
 }
 
 /// A driver error as an [`IdemError`] of the right class.
@@ -148,6 +151,7 @@ impl SqliteStore {
             own: (!in_memory).then(Arc::default),
             sql: Arc::new(Statements::new(&table)),
             token_sql: Arc::new(TokenStatements::new(&token_table)),
+            order: Arc::default(),
             table,
             token_table,
         }
@@ -364,8 +368,11 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        self.with_conn(async |conn| claim_by_cas(&mut Records::new(conn, self), req).await)
-            .await
+        // The claim statement reads first in one round trip: no read before it.
+        self.with_conn(async |conn| {
+            claim_insert_first(&mut Records::new(conn, self), req, &self.order).await
+        })
+        .await
     }
 
     async fn complete(

@@ -119,6 +119,13 @@ const RENEW: &str = concat!(
     " + ?5 AS n) AS c ",
     "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'"
 );
+/// ?1 biz, ?2 key, ?3 offset: the claim's plain read (`store/order.rs`).
+const READ: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    now_ms!(),
+    " + ?3 AS now_ms FROM {t} WHERE biz_type = ?1 AND idem_key = ?2"
+);
 const LOAD: &str = "SELECT status, attempt, fence, fingerprint, result, lease_until, expire_at \
     FROM {t} WHERE biz_type = ?1 AND idem_key = ?2";
 /// ?1 biz, ?2 offset, ?3 batch. PROCESSING with the lease ended, oldest lease first: a range of
@@ -148,6 +155,7 @@ const SWEEP: &str = concat!(
 #[derive(Debug)]
 pub(super) struct Statements {
     claim: Arc<str>,
+    read: Arc<str>,
     take: Arc<str>,
     complete: Arc<str>,
     fail: Arc<str>,
@@ -165,6 +173,7 @@ impl Statements {
         let named = |template: &str| -> Arc<str> { template.replace("{t}", &t).into() };
         Statements {
             claim: named(CLAIM),
+            read: named(READ),
             take: named(TAKE),
             complete: named(COMPLETE),
             fail: named(FAIL),
@@ -372,7 +381,32 @@ impl<'c> Records<'c> {
     }
 }
 
+/// The claim's view of a row with the columns of `CLAIM` or `READ`.
+fn seen_of(row: &SqliteRow) -> Result<SeenRecord, IdemError> {
+    Ok(SeenRecord {
+        status: Status::parse(row.try_get("status").map_err(db_error)?)?,
+        attempt: attempt_of(row)?,
+        fence: fence_of(row)?,
+        fingerprint: row.try_get("fingerprint").map_err(db_error)?,
+        snapshot: row.try_get("result").map_err(db_error)?,
+        lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
+        expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+        now_ms: row.try_get("now_ms").map_err(db_error)?,
+    })
+}
+
 impl CasRecords for Records<'_> {
+    async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
+        let row = query(&self.sql.read)
+            .bind(req.biz)
+            .bind(req.key)
+            .bind(self.offset_ms)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        row.as_ref().map(seen_of).transpose()
+    }
+
     async fn insert_or_read(
         &mut self,
         req: &ClaimRequest<'_>,
@@ -391,19 +425,7 @@ impl CasRecords for Records<'_> {
             return Ok((false, None));
         };
         let inserted: i64 = row.try_get("inserted").map_err(db_error)?;
-        Ok((
-            inserted == 1,
-            Some(SeenRecord {
-                status: Status::parse(row.try_get("status").map_err(db_error)?)?,
-                attempt: attempt_of(&row)?,
-                fence: fence_of(&row)?,
-                fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-                snapshot: row.try_get("result").map_err(db_error)?,
-                lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
-                expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
-                now_ms: row.try_get("now_ms").map_err(db_error)?,
-            }),
-        ))
+        Ok((inserted == 1, Some(seen_of(&row)?)))
     }
 
     async fn take(

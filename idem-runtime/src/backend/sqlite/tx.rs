@@ -12,7 +12,7 @@ use super::records::Records;
 use super::{SqliteStore, db_error};
 use crate::IdemError;
 use crate::engine::tx::IdemTx;
-use crate::sql::claim::claim_by_cas;
+use crate::sql::claim::{claim_insert_first, replay_by_read};
 use crate::sql::dialect::{Dialect, Savepoint};
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
 use crate::transition::{SqlValue, StateRow, TransitionConn, TransitionTx};
@@ -102,11 +102,19 @@ impl IdemTx for SqliteTx {
     }
 
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        // A live success needs no savepoint: one plain read answers it (once repeats prevail).
+        let order = self.store.order.clone();
+        if let Some(outcome) =
+            replay_by_read(&mut Records::new(&mut self.tx, &self.store), req, &order).await?
+        {
+            return Ok(outcome);
+        }
         let savepoint = Savepoint::claim();
         self.exec(savepoint.open()).await?;
         let release = savepoint.release();
         self.claim = Some(savepoint);
-        let outcome = claim_by_cas(&mut Records::new(&mut self.tx, &self.store), req).await;
+        let outcome =
+            claim_insert_first(&mut Records::new(&mut self.tx, &self.store), req, &order).await;
         match outcome {
             Ok(outcome @ ClaimOutcome::Acquired { .. }) => Ok(outcome),
             Ok(outcome) => {

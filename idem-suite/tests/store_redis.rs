@@ -321,3 +321,46 @@ mod stuck_index {
         assert_eq!(s.members(biz).await.len(), 2);
     }
 }
+
+/// Without a test clock a replay is a plain `HMGET`, decided by the key's own expiry: on the real
+/// clock a success replays until its ttl passes and runs again after (the key is gone then, and
+/// Redis never returns a key past its expiry), with no test clock to move it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_read_without_the_script_ends_with_the_ttl_on_the_real_clock() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+    let Some(store) = server::reach("Redis", &url, idem::RedisStore::connect(&url)).await else {
+        return;
+    };
+    let store = store
+        .with_prefix(&format!("{}:", server::unique("idemt")))
+        .unwrap();
+    contract::turned_to_read_first(&store).await;
+    let runs = AtomicU32::new(0);
+    let call = || {
+        idem::Call::new("REAL_CLOCK", "k")
+            .ttl(Duration::from_secs(2))
+            .lease(Duration::from_millis(100))
+            .run(&store, async {
+                Ok::<_, idem::IdemError>(runs.fetch_add(1, Ordering::SeqCst) + 1)
+            })
+    };
+    let started = std::time::Instant::now();
+    assert_eq!(call().await.unwrap(), 1);
+    for _ in 0..5 {
+        let replayed = call().await.unwrap();
+        // (A machine so slow that 2 s passed would see the body run again.)
+        if started.elapsed() < Duration::from_millis(1500) {
+            assert_eq!(replayed, 1, "a replay within the ttl");
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(2100).saturating_sub(started.elapsed())).await;
+    assert_eq!(
+        call().await.unwrap(),
+        2,
+        "the ttl passed: the body runs again"
+    );
+    assert_eq!(call().await.unwrap(), 2, "and that success replays");
+}

@@ -81,6 +81,7 @@ fn decided(seen: &SeenRecord, req: &ClaimRequest<'_>) -> Decision {
 
 /// Runs the claim protocol on `records` (lease mode), the first step chosen by `order`, which
 /// learns what the claim found.
+#[cfg_attr(not(any(feature = "mysql", feature = "postgres")), allow(dead_code))]
 pub(crate) async fn claim_by_cas<C: CasRecords>(
     records: &mut C,
     req: &ClaimRequest<'_>,

@@ -13,6 +13,8 @@
 
 pub mod admin;
 mod backend;
+#[cfg(feature = "cache")]
+mod cache;
 mod clock;
 mod connect;
 pub(crate) mod duration;
@@ -53,6 +55,8 @@ pub use backend::redis::{RedisClusterStore, RedisStore, RedisTokens};
 pub use backend::sharded::{ShardedStore, ShardedTx};
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite::{SqliteStore, SqliteTokens, SqliteTx};
+#[cfg(feature = "cache")]
+pub use cache::{CachedStore, ENTRY_OVERHEAD, MAX_CACHE_BYTES, MIN_CACHE_BYTES, ReplayCache};
 pub use clock::TestClock;
 pub use connect::{AnyStore, connect, connect_tokens, migrations};
 pub use duration::MAX_DURATION;

@@ -334,6 +334,9 @@ pub mod names {
     /// `how` (`succeeded`: the result was backfilled; `failed`: released for a retry;
     /// `undecided`: the recover fn could not tell, the record was left).
     pub const RECOVERED: &str = "idem_recovered_total";
+    /// Counter, label `store` (the inner store's backend): claims a [`crate::CachedStore`]'s
+    /// replay cache answered (feature `cache`).
+    pub const REPLAY_CACHE_HITS: &str = "idem_replay_cache_hits_total";
 }
 
 /// Records one claim's latency (feature `metrics`; nothing without it).

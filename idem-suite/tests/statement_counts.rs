@@ -32,8 +32,9 @@ const SLACK: f64 = 0.1;
 
 /// MariaDB statements of one transaction-mode call with a body that writes nothing, its BEGIN and
 /// COMMIT included, today: `SET SESSION innodb_lock_wait_timeout` and BEGIN (one round trip),
-/// SAVEPOINT, the claim, the mark and COMMIT (the savepoint is released by the commit, or with the
-/// next claim's); a replay: the SET and BEGIN, one read, COMMIT.
+/// SAVEPOINT and the claim (one round trip), the mark and COMMIT: 6 statements in 4 round trips
+/// (the savepoint is released by the commit, or with the next claim's); a replay: the SET and
+/// BEGIN, one read, COMMIT.
 const TX_FIRST: f64 = 6.0;
 const TX_REPLAY: f64 = 4.0;
 

@@ -355,6 +355,36 @@ pub async fn calls_in_one_transaction_keep_each_others_writes<B: TxBackend>(b: A
     );
 }
 
+/// A key and a fingerprint with quotes, a backslash, a statement separator, a comment and bytes
+/// beyond ASCII: the claim sent with its savepoint writes them as literals, byte for byte.
+pub async fn any_bytes_in_a_key_claim_in_a_transaction<B: TxBackend>(b: Arc<B>) {
+    let (store, biz) = (b.store(), biz("tx_bytes"));
+    let key = "it's \\'; DROP TABLE x; -- \"é\" $1 ? 订单";
+    let mut tx = b.begin_for(&biz, key).await;
+    let first = run::<B>(&mut tx, call(&biz, key).fingerprint(&key), &biz, key, false)
+        .await
+        .unwrap();
+    B::commit(tx).await;
+    let rec = store
+        .load(&biz, key)
+        .await
+        .unwrap()
+        .expect("the record, under its key");
+    assert_eq!((rec.key.as_str(), rec.status), (key, Status::Succeeded));
+    let mut tx = b.begin_for(&biz, key).await;
+    let again = run::<B>(&mut tx, call(&biz, key).fingerprint(&key), &biz, key, false).await;
+    B::commit(tx).await;
+    assert_eq!(again.unwrap(), first, "a replay: the same fingerprint");
+    let mut tx = b.begin_for(&biz, key).await;
+    let other = run::<B>(&mut tx, call(&biz, key).fingerprint(&1), &biz, key, false).await;
+    B::commit(tx).await;
+    assert!(
+        matches!(other, Err(PayError::Idem(IdemError::PayloadMismatch))),
+        "{other:?}"
+    );
+    assert_eq!(b.effects(&biz, key).await, 1);
+}
+
 /// The transaction cases once the store's claims read first (a live success is then answered by
 /// one plain read, before any savepoint).
 pub async fn transactions_hold_when_claims_read_first<B: TxBackend>(b: Arc<B>) {
@@ -391,6 +421,7 @@ macro_rules! tx_contract_suite {
             an_unstorable_result_in_a_transaction_keeps_the_claim,
             steps_in_a_transaction_run_as_plain_code,
             calls_in_one_transaction_keep_each_others_writes,
+            any_bytes_in_a_key_claim_in_a_transaction,
             transactions_hold_when_claims_read_first,
         );
     };

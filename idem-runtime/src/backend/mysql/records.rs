@@ -217,6 +217,8 @@ pub(super) struct Records<'c> {
     off: i64,
     /// Tx mode: reads are current reads (`LOCK IN SHARE MODE`).
     locking: bool,
+    /// Statements to send in the round trip of the first insert (tx mode: the claim's savepoint).
+    before_insert: Option<String>,
 }
 
 fn attempt_of(row: &MySqlRow) -> Result<u32, IdemError> {
@@ -252,7 +254,56 @@ impl<'c> Records<'c> {
             sql: &store.sql,
             off: store.offset_us(),
             locking,
+            before_insert: None,
         }
+    }
+
+    /// The same records, the first insert sent in one round trip after `sql` (statements without
+    /// parameters): the insert then goes as text, its values written as literals (see
+    /// [`Records::insert_text`]).
+    pub(super) fn sending_first(mut self, sql: String) -> Self {
+        self.before_insert = Some(sql);
+        self
+    }
+
+    /// The insert statement with its values written in: strings as hexadecimal literals (only
+    /// `[0-9A-F]` between the quotes, whatever the bytes), numbers as decimals. The statement's text
+    /// has no `?` but its parameters' (its quoted parts are `'PROCESSING'`, a date, and a validated
+    /// table name), so each `?` is replaced in order.
+    fn insert_text(&self, req: &ClaimRequest<'_>) -> String {
+        fn hex(s: &str) -> String {
+            use std::fmt::Write;
+            let mut out = String::with_capacity(s.len() * 2 + 3);
+            out.push_str("X'");
+            for b in s.bytes() {
+                let _ = write!(out, "{b:02X}");
+            }
+            out.push('\'');
+            out
+        }
+        let off = self.off.to_string();
+        let values = [
+            hex(req.biz),
+            hex(req.key),
+            off.clone(),
+            req.fingerprint.map_or_else(
+                || "NULL".to_owned(),
+                |fp| format!("CONVERT({} USING utf8mb4)", hex(fp)),
+            ),
+            off.clone(),
+            millis(req.lease).to_string(),
+            off.clone(),
+            off.clone(),
+            off,
+            millis(req.ttl).to_string(),
+        ];
+        let mut parts = self.sql.insert.split('?');
+        let mut text = parts.next().unwrap_or_default().to_owned();
+        for (value, part) in values.iter().zip(parts) {
+            text.push_str(value);
+            text.push_str(part);
+        }
+        text
     }
 
     /// Runs a statement that changes the record held under `claim` (complete, fail, renew).
@@ -451,19 +502,31 @@ impl CasRecords for Records<'_> {
         req: &ClaimRequest<'_>,
     ) -> Result<(bool, Option<SeenRecord>), IdemError> {
         let (lease, ttl, off) = (millis(req.lease), millis(req.ttl), self.off);
-        let inserted = query(&self.sql.insert)
-            .bind(req.biz)
-            .bind(req.key)
-            .bind(off)
-            .bind(req.fingerprint)
-            .bind(off)
-            .bind(lease)
-            .bind(off)
-            .bind(off)
-            .bind(off)
-            .bind(ttl)
-            .execute(&mut *self.conn)
-            .await;
+        let inserted = match self.before_insert.take() {
+            // One round trip: the statements before, then the insert (the batch stops at an error;
+            // the last statement's insert id is the result's).
+            Some(before) => {
+                let batch = format!("{before}; {}", self.insert_text(req));
+                sqlx::raw_sql(AssertSqlSafe(batch))
+                    .execute(&mut *self.conn)
+                    .await
+            }
+            None => {
+                query(&self.sql.insert)
+                    .bind(req.biz)
+                    .bind(req.key)
+                    .bind(off)
+                    .bind(req.fingerprint)
+                    .bind(off)
+                    .bind(lease)
+                    .bind(off)
+                    .bind(off)
+                    .bind(off)
+                    .bind(ttl)
+                    .execute(&mut *self.conn)
+                    .await
+            }
+        };
         match inserted {
             Ok(done) => Ok((
                 true,

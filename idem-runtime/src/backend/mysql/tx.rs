@@ -115,18 +115,17 @@ impl IdemTx for MySqlTx {
         {
             return Ok(outcome);
         }
+        // The savepoint goes in the round trip of the claim's insert.
         let savepoint = Savepoint::claim();
         let open = savepoint.open_after(self.done.take());
-        self.exec(open).await?;
-        let release = savepoint.release();
         self.claim = Some(savepoint);
-        let outcome =
-            claim_insert_first(&mut self.store.records(&mut self.tx, true), req, &order).await;
+        let mut records = self.store.records(&mut self.tx, true).sending_first(open);
+        let outcome = claim_insert_first(&mut records, req, &order).await;
         match outcome {
             Ok(outcome @ ClaimOutcome::Acquired { .. }) => Ok(outcome),
             Ok(outcome) => {
-                self.claim = None;
-                self.exec(release).await?;
+                // Nothing was written in it: released with the next claim's, or by the commit.
+                self.done = self.claim.take();
                 Ok(outcome)
             }
             Err(e) if e.restarts_transaction() => {

@@ -38,9 +38,9 @@ const SLACK: f64 = 0.1;
 const TX_FIRST: f64 = 6.0;
 const TX_REPLAY: f64 = 4.0;
 
-/// A store's claims read first or write first by what its recent claims found (idem's
-/// `store/order.rs`), and turn within 32 claims: each figure is measured after `CALLS` calls of the
-/// same kind, so it is the settled cost of that kind.
+// A store's claims read first or write first by what its recent claims found (idem's
+// `store/order.rs`), and turn within 32 claims: each figure is measured after `CALLS` calls of the
+// same kind, so it is the settled cost of that kind.
 
 /// Runs `CALLS` calls on keys `k-0`…: first executions the first time, replays after.
 async fn lease_calls(store: &dyn Store, biz: &str) {

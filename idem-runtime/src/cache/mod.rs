@@ -445,6 +445,6 @@ mod tests {
             "{} entries in {MIN_CACHE_BYTES} bytes",
             store.len()
         );
-        assert!(store.len() > 0);
+        assert!(!store.is_empty());
     }
 }

@@ -11,6 +11,12 @@ use crate::key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN};
 pub(crate) mod decide;
 #[cfg(test)]
 mod model_check;
+#[cfg(any(
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "redis"
+))]
 pub(crate) mod order;
 
 use crate::transition::TransitionTx;

@@ -15,7 +15,7 @@ use sqlx::{AssertSqlSafe, MySql, Row};
 
 use super::{MySqlStore, db_error, error_number};
 use crate::IdemError;
-use crate::sql::claim::{CasRecords, SeenRecord};
+use crate::sql::claim::{CasRecords, SeenRecord, seen_record};
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
 use crate::store::decide::millis;
@@ -479,16 +479,8 @@ impl<'c> Records<'c> {
         else {
             return Ok(None);
         };
-        Ok(Some(SeenRecord {
-            status: Status::parse(row.try_get("status").map_err(db_error)?)?,
-            attempt: attempt_of(&row)?,
-            fence: row.try_get("fence").map_err(db_error)?,
-            fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-            snapshot: row.try_get("result").map_err(db_error)?,
-            lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
-            expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
-            now_ms: row.try_get("now_ms").map_err(db_error)?,
-        }))
+        let fence = row.try_get("fence").map_err(db_error)?;
+        Ok(Some(seen_record!(row, attempt_of(&row)?, fence, db_error)))
     }
 }
 

@@ -14,7 +14,7 @@ use sqlx::{AssertSqlSafe, Postgres, Row, SqlSafeStr, SqlStr};
 
 use super::db_error;
 use crate::IdemError;
-use crate::sql::claim::{CasRecords, SeenRecord};
+use crate::sql::claim::{CasRecords, SeenRecord, seen_record};
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
 use crate::store::decide::millis;
@@ -217,10 +217,6 @@ pub(super) struct Records<'c> {
     offset_ms: i64,
     /// Transaction mode: lock the row the claim reads.
     locking: bool,
-    /// Statements to send in the round trip of the first claim (tx mode: the savepoint and the
-    /// lock timeout), and the rows they answered.
-    before_claim: Option<String>,
-    pub(super) before_rows: Vec<PgRow>,
 }
 
 fn attempt_of(row: &PgRow) -> Result<u32, IdemError> {
@@ -260,47 +256,6 @@ fn fence_param(claim: &Claim) -> Result<i64, IdemError> {
 type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 
 impl<'c> Records<'c> {
-    /// The same records, the first claim sent in one round trip after `sql` (statements without
-    /// parameters, whose rows land in `before_rows`): the claim then goes as text, its values
-    /// written as literals (see [`Records::claim_text`]).
-    pub(super) fn sending_first(mut self, sql: String) -> Self {
-        self.before_claim = Some(sql);
-        self
-    }
-
-    /// The claim statement with its values written in: strings as hexadecimal (only `[0-9a-f]`
-    /// between the quotes, whatever the bytes), numbers as decimals. Its text has no `$` but its
-    /// parameters' (`$1` … `$6`, none of two digits).
-    fn claim_text(&self, req: &ClaimRequest<'_>) -> String {
-        fn text(s: &str) -> String {
-            use std::fmt::Write;
-            let mut hex = String::with_capacity(s.len() * 2);
-            for b in s.bytes() {
-                let _ = write!(hex, "{b:02x}");
-            }
-            format!("convert_from(decode('{hex}', 'hex'), 'UTF8')")
-        }
-        let sql = if self.locking {
-            &self.sql.claim_locking
-        } else {
-            &self.sql.claim
-        };
-        let values = [
-            text(req.biz),
-            text(req.key),
-            req.fingerprint
-                .map_or_else(|| "NULL::text".to_owned(), text),
-            format!("{}::bigint", millis(req.lease)),
-            format!("{}::bigint", millis(req.ttl)),
-            format!("{}::bigint", self.offset_ms),
-        ];
-        let mut out = sql.as_str().to_owned();
-        for (n, value) in values.iter().enumerate().rev() {
-            out = out.replace(&format!("${}", n + 1), value);
-        }
-        out
-    }
-
     pub(super) fn new(
         conn: &'c mut PgConnection,
         sql: &'c Statements,
@@ -312,8 +267,6 @@ impl<'c> Records<'c> {
             sql,
             offset_ms,
             locking,
-            before_claim: None,
-            before_rows: Vec::new(),
         }
     }
 
@@ -454,16 +407,12 @@ impl<'c> Records<'c> {
 
 /// The claim's view of a row with the columns of the claim or the read.
 fn seen_of(row: &PgRow) -> Result<SeenRecord, IdemError> {
-    Ok(SeenRecord {
-        status: Status::parse(row.try_get("status").map_err(db_error)?)?,
-        attempt: attempt_of(row)?,
-        fence: fence_of(row)?,
-        fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-        snapshot: row.try_get("result").map_err(db_error)?,
-        lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
-        expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
-        now_ms: row.try_get("now_ms").map_err(db_error)?,
-    })
+    Ok(seen_record!(
+        row,
+        attempt_of(row)?,
+        fence_of(row)?,
+        db_error
+    ))
 }
 
 impl CasRecords for Records<'_> {
@@ -487,32 +436,17 @@ impl CasRecords for Records<'_> {
         } else {
             &self.sql.claim
         };
-        let row = match self.before_claim.take() {
-            // One round trip: the statements before, then the claim (the batch stops at an error).
-            Some(before) => {
-                let batch = format!("{before}; {}", self.claim_text(req));
-                let rows = sqlx::raw_sql(AssertSqlSafe(batch))
-                    .fetch_all(&mut *self.conn)
-                    .await
-                    .map_err(db_error)?;
-                let (claimed, before): (Vec<PgRow>, Vec<PgRow>) = rows
-                    .into_iter()
-                    .partition(|row| row.try_column("inserted").is_ok());
-                self.before_rows = before;
-                claimed.into_iter().next()
-            }
-            None => sqlx::query(sql.clone())
-                .bind(req.biz)
-                .bind(req.key)
-                .bind(req.fingerprint)
-                .bind(millis(req.lease))
-                .bind(millis(req.ttl))
-                .bind(self.offset_ms)
-                .fetch_optional(&mut *self.conn)
-                .await
-                .map_err(db_error)?,
-        };
-        let Some(row) = row else {
+        let Some(row) = sqlx::query(sql.clone())
+            .bind(req.biz)
+            .bind(req.key)
+            .bind(req.fingerprint)
+            .bind(millis(req.lease))
+            .bind(millis(req.ttl))
+            .bind(self.offset_ms)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?
+        else {
             // Another transaction inserted the key after this statement's snapshot was taken (the
             // insert waited for it and skipped): read again.
             return Ok((false, None));

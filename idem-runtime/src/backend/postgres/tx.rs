@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::PgConnection;
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
 use super::records::Records;
 use super::{PgStore, db_error, lock_timeout_text};
@@ -119,19 +119,25 @@ impl PgTx {
         savepoint: &Savepoint,
         req: &ClaimRequest<'_>,
     ) -> Result<ClaimOutcome, IdemError> {
-        // One round trip: the savepoint, the caller's lock timeout, the claim's, and the claim.
-        let before = format!(
+        // One round trip: the savepoint, the caller's lock timeout, and the claim's.
+        let rows = sqlx::raw_sql(AssertSqlSafe(format!(
             "{}; SHOW lock_timeout; SET LOCAL lock_timeout = '{}'",
             savepoint.open_after(self.done.take()),
             lock_timeout_text(self.store.lock_timeout)
-        );
-        let mut records = Records::new(&mut self.tx, &self.store.sql, self.store.offset_ms(), true)
-            .sending_first(before);
-        let outcome = claim_insert_first(&mut records, req, &self.store.order).await?;
-        let callers: String = match records.before_rows.first() {
+        )))
+        .fetch_all(&mut *self.tx)
+        .await
+        .map_err(db_error)?;
+        let callers: String = match rows.first() {
             Some(row) => row.try_get(0).map_err(db_error)?,
             None => return Err(IdemError::store("SHOW lock_timeout returned no row")),
         };
+        let outcome = claim_insert_first(
+            &mut Records::new(&mut self.tx, &self.store.sql, self.store.offset_ms(), true),
+            req,
+            &self.store.order,
+        )
+        .await?;
         if let ClaimOutcome::Acquired { .. } = outcome {
             // The body's own statements wait as long as the caller said.
             sqlx::query("SELECT set_config('lock_timeout', $1, true)")

@@ -13,7 +13,7 @@ use sqlx::{AssertSqlSafe, Row, Sqlite};
 
 use super::{SqliteStore, db_error};
 use crate::IdemError;
-use crate::sql::claim::{CasRecords, SeenRecord};
+use crate::sql::claim::{CasRecords, SeenRecord, seen_record};
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
 use crate::store::decide::millis;
@@ -383,16 +383,12 @@ impl<'c> Records<'c> {
 
 /// The claim's view of a row with the columns of `CLAIM` or `READ`.
 fn seen_of(row: &SqliteRow) -> Result<SeenRecord, IdemError> {
-    Ok(SeenRecord {
-        status: Status::parse(row.try_get("status").map_err(db_error)?)?,
-        attempt: attempt_of(row)?,
-        fence: fence_of(row)?,
-        fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-        snapshot: row.try_get("result").map_err(db_error)?,
-        lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
-        expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
-        now_ms: row.try_get("now_ms").map_err(db_error)?,
-    })
+    Ok(seen_record!(
+        row,
+        attempt_of(row)?,
+        fence_of(row)?,
+        db_error
+    ))
 }
 
 impl CasRecords for Records<'_> {

@@ -84,12 +84,7 @@ impl TxBackend for Sharded {
     }
 
     fn keys_in_one_transaction(&self, biz: &str, n: usize) -> Vec<String> {
-        let shard = self.0.shard_index(biz, "k0");
-        (0..)
-            .map(|i| format!("k{i}"))
-            .filter(|key| self.0.shard_index(biz, key) == shard)
-            .take(n)
-            .collect()
+        contract::tx::keys_of_one_shard(|key| self.0.shard_index(biz, key), n)
     }
 
     async fn commit(tx: Self::Tx) {

@@ -106,11 +106,7 @@ pub(crate) async fn claim_by_cas<C: CasRecords>(
     req: &ClaimRequest<'_>,
     order: &ClaimOrder,
 ) -> Result<ClaimOutcome, IdemError> {
-    let outcome = claim_in_order(records, req, order.read_first()).await;
-    if let Ok(outcome) = &outcome {
-        order.observe(outcome);
-    }
-    outcome
+    claim_observed(records, req, order, order.read_first()).await
 }
 
 /// Runs the claim protocol on `records` with the insert step first whatever `order` says (which
@@ -122,7 +118,17 @@ pub(crate) async fn claim_insert_first<C: CasRecords>(
     req: &ClaimRequest<'_>,
     order: &ClaimOrder,
 ) -> Result<ClaimOutcome, IdemError> {
-    let outcome = claim_in_order(records, req, false).await;
+    claim_observed(records, req, order, false).await
+}
+
+/// The claim protocol, whose outcome `order` learns.
+async fn claim_observed<C: CasRecords>(
+    records: &mut C,
+    req: &ClaimRequest<'_>,
+    order: &ClaimOrder,
+    read_first: bool,
+) -> Result<ClaimOutcome, IdemError> {
+    let outcome = claim_in_order(records, req, read_first).await;
     if let Ok(outcome) = &outcome {
         order.observe(outcome);
     }

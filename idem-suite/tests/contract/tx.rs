@@ -48,6 +48,17 @@ pub trait TxBackend: Send + Sync + 'static {
     fn effects(&self, biz: &str, key: &str) -> impl Future<Output = i64> + Send;
 }
 
+/// The first `n` of `k0`, `k1`, … that `shard_of` puts where it puts `k0` (for
+/// [`TxBackend::keys_in_one_transaction`] on a sharded store).
+pub fn keys_of_one_shard(shard_of: impl Fn(&str) -> usize, n: usize) -> Vec<String> {
+    let shard = shard_of("k0");
+    (0..)
+        .map(|i| format!("k{i}"))
+        .filter(|key| shard_of(key) == shard)
+        .take(n)
+        .collect()
+}
+
 /// The business in a transaction: writes its effect in `tx`, then answers or declines.
 async fn pay_in<B: TxBackend>(
     tx: &mut B::Tx,

@@ -468,13 +468,17 @@ async fn every_command(t: Target) {
     }
     let tokens = store.tokens().unwrap();
     let tiny = Duration::from_millis(1);
+    // A lease long enough for the mark to land on a slow machine (a 1 ms lease could end before
+    // it, and Redis would expire the key), a life of 1 ms: expired once marked.
+    let lease = Duration::from_millis(500);
     for key in ["e1", "e2", "e3"] {
-        let (c, _) = acquire(&store, &req(&b, key, tiny, tiny)).await;
+        let (c, _) = acquire(&store, &req(&b, key, lease, tiny)).await;
         store.complete(&b, key, &c, b"1", tiny).await.unwrap();
         tokens.issue(tiny, None).await.unwrap();
     }
-    // Not an assertion on time: only so the 1 ms lives are over by every clock.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Not an assertion on time: only so the lives (and Redis's keys, which last the lease) are
+    // over by every clock.
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
     let out = idem(url, &["sweep", "--batch", "1", "--tokens"]).await;
     assert_eq!(out.code, 0, "{out:?}");
     let count = |what: &str| -> u64 {

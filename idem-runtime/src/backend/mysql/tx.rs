@@ -23,7 +23,10 @@ use crate::{Busy, IdemError};
 /// `query.execute(&mut **tx)`, exactly as on a `sqlx::Transaction`. Commit it (or let it drop to
 /// roll back).
 ///
-/// A claim in it is a plain `INSERT` in a savepoint; a duplicate waits (up to the store's lock
+/// A claim in it is a plain `INSERT` in a savepoint, sent with the savepoint in one round trip (as
+/// text, its strings as hexadecimal literals); once the store's claims mostly meet a record, a
+/// plain read comes first and answers a live success without a savepoint. A savepoint stays until
+/// the next claim's or the commit releases it. A duplicate waits (up to the store's lock
 /// wait) for the transaction that holds the key, then reads the committed record with a current
 /// read and replays it, or answers `InProgress` when the wait ran out. When InnoDB picks the
 /// claim as a deadlock victim it has rolled back the whole transaction: the call fails with an

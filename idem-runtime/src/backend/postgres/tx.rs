@@ -54,6 +54,12 @@ impl PgIsolation {
 /// answers `InProgress`; once the claimant committed it replays. A deadlock or a serialization
 /// failure is [`IdemError::StoreBusy`] with [`IdemError::restarts_transaction`]: run the whole
 /// transaction again ([`crate::retry_transaction`]).
+///
+/// Once the store's claims mostly meet a record, a claim first reads it with a plain `SELECT`,
+/// before any savepoint: a live success replays (or is a mismatch) without one. An error of that
+/// read (the connection lost, the table missing, your `statement_timeout`) is not inside a
+/// savepoint, so Postgres has aborted the transaction: run it again. Every other error of a claim
+/// is undone to its savepoint and leaves the transaction as it was.
 pub struct PgTx {
     tx: Transaction<'static, Postgres>,
     store: PgStore,

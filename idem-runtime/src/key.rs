@@ -140,7 +140,7 @@ pub const DEFAULT_MAX_BIZ_LEN: usize = 32;
 pub fn validate_key(key: &str, max_len: usize) -> Result<(), IdemError> {
     let reason = if key.is_empty() {
         "the key is empty".to_owned()
-    } else if key.trim().is_empty() {
+    } else if key.chars().all(char::is_whitespace) {
         "the key is only whitespace".to_owned()
     } else if key.len() > max_len {
         format!(
@@ -167,7 +167,9 @@ pub fn validate_biz(biz: &str, max_len: usize) -> Result<(), IdemError> {
             "it is {} bytes long; the store's limit is {max_len}",
             biz.len()
         )
-    } else if biz.chars().any(|c| c.is_whitespace() || c == '\0') {
+    } else if !biz.bytes().all(|b| b.is_ascii_graphic())
+        && biz.chars().any(|c| c.is_whitespace() || c == '\0')
+    {
         "it contains whitespace or NUL".to_owned()
     } else {
         return Ok(());

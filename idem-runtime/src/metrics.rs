@@ -476,10 +476,16 @@ pub(crate) fn report_error(biz: &str, outcome: Outcome, attempt: u32, error: &cr
 }
 
 fn report_with(biz: &str, outcome: Outcome, attempt: u32, retryable: Option<bool>) {
-    let span = tracing::Span::current();
-    span.record("outcome", outcome.as_str());
-    if attempt > 0 {
-        span.record("attempt", attempt);
+    // The call's own span, when there is one: without a subscriber that takes it
+    // (`engine::call_span`) the current span is the caller's, which is not ours to write.
+    if tracing::level_enabled!(tracing::Level::INFO)
+        && let span = tracing::Span::current()
+        && span.metadata().is_some_and(crate::engine::is_call_span)
+    {
+        span.record("outcome", outcome.as_str());
+        if attempt > 0 {
+            span.record("attempt", attempt);
+        }
     }
     record(biz, outcome);
     let _ = REPORT.try_with(|r| {

@@ -76,6 +76,33 @@ async fn by_hand_no_heartbeat(store: &MemoryStore, k: u64) -> Result<u64, IdemEr
         .await
 }
 
+/// The memory store's design floor: what a hand-written in-process dedup table does per call, with
+/// no lease, expiry, fence, fingerprint, span or metric. A first execution inserts a pending slot
+/// under the lock, runs the body, encodes its value as JSON and stores it; a replay finds the slot
+/// and decodes the JSON.
+#[derive(Default)]
+struct DedupMap(std::sync::Mutex<std::collections::HashMap<String, Option<Vec<u8>>>>);
+
+async fn by_floor(map: &DedupMap, k: u64) -> Result<u64, IdemError> {
+    let key = k.to_string();
+    {
+        let mut slots = map.0.lock().unwrap();
+        match slots.get(&key) {
+            Some(Some(json)) => return Ok(serde_json::from_slice(json).unwrap()),
+            Some(None) => {
+                return Err(IdemError::InProgress {
+                    retry_after: Duration::ZERO,
+                });
+            }
+            None => slots.insert(key.clone(), None),
+        };
+    }
+    let value = async { black_box(k) }.await;
+    let json = serde_json::to_vec(&value).unwrap();
+    map.0.lock().unwrap().insert(key, Some(json));
+    Ok(value)
+}
+
 /// The raw loop: one connection, the statements of a hand-written dedup table, no idem. Returns
 /// (INSERT + UPDATE per key, one SELECT per key) in calls/s.
 async fn raw_sqlite(path: std::path::PathBuf, calls: u64) -> (f64, f64) {
@@ -162,19 +189,28 @@ fn main() {
     println!("idem throughput (one core, median of rounds; scale {scale}; {allocator})\n");
     println!("{:<44} {:>14}", "scenario", "calls/s");
 
-    // IDEM_BENCH_ONLY=macro|named|hand|hand-nobeat: one loop of 100k first executions, for instruction counting
-    // under `valgrind --tool=callgrind`; IDEM_BENCH_ONLY=sqlite: the SQLite rows only.
+    // IDEM_BENCH_ONLY=macro|named|hand|hand-nobeat|floor: one loop of 100k first executions, for
+    // instruction counting under `valgrind --tool=callgrind` (`…-replay`: 100k calls on 1,024 keys);
+    // IDEM_BENCH_ONLY=sqlite: the SQLite rows only.
     let only = std::env::var("IDEM_BENCH_ONLY").ok();
     let sqlite_only = only.as_deref() == Some("sqlite");
     if let Some(only) = only.filter(|o| o != "sqlite") {
         rt.block_on(async {
             let store = MemoryStore::new();
+            let floor = DedupMap::default();
             idem::register_store("bench_mem", MemoryStore::new());
+            // `…-replay`: the same loop on 1,024 keys, so all but the first 1,024 calls replay.
+            let (only, keys) = match only.strip_suffix("-replay") {
+                Some(mode) => (mode, 1024),
+                None => (only.as_str(), u64::MAX),
+            };
             for k in 0..100_000u64 {
-                match only.as_str() {
+                let k = k % keys;
+                match only {
                     "macro" => via_macro(&store, k).await.unwrap(),
                     "named" => via_macro_named(k).await.unwrap(),
                     "hand-nobeat" => by_hand_no_heartbeat(&store, k).await.unwrap(),
+                    "floor" => by_floor(&floor, k).await.unwrap(),
                     _ => by_hand(&store, k).await.unwrap(),
                 };
             }
@@ -216,6 +252,71 @@ fn main() {
                 median(presized)
             );
             println!("{:<44} {:>14.0}", "memory: replay", median(replay));
+
+            // Against the design floor (`by_floor`): rounds alternate which runs first, the ratio
+            // is taken per round, then the median.
+            let calls = n(200_000);
+            let (mut first_ratio, mut replay_ratio) = (Vec::new(), Vec::new());
+            let (mut floor_first, mut floor_replay) = (Vec::new(), Vec::new());
+            for round in 0..rounds * 2 {
+                let time_floor = async || {
+                    let map = DedupMap::default();
+                    let t = Instant::now();
+                    for k in 0..calls {
+                        by_floor(&map, k).await.unwrap();
+                    }
+                    let first = ops_per_sec(calls, t.elapsed());
+                    let t = Instant::now();
+                    for k in 0..calls {
+                        by_floor(&map, k % 1024).await.unwrap();
+                    }
+                    (first, ops_per_sec(calls, t.elapsed()))
+                };
+                let time_idem = async || {
+                    let store = MemoryStore::new();
+                    let t = Instant::now();
+                    for k in 0..calls {
+                        by_hand(&store, k).await.unwrap();
+                    }
+                    let first = ops_per_sec(calls, t.elapsed());
+                    let t = Instant::now();
+                    for k in 0..calls {
+                        by_hand(&store, k % 1024).await.unwrap();
+                    }
+                    (first, ops_per_sec(calls, t.elapsed()))
+                };
+                let (i, f) = if round % 2 == 0 {
+                    let i = time_idem().await;
+                    (i, time_floor().await)
+                } else {
+                    let f = time_floor().await;
+                    (time_idem().await, f)
+                };
+                first_ratio.push(i.0 / f.0);
+                replay_ratio.push(i.1 / f.1);
+                floor_first.push(f.0);
+                floor_replay.push(f.1);
+            }
+            println!(
+                "{:<44} {:>14.0}",
+                "memory floor: first execution",
+                median(floor_first)
+            );
+            println!(
+                "{:<44} {:>14.0}",
+                "memory floor: replay",
+                median(floor_replay)
+            );
+            println!(
+                "{:<44} {:>14.3}",
+                "ratio memory first execution / floor",
+                median(first_ratio)
+            );
+            println!(
+                "{:<44} {:>14.3}",
+                "ratio memory replay / floor",
+                median(replay_ratio)
+            );
 
             // Macro path against the same engine call written by hand: many short rounds, the order
             // alternating, each round's ratio taken on its own, then the median of the ratios.

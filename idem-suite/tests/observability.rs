@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::{Call, IdemError, Limits, MemoryStore, Store};
+use tracing::Instrument;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -170,6 +171,60 @@ enum ObsError {
     Declined,
     #[error(transparent)]
     Idem(#[from] IdemError),
+}
+
+/// A subscriber that takes only warnings gets no `idem` span, and the call writes nothing into
+/// the caller's span, even one with fields named as the call's.
+#[test]
+fn with_info_off_a_call_makes_no_span_and_leaves_the_callers_alone() {
+    /// The fields recorded into every span after it was made, by span name.
+    #[derive(Clone, Default)]
+    struct Recorded(Arc<Mutex<Vec<(String, Fields)>>>);
+    impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Recorded {
+        fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
+            let name = attrs.metadata().name().to_owned();
+            self.0
+                .lock()
+                .unwrap()
+                .push((format!("new {name}"), Fields::new()));
+        }
+        fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+            let mut fields = Fields::new();
+            values.record(&mut Visitor(&mut fields));
+            let name = ctx.span(id).map_or("?", |s| s.name()).to_owned();
+            self.0
+                .lock()
+                .unwrap()
+                .push((format!("record {name}"), fields));
+        }
+    }
+    let recorded = Recorded::default();
+    let subscriber = tracing_subscriber::registry()
+        .with(recorded.clone())
+        .with(tracing_subscriber::filter::LevelFilter::WARN);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        rt.block_on(async {
+            let store = MemoryStore::new();
+            let caller = tracing::warn_span!(
+                "handler",
+                outcome = tracing::field::Empty,
+                attempt = tracing::field::Empty
+            );
+            async {
+                call(&store, "a", false).await.unwrap(); // executed
+                call(&store, "a", false).await.unwrap(); // replayed
+                call(&store, "b", true).await.unwrap_err(); // failed
+            }
+            .instrument(caller)
+            .await;
+        });
+    });
+    let seen = recorded.0.lock().unwrap().clone();
+    assert_eq!(seen, vec![("new handler".to_owned(), Fields::new())]);
 }
 
 fn obs_setup() {

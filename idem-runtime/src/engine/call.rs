@@ -285,6 +285,9 @@ pub(crate) fn check_durations(
     wait: Option<Duration>,
     heartbeat: Option<Duration>,
 ) -> Result<(), IdemError> {
+    if (ttl, lease, wait, heartbeat) == (DEFAULT_TTL, DEFAULT_LEASE, None, None) {
+        return Ok(());
+    }
     duration::check(
         "the lease",
         lease,

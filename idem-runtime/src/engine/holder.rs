@@ -27,6 +27,11 @@ fn margin(lease: Duration) -> Duration {
     (lease / 10).min(Duration::from_secs(1))
 }
 
+/// When a lease sent at `sent` stops protecting a mark: its end less [`margin`].
+fn safe_until(sent: Instant, lease: Duration) -> Option<Instant> {
+    (sent + lease).checked_sub(margin(lease))
+}
+
 /// The holder of one claim: its store, its record, and when its lease ends by this process's
 /// clock (counted from before the claim or the last renewal was sent, so never later than the
 /// store's own end).
@@ -37,7 +42,9 @@ pub(crate) struct Holder<'a> {
     /// The call, with the log of its steps (`call.steps` is always set in lease mode).
     call: Arc<CallScope>,
     heartbeat: Option<Duration>,
-    lease_ends: Instant,
+    /// When the lease's safe part ends by this clock: the lease's end less [`margin`] (`None`
+    /// when that would be before the clock's start).
+    safe_until: Option<Instant>,
     last_beat: Instant,
     renewing: bool,
 }
@@ -58,7 +65,7 @@ impl<'a> Holder<'a> {
             claim,
             call,
             heartbeat,
-            lease_ends: claimed_at + req.lease,
+            safe_until: safe_until(claimed_at, req.lease),
             last_beat: claimed_at,
             renewing: true,
         }
@@ -134,7 +141,13 @@ impl<'a> Holder<'a> {
     async fn read_steps(&mut self) -> Result<steps::Log, IdemError> {
         let (store, req, claim) = (self.store, self.req, self.claim);
         let left = self.time_left();
-        let record = retry_transient(|| within(left, store.load(req.biz, req.key))).await?;
+        let load = || {
+            within(
+                left.map(|left| Instant::now() + left),
+                store.load(req.biz, req.key),
+            )
+        };
+        let record = retry_transient(load).await?;
         match record {
             Some(r) if r.fence == claim.fence && r.status == Status::Processing => {
                 steps::decode_log(r.steps.as_deref())
@@ -172,9 +185,12 @@ impl<'a> Holder<'a> {
         self.last_beat = sent;
         let (store, req, claim) = (self.store, self.req, self.claim);
         let left = self.time_left();
-        let renew = || within(left, store.renew(req.biz, req.key, &claim, req.lease));
+        let renew = || {
+            let until = left.map(|left| Instant::now() + left);
+            within(until, store.renew(req.biz, req.key, &claim, req.lease))
+        };
         match retry_transient(renew).await {
-            Ok(()) => self.lease_ends = sent + req.lease,
+            Ok(()) => self.safe_until = safe_until(sent, req.lease),
             Err(e @ IdemError::LeaseLost { .. }) => {
                 tracing::error!(attempt = claim.attempt, error = %e, "heartbeat found the claim taken over; the result will not be stored");
                 self.renewing = false;
@@ -194,13 +210,19 @@ impl<'a> Holder<'a> {
     /// `LeaseLost` when another attempt took it over; a store error when the renewal could not
     /// tell. Either way nothing must run.
     pub(crate) async fn confirm(&mut self) -> Result<(), IdemError> {
-        if self.time_left().is_some() {
+        self.confirm_at(Instant::now()).await
+    }
+
+    /// [`Holder::confirm`] as of `now`: when the claim's answer came back, read by the caller,
+    /// or later.
+    pub(crate) async fn confirm_at(&mut self, now: Instant) -> Result<(), IdemError> {
+        if self.time_left_at(now).is_some() {
             return Ok(());
         }
         let sent = Instant::now();
         let (store, req, claim) = (self.store, self.req, self.claim);
         retry_transient(|| store.renew(req.biz, req.key, &claim, req.lease)).await?;
-        self.lease_ends = sent + req.lease;
+        self.safe_until = safe_until(sent, req.lease);
         self.last_beat = sent;
         Ok(())
     }
@@ -208,8 +230,12 @@ impl<'a> Holder<'a> {
     /// How long the claim stays safely ours: until the lease ends less the margin; `None` once
     /// that moment has passed.
     fn time_left(&self) -> Option<Duration> {
-        let until = self.lease_ends.checked_sub(margin(self.req.lease))?;
-        let left = until.saturating_duration_since(Instant::now());
+        self.time_left_at(Instant::now())
+    }
+
+    /// [`Holder::time_left`] as of `now`.
+    fn time_left_at(&self, now: Instant) -> Option<Duration> {
+        let left = self.safe_until?.saturating_duration_since(now);
         (!left.is_zero()).then_some(left)
     }
 
@@ -228,7 +254,9 @@ impl<'a> Holder<'a> {
     {
         let mut tried = 0u32;
         loop {
-            let marked = within(self.time_left(), mark()).await;
+            let now = Instant::now();
+            let until = self.time_left_at(now).map(|left| now + left);
+            let marked = within(until, mark()).await;
             let e = match marked {
                 Err(e) if e.is_transient_store_error() => e,
                 done => return done,
@@ -253,17 +281,24 @@ impl<'a> Holder<'a> {
     }
 }
 
-/// `step`, cut off after `left` (when given) with [`no_answer`].
+/// `step`, cut off at `until` (when given) with [`no_answer`].
 async fn within<T, F: Future<Output = Result<T, IdemError>>>(
-    left: Option<Duration>,
+    until: Option<Instant>,
     step: F,
 ) -> Result<T, IdemError> {
-    match left {
-        Some(left) => tokio::time::timeout(left, step)
-            .await
-            .unwrap_or_else(|_| Err(no_answer())),
-        None => step.await,
+    let Some(until) = until else {
+        return step.await;
+    };
+    // A step done at its first poll (an in-process store) needs no timer, as `Timeout` would
+    // answer it too without looking at its deadline; arming one costs more than such a step.
+    let mut step = pin!(step);
+    if let Poll::Ready(done) = std::future::poll_fn(|cx| Poll::Ready(step.as_mut().poll(cx))).await
+    {
+        return done;
     }
+    tokio::time::timeout_at(until, step)
+        .await
+        .unwrap_or_else(|_| Err(no_answer()))
 }
 
 /// `e` again, for each of several steps that wait on one read or save: the same variant where

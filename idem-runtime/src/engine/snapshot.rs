@@ -9,6 +9,8 @@ use crate::IdemError;
 /// What a stored snapshot holds: the result, or why it could not be stored.
 #[derive(Serialize)]
 enum SnapshotRef<'a, T> {
+    /// Written by hand in `encode` (`OK_OPEN`, the value, `OK_CLOSE`); its test holds the two equal.
+    #[cfg_attr(not(test), allow(dead_code))]
     Ok(&'a T),
     Unstorable(&'a str),
 }
@@ -19,10 +21,21 @@ enum SnapshotOwned<T> {
     Unstorable(String),
 }
 
+/// How serde_json writes `SnapshotRef::Ok(value)` around the value: `{"Ok":` … `}`.
+const OK_OPEN: &[u8] = b"{\"Ok\":";
+const OK_CLOSE: u8 = b'}';
+
 /// Serializes a result for storage; `Err` holds the envelope to store instead and the error to return.
 fn encode<T: Serialize>(value: &T, limit: usize) -> Result<Vec<u8>, (Vec<u8>, IdemError)> {
+    // The envelope's bytes written around the value: what serializing `SnapshotRef::Ok(value)`
+    // writes (a test holds the two equal), without the enum's serializer calls.
     let mut bytes = Vec::with_capacity(64);
-    let reason = match serde_json::to_writer(&mut bytes, &SnapshotRef::Ok(value)).map(|()| bytes) {
+    bytes.extend_from_slice(OK_OPEN);
+    let written = serde_json::to_writer(&mut bytes, value).map(|()| {
+        bytes.push(OK_CLOSE);
+        bytes
+    });
+    let reason = match written {
         Ok(bytes) if bytes.len() <= limit => return Ok(bytes),
         Ok(bytes) => format!(
             "the result is {} bytes; the store's snapshot limit is {limit}",
@@ -36,6 +49,16 @@ fn encode<T: Serialize>(value: &T, limit: usize) -> Result<Vec<u8>, (Vec<u8>, Id
 }
 
 fn decode<T: DeserializeOwned>(snapshot: &[u8]) -> Result<T, IdemError> {
+    // What `encode` wrote: the value between `{"Ok":` and `}`, parsed on its own. A value that
+    // parses there is the whole envelope's `Ok`; anything else (whitespace, the other variant, a
+    // broken snapshot) goes through the envelope's own parser, which says what it is.
+    if let Some(inner) = snapshot
+        .strip_prefix(OK_OPEN)
+        .and_then(|rest| rest.strip_suffix(&[OK_CLOSE]))
+        && let Ok(value) = serde_json::from_slice::<T>(inner)
+    {
+        return Ok(value);
+    }
     match serde_json::from_slice::<SnapshotOwned<T>>(snapshot) {
         Ok(SnapshotOwned::Ok(v)) => Ok(v),
         Ok(SnapshotOwned::Unstorable(reason)) => Err(IdemError::ResultNotStorable { reason }),
@@ -109,5 +132,79 @@ impl<E> ErrType<E> {
     /// Converts an idem error into the fn's error type.
     pub fn from_idem(self, e: IdemError) -> E {
         (self.from)(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Receipt {
+        id: u64,
+        note: String,
+        lines: Vec<(String, i64)>,
+    }
+
+    fn receipt() -> Receipt {
+        Receipt {
+            id: 7,
+            note: "a \"quoted\" } brace".to_owned(),
+            lines: vec![("x".to_owned(), -1)],
+        }
+    }
+
+    #[test]
+    fn encode_writes_the_envelope_serde_writes() {
+        fn same<T: Serialize>(value: &T) {
+            let ours = encode(value, usize::MAX).unwrap();
+            let serde = serde_json::to_vec(&SnapshotRef::Ok(value)).unwrap();
+            assert_eq!(
+                String::from_utf8(ours).unwrap(),
+                String::from_utf8(serde).unwrap()
+            );
+        }
+        same(&receipt());
+        same(&7u64);
+        same(&());
+        same(&"}");
+        same(&Option::<u8>::None);
+        same(&vec![1, 2]);
+    }
+
+    #[test]
+    fn decode_reads_every_form_of_the_envelope() {
+        let bytes = encode(&receipt(), usize::MAX).unwrap();
+        assert_eq!(decode::<Receipt>(&bytes).unwrap(), receipt());
+        // Forms `encode` never writes, read by the envelope's parser.
+        assert_eq!(decode::<u64>(b"{ \"Ok\" : 5 }").unwrap(), 5);
+        assert_eq!(decode::<u64>(b"{\"Ok\":5 }").unwrap(), 5);
+        assert!(matches!(
+            decode::<u64>(br#"{"Unstorable":"too big"}"#),
+            Err(IdemError::ResultNotStorable { reason }) if reason == "too big"
+        ));
+        // Between the braces but not one value of the type: refused, not half read.
+        assert!(matches!(
+            decode::<u64>(br#"{"Ok":5,"Unstorable":"x"}"#),
+            Err(IdemError::ReplayDecode { .. })
+        ));
+        assert!(matches!(
+            decode::<u64>(br#"{"Ok":"five"}"#),
+            Err(IdemError::ReplayDecode { .. })
+        ));
+        assert!(matches!(
+            decode::<u64>(b"{\"Ok\":}"),
+            Err(IdemError::ReplayDecode { .. })
+        ));
+    }
+
+    #[test]
+    fn an_oversized_result_is_stored_as_why() {
+        let (envelope, e) = encode(&"x".repeat(100), 50).unwrap_err();
+        assert!(matches!(e, IdemError::ResultNotStorable { .. }));
+        assert!(matches!(
+            decode::<String>(&envelope),
+            Err(IdemError::ResultNotStorable { reason }) if reason.contains("limit is 50")
+        ));
     }
 }

@@ -191,9 +191,32 @@ fn main() {
 
     // IDEM_BENCH_ONLY=macro|named|hand|hand-nobeat|floor: one loop of 100k first executions, for
     // instruction counting under `valgrind --tool=callgrind` (`…-replay`: 100k calls on 1,024 keys);
-    // IDEM_BENCH_ONLY=sqlite: the SQLite rows only.
+    // IDEM_BENCH_ONLY=sqlite: the SQLite rows only (`sqlite-idem`, `sqlite-raw`: one side, for callgrind).
     let only = std::env::var("IDEM_BENCH_ONLY").ok();
     let sqlite_only = only.as_deref() == Some("sqlite");
+    if let Some(side) = only.as_deref().and_then(|o| o.strip_prefix("sqlite-")) {
+        // IDEM_BENCH_ONLY=sqlite-idem|sqlite-raw: 2,000 first executions then 2,000 replays on a
+        // fresh SQLite file, one side only, for instruction counting.
+        let path = std::env::temp_dir().join(format!("idem-bench-{}.db", std::process::id()));
+        rt.block_on(async {
+            if side == "raw" {
+                raw_sqlite(path.clone(), 2_000).await;
+            } else {
+                let store = SqliteStore::open(&path).await.unwrap();
+                store.migrate().await.unwrap();
+                for k in 0..4_000u64 {
+                    let r: Result<u64, IdemError> = Call::new("BENCH", &(k % 2_000))
+                        .run(&store, async { Ok(k) })
+                        .await;
+                    r.unwrap();
+                }
+            }
+        });
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        return;
+    }
     if let Some(only) = only.filter(|o| o != "sqlite") {
         rt.block_on(async {
             let store = MemoryStore::new();

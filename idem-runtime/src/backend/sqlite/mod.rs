@@ -24,11 +24,13 @@ use tokio::sync::Mutex;
 
 use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
-use crate::sql::claim::claim_insert_first;
+use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
 use crate::store::order::ClaimOrder;
-use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, StatusCount, Store};
+use crate::store::{
+    Acquired, Claim, ClaimOutcome, ClaimRequest, Limits, Record, StatusCount, Store,
+};
 use crate::transition::TransitionTx;
 use records::{Records, Statements};
 pub use tokens::SqliteTokens;
@@ -368,9 +370,22 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        // The claim statement reads first in one round trip: no read before it.
+        // While new keys prevail, the insert alone (two statements, not the claim's three); when
+        // the key exists, or repeats prevail, the claim protocol (a plain read first, then the
+        // claim statement, which reads before it inserts).
         self.with_conn(async |conn| {
-            claim_insert_first(&mut Records::new(conn, self), req, &self.order).await
+            let mut records = Records::new(conn, self);
+            if !self.order.read_first()
+                && let Some(seen) = records.insert_new(req).await?
+            {
+                let outcome = ClaimOutcome::Acquired {
+                    claim: seen.claim(),
+                    how: Acquired::Fresh,
+                };
+                self.order.observe(&outcome);
+                return Ok(outcome);
+            }
+            claim_by_cas(&mut records, req, &self.order).await
         })
         .await
     }

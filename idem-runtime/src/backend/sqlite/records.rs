@@ -34,10 +34,48 @@ macro_rules! clock_fence {
     };
 }
 
+/// The clock with the test clock's offset `?6`, written out where a statement needs it: SQLite
+/// reads "now" once per `sqlite3_step`, so every use in one statement sees the same instant,
+/// without the `FROM (SELECT …) AS c` join that costs an insert or an update a temporary table.
+macro_rules! now_6 {
+    () => {
+        "(CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?6)"
+    };
+}
+
 /// The record's columns as the claim reads them.
 macro_rules! record_columns {
     () => {
         "status, attempt, fence, fingerprint, result, lease_until, expire_at, "
+    };
+}
+
+/// Inserts a new record unless one exists, then reads it back only if this insert really
+/// happened (`changes()`): when the key exists (or another connection inserted first) the insert
+/// skips on the unique key and no row comes back. (Reading the new row back with a second SELECT
+/// is ~15 % faster through sqlx than `INSERT … RETURNING`.)
+macro_rules! insert_then_read_back {
+    () => {
+        concat!(
+            "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, ",
+            "lease_until, created_at, updated_at, expire_at) ",
+            "VALUES (?1, ?2, 'PROCESSING', 1, ",
+            now_6!(),
+            " * 1000 + abs(random() % 1000), ?3, NULL, ",
+            now_6!(),
+            " + ?4, ",
+            now_6!(),
+            ", ",
+            now_6!(),
+            ", ",
+            now_6!(),
+            " + ?5) ",
+            "ON CONFLICT (biz_type, idem_key) DO NOTHING; ",
+            "SELECT ",
+            record_columns!(),
+            "created_at AS now_ms, 1 AS inserted ",
+            "FROM {t} WHERE biz_type = ?1 AND idem_key = ?2 AND changes() = 1"
+        )
     };
 }
 
@@ -46,30 +84,20 @@ macro_rules! record_columns {
 /// Read the record; if there is none, insert a new one and read that. All in one round trip: the
 /// claim fetches one row, and sqlx stops a batch at the row a `fetch_optional` asked for, so when
 /// the record exists (a repeat) only the first read runs: one read, no write lock. Otherwise the
-/// insert runs, and the last read returns the new row only if the insert really happened
-/// (`changes()`): when another connection inserted first, the insert skips on the unique key, no row
-/// comes back, and the claim reads again. (Reading the new row back with a second SELECT is ~15 %
-/// faster through sqlx than `INSERT … RETURNING`.)
+/// insert runs ([`insert_then_read_back`]), and when another connection inserted first no row
+/// comes back and the claim reads again.
 const CLAIM: &str = concat!(
     "SELECT ",
     record_columns!(),
     now_ms!(),
     " + ?6 AS now_ms, 0 AS inserted ",
     "FROM {t} WHERE biz_type = ?1 AND idem_key = ?2; ",
-    "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, ",
-    "lease_until, created_at, updated_at, expire_at) ",
-    "SELECT ?1, ?2, 'PROCESSING', 1, ",
-    clock_fence!(),
-    ", ?3, NULL, c.n + ?4, c.n, c.n, c.n + ?5 ",
-    "FROM (SELECT ",
-    now_ms!(),
-    " + ?6 AS n) AS c WHERE true ",
-    "ON CONFLICT (biz_type, idem_key) DO NOTHING; ",
-    "SELECT ",
-    record_columns!(),
-    "created_at AS now_ms, 1 AS inserted ",
-    "FROM {t} WHERE biz_type = ?1 AND idem_key = ?2 AND changes() = 1"
+    insert_then_read_back!()
 );
+/// ?1 biz, ?2 key, ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 clock offset ms: a new record's
+/// insert alone (no read before it), for a claim sent while new keys prevail (`store/order.rs`):
+/// the new row, or none when the key exists.
+const INSERT_NEW: &str = insert_then_read_back!();
 /// ?1 biz, ?2 key, ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 offset, ?7 reset, ?8 seen fence,
 /// ?9 seen status, ?10 seen lease end, ?11 keep the saved steps (`result` of an unfinished record).
 const TAKE: &str = concat!(
@@ -92,11 +120,12 @@ const TAKE: &str = concat!(
 /// after a lost reply succeeds (and FAILED likewise for `FAIL`).
 const COMPLETE: &str = concat!(
     "UPDATE {t} SET result = CASE WHEN status = 'PROCESSING' THEN ?4 ELSE result END, ",
-    "expire_at = CASE WHEN status = 'PROCESSING' THEN max(expire_at, c.n + ?5) ELSE expire_at END, ",
-    "status = 'SUCCEEDED', updated_at = c.n FROM (SELECT ",
-    now_ms!(),
-    " + ?6 AS n) AS c ",
-    "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'SUCCEEDED')"
+    "expire_at = CASE WHEN status = 'PROCESSING' THEN max(expire_at, ",
+    now_6!(),
+    " + ?5) ELSE expire_at END, ",
+    "status = 'SUCCEEDED', updated_at = ",
+    now_6!(),
+    " WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'SUCCEEDED')"
 );
 /// ?1 biz, ?2 key, ?3 fence, ?4 offset. The saved steps (in `result`) stay for a retry.
 const FAIL: &str = concat!(
@@ -155,6 +184,7 @@ const SWEEP: &str = concat!(
 #[derive(Debug)]
 pub(super) struct Statements {
     claim: Arc<str>,
+    insert_new: Arc<str>,
     read: Arc<str>,
     take: Arc<str>,
     complete: Arc<str>,
@@ -173,6 +203,7 @@ impl Statements {
         let named = |template: &str| -> Arc<str> { template.replace("{t}", &t).into() };
         Statements {
             claim: named(CLAIM),
+            insert_new: named(INSERT_NEW),
             read: named(READ),
             take: named(TAKE),
             complete: named(COMPLETE),
@@ -379,9 +410,42 @@ impl<'c> Records<'c> {
             .map_err(db_error)?;
         Ok(done.rows_affected())
     }
+
+    /// The new record `INSERT_NEW` made, or `None` when the key exists (the claim protocol then
+    /// decides it).
+    pub(super) async fn insert_new(
+        &mut self,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<SeenRecord>, IdemError> {
+        let sql = self.sql.insert_new.clone();
+        Ok(self.claiming(&sql, req).await?.1)
+    }
+
+    /// `CLAIM` or `INSERT_NEW`: `(inserted, record)`, `None` when no row came back.
+    async fn claiming(
+        &mut self,
+        sql: &Arc<str>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(bool, Option<SeenRecord>), IdemError> {
+        let Some(row) = query(sql)
+            .bind(req.biz)
+            .bind(req.key)
+            .bind(req.fingerprint)
+            .bind(millis(req.lease))
+            .bind(millis(req.ttl))
+            .bind(self.offset_ms)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?
+        else {
+            return Ok((false, None));
+        };
+        let inserted: i64 = row.try_get("inserted").map_err(db_error)?;
+        Ok((inserted == 1, Some(seen_of(&row)?)))
+    }
 }
 
-/// The claim's view of a row with the columns of `CLAIM` or `READ`.
+/// The claim's view of a row with the columns of `CLAIM`, `INSERT_NEW` or `READ`.
 fn seen_of(row: &SqliteRow) -> Result<SeenRecord, IdemError> {
     Ok(seen_record!(
         row,
@@ -407,21 +471,8 @@ impl CasRecords for Records<'_> {
         &mut self,
         req: &ClaimRequest<'_>,
     ) -> Result<(bool, Option<SeenRecord>), IdemError> {
-        let Some(row) = query(&self.sql.claim)
-            .bind(req.biz)
-            .bind(req.key)
-            .bind(req.fingerprint)
-            .bind(millis(req.lease))
-            .bind(millis(req.ttl))
-            .bind(self.offset_ms)
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(db_error)?
-        else {
-            return Ok((false, None));
-        };
-        let inserted: i64 = row.try_get("inserted").map_err(db_error)?;
-        Ok((inserted == 1, Some(seen_of(&row)?)))
+        let sql = self.sql.claim.clone();
+        self.claiming(&sql, req).await
     }
 
     async fn take(

@@ -161,6 +161,21 @@ async fn raw_sqlite(path: std::path::PathBuf, calls: u64) -> (f64, f64) {
     (first, ops_per_sec(calls, t.elapsed()))
 }
 
+/// Times `calls` first executions (keys `0..calls`), then `calls` replays on 1,024 of those keys:
+/// `(first, replay)` in calls/s.
+async fn first_then_replays(calls: u64, call: impl AsyncFn(u64) -> u64) -> (f64, f64) {
+    let t = Instant::now();
+    for k in 0..calls {
+        black_box(call(k).await);
+    }
+    let first = ops_per_sec(calls, t.elapsed());
+    let t = Instant::now();
+    for k in 0..calls {
+        black_box(call(k % 1024).await);
+    }
+    (first, ops_per_sec(calls, t.elapsed()))
+}
+
 fn ops_per_sec(n: u64, elapsed: Duration) -> f64 {
     n as f64 / elapsed.as_secs_f64()
 }
@@ -284,29 +299,11 @@ fn main() {
             for round in 0..rounds * 2 {
                 let time_floor = async || {
                     let map = DedupMap::default();
-                    let t = Instant::now();
-                    for k in 0..calls {
-                        by_floor(&map, k).await.unwrap();
-                    }
-                    let first = ops_per_sec(calls, t.elapsed());
-                    let t = Instant::now();
-                    for k in 0..calls {
-                        by_floor(&map, k % 1024).await.unwrap();
-                    }
-                    (first, ops_per_sec(calls, t.elapsed()))
+                    first_then_replays(calls, async |k| by_floor(&map, k).await.unwrap()).await
                 };
                 let time_idem = async || {
                     let store = MemoryStore::new();
-                    let t = Instant::now();
-                    for k in 0..calls {
-                        by_hand(&store, k).await.unwrap();
-                    }
-                    let first = ops_per_sec(calls, t.elapsed());
-                    let t = Instant::now();
-                    for k in 0..calls {
-                        by_hand(&store, k % 1024).await.unwrap();
-                    }
-                    (first, ops_per_sec(calls, t.elapsed()))
+                    first_then_replays(calls, async |k| by_hand(&store, k).await.unwrap()).await
                 };
                 let (i, f) = if round % 2 == 0 {
                     let i = time_idem().await;

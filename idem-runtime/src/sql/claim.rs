@@ -111,8 +111,8 @@ pub(crate) async fn claim_by_cas<C: CasRecords>(
 
 /// Runs the claim protocol on `records` with the insert step first whatever `order` says (which
 /// still learns what the claim found): in a transaction (in its savepoint), where a duplicate
-/// insert waits for the transaction that holds the key and reads it with a current read; and on a
-/// store whose insert step reads first anyway (SQLite, in one round trip).
+/// insert waits for the transaction that holds the key and reads it with a current read (SQLite's
+/// insert step reads first anyway, in the same round trip).
 pub(crate) async fn claim_insert_first<C: CasRecords>(
     records: &mut C,
     req: &ClaimRequest<'_>,

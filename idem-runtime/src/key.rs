@@ -34,7 +34,8 @@ pub trait IdemKey {
         }
     }
 
-    /// This key's text.
+    /// This key's text (what [`IdemKey::write_key`] appends to an empty string; a type may make it
+    /// in one allocation).
     fn to_key(&self) -> String {
         let mut s = String::new();
         self.write_key(&mut s);
@@ -46,11 +47,19 @@ impl IdemKey for str {
     fn write_key(&self, out: &mut String) {
         out.push_str(self);
     }
+
+    fn to_key(&self) -> String {
+        self.to_owned()
+    }
 }
 
 impl IdemKey for String {
     fn write_key(&self, out: &mut String) {
         out.push_str(self);
+    }
+
+    fn to_key(&self) -> String {
+        (**self).to_owned()
     }
 }
 
@@ -58,11 +67,19 @@ impl IdemKey for std::borrow::Cow<'_, str> {
     fn write_key(&self, out: &mut String) {
         out.push_str(self);
     }
+
+    fn to_key(&self) -> String {
+        (**self).to_owned()
+    }
 }
 
 impl<T: IdemKey + ?Sized> IdemKey for &T {
     fn write_key(&self, out: &mut String) {
         (**self).write_key(out)
+    }
+
+    fn to_key(&self) -> String {
+        (**self).to_key()
     }
 }
 
@@ -70,11 +87,19 @@ impl<T: IdemKey + ?Sized> IdemKey for Box<T> {
     fn write_key(&self, out: &mut String) {
         (**self).write_key(out)
     }
+
+    fn to_key(&self) -> String {
+        (**self).to_key()
+    }
 }
 
 impl<T: IdemKey + ?Sized> IdemKey for std::sync::Arc<T> {
     fn write_key(&self, out: &mut String) {
         (**self).write_key(out)
+    }
+
+    fn to_key(&self) -> String {
+        (**self).to_key()
     }
 }
 
@@ -95,6 +120,10 @@ macro_rules! integer_keys {
         impl IdemKey for $t {
             fn write_key(&self, out: &mut String) {
                 out.push_str(itoa::Buffer::new().format(*self));
+            }
+
+            fn to_key(&self) -> String {
+                itoa::Buffer::new().format(*self).to_owned()
             }
         }
     )*};
@@ -183,6 +212,23 @@ pub fn validate_biz(biz: &str, max_len: usize) -> Result<(), IdemError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_is_the_text_its_write_key_appends() {
+        fn same<K: IdemKey + ?Sized>(key: &K) {
+            let mut written = String::new();
+            key.write_key(&mut written);
+            assert_eq!(key.to_key(), written);
+        }
+        same("order-7");
+        same(&"a:b".to_owned());
+        same(&std::borrow::Cow::Borrowed("支付"));
+        same(&u64::MAX);
+        same(&i128::MIN);
+        same(&Box::new(-7i8));
+        same(&std::sync::Arc::new(("a:b", 7u32)));
+        same(&&'x');
+    }
 
     #[test]
     fn composite_keys_are_injective() {

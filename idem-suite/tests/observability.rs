@@ -58,16 +58,24 @@ async fn call(store: &MemoryStore, key: &str, fail: bool) -> Result<u32, IdemErr
         .await
 }
 
-#[test]
-fn every_call_is_a_span_with_its_outcome_and_attempt() {
-    let spans = Spans::default();
-    let subscriber = tracing_subscriber::registry().with(spans.clone());
+/// Runs `work` to its end on a current-thread runtime, with `subscriber` as this thread's.
+fn under<S>(subscriber: S, work: impl std::future::Future<Output = ()>)
+where
+    S: tracing::Subscriber + Send + Sync + 'static,
+{
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    tracing::subscriber::with_default(subscriber, || {
-        rt.block_on(async {
+    tracing::subscriber::with_default(subscriber, || rt.block_on(work));
+}
+
+#[test]
+fn every_call_is_a_span_with_its_outcome_and_attempt() {
+    let spans = Spans::default();
+    let subscriber = tracing_subscriber::registry().with(spans.clone());
+    under(subscriber, async {
+        {
             let store = MemoryStore::new();
             call(&store, "a", false).await.unwrap(); // executed, attempt 1
             call(&store, "a", false).await.unwrap(); // replayed
@@ -85,7 +93,7 @@ fn every_call_is_a_span_with_its_outcome_and_attempt() {
                 .unwrap();
             assert!(matches!(held, idem::ClaimOutcome::Acquired { .. }));
             call(&store, "c", false).await.unwrap_err(); // in_progress
-        })
+        }
     });
     let seen: Vec<(String, Option<String>, Option<String>)> = spans
         .0
@@ -202,12 +210,8 @@ fn with_info_off_a_call_makes_no_span_and_leaves_the_callers_alone() {
     let subscriber = tracing_subscriber::registry()
         .with(recorded.clone())
         .with(tracing_subscriber::filter::LevelFilter::WARN);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    tracing::subscriber::with_default(subscriber, || {
-        rt.block_on(async {
+    under(subscriber, async {
+        {
             let store = MemoryStore::new();
             let caller = tracing::warn_span!(
                 "handler",
@@ -221,7 +225,7 @@ fn with_info_off_a_call_makes_no_span_and_leaves_the_callers_alone() {
             }
             .instrument(caller)
             .await;
-        });
+        }
     });
     let seen = recorded.0.lock().unwrap().clone();
     assert_eq!(seen, vec![("new handler".to_owned(), Fields::new())]);

@@ -223,6 +223,22 @@ pub(super) fn query(sql: &Arc<str>) -> sqlx::query::Query<'static, Sqlite, Sqlit
     sqlx::query(AssertSqlSafe(sql.clone()))
 }
 
+/// `sql` with the parameters every claim statement starts with bound: ?1 biz, ?2 key,
+/// ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 clock offset ms.
+fn claim_query<'q>(
+    sql: &Arc<str>,
+    req: &ClaimRequest<'q>,
+    offset_ms: i64,
+) -> sqlx::query::Query<'q, Sqlite, SqliteArguments> {
+    query(sql)
+        .bind(req.biz)
+        .bind(req.key)
+        .bind(req.fingerprint)
+        .bind(millis(req.lease))
+        .bind(millis(req.ttl))
+        .bind(offset_ms)
+}
+
 /// The store's records, reached through one connection.
 pub(super) struct Records<'c> {
     conn: &'c mut SqliteConnection,
@@ -427,13 +443,7 @@ impl<'c> Records<'c> {
         sql: &Arc<str>,
         req: &ClaimRequest<'_>,
     ) -> Result<(bool, Option<SeenRecord>), IdemError> {
-        let Some(row) = query(sql)
-            .bind(req.biz)
-            .bind(req.key)
-            .bind(req.fingerprint)
-            .bind(millis(req.lease))
-            .bind(millis(req.ttl))
-            .bind(self.offset_ms)
+        let Some(row) = claim_query(sql, req, self.offset_ms)
             .fetch_optional(&mut *self.conn)
             .await
             .map_err(db_error)?
@@ -482,13 +492,7 @@ impl CasRecords for Records<'_> {
         reset: bool,
         keep_steps: bool,
     ) -> Result<Option<Claim>, IdemError> {
-        let Some(row) = query(&self.sql.take)
-            .bind(req.biz)
-            .bind(req.key)
-            .bind(req.fingerprint)
-            .bind(millis(req.lease))
-            .bind(millis(req.ttl))
-            .bind(self.offset_ms)
+        let Some(row) = claim_query(&self.sql.take, req, self.offset_ms)
             .bind(reset)
             .bind(i64::try_from(seen.fence).unwrap_or(i64::MAX))
             .bind(seen.status.as_str())

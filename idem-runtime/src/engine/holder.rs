@@ -254,9 +254,9 @@ impl<'a> Holder<'a> {
     {
         let mut tried = 0u32;
         loop {
+            // Each try is cut off at the lease's safe end; once that has passed, not at all.
             let now = Instant::now();
-            let until = self.time_left_at(now).map(|left| now + left);
-            let marked = within(until, mark()).await;
+            let marked = within(self.safe_until.filter(|&end| end > now), mark()).await;
             let e = match marked {
                 Err(e) if e.is_transient_store_error() => e,
                 done => return done,

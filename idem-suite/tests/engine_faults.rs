@@ -23,6 +23,8 @@ struct Flaky {
     /// Marks fail with "connection refused" until this moment (an outage).
     marks_down_until: std::sync::Mutex<Option<std::time::Instant>>,
     renewals: AtomicU32,
+    /// When each renewal was sent, by tokio's clock.
+    renewed_at: std::sync::Mutex<Vec<tokio::time::Instant>>,
     /// The next claim's reply comes back this late (a server slow to answer after a restart).
     claim_delay: std::sync::Mutex<Option<Duration>>,
 }
@@ -100,6 +102,10 @@ impl Store for Flaky {
         lease: Duration,
     ) -> Result<(), IdemError> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
+        self.renewed_at
+            .lock()
+            .unwrap()
+            .push(tokio::time::Instant::now());
         self.inner.renew(biz, key, claim, lease).await
     }
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
@@ -152,7 +158,11 @@ async fn a_mark_that_never_lands_is_its_own_outcome_and_keeps_the_claim() {
     let (store, runs) = (Flaky::default(), AtomicU32::new(0));
     store.failing_marks.store(u32::MAX, Ordering::SeqCst);
     let lease = Duration::from_secs(1);
+    let began = std::time::Instant::now();
     let (res, outcome) = call_with(&store, Call::new("FAULT", "k").lease(lease), &runs).await;
+    // The heartbeat carried the failing mark for three leases, then let the lease run out.
+    assert!(began.elapsed() >= lease * 3, "{:?}", began.elapsed());
+    assert!(store.renewals.load(Ordering::SeqCst) >= 6);
     let err = res.unwrap_err();
     assert!(
         matches!(
@@ -175,6 +185,41 @@ async fn a_mark_that_never_lands_is_its_own_outcome_and_keeps_the_claim() {
     assert!(matches!(dup, Err(IdemError::InProgress { .. })), "{dup:?}");
     assert_eq!(outcome, Outcome::InProgress);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A mark failing 10 times in a row (the back-off's pauses grow to 250–750 ms) against a 2 s
+/// lease and a beat every 600 ms: each renewal is sent when it is due, never after a pause that
+/// ran past it, so the lease never runs short while the mark waits, and the mark lands. On
+/// tokio's paused clock, so the gaps are exact.
+#[tokio::test(start_paused = true)]
+async fn renewals_keep_their_schedule_while_the_mark_backs_off() {
+    let (store, runs) = (Flaky::default(), AtomicU32::new(0));
+    store.failing_marks.store(10, Ordering::SeqCst);
+    let every = Duration::from_millis(600);
+    let call = Call::new("FAULT", "beats")
+        .lease(Duration::from_secs(2))
+        .heartbeat(every);
+    let began = tokio::time::Instant::now();
+    let (res, outcome) = call_with(&store, call, &runs).await;
+    let ended = tokio::time::Instant::now();
+    assert_eq!((res.unwrap(), outcome), (0, Outcome::Executed));
+    assert_eq!(store.marks_tried.load(Ordering::SeqCst), 11);
+    let mut beats = store.renewed_at.lock().unwrap().clone();
+    assert!(!beats.is_empty(), "the mark waited {:?}", ended - began);
+    beats.insert(0, began);
+    // The timer wheel's resolution is a millisecond.
+    let late = every + Duration::from_millis(2);
+    for pair in beats.windows(2) {
+        assert!(
+            pair[1] - pair[0] <= late,
+            "a renewal came {:?} after the last",
+            pair[1] - pair[0]
+        );
+    }
+    assert!(
+        ended - beats[beats.len() - 1] <= late,
+        "the lease ran short before the mark landed"
+    );
 }
 
 /// A store that refuses connections for 1.5 s while a finished body marks (a database restart):

@@ -4,8 +4,9 @@
 //! A finished body whose mark does not land leaves its record PROCESSING, and once the lease ends
 //! the next call takes over and runs the body again. So a mark that meets a store restart (refused
 //! connections, connections the crash killed, a server busy recovering) keeps trying with jittered
-//! back-off while the lease is live, less a margin, and the heartbeat keeps renewing meanwhile;
-//! only then does the call give up (`MarkFailed`).
+//! back-off while the lease is live, less a margin, and the heartbeat keeps renewing meanwhile on
+//! its schedule (for at most [`CARRY_LEASES`] leases); only then does the call give up
+//! (`MarkFailed`).
 
 use std::future::Future;
 use std::pin::pin;
@@ -240,9 +241,13 @@ impl<'a> Holder<'a> {
     }
 
     /// Finishes the claim with `mark` (complete or fail), trying again after a transient store
-    /// error for as long as the lease is live (and at least [`TRANSIENT_TRIES`] times in all),
-    /// renewing the lease between tries when a beat is due. Each try is cut off when the lease's
-    /// time is up.
+    /// error for as long as the lease is live (and at least [`TRANSIENT_TRIES`] times in all).
+    /// Each try is cut off when the lease's time is up.
+    ///
+    /// While the mark fails, the heartbeat keeps renewing the lease on its schedule (a pause
+    /// between tries ends when a beat is due), for at most [`CARRY_LEASES`] leases from the
+    /// first try: then no renewal is sent, and the call gives up before the lease's safe end, so
+    /// a mark that never lands (while renewals do) cannot hold the caller forever.
     ///
     /// # Errors
     /// The mark's error: `LeaseLost`, a permanent store error, or the last transient one once the
@@ -253,6 +258,7 @@ impl<'a> Holder<'a> {
         Fut: Future<Output = Result<(), IdemError>>,
     {
         let mut tried = 0u32;
+        let mut carry_until = None;
         loop {
             // Each try is cut off at the lease's safe end; once that has passed, not at all.
             let now = Instant::now();
@@ -266,20 +272,34 @@ impl<'a> Holder<'a> {
                 return Err(e);
             }
             tracing::debug!(error = %e, tried, "transient store error on the mark; trying again while the lease is live");
-            if let Some(every) = self.heartbeat
-                && self.renewing
+            let carry_until = *carry_until.get_or_insert_with(|| {
+                let carry = self.req.lease.checked_mul(CARRY_LEASES);
+                carry.and_then(|carry| now.checked_add(carry))
+            });
+            let beat_every = self
+                .heartbeat
+                .filter(|_| self.renewing && carry_until.is_none_or(|end| Instant::now() < end));
+            if let Some(every) = beat_every
                 && self.last_beat.elapsed() >= every
             {
                 self.beat().await;
             }
-            let nap = back_off_pause(tried);
-            match self.time_left() {
-                Some(left) => tokio::time::sleep(nap.min(left)).await,
-                None => tokio::time::sleep(nap).await,
+            let mut nap = back_off_pause(tried);
+            if let Some(left) = self.time_left() {
+                nap = nap.min(left);
             }
+            if let Some(every) = beat_every.filter(|_| self.renewing) {
+                nap = nap.min((self.last_beat + every).saturating_duration_since(Instant::now()));
+            }
+            tokio::time::sleep(nap).await;
         }
     }
 }
+
+/// How many leases, counted from a mark's first failed try, the heartbeat keeps renewing the
+/// claim while its mark keeps failing (a store restart outlasts a short lease; a mark that
+/// never lands while renewals do must still end).
+pub(crate) const CARRY_LEASES: u32 = 3;
 
 /// `step`, cut off at `until` (when given) with [`no_answer`].
 async fn within<T, F: Future<Output = Result<T, IdemError>>>(

@@ -437,6 +437,82 @@ async fn a_duplicate_waits_a_bounded_time_then_replays() {
     pg::drop_tables(&store).await;
 }
 
+/// A transaction-mode duplicate that arrives while the claimant's transaction is open waits for
+/// it (the key's advisory lock, within the store's lock timeout) and replays the claimant's
+/// answer once it commits; its body never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_duplicate_replays_when_the_claimant_commits() {
+    let builder = PgStore::builder().lock_timeout(Duration::from_secs(10));
+    let Some(store) = pg::store_with(builder, 4).await else {
+        return;
+    };
+    let biz = biz("pg_wait_commit");
+    let mut holder = store.begin().await.unwrap();
+    let first: Result<String, IdemError> = Call::new(biz.clone(), "k")
+        .run_in_tx(&mut holder, async |_tx: &mut PgTx| {
+            Ok("first run".to_owned())
+        })
+        .await;
+    assert_eq!(first.unwrap(), "first run");
+
+    let ran_twice = Arc::new(AtomicU32::new(0));
+    let dup = tokio::spawn({
+        let (store, biz, ran_twice) = (store.clone(), biz.clone(), ran_twice.clone());
+        async move {
+            let mut dup = store.begin().await.unwrap();
+            let res: Result<String, IdemError> = Call::new(biz, "k")
+                .run_in_tx(&mut dup, async |_tx: &mut PgTx| {
+                    ran_twice.fetch_add(1, Ordering::SeqCst);
+                    Ok("second run".to_owned())
+                })
+                .await;
+            dup.commit().await.unwrap();
+            res
+        }
+    });
+    // The duplicate is waiting on the open transaction (its lock timeout is 10 s).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!dup.is_finished(), "the duplicate waits for the claimant");
+    holder.commit().await.unwrap();
+    let res = dup.await.unwrap();
+    assert_eq!(res.unwrap(), "first run", "replayed the claimant's answer");
+    assert_eq!(ran_twice.load(Ordering::SeqCst), 0);
+    pg::drop_tables(&store).await;
+}
+
+/// The key's lock is per table: a transaction-mode call of the same business type and key on
+/// another table neither waits for an open claimant's transaction nor is told "in progress".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_key_on_another_table_does_not_wait() {
+    let builder = || PgStore::builder().lock_timeout(Duration::from_secs(10));
+    let (Some(one), Some(other)) = (
+        pg::store_with(builder(), 2).await,
+        pg::store_with(builder(), 2).await,
+    ) else {
+        return;
+    };
+    assert_ne!(one.table(), other.table());
+    let biz = biz("pg_lock_table");
+    let mut holder = one.begin().await.unwrap();
+    let first: Result<u32, IdemError> = Call::new(biz.clone(), "k")
+        .run_in_tx(&mut holder, async |_tx: &mut PgTx| Ok(1))
+        .await;
+    assert_eq!(first.unwrap(), 1);
+    let mut elsewhere = other.begin().await.unwrap();
+    let began = std::time::Instant::now();
+    let res: Result<u32, IdemError> = Call::new(biz.clone(), "k")
+        .run_in_tx(&mut elsewhere, async |_tx: &mut PgTx| Ok(2))
+        .await;
+    let waited = began.elapsed();
+    elsewhere.commit().await.unwrap();
+    holder.commit().await.unwrap();
+    assert_eq!(res.unwrap(), 2, "its own table, its own record");
+    // Far under the 10 s lock timeout it would have waited on a shared lock.
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+    pg::drop_tables(&one).await;
+    pg::drop_tables(&other).await;
+}
+
 /// REPEATABLE READ: a transaction whose snapshot predates another's committed claim cannot replay
 /// it (its snapshot would lie): the claim fails with a serialization failure that says to run the
 /// transaction again, and the next transaction replays.

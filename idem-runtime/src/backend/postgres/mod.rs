@@ -25,7 +25,7 @@ use crate::store::order::ClaimOrder;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 use crate::transition::TransitionTx;
 use crate::{Busy, IdemError};
-use records::{Records, Statements};
+use records::{Claiming, Records, Statements};
 pub use tokens::PgTokens;
 use tokens::TokenStatements;
 pub use tx::{PgIsolation, PgTx};
@@ -412,7 +412,7 @@ impl PgStore {
     }
 
     fn records<'c>(&'c self, conn: &'c mut sqlx::PgConnection) -> Records<'c> {
-        Records::new(conn, &self.sql, self.offset_ms(), false)
+        Records::new(conn, &self.sql, self.offset_ms(), Claiming::Lease)
     }
 
     /// Runs `work` on a pool connection.

@@ -13,12 +13,12 @@ use sqlx::postgres::{PgArguments, PgConnection, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row, SqlSafeStr, SqlStr};
 
 use super::db_error;
-use crate::IdemError;
 use crate::sql::claim::{CasRecords, SeenRecord, seen_record};
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
 use crate::store::decide::millis;
 use crate::store::{Claim, ClaimRequest, Fence, Record, Status, StatusCount};
+use crate::{Busy, IdemError};
 
 /// The database clock read once, plus the test clock's offset bound at `off`: `n` in milliseconds,
 /// `us` (a fence) in microseconds.
@@ -35,9 +35,13 @@ fn clock(off: &str) -> String {
 pub(super) struct Statements {
     /// Lease mode: a plain read (a row inserted concurrently shows up on the next try).
     claim: SqlStr,
-    /// Transaction mode: the read locks the row (`FOR UPDATE`): a current read, never the
-    /// transaction's old snapshot, and a duplicate waits for the claimant's transaction.
+    /// Transaction mode, first: the key's advisory lock if no other transaction holds it (a
+    /// claimant's transaction holds it to its end), then the claim with the read locking the row
+    /// (`FOR UPDATE`: a current read, never the transaction's old snapshot).
     claim_locking: SqlStr,
+    /// Transaction mode, once another transaction holds the key's lock: the claim waits for it
+    /// (bounded by `lock_timeout`), then claims as `claim_locking` does.
+    claim_waiting: SqlStr,
     /// The claim's plain read, with the clock (`store/order.rs`).
     read: SqlStr,
     take: SqlStr,
@@ -55,28 +59,63 @@ fn sql(text: String) -> SqlStr {
     AssertSqlSafe(text).into_sql_str()
 }
 
+/// A transaction-mode claim takes its key's transaction-level advisory lock first: without one
+/// (`got` false) another transaction claims the key, and waiting on its row is what the caller's
+/// `lock_timeout` must bound. `{key}` is [`advisory_key`].
+const TRY_KEY_LOCK: &str = "SELECT pg_try_advisory_xact_lock({key}) AS got";
+/// [`TRY_KEY_LOCK`], waiting for the lock (bounded by `lock_timeout`).
+const WAIT_KEY_LOCK: &str = "SELECT TRUE AS got FROM (SELECT pg_advisory_xact_lock({key})) AS l";
+
+/// The advisory lock's key for `$1` (biz) and `$2` (key) in `table`: a 64-bit hash of the three
+/// (two keys that share a hash only wait for each other; they are never confused).
+fn advisory_key(table: &TableName) -> String {
+    // The name is `[A-Za-z0-9_.]` (checked by `TableName::new`): safe inside quotes.
+    format!(
+        "hashtextextended($1 || chr(31) || $2, hashtext('{}'))",
+        table.as_str()
+    )
+}
+
 /// The record's columns as the claim reads them.
 const COLUMNS: &str = "status, attempt, fence, fingerprint, result, lease_until, expire_at";
 
 impl Statements {
     pub(super) fn new(table: &TableName) -> Self {
         let t = table.quoted(Dialect::Postgres);
-        // $1 biz, $2 key, $3 fingerprint, $4 lease ms, $5 ttl ms, $6 clock offset ms.
-        let claim = |lock: &str| {
+        // $1 biz, $2 key, $3 fingerprint, $4 lease ms, $5 ttl ms, $6 clock offset ms. With a
+        // `gate` (transaction mode) the statement first takes the key's advisory lock (`g`, read
+        // by the others as a one-time filter, so before any row is read or locked); a row with
+        // `got` false (every other column NULL) says the lock is another transaction's.
+        let claim = |lock: &str, gate: Option<&str>| {
+            let (g, only, got, not_got) = match gate {
+                None => (String::new(), "", "", String::new()),
+                Some(gate) => (
+                    format!(
+                        "g AS MATERIALIZED ({gate}), ",
+                        gate = gate.replace("{key}", &advisory_key(table))
+                    ),
+                    "(SELECT got FROM g) AND ",
+                    ", TRUE AS got",
+                    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, FALSE, FALSE \
+                     FROM g WHERE NOT g.got"
+                        .to_owned(),
+                ),
+            };
             format!(
-                "WITH c AS ({clock}), \
-                 old AS (SELECT {COLUMNS} FROM {t} WHERE biz_type = $1 AND idem_key = $2{lock}), \
+                "WITH c AS ({clock}), {g}\
+                 old AS (SELECT {COLUMNS} FROM {t} WHERE {only}biz_type = $1 AND idem_key = $2{lock}), \
                  ins AS (INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, \
                  result, lease_until, created_at, updated_at, expire_at) \
                  SELECT $1, $2, 'PROCESSING', 1, c.us, $3, NULL, c.n + $4, c.n, c.n, c.n + $5 \
-                 FROM c WHERE NOT EXISTS (SELECT 1 FROM old) \
+                 FROM c WHERE {only}NOT EXISTS (SELECT 1 FROM old) \
                  ON CONFLICT (biz_type, idem_key) DO NOTHING \
                  RETURNING {COLUMNS}, created_at) \
                  SELECT old.status, old.attempt, old.fence, old.fingerprint, old.result, \
-                 old.lease_until, old.expire_at, c.n AS now_ms, FALSE AS inserted FROM old, c \
+                 old.lease_until, old.expire_at, c.n AS now_ms, FALSE AS inserted{got} FROM old, c \
                  UNION ALL \
                  SELECT ins.status, ins.attempt, ins.fence, ins.fingerprint, ins.result, \
-                 ins.lease_until, ins.expire_at, ins.created_at AS now_ms, TRUE AS inserted FROM ins",
+                 ins.lease_until, ins.expire_at, ins.created_at AS now_ms, TRUE AS inserted{got} \
+                 FROM ins{not_got}",
                 clock = clock("$6"),
             )
         };
@@ -173,8 +212,9 @@ impl Statements {
         let stats =
             format!("SELECT biz_type, status, COUNT(*) AS n FROM {t} GROUP BY biz_type, status");
         Statements {
-            claim: sql(claim("")),
-            claim_locking: sql(claim(" FOR UPDATE")),
+            claim: sql(claim("", None)),
+            claim_locking: sql(claim(" FOR UPDATE", Some(TRY_KEY_LOCK))),
+            claim_waiting: sql(claim(" FOR UPDATE", Some(WAIT_KEY_LOCK))),
             read: sql(read),
             take: sql(take),
             complete: sql(complete),
@@ -195,6 +235,7 @@ impl Statements {
         let sql = match name {
             "claim" => &self.claim,
             "claim_locking" => &self.claim_locking,
+            "claim_waiting" => &self.claim_waiting,
             "take" => &self.take,
             "complete" => &self.complete,
             "fail" => &self.fail,
@@ -215,8 +256,20 @@ pub(super) struct Records<'c> {
     conn: &'c mut PgConnection,
     sql: &'c Statements,
     offset_ms: i64,
-    /// Transaction mode: lock the row the claim reads.
-    locking: bool,
+    claiming: Claiming,
+    /// A transaction-mode claim found its key's lock held by another transaction.
+    contended: bool,
+}
+
+/// How a claim's insert step locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Claiming {
+    /// Lease mode: no lock (each statement commits on its own).
+    Lease,
+    /// Transaction mode: the key's advisory lock if it is free, then the row (`claim_locking`).
+    Tx,
+    /// Transaction mode, waiting for the key's lock (`claim_waiting`).
+    TxWaiting,
 }
 
 fn attempt_of(row: &PgRow) -> Result<u32, IdemError> {
@@ -260,14 +313,21 @@ impl<'c> Records<'c> {
         conn: &'c mut PgConnection,
         sql: &'c Statements,
         offset_ms: i64,
-        locking: bool,
+        claiming: Claiming,
     ) -> Self {
         Records {
             conn,
             sql,
             offset_ms,
-            locking,
+            claiming,
+            contended: false,
         }
+    }
+
+    /// Whether a [`Claiming::Tx`] claim stopped because another transaction holds the key's lock
+    /// (its error then says so; claim again with [`Claiming::TxWaiting`]).
+    pub(super) fn contended(&self) -> bool {
+        self.contended
     }
 
     /// Changes the record held under `claim` with `query` (complete, fail, renew).
@@ -431,10 +491,10 @@ impl CasRecords for Records<'_> {
         &mut self,
         req: &ClaimRequest<'_>,
     ) -> Result<(bool, Option<SeenRecord>), IdemError> {
-        let sql = if self.locking {
-            &self.sql.claim_locking
-        } else {
-            &self.sql.claim
+        let sql = match self.claiming {
+            Claiming::Lease => &self.sql.claim,
+            Claiming::Tx => &self.sql.claim_locking,
+            Claiming::TxWaiting => &self.sql.claim_waiting,
         };
         let Some(row) = sqlx::query(sql.clone())
             .bind(req.biz)
@@ -451,6 +511,13 @@ impl CasRecords for Records<'_> {
             // insert waited for it and skipped): read again.
             return Ok((false, None));
         };
+        if self.claiming != Claiming::Lease && !row.try_get::<bool, _>("got").map_err(db_error)? {
+            self.contended = true;
+            return Err(IdemError::busy(
+                Busy::LockTimeout,
+                "another transaction holds this key's claim",
+            ));
+        }
         let inserted: bool = row.try_get("inserted").map_err(db_error)?;
         Ok((inserted, Some(seen_of(&row)?)))
     }

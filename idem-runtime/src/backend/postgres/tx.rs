@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
-use super::records::Records;
+use super::records::{Claiming, Records};
 use super::{PgStore, db_error, lock_timeout_text};
 use crate::engine::tx::IdemTx;
 use crate::sql::claim::{claim_insert_first, replay_by_read};
@@ -119,16 +119,25 @@ impl PgTx {
             .await
     }
 
-    /// The claim itself, inside its savepoint.
+    /// The claim itself, inside its savepoint: first under the key's advisory lock when no
+    /// other transaction holds it (no wait is possible, so the caller's lock timeout stays as it
+    /// is); else waiting for that transaction at most the store's lock timeout.
     async fn claim_in(
         &mut self,
         savepoint: &Savepoint,
         req: &ClaimRequest<'_>,
     ) -> Result<ClaimOutcome, IdemError> {
-        // One round trip: the savepoint, the caller's lock timeout, and the claim's.
+        let open = savepoint.open_after(self.done.take());
+        self.exec(open).await?;
+        let (sql, off) = (&self.store.sql, self.store.offset_ms());
+        let mut records = Records::new(&mut self.tx, sql, off, Claiming::Tx);
+        let outcome = claim_insert_first(&mut records, req, &self.store.order).await;
+        if !records.contended() {
+            return outcome;
+        }
+        // One round trip: the caller's lock timeout, and the claim's.
         let rows = sqlx::raw_sql(AssertSqlSafe(format!(
-            "{}; SHOW lock_timeout; SET LOCAL lock_timeout = '{}'",
-            savepoint.open_after(self.done.take()),
+            "SHOW lock_timeout; SET LOCAL lock_timeout = '{}'",
             lock_timeout_text(self.store.lock_timeout)
         )))
         .fetch_all(&mut *self.tx)
@@ -139,7 +148,7 @@ impl PgTx {
             None => return Err(IdemError::store("SHOW lock_timeout returned no row")),
         };
         let outcome = claim_insert_first(
-            &mut Records::new(&mut self.tx, &self.store.sql, self.store.offset_ms(), true),
+            &mut Records::new(&mut self.tx, sql, off, Claiming::TxWaiting),
             req,
             &self.store.order,
         )
@@ -187,7 +196,12 @@ impl IdemTx for PgTx {
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         // A live success needs no savepoint: one plain read answers it (once repeats prevail).
         let order = self.store.order.clone();
-        let mut records = Records::new(&mut self.tx, &self.store.sql, self.store.offset_ms(), true);
+        let mut records = Records::new(
+            &mut self.tx,
+            &self.store.sql,
+            self.store.offset_ms(),
+            Claiming::Tx,
+        );
         if let Some(outcome) = replay_by_read(&mut records, req, &order).await? {
             return Ok(outcome);
         }
@@ -228,9 +242,14 @@ impl IdemTx for PgTx {
         snapshot: &[u8],
         ttl: Duration,
     ) -> Result<(), IdemError> {
-        let done = Records::new(&mut self.tx, &self.store.sql, self.store.offset_ms(), true)
-            .complete(biz, key, claim, snapshot, ttl)
-            .await;
+        let done = Records::new(
+            &mut self.tx,
+            &self.store.sql,
+            self.store.offset_ms(),
+            Claiming::Tx,
+        )
+        .complete(biz, key, claim, snapshot, ttl)
+        .await;
         match done {
             Ok(()) => {
                 // Kept: released with the next claim's savepoint, or by the commit.

@@ -50,8 +50,9 @@ const PG_MAX_FIELD_LEN: usize = 1 << 30;
 /// one statement (`INSERT … ON CONFLICT DO NOTHING` behind a read of the record, so a concurrent
 /// insert of the same key neither raises 23505 nor aborts a transaction); a takeover is a
 /// compare-and-set `UPDATE` on the record's fence. Transaction mode ([`PgStore::begin`]) claims in a
-/// savepoint of the caller's transaction with a locking read, and bounds how long a duplicate waits
-/// for the claimant's transaction (`SET LOCAL lock_timeout`, [`PgStoreBuilder::lock_timeout`]).
+/// savepoint of the caller's transaction with a locking read, under the key's transaction-level
+/// advisory lock, and bounds how long a duplicate waits for the claimant's transaction (`SET LOCAL
+/// lock_timeout`, [`PgStoreBuilder::lock_timeout`]).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
@@ -150,8 +151,9 @@ impl PgStoreBuilder {
 
     /// How long a claim waits for a row lock held by another transaction (a claimant in
     /// transaction mode whose business is still running) before it answers `InProgress`
-    /// (default 3 s). Set per claim in transaction mode (`SET LOCAL lock_timeout`, restored after
-    /// it), and as the session's `lock_timeout` of the pool [`PgStoreBuilder::connect`] opens.
+    /// (default 3 s). Set in transaction mode for a claim that waits for another transaction
+    /// (`SET LOCAL lock_timeout`, restored after it; a claim that finds its key's lock free sets
+    /// nothing), and as the session's `lock_timeout` of the pool [`PgStoreBuilder::connect`] opens.
     ///
     /// Range: 1 ms ..= 2,147,483,647 ms (about 24.8 days, the largest `lock_timeout` Postgres
     /// accepts); a value outside it is clamped to it.

@@ -47,11 +47,15 @@ impl PgIsolation {
 /// `query.execute(&mut **tx)`, exactly as on a `sqlx::Transaction`. Commit it (or let it drop to
 /// roll back).
 ///
-/// A claim in it is a savepoint, a locking read of the record (`FOR UPDATE`: the current row, not
-/// the transaction's snapshot) and, when there is none, an insert that skips on a conflict. A
-/// concurrent duplicate waits for the claimant's transaction at most the store's lock timeout
-/// (`SET LOCAL lock_timeout` around the claim, the caller's own setting restored after it), then
-/// answers `InProgress`; once the claimant committed it replays. A deadlock or a serialization
+/// A claim in it is a savepoint, then one statement: the key's transaction-level advisory lock
+/// (`pg_try_advisory_xact_lock` on a hash of the table, business type and key, held to the
+/// transaction's end), a locking read of the record (`FOR UPDATE`: the current row, not the
+/// transaction's snapshot) and, when there is none, an insert that skips on a conflict. A
+/// concurrent duplicate finds the lock taken and waits for the claimant's transaction at most the
+/// store's lock timeout (`SET LOCAL lock_timeout` around that claim, the caller's own setting
+/// restored after it), then answers `InProgress`; once the claimant committed it replays. A claim
+/// that gets the lock at once cannot wait on another claimant, so it leaves the caller's lock
+/// timeout alone. A deadlock or a serialization
 /// failure is [`IdemError::StoreBusy`] with [`IdemError::restarts_transaction`]: run the whole
 /// transaction again ([`crate::retry_transaction`]).
 ///

@@ -33,8 +33,11 @@ fn clock(off: &str) -> String {
 /// The statements of one store, built once for its table name.
 #[derive(Debug)]
 pub(super) struct Statements {
-    /// Lease mode: a plain read (a row inserted concurrently shows up on the next try).
+    /// The claim as one statement without locks: the read, and the insert when there is none (the
+    /// own-statements floor of `benches/postgres.rs`; lease mode sends `insert`, then `read`).
     claim: SqlStr,
+    /// Lease mode: the new record alone (`ON CONFLICT DO NOTHING … RETURNING`, no read first).
+    insert: SqlStr,
     /// Transaction mode, first: the key's advisory lock if no other transaction holds it (a
     /// claimant's transaction holds it to its end), then the claim with the read locking the row
     /// (`FOR UPDATE`: a current read, never the transaction's old snapshot).
@@ -119,6 +122,16 @@ impl Statements {
                 clock = clock("$6"),
             )
         };
+        // $1 biz, $2 key, $3 fingerprint, $4 lease ms, $5 ttl ms, $6 clock offset ms: a new
+        // record or nothing.
+        let insert = format!(
+            "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, \
+             lease_until, created_at, updated_at, expire_at) \
+             SELECT $1, $2, 'PROCESSING', 1, c.us, $3, NULL, c.n + $4, c.n, c.n, c.n + $5 \
+             FROM ({clock}) AS c ON CONFLICT (biz_type, idem_key) DO NOTHING \
+             RETURNING attempt, fence",
+            clock = clock("$6"),
+        );
         // $1 biz, $2 key, $3 fingerprint, $4 lease ms, $5 ttl ms, $6 offset, $7 reset,
         // $8 seen fence, $9 seen status, $10 seen lease end, $11 keep the saved steps (`result`
         // of an unfinished record).
@@ -213,6 +226,7 @@ impl Statements {
             format!("SELECT biz_type, status, COUNT(*) AS n FROM {t} GROUP BY biz_type, status");
         Statements {
             claim: sql(claim("", None)),
+            insert: sql(insert),
             claim_locking: sql(claim(" FOR UPDATE", Some(TRY_KEY_LOCK))),
             claim_waiting: sql(claim(" FOR UPDATE", Some(WAIT_KEY_LOCK))),
             read: sql(read),
@@ -234,6 +248,7 @@ impl Statements {
     pub(super) fn get(&self, name: &str) -> Option<&str> {
         let sql = match name {
             "claim" => &self.claim,
+            "insert" => &self.insert,
             "claim_locking" => &self.claim_locking,
             "claim_waiting" => &self.claim_waiting,
             "take" => &self.take,
@@ -475,6 +490,44 @@ fn seen_of(row: &PgRow) -> Result<SeenRecord, IdemError> {
     ))
 }
 
+impl Records<'_> {
+    /// Lease mode's insert step: the new record, or (the key exists) a plain read of it. While new
+    /// keys prevail (the claim order) that is one statement, with no read in it; a key that
+    /// exists costs two.
+    async fn insert_then_read(
+        &mut self,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(bool, Option<SeenRecord>), IdemError> {
+        let row = sqlx::query(self.sql.insert.clone())
+            .bind(req.biz)
+            .bind(req.key)
+            .bind(req.fingerprint)
+            .bind(millis(req.lease))
+            .bind(millis(req.ttl))
+            .bind(self.offset_ms)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        let Some(row) = row else {
+            // The key exists (or was deleted since: then the protocol inserts again).
+            return Ok((false, self.read(req).await?));
+        };
+        Ok((
+            true,
+            Some(SeenRecord {
+                status: Status::Processing,
+                attempt: attempt_of(&row)?,
+                fence: fence_of(&row)?,
+                fingerprint: None,
+                snapshot: None,
+                lease_until_ms: 0,
+                expire_at_ms: 0,
+                now_ms: 0,
+            }),
+        ))
+    }
+}
+
 impl CasRecords for Records<'_> {
     async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
         let row = sqlx::query(self.sql.read.clone())
@@ -492,7 +545,7 @@ impl CasRecords for Records<'_> {
         req: &ClaimRequest<'_>,
     ) -> Result<(bool, Option<SeenRecord>), IdemError> {
         let sql = match self.claiming {
-            Claiming::Lease => &self.sql.claim,
+            Claiming::Lease => return self.insert_then_read(req).await,
             Claiming::Tx => &self.sql.claim_locking,
             Claiming::TxWaiting => &self.sql.claim_waiting,
         };

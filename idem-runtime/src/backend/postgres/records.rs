@@ -3,9 +3,11 @@
 //!
 //! Every statement reads the database's clock (`clock_timestamp()`, the wall clock at the moment the
 //! statement reads it, never the transaction's start time) plus the test clock's offset, and binds
-//! every value. A claim is one round trip: one statement reads the record and, only when there is
-//! none, inserts it (`INSERT … ON CONFLICT DO NOTHING`, so a concurrent insert of the same key never
-//! raises 23505, which would abort the caller's transaction).
+//! every value. A new key's claim is one statement: in lease mode the insert alone (`INSERT … ON
+//! CONFLICT DO NOTHING … RETURNING`, a plain read after it only when the key exists); in
+//! transaction mode one statement reads the record and, only when there is none, inserts it the
+//! same way. `DO NOTHING` means a concurrent insert of the same key never raises 23505, which would
+//! abort the caller's transaction.
 
 use std::time::Duration;
 

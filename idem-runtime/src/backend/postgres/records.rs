@@ -492,6 +492,18 @@ fn seen_of(row: &PgRow) -> Result<SeenRecord, IdemError> {
     ))
 }
 
+/// `sql` (a claim or the insert) with its binds: $1 biz, $2 key, $3 fingerprint, $4 lease ms,
+/// $5 ttl ms, $6 clock offset ms.
+fn claim_query<'q>(sql: &SqlStr, req: &ClaimRequest<'q>, offset_ms: i64) -> Query<'q> {
+    sqlx::query(sql.clone())
+        .bind(req.biz)
+        .bind(req.key)
+        .bind(req.fingerprint)
+        .bind(millis(req.lease))
+        .bind(millis(req.ttl))
+        .bind(offset_ms)
+}
+
 impl Records<'_> {
     /// Lease mode's insert step: the new record, or (the key exists) a plain read of it. While new
     /// keys prevail (the claim order) that is one statement, with no read in it; a key that
@@ -500,13 +512,7 @@ impl Records<'_> {
         &mut self,
         req: &ClaimRequest<'_>,
     ) -> Result<(bool, Option<SeenRecord>), IdemError> {
-        let row = sqlx::query(self.sql.insert.clone())
-            .bind(req.biz)
-            .bind(req.key)
-            .bind(req.fingerprint)
-            .bind(millis(req.lease))
-            .bind(millis(req.ttl))
-            .bind(self.offset_ms)
+        let row = claim_query(&self.sql.insert, req, self.offset_ms)
             .fetch_optional(&mut *self.conn)
             .await
             .map_err(db_error)?;
@@ -551,13 +557,7 @@ impl CasRecords for Records<'_> {
             Claiming::Tx => &self.sql.claim_locking,
             Claiming::TxWaiting => &self.sql.claim_waiting,
         };
-        let Some(row) = sqlx::query(sql.clone())
-            .bind(req.biz)
-            .bind(req.key)
-            .bind(req.fingerprint)
-            .bind(millis(req.lease))
-            .bind(millis(req.ttl))
-            .bind(self.offset_ms)
+        let Some(row) = claim_query(sql, req, self.offset_ms)
             .fetch_optional(&mut *self.conn)
             .await
             .map_err(db_error)?

@@ -224,8 +224,8 @@ impl SqliteStore {
         Ok(self)
     }
 
-    /// The same store on a [`TestClock`]: every statement reads the database's clock plus the
-    /// clock's offset.
+    /// The same store on a [`TestClock`]: every statement is given the store's clock (the system
+    /// clock SQLite's `unixepoch()` reads) plus the test clock's offset.
     pub fn with_test_clock(mut self, clock: TestClock) -> Self {
         self.offset = ClockOffset::new(clock);
         self
@@ -295,7 +295,7 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// Milliseconds the test clock adds to the database's clock.
+    /// Milliseconds the test clock adds to the store's clock.
     fn offset_ms(&self) -> i64 {
         self.offset.ms()
     }

@@ -1,12 +1,14 @@
 //! The statements of the SQLite store and the claim protocol's steps on one connection.
 //!
-//! Every statement reads the database's clock (plus the test clock's offset) and binds every value;
-//! the table's name is validated ([`TableName`]) and quoted (the templates below say `{t}`).
-//! A claim is one round trip: the read of the record and, only when there is none, the insert (see
-//! `CLAIM`).
+//! Every statement binds every value, the time included: the store's clock is the clock SQLite's
+//! own `unixepoch('subsec')` reads, the system clock of the process that opened the database (an
+//! SQLite file is shared only by processes of one machine), read here with the microseconds SQLite
+//! leaves out, plus the test clock's offset ([`Records::now`]). Bound, it costs a statement no
+//! date function, and a new record needs no read-back: what the insert wrote is what it was given.
+//! The table's name is validated ([`TableName`]) and quoted (the templates below say `{t}`).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{AssertSqlSafe, Row, Sqlite};
@@ -19,30 +21,6 @@ use crate::sql::table::TableName;
 use crate::store::decide::millis;
 use crate::store::{Claim, ClaimRequest, Fence, Record, Status, StatusCount};
 
-/// The database clock in milliseconds since the Unix epoch (`Dialect::SQLite.now_ms()`).
-macro_rules! now_ms {
-    () => {
-        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
-    };
-}
-
-/// A fence from the clock: microseconds, the sub-millisecond part random (SQLite's clock has
-/// millisecond resolution).
-macro_rules! clock_fence {
-    () => {
-        "c.n * 1000 + abs(random() % 1000)"
-    };
-}
-
-/// The clock with the test clock's offset `?6`, written out where a statement needs it: SQLite
-/// reads "now" once per `sqlite3_step`, so every use in one statement sees the same instant,
-/// without the `FROM (SELECT …) AS c` join that costs an insert or an update a temporary table.
-macro_rules! now_6 {
-    () => {
-        "(CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?6)"
-    };
-}
-
 /// The record's columns as the claim reads them.
 macro_rules! record_columns {
     () => {
@@ -50,133 +28,92 @@ macro_rules! record_columns {
     };
 }
 
-/// Inserts a new record unless one exists, then reads it back only if this insert really
-/// happened (`changes()`): when the key exists (or another connection inserted first) the insert
-/// skips on the unique key and no row comes back. (Reading the new row back with a second SELECT
-/// is ~15 % faster through sqlx than `INSERT … RETURNING`.)
-macro_rules! insert_then_read_back {
+/// ?1 biz, ?2 key, ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 now ms, ?7 now µs (the fence):
+/// inserts a new record unless one exists. The row affected says which.
+macro_rules! insert_new {
     () => {
         concat!(
             "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, ",
             "lease_until, created_at, updated_at, expire_at) ",
-            "VALUES (?1, ?2, 'PROCESSING', 1, ",
-            now_6!(),
-            " * 1000 + abs(random() % 1000), ?3, NULL, ",
-            now_6!(),
-            " + ?4, ",
-            now_6!(),
-            ", ",
-            now_6!(),
-            ", ",
-            now_6!(),
-            " + ?5) ",
-            "ON CONFLICT (biz_type, idem_key) DO NOTHING; ",
-            "SELECT ",
-            record_columns!(),
-            "created_at AS now_ms, 1 AS inserted ",
-            "FROM {t} WHERE biz_type = ?1 AND idem_key = ?2 AND changes() = 1"
+            "VALUES (?1, ?2, 'PROCESSING', 1, ?7, ?3, NULL, ?6 + ?4, ?6, ?6, ?6 + ?5) ",
+            "ON CONFLICT (biz_type, idem_key) DO NOTHING"
         )
     };
 }
 
-/// ?1 biz, ?2 key, ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 clock offset ms.
+/// ?1–?7 as for `insert_new`.
 ///
-/// Read the record; if there is none, insert a new one and read that. All in one round trip: the
-/// claim fetches one row, and sqlx stops a batch at the row a `fetch_optional` asked for, so when
-/// the record exists (a repeat) only the first read runs: one read, no write lock. Otherwise the
-/// insert runs ([`insert_then_read_back`]), and when another connection inserted first no row
-/// comes back and the claim reads again.
+/// Read the record; if there is none, insert a new one. All in one round trip: the claim fetches
+/// one row, and sqlx stops a batch at the row a `fetch_optional` asked for, so when the record
+/// exists (a repeat) only the first read runs: one read, no write lock. Otherwise the insert runs
+/// and the last `SELECT` answers `inserted = 1` when it wrote the row (`changes()`), with no
+/// other column: the claim knows the new record from what it bound. No row at all: another
+/// connection inserted first, and the claim reads again.
 const CLAIM: &str = concat!(
     "SELECT ",
     record_columns!(),
-    now_ms!(),
-    " + ?6 AS now_ms, 0 AS inserted ",
+    "?6 AS now_ms, 0 AS inserted ",
     "FROM {t} WHERE biz_type = ?1 AND idem_key = ?2; ",
-    insert_then_read_back!()
+    insert_new!(),
+    "; SELECT 1 AS inserted WHERE changes() = 1"
 );
-/// ?1 biz, ?2 key, ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 clock offset ms: a new record's
-/// insert alone (no read before it), for a claim sent while new keys prevail (`store/order.rs`):
-/// the new row, or none when the key exists.
-const INSERT_NEW: &str = insert_then_read_back!();
-/// ?1 biz, ?2 key, ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 offset, ?7 reset, ?8 seen fence,
-/// ?9 seen status, ?10 seen lease end, ?11 keep the saved steps (`result` of an unfinished record).
+/// A new record's insert alone (no read before it), for a claim sent while new keys prevail
+/// (`store/order.rs`): see `insert_new`.
+const INSERT_NEW: &str = insert_new!();
+/// ?1–?7 as for `insert_new`, then ?8 reset, ?9 seen fence, ?10 seen status, ?11 seen lease
+/// end, ?12 keep the saved steps (`result` of an unfinished record). The new fence is one more
+/// than the last, or the clock when that is later.
 const TAKE: &str = concat!(
     "UPDATE {t} SET status = 'PROCESSING', ",
-    "attempt = CASE WHEN ?7 THEN 1 ELSE attempt + 1 END, ",
-    "fence = max(fence + 1, ",
-    clock_fence!(),
-    "), fingerprint = ?3, result = CASE WHEN ?11 THEN result END, lease_until = c.n + ?4, updated_at = c.n, ",
-    "created_at = CASE WHEN ?7 THEN c.n ELSE created_at END, ",
-    "expire_at = CASE WHEN ?7 THEN c.n + ?5 ELSE max(expire_at, c.n + ?4) END ",
-    "FROM (SELECT ",
-    now_ms!(),
-    " + ?6 AS n) AS c ",
-    "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?8 AND status = ?9 AND lease_until = ?10 ",
+    "attempt = CASE WHEN ?8 THEN 1 ELSE attempt + 1 END, ",
+    "fence = max(fence + 1, ?7), fingerprint = ?3, result = CASE WHEN ?12 THEN result END, ",
+    "lease_until = ?6 + ?4, updated_at = ?6, ",
+    "created_at = CASE WHEN ?8 THEN ?6 ELSE created_at END, ",
+    "expire_at = CASE WHEN ?8 THEN ?6 + ?5 ELSE max(expire_at, ?6 + ?4) END ",
+    "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?9 AND status = ?10 AND lease_until = ?11 ",
     "RETURNING attempt, fence"
 );
-/// ?1 biz, ?2 key, ?3 fence, ?4 result, ?5 ttl ms, ?6 offset. The mark moves the expiry to at
+/// ?1 biz, ?2 key, ?3 fence, ?4 result, ?5 ttl ms, ?6 now ms. The mark moves the expiry to at
 /// least now + ttl, so a body slower than its ttl still leaves a live success. A record already
 /// SUCCEEDED under the fence counts as held and keeps its result and expiry: a mark sent again
 /// after a lost reply succeeds (and FAILED likewise for `FAIL`).
 const COMPLETE: &str = concat!(
     "UPDATE {t} SET result = CASE WHEN status = 'PROCESSING' THEN ?4 ELSE result END, ",
-    "expire_at = CASE WHEN status = 'PROCESSING' THEN max(expire_at, ",
-    now_6!(),
-    " + ?5) ELSE expire_at END, ",
-    "status = 'SUCCEEDED', updated_at = ",
-    now_6!(),
-    " WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'SUCCEEDED')"
+    "expire_at = CASE WHEN status = 'PROCESSING' THEN max(expire_at, ?6 + ?5) ELSE expire_at END, ",
+    "status = 'SUCCEEDED', updated_at = ?6 ",
+    "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'SUCCEEDED')"
 );
-/// ?1 biz, ?2 key, ?3 fence, ?4 offset. The saved steps (in `result`) stay for a retry.
-const FAIL: &str = concat!(
-    "UPDATE {t} SET status = 'FAILED', updated_at = ",
-    now_ms!(),
-    " + ?4 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'FAILED')"
-);
-/// ?1 biz, ?2 key, ?3 fence, ?4 steps, ?5 offset. The steps of an unfinished record live in
+/// ?1 biz, ?2 key, ?3 fence, ?4 now ms. The saved steps (in `result`) stay for a retry.
+const FAIL: &str = "UPDATE {t} SET status = 'FAILED', updated_at = ?4 \
+    WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'FAILED')";
+/// ?1 biz, ?2 key, ?3 fence, ?4 steps, ?5 now ms. The steps of an unfinished record live in
 /// `result` until a success replaces them.
-const SAVE_STEPS: &str = concat!(
-    "UPDATE {t} SET result = ?4, updated_at = ",
-    now_ms!(),
-    " + ?5 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'"
-);
-/// ?1 biz, ?2 key, ?3 fence, ?4 lease ms, ?5 offset.
-const RENEW: &str = concat!(
-    "UPDATE {t} SET lease_until = c.n + ?4, expire_at = max(expire_at, c.n + ?4), ",
-    "updated_at = c.n FROM (SELECT ",
-    now_ms!(),
-    " + ?5 AS n) AS c ",
-    "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'"
-);
-/// ?1 biz, ?2 key, ?3 offset: the claim's plain read (`store/order.rs`).
+const SAVE_STEPS: &str = "UPDATE {t} SET result = ?4, updated_at = ?5 \
+    WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'";
+/// ?1 biz, ?2 key, ?3 fence, ?4 lease ms, ?5 now ms.
+const RENEW: &str = "UPDATE {t} SET lease_until = ?5 + ?4, expire_at = max(expire_at, ?5 + ?4), \
+    updated_at = ?5 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'";
+/// ?1 biz, ?2 key, ?3 now ms: the claim's plain read (`store/order.rs`).
 const READ: &str = concat!(
     "SELECT ",
     record_columns!(),
-    now_ms!(),
-    " + ?3 AS now_ms FROM {t} WHERE biz_type = ?1 AND idem_key = ?2"
+    "?3 AS now_ms FROM {t} WHERE biz_type = ?1 AND idem_key = ?2"
 );
 const LOAD: &str = "SELECT status, attempt, fence, fingerprint, result, lease_until, expire_at \
     FROM {t} WHERE biz_type = ?1 AND idem_key = ?2";
-/// ?1 biz, ?2 offset, ?3 batch. PROCESSING with the lease ended, oldest lease first: a range of
+/// ?1 biz, ?2 now ms, ?3 batch. PROCESSING with the lease ended, oldest lease first: a range of
 /// the index `<table>_stuck (biz_type, status, lease_until)`, read in its order (no sort), that
 /// stops after the batch.
-const STUCK: &str = concat!(
-    "SELECT idem_key, status, attempt, fence, fingerprint, result, lease_until, expire_at ",
-    "FROM {t} WHERE biz_type = ?1 AND status = 'PROCESSING' AND lease_until <= ",
-    now_ms!(),
-    " + ?2 ORDER BY lease_until LIMIT ?3"
-);
+const STUCK: &str = "SELECT idem_key, status, attempt, fence, fingerprint, result, lease_until, \
+    expire_at FROM {t} WHERE biz_type = ?1 AND status = 'PROCESSING' AND lease_until <= ?2 \
+    ORDER BY lease_until LIMIT ?3";
 /// Records per business type and status (expired ones not yet swept included): a scan of the
 /// index `<table>_stuck (biz_type, status, lease_until)`, which starts with both.
 const STATS: &str = "SELECT biz_type, status, COUNT(*) AS n FROM {t} GROUP BY biz_type, status";
-/// ?1 batch, ?2 offset. Expired: the TTL passed and no lease is live.
-const SWEEP: &str = concat!(
-    "DELETE FROM {t} WHERE (biz_type, idem_key) IN (",
-    "SELECT biz_type, idem_key FROM {t}, (SELECT ",
-    now_ms!(),
-    " + ?2 AS n) AS c ",
-    "WHERE expire_at <= c.n AND NOT (status = 'PROCESSING' AND lease_until > c.n) LIMIT ?1)"
-);
+/// ?1 batch, ?2 now ms. Expired: the TTL passed and no lease is live.
+const SWEEP: &str = "DELETE FROM {t} WHERE (biz_type, idem_key) IN (\
+    SELECT biz_type, idem_key FROM {t} \
+    WHERE expire_at <= ?2 AND NOT (status = 'PROCESSING' AND lease_until > ?2) LIMIT ?1)";
 
 /// The statements for one records table, built once per store from the templates above with
 /// the table's quoted name in place of `{t}` (each is prepared once per connection and cached by
@@ -223,12 +160,21 @@ pub(super) fn query(sql: &Arc<str>) -> sqlx::query::Query<'static, Sqlite, Sqlit
     sqlx::query(AssertSqlSafe(sql.clone()))
 }
 
+/// The store's clock at one instant: what a statement is given for "now".
+#[derive(Debug, Clone, Copy)]
+struct Now {
+    /// Microseconds since the Unix epoch: a new record's fence.
+    us: i64,
+    /// Milliseconds, the unit of every time column.
+    ms: i64,
+}
+
 /// `sql` with the parameters every claim statement starts with bound: ?1 biz, ?2 key,
-/// ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 clock offset ms.
+/// ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 now ms, ?7 now µs.
 fn claim_query<'q>(
     sql: &Arc<str>,
     req: &ClaimRequest<'q>,
-    offset_ms: i64,
+    now: Now,
 ) -> sqlx::query::Query<'q, Sqlite, SqliteArguments> {
     query(sql)
         .bind(req.biz)
@@ -236,7 +182,8 @@ fn claim_query<'q>(
         .bind(req.fingerprint)
         .bind(millis(req.lease))
         .bind(millis(req.ttl))
-        .bind(offset_ms)
+        .bind(now.ms)
+        .bind(now.us)
 }
 
 /// The store's records, reached through one connection.
@@ -289,6 +236,19 @@ impl<'c> Records<'c> {
         }
     }
 
+    /// The store's clock now: the system clock, which SQLite's `unixepoch()` reads too, plus
+    /// the test clock's offset.
+    fn now(&self) -> Now {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let us = wall.saturating_add(self.offset_ms.saturating_mul(1000));
+        Now {
+            us,
+            ms: us.div_euclid(1000),
+        }
+    }
+
     /// Changes the record held under `claim` with `sql` (complete, fail, renew).
     async fn held(
         &mut self,
@@ -319,7 +279,7 @@ impl<'c> Records<'c> {
             .bind(fence_param(claim)?)
             .bind(snapshot)
             .bind(millis(ttl))
-            .bind(self.offset_ms);
+            .bind(self.now().ms);
         self.held(query, claim).await
     }
 
@@ -333,7 +293,7 @@ impl<'c> Records<'c> {
             .bind(biz)
             .bind(key)
             .bind(fence_param(claim)?)
-            .bind(self.offset_ms);
+            .bind(self.now().ms);
         self.held(query, claim).await
     }
 
@@ -349,7 +309,7 @@ impl<'c> Records<'c> {
             .bind(key)
             .bind(fence_param(claim)?)
             .bind(steps)
-            .bind(self.offset_ms);
+            .bind(self.now().ms);
         self.held(query, claim).await
     }
 
@@ -365,7 +325,7 @@ impl<'c> Records<'c> {
             .bind(key)
             .bind(fence_param(claim)?)
             .bind(millis(lease))
-            .bind(self.offset_ms);
+            .bind(self.now().ms);
         self.held(query, claim).await
     }
 
@@ -389,7 +349,7 @@ impl<'c> Records<'c> {
     ) -> Result<Vec<Record>, IdemError> {
         let rows = query(&self.sql.stuck)
             .bind(biz)
-            .bind(self.offset_ms)
+            .bind(self.now().ms)
             .bind(i64::try_from(batch).unwrap_or(i64::MAX))
             .fetch_all(&mut *self.conn)
             .await
@@ -420,7 +380,7 @@ impl<'c> Records<'c> {
     pub(super) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {
         let done = query(&self.sql.sweep)
             .bind(i64::try_from(batch).unwrap_or(i64::MAX))
-            .bind(self.offset_ms)
+            .bind(self.now().ms)
             .execute(&mut *self.conn)
             .await
             .map_err(db_error)?;
@@ -433,25 +393,26 @@ impl<'c> Records<'c> {
         &mut self,
         req: &ClaimRequest<'_>,
     ) -> Result<Option<SeenRecord>, IdemError> {
-        let sql = self.sql.insert_new.clone();
-        Ok(self.claiming(&sql, req).await?.1)
-    }
-
-    /// `CLAIM` or `INSERT_NEW`: `(inserted, record)`, `None` when no row came back.
-    async fn claiming(
-        &mut self,
-        sql: &Arc<str>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<(bool, Option<SeenRecord>), IdemError> {
-        let Some(row) = claim_query(sql, req, self.offset_ms)
-            .fetch_optional(&mut *self.conn)
+        let now = self.now();
+        let done = claim_query(&self.sql.insert_new, req, now)
+            .execute(&mut *self.conn)
             .await
-            .map_err(db_error)?
-        else {
-            return Ok((false, None));
-        };
-        let inserted: i64 = row.try_get("inserted").map_err(db_error)?;
-        Ok((inserted == 1, Some(seen_of(&row)?)))
+            .map_err(db_error)?;
+        Ok((done.rows_affected() == 1).then(|| inserted(req, now)))
+    }
+}
+
+/// The record a claim's insert wrote, from what it bound (`insert_new`).
+fn inserted(req: &ClaimRequest<'_>, now: Now) -> SeenRecord {
+    SeenRecord {
+        status: Status::Processing,
+        attempt: 1,
+        fence: u64::try_from(now.us).unwrap_or(0),
+        fingerprint: req.fingerprint.map(str::to_owned),
+        snapshot: None,
+        lease_until_ms: now.ms + millis(req.lease),
+        expire_at_ms: now.ms + millis(req.ttl),
+        now_ms: now.ms,
     }
 }
 
@@ -470,7 +431,7 @@ impl CasRecords for Records<'_> {
         let row = query(&self.sql.read)
             .bind(req.biz)
             .bind(req.key)
-            .bind(self.offset_ms)
+            .bind(self.now().ms)
             .fetch_optional(&mut *self.conn)
             .await
             .map_err(db_error)?;
@@ -481,8 +442,20 @@ impl CasRecords for Records<'_> {
         &mut self,
         req: &ClaimRequest<'_>,
     ) -> Result<(bool, Option<SeenRecord>), IdemError> {
-        let sql = self.sql.claim.clone();
-        self.claiming(&sql, req).await
+        let now = self.now();
+        let Some(row) = claim_query(&self.sql.claim, req, now)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db_error)?
+        else {
+            return Ok((false, None));
+        };
+        let inserted_now: i64 = row.try_get("inserted").map_err(db_error)?;
+        Ok(if inserted_now == 1 {
+            (true, Some(inserted(req, now)))
+        } else {
+            (false, Some(seen_of(&row)?))
+        })
     }
 
     async fn take(
@@ -492,7 +465,7 @@ impl CasRecords for Records<'_> {
         reset: bool,
         keep_steps: bool,
     ) -> Result<Option<Claim>, IdemError> {
-        let Some(row) = claim_query(&self.sql.take, req, self.offset_ms)
+        let Some(row) = claim_query(&self.sql.take, req, self.now())
             .bind(reset)
             .bind(i64::try_from(seen.fence).unwrap_or(i64::MAX))
             .bind(seen.status.as_str())

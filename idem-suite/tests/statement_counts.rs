@@ -9,8 +9,11 @@
 //!   `total_commands_processed` (what the server ran, the scripts' own commands included), from
 //!   `INFO`.
 //!
-//! Postgres has no server-side statement counter without `pg_stat_statements` preloaded (not the
-//! case on the machines idem is tested on), so it is not counted here.
+//! - Postgres (`IDEM_PG_URL`): the calls `pg_stat_statements` counts in the test's database, every
+//!   statement a round trip of its own (sqlx sends each with its own Sync), by the statement's first
+//!   word. The extension is loaded only at the server's start (`shared_preload_libraries`): `.ci/run`
+//!   sets it and restarts the server; without it this part prints one skip line (a failure under
+//!   `IDEM_REQUIRE_SERVICES=1`).
 //!
 //! The counters are the server's, global: this binary has one test, which runs its scenarios one
 //! after the other, and no other test binary runs at the same time (`cargo test` runs them in
@@ -37,6 +40,12 @@ const SLACK: f64 = 0.1;
 /// BEGIN, one read, COMMIT.
 const TX_FIRST: f64 = 6.0;
 const TX_REPLAY: f64 = 4.0;
+
+/// Postgres statements (each its own round trip) of one transaction-mode call with a body that
+/// writes nothing, its BEGIN and COMMIT included, today: BEGIN, SAVEPOINT, the claim (which takes
+/// the key's advisory lock), the mark, COMMIT; a replay: BEGIN, one read, COMMIT.
+const PG_TX_FIRST: f64 = 5.0;
+const PG_TX_REPLAY: f64 = 3.0;
 
 // A store's claims read first or write first by what its recent claims found (idem's
 // `store/order.rs`), and turn within 32 claims: each figure is measured after `CALLS` calls of the
@@ -174,6 +183,135 @@ async fn mariadb() {
         .unwrap();
 }
 
+/// Calls per statement kind (its first word: `INSERT`, `SAVEPOINT`, …) and in all (`total`), as
+/// `pg_stat_statements` counts them in the current database.
+async fn pg_counters(pool: &idem::sqlx::PgPool) -> BTreeMap<String, u64> {
+    let rows: Vec<(String, i64)> = idem::sqlx::query_as(
+        "SELECT upper(split_part(ltrim(query), ' ', 1)), sum(calls)::bigint FROM pg_stat_statements \
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) GROUP BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mut counters: BTreeMap<String, u64> = rows
+        .into_iter()
+        .map(|(kind, calls)| (kind, u64::try_from(calls).unwrap()))
+        .collect();
+    counters.insert("total".to_owned(), counters.values().sum());
+    counters
+}
+
+/// Entries `pg_stat_statements` evicted to make room (a count that lost calls).
+async fn pg_evicted(pool: &idem::sqlx::PgPool) -> i64 {
+    idem::sqlx::query_scalar("SELECT dealloc FROM pg_stat_statements_info")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn postgres() {
+    let url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+    // One connection: a pool that opened another mid-measure would count its session setup.
+    let one = idem::PgStore::builder().max_connections(1).connect(&url);
+    let Some(store) = server::reach("Postgres", &url, one).await else {
+        return;
+    };
+    let probe_pool = idem::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    let preload: String = idem::sqlx::query_scalar("SHOW shared_preload_libraries")
+        .fetch_one(&probe_pool)
+        .await
+        .unwrap();
+    if !preload.contains("pg_stat_statements") {
+        let why = format!(
+            "Postgres at {url} does not load pg_stat_statements (shared_preload_libraries = \
+             '{preload}'): ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements' and \
+             restart it, as .ci/run does"
+        );
+        assert!(!server::required(), "{why}, and IDEM_REQUIRE_SERVICES=1");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    idem::sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&probe_pool)
+        .await
+        .unwrap();
+    let table = server::unique("idemt_counts");
+    let store = store.with_table(&table).unwrap();
+    store.migrate().await.unwrap();
+    // Every savepoint has a name of its own, so each is an entry: start from an empty view, so none
+    // is evicted while the figures are taken (checked below).
+    idem::sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(&probe_pool)
+        .await
+        .unwrap();
+    let evicted = pg_evicted(&probe_pool).await;
+    let a = pg_counters(&probe_pool).await;
+    let b = pg_counters(&probe_pool).await;
+    let probe: BTreeMap<_, _> = b
+        .iter()
+        .map(|(k, v)| (k.clone(), v - a.get(k).copied().unwrap_or(0)))
+        .collect();
+
+    lease_calls(&store, "COUNT_WARM").await;
+    let before = pg_counters(&probe_pool).await;
+    lease_calls(&store, "COUNT").await;
+    let first = per_call(&before, &pg_counters(&probe_pool).await, &probe);
+    lease_calls(&store, "COUNT_WARM").await;
+    let before = pg_counters(&probe_pool).await;
+    lease_calls(&store, "COUNT").await;
+    let replayed = per_call(&before, &pg_counters(&probe_pool).await, &probe);
+    eprintln!("Postgres per lease-mode call: first {first:?}, replay {replayed:?}");
+    // Today: a first execution is the claim (an insert while new keys prevail) and the mark; a
+    // replay one read of the result.
+    assert!(first["total"] <= 2.0 + SLACK, "first execution: {first:?}");
+    assert!(replayed["total"] <= 1.0 + SLACK, "replay: {replayed:?}");
+
+    let tx_calls = |biz: &'static str| {
+        let store = store.clone();
+        async move {
+            for i in 0..CALLS {
+                let mut tx = store.begin().await.unwrap();
+                let value: Result<u32, IdemError> = Call::new(biz, &format!("t-{i}"))
+                    .run_in_tx(&mut tx, async |_| Ok(i))
+                    .await;
+                assert_eq!(value.unwrap(), i);
+                tx.commit().await.unwrap();
+            }
+        }
+    };
+    tx_calls("COUNT_TX_WARM").await;
+    let before = pg_counters(&probe_pool).await;
+    tx_calls("COUNT_TX").await;
+    let tx_first = per_call(&before, &pg_counters(&probe_pool).await, &probe);
+    tx_calls("COUNT_TX_WARM").await;
+    let before = pg_counters(&probe_pool).await;
+    tx_calls("COUNT_TX").await;
+    let tx_replayed = per_call(&before, &pg_counters(&probe_pool).await, &probe);
+    eprintln!("Postgres per transaction-mode call: first {tx_first:?}, replay {tx_replayed:?}");
+    assert_eq!(
+        pg_evicted(&probe_pool).await,
+        evicted,
+        "pg_stat_statements evicted entries while counting: raise pg_stat_statements.max"
+    );
+    assert!(
+        tx_first["total"] <= PG_TX_FIRST + SLACK,
+        "tx first execution: {tx_first:?}"
+    );
+    assert!(
+        tx_replayed["total"] <= PG_TX_REPLAY + SLACK,
+        "tx replay: {tx_replayed:?}"
+    );
+
+    idem::sqlx::query(idem::sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
+        .execute(&probe_pool)
+        .await
+        .unwrap();
+}
+
 async fn redis_counters(conn: &mut redis::aio::MultiplexedConnection) -> BTreeMap<String, u64> {
     let info: String = redis::cmd("INFO")
         .arg("all")
@@ -264,5 +402,6 @@ async fn redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_costs_the_server_no_more_statements_than_today() {
     mariadb().await;
+    postgres().await;
     redis().await;
 }

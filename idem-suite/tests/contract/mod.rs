@@ -213,6 +213,19 @@ pub async fn turned_to_read_first(store: &dyn Store) -> &dyn Store {
     store
 }
 
+/// `store` after 25 first executions on new keys: its claims insert first again (the opposite of
+/// [`turned_to_read_first`]).
+pub async fn turned_to_write_first(store: &dyn Store) -> &dyn Store {
+    let biz = biz("warm_new");
+    for i in 0..25u32 {
+        let done: Result<u32, IdemError> = Call::new(biz.clone(), &i)
+            .run(store, async move { Ok(i) })
+            .await;
+        assert_eq!(done.unwrap(), i);
+    }
+    store
+}
+
 /// The decision table once claims read first: every case gives what it gives written first.
 pub async fn the_decision_table_holds_when_claims_read_first(s: Subject) {
     let again = |s: &Subject| Subject {

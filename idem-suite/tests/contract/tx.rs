@@ -396,6 +396,48 @@ pub async fn any_bytes_in_a_key_claim_in_a_transaction<B: TxBackend>(b: Arc<B>) 
     assert_eq!(b.effects(&biz, key).await, 1);
 }
 
+/// A call whose body fails takes back its own claim and writes, never what the caller wrote in
+/// the transaction before it: the call's undo goes to a savepoint opened after those writes (a
+/// store may open the first claim's savepoint with the transaction's BEGIN, as Postgres does
+/// while new keys prevail, and must then not use it once the caller ran something). Run with the
+/// store's claims inserting first, where that savepoint is opened.
+pub async fn a_failed_call_keeps_the_callers_earlier_writes<B: TxBackend>(b: Arc<B>) {
+    let (store, biz) = (b.store(), biz("tx_before"));
+    let keys = b.keys_in_one_transaction(&biz, 2);
+    let (before, key) = (&keys[0], &keys[1]);
+    super::turned_to_write_first(&*store).await;
+    let mut tx = b.begin_for(&biz, key).await;
+    B::write_effect(&mut tx, &biz, before).await;
+    let declined = run::<B>(&mut tx, call(&biz, key), &biz, key, true).await;
+    assert!(matches!(declined, Err(PayError::Declined)), "{declined:?}");
+    B::commit(tx).await;
+    assert_eq!(
+        b.effects(&biz, before).await,
+        1,
+        "the caller's own write before the call stays"
+    );
+    assert_eq!(
+        b.effects(&biz, key).await,
+        0,
+        "the failed call's write goes"
+    );
+    assert!(store.load(&biz, key).await.unwrap().is_none());
+
+    // Nothing run before the call: its undo still leaves the transaction usable and empty of it.
+    let mut tx = b.begin_for(&biz, key).await;
+    let declined = run::<B>(&mut tx, call(&biz, key), &biz, key, true).await;
+    assert!(matches!(declined, Err(PayError::Declined)), "{declined:?}");
+    B::write_effect(&mut tx, &biz, before).await;
+    B::commit(tx).await;
+    assert_eq!(
+        b.effects(&biz, before).await,
+        2,
+        "a write after the failed call stays"
+    );
+    assert_eq!(b.effects(&biz, key).await, 0);
+    assert!(store.load(&biz, key).await.unwrap().is_none());
+}
+
 /// The transaction cases once the store's claims read first (a live success is then answered by
 /// one plain read, before any savepoint).
 pub async fn transactions_hold_when_claims_read_first<B: TxBackend>(b: Arc<B>) {
@@ -433,6 +475,7 @@ macro_rules! tx_contract_suite {
             steps_in_a_transaction_run_as_plain_code,
             calls_in_one_transaction_keep_each_others_writes,
             any_bytes_in_a_key_claim_in_a_transaction,
+            a_failed_call_keeps_the_callers_earlier_writes,
             transactions_hold_when_claims_read_first,
         );
     };

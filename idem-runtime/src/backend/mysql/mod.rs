@@ -35,7 +35,7 @@ use sqlx::{AssertSqlSafe, Executor};
 use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
 use crate::sql::claim::claim_by_cas;
-use crate::sql::dialect::Dialect;
+use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::table::TableName;
 use crate::store::order::ClaimOrder;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
@@ -240,15 +240,22 @@ impl MySqlStore {
     /// # Errors
     /// [`IdemError::StoreUnavailable`] when no connection can be had.
     pub async fn begin(&self) -> Result<MySqlTx, IdemError> {
+        // While claims mostly create records (`store/order.rs`), the first claim's savepoint goes
+        // in this round trip too (see `MySqlTx`); while they mostly meet one, a claim reads first
+        // and a replay needs none.
+        let ready = (!self.order.read_first()).then(Savepoint::claim);
+        let open = ready
+            .as_ref()
+            .map_or_else(String::new, |ready| format!("; {}", ready.open()));
         let tx = self
             .pool
             .begin_with(AssertSqlSafe(format!(
-                "SET SESSION innodb_lock_wait_timeout = {}; BEGIN",
+                "SET SESSION innodb_lock_wait_timeout = {}; BEGIN{open}",
                 self.lock_wait_secs
             )))
             .await
             .map_err(db_error)?;
-        Ok(MySqlTx::new(tx, self.clone()))
+        Ok(MySqlTx::new(tx, self.clone(), ready))
     }
 
     /// Creates the record table (and the token table) with their indexes if they do not exist,

@@ -23,9 +23,14 @@ use crate::{Busy, IdemError};
 /// `query.execute(&mut **tx)`, exactly as on a `sqlx::Transaction`. Commit it (or let it drop to
 /// roll back).
 ///
-/// A claim in it is a plain `INSERT` in a savepoint, sent with the savepoint in one round trip (as
-/// text, its strings as hexadecimal literals); once the store's claims mostly meet a record, a
-/// plain read comes first and answers a live success without a savepoint. A savepoint stays until
+/// A claim in it is a plain `INSERT` in a savepoint. While the store's claims mostly create
+/// records, [`MySqlStore::begin`] opens the savepoint of the transaction's first claim in the round
+/// trip of its `BEGIN`, and it serves that claim (whose insert then goes as a prepared statement)
+/// when nothing ran on the connection between them; anything run through it, a read included,
+/// makes the claim open a savepoint of its own, so the claim's undo never takes back the caller's
+/// own writes. Such a savepoint is sent with the insert in one round trip (as text, its strings as
+/// hexadecimal literals). Once the store's claims mostly meet a record, a plain read comes first
+/// and answers a live success without a savepoint. A savepoint stays until
 /// the next claim's or the commit releases it. A duplicate waits (up to the store's lock
 /// wait) for the transaction that holds the key, then reads the committed record with a current
 /// read and replays it, or answers `InProgress` when the wait ran out. When InnoDB picks the
@@ -35,6 +40,9 @@ use crate::{Busy, IdemError};
 pub struct MySqlTx {
     tx: Transaction<'static, MySql>,
     store: MySqlStore,
+    /// A savepoint opened with the transaction's `BEGIN` after which nothing ran: the next claim
+    /// takes it instead of opening one. Gone once the connection is used.
+    ready: Option<Savepoint>,
     /// The savepoint of the claim in progress (between `claim` and `complete`/`abort`).
     claim: Option<Savepoint>,
     /// The savepoint of the last claim marked done, released with the next claim's (or by the
@@ -43,10 +51,15 @@ pub struct MySqlTx {
 }
 
 impl MySqlTx {
-    pub(super) fn new(tx: Transaction<'static, MySql>, store: MySqlStore) -> Self {
+    pub(super) fn new(
+        tx: Transaction<'static, MySql>,
+        store: MySqlStore,
+        ready: Option<Savepoint>,
+    ) -> Self {
         MySqlTx {
             tx,
             store,
+            ready,
             claim: None,
             done: None,
         }
@@ -59,6 +72,7 @@ impl MySqlTx {
 
     /// The sqlx transaction underneath (`idem::sqlx`, sqlx 0.9).
     pub fn transaction(&mut self) -> &mut Transaction<'static, MySql> {
+        self.ready = None;
         &mut self.tx
     }
 
@@ -94,6 +108,8 @@ impl Deref for MySqlTx {
 
 impl DerefMut for MySqlTx {
     fn deref_mut(&mut self) -> &mut MySqlConnection {
+        // What runs on the connection now lies after the savepoint opened with BEGIN.
+        self.ready = None;
         &mut self.tx
     }
 }
@@ -118,12 +134,19 @@ impl IdemTx for MySqlTx {
         {
             return Ok(outcome);
         }
-        // The savepoint goes in the round trip of the claim's insert.
-        let savepoint = Savepoint::claim();
-        let open = savepoint.open_after(self.done.take());
-        self.claim = Some(savepoint);
-        let mut records = self.store.records(&mut self.tx, true).sending_first(open);
-        let outcome = claim_insert_first(&mut records, req, &order).await;
+        // The savepoint opened with BEGIN, if nothing ran since; else one of its own, which goes
+        // in the round trip of the claim's insert.
+        let outcome = if let Some(ready) = self.ready.take() {
+            self.claim = Some(ready);
+            let mut records = self.store.records(&mut self.tx, true);
+            claim_insert_first(&mut records, req, &order).await
+        } else {
+            let savepoint = Savepoint::claim();
+            let open = savepoint.open_after(self.done.take());
+            self.claim = Some(savepoint);
+            let mut records = self.store.records(&mut self.tx, true).sending_first(open);
+            claim_insert_first(&mut records, req, &order).await
+        };
         match outcome {
             Ok(outcome @ ClaimOutcome::Acquired { .. }) => Ok(outcome),
             Ok(outcome) => {
@@ -210,10 +233,12 @@ impl TransitionConn for MySqlTx {
         sql: &'static str,
         args: &[SqlValue<'_>],
     ) -> Result<u64, IdemError> {
+        self.ready = None;
         TransitionConn::execute(&mut *self.tx, sql, args).await
     }
 
     async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
+        self.ready = None;
         TransitionConn::execute_unprepared(&mut *self.tx, sql).await
     }
 
@@ -223,6 +248,7 @@ impl TransitionConn for MySqlTx {
         args: &[SqlValue<'_>],
         versioned: bool,
     ) -> Result<Option<StateRow>, IdemError> {
+        self.ready = None;
         TransitionConn::read_state(&mut *self.tx, sql, args, versioned).await
     }
 }

@@ -19,7 +19,7 @@ use sqlx::{AssertSqlSafe, SqlSafeStr};
 
 use crate::clock::{ClockOffset, TestClock};
 use crate::sql::claim::claim_by_cas;
-use crate::sql::dialect::Dialect;
+use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::table::TableName;
 use crate::store::order::ClaimOrder;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
@@ -393,8 +393,7 @@ impl PgStore {
     /// # Errors
     /// [`IdemError::StoreUnavailable`] when no connection can be had.
     pub async fn begin(&self) -> Result<PgTx, IdemError> {
-        let tx = self.pool.begin().await.map_err(db_error)?;
-        Ok(PgTx::new(tx, self.clone()))
+        self.begin_sending("BEGIN").await
     }
 
     /// Begins a transaction at `isolation`. Under REPEATABLE READ and SERIALIZABLE a claim that
@@ -405,12 +404,25 @@ impl PgStore {
     /// # Errors
     /// [`IdemError::StoreUnavailable`] when no connection can be had.
     pub async fn begin_with(&self, isolation: PgIsolation) -> Result<PgTx, IdemError> {
+        self.begin_sending(isolation.begin_statement()).await
+    }
+
+    /// Begins with `begin` and, while the store's claims mostly create records (`store/order.rs`),
+    /// opens in the same round trip the savepoint the transaction's first claim takes when nothing
+    /// ran on the connection before it (see [`PgTx`]). While they mostly meet one, a claim reads
+    /// first and a replay needs no savepoint: none is opened.
+    async fn begin_sending(&self, begin: &str) -> Result<PgTx, IdemError> {
+        let ready = (!self.order.read_first()).then(Savepoint::claim);
+        let statement = match &ready {
+            Some(ready) => format!("{begin}; {}", ready.open()),
+            None => begin.to_owned(),
+        };
         let tx = self
             .pool
-            .begin_with(isolation.begin_statement().into_sql_str())
+            .begin_with(AssertSqlSafe(statement).into_sql_str())
             .await
             .map_err(db_error)?;
-        Ok(PgTx::new(tx, self.clone()))
+        Ok(PgTx::new(tx, self.clone(), ready))
     }
 
     fn records<'c>(&'c self, conn: &'c mut sqlx::PgConnection) -> Records<'c> {

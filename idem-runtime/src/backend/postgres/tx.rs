@@ -47,7 +47,11 @@ impl PgIsolation {
 /// `query.execute(&mut **tx)`, exactly as on a `sqlx::Transaction`. Commit it (or let it drop to
 /// roll back).
 ///
-/// A claim in it is a savepoint, then one statement: the key's transaction-level advisory lock
+/// A claim in it is a savepoint, then one statement. While the store's claims mostly create
+/// records, [`PgStore::begin`] opens the savepoint of the transaction's first claim in the round
+/// trip of its `BEGIN`, and it serves that claim when nothing ran on the connection between them
+/// (anything run through it, a read included, makes the claim open a savepoint of its own, so the
+/// claim's undo never takes back the caller's own writes). The statement is the key's transaction-level advisory lock
 /// (`pg_try_advisory_xact_lock` on a hash of the table, business type and key, held to the
 /// transaction's end), a locking read of the record (`FOR UPDATE`: the current row, not the
 /// transaction's snapshot) and, when there is none, an insert that skips on a conflict. A
@@ -67,6 +71,9 @@ impl PgIsolation {
 pub struct PgTx {
     tx: Transaction<'static, Postgres>,
     store: PgStore,
+    /// A savepoint opened with the transaction's `BEGIN` after which nothing ran: the next claim
+    /// takes it instead of opening one (a round trip). Gone once the connection is used.
+    ready: Option<Savepoint>,
     /// The savepoint of the claim in progress (between `claim` and `complete`/`abort`).
     claim: Option<Savepoint>,
     /// The savepoint of the last claim marked done, released with the next claim's (or by the
@@ -75,10 +82,15 @@ pub struct PgTx {
 }
 
 impl PgTx {
-    pub(super) fn new(tx: Transaction<'static, Postgres>, store: PgStore) -> Self {
+    pub(super) fn new(
+        tx: Transaction<'static, Postgres>,
+        store: PgStore,
+        ready: Option<Savepoint>,
+    ) -> Self {
         PgTx {
             tx,
             store,
+            ready,
             claim: None,
             done: None,
         }
@@ -91,6 +103,7 @@ impl PgTx {
 
     /// The sqlx transaction underneath (`idem::sqlx`, sqlx 0.9).
     pub fn transaction(&mut self) -> &mut Transaction<'static, Postgres> {
+        self.ready = None;
         &mut self.tx
     }
 
@@ -130,9 +143,12 @@ impl PgTx {
         &mut self,
         savepoint: &Savepoint,
         req: &ClaimRequest<'_>,
+        opened: bool,
     ) -> Result<ClaimOutcome, IdemError> {
-        let open = savepoint.open_after(self.done.take());
-        self.exec(open).await?;
+        if !opened {
+            let open = savepoint.open_after(self.done.take());
+            self.exec(open).await?;
+        }
         let (sql, off) = (&self.store.sql, self.store.offset_ms());
         let mut records = Records::new(&mut self.tx, sql, off, Claiming::Tx);
         let outcome = claim_insert_first(&mut records, req, &self.store.order).await;
@@ -179,6 +195,8 @@ impl Deref for PgTx {
 
 impl DerefMut for PgTx {
     fn deref_mut(&mut self) -> &mut PgConnection {
+        // What runs on the connection now lies after the savepoint opened with BEGIN.
+        self.ready = None;
         &mut self.tx
     }
 }
@@ -209,8 +227,12 @@ impl IdemTx for PgTx {
         if let Some(outcome) = replay_by_read(&mut records, req, &order).await? {
             return Ok(outcome);
         }
-        let savepoint = Savepoint::claim();
-        let outcome = self.claim_in(&savepoint, req).await;
+        // The savepoint opened with BEGIN, if nothing ran since; else one of its own.
+        let (savepoint, opened) = match self.ready.take() {
+            Some(ready) => (ready, true),
+            None => (Savepoint::claim(), false),
+        };
+        let outcome = self.claim_in(&savepoint, req, opened).await;
         match outcome {
             Ok(outcome @ ClaimOutcome::Acquired { .. }) => {
                 self.claim = Some(savepoint);
@@ -293,10 +315,12 @@ impl TransitionConn for PgTx {
         sql: &'static str,
         args: &[SqlValue<'_>],
     ) -> Result<u64, IdemError> {
+        self.ready = None;
         TransitionConn::execute(&mut *self.tx, sql, args).await
     }
 
     async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
+        self.ready = None;
         TransitionConn::execute_unprepared(&mut *self.tx, sql).await
     }
 
@@ -306,6 +330,7 @@ impl TransitionConn for PgTx {
         args: &[SqlValue<'_>],
         versioned: bool,
     ) -> Result<Option<StateRow>, IdemError> {
+        self.ready = None;
         TransitionConn::read_state(&mut *self.tx, sql, args, versioned).await
     }
 }

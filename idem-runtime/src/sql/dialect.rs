@@ -62,21 +62,33 @@ impl Dialect {
 }
 
 /// A savepoint inside the caller's transaction: what `tx = "…"` claims and state transitions run in,
-/// so their writes and the caller's commit or roll back together. Each call gets a name of its own
-/// (`idem_claim_17`): MySQL replaces a savepoint of the same name, so nested calls with one fixed
-/// name would release each other's. The same text works in every dialect.
+/// so their writes and the caller's commit or roll back together. The same text works in every
+/// dialect.
+///
+/// Its name (`idem_claim_3`) is one no other `Savepoint` alive in this process has: MySQL replaces
+/// a savepoint of the same name, so nested calls with one fixed name would release each other's.
+/// A name goes back to be used again when its `Savepoint` is dropped (which idem does only once it
+/// needs the savepoint no more), so a process uses about as many names as it has savepoints open at
+/// once: `pg_stat_statements` (and MySQL's statement digests) keep one entry per name, and a new
+/// name per call would fill them and keep evicting.
 #[derive(Debug)]
 pub(crate) struct Savepoint {
     name: String,
+    slot: u32,
 }
+
+/// Names given back by dropped savepoints, for the next ones.
+static FREE_SLOTS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
 
 impl Savepoint {
     /// A savepoint for one call; `purpose` starts its name (`idem_claim`, `idem_transition`).
     pub(crate) fn new(purpose: &str) -> Self {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+        let free = FREE_SLOTS.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let slot = free.unwrap_or_else(|| NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         Savepoint {
-            name: format!("{purpose}_{n}"),
+            name: format!("{purpose}_{slot}"),
+            slot,
         }
     }
 
@@ -117,6 +129,15 @@ impl Savepoint {
     }
 }
 
+impl Drop for Savepoint {
+    fn drop(&mut self) {
+        FREE_SLOTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(self.slot);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +159,24 @@ mod tests {
         assert_ne!(a.open(), b.open());
         assert!(a.open().starts_with("SAVEPOINT idem_claim_"));
         assert_eq!(a.rollback().replace("ROLLBACK TO ", ""), a.open());
+    }
+
+    #[test]
+    fn names_are_distinct_while_alive_and_used_again_once_dropped() {
+        let alive: Vec<Savepoint> = (0..64).map(|_| Savepoint::claim()).collect();
+        let names: std::collections::HashSet<String> = alive.iter().map(Savepoint::open).collect();
+        assert_eq!(names.len(), 64, "no two live savepoints share a name");
+        drop(alive);
+        // Calls one after another (other tests may take names meanwhile) reuse dropped names
+        // instead of making a new one each time.
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..1000 {
+            seen.insert(Savepoint::claim().open());
+        }
+        assert!(
+            seen.len() < 100,
+            "{} names for 1,000 calls in turn",
+            seen.len()
+        );
     }
 }

@@ -24,7 +24,7 @@ mod server;
 
 use std::collections::BTreeMap;
 
-use idem::{Call, IdemError, Store};
+use idem::{Call, IdemError, Store, TransactionalStore, TransitionTx};
 
 const CALLS: u32 = 50;
 
@@ -61,6 +61,43 @@ async fn lease_calls(store: &dyn Store, biz: &str) {
             .await;
         assert_eq!(value.unwrap(), i);
     }
+}
+
+/// Runs `CALLS` transaction-mode calls on keys `t-0`…, each in a transaction of its own (begin,
+/// the call with a body that writes nothing, commit): first executions the first time, replays
+/// after.
+async fn tx_calls<S>(store: &S, biz: &str)
+where
+    S: TransactionalStore,
+    S::Tx: TransitionTx,
+{
+    for i in 0..CALLS {
+        let mut tx = store.begin_tx().await.unwrap();
+        let value: Result<u32, IdemError> = Call::new(biz.to_owned(), &format!("t-{i}"))
+            .run_in_tx(&mut tx, async |_| Ok(i))
+            .await;
+        assert_eq!(value.unwrap(), i);
+        Box::new(tx).commit().await.unwrap();
+    }
+}
+
+/// The per-call figures of `calls` on new keys, then on the same keys again: each measured after
+/// the same kind of calls on keys of another business type (`COUNT_WARM`), so the store's claim
+/// order has settled on that kind (and a pool has its connections).
+async fn first_then_replay(
+    counters: impl AsyncFn() -> BTreeMap<String, u64>,
+    calls: impl AsyncFn(&'static str),
+    probe: &BTreeMap<String, u64>,
+) -> (BTreeMap<String, f64>, BTreeMap<String, f64>) {
+    let mut figures = Vec::new();
+    for _ in 0..2 {
+        calls("COUNT_WARM").await;
+        let before = counters().await;
+        calls("COUNT").await;
+        figures.push(per_call(&before, &counters().await, probe));
+    }
+    let replayed = figures.pop().expect("two figures");
+    (figures.pop().expect("two figures"), replayed)
 }
 
 async fn mysql_counters(pool: &idem::sqlx::MySqlPool) -> BTreeMap<String, u64> {
@@ -114,16 +151,13 @@ async fn mariadb() {
     let b = mysql_counters(&probe_pool).await;
     let probe: BTreeMap<_, _> = b.iter().map(|(k, v)| (k.clone(), v - a[k])).collect();
 
-    // Warm the pool, so connecting is not counted, and settle the store on new keys.
-    lease_calls(&store, "COUNT_WARM").await;
-    let before = mysql_counters(&probe_pool).await;
-    lease_calls(&store, "COUNT").await;
-    let first = per_call(&before, &mysql_counters(&probe_pool).await, &probe);
-    // Settle it on repeats.
-    lease_calls(&store, "COUNT_WARM").await;
-    let before = mysql_counters(&probe_pool).await;
-    lease_calls(&store, "COUNT").await;
-    let replayed = per_call(&before, &mysql_counters(&probe_pool).await, &probe);
+    let counters = async || mysql_counters(&probe_pool).await;
+    let (first, replayed) = first_then_replay(
+        &counters,
+        async |biz| lease_calls(&store, biz).await,
+        &probe,
+    )
+    .await;
     eprintln!("MariaDB per lease-mode call: first {first:?}, replay {replayed:?}");
     // Today: a first execution is the claim and the mark (2 statements), a replay one read of the
     // result; each statement takes a connection from the pool (sqlx pings it when it goes back:
@@ -142,28 +176,8 @@ async fn mariadb() {
         "replay: {replayed:?}"
     );
 
-    // Transaction mode: begin, the call in the transaction (a no-op body), commit.
-    let tx_calls = |biz: &'static str| {
-        let store = store.clone();
-        async move {
-            for i in 0..CALLS {
-                let mut tx = store.begin().await.unwrap();
-                let value: Result<u32, IdemError> = Call::new(biz, &format!("t-{i}"))
-                    .run_in_tx(&mut tx, async |_| Ok(i))
-                    .await;
-                assert_eq!(value.unwrap(), i);
-                tx.commit().await.unwrap();
-            }
-        }
-    };
-    tx_calls("COUNT_TX_WARM").await;
-    let before = mysql_counters(&probe_pool).await;
-    tx_calls("COUNT_TX").await;
-    let tx_first = per_call(&before, &mysql_counters(&probe_pool).await, &probe);
-    tx_calls("COUNT_TX_WARM").await;
-    let before = mysql_counters(&probe_pool).await;
-    tx_calls("COUNT_TX").await;
-    let tx_replayed = per_call(&before, &mysql_counters(&probe_pool).await, &probe);
+    let (tx_first, tx_replayed) =
+        first_then_replay(&counters, async |biz| tx_calls(&store, biz).await, &probe).await;
     eprintln!("MariaDB per transaction-mode call: first {tx_first:?}, replay {tx_replayed:?}");
     assert!(
         tx_first["Questions"] <= TX_FIRST + SLACK,
@@ -257,41 +271,21 @@ async fn postgres() {
         .map(|(k, v)| (k.clone(), v - a.get(k).copied().unwrap_or(0)))
         .collect();
 
-    lease_calls(&store, "COUNT_WARM").await;
-    let before = pg_counters(&probe_pool).await;
-    lease_calls(&store, "COUNT").await;
-    let first = per_call(&before, &pg_counters(&probe_pool).await, &probe);
-    lease_calls(&store, "COUNT_WARM").await;
-    let before = pg_counters(&probe_pool).await;
-    lease_calls(&store, "COUNT").await;
-    let replayed = per_call(&before, &pg_counters(&probe_pool).await, &probe);
+    let counters = async || pg_counters(&probe_pool).await;
+    let (first, replayed) = first_then_replay(
+        &counters,
+        async |biz| lease_calls(&store, biz).await,
+        &probe,
+    )
+    .await;
     eprintln!("Postgres per lease-mode call: first {first:?}, replay {replayed:?}");
     // Today: a first execution is the claim (an insert while new keys prevail) and the mark; a
     // replay one read of the result.
     assert!(first["total"] <= 2.0 + SLACK, "first execution: {first:?}");
     assert!(replayed["total"] <= 1.0 + SLACK, "replay: {replayed:?}");
 
-    let tx_calls = |biz: &'static str| {
-        let store = store.clone();
-        async move {
-            for i in 0..CALLS {
-                let mut tx = store.begin().await.unwrap();
-                let value: Result<u32, IdemError> = Call::new(biz, &format!("t-{i}"))
-                    .run_in_tx(&mut tx, async |_| Ok(i))
-                    .await;
-                assert_eq!(value.unwrap(), i);
-                tx.commit().await.unwrap();
-            }
-        }
-    };
-    tx_calls("COUNT_TX_WARM").await;
-    let before = pg_counters(&probe_pool).await;
-    tx_calls("COUNT_TX").await;
-    let tx_first = per_call(&before, &pg_counters(&probe_pool).await, &probe);
-    tx_calls("COUNT_TX_WARM").await;
-    let before = pg_counters(&probe_pool).await;
-    tx_calls("COUNT_TX").await;
-    let tx_replayed = per_call(&before, &pg_counters(&probe_pool).await, &probe);
+    let (tx_first, tx_replayed) =
+        first_then_replay(&counters, async |biz| tx_calls(&store, biz).await, &probe).await;
     eprintln!("Postgres per transaction-mode call: first {tx_first:?}, replay {tx_replayed:?}");
     assert_eq!(
         pg_evicted(&probe_pool).await,
@@ -360,14 +354,13 @@ async fn redis() {
         .map(|(k, v)| (k.clone(), v - a.get(k).copied().unwrap_or(0)))
         .collect();
 
-    lease_calls(&store, "COUNT_WARM").await;
-    let before = redis_counters(&mut conn).await;
-    lease_calls(&store, "COUNT").await;
-    let first = per_call(&before, &redis_counters(&mut conn).await, &probe);
-    lease_calls(&store, "COUNT_WARM").await;
-    let before = redis_counters(&mut conn).await;
-    lease_calls(&store, "COUNT").await;
-    let replayed = per_call(&before, &redis_counters(&mut conn).await, &probe);
+    let counters = async || redis_counters(&mut conn.clone()).await;
+    let (first, replayed) = first_then_replay(
+        &counters,
+        async |biz| lease_calls(&store, biz).await,
+        &probe,
+    )
+    .await;
     let nonzero = |m: &BTreeMap<String, f64>| -> BTreeMap<String, f64> {
         m.iter()
             .filter(|(_, v)| **v > 0.0)

@@ -677,3 +677,22 @@ async fn migrate_adds_the_stuck_index_to_a_table_of_the_previous_version() {
             .unwrap();
     }
 }
+
+/// The connections the store keeps warm between its statements go back to the pool the
+/// application shares with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_connections_go_back_to_the_pool() {
+    let url = url();
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect(&url);
+    let Some(pool) = server::reach("MySQL", &url, pool).await else {
+        return;
+    };
+    let store = MySqlStore::from_pool(pool.clone())
+        .with_table(&server::unique("idem_my"))
+        .unwrap();
+    store.migrate().await.unwrap();
+    contract::pool::warm_connections_go_back_to_the_pool(&pool, &store).await;
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use contract::{Effects, PayError, Receipt, biz};
+use contract::{Effects, PayError, Receipt, biz, server};
 use idem::sqlx::{self, AssertSqlSafe, Row};
 use idem::{Busy, Call, IdemError, PgIsolation, PgStore, PgTx, Store, Sweeper};
 use tokio::sync::Barrier;
@@ -817,4 +817,23 @@ async fn the_store_takes_table_names_and_checks_limits() {
         .unwrap();
     assert_eq!(wide.limits().max_snapshot_len, 1 << 30);
     pg::drop_tables(&wide).await;
+}
+
+/// The connections the store keeps warm between its statements go back to the pool the
+/// application shares with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_connections_go_back_to_the_pool() {
+    let url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect(&url);
+    let Some(pool) = server::reach("Postgres", &url, pool).await else {
+        return;
+    };
+    let store = PgStore::from_pool(pool.clone())
+        .with_table(&server::unique("idem_pg"))
+        .unwrap();
+    store.migrate().await.unwrap();
+    contract::pool::warm_connections_go_back_to_the_pool(&pool, &store).await;
 }

@@ -3,16 +3,15 @@
 //! server counter over `CALLS` sequential calls, divided by `CALLS`:
 //!
 //! - MariaDB (`IDEM_MYSQL_URL`): `Questions` (statements, `SHOW GLOBAL STATUS`) and
-//!   `Com_admin_commands` (pings and other non-statement commands: sqlx pings a connection it
-//!   takes from the pool);
+//!   `Com_admin_commands` (pings and other non-statement commands: sqlx pings every connection
+//!   that goes back to its pool);
 //! - Redis (`IDEM_REDIS_URL`): `EVALSHA` calls (round trips: each step is one script) and
 //!   `total_commands_processed` (what the server ran, the scripts' own commands included), from
-//!   `INFO`.
-//!
+//!   `INFO`;
 //! - Postgres (`IDEM_PG_URL`): the calls `pg_stat_statements` counts in the test's database, by
-//!   the statement's first word. The extension is loaded only at the server's start (`shared_preload_libraries`): `.ci/run`
-//!   sets it and restarts the server; without it this part prints one skip line (a failure under
-//!   `IDEM_REQUIRE_SERVICES=1`).
+//!   the statement's first word. The extension is loaded only at the server's start
+//!   (`shared_preload_libraries`): `.ci/run` sets it and restarts the server; without it this part
+//!   prints one skip line (a failure under `IDEM_REQUIRE_SERVICES=1`).
 //!
 //! The counters are the server's, global: this binary has one test, which runs its scenarios one
 //! after the other, and no other test binary runs at the same time (`cargo test` runs them in
@@ -31,6 +30,10 @@ const CALLS: u32 = 50;
 /// What other sessions may add to a global counter while a figure is measured (a ping of another
 /// pool now and then): a tenth of a statement per call. A statement more per call is ten times that.
 const SLACK: f64 = 0.1;
+
+/// The pings per lease-mode call the MariaDB part allows: none are sent while the store's warm
+/// connections are reused; this leaves room for a few that idled out on a slow machine.
+const PINGS: f64 = 0.5;
 
 /// MariaDB statements of one transaction-mode call with a body that writes nothing, its BEGIN and
 /// COMMIT included, today: `SET SESSION innodb_lock_wait_timeout`, BEGIN and the claim's SAVEPOINT
@@ -133,9 +136,11 @@ fn per_call(
 
 async fn mariadb() {
     let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
-    // One connection: a pool that opened another mid-measure would count its session setup.
-    let one = idem::MySqlStore::connect_with(&url, 1, std::time::Duration::from_secs(2));
-    let Some(store) = server::reach("MariaDB", &url, one).await else {
+    // Two connections, both opened before anything is measured (a pool that opened one
+    // mid-measure would count its session setup): the store keeps one warm for its own statements
+    // (half the pool), transactions take the other.
+    let two = idem::MySqlStore::connect_with(&url, 2, std::time::Duration::from_secs(2));
+    let Some(store) = server::reach("MariaDB", &url, two).await else {
         return;
     };
     let table = server::unique("idemt_counts");
@@ -160,19 +165,21 @@ async fn mariadb() {
     .await;
     eprintln!("MariaDB per lease-mode call: first {first:?}, replay {replayed:?}");
     // Today: a first execution is the claim and the mark (2 statements), a replay one read of the
-    // result; each statement takes a connection from the pool (sqlx pings it when it goes back:
-    // 1 admin command each).
+    // result. No pings: each statement takes the connection the last one kept warm (sqlx pinged
+    // every connection it took back, an admin command per statement, until the store kept them).
+    // A warm connection that idles 100 ms goes back to the pool, pinged: a few calls in 50 may
+    // meet a machine that slow, a ping per statement would be 1.0 or 2.0.
     assert!(
         first["Questions"] <= 2.0 + SLACK,
         "first execution: {first:?}"
     );
     assert!(
-        first["Com_admin_commands"] <= 2.0 + SLACK,
+        first["Com_admin_commands"] <= PINGS,
         "first execution: {first:?}"
     );
     assert!(replayed["Questions"] <= 1.0 + SLACK, "replay: {replayed:?}");
     assert!(
-        replayed["Com_admin_commands"] <= 1.0 + SLACK,
+        replayed["Com_admin_commands"] <= PINGS,
         "replay: {replayed:?}"
     );
 
@@ -226,9 +233,9 @@ async fn pg_evicted(pool: &idem::sqlx::PgPool) -> i64 {
 
 async fn postgres() {
     let url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
-    // One connection: a pool that opened another mid-measure would count its session setup.
-    let one = idem::PgStore::builder().max_connections(1).connect(&url);
-    let Some(store) = server::reach("Postgres", &url, one).await else {
+    // Two connections, as for MariaDB.
+    let two = idem::PgStore::builder().max_connections(2).connect(&url);
+    let Some(store) = server::reach("Postgres", &url, two).await else {
         return;
     };
     let probe_pool = idem::sqlx::postgres::PgPoolOptions::new()

@@ -1,7 +1,7 @@
 //! What every SQL backend shares: the claim protocol (`claim.rs`), the dialects (`dialect.rs`:
 //! placeholders, the clock, identifier quoting, locking reads, savepoints), the error classes
-//! (`error.rs`: which database errors are transient, which mean a missing table) and table names
-//! (`table.rs`).
+//! (`error.rs`: which database errors are transient, which mean a missing table), table names
+//! (`table.rs`) and the warm connections of the server stores (`warm.rs`).
 
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub(crate) mod claim;
@@ -10,3 +10,5 @@ pub(crate) mod dialect;
 pub(crate) mod error;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres", test))]
 pub(crate) mod table;
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) mod warm;

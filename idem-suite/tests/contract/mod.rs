@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod edges;
+pub mod pool;
 pub mod reconcile;
 pub mod recover;
 pub mod server;

@@ -30,13 +30,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
-use sqlx::{AssertSqlSafe, Executor};
+use sqlx::{AssertSqlSafe, Executor, MySql};
 
 use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::table::TableName;
+use crate::sql::warm::Warm;
 use crate::store::order::ClaimOrder;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 use crate::transition::TransitionTx;
@@ -67,6 +68,8 @@ const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub struct MySqlStore {
     pool: MySqlPool,
+    /// The connections the store's own statements keep between them (`sql/warm.rs`).
+    warm: Warm<MySql>,
     limits: Limits,
     offset: ClockOffset,
     table: TableName,
@@ -160,6 +163,7 @@ impl MySqlStore {
         MySqlStore {
             sql: Statements::new(&table, &token_table),
             order: Arc::default(),
+            warm: Warm::new(pool.clone()),
             pool,
             limits: Limits::default(),
             offset: ClockOffset::default(),
@@ -223,6 +227,11 @@ impl MySqlStore {
     }
 
     /// The pool, for the application's own queries.
+    ///
+    /// The store's own statements keep a connection that answered for their next one, up to half
+    /// the pool's connections and for at most 100 ms each (sqlx would ping it on its way back to
+    /// the pool, a round trip per statement): your queries may wait that long for one when the
+    /// pool is otherwise full.
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
     }
@@ -295,6 +304,14 @@ impl MySqlStore {
         Duration::from_secs(self.lock_wait_secs)
     }
 
+    /// Runs `work` on one of the store's warm connections, or one from the pool.
+    async fn with_conn<R>(
+        &self,
+        work: impl AsyncFnOnce(&mut sqlx::MySqlConnection) -> Result<R, IdemError>,
+    ) -> Result<R, IdemError> {
+        self.warm.with(db_error, work).await
+    }
+
     fn records<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection, locking: bool) -> Records<'c> {
         Records::new(conn, self, locking)
     }
@@ -352,27 +369,29 @@ impl Store for MySqlStore {
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        let mut tried = 0;
-        loop {
-            let outcome = claim_by_cas(&mut self.records(&mut conn, false), req, &self.order).await;
-            match outcome {
-                Err(e) if e.restarts_transaction() && tried + 1 < DEADLOCK_TRIES => {
-                    tried += 1;
-                    crate::engine::back_off(tried).await;
+        self.with_conn(async |conn| {
+            let mut tried = 0;
+            loop {
+                let outcome = claim_by_cas(&mut self.records(conn, false), req, &self.order).await;
+                match outcome {
+                    Err(e) if e.restarts_transaction() && tried + 1 < DEADLOCK_TRIES => {
+                        tried += 1;
+                        crate::engine::back_off(tried).await;
+                    }
+                    Err(IdemError::StoreBusy {
+                        reason: crate::Busy::LockTimeout,
+                        ..
+                    }) => {
+                        // A transaction holds the record (a tx-mode claimant not committed yet).
+                        return Ok(ClaimOutcome::InProgress {
+                            retry_after: self.lock_wait(),
+                        });
+                    }
+                    done => return done,
                 }
-                Err(IdemError::StoreBusy {
-                    reason: crate::Busy::LockTimeout,
-                    ..
-                }) => {
-                    // A transaction holds the record (a tx-mode claimant not committed yet).
-                    return Ok(ClaimOutcome::InProgress {
-                        retry_after: self.lock_wait(),
-                    });
-                }
-                done => return done,
             }
-        }
+        })
+        .await
     }
 
     async fn complete(
@@ -383,15 +402,17 @@ impl Store for MySqlStore {
         snapshot: &[u8],
         ttl: Duration,
     ) -> Result<(), IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        self.records(&mut conn, false)
-            .complete(biz, key, claim, snapshot, ttl)
-            .await
+        self.with_conn(async |conn| {
+            self.records(conn, false)
+                .complete(biz, key, claim, snapshot, ttl)
+                .await
+        })
+        .await
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        self.records(&mut conn, false).fail(biz, key, claim).await
+        self.with_conn(async |conn| self.records(conn, false).fail(biz, key, claim).await)
+            .await
     }
 
     async fn renew(
@@ -401,10 +422,12 @@ impl Store for MySqlStore {
         claim: &Claim,
         lease: Duration,
     ) -> Result<(), IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        self.records(&mut conn, false)
-            .renew(biz, key, claim, lease)
-            .await
+        self.with_conn(async |conn| {
+            self.records(conn, false)
+                .renew(biz, key, claim, lease)
+                .await
+        })
+        .await
     }
 
     async fn save_steps(
@@ -414,30 +437,32 @@ impl Store for MySqlStore {
         claim: &Claim,
         steps: &[u8],
     ) -> Result<(), IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        self.records(&mut conn, false)
-            .save_steps(biz, key, claim, steps)
-            .await
+        self.with_conn(async |conn| {
+            self.records(conn, false)
+                .save_steps(biz, key, claim, steps)
+                .await
+        })
+        .await
     }
 
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        self.records(&mut conn, false).load(biz, key).await
+        self.with_conn(async |conn| self.records(conn, false).load(biz, key).await)
+            .await
     }
 
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        self.records(&mut conn, false).sweep(batch).await
+        self.with_conn(async |conn| self.records(conn, false).sweep(batch).await)
+            .await
     }
 
     async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        self.records(&mut conn, false).stuck(biz, batch).await
+        self.with_conn(async |conn| self.records(conn, false).stuck(biz, batch).await)
+            .await
     }
 
     async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        self.records(&mut conn, false).stats().await
+        self.with_conn(async |conn| self.records(conn, false).stats().await)
+            .await
     }
 
     async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, SqlSafeStr};
 
@@ -21,6 +22,7 @@ use crate::clock::{ClockOffset, TestClock};
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::table::TableName;
+use crate::sql::warm::Warm;
 use crate::store::order::ClaimOrder;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 use crate::transition::TransitionTx;
@@ -64,6 +66,8 @@ const PG_MAX_FIELD_LEN: usize = 1 << 30;
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// The connections the store's own statements keep between them (`sql/warm.rs`).
+    warm: Warm<Postgres>,
     limits: Limits,
     offset: ClockOffset,
     table: TableName,
@@ -214,6 +218,7 @@ impl PgStoreBuilder {
             TableName::new(&name).unwrap_or_else(|_| unreachable!("a valid schema and name"))
         });
         PgStore {
+            warm: Warm::new(pool.clone()),
             pool,
             limits: self.limits,
             offset: ClockOffset::default(),
@@ -321,6 +326,11 @@ impl PgStore {
     }
 
     /// The pool, for the application's own queries.
+    ///
+    /// The store's own statements keep a connection that answered for their next one, up to half
+    /// the pool's connections and for at most 100 ms each (sqlx would ping it on its way back to
+    /// the pool, a round trip per statement): your queries may wait that long for one when the
+    /// pool is otherwise full.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
@@ -429,13 +439,12 @@ impl PgStore {
         Records::new(conn, &self.sql, self.offset_ms(), Claiming::Lease)
     }
 
-    /// Runs `work` on a pool connection.
+    /// Runs `work` on one of the store's warm connections, or one from the pool.
     async fn with_conn<R>(
         &self,
         work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<R, IdemError>,
     ) -> Result<R, IdemError> {
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        work(&mut conn).await
+        self.warm.with(db_error, work).await
     }
 
     /// A lock wait that timed out while claiming: the record is held by a transaction still

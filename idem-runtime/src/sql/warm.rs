@@ -1,0 +1,172 @@
+//! Warm connections: the connections a server store's own statements (claims, marks, renewals, …)
+//! take and give back without going through the pool's idle queue each time.
+//!
+//! sqlx pings every connection it takes back into its pool (a round trip to the server, in a task
+//! of its own), whatever the connection just did. A lease-mode call takes a connection twice for
+//! a new key (claim, mark) and once for a replay, so a busy store paid as many pings as
+//! statements: on MariaDB 40–70 % more replays per second without them, measured on the design
+//! floor (docs/BENCHMARKS.md). A connection that answered its statement is known to work, so the
+//! store keeps it here for its next statement instead.
+//!
+//! What keeps this from taking the pool from anyone else:
+//! - at most half the pool's connections wait here at once (the rest go back to the pool);
+//! - a connection waits here at most [`WARM_FOR`] (100 ms) before it goes back to the pool (a task
+//!   looks every 100 ms while any waits), so the pool's other users (your own queries on
+//!   `store.pool()`, transactions, the outbox relay) are kept from one for at most 200 ms;
+//! - only a connection whose statement finished comes back here: one whose statement failed, or
+//!   whose future was dropped mid-statement (a cancelled call, a deadline), goes back to the pool,
+//!   which tests it as before; a lost connection (a server restart) also sends every warm one
+//!   back, so none that died with it is used again.
+
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Database, Pool};
+
+use crate::IdemError;
+
+/// How long a connection waits here for the store's next statement before it goes back to the
+/// pool.
+pub(crate) const WARM_FOR: Duration = Duration::from_millis(100);
+
+/// The warm connections of one store (and its clones), over its pool.
+pub(crate) struct Warm<DB: Database> {
+    pool: Pool<DB>,
+    idle: Arc<Mutex<Idle<DB>>>,
+    /// How many may wait here at once: half the pool's connections.
+    cap: usize,
+}
+
+/// The connections waiting, oldest first, with when each came back.
+struct Idle<DB: Database> {
+    conns: Vec<(PoolConnection<DB>, Instant)>,
+    /// Whether a task is sending the stale ones back.
+    aging: bool,
+}
+
+impl<DB: Database> Drop for Idle<DB> {
+    fn drop(&mut self) {
+        // A connection going back to the pool is a task sqlx spawns, which needs a runtime; a
+        // store dropped without one (after `block_on` returned) lets its warm connections go
+        // from the pool instead (the pool may open others), closing them here.
+        if tokio::runtime::Handle::try_current().is_err() {
+            for (conn, _) in self.conns.drain(..) {
+                drop(conn.detach());
+            }
+        }
+    }
+}
+
+impl<DB: Database> Clone for Warm<DB> {
+    fn clone(&self) -> Self {
+        Warm {
+            pool: self.pool.clone(),
+            idle: self.idle.clone(),
+            cap: self.cap,
+        }
+    }
+}
+
+fn lock<DB: Database>(idle: &Mutex<Idle<DB>>) -> MutexGuard<'_, Idle<DB>> {
+    // Every change under the lock is a push or a pop: a poisoned lock is still consistent.
+    idle.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<DB: Database> Warm<DB> {
+    /// Warm connections over `pool`.
+    pub(crate) fn new(pool: Pool<DB>) -> Self {
+        let cap = usize::try_from(pool.options().get_max_connections() / 2).unwrap_or(0);
+        Warm {
+            pool,
+            idle: Arc::new(Mutex::new(Idle {
+                conns: Vec::new(),
+                aging: false,
+            })),
+            cap,
+        }
+    }
+
+    /// Runs `work` on a warm connection, or one from the pool; `error` classifies the pool's
+    /// error when it has none to give.
+    pub(crate) async fn with<R>(
+        &self,
+        error: fn(sqlx::Error) -> IdemError,
+        work: impl AsyncFnOnce(&mut DB::Connection) -> Result<R, IdemError>,
+    ) -> Result<R, IdemError> {
+        let taken = lock(&self.idle).conns.pop();
+        let mut conn = match taken {
+            Some((conn, _)) => conn,
+            None => self.pool.acquire().await.map_err(error)?,
+        };
+        let done = work(&mut conn).await;
+        match &done {
+            Ok(_) => self.give_back(conn),
+            Err(IdemError::StoreUnavailable { .. }) => {
+                // The server may have restarted: the pool tests this one and every warm one.
+                drop(conn);
+                self.cool();
+            }
+            Err(_) => drop(conn),
+        }
+        done
+    }
+
+    /// Keeps `conn` for the next statement, if there is room and a runtime to age it on; else it
+    /// goes back to the pool.
+    fn give_back(&self, conn: PoolConnection<DB>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut idle = lock(&self.idle);
+        if idle.conns.len() >= self.cap {
+            drop(idle);
+            drop(conn);
+            return;
+        }
+        idle.conns.push((conn, Instant::now()));
+        // An ager that has not looked for three of its periods went with the runtime it ran on.
+        let lost = idle
+            .conns
+            .first()
+            .is_some_and(|(_, since)| since.elapsed() > 3 * WARM_FOR);
+        if !idle.aging || lost {
+            idle.aging = true;
+            runtime.spawn(age(Arc::downgrade(&self.idle)));
+        }
+    }
+
+    /// Sends every warm connection back to the pool.
+    pub(crate) fn cool(&self) {
+        let conns = std::mem::take(&mut lock(&self.idle).conns);
+        drop(conns);
+    }
+}
+
+/// Every [`WARM_FOR`] while any connection waits: sends back to the pool those that waited that
+/// long. Ends when none waits (or the store is gone).
+async fn age<DB: Database>(idle: Weak<Mutex<Idle<DB>>>) {
+    loop {
+        tokio::time::sleep(WARM_FOR).await;
+        let Some(idle) = idle.upgrade() else {
+            return;
+        };
+        let mut guard = lock(&idle);
+        let now = Instant::now();
+        let fresh = guard
+            .conns
+            .iter()
+            .position(|(_, since)| now.duration_since(*since) < WARM_FOR)
+            .unwrap_or(guard.conns.len());
+        let stale: Vec<_> = guard.conns.drain(..fresh).collect();
+        let done = guard.conns.is_empty();
+        if done {
+            guard.aging = false;
+        }
+        drop(guard);
+        drop(stale);
+        if done {
+            return;
+        }
+    }
+}

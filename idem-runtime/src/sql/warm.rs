@@ -10,9 +10,9 @@
 //!
 //! What keeps this from taking the pool from anyone else:
 //! - at most half the pool's connections wait here at once (the rest go back to the pool);
-//! - a connection waits here at most [`WARM_FOR`] (100 ms) before it goes back to the pool (a task
-//!   looks every 100 ms while any waits), so the pool's other users (your own queries on
-//!   `store.pool()`, transactions, the outbox relay) are kept from one for at most 200 ms;
+//! - a connection that waited here [`WARM_FOR`] (100 ms) goes back to the pool at the next look of
+//!   a task that looks every 100 ms while any waits, so the pool's other users (your own queries
+//!   on `store.pool()`, transactions, the outbox relay) are kept from one for at most 200 ms;
 //! - only a connection whose statement finished comes back here: one whose statement failed, or
 //!   whose future was dropped mid-statement (a cancelled call, a deadline), goes back to the pool,
 //!   which tests it as before; a lost connection (a server restart) also sends every warm one

@@ -15,11 +15,12 @@
 //! Workload: a small serde result (`Receipt`: a string and two integers).
 //! - `lease first`: a new key per call: the claim `INSERT` (its fence back in the OK packet), the
 //!   body, the mark `UPDATE` with the stored result: 2 round trips.
-//! - `lease replay`: the same keys again: the `INSERT` refused with 1062, the read of the stored
-//!   result, decoding: 2 round trips.
-//! - `tx first` / `tx replay`: the same inside a transaction (`SET SESSION innodb_lock_wait_timeout
-//!   = 2; BEGIN`, `SAVEPOINT`, claim, mark, `RELEASE SAVEPOINT`, `COMMIT`; the replay's read is
-//!   `LOCK IN SHARE MODE`): 6 round trips.
+//! - `lease replay`: the same keys again: while repeats prevail (idem's claim order), one read of
+//!   the stored result by primary key, then decoding: 1 round trip.
+//! - `tx first`: the same inside a transaction: `SET SESSION innodb_lock_wait_timeout = 2; BEGIN;
+//!   SAVEPOINT` (one round trip while new keys prevail), the claim, the mark, `COMMIT` (which
+//!   releases the savepoint): 6 statements in 4 round trips. `tx replay`: the `SET` and `BEGIN`,
+//!   one read, `COMMIT`. (`statement_counts.rs` holds these counts.)
 //!
 //! Contenders: `idem` (`Call::run` on a `MySqlStore`, `Call::run_in_tx` on its `MySqlTx`) and
 //! `floor`, the same statements hand-written in plain sqlx with no framework, on a pool of the

@@ -12,16 +12,15 @@
 //! `design`); what names neither of a kind runs all of that kind. idem always runs.
 //!
 //! Workloads (a small serde result: a string and two integers):
-//! - `lease`: a new key per call in lease mode: the claim statement, the body, the complete
-//!   statement (2 round trips);
-//! - `replay`: the same keys again, already SUCCEEDED: the claim statement answers with the stored
-//!   result (1 round trip, then decoding);
-//! - `tx`: a new key per call in transaction mode, in a transaction of its own: BEGIN, the
-//!   savepoint with the lock timeout (one round trip: `SAVEPOINT; SHOW lock_timeout; SET LOCAL
-//!   lock_timeout`), the locking claim statement, the caller's lock timeout back (`set_config`), the
-//!   complete statement, `RELEASE SAVEPOINT`, COMMIT (7 round trips, 5 of them idem's);
-//! - `tx-replay`: the same keys again in transaction mode: BEGIN, savepoint, claim, `ROLLBACK TO
-//!   SAVEPOINT; RELEASE SAVEPOINT`, COMMIT (5 round trips, 3 of them idem's).
+//! - `lease`: a new key per call in lease mode: the claim (a plain `INSERT … ON CONFLICT DO
+//!   NOTHING` while new keys prevail), the body, the mark: 2 round trips;
+//! - `replay`: the same keys again, already SUCCEEDED: while repeats prevail (idem's claim order),
+//!   one read of the stored result by primary key, then decoding: 1 round trip;
+//! - `tx`: a new key per call in transaction mode, in a transaction of its own: `BEGIN; SAVEPOINT`
+//!   (one round trip while new keys prevail), the claim (which takes the key's advisory lock), the
+//!   mark, `COMMIT` (which releases the savepoint): 5 statements in 4 round trips;
+//! - `tx-replay`: the same keys again in transaction mode: `BEGIN`, one read, `COMMIT` (3 round
+//!   trips). (`statement_counts.rs` holds these counts.)
 //!
 //! Contenders, each on a pool of its own of the same size and settings (`PgStore::connect`'s):
 //! - `idem`: `Call::new(..).run(&PgStore, ..)` / `.run_in_tx(&mut PgTx, ..)`;

@@ -8,8 +8,9 @@
 //!
 //! Workload: a small serde result (`Receipt`: a string and two integers). "first" = a new key per
 //! call (claim, body, mark SUCCEEDED with the stored result: two round trips); "replay" = the same
-//! keys again, already SUCCEEDED (the claim script answers with the result: one round trip, then
-//! decoding).
+//! keys again, already SUCCEEDED (while repeats prevail, idem's claim is one `HMGET` of the
+//! record, no script: one round trip, then decoding; the `floor` below still sends the claim
+//! script).
 //!
 //! Contenders, each on a connection of its own of the same kind (one multiplexed
 //! `ConnectionManager`, shared by all the tasks of that contender):

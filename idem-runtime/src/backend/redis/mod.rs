@@ -10,6 +10,7 @@ mod cluster;
 mod conn;
 mod error;
 mod read;
+mod records;
 pub(crate) mod scripts;
 mod stats;
 mod stuck;
@@ -19,32 +20,21 @@ pub(crate) use error::redis_error;
 
 pub use tokens::RedisTokens;
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::{Script, Value};
 
 use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
 use crate::store::decide::millis;
-use crate::store::order::ClaimOrder;
-use crate::store::{
-    Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, Store,
-};
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 pub use cluster::RedisClusterStore;
 use conn::Conn;
-use stuck::{biz_of, stuck_key};
+use records::{COMPLETE, FAIL, RENEW, Records, SAVE_STEPS, int, record_of, text};
 
 /// How long a command may wait for its reply.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
-
-static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLAIM));
-static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLETE));
-static FAIL: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::FAIL));
-static SAVE_STEPS: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SAVE_STEPS));
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RENEW));
-static SWEEP: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SWEEP));
 
 /// The key of a record: `<prefix>{<n>:<biz>:<key>}` (prefix `idem:` by default), where `<n>` is
 /// the business type's length in bytes, so the key names exactly one `(biz, key)`: `("PAY", "x:y")`
@@ -119,302 +109,6 @@ fn check_redis_limits(limits: &Limits) -> Result<(), IdemError> {
         });
     }
     Ok(())
-}
-
-/// What the two Redis stores share.
-#[derive(Clone)]
-struct Records {
-    conn: Conn,
-    limits: Limits,
-    offset: ClockOffset,
-    prefix: String,
-    /// `WAIT` after every write: how many replicas must acknowledge it, and for how long to wait.
-    acks: Option<(u32, Duration)>,
-    /// Which step a claim sends first (`store/order.rs`): the claim script, or (on one server) a
-    /// plain `HMGET` with `TIME`.
-    order: Arc<ClaimOrder>,
-}
-
-fn int(v: &Value, what: &str) -> Result<i64, IdemError> {
-    match v {
-        Value::Int(i) => Ok(*i),
-        Value::BulkString(b) => std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| IdemError::store(format!("{what} is not a number in the store"))),
-        Value::SimpleString(s) => s
-            .parse()
-            .map_err(|_| IdemError::store(format!("{what} is not a number in the store"))),
-        _ => Err(IdemError::store(format!("{what} is missing in the store"))),
-    }
-}
-
-fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    }
-}
-
-/// A reply's string, borrowed (empty for anything else): the tags a script answers with are
-/// compared, not kept.
-fn bytes(v: &Value) -> &[u8] {
-    match v {
-        Value::BulkString(b) => b,
-        Value::SimpleString(s) => s.as_bytes(),
-        _ => b"",
-    }
-}
-
-/// A record from its fields as `HMGET s a f fp lu ex r` answers them; `None` when it has no status
-/// (no such record).
-fn record_of(biz: &str, key: &str, fields: &[Value]) -> Result<Option<Record>, IdemError> {
-    let [s, a, f, fp, lu, ex, r] = fields else {
-        return Err(IdemError::store("HMGET returned an unexpected reply"));
-    };
-    let Some(status) = text(s) else {
-        return Ok(None);
-    };
-    let status = Status::parse(&status)?;
-    let blob = match r {
-        Value::BulkString(b) => Some(b.clone()),
-        _ => None,
-    };
-    let (snapshot, steps) = Record::split_blob(status, blob);
-    Ok(Some(Record {
-        biz: biz.to_owned(),
-        key: key.to_owned(),
-        status,
-        attempt: u32::try_from(int(a, "attempt")?).unwrap_or(0),
-        fence: Fence::new(u64::try_from(int(f, "fence")?).unwrap_or(0)),
-        fingerprint: text(fp).filter(|fp| !fp.is_empty()),
-        snapshot,
-        steps,
-        lease_until_ms: int(lu, "lease")?,
-        expire_at_ms: int(ex, "expiry")?,
-    }))
-}
-
-impl Records {
-    fn key(&self, biz: &str, key: &str) -> String {
-        record_key(&self.prefix, biz, key)
-    }
-
-    /// `biz`'s stuck index, on one server; none on a cluster (it would lie in another slot than
-    /// the records, and a script touches one slot).
-    fn index(&self, biz: &str) -> Option<String> {
-        match self.conn {
-            Conn::Single(_) => Some(stuck_key(&self.prefix, biz)),
-            Conn::Cluster(_) => None,
-        }
-    }
-
-    /// With [`RedisStore::with_replica_acks`]: waits until the configured number of replicas
-    /// acknowledged every write this connection made so far (the one to `key` included), and
-    /// fails as unavailable when fewer did in time.
-    async fn replicated(&self, key: &str) -> Result<(), IdemError> {
-        let Some((replicas, timeout)) = self.acks else {
-            return Ok(());
-        };
-        let acked = self
-            .conn
-            .wait_for_replicas(key, replicas, timeout)
-            .await
-            .map_err(redis_error)?;
-        if acked >= i64::from(replicas) {
-            return Ok(());
-        }
-        Err(IdemError::unavailable(format!(
-            "the write reached {acked} of {replicas} replicas within {timeout:?}: a failover now \
-             could lose it"
-        )))
-    }
-
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        if self.order.read_first()
-            && let Conn::Single(_) = self.conn
-            && let Some(outcome) = self.decided_by_read(req).await?
-        {
-            self.order.observe(&outcome);
-            return Ok(outcome);
-        }
-        let outcome = self.claim_by_script(req).await;
-        if let Ok(outcome) = &outcome {
-            self.order.observe(outcome);
-        }
-        outcome
-    }
-
-    /// The claim script: the whole decision table, and the take, in one atomic step.
-    async fn claim_by_script(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        let mut conn = self.conn.clone();
-        let record = self.key(req.biz, req.key);
-        let index = self.index(req.biz);
-        let mut invocation = CLAIM.key(&record);
-        if let Some(index) = &index {
-            invocation.key(index);
-        }
-        let mut reply: Vec<Value> = invocation
-            .arg(req.fingerprint.unwrap_or(""))
-            .arg(millis(req.lease))
-            .arg(millis(req.ttl))
-            .arg(self.offset.ms())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        // The script's tag: one letter.
-        let tag = match reply.first().map(bytes) {
-            Some(&[letter]) => letter,
-            _ => 0,
-        };
-        match (tag, reply.as_mut_slice()) {
-            (b'A', [_, attempt, fence, how]) => {
-                let attempt = u32::try_from(int(attempt, "attempt")?)
-                    .map_err(|_| IdemError::store("attempt out of range"))?;
-                let fence = u64::try_from(int(fence, "fence")?)
-                    .map_err(|_| IdemError::store("fence out of range"))?;
-                let how = match bytes(how) {
-                    b"retry" => Acquired::RetryAfterFailure,
-                    b"takeover" => Acquired::TakeOver,
-                    _ => Acquired::Fresh,
-                };
-                // A claim the replicas did not get is refused: the body must not run on a claim
-                // a failover can forget. It is released (FAILED under its own fence: the body did
-                // not run), so a retry once the replicas answer is not told "in progress".
-                if let Err(e) = self.replicated(&record).await {
-                    let mut conn = self.conn.clone();
-                    let mut release = FAIL.key(&record);
-                    if let Some(index) = &index {
-                        release.key(index);
-                    }
-                    let released: Result<i64, _> = release
-                        .arg(fence)
-                        .arg(self.offset.ms())
-                        .invoke_async(&mut conn)
-                        .await;
-                    if let Err(release) = released {
-                        tracing::warn!(error = %release, "could not release a claim the replicas did not acknowledge; it is taken over when its lease ends");
-                    }
-                    return Err(e);
-                }
-                Ok(ClaimOutcome::Acquired {
-                    claim: Claim {
-                        attempt,
-                        fence: Fence::new(fence),
-                    },
-                    how,
-                })
-            }
-            // The reply is ours: the stored result moves out of it, uncopied.
-            (b'R', [_, result]) => Ok(ClaimOutcome::Replay {
-                snapshot: match std::mem::replace(result, Value::Nil) {
-                    Value::BulkString(b) => b,
-                    _ => Vec::new(),
-                },
-            }),
-            (b'M', _) => Ok(ClaimOutcome::Mismatch),
-            (b'P', [_, left]) => Ok(ClaimOutcome::InProgress {
-                retry_after: Duration::from_millis(u64::try_from(int(left, "lease")?).unwrap_or(0)),
-            }),
-            _ => Err(IdemError::store(format!(
-                "unexpected reply from the claim script: {reply:?}"
-            ))),
-        }
-    }
-
-    /// Runs a script that changes the record only under `claim`'s fence.
-    async fn held(
-        &self,
-        script: &Script,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        extra: &[&[u8]],
-    ) -> Result<(), IdemError> {
-        let mut conn = self.conn.clone();
-        let record = self.key(biz, key);
-        let index = self.index(biz);
-        let mut invocation = script.key(&record);
-        if let Some(index) = &index {
-            invocation.key(index);
-        }
-        // The same decimal text as `to_string()`, written straight into the command.
-        invocation.arg(claim.fence.get());
-        for arg in extra {
-            invocation.arg(*arg);
-        }
-        invocation.arg(self.offset.ms());
-        let changed: i64 = invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        if changed == 1 {
-            self.replicated(&record).await
-        } else {
-            Err(IdemError::LeaseLost {
-                attempt: claim.attempt,
-            })
-        }
-    }
-
-    async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        let mut conn = self.conn.clone();
-        let fields: Vec<Value> = redis::cmd("HMGET")
-            .arg(self.key(biz, key))
-            .arg(&["s", "a", "f", "fp", "lu", "ex", "r"])
-            .query_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        record_of(biz, key, &fields)
-    }
-
-    /// Deletes at most `batch` records expired by the store's clock (and their index members),
-    /// then drops the stale members of every stuck index (records Redis expired by itself). Redis
-    /// expires records by itself (`PEXPIREAT` at the end of their TTL or lease, whichever is
-    /// later); this scans for the ones a test clock ran past, so it is for tests, not for
-    /// production use.
-    async fn sweep(&self, batch: usize) -> Result<u64, IdemError> {
-        let mut deleted = 0u64;
-        let pattern = format!("{}*", self.prefix);
-        let keys = self.conn.scan_keys(&pattern).await.map_err(redis_error)?;
-        let mut indexes = Vec::new();
-        for key in &keys {
-            let Some(rest) = key.strip_prefix(&self.prefix) else {
-                continue;
-            };
-            if !rest.starts_with('{') {
-                // A stuck index of this prefix: `stuck:` and a digit (a prefix that merely begins
-                // with this one has a letter or `{` there).
-                if matches!(self.conn, Conn::Single(_))
-                    && rest
-                        .strip_prefix("stuck:")
-                        .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
-                {
-                    indexes.push(key);
-                }
-                continue;
-            }
-            if deleted as usize >= batch {
-                continue;
-            }
-            let mut conn = self.conn.clone();
-            let mut invocation = SWEEP.key(key);
-            if let Some(index) = biz_of(&self.prefix, key).and_then(|biz| self.index(biz)) {
-                invocation.key(index);
-            }
-            let gone: i64 = invocation
-                .arg(self.offset.ms())
-                .invoke_async(&mut conn)
-                .await
-                .map_err(redis_error)?;
-            deleted += gone as u64;
-        }
-        for index in indexes {
-            self.trim(index).await?;
-        }
-        Ok(deleted)
-    }
 }
 
 /// Keeps records in Redis (one server), through a `ConnectionManager` that reconnects by itself.

@@ -1,0 +1,171 @@
+//! The options of a [`PgStore`] and how it connects.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+use super::records::Statements;
+use super::tokens::TokenStatements;
+use super::{
+    DEFAULT_PG_LOCK_TIMEOUT, MAX_PG_LOCK_TIMEOUT, PgStore, check_pg_limits, lock_timeout_text,
+};
+use crate::IdemError;
+use crate::clock::ClockOffset;
+use crate::sql::table::TableName;
+use crate::sql::warm::Warm;
+use crate::store::Limits;
+
+/// Options of a [`PgStore`]: its table names, its pool, its limits and its lock timeout.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+/// let store = idem_runtime::PgStore::builder()
+///     .table("billing.idem_record")?
+///     .max_connections(32)
+///     .connect("postgres://postgres@127.0.0.1:5432/test")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgStoreBuilder {
+    table: TableName,
+    token_table: Option<TableName>,
+    limits: Limits,
+    max_connections: u32,
+    acquire_timeout: Duration,
+    lock_timeout: Duration,
+}
+
+impl Default for PgStoreBuilder {
+    fn default() -> Self {
+        PgStoreBuilder {
+            table: TableName::default_table(),
+            token_table: None,
+            limits: Limits::default(),
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(30),
+            lock_timeout: DEFAULT_PG_LOCK_TIMEOUT,
+        }
+    }
+}
+
+impl PgStoreBuilder {
+    /// The records' table: `[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.table` (the schema must
+    /// exist); quoted in every statement. Default `idem_record`.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a name idem cannot use.
+    pub fn table(mut self, name: &str) -> Result<Self, IdemError> {
+        self.table = TableName::new(name)?;
+        Ok(self)
+    }
+
+    /// The submit tokens' table (same rules). Default `idem_token`, in the records' schema.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a name idem cannot use.
+    pub fn token_table(mut self, name: &str) -> Result<Self, IdemError> {
+        self.token_table = Some(TableName::new(name)?);
+        Ok(self)
+    }
+
+    /// The limits the store enforces before it writes; checked by [`PgStoreBuilder::connect`] and
+    /// [`PgStoreBuilder::build`] as [`PgStore::with_limits`] checks them.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Connections of the pool [`PgStoreBuilder::connect`] opens (default 16).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// How long [`PgStoreBuilder::connect`] and every later checkout wait for a connection
+    /// (default 30 s; 1 ms ..= [`crate::MAX_DURATION`], checked by `connect`).
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// How long a claim waits for a row lock held by another transaction (a claimant in
+    /// transaction mode whose business is still running) before it answers `InProgress`
+    /// (default 3 s). Set in transaction mode for a claim that waits for another transaction
+    /// (`SET LOCAL lock_timeout`, restored after it; a claim that finds its key's lock free sets
+    /// nothing), and as the session's `lock_timeout` of the pool [`PgStoreBuilder::connect`] opens.
+    ///
+    /// Range: 1 ms ..= 2,147,483,647 ms (about 24.8 days, the largest `lock_timeout` Postgres
+    /// accepts); a value outside it is clamped to it.
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout.clamp(Duration::from_millis(1), MAX_PG_LOCK_TIMEOUT);
+        self
+    }
+
+    /// Opens a pool on `url` (`postgres://user@host:port/db`) and makes the store.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a malformed URL, an acquire timeout out of range or
+    /// limits a column cannot hold (before any connection is opened),
+    /// [`IdemError::StoreUnavailable`] when the server cannot be reached.
+    pub async fn connect(self, url: &str) -> Result<PgStore, IdemError> {
+        check_pg_limits(&self.limits)?;
+        crate::duration::check(
+            "the acquire timeout",
+            self.acquire_timeout,
+            Duration::from_millis(1),
+            "shorter than 1 ms: no checkout could wait for a connection",
+        )?;
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| IdemError::InvalidOptions {
+                reason: format!("not a Postgres URL: {e}"),
+            })?
+            .options([("lock_timeout", lock_timeout_text(self.lock_timeout))]);
+        // A statement on a dead connection fails as unavailable and idem tries again on another,
+        // so the pool does not ping every connection it hands out (a round trip per statement).
+        let pool = PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(self.acquire_timeout)
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await
+            .map_err(IdemError::unavailable)?;
+        Ok(self.store(pool))
+    }
+
+    /// The store on an existing pool (its database must have the tables: see
+    /// [`PgStore::migrate`]).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for limits a column cannot hold (see
+    /// [`PgStore::with_limits`]).
+    pub fn build(self, pool: PgPool) -> Result<PgStore, IdemError> {
+        check_pg_limits(&self.limits)?;
+        Ok(self.store(pool))
+    }
+
+    /// The store on `pool`, its options already checked.
+    pub(super) fn store(self, pool: PgPool) -> PgStore {
+        let token_table = self.token_table.unwrap_or_else(|| {
+            let name = match self.table.as_str().split_once('.') {
+                Some((schema, _)) => format!("{schema}.idem_token"),
+                None => "idem_token".to_owned(),
+            };
+            TableName::new(&name).unwrap_or_else(|_| unreachable!("a valid schema and name"))
+        });
+        PgStore {
+            warm: Warm::new(pool.clone()),
+            pool,
+            limits: self.limits,
+            offset: ClockOffset::default(),
+            sql: Arc::new(Statements::new(&self.table)),
+            token_sql: Arc::new(TokenStatements::new(&token_table)),
+            table: self.table,
+            token_table,
+            lock_timeout: self.lock_timeout,
+            order: Arc::default(),
+        }
+    }
+}

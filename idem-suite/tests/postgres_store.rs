@@ -687,58 +687,171 @@ async fn index_defs(store: &PgStore, table: &str) -> Vec<(String, String)> {
     .unwrap()
 }
 
-/// A table made by the previous version's DDL gets the index `stuck` reads,
-/// `(biz_type, status, lease_until)`, from `migrate()`; again is a no-op. And a table whose name
-/// is as long as idem allows gets it beside its expiry index (at 62 bytes `<table>_expire_at` and
-/// `<table>_stuck` cut at 63 would be one name, and `CREATE INDEX IF NOT EXISTS` would skip the
-/// second).
+/// The reconciler's query (`stuck`) as Postgres plans it on `store`'s table (sequential scans
+/// off: a test table is small enough that a scan would win).
+async fn stuck_plan(store: &PgStore) -> String {
+    let mut conn = store.pool().acquire().await.unwrap();
+    sqlx::raw_sql("SET enable_seqscan = off")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let sql = format!("EXPLAIN {}", store.__statement("stuck").unwrap());
+    let lines: Vec<String> = sqlx::query_scalar(AssertSqlSafe(sql))
+        .bind("PAY")
+        .bind(0_i64)
+        .bind(10_i64)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::raw_sql("RESET enable_seqscan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    lines.join("\n")
+}
+
+/// Tables made by earlier versions' DDL (the table alone; the table and the index over every
+/// record that `stuck` read before) get from `migrate()` the index `stuck` reads now, over the
+/// PROCESSING records only, and lose the one it replaces; again is a no-op. The reconciler's
+/// query reads the new index in its order (no sort). In a schema of its own, the index dropped
+/// is the table's, named with its schema. And a table whose name is as long as idem allows gets
+/// it beside its expiry index (at 62 bytes `<table>_expire_at` and `<table>_processing` cut at
+/// 63 would be one name, and `CREATE INDEX IF NOT EXISTS` would skip the second).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migrate_adds_the_stuck_index_to_a_table_of_the_previous_version() {
+async fn migrate_brings_a_table_of_an_earlier_version_to_the_index_of_processing_records() {
     let Some(base) = pg::store(2).await else {
         return;
     };
-    let t = format!("{}_old", base.table());
-    sqlx::raw_sql(AssertSqlSafe(
-        PgStore::MIGRATIONS[0].replace("idem_record", &t),
-    ))
-    .execute(base.pool())
-    .await
-    .unwrap();
-    let store = PgStore::builder()
-        .table(&t)
-        .unwrap()
-        .token_table(base.token_table())
-        .unwrap()
-        .build(base.pool().clone())
-        .unwrap();
+    let store_on = |t: &str| {
+        PgStore::builder()
+            .table(t)
+            .unwrap()
+            .token_table(base.token_table())
+            .unwrap()
+            .build(base.pool().clone())
+            .unwrap()
+    };
     let names = |defs: Vec<(String, String)>| defs.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
-    assert_eq!(
-        names(index_defs(&store, &t).await),
-        [format!("{t}_expire_at"), format!("{t}_pkey")]
-    );
-    store.migrate().await.unwrap();
-    store.migrate().await.unwrap(); // idempotent
-    let defs = index_defs(&store, &t).await;
-    let stuck = defs
-        .iter()
-        .find(|(name, _)| *name == format!("{t}_stuck"))
-        .unwrap_or_else(|| panic!("no stuck index: {defs:?}"));
-    assert!(
-        stuck
-            .1
-            .ends_with("USING btree (biz_type, status, lease_until)"),
-        "{stuck:?}"
-    );
+    for (version, old) in [(1, "_v1"), (3, "_v3")] {
+        let t = format!("{}{old}", base.table());
+        // The records' DDL of those versions (the second is the tokens').
+        for (i, ddl) in PgStore::MIGRATIONS[..version].iter().enumerate() {
+            if i == 1 {
+                continue;
+            }
+            sqlx::raw_sql(AssertSqlSafe(ddl.replace("idem_record", &t)))
+                .execute(base.pool())
+                .await
+                .unwrap();
+        }
+        let store = store_on(&t);
+        let before = names(index_defs(&store, &t).await);
+        assert_eq!(
+            before.contains(&format!("{t}_stuck")),
+            version == 3,
+            "{before:?}"
+        );
+        store.migrate().await.unwrap();
+        store.migrate().await.unwrap(); // idempotent
+        let defs = index_defs(&store, &t).await;
+        assert_eq!(
+            names(defs.clone()),
+            [
+                format!("{t}_expire_at"),
+                format!("{t}_processing"),
+                format!("{t}_pkey")
+            ],
+            "{defs:?}"
+        );
+        assert!(
+            defs[1].1.ends_with(
+                "USING btree (biz_type, lease_until) WHERE (status = 'PROCESSING'::text)"
+            ),
+            "{defs:?}"
+        );
+        let plan = stuck_plan(&store).await;
+        assert!(
+            plan.contains(&format!("Index Scan using {t}_processing")) && !plan.contains("Sort"),
+            "{plan}"
+        );
+        sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE {t}")))
+            .execute(base.pool())
+            .await
+            .unwrap();
+    }
 
+    // In a schema of its own, beside a table of the same name on the search path (the pool's
+    // connections work in the default schema) whose index of the same name must stay.
+    let Some((schema_pool, schema)) = pg::schema_pool(1).await else {
+        return;
+    };
+    let pool = base.pool().clone();
+    let t = format!("{}_twin", base.table());
+    for qualified in [format!("{schema}.{t}"), t.clone()] {
+        for ddl in [PgStore::MIGRATIONS[0], PgStore::MIGRATIONS[2]] {
+            let ddl = ddl
+                .replace("ON idem_record ", &format!("ON {qualified} "))
+                .replace("EXISTS idem_record ", &format!("EXISTS {qualified} "))
+                .replace("idem_record_", &format!("{t}_"));
+            sqlx::raw_sql(AssertSqlSafe(ddl))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    }
+    let store = PgStore::builder()
+        .table(&format!("{schema}.{t}"))
+        .unwrap()
+        .build(pool.clone())
+        .unwrap();
+    store.migrate().await.unwrap();
+    let in_schema = |schema: String| {
+        let pool = pool.clone();
+        let t = t.clone();
+        async move {
+            let names: Vec<String> = sqlx::query_scalar(
+                "SELECT indexname::TEXT FROM pg_indexes WHERE schemaname = $1 AND tablename = $2 \
+                 ORDER BY 1",
+            )
+            .bind(schema)
+            .bind(t)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            names
+        }
+    };
+    assert_eq!(
+        in_schema(schema.clone()).await,
+        [
+            format!("{t}_expire_at"),
+            format!("{t}_pkey"),
+            format!("{t}_processing")
+        ]
+    );
+    let public: String = sqlx::query_scalar("SELECT current_schema()::TEXT")
+        .fetch_one(base.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        in_schema(public).await,
+        [
+            format!("{t}_expire_at"),
+            format!("{t}_pkey"),
+            format!("{t}_stuck")
+        ],
+        "the twin on the search path keeps its index"
+    );
+    sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE {t}")))
+        .execute(base.pool())
+        .await
+        .unwrap();
+    pg::drop_schema(&schema_pool, &schema).await;
+
+    let t = base.table().to_owned();
     let long = format!("{t}_{}", "x".repeat(61 - t.len()));
     assert_eq!(long.len(), 62);
-    let store = PgStore::builder()
-        .table(&long)
-        .unwrap()
-        .token_table(base.token_table())
-        .unwrap()
-        .build(base.pool().clone())
-        .unwrap();
+    let store = store_on(&long);
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
     let mut columns: Vec<String> = index_defs(&store, &long)
@@ -751,11 +864,11 @@ async fn migrate_adds_the_stuck_index_to_a_table_of_the_previous_version() {
         columns,
         [
             "(biz_type, idem_key)",
-            "(biz_type, status, lease_until)",
+            "(biz_type, lease_until) WHERE (status = 'PROCESSING'::text)",
             "(expire_at)"
         ]
     );
-    sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE {t}, {long}")))
+    sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE {long}")))
         .execute(base.pool())
         .await
         .unwrap();

@@ -279,41 +279,79 @@ async fn a_wrapping_store_hands_out_its_own_transactions() {
     );
 }
 
-/// A database made by the previous version (its DDL: the table, the fence, the tokens) gets the
-/// index `stuck` reads, `(biz_type, status, lease_until)`, from `migrate()`; again is a no-op.
+/// A database made by an earlier version (its DDL: the table, the fence, the tokens; and the index
+/// over every record that `stuck` read until version 5) gets from `migrate()` the index `stuck`
+/// reads now, over the PROCESSING records only, and loses the one it replaces; again is a no-op.
+/// The reconciler's query reads that index, in its order.
 #[tokio::test]
-async fn migrate_adds_the_stuck_index_to_a_database_of_the_previous_version() {
-    let path = temp_db("v3");
-    let store = SqliteStore::open(&path).await.unwrap();
-    for ddl in &SqliteStore::MIGRATIONS[..3] {
-        sqlx::raw_sql(*ddl).execute(store.pool()).await.unwrap();
-    }
-    let indexes = async || -> Vec<String> {
-        sqlx::query("SELECT name FROM pragma_index_list('idem_record') ORDER BY name")
+async fn migrate_brings_an_earlier_database_to_the_index_of_processing_records() {
+    for version in [3, 4] {
+        let path = temp_db(&format!("v{version}"));
+        let store = SqliteStore::open(&path).await.unwrap();
+        for ddl in &SqliteStore::MIGRATIONS[..version] {
+            sqlx::raw_sql(*ddl).execute(store.pool()).await.unwrap();
+        }
+        let indexes = async || -> Vec<(String, i64)> {
+            sqlx::query(
+                "SELECT name, partial FROM pragma_index_list('idem_record') \
+                 WHERE origin = 'c' ORDER BY name",
+            )
             .fetch_all(store.pool())
             .await
             .unwrap()
             .iter()
-            .map(|row| row.get(0))
+            .map(|row| (row.get(0), row.get(1)))
             .collect()
-    };
-    assert!(!indexes().await.contains(&"idem_record_stuck".to_owned()));
-    store.migrate().await.unwrap();
-    store.migrate().await.unwrap(); // idempotent
-    assert!(
-        indexes().await.contains(&"idem_record_stuck".to_owned()),
-        "{:?}",
-        indexes().await
-    );
-    let columns: Vec<String> =
-        sqlx::query("SELECT name FROM pragma_index_info('idem_record_stuck') ORDER BY seqno")
-            .fetch_all(store.pool())
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
-    assert_eq!(columns, ["biz_type", "status", "lease_until"]);
+        };
+        let before: Vec<String> = indexes().await.into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            before.contains(&"idem_record_stuck".to_owned()),
+            version == 4,
+            "{before:?}"
+        );
+        store.migrate().await.unwrap();
+        store.migrate().await.unwrap(); // idempotent
+        assert_eq!(
+            indexes().await,
+            [
+                ("idem_record_expire_at".to_owned(), 0),
+                ("idem_record_processing".to_owned(), 1)
+            ],
+            "version {version}"
+        );
+        let columns: Vec<String> = sqlx::query(
+            "SELECT name FROM pragma_index_info('idem_record_processing') ORDER BY seqno",
+        )
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+        assert_eq!(columns, ["biz_type", "lease_until"]);
+        // The reconciler's query (`records.rs`, STUCK): a range of the partial index, no sort.
+        let plan: Vec<String> = sqlx::query(
+            "EXPLAIN QUERY PLAN SELECT idem_key, status, attempt, fence, fingerprint, result, \
+             lease_until, expire_at FROM idem_record WHERE biz_type = ?1 AND status = 'PROCESSING' \
+             AND lease_until <= ?2 ORDER BY lease_until LIMIT ?3",
+        )
+        .bind("PAY")
+        .bind(0_i64)
+        .bind(10_i64)
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get("detail"))
+        .collect();
+        assert_eq!(
+            plan,
+            [
+                "SEARCH idem_record USING INDEX idem_record_processing (biz_type=? AND lease_until<?)"
+            ],
+            "{plan:?}"
+        );
+    }
 }
 
 /// Two stores on one database file, each on tables of its own (`with_table`,
@@ -358,12 +396,12 @@ async fn two_tables_in_one_file_keep_their_records_apart() {
         [
             "orders_idem",
             "orders_idem_expire_at",
-            "orders_idem_stuck",
+            "orders_idem_processing",
             "orders_tok",
             "orders_tok_expire_at",
             "refunds_idem",
             "refunds_idem_expire_at",
-            "refunds_idem_stuck",
+            "refunds_idem_processing",
             "refunds_tok",
             "refunds_tok_expire_at",
         ],

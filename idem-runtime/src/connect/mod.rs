@@ -206,14 +206,10 @@ fn mysql_migrations(_: &Options) -> Result<Option<Vec<String>>, IdemError> {
 
 #[cfg(feature = "postgres")]
 fn postgres_migrations(options: &Options) -> Result<Option<Vec<String>>, IdemError> {
-    use crate::backend::postgres::named;
     let (records, tokens) = tables(options)?;
-    let [r, t, s] = crate::PgStore::MIGRATIONS;
-    Ok(Some(vec![
-        named(r, "idem_record", &records),
-        named(t, "idem_token", &tokens),
-        named(s, "idem_record", &records),
-    ]))
+    Ok(Some(
+        crate::backend::postgres::migrations_named(&records, &tokens).to_vec(),
+    ))
 }
 
 #[cfg(not(feature = "postgres"))]
@@ -583,7 +579,11 @@ mod tests {
                 ddl[0].contains("\"t3\"") && ddl[2].contains("\"t3_tok\""),
                 "{ddl:?}"
             );
-            assert!(ddl[3].contains("\"t3_stuck\""), "{ddl:?}");
+            assert!(
+                ddl[3].contains("\"t3_processing\"")
+                    && ddl[3].contains("DROP INDEX IF EXISTS \"t3_stuck\""),
+                "{ddl:?}"
+            );
             let ddl = migrations("sqlite:x.db?idem_token_table=tk")
                 .unwrap()
                 .unwrap();
@@ -604,6 +604,12 @@ mod tests {
                 ddl.iter()
                     .all(|d| !d.contains("EXISTS idem_") && !d.contains("ON idem_")),
                 "{ddl:?}"
+            );
+            assert!(
+                ddl[2].contains("\"t1_processing\"")
+                    && ddl[2].contains("DROP INDEX IF EXISTS \"t1_stuck\""),
+                "{}",
+                ddl[2]
             );
         }
         #[cfg(feature = "mysql")]

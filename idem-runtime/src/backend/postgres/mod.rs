@@ -99,14 +99,17 @@ fn lock_timeout_text(timeout: Duration) -> String {
 }
 
 impl PgStore {
-    /// The DDL of the records and tokens tables and of the records' later index (the one
-    /// [`Store::stuck`] reads), in order, as shipped in `migrations/postgres/`
-    /// (with the default names `idem_record` and `idem_token`); for services that apply
-    /// migrations with their own tool. [`PgStore::migrate`] applies them with the store's names.
-    pub const MIGRATIONS: [&'static str; 3] = [
+    /// The DDL of the records and tokens tables and of the records' later indexes (the one
+    /// [`Store::stuck`] reads: first over every record, then over the PROCESSING ones only, which
+    /// replaces it), in order, as shipped in `migrations/postgres/` (with the default names
+    /// `idem_record` and `idem_token`); for services that apply migrations with their own tool.
+    /// [`PgStore::migrate`] applies them with the store's names, all but the third: the fourth
+    /// drops the index the third builds, so a schema made from nothing never builds it.
+    pub const MIGRATIONS: [&'static str; 4] = [
         include_str!("../../../migrations/postgres/0001_idem_record.sql"),
         include_str!("../../../migrations/postgres/0002_idem_token.sql"),
         include_str!("../../../migrations/postgres/0003_idem_record_stuck.sql"),
+        include_str!("../../../migrations/postgres/0004_idem_record_processing.sql"),
     ];
 
     /// Rows per sweep statement to give [`crate::Sweeper::new`] for this store: 1,000, small
@@ -218,11 +221,8 @@ impl PgStore {
     /// # Errors
     /// The database's error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
-        let [records, tokens, stuck] = Self::MIGRATIONS;
-        let records = named(records, "idem_record", &self.table);
-        let tokens = named(tokens, "idem_token", &self.token_table);
-        let stuck = named(stuck, "idem_record", &self.table);
-        for ddl in [records, tokens, stuck] {
+        let [records, tokens, processing] = migrations_named(&self.table, &self.token_table);
+        for ddl in [records, tokens, processing] {
             // Two services migrating the same new table at once can collide in the catalog
             // (23505 / 42P07): the loser finds the table made on its second try.
             let mut tried = 0;
@@ -313,25 +313,49 @@ impl PgStore {
     }
 }
 
-/// The migration `ddl` with `default` (and its indexes) renamed to `table`, quoted.
+/// What [`PgStore::migrate`] applies (and `idem migrate --print` shows): [`PgStore::MIGRATIONS`]
+/// but the superseded third, with the records' table `table` and the tokens' table `tokens`.
+pub(crate) fn migrations_named(table: &TableName, tokens: &TableName) -> [String; 3] {
+    let [records, token_ddl, _stuck, processing] = PgStore::MIGRATIONS;
+    [
+        named(records, "idem_record", table),
+        named(token_ddl, "idem_token", tokens),
+        named(processing, "idem_record", table),
+    ]
+}
+
+/// The migration `ddl` with `default` (and its indexes) renamed to `table`, quoted. An index to
+/// drop is named with the table's schema (an index lives in its table's schema, which need not be
+/// on the search path); an index to create is named without it, as `CREATE INDEX` requires.
 pub(crate) fn named(ddl: &str, default: &str, table: &TableName) -> String {
-    let index = format!("{default}_expire_at");
-    ddl.replace(
-        &index,
-        &Dialect::Postgres.quote_ident(&table.index_name("expire_at")),
-    )
-    .replace(
-        &format!("{default}_stuck"),
-        &Dialect::Postgres.quote_ident(&table.unique_index_name("stuck")),
-    )
-    .replace(
-        &format!("IF NOT EXISTS {default} "),
-        &format!("IF NOT EXISTS {} ", table.quoted(Dialect::Postgres)),
-    )
-    .replace(
-        &format!("ON {default} "),
-        &format!("ON {} ", table.quoted(Dialect::Postgres)),
-    )
+    let index = |suffix: &str| Dialect::Postgres.quote_ident(&table.unique_index_name(suffix));
+    let ddl = ddl
+        .replace(
+            &format!("{default}_expire_at"),
+            &Dialect::Postgres.quote_ident(&table.index_name("expire_at")),
+        )
+        .replace(&format!("{default}_stuck"), &index("stuck"))
+        .replace(&format!("{default}_processing"), &index("processing"))
+        .replace(
+            &format!("IF NOT EXISTS {default} "),
+            &format!("IF NOT EXISTS {} ", table.quoted(Dialect::Postgres)),
+        )
+        .replace(
+            &format!("ON {default} "),
+            &format!("ON {} ", table.quoted(Dialect::Postgres)),
+        );
+    match table.as_str().rsplit_once('.') {
+        Some((schema, _)) => {
+            let drop = format!("DROP INDEX IF EXISTS {}", index("stuck"));
+            let qualified = format!(
+                "DROP INDEX IF EXISTS {}.{}",
+                Dialect::Postgres.quote_ident(schema),
+                index("stuck")
+            );
+            ddl.replace(&drop, &qualified)
+        }
+        None => ddl,
+    }
 }
 
 impl crate::TransactionalStore for PgStore {
@@ -487,5 +511,29 @@ mod tests {
              (biz_type, status, lease_until)"
         ));
         assert!(!ddl.contains("ON idem_record"), "{ddl}");
+        // The index over PROCESSING records replaces the one over all; the one to drop is named
+        // with its schema.
+        let [_, _, ddl] = migrations_named(&t, &TableName::new("shop.tok").unwrap());
+        assert!(
+            ddl.contains(
+                "CREATE INDEX IF NOT EXISTS \"order_processing\" ON \"shop\".\"order\" \
+                 (biz_type, lease_until)\n    WHERE status = 'PROCESSING';"
+            ),
+            "{ddl}"
+        );
+        assert!(
+            ddl.contains("DROP INDEX IF EXISTS \"shop\".\"order_stuck\";"),
+            "{ddl}"
+        );
+        assert!(
+            !ddl.contains("ON idem_record") && !ddl.contains("EXISTS idem_record"),
+            "{ddl}"
+        );
+        let plain = TableName::new("orders").unwrap();
+        let [_, _, ddl] = migrations_named(&plain, &plain);
+        assert!(
+            ddl.contains("DROP INDEX IF EXISTS \"orders_stuck\";"),
+            "{ddl}"
+        );
     }
 }

@@ -198,8 +198,9 @@ impl Statements {
             clock = clock("$3"),
         );
         // $1 biz, $2 offset, $3 batch. PROCESSING with the lease ended, oldest lease first: a range
-        // of the index `<table>_stuck (biz_type, status, lease_until)`, read in its order (no
-        // sort), that stops after the batch. The clock is a scalar subquery, read once before the
+        // of the index `<table>_processing (biz_type, lease_until) WHERE status = 'PROCESSING'`,
+        // read in its order (no sort), that stops after the batch. The `status` term is a literal:
+        // a parameter could not prove the partial index's predicate. The clock is a scalar subquery, read once before the
         // scan (an InitPlan): `clock_timestamp()` is volatile, so written into the comparison it
         // could not bound the index range, and joined as a CTE the rows would come out of a
         // nested loop in no order and be sorted whole.
@@ -222,8 +223,8 @@ impl Statements {
              WHERE d.biz_type = doomed.biz_type AND d.idem_key = doomed.idem_key",
             clock = clock("$2"),
         );
-        // Records per business type and status (expired ones not yet swept included): the index
-        // `<table>_stuck (biz_type, status, lease_until)` starts with both.
+        // Records per business type and status (expired ones not yet swept included): a scan of
+        // the table (an operator's query; no index is kept for it).
         let stats =
             format!("SELECT biz_type, status, COUNT(*) AS n FROM {t} GROUP BY biz_type, status");
         Statements {

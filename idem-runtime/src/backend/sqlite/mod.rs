@@ -80,14 +80,18 @@ pub(crate) fn db_error(e: sqlx::Error) -> IdemError {
 
 impl SqliteStore {
     /// The DDL of the `idem_record` table (its fence, the tokens table and the index
-    /// [`Store::stuck`] reads came later), in order, as shipped in `migrations/sqlite/` (with the
-    /// default names `idem_record` and `idem_token`); for services that apply migrations with
-    /// their own tool. [`SqliteStore::migrate`] applies them with the store's table names.
-    pub const MIGRATIONS: [&'static str; 4] = [
+    /// [`Store::stuck`] reads came later: first over every record, then over the PROCESSING ones
+    /// only, which replaces it), in order, as shipped in `migrations/sqlite/` (with the default
+    /// names `idem_record` and `idem_token`); for services that apply migrations with their own
+    /// tool. [`SqliteStore::migrate`] applies them with the store's table names, all but the
+    /// fourth: the fifth drops the index the fourth builds, so a schema made from nothing never
+    /// builds it.
+    pub const MIGRATIONS: [&'static str; 5] = [
         include_str!("../../../migrations/sqlite/0001_idem_record.sql"),
         include_str!("../../../migrations/sqlite/0002_idem_record_fence.sql"),
         include_str!("../../../migrations/sqlite/0003_idem_token.sql"),
         include_str!("../../../migrations/sqlite/0004_idem_record_stuck.sql"),
+        include_str!("../../../migrations/sqlite/0005_idem_record_processing.sql"),
     ];
 
     /// Opens (creating if missing) the database file at `path` in WAL mode.
@@ -272,7 +276,7 @@ impl SqliteStore {
     /// # Errors
     /// The database's error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
-        let [v1, v2, v3, v4] = migrations_named(&self.table, &self.token_table);
+        let [v1, v2, v3, v5] = migrations_named(&self.table, &self.token_table);
         let run = async |ddl: String| {
             sqlx::raw_sql(AssertSqlSafe(ddl))
                 .execute(&self.pool)
@@ -291,7 +295,7 @@ impl SqliteStore {
             run(v2).await?;
         }
         run(v3).await?;
-        run(v4).await?;
+        run(v5).await?;
         Ok(())
     }
 
@@ -319,22 +323,24 @@ pub(crate) fn plain_table(name: &str) -> Result<TableName, IdemError> {
 }
 
 /// [`SqliteStore::MIGRATIONS`] with the records' table `table` and the tokens' table `tokens` in
-/// place of the defaults, their indexes named after them (`<table>_expire_at`, `<table>_stuck`,
-/// `<tokens>_expire_at`): what [`SqliteStore::migrate`] applies (and `idem migrate --print`
-/// shows). With the default names, the shipped DDL as it is.
+/// place of the defaults, their indexes named after them (`<table>_expire_at`,
+/// `<table>_processing`, `<tokens>_expire_at`), but the superseded fourth: what
+/// [`SqliteStore::migrate`] applies (and `idem migrate --print` shows). With the default names,
+/// the shipped DDL as it is.
 pub(crate) fn migrations_named(table: &TableName, tokens: &TableName) -> [String; 4] {
-    let [v1, v2, v3, v4] = SqliteStore::MIGRATIONS;
+    let [v1, v2, v3, _stuck, v5] = SqliteStore::MIGRATIONS;
     let records = |ddl: &str| rename(ddl, "idem_record", table);
     [
         records(v1),
         records(v2),
         rename(v3, DEFAULT_TOKEN_TABLE, tokens),
-        records(v4),
+        records(v5),
     ]
 }
 
 /// `ddl` with the table `default` renamed to `table` (quoted), and its indexes
-/// `<default>_expire_at` and `<default>_stuck` to the names [`TableName`] derives from `table`.
+/// `<default>_expire_at`, `<default>_stuck` and `<default>_processing` to the names [`TableName`]
+/// derives from `table`.
 fn rename(ddl: &str, default: &str, table: &TableName) -> String {
     if table.as_str() == default {
         return ddl.to_owned();
@@ -344,11 +350,17 @@ fn rename(ddl: &str, default: &str, table: &TableName) -> String {
     // replacement does not reach into them.
     let expire = format!("{default}_expire_at");
     let stuck = format!("{default}_stuck");
+    let processing = format!("{default}_processing");
     ddl.replace(&expire, "\u{0}expire\u{0}")
         .replace(&stuck, "\u{0}stuck\u{0}")
+        .replace(&processing, "\u{0}processing\u{0}")
         .replace(default, &table.quoted(Dialect::SQLite))
         .replace("\u{0}expire\u{0}", &q(&table.index_name("expire_at")))
         .replace("\u{0}stuck\u{0}", &q(&table.unique_index_name("stuck")))
+        .replace(
+            "\u{0}processing\u{0}",
+            &q(&table.unique_index_name("processing")),
+        )
 }
 
 impl crate::TransactionalStore for SqliteStore {
@@ -472,7 +484,8 @@ mod tests {
             &TableName::default_table(),
             &TableName::new(DEFAULT_TOKEN_TABLE).unwrap(),
         );
-        assert_eq!(named, SqliteStore::MIGRATIONS.map(str::to_owned));
+        let [v1, v2, v3, _superseded, v5] = SqliteStore::MIGRATIONS.map(str::to_owned);
+        assert_eq!(named, [v1, v2, v3, v5]);
     }
 
     #[test]
@@ -504,7 +517,14 @@ mod tests {
             "{v3}"
         );
         assert!(
-            v4.contains("CREATE INDEX IF NOT EXISTS \"orders_stuck\" ON \"orders\" (biz_type, status, lease_until)"),
+            v4.contains(
+                "CREATE INDEX IF NOT EXISTS \"orders_processing\" ON \"orders\" (biz_type, lease_until)\n    \
+                 WHERE status = 'PROCESSING';"
+            ),
+            "{v4}"
+        );
+        assert!(
+            v4.contains("DROP INDEX IF EXISTS \"orders_stuck\";"),
             "{v4}"
         );
         for ddl in [&v1, &v2, &v3, &v4] {
@@ -625,7 +645,11 @@ mod tests {
         .unwrap();
         assert_eq!(
             indexes,
-            ["idem_b_expire_at", "idem_b_stuck", "idem_b_tok_expire_at"]
+            [
+                "idem_b_expire_at",
+                "idem_b_processing",
+                "idem_b_tok_expire_at"
+            ]
         );
     }
 }

@@ -102,13 +102,14 @@ const READ: &str = concat!(
 const LOAD: &str = "SELECT status, attempt, fence, fingerprint, result, lease_until, expire_at \
     FROM {t} WHERE biz_type = ?1 AND idem_key = ?2";
 /// ?1 biz, ?2 now ms, ?3 batch. PROCESSING with the lease ended, oldest lease first: a range of
-/// the index `<table>_stuck (biz_type, status, lease_until)`, read in its order (no sort), that
-/// stops after the batch.
+/// the index `<table>_processing (biz_type, lease_until) WHERE status = 'PROCESSING'`, read in its
+/// order (no sort), that stops after the batch. The `status` term is written as a literal: it
+/// is what lets SQLite use the partial index.
 const STUCK: &str = "SELECT idem_key, status, attempt, fence, fingerprint, result, lease_until, \
     expire_at FROM {t} WHERE biz_type = ?1 AND status = 'PROCESSING' AND lease_until <= ?2 \
     ORDER BY lease_until LIMIT ?3";
 /// Records per business type and status (expired ones not yet swept included): a scan of the
-/// index `<table>_stuck (biz_type, status, lease_until)`, which starts with both.
+/// table (an operator's query; no index is kept for it).
 const STATS: &str = "SELECT biz_type, status, COUNT(*) AS n FROM {t} GROUP BY biz_type, status";
 /// ?1 batch, ?2 now ms. Expired: the TTL passed and no lease is live.
 const SWEEP: &str = "DELETE FROM {t} WHERE (biz_type, idem_key) IN (\

@@ -15,6 +15,17 @@ fn temp_db(name: &str) -> std::path::PathBuf {
     path
 }
 
+/// The first column of every row `sql` returns on `store`'s pool.
+async fn first_column(store: &SqliteStore, sql: &'static str) -> Vec<String> {
+    sqlx::query(sql)
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
 #[tokio::test]
 async fn a_missing_table_says_to_run_migrate() {
     let store = SqliteStore::in_memory().await.unwrap();
@@ -90,13 +101,7 @@ async fn migrate_upgrades_a_version_1_table() {
     .unwrap();
     store.migrate().await.unwrap();
     store.migrate().await.unwrap(); // idempotent
-    let columns: Vec<String> = sqlx::query("SELECT name FROM pragma_table_info('idem_record')")
-        .fetch_all(store.pool())
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let columns = first_column(&store, "SELECT name FROM pragma_table_info('idem_record')").await;
     assert!(columns.contains(&"fence".to_owned()), "{columns:?}");
     let old: Result<u8, IdemError> = Call::new("PAY", "old").run(&store, async { Ok(0) }).await;
     assert_eq!(old.unwrap(), 7, "an old record replays");
@@ -319,15 +324,11 @@ async fn migrate_brings_an_earlier_database_to_the_index_of_processing_records()
             ],
             "version {version}"
         );
-        let columns: Vec<String> = sqlx::query(
+        let columns = first_column(
+            &store,
             "SELECT name FROM pragma_index_info('idem_record_processing') ORDER BY seqno",
         )
-        .fetch_all(store.pool())
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+        .await;
         assert_eq!(columns, ["biz_type", "lease_until"]);
         // The reconciler's query (`records.rs`, STUCK): a range of the partial index, no sort.
         let plan: Vec<String> = sqlx::query(

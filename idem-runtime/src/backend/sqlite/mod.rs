@@ -1,9 +1,11 @@
 //! SQLite store (feature `sqlite`): a file (WAL) or an in-memory database, through sqlx.
 //!
-//! `records.rs` holds the statements and the claim protocol's steps, `tx.rs` the transactions
-//! (`SqliteTx`: `tx = "…"` claims and transitions), `transition.rs` what state transitions bind.
+//! `records.rs` holds the statements and the claim protocol's steps, `schema.rs` the migrations
+//! as `migrate()` applies them, `tx.rs` the transactions (`SqliteTx`: `tx = "…"` claims and
+//! transitions), `transition.rs` what state transitions bind.
 
 mod records;
+mod schema;
 mod tokens;
 mod transition;
 mod tx;
@@ -19,7 +21,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Row, Sqlite};
+use sqlx::Sqlite;
 use tokio::sync::Mutex;
 
 use crate::IdemError;
@@ -33,6 +35,7 @@ use crate::store::{
 };
 use crate::transition::TransitionTx;
 use records::{Records, Statements};
+pub(crate) use schema::migrations_named;
 pub use tokens::SqliteTokens;
 use tokens::TokenStatements;
 pub use tx::SqliteTx;
@@ -268,37 +271,6 @@ impl SqliteStore {
         Ok(SqliteTx::new(tx, self.clone()))
     }
 
-    /// Creates the records table (`idem_record` by default) and the tokens table (`idem_token`)
-    /// with their indexes if they do not exist, and adds the columns and indexes of later versions
-    /// to a table made by an earlier one: the DDL of `migrations/sqlite/` with the store's table
-    /// names.
-    ///
-    /// # Errors
-    /// The database's error.
-    pub async fn migrate(&self) -> Result<(), IdemError> {
-        let [v1, v2, v3, v5] = migrations_named(&self.table, &self.token_table);
-        let run = async |ddl: String| {
-            sqlx::raw_sql(AssertSqlSafe(ddl))
-                .execute(&self.pool)
-                .await
-                .map_err(db_error)
-        };
-        run(v1).await?;
-        let has_fence: i64 =
-            sqlx::query("SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = 'fence'")
-                .bind(self.table.as_str())
-                .fetch_one(&self.pool)
-                .await
-                .and_then(|row| row.try_get(0))
-                .map_err(db_error)?;
-        if has_fence == 0 {
-            run(v2).await?;
-        }
-        run(v3).await?;
-        run(v5).await?;
-        Ok(())
-    }
-
     /// Milliseconds the test clock adds to the store's clock.
     fn offset_ms(&self) -> i64 {
         self.offset.ms()
@@ -320,47 +292,6 @@ pub(crate) fn plain_table(name: &str) -> Result<TableName, IdemError> {
         });
     }
     Ok(table)
-}
-
-/// [`SqliteStore::MIGRATIONS`] with the records' table `table` and the tokens' table `tokens` in
-/// place of the defaults, their indexes named after them (`<table>_expire_at`,
-/// `<table>_processing`, `<tokens>_expire_at`), but the superseded fourth: what
-/// [`SqliteStore::migrate`] applies (and `idem migrate --print` shows). With the default names,
-/// the shipped DDL as it is.
-pub(crate) fn migrations_named(table: &TableName, tokens: &TableName) -> [String; 4] {
-    let [v1, v2, v3, _stuck, v5] = SqliteStore::MIGRATIONS;
-    let records = |ddl: &str| rename(ddl, "idem_record", table);
-    [
-        records(v1),
-        records(v2),
-        rename(v3, DEFAULT_TOKEN_TABLE, tokens),
-        records(v5),
-    ]
-}
-
-/// `ddl` with the table `default` renamed to `table` (quoted), and its indexes
-/// `<default>_expire_at`, `<default>_stuck` and `<default>_processing` to the names [`TableName`]
-/// derives from `table`.
-fn rename(ddl: &str, default: &str, table: &TableName) -> String {
-    if table.as_str() == default {
-        return ddl.to_owned();
-    }
-    let q = |name: &str| Dialect::SQLite.quote_ident(name);
-    // The index names contain the table's: they are set aside first, so the table's own
-    // replacement does not reach into them.
-    let expire = format!("{default}_expire_at");
-    let stuck = format!("{default}_stuck");
-    let processing = format!("{default}_processing");
-    ddl.replace(&expire, "\u{0}expire\u{0}")
-        .replace(&stuck, "\u{0}stuck\u{0}")
-        .replace(&processing, "\u{0}processing\u{0}")
-        .replace(default, &table.quoted(Dialect::SQLite))
-        .replace("\u{0}expire\u{0}", &q(&table.index_name("expire_at")))
-        .replace("\u{0}stuck\u{0}", &q(&table.unique_index_name("stuck")))
-        .replace(
-            "\u{0}processing\u{0}",
-            &q(&table.unique_index_name("processing")),
-        )
 }
 
 impl crate::TransactionalStore for SqliteStore {
@@ -477,63 +408,6 @@ impl Store for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_default_names_keep_the_shipped_ddl() {
-        let named = migrations_named(
-            &TableName::default_table(),
-            &TableName::new(DEFAULT_TOKEN_TABLE).unwrap(),
-        );
-        let [v1, v2, v3, _superseded, v5] = SqliteStore::MIGRATIONS.map(str::to_owned);
-        assert_eq!(named, [v1, v2, v3, v5]);
-    }
-
-    #[test]
-    fn migrations_take_the_configured_names() {
-        let [v1, v2, v3, v4] = migrations_named(
-            &TableName::new("orders").unwrap(),
-            &TableName::new("orders_tok").unwrap(),
-        );
-        assert!(
-            v1.contains("CREATE TABLE IF NOT EXISTS \"orders\" ("),
-            "{v1}"
-        );
-        assert!(
-            v1.contains(
-                "CREATE INDEX IF NOT EXISTS \"orders_expire_at\" ON \"orders\" (expire_at)"
-            ),
-            "{v1}"
-        );
-        assert!(
-            v2.contains("ALTER TABLE \"orders\" ADD COLUMN fence"),
-            "{v2}"
-        );
-        assert!(
-            v3.contains("CREATE TABLE IF NOT EXISTS \"orders_tok\" ("),
-            "{v3}"
-        );
-        assert!(
-            v3.contains("\"orders_tok_expire_at\" ON \"orders_tok\""),
-            "{v3}"
-        );
-        assert!(
-            v4.contains(
-                "CREATE INDEX IF NOT EXISTS \"orders_processing\" ON \"orders\" (biz_type, lease_until)\n    \
-                 WHERE status = 'PROCESSING';"
-            ),
-            "{v4}"
-        );
-        assert!(
-            v4.contains("DROP INDEX IF EXISTS \"orders_stuck\";"),
-            "{v4}"
-        );
-        for ddl in [&v1, &v2, &v3, &v4] {
-            assert!(
-                !ddl.contains("idem_record") && !ddl.contains("idem_token"),
-                "{ddl}"
-            );
-        }
-    }
 
     #[test]
     fn statements_name_the_table() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use super::records::Statements;
+use super::statements::Statements;
 use super::tokens::TokenStatements;
 use super::{
     DEFAULT_PG_LOCK_TIMEOUT, MAX_PG_LOCK_TIMEOUT, PgStore, check_pg_limits, lock_timeout_text,

@@ -1,13 +1,14 @@
 //! PostgreSQL store (feature `postgres`), through sqlx.
 //!
 //! `builder.rs` holds the store's options (`PgStoreBuilder`), `records.rs` the statements and the
-//! claim protocol's steps, `schema.rs` the migrations as `migrate()` applies them, `tx.rs` the
+//! claim protocol's steps, `statements.rs` their SQL, `schema.rs` the migrations as `migrate()` applies them, `tx.rs` the
 //! transactions (`PgTx`: `tx = "…"` claims and transitions),
 //! `transition.rs` what state transitions bind, `tokens.rs` the one-time submit tokens.
 
 mod builder;
 mod records;
 mod schema;
+mod statements;
 mod tokens;
 mod transition;
 mod tx;
@@ -30,8 +31,9 @@ use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 use crate::transition::TransitionTx;
 use crate::{Busy, IdemError};
 pub use builder::PgStoreBuilder;
-use records::{Claiming, Records, Statements};
+use records::{Claiming, Records};
 pub(crate) use schema::migrations_named;
+use statements::Statements;
 pub use tokens::PgTokens;
 use tokens::TokenStatements;
 pub use tx::{PgIsolation, PgTx};

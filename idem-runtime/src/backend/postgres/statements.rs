@@ -1,0 +1,254 @@
+//! The Postgres store's statements, built once per table name: each reads the database's clock
+//! and binds every value (the module doc of `records.rs`, which sends them, says how).
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+use crate::sql::dialect::Dialect;
+use crate::sql::table::TableName;
+
+/// The database clock read once, plus the test clock's offset bound at `off`: `n` in milliseconds,
+/// `us` (a fence) in microseconds.
+fn clock(off: &str) -> String {
+    format!(
+        "SELECT FLOOR(EXTRACT(EPOCH FROM k.t) * 1000)::BIGINT + {off} AS n, \
+         FLOOR(EXTRACT(EPOCH FROM k.t) * 1000000)::BIGINT + {off} * 1000 AS us \
+         FROM (SELECT clock_timestamp() AS t) AS k"
+    )
+}
+
+/// The statements of one store, built once for its table name.
+#[derive(Debug)]
+pub(super) struct Statements {
+    /// The claim as one statement without locks: the read, and the insert when there is none (the
+    /// own-statements floor of `benches/postgres.rs`; lease mode sends `insert`, then `read`).
+    pub(super) claim: SqlStr,
+    /// Lease mode: the new record alone (`ON CONFLICT DO NOTHING … RETURNING`, no read first).
+    pub(super) insert: SqlStr,
+    /// Transaction mode, first: the key's advisory lock if no other transaction holds it (a
+    /// claimant's transaction holds it to its end), then the claim with the read locking the row
+    /// (`FOR UPDATE`: a current read, never the transaction's old snapshot).
+    pub(super) claim_locking: SqlStr,
+    /// Transaction mode, once another transaction holds the key's lock: the claim waits for it
+    /// (bounded by `lock_timeout`), then claims as `claim_locking` does.
+    pub(super) claim_waiting: SqlStr,
+    /// The claim's plain read, with the clock (`store/order.rs`).
+    pub(super) read: SqlStr,
+    pub(super) take: SqlStr,
+    pub(super) complete: SqlStr,
+    pub(super) fail: SqlStr,
+    pub(super) save_steps: SqlStr,
+    pub(super) renew: SqlStr,
+    pub(super) load: SqlStr,
+    pub(super) sweep: SqlStr,
+    pub(super) stuck: SqlStr,
+    pub(super) stats: SqlStr,
+}
+
+fn sql(text: String) -> SqlStr {
+    AssertSqlSafe(text).into_sql_str()
+}
+
+/// A transaction-mode claim takes its key's transaction-level advisory lock first: without one
+/// (`got` false) another transaction claims the key, and waiting on its row is what the caller's
+/// `lock_timeout` must bound. `{key}` is [`advisory_key`].
+const TRY_KEY_LOCK: &str = "SELECT pg_try_advisory_xact_lock({key}) AS got";
+/// [`TRY_KEY_LOCK`], waiting for the lock (bounded by `lock_timeout`).
+const WAIT_KEY_LOCK: &str = "SELECT TRUE AS got FROM (SELECT pg_advisory_xact_lock({key})) AS l";
+
+/// The advisory lock's key for `$1` (biz) and `$2` (key) in `table`: a 64-bit hash of the three
+/// (two keys that share a hash only wait for each other; they are never confused).
+fn advisory_key(table: &TableName) -> String {
+    // The name is `[A-Za-z0-9_.]` (checked by `TableName::new`): safe inside quotes.
+    format!(
+        "hashtextextended($1 || chr(31) || $2, hashtext('{}'))",
+        table.as_str()
+    )
+}
+
+/// The record's columns as the claim reads them.
+const COLUMNS: &str = "status, attempt, fence, fingerprint, result, lease_until, expire_at";
+
+impl Statements {
+    pub(super) fn new(table: &TableName) -> Self {
+        let t = table.quoted(Dialect::Postgres);
+        // $1 biz, $2 key, $3 fingerprint, $4 lease ms, $5 ttl ms, $6 clock offset ms. With a
+        // `gate` (transaction mode) the statement first takes the key's advisory lock (`g`, read
+        // by the others as a one-time filter, so before any row is read or locked); a row with
+        // `got` false (every other column NULL) says the lock is another transaction's.
+        let claim = |lock: &str, gate: Option<&str>| {
+            let (g, only, got, not_got) = match gate {
+                None => (String::new(), "", "", String::new()),
+                Some(gate) => (
+                    format!(
+                        "g AS MATERIALIZED ({gate}), ",
+                        gate = gate.replace("{key}", &advisory_key(table))
+                    ),
+                    "(SELECT got FROM g) AND ",
+                    ", TRUE AS got",
+                    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, FALSE, FALSE \
+                     FROM g WHERE NOT g.got"
+                        .to_owned(),
+                ),
+            };
+            format!(
+                "WITH c AS ({clock}), {g}\
+                 old AS (SELECT {COLUMNS} FROM {t} WHERE {only}biz_type = $1 AND idem_key = $2{lock}), \
+                 ins AS (INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, \
+                 result, lease_until, created_at, updated_at, expire_at) \
+                 SELECT $1, $2, 'PROCESSING', 1, c.us, $3, NULL, c.n + $4, c.n, c.n, c.n + $5 \
+                 FROM c WHERE {only}NOT EXISTS (SELECT 1 FROM old) \
+                 ON CONFLICT (biz_type, idem_key) DO NOTHING \
+                 RETURNING {COLUMNS}, created_at) \
+                 SELECT old.status, old.attempt, old.fence, old.fingerprint, old.result, \
+                 old.lease_until, old.expire_at, c.n AS now_ms, FALSE AS inserted{got} FROM old, c \
+                 UNION ALL \
+                 SELECT ins.status, ins.attempt, ins.fence, ins.fingerprint, ins.result, \
+                 ins.lease_until, ins.expire_at, ins.created_at AS now_ms, TRUE AS inserted{got} \
+                 FROM ins{not_got}",
+                clock = clock("$6"),
+            )
+        };
+        // $1 biz, $2 key, $3 fingerprint, $4 lease ms, $5 ttl ms, $6 clock offset ms: a new
+        // record or nothing.
+        let insert = format!(
+            "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, \
+             lease_until, created_at, updated_at, expire_at) \
+             SELECT $1, $2, 'PROCESSING', 1, c.us, $3, NULL, c.n + $4, c.n, c.n, c.n + $5 \
+             FROM ({clock}) AS c ON CONFLICT (biz_type, idem_key) DO NOTHING \
+             RETURNING attempt, fence",
+            clock = clock("$6"),
+        );
+        // $1 biz, $2 key, $3 fingerprint, $4 lease ms, $5 ttl ms, $6 offset, $7 reset,
+        // $8 seen fence, $9 seen status, $10 seen lease end, $11 keep the saved steps (`result`
+        // of an unfinished record).
+        let take = format!(
+            "WITH c AS ({clock}) \
+             UPDATE {t} AS r SET status = 'PROCESSING', \
+             attempt = CASE WHEN $7 THEN 1 ELSE r.attempt + 1 END, \
+             fence = GREATEST(r.fence + 1, c.us), fingerprint = $3, \
+             result = CASE WHEN $11 THEN r.result END, \
+             lease_until = c.n + $4, updated_at = c.n, \
+             created_at = CASE WHEN $7 THEN c.n ELSE r.created_at END, \
+             expire_at = CASE WHEN $7 THEN c.n + $5 ELSE GREATEST(r.expire_at, c.n + $4) END \
+             FROM c WHERE r.biz_type = $1 AND r.idem_key = $2 AND r.fence = $8 AND r.status = $9 \
+             AND r.lease_until = $10 \
+             RETURNING r.attempt, r.fence",
+            clock = clock("$6"),
+        );
+        // $1 biz, $2 key, $3 fence, $4 result, $5 ttl ms, $6 offset. The mark moves the expiry to
+        // at least now + ttl, so a body slower than its ttl still leaves a live success. A record
+        // already SUCCEEDED under the fence counts as held and keeps its result and expiry: a mark
+        // sent again after a lost reply succeeds (FAILED likewise).
+        let complete = format!(
+            "WITH c AS ({clock}) \
+             UPDATE {t} AS r SET result = CASE WHEN r.status = 'PROCESSING' THEN $4 ELSE r.result END, \
+             expire_at = CASE WHEN r.status = 'PROCESSING' \
+             THEN GREATEST(r.expire_at, c.n + $5) ELSE r.expire_at END, \
+             status = 'SUCCEEDED', updated_at = c.n FROM c \
+             WHERE r.biz_type = $1 AND r.idem_key = $2 AND r.fence = $3 \
+             AND r.status IN ('PROCESSING', 'SUCCEEDED')",
+            clock = clock("$6"),
+        );
+        // $1 biz, $2 key, $3 fence, $4 offset. The saved steps (in `result`) stay for a retry.
+        let fail = format!(
+            "WITH c AS ({clock}) \
+             UPDATE {t} AS r SET status = 'FAILED', updated_at = c.n FROM c \
+             WHERE r.biz_type = $1 AND r.idem_key = $2 AND r.fence = $3 \
+             AND r.status IN ('PROCESSING', 'FAILED')",
+            clock = clock("$4"),
+        );
+        // $1 biz, $2 key, $3 fence, $4 steps, $5 offset. The steps of an unfinished record live in
+        // `result` until a success replaces them.
+        let save_steps = format!(
+            "WITH c AS ({clock}) \
+             UPDATE {t} AS r SET result = $4, updated_at = c.n FROM c \
+             WHERE r.biz_type = $1 AND r.idem_key = $2 AND r.fence = $3 \
+             AND r.status = 'PROCESSING'",
+            clock = clock("$5"),
+        );
+        // $1 biz, $2 key, $3 fence, $4 lease ms, $5 offset.
+        let renew = format!(
+            "WITH c AS ({clock}) \
+             UPDATE {t} AS r SET lease_until = c.n + $4, \
+             expire_at = GREATEST(r.expire_at, c.n + $4), updated_at = c.n FROM c \
+             WHERE r.biz_type = $1 AND r.idem_key = $2 AND r.fence = $3 AND r.status = 'PROCESSING'",
+            clock = clock("$5"),
+        );
+        let load = format!("SELECT {COLUMNS} FROM {t} WHERE biz_type = $1 AND idem_key = $2");
+        // $1 biz, $2 key, $3 offset.
+        let read = format!(
+            "SELECT {COLUMNS}, c.n AS now_ms FROM {t}, ({clock}) AS c \
+             WHERE biz_type = $1 AND idem_key = $2",
+            clock = clock("$3"),
+        );
+        // $1 biz, $2 offset, $3 batch. PROCESSING with the lease ended, oldest lease first: a range
+        // of the index `<table>_processing (biz_type, lease_until) WHERE status = 'PROCESSING'`,
+        // read in its order (no sort), that stops after the batch. The `status` term is a literal:
+        // a parameter could not prove the partial index's predicate. The clock is a scalar subquery, read once before the
+        // scan (an InitPlan): `clock_timestamp()` is volatile, so written into the comparison it
+        // could not bound the index range, and joined as a CTE the rows would come out of a
+        // nested loop in no order and be sorted whole.
+        let stuck = format!(
+            "SELECT idem_key, {COLUMNS} FROM {t} \
+             WHERE biz_type = $1 AND status = 'PROCESSING' \
+             AND lease_until <= (SELECT c.n FROM ({clock}) AS c) \
+             ORDER BY lease_until LIMIT $3",
+            clock = clock("$2"),
+        );
+        // $1 batch, $2 offset. Expired: the TTL passed and no lease is live. The batch's rows are
+        // locked as they are picked (rows another transaction holds are skipped, never waited
+        // for), so the delete removes exactly what was picked, and no statement runs long.
+        let sweep = format!(
+            "WITH c AS ({clock}), \
+             doomed AS (SELECT r.biz_type, r.idem_key FROM {t} AS r, c \
+             WHERE r.expire_at <= c.n AND NOT (r.status = 'PROCESSING' AND r.lease_until > c.n) \
+             LIMIT $1 FOR UPDATE OF r SKIP LOCKED) \
+             DELETE FROM {t} AS d USING doomed \
+             WHERE d.biz_type = doomed.biz_type AND d.idem_key = doomed.idem_key",
+            clock = clock("$2"),
+        );
+        // Records per business type and status (expired ones not yet swept included): a scan of
+        // the table (an operator's query; no index is kept for it).
+        let stats =
+            format!("SELECT biz_type, status, COUNT(*) AS n FROM {t} GROUP BY biz_type, status");
+        Statements {
+            claim: sql(claim("", None)),
+            insert: sql(insert),
+            claim_locking: sql(claim(" FOR UPDATE", Some(TRY_KEY_LOCK))),
+            claim_waiting: sql(claim(" FOR UPDATE", Some(WAIT_KEY_LOCK))),
+            read: sql(read),
+            take: sql(take),
+            complete: sql(complete),
+            fail: sql(fail),
+            save_steps: sql(save_steps),
+            renew: sql(renew),
+            load: sql(load),
+            sweep: sql(sweep),
+            stuck: sql(stuck),
+            stats: sql(stats),
+        }
+    }
+}
+
+impl Statements {
+    /// A statement by name, for the benchmark's hand-written floor.
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
+        let sql = match name {
+            "claim" => &self.claim,
+            "insert" => &self.insert,
+            "claim_locking" => &self.claim_locking,
+            "claim_waiting" => &self.claim_waiting,
+            "take" => &self.take,
+            "complete" => &self.complete,
+            "fail" => &self.fail,
+            "save_steps" => &self.save_steps,
+            "renew" => &self.renew,
+            "load" => &self.load,
+            "sweep" => &self.sweep,
+            "stuck" => &self.stuck,
+            "stats" => &self.stats,
+            _ => return None,
+        };
+        Some(sql.as_str())
+    }
+}

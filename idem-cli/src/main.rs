@@ -52,6 +52,12 @@ struct Cli {
     #[arg(long, env = "IDEM_STORE_URL", global = true, hide_env_values = true)]
     url: Option<String>,
 
+    /// The longest the command may wait for the store, connecting included: a number and a
+    /// unit, ms, s, m or h, from 1ms to 24h (a store that does not answer in time is a store
+    /// error, exit 3)
+    #[arg(long, global = true, default_value = "60s", value_parser = store_timeout)]
+    store_timeout: Duration,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -109,6 +115,36 @@ enum Command {
     Stats,
 }
 
+/// The longest `--store-timeout` takes.
+const MAX_STORE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// `--store-timeout`: `500ms`, `30s`, `5m`, `1h`; 1 ms ..= 24 h.
+fn store_timeout(text: &str) -> Result<Duration, String> {
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let unit_ms: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => {
+            return Err(format!(
+                "`{text}` is not a duration: write a number and a unit, ms, s, m or h (`30s`)"
+            ));
+        }
+    };
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration: it starts with no number (`30s`)"))?;
+    let timeout = Duration::from_millis(number.saturating_mul(unit_ms));
+    if timeout.is_zero() || timeout > MAX_STORE_TIMEOUT {
+        return Err(format!("`{text}` is outside 1ms ..= 24h"));
+    }
+    Ok(timeout)
+}
+
 /// `--reason`, checked as `idem::admin` checks it, before anything is opened.
 fn reason(text: &str) -> Result<String, String> {
     admin::check_reason(text)
@@ -161,7 +197,22 @@ fn main() -> ExitCode {
             return Exit::Store.into();
         }
     };
-    runtime.block_on(run(cli.command, &url)).into()
+    let timeout = cli.store_timeout;
+    runtime
+        .block_on(async {
+            match tokio::time::timeout(timeout, run(cli.command, &url)).await {
+                Ok(exit) => exit,
+                Err(_) => {
+                    eprintln!(
+                        "error: the store did not answer within --store-timeout {timeout:?} \
+                         (unreachable, or a network gone silent); a change it had sent may or may not \
+                         have landed: inspect before trying again"
+                    );
+                    Exit::Store
+                }
+            }
+        })
+        .into()
 }
 
 /// A store error as the exit status it gives, printed.

@@ -27,9 +27,18 @@ struct Flaky {
     renewed_at: std::sync::Mutex<Vec<tokio::time::Instant>>,
     /// The next claim's reply comes back this late (a server slow to answer after a restart).
     claim_delay: std::sync::Mutex<Option<Duration>>,
+    /// Marks and renewals never answer (a network gone silent under a held claim).
+    silent_holder: std::sync::atomic::AtomicBool,
 }
 
 impl Flaky {
+    /// Waits for ever while the holder's writes go unanswered.
+    async fn silence(&self) {
+        if self.silent_holder.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Whether the next mark fails: one of the counted failures, or inside the outage.
     fn mark_fails(&self) -> Option<IdemError> {
         self.marks_tried.fetch_add(1, Ordering::SeqCst);
@@ -83,12 +92,14 @@ impl Store for Flaky {
         snapshot: &[u8],
         ttl: Duration,
     ) -> Result<(), IdemError> {
+        self.silence().await;
         if let Some(e) = self.mark_fails() {
             return Err(e);
         }
         self.inner.complete(biz, key, claim, snapshot, ttl).await
     }
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
+        self.silence().await;
         if let Some(e) = self.mark_fails() {
             return Err(e);
         }
@@ -101,6 +112,7 @@ impl Store for Flaky {
         claim: &Claim,
         lease: Duration,
     ) -> Result<(), IdemError> {
+        self.silence().await;
         self.renewals.fetch_add(1, Ordering::SeqCst);
         self.renewed_at
             .lock()
@@ -475,4 +487,120 @@ async fn a_claim_that_comes_back_after_its_lease_runs_nothing_when_taken_over() 
     *store.claim_delay.lock().unwrap() = Some(Duration::from_millis(400));
     let (res, outcome) = call_with(&store, Call::new("FAULT", "alone").lease(lease), &runs).await;
     assert_eq!((res.unwrap(), outcome), (1, Outcome::Executed));
+}
+
+/// A claim whose answer never comes ends the call at its store timeout, with a retryable
+/// `StoreUnavailable`, and runs nothing; so does one at the default timeout when none is set.
+#[tokio::test(start_paused = true)]
+async fn a_claim_that_never_answers_ends_at_the_store_timeout() {
+    let (store, runs) = (Flaky::default(), AtomicU32::new(0));
+    for (key, timeout) in [
+        ("unanswered", Some(Duration::from_secs(2))),
+        ("default", None),
+    ] {
+        *store.claim_delay.lock().unwrap() = Some(Duration::from_secs(3600));
+        let mut call = Call::new("FAULT", key);
+        if let Some(timeout) = timeout {
+            call = call.store_timeout(timeout);
+        }
+        let started = tokio::time::Instant::now();
+        let (res, outcome) = call_with(&store, call, &runs).await;
+        let took = started.elapsed();
+        let e = res.unwrap_err();
+        assert!(matches!(e, IdemError::StoreUnavailable { .. }), "{e:?}");
+        assert!(
+            e.is_retryable() && e.to_string().contains("store timeout"),
+            "{e}"
+        );
+        assert_eq!(outcome, Outcome::Rejected);
+        let timeout = timeout.unwrap_or(idem::DEFAULT_STORE_TIMEOUT);
+        assert!(
+            took >= timeout && took < timeout + Duration::from_millis(100),
+            "{took:?}"
+        );
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "no claim answered, no body ran"
+    );
+}
+
+/// A body that ran while its holder's writes go unanswered: the mark gives up at the store
+/// timeout (long before the 30 s lease), the record stays PROCESSING (the key protected, the
+/// effect possibly done), and the caller is told to retry. Also after the lease's safe end: a
+/// lease of 1 s and a store timeout of 3 s end the mark at 3 s, not never.
+#[tokio::test(start_paused = true)]
+async fn a_mark_that_never_answers_ends_at_the_store_timeout() {
+    let (store, runs) = (Flaky::default(), AtomicU32::new(0));
+    for (key, lease, timeout) in [
+        ("held", Duration::from_secs(30), Duration::from_secs(2)),
+        ("past-lease", Duration::from_secs(1), Duration::from_secs(3)),
+    ] {
+        store.silent_holder.store(false, Ordering::SeqCst);
+        let call = Call::new("FAULT", key)
+            .lease(lease)
+            .store_timeout(timeout)
+            .no_heartbeat();
+        let started = tokio::time::Instant::now();
+        let (res, report) = idem::observe(call.run(&store, async {
+            store.silent_holder.store(true, Ordering::SeqCst);
+            Ok::<_, IdemError>(runs.fetch_add(1, Ordering::SeqCst))
+        }))
+        .await;
+        let took = started.elapsed();
+        let e = res.unwrap_err();
+        assert!(
+            matches!(e, IdemError::StoreUnavailable { .. }),
+            "{key}: {e:?}"
+        );
+        assert_eq!(report.unwrap().outcome, Outcome::MarkFailed, "{key}");
+        assert!(
+            took >= timeout && took < timeout + Duration::from_millis(100),
+            "{key}: {took:?}"
+        );
+        let rec = store.load("FAULT", key).await.unwrap().unwrap();
+        assert_eq!(
+            rec.status,
+            Status::Processing,
+            "{key}: the claim still protects the key"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A store timeout outside 1 ms ..= `MAX_DURATION` is refused before anything is written.
+#[tokio::test]
+async fn a_store_timeout_out_of_range_is_refused_before_anything_is_written() {
+    let (store, runs) = (Flaky::default(), AtomicU32::new(0));
+    for timeout in [Duration::ZERO, idem::MAX_DURATION + Duration::from_secs(1)] {
+        let call = Call::new("FAULT", "range").store_timeout(timeout);
+        let (res, _) = call_with(&store, call, &runs).await;
+        let e = res.unwrap_err();
+        assert!(matches!(e, IdemError::InvalidOptions { .. }), "{e:?}");
+        assert!(e.to_string().contains("store timeout"), "{e}");
+    }
+    assert!(store.load("FAULT", "range").await.unwrap().is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// The attribute's `store_timeout` reaches the call.
+#[idem::idempotent(biz = "FAULT", key = key, store = store, store_timeout = "1500ms")]
+async fn bounded(store: &Flaky, key: &str, runs: &AtomicU32) -> Result<u32, IdemError> {
+    Ok(runs.fetch_add(1, Ordering::SeqCst))
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_attribute_sets_the_store_timeout() {
+    let (store, runs) = (Flaky::default(), AtomicU32::new(0));
+    *store.claim_delay.lock().unwrap() = Some(Duration::from_secs(3600));
+    let started = tokio::time::Instant::now();
+    let e = bounded(&store, "attr", &runs).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(e, IdemError::StoreUnavailable { .. }), "{e:?}");
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_millis(1600),
+        "{took:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
 }

@@ -1268,12 +1268,14 @@ async fn durations_out_of_range_are_refused_at_build_and_the_maximum_works() {
     for bad in [Duration::ZERO, ns] {
         refused(builder(&store).ttl(bad), "ttl");
         refused(builder(&store).lease(bad), "lease");
+        refused(builder(&store).store_timeout(bad), "store timeout");
         refused(builder(&store).cap_per_principal(5, bad), "cap's window");
     }
     for too_long in [MAX_DURATION + ns, Duration::MAX] {
         refused(builder(&store).ttl(too_long), "the ttl");
         refused(builder(&store).ttl(too_long).lease(too_long), "the lease");
         refused(builder(&store).wait(too_long), "the wait");
+        refused(builder(&store).store_timeout(too_long), "the store timeout");
         refused(builder(&store).heartbeat(too_long), "heartbeat");
         refused(
             builder(&store).cap_per_principal(5, too_long),
@@ -1289,6 +1291,11 @@ async fn durations_out_of_range_are_refused_at_build_and_the_maximum_works() {
         refused(builder(&store).heartbeat(bad), "heartbeat");
     }
     accepted(builder(&store).lease(ms), "a 1 ms lease");
+    accepted(builder(&store).store_timeout(ms), "a 1 ms store timeout");
+    accepted(
+        builder(&store).store_timeout(MAX_DURATION),
+        "the longest store timeout",
+    );
     accepted(builder(&store).heartbeat(ms), "a 1 ms heartbeat");
     accepted(builder(&store).wait(Duration::ZERO), "no wait");
     accepted(builder(&store).wait(ns), "a 1 ns wait");

@@ -41,6 +41,7 @@ const OPTIONS: OptionSet = OptionSet {
         ),
         opt("tx", Form::Value, r#"tx = "tx""#),
         opt("heartbeat", Form::Value, r#"heartbeat = "10s""#),
+        opt("store_timeout", Form::Value, r#"store_timeout = "10s""#),
         opt(
             "recover",
             Form::Value,
@@ -89,6 +90,8 @@ pub(crate) struct IdempotentArgs {
     /// `heartbeat = "10s"`: renew the lease this often while the body runs; `heartbeat = "off"`:
     /// never (the default is a third of the lease).
     pub(crate) heartbeat: Option<HeartbeatArg>,
+    /// `store_timeout = "2s"`: the bound on each of the call's store steps.
+    pub(crate) store_timeout: Option<DurationArg>,
     /// `recover = "find_payment(&req.order_no)"`: asked before a takeover re-runs the body.
     pub(crate) recover: Option<ExprArg>,
     pub(crate) krate: Option<Path>,
@@ -108,6 +111,7 @@ impl Parse for IdempotentArgs {
             on_in_progress: None,
             tx: None,
             heartbeat: None,
+            store_timeout: None,
             recover: None,
             krate: None,
             errors: std::mem::take(&mut options.errors),
@@ -131,11 +135,12 @@ impl Parse for IdempotentArgs {
                 "recover" => args.recover = expr_arg(name, example(name), value, errors),
                 "store" => args.store = store_arg::store(value, &RECORD_STORES, errors),
                 "heartbeat" => args.heartbeat = heartbeat_arg(&value, errors),
-                "ttl" | "lease" => {
+                "ttl" | "lease" | "store_timeout" => {
                     let duration = duration_arg(name, &value, errors);
                     match name {
                         "ttl" => args.ttl = duration,
-                        _ => args.lease = duration,
+                        "lease" => args.lease = duration,
+                        _ => args.store_timeout = duration,
                     }
                 }
                 "on_in_progress" => {
@@ -179,7 +184,7 @@ fn check_biz(lit: LitStr, errors: &mut Errors) -> Option<LitStr> {
     None
 }
 
-/// `ttl` / `lease`: `"7d"`, `"30s"`, ….
+/// `ttl` / `lease` / `store_timeout`: `"7d"`, `"30s"`, ….
 fn duration_arg(name: &str, value: &Expr, errors: &mut Errors) -> Option<DurationArg> {
     duration_arg_hinted(name, value, errors, "")
 }

@@ -43,6 +43,8 @@ pub(crate) struct Spec {
     pub(crate) wait: Option<(u64, Span)>,
     /// `heartbeat = "…"`, in milliseconds (`None` for `"off"`), with the literal's span.
     pub(crate) heartbeat: Option<(Option<u64>, Span)>,
+    /// `store_timeout = "…"`, in milliseconds, with the literal's span.
+    pub(crate) store_timeout: Option<(u64, Span)>,
     /// `recover = "…"`: the call asked before a takeover re-runs the body.
     pub(crate) recover: Option<Expr>,
     pub(crate) tx: Option<Ident>,
@@ -63,6 +65,7 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
         on_in_progress,
         tx,
         heartbeat,
+        store_timeout,
         recover,
         krate,
         mut errors,
@@ -118,6 +121,7 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
                 HeartbeatArg::Every(every) => (Some(every.millis), every.lit.span()),
                 HeartbeatArg::Off(lit) => (None, lit.span()),
             }),
+            store_timeout: store_timeout.map(|t| (t.millis, t.lit.span())),
             ttl_ms: ttl.map_or(args::DEFAULT_TTL_MS, |ttl| ttl.millis),
             lease_ms: lease.map_or(args::DEFAULT_LEASE_MS, |lease| lease.millis),
             fingerprint: fingerprint.as_ref().map(ExprArg::emitted),

@@ -189,6 +189,12 @@ fn call(spec: &Spec, private: &TokenStream) -> TokenStream {
         Some((None, span)) => call.extend(quote_spanned!(*span=> .no_heartbeat())),
         None => {}
     }
+    if let Some((timeout_ms, span)) = &spec.store_timeout {
+        let timeout = Literal::u64_suffixed(*timeout_ms);
+        call.extend(
+            quote_spanned!(*span=> .store_timeout(::core::time::Duration::from_millis(#timeout))),
+        );
+    }
     call
 }
 

@@ -16,6 +16,9 @@ use crate::{IdemError, IdemKey, Store, duration, fingerprint, key};
 pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Default lease: 30 seconds.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default bound on each of a call's store steps (its claim, a replay's read, a renewal, its
+/// mark): 10 seconds. See [`Call::store_timeout`].
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One idempotent call, built by hand or by `#[idempotent]`.
 ///
@@ -38,6 +41,7 @@ pub struct Call {
     pub(crate) lease: Duration,
     pub(crate) wait: Option<Duration>,
     pub(crate) heartbeat: Heartbeat,
+    pub(crate) store_timeout: Duration,
 }
 
 /// When a lease-mode call renews its lease while the body runs.
@@ -84,6 +88,7 @@ impl Call {
             lease: DEFAULT_LEASE,
             wait: None,
             heartbeat: Heartbeat::Default,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
         }
     }
 
@@ -102,6 +107,23 @@ impl Call {
     /// Wait up to `max` for an in-progress call to finish (then replay it) instead of refusing at once.
     pub fn wait(mut self, max: Duration) -> Self {
         self.wait = Some(max);
+        self
+    }
+
+    /// Bounds each store step of the call (default [`DEFAULT_STORE_TIMEOUT`], 10 s; range 1 ms
+    /// ..= [`MAX_DURATION`](crate::MAX_DURATION)): the claim with its retries (which also reads
+    /// a replay), each renewal, the mark with its retries, the release after a failed `recover`,
+    /// each statement of transaction mode. A store that does not answer in time (a network gone
+    /// silent, a server that hangs) ends the step with [`IdemError::StoreUnavailable`], which is
+    /// retryable (HTTP 503): the caller is never held longer than this per step.
+    ///
+    /// A claim that times out ran nothing. A mark that times out leaves its record PROCESSING:
+    /// the body's effect may have happened, so the key stays protected until its lease ends and
+    /// then a repeat takes over (asking `recover` first, if given). A mark keeps trying through a
+    /// store restart for as long as this allows, so keep it longer than a restart of your store
+    /// takes when no `recover` can look the effect up.
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = timeout;
         self
     }
 
@@ -218,6 +240,7 @@ impl Call {
         key::validate_biz(&self.biz, limits.max_biz_len)?;
         key::validate_key(&self.key, limits.max_key_len)?;
         check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
+        check_store_timeout(self.store_timeout)?;
         let fingerprint = match &self.fingerprint {
             None => None,
             Some(Ok(fp)) => Some(fp.as_str()),
@@ -273,6 +296,19 @@ impl<R> Recovering<R> {
             body,
         )
     }
+}
+
+/// The range of a store timeout: 1 ms ..= [`MAX_DURATION`](crate::MAX_DURATION).
+pub(crate) fn check_store_timeout(timeout: Duration) -> Result<(), IdemError> {
+    if timeout == DEFAULT_STORE_TIMEOUT {
+        return Ok(());
+    }
+    duration::check(
+        "the store timeout",
+        timeout,
+        Duration::from_millis(1),
+        "shorter than 1 ms: no store could answer in time",
+    )
 }
 
 /// The ranges of a call's durations, checked before anything is written (the same for `Call`,

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::current::CallScope;
 use super::steps::{self, Steps};
-use super::{TRANSIENT_TRIES, back_off_pause, current, retry_transient};
+use super::{STORE_TIMEOUT, TRANSIENT_TRIES, back_off_pause, current, retry_transient, within};
 use crate::IdemError;
 use crate::store::{Claim, ClaimRequest, Status, Store};
 
@@ -43,6 +43,9 @@ pub(crate) struct Holder<'a> {
     /// The call, with the log of its steps (`call.steps` is always set in lease mode).
     call: Arc<CallScope>,
     heartbeat: Option<Duration>,
+    /// The call's store timeout: the longest any one step (a renewal, a read, a mark with its
+    /// tries) may wait for the store.
+    timeout: Duration,
     /// When the lease's safe part ends by this clock: the lease's end less [`margin`] (`None`
     /// when that would be before the clock's start).
     safe_until: Option<Instant>,
@@ -58,6 +61,7 @@ impl<'a> Holder<'a> {
         claim: Claim,
         call: Arc<CallScope>,
         heartbeat: Option<Duration>,
+        timeout: Duration,
         claimed_at: Instant,
     ) -> Self {
         Holder {
@@ -66,6 +70,7 @@ impl<'a> Holder<'a> {
             claim,
             call,
             heartbeat,
+            timeout,
             safe_until: safe_until(claimed_at, req.lease),
             last_beat: claimed_at,
             renewing: true,
@@ -141,14 +146,8 @@ impl<'a> Holder<'a> {
     /// The log saved under the record this call holds.
     async fn read_steps(&mut self) -> Result<steps::Log, IdemError> {
         let (store, req, claim) = (self.store, self.req, self.claim);
-        let left = self.time_left();
-        let load = || {
-            within(
-                left.map(|left| Instant::now() + left),
-                store.load(req.biz, req.key),
-            )
-        };
-        let record = retry_transient(load).await?;
+        let (until, why) = self.cut_off(super::after(self.timeout));
+        let record = within(until, why, retry_transient(|| store.load(req.biz, req.key))).await?;
         match record {
             Some(r) if r.fence == claim.fence && r.status == Status::Processing => {
                 steps::decode_log(r.steps.as_deref())
@@ -179,18 +178,15 @@ impl<'a> Holder<'a> {
             .await
     }
 
-    /// Renews the lease once, trying a transient error again as a claim is tried, each try cut
-    /// off when the lease's time is up. The lease is counted from before the first try.
+    /// Renews the lease once, trying a transient error again as a claim is tried, cut off when
+    /// the lease's time or the store timeout is up. The lease is counted from before the first try.
     async fn beat(&mut self) {
         let sent = Instant::now();
         self.last_beat = sent;
         let (store, req, claim) = (self.store, self.req, self.claim);
-        let left = self.time_left();
-        let renew = || {
-            let until = left.map(|left| Instant::now() + left);
-            within(until, store.renew(req.biz, req.key, &claim, req.lease))
-        };
-        match retry_transient(renew).await {
+        let (until, why) = self.cut_off(super::after(self.timeout));
+        let renew = || store.renew(req.biz, req.key, &claim, req.lease);
+        match within(until, why, retry_transient(renew)).await {
             Ok(()) => self.safe_until = safe_until(sent, req.lease),
             Err(e @ IdemError::LeaseLost { .. }) => {
                 tracing::error!(attempt = claim.attempt, error = %e, "heartbeat found the claim taken over; the result will not be stored");
@@ -222,7 +218,8 @@ impl<'a> Holder<'a> {
         }
         let sent = Instant::now();
         let (store, req, claim) = (self.store, self.req, self.claim);
-        retry_transient(|| store.renew(req.biz, req.key, &claim, req.lease)).await?;
+        let renew = retry_transient(|| store.renew(req.biz, req.key, &claim, req.lease));
+        within(super::after(self.timeout), STORE_TIMEOUT, renew).await?;
         self.safe_until = safe_until(sent, req.lease);
         self.last_beat = sent;
         Ok(())
@@ -234,6 +231,16 @@ impl<'a> Holder<'a> {
         self.time_left_at(Instant::now())
     }
 
+    /// When a step sent now must have its answer: at `give_up` (the store timeout's end), or at
+    /// the lease's safe end if that comes first and has not passed; with what runs out then.
+    fn cut_off(&self, give_up: Option<Instant>) -> (Option<Instant>, &'static str) {
+        match (self.safe_until.filter(|&end| end > Instant::now()), give_up) {
+            (Some(end), Some(give_up)) if end < give_up => (Some(end), "the claim's lease"),
+            (Some(end), None) => (Some(end), "the claim's lease"),
+            (_, give_up) => (give_up, STORE_TIMEOUT),
+        }
+    }
+
     /// [`Holder::time_left`] as of `now`.
     fn time_left_at(&self, now: Instant) -> Option<Duration> {
         let left = self.safe_until?.saturating_duration_since(now);
@@ -241,8 +248,10 @@ impl<'a> Holder<'a> {
     }
 
     /// Finishes the claim with `mark` (complete or fail), trying again after a transient store
-    /// error for as long as the lease is live (and at least [`TRANSIENT_TRIES`] times in all).
-    /// Each try is cut off when the lease's time is up.
+    /// error for as long as the lease is live (and at least [`TRANSIENT_TRIES`] times in all),
+    /// within the call's store timeout from the first try. Each try is cut off when the lease's
+    /// time or the store timeout is up, whichever comes first (after the lease's safe end, the
+    /// store timeout alone bounds it).
     ///
     /// While the mark fails, the heartbeat keeps renewing the lease on its schedule (a pause
     /// between tries ends when a beat is due), for at most [`CARRY_LEASES`] leases from the
@@ -251,7 +260,7 @@ impl<'a> Holder<'a> {
     ///
     /// # Errors
     /// The mark's error: `LeaseLost`, a permanent store error, or the last transient one once the
-    /// lease's time is up.
+    /// lease's time or the store timeout is up.
     pub(crate) async fn finish<F, Fut>(&mut self, mut mark: F) -> Result<(), IdemError>
     where
         F: FnMut() -> Fut,
@@ -259,16 +268,18 @@ impl<'a> Holder<'a> {
     {
         let mut tried = 0u32;
         let mut carry_until = None;
+        let give_up = super::after(self.timeout);
         loop {
-            // Each try is cut off at the lease's safe end; once that has passed, not at all.
             let now = Instant::now();
-            let marked = within(self.safe_until.filter(|&end| end > now), mark()).await;
-            let e = match marked {
+            let (until, why) = self.cut_off(give_up);
+            let e = match within(until, why, mark()).await {
                 Err(e) if e.is_transient_store_error() => e,
                 done => return done,
             };
             tried += 1;
-            if tried >= TRANSIENT_TRIES && self.time_left().is_none() {
+            if (tried >= TRANSIENT_TRIES && self.time_left().is_none())
+                || give_up.is_some_and(|end| Instant::now() >= end)
+            {
                 return Err(e);
             }
             tracing::debug!(error = %e, tried, "transient store error on the mark; trying again while the lease is live");
@@ -288,6 +299,9 @@ impl<'a> Holder<'a> {
             if let Some(left) = self.time_left() {
                 nap = nap.min(left);
             }
+            if let Some(end) = give_up {
+                nap = nap.min(end.saturating_duration_since(Instant::now()));
+            }
             if let Some(every) = beat_every.filter(|_| self.renewing) {
                 nap = nap.min((self.last_beat + every).saturating_duration_since(Instant::now()));
             }
@@ -300,26 +314,6 @@ impl<'a> Holder<'a> {
 /// claim while its mark keeps failing (a store restart outlasts a short lease; a mark that
 /// never lands while renewals do must still end).
 pub(crate) const CARRY_LEASES: u32 = 3;
-
-/// `step`, cut off at `until` (when given) with [`no_answer`].
-async fn within<T, F: Future<Output = Result<T, IdemError>>>(
-    until: Option<Instant>,
-    step: F,
-) -> Result<T, IdemError> {
-    let Some(until) = until else {
-        return step.await;
-    };
-    // A step done at its first poll (an in-process store) needs no timer, as `Timeout` would
-    // answer it too without looking at its deadline; arming one costs more than such a step.
-    let mut step = pin!(step);
-    if let Poll::Ready(done) = std::future::poll_fn(|cx| Poll::Ready(step.as_mut().poll(cx))).await
-    {
-        return done;
-    }
-    tokio::time::timeout_at(until, step)
-        .await
-        .unwrap_or_else(|_| Err(no_answer()))
-}
 
 /// `e` again, for each of several steps that wait on one read or save: the same variant where
 /// it carries no source, the same class (unavailable, busy, other) with its message otherwise.
@@ -334,11 +328,6 @@ fn copy_of(e: &IdemError) -> IdemError {
         IdemError::StoreBusy { reason, .. } => IdemError::busy(*reason, e.to_string()),
         _ => IdemError::store(e.to_string()),
     }
-}
-
-/// The error of a try the lease's time cut off.
-fn no_answer() -> IdemError {
-    IdemError::unavailable("the store did not answer within the claim's lease")
 }
 
 #[cfg(test)]

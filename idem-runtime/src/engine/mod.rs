@@ -22,7 +22,9 @@ use tracing::Instrument;
 #[cfg(feature = "axum")]
 pub(crate) use call::Heartbeat;
 pub(crate) use call::check_durations;
-pub use call::{Call, DEFAULT_LEASE, DEFAULT_TTL, Recovering};
+#[cfg(feature = "axum")]
+pub(crate) use call::check_store_timeout;
+pub use call::{Call, DEFAULT_LEASE, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, Recovering};
 use snapshot::{ErrType, OkType};
 
 use crate::IdemError;
@@ -134,19 +136,60 @@ where
     }
 }
 
+/// `step`, cut off at `until` (when given) with [`IdemError::StoreUnavailable`] saying what ran
+/// out (`why`: "the call's store timeout", "the claim's lease"). A step done at its first poll (an
+/// in-process store) arms no timer: arming one costs more than such a step.
+pub(crate) async fn within<T, F: Future<Output = Result<T, IdemError>>>(
+    until: Option<tokio::time::Instant>,
+    why: &'static str,
+    step: F,
+) -> Result<T, IdemError> {
+    let Some(until) = until else {
+        return step.await;
+    };
+    let mut step = std::pin::pin!(step);
+    if let std::task::Poll::Ready(done) =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(step.as_mut().poll(cx))).await
+    {
+        return done;
+    }
+    tokio::time::timeout_at(until, step)
+        .await
+        .unwrap_or_else(|_| Err(no_answer(why)))
+}
+
+/// The error of a store step that did not answer before `why` ran out.
+pub(crate) fn no_answer(why: &str) -> IdemError {
+    IdemError::unavailable(format!(
+        "the store did not answer within {why} (a network gone silent, or a server that hangs); \
+         nothing is known to have changed, try again"
+    ))
+}
+
+/// The moment `timeout` from now, if the clock can hold it.
+pub(crate) fn after(timeout: Duration) -> Option<tokio::time::Instant> {
+    tokio::time::Instant::now().checked_add(timeout)
+}
+
+/// What a cut-off step's error names as having run out.
+pub(crate) const STORE_TIMEOUT: &str = "the call's store timeout";
+
 /// Claims, waiting for an in-progress holder when the call allows it; `started` is when the call
-/// began. Also returns when the outcome came back (one clock read for the claim's latency and the
-/// holder's check that the claim is still inside its lease).
+/// began. Each round of claiming (with its retries) is cut off after `timeout`. Also returns when
+/// the outcome came back (one clock read for the claim's latency and the holder's check that the
+/// claim is still inside its lease).
 async fn claim(
     store: &dyn Store,
     req: &ClaimRequest<'_>,
     wait: Option<Duration>,
+    timeout: Duration,
     mut started: tokio::time::Instant,
 ) -> Result<(ClaimOutcome, tokio::time::Instant), IdemError> {
     let deadline = wait.map(|w| started + w);
     let mut pause = Duration::from_millis(5);
     loop {
-        let outcome = retry_transient(|| store.claim(req)).await;
+        let until = started.checked_add(timeout);
+        let outcome = within(until, STORE_TIMEOUT, retry_transient(|| store.claim(req))).await;
         let now = tokio::time::Instant::now();
         crate::metrics::claim_latency(req.biz, store.backend(), now - started);
         let outcome = outcome?;
@@ -233,7 +276,7 @@ where
             Err(e) => return refuse(e, Outcome::Rejected),
         };
         let claimed_at = tokio::time::Instant::now();
-        let (claim, how, answered) = match claim(store, &req, call.wait, claimed_at).await {
+        let (claim, how, answered) = match claim(store, &req, call.wait, call.store_timeout, claimed_at).await {
             Ok((ClaimOutcome::Acquired { claim, how }, answered)) => (claim, how, answered),
             Ok((ClaimOutcome::Replay { snapshot }, _)) => {
                 let (result, outcome) = replayed(ok, &snapshot);
@@ -266,6 +309,7 @@ where
             claim,
             scope,
             call.heartbeat_every(),
+            call.store_timeout,
             claimed_at,
         );
         let attempt = claim.attempt;

@@ -128,7 +128,8 @@ where
     let outcome = match call.request(tx.store()) {
         Ok(req) => {
             let started = std::time::Instant::now();
-            let outcome = tx.claim(&req).await;
+            let until = super::after(call.store_timeout);
+            let outcome = super::within(until, super::STORE_TIMEOUT, tx.claim(&req)).await;
             crate::metrics::claim_latency(req.biz, tx.store().backend(), started.elapsed());
             outcome
         }
@@ -183,17 +184,17 @@ where
             let limit = tx.store().limits().max_snapshot_len;
             let (snapshot, result, done) =
                 encoded(ok, err, value, limit, super::acquired_outcome(how));
-            match tx
-                .complete(call.biz(), call.key(), &claim, &snapshot, call.ttl)
-                .await
-            {
+            let until = super::after(call.store_timeout);
+            let mark = tx.complete(call.biz(), call.key(), &claim, &snapshot, call.ttl);
+            match super::within(until, super::STORE_TIMEOUT, mark).await {
                 Ok(()) => (result, done),
                 Err(e @ IdemError::LeaseLost { .. }) => (Err(err.from_idem(e)), Outcome::LeaseLost),
                 Err(e) => (Err(err.from_idem(e)), Outcome::MarkFailed),
             }
         }
         Err(body_err) => {
-            if let Err(e) = tx.abort().await {
+            let until = super::after(call.store_timeout);
+            if let Err(e) = super::within(until, super::STORE_TIMEOUT, tx.abort()).await {
                 tracing::warn!(error = %e, "could not roll the idempotent claim back to its savepoint");
             }
             (Err(body_err), Outcome::Failed)

@@ -91,6 +91,7 @@ pub(crate) struct Config {
     pub(super) lease: Duration,
     pub(super) heartbeat: Heartbeat,
     pub(super) wait: Option<Duration>,
+    pub(super) store_timeout: Duration,
     pub(super) cap: Option<Arc<Cap>>,
     pub(super) recover: Option<RecoverFn>,
     /// Transaction mode: how to begin the request's transaction.
@@ -119,6 +120,7 @@ pub struct IdempotencyBuilder {
     lease: Duration,
     heartbeat: Heartbeat,
     wait: Option<Duration>,
+    store_timeout: Duration,
     cap: Option<(u32, Duration)>,
     recover: Option<RecoverFn>,
     tx: Option<super::tx::Begin>,
@@ -318,6 +320,15 @@ impl IdempotencyBuilder {
         self
     }
 
+    /// Bounds each of a request's store steps (its claim or replay, each renewal, its mark; in
+    /// transaction mode also the `BEGIN` and the commit), as [`Call::store_timeout`](crate::Call::store_timeout):
+    /// a store that does not answer in time gets the client 503 with `Retry-After` instead of a
+    /// hang. Default [`crate::DEFAULT_STORE_TIMEOUT`] (10 s); 1 ms ..= [`crate::MAX_DURATION`].
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = timeout;
+        self
+    }
+
     /// At most `max` new records per caller per `window`, counted in this process (each process
     /// of a service has its own budget); beyond it a request for a new key gets 429 with
     /// `Retry-After` before anything is written. Repeats of requests that have a record (replays,
@@ -370,6 +381,7 @@ impl IdempotencyBuilder {
             return invalid("the key and request size limits must be above zero");
         }
         crate::engine::check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
+        crate::engine::check_store_timeout(self.store_timeout)?;
         if self.tx.is_some() && self.recover.is_some() {
             return invalid(
                 "`recover` is for lease mode: in transaction mode a handler that dies rolls its transaction back, so there is nothing to recover; drop `.recover(…)` or build with `builder`",
@@ -420,6 +432,7 @@ impl IdempotencyBuilder {
                 lease: self.lease,
                 heartbeat: self.heartbeat,
                 wait: self.wait,
+                store_timeout: self.store_timeout,
                 cap,
                 recover: self.recover,
                 tx: self.tx,
@@ -450,6 +463,7 @@ impl IdempotencyLayer {
             lease: crate::DEFAULT_LEASE,
             heartbeat: Heartbeat::Default,
             wait: None,
+            store_timeout: crate::DEFAULT_STORE_TIMEOUT,
             cap: None,
             recover: None,
             tx: None,

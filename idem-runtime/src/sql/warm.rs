@@ -13,10 +13,14 @@
 //! - a connection that waited here [`WARM_FOR`] (100 ms) goes back to the pool at the next look of
 //!   a task that looks every 100 ms while any waits, so the pool's other users (your own queries
 //!   on `store.pool()`, transactions, the outbox relay) are kept from one for at most 200 ms;
-//! - only a connection whose statement finished comes back here: one whose statement failed, or
-//!   whose future was dropped mid-statement (a cancelled call, a deadline), goes back to the pool,
-//!   which tests it as before; a lost connection (a server restart) also sends every warm one
-//!   back, so none that died with it is used again.
+//! - only a connection whose statement finished comes back here: one whose statement failed goes
+//!   back to the pool, which tests it as before; a lost connection (a server restart) also sends
+//!   every warm one back, so none that died with it is used again;
+//! - a connection whose future was dropped mid-statement (a call's store timeout, a cancelled
+//!   call) is closed, not given back: it may still be waiting for an answer that never comes (a
+//!   network gone silent), and the pool's test of it, a ping, would wait as long while holding one
+//!   of the pool's places, so enough of them would leave the store without connections even after
+//!   the network came back. The pool opens a new one in its place.
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -95,11 +99,15 @@ impl<DB: Database> Warm<DB> {
         work: impl AsyncFnOnce(&mut DB::Connection) -> Result<R, IdemError>,
     ) -> Result<R, IdemError> {
         let taken = lock(&self.idle).conns.pop();
-        let mut conn = match taken {
+        let conn = match taken {
             Some((conn, _)) => conn,
             None => self.pool.acquire().await.map_err(error)?,
         };
-        let done = work(&mut conn).await;
+        let mut in_flight = InFlight(Some(conn));
+        let done = work(in_flight.conn()).await;
+        let Some(conn) = in_flight.0.take() else {
+            unreachable!("taken only here or on drop")
+        };
         match &done {
             Ok(_) => self.give_back(conn),
             Err(IdemError::StoreUnavailable { .. }) => {
@@ -140,6 +148,28 @@ impl<DB: Database> Warm<DB> {
     pub(crate) fn cool(&self) {
         let conns = std::mem::take(&mut lock(&self.idle).conns);
         drop(conns);
+    }
+}
+
+/// A connection lent to a statement: closed if the statement's future is dropped before it ends
+/// (see the module docs), instead of going back to the pool's test.
+struct InFlight<DB: Database>(Option<PoolConnection<DB>>);
+
+impl<DB: Database> InFlight<DB> {
+    fn conn(&mut self) -> &mut DB::Connection {
+        match &mut self.0 {
+            Some(conn) => conn,
+            None => unreachable!("lent until the statement ends"),
+        }
+    }
+}
+
+impl<DB: Database> Drop for InFlight<DB> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            tracing::debug!("a statement was cut off before its answer; closing its connection");
+            drop(conn.detach());
+        }
     }
 }
 

@@ -26,6 +26,7 @@ pub mod http;
 pub mod inbox;
 mod key;
 mod metrics;
+mod net;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub mod outbox;
 mod preflight;
@@ -45,7 +46,7 @@ pub mod __private;
 pub use backend::encrypted::{ENVELOPE_OVERHEAD, EncryptedStore, EncryptedTx, Keyring};
 pub use backend::memory::MemoryStore;
 #[cfg(feature = "mysql")]
-pub use backend::mysql::{MySqlStore, MySqlTokens, MySqlTx};
+pub use backend::mysql::{MySqlStore, MySqlStoreBuilder, MySqlTokens, MySqlTx};
 #[cfg(feature = "postgres")]
 pub use backend::postgres::{
     DEFAULT_PG_LOCK_TIMEOUT, PgIsolation, PgStore, PgStoreBuilder, PgTokens, PgTx,
@@ -71,6 +72,7 @@ pub use key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN, IdemKey, validate_biz, v
 pub use metrics::{
     CallReport, Counts, Outcome, count_token_op, counts, counts_for, names, observe,
 };
+pub use net::DEFAULT_CONNECT_TIMEOUT;
 pub use preflight::preflight;
 pub use recovery::{Reconciled, Reconciler};
 pub use registry::{IntoSharedStore, register_store, store, unregister_store};

@@ -19,18 +19,18 @@
 //! - Times come from the database: `UTC_TIMESTAMP(6)` as microseconds since the epoch, which no
 //!   session time zone or DST change shifts.
 
+mod builder;
 mod records;
 mod tokens;
 mod transition;
 mod tx;
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
-use sqlx::{AssertSqlSafe, Executor, MySql};
+use sqlx::mysql::MySqlPool;
+use sqlx::{AssertSqlSafe, MySql};
 
 use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
@@ -41,6 +41,7 @@ use crate::sql::warm::Warm;
 use crate::store::order::ClaimOrder;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 use crate::transition::TransitionTx;
+pub use builder::MySqlStoreBuilder;
 use records::{Records, Statements};
 pub use tokens::MySqlTokens;
 pub use tx::MySqlTx;
@@ -129,30 +130,17 @@ impl MySqlStore {
         max_connections: u32,
         lock_wait: Duration,
     ) -> Result<Self, IdemError> {
-        let options =
-            MySqlConnectOptions::from_str(url).map_err(|e| IdemError::InvalidOptions {
-                reason: format!("not a MySQL URL: {e}"),
-            })?;
-        let secs = lock_wait_secs(lock_wait);
-        let set = format!("SET SESSION innodb_lock_wait_timeout = {secs}");
-        let pool = MySqlPoolOptions::new()
-            .max_connections(max_connections.max(1))
-            // The server is across a network, but a broken connection fails its statement with a
-            // retryable error, and the pool drops it: no ping before every statement.
-            .test_before_acquire(false)
-            .after_connect(move |conn, _| {
-                let set = set.clone();
-                Box::pin(async move {
-                    conn.execute(AssertSqlSafe(set)).await?;
-                    Ok(())
-                })
-            })
-            .connect_with(options)
+        Self::builder()
+            .max_connections(max_connections)
+            .lock_wait(lock_wait)
+            .connect(url)
             .await
-            .map_err(IdemError::unavailable)?;
-        let mut store = Self::from_pool(pool);
-        store.lock_wait_secs = secs;
-        Ok(store)
+    }
+
+    /// The options of the pool [`MySqlStoreBuilder::connect`] opens: its size, lock wait, acquire
+    /// and connect timeouts.
+    pub fn builder() -> MySqlStoreBuilder {
+        MySqlStoreBuilder::default()
     }
 
     /// A store on an existing pool. Its sessions keep the lock wait they have (InnoDB's default is

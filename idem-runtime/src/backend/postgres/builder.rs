@@ -35,6 +35,7 @@ pub struct PgStoreBuilder {
     limits: Limits,
     max_connections: u32,
     acquire_timeout: Duration,
+    connect_timeout: Duration,
     lock_timeout: Duration,
 }
 
@@ -46,6 +47,7 @@ impl Default for PgStoreBuilder {
             limits: Limits::default(),
             max_connections: 16,
             acquire_timeout: Duration::from_secs(30),
+            connect_timeout: crate::DEFAULT_CONNECT_TIMEOUT,
             lock_timeout: DEFAULT_PG_LOCK_TIMEOUT,
         }
     }
@@ -91,6 +93,15 @@ impl PgStoreBuilder {
         self
     }
 
+    /// How long [`PgStoreBuilder::connect`] may take to open its first connection (default
+    /// [`crate::DEFAULT_CONNECT_TIMEOUT`], 5 s; 1 ms ..= [`crate::MAX_DURATION`], checked by
+    /// `connect`). A refused connection fails at once; a server that does not answer fails after
+    /// this long; either way the error names the server (`host:port`) and the cause.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
     /// How long a claim waits for a row lock held by another transaction (a claimant in
     /// transaction mode whose business is still running) before it answers `InProgress`
     /// (default 3 s). Set in transaction mode for a claim that waits for another transaction
@@ -118,20 +129,35 @@ impl PgStoreBuilder {
             Duration::from_millis(1),
             "shorter than 1 ms: no checkout could wait for a connection",
         )?;
+        crate::net::check_connect_timeout(self.connect_timeout)?;
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| IdemError::InvalidOptions {
                 reason: format!("not a Postgres URL: {e}"),
             })?
             .options([("lock_timeout", lock_timeout_text(self.lock_timeout))]);
+        let server = crate::net::server(
+            options.get_host(),
+            options.get_port(),
+            options.get_socket().map(|p| p.as_path()),
+        );
+        let dialect = crate::sql::dialect::Dialect::Postgres;
+        crate::net::reach::<sqlx::PgConnection>(
+            "Postgres",
+            dialect,
+            &server,
+            &options,
+            self.connect_timeout,
+        )
+        .await?;
         // A statement on a dead connection fails as unavailable and idem tries again on another,
         // so the pool does not ping every connection it hands out (a round trip per statement).
         let pool = PgPoolOptions::new()
             .max_connections(self.max_connections)
             .acquire_timeout(self.acquire_timeout)
             .test_before_acquire(false)
-            .connect_with(options)
-            .await
-            .map_err(IdemError::unavailable)?;
+            .connect_with(options);
+        let pool =
+            crate::net::within_connect("Postgres", &server, self.connect_timeout, pool).await?;
         Ok(self.store(pool))
     }
 

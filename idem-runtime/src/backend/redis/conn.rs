@@ -4,11 +4,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+use crate::IdemError;
 
 #[derive(Clone)]
 pub(super) enum Conn {
@@ -16,79 +20,274 @@ pub(super) enum Conn {
     Cluster(ClusterConnection),
 }
 
-/// A single server's `ConnectionManager` that is replaced when a reply times out.
+/// A single server's `ConnectionManager` that is replaced when its connection stops answering.
 ///
 /// The manager reconnects when its connection reports an error, but a half-open connection (the
-/// server or a middlebox vanished without closing it) reports nothing: every request waits for
-/// its response timeout, forever. A timed-out reply therefore dials a new connection for the
-/// requests that follow (once per dead connection, however many requests timed out on it).
+/// server or a middlebox vanished without closing it, a network gone silent) reports nothing:
+/// every request waits until it is given up. So:
+///
+/// - a request given up before its answer (its reply timed out, or its caller's store timeout
+///   dropped it) has the connection probed: one `PING` at a time, which must answer within
+///   [`PROBE_TIMEOUT`];
+/// - a connection whose reply timed out or whose probe went unanswered is dead: every request
+///   still waiting on it fails at once, and one new connection is dialled for everyone (one dial
+///   in flight per store, its outcome shared by every caller that waits for it);
+/// - a dial that fails fails every waiter at once with its cause, and the next request dials
+///   afresh: requests never queue behind each other's dials.
 #[derive(Clone)]
 pub(super) struct Healing(Arc<HealingInner>);
+
+/// How long the probe of a connection that let a request go unanswered waits for its `PONG`.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 struct HealingInner {
     client: redis::Client,
     config: ConnectionManagerConfig,
+    /// `host:port`, for errors.
+    addr: String,
+    /// How long one dial may take.
+    connect_timeout: Duration,
     /// The connection in use and its generation (bumped by each replacement).
     current: Mutex<(u64, ConnectionManager)>,
-    redial: tokio::sync::Mutex<()>,
+    /// Generations below this are dead: their waiting requests fail at once.
+    dead_below: watch::Sender<u64>,
+    /// The generation being probed, if any.
+    probing: Mutex<Option<u64>>,
+    /// The dial in flight, if any: its outcome, once known, for everyone waiting on it.
+    dialing: Mutex<Option<watch::Receiver<Option<Result<(), String>>>>>,
 }
 
 impl Healing {
+    /// A manager on `client`, dialled once first so that an unreachable server fails at once with
+    /// its address and cause (the manager itself retries a refused connection for seconds).
     pub(super) async fn connect(
         client: redis::Client,
         config: ConnectionManagerConfig,
-    ) -> RedisResult<Healing> {
-        let manager = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
+        addr: String,
+        connect_timeout: Duration,
+    ) -> Result<Healing, IdemError> {
+        let manager = dial(&client, &config, &addr, connect_timeout)
+            .await
+            .map_err(IdemError::unavailable)?;
         Ok(Healing(Arc::new(HealingInner {
             client,
             config,
+            addr,
+            connect_timeout,
             current: Mutex::new((0, manager)),
-            redial: tokio::sync::Mutex::new(()),
+            dead_below: watch::Sender::new(0),
+            probing: Mutex::new(None),
+            dialing: Mutex::new(None),
         })))
     }
 
     fn current(&self) -> (u64, ConnectionManager) {
-        let current = self.0.current.lock().unwrap_or_else(|e| e.into_inner());
+        let current = lock(&self.0.current);
         (current.0, current.1.clone())
     }
 
-    /// Replaces generation `timed_out` after one of its replies timed out (unless another request
-    /// already did); keeps it when a new connection cannot be made yet.
-    async fn heal(&self, timed_out: u64) {
-        let _one_at_a_time = self.0.redial.lock().await;
-        if self.current().0 != timed_out {
-            return;
+    /// The connection to send on: the current one, or, when it is dead, a new one (dialled by
+    /// this request or by the one already dialling).
+    async fn usable(&self) -> RedisResult<(u64, ConnectionManager)> {
+        let (generation, conn) = self.current();
+        if generation < *self.0.dead_below.borrow() {
+            self.redial(generation).await.map_err(io_error)?;
+            return Ok(self.current());
         }
-        match ConnectionManager::new_with_config(self.0.client.clone(), self.0.config.clone()).await
-        {
-            Ok(fresh) => {
-                tracing::warn!("a Redis reply timed out; replaced the connection");
-                *self.0.current.lock().unwrap_or_else(|e| e.into_inner()) = (timed_out + 1, fresh);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "a Redis reply timed out and no new connection could be made yet");
-            }
-        }
+        Ok((generation, conn))
     }
 
-    async fn after<T>(&self, generation: u64, result: RedisResult<T>) -> RedisResult<T> {
+    /// Sends `request` on a usable connection; fails at once when that connection is found dead
+    /// meanwhile; has it probed when the request is given up before its answer.
+    async fn send<'a, T>(
+        &'a self,
+        request: impl AsyncFnOnce(ConnectionManager) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let (generation, conn) = self.usable().await?;
+        let mut dead = self.0.dead_below.subscribe();
+        let mut watch = Unanswered {
+            healing: self,
+            generation,
+            armed: true,
+        };
+        let result = tokio::select! {
+            result = request(conn) => result,
+            _ = dead.wait_for(|&below| generation < below) => Err(io_error(format!(
+                "the connection to Redis at {} stopped answering; a new one is being dialled",
+                self.0.addr
+            ))),
+        };
+        watch.armed = false;
         if let Err(e) = &result
             && e.is_timeout()
         {
-            self.heal(generation).await;
+            self.found_dead(generation);
         }
         result
     }
+
+    /// Generation `generation` stopped answering: every request on it fails now, and a new
+    /// connection is dialled (unless one already is).
+    fn found_dead(&self, generation: u64) {
+        self.0.dead_below.send_if_modified(|below| {
+            (*below <= generation)
+                .then(|| *below = generation + 1)
+                .is_some()
+        });
+        let healing = self.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = healing.redial(generation).await {
+                    tracing::warn!(error = %e, "a Redis connection stopped answering and no new one could be made yet");
+                }
+            });
+        }
+    }
+
+    /// Checks generation `generation` with one `PING` (one probe at a time): unanswered within
+    /// [`PROBE_TIMEOUT`], it is dead.
+    fn probe(&self, generation: u64) {
+        {
+            let mut probing = lock(&self.0.probing);
+            if probing.is_some() || generation < *self.0.dead_below.borrow() {
+                return;
+            }
+            *probing = Some(generation);
+        }
+        let healing = self.clone();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            *lock(&self.0.probing) = None;
+            return;
+        };
+        runtime.spawn(async move {
+            let (now, mut conn) = healing.current();
+            let answered = now != generation
+                || tokio::time::timeout(PROBE_TIMEOUT, redis::cmd("PING").query_async::<()>(&mut conn))
+                    .await
+                    .is_ok_and(|pong| pong.is_ok());
+            *lock(&healing.0.probing) = None;
+            if !answered {
+                tracing::warn!(addr = %healing.0.addr, "a Redis connection did not answer a PING; replacing it");
+                healing.found_dead(generation);
+            }
+        });
+    }
+
+    /// Replaces generation `dead` with a new connection, unless that was done already: joins the
+    /// dial in flight or starts one (in a task of its own, so it ends whoever stops waiting).
+    async fn redial(&self, dead: u64) -> Result<(), String> {
+        let mut outcome = {
+            let mut dialing = lock(&self.0.dialing);
+            if self.current().0 != dead {
+                return Ok(());
+            }
+            match &*dialing {
+                Some(outcome) => outcome.clone(),
+                None => {
+                    let (tell, outcome) = watch::channel(None);
+                    *dialing = Some(outcome.clone());
+                    let healing = self.clone();
+                    tokio::spawn(async move {
+                        let inner = &healing.0;
+                        let dialled = dial(
+                            &inner.client,
+                            &inner.config,
+                            &inner.addr,
+                            inner.connect_timeout,
+                        )
+                        .await;
+                        let mut dialing = lock(&inner.dialing);
+                        let told = match dialled {
+                            Ok(fresh) => {
+                                tracing::warn!(addr = %inner.addr, "replaced a Redis connection that stopped answering");
+                                *lock(&inner.current) = (dead + 1, fresh);
+                                Ok(())
+                            }
+                            Err(e) => Err(e),
+                        };
+                        *dialing = None;
+                        drop(dialing);
+                        tell.send_replace(Some(told));
+                    });
+                    outcome
+                }
+            }
+        };
+        let told = outcome.wait_for(Option::is_some).await;
+        match told.as_deref() {
+            Ok(Some(told)) => told.clone(),
+            _ => Err(format!(
+                "the dial to Redis at {} was abandoned",
+                self.0.addr
+            )),
+        }
+    }
+}
+
+/// A request under way: dropped before its answer (given up by its caller), it has its
+/// connection probed.
+struct Unanswered<'a> {
+    healing: &'a Healing,
+    generation: u64,
+    armed: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.healing.probe(self.generation);
+        }
+    }
+}
+
+/// One connection attempt (no retries, within `timeout`), then the manager on the same client;
+/// an error names `addr` and the cause.
+async fn dial(
+    client: &redis::Client,
+    config: &ConnectionManagerConfig,
+    addr: &str,
+    timeout: Duration,
+) -> Result<ConnectionManager, String> {
+    let once = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    let first = tokio::time::timeout(
+        timeout,
+        client.get_multiplexed_async_connection_with_config(&once),
+    );
+    match first.await {
+        Err(_) => {
+            return Err(format!(
+                "cannot reach Redis at {addr}: no answer within {timeout:?} (a network that drops \
+                 packets, or a server that hangs)"
+            ));
+        }
+        Ok(Err(e)) => return Err(format!("cannot reach Redis at {addr}: {e}")),
+        Ok(Ok(probe)) => drop(probe),
+    }
+    let manager = ConnectionManager::new_with_config(client.clone(), config.clone());
+    match tokio::time::timeout(timeout, manager).await {
+        Ok(Ok(manager)) => Ok(manager),
+        Ok(Err(e)) => Err(format!("cannot reach Redis at {addr}: {e}")),
+        Err(_) => Err(format!(
+            "cannot reach Redis at {addr}: no answer within {timeout:?}"
+        )),
+    }
+}
+
+/// An I/O error (so: unavailable, retryable) saying `why`.
+fn io_error(why: String) -> redis::RedisError {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, why).into()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Conn::Single(h) => Box::pin(async move {
-                let (generation, mut c) = h.current();
-                let result = c.req_packed_command(cmd).await;
-                h.after(generation, result).await
-            }),
+            Conn::Single(h) => Box::pin(h.send(async move |mut c| c.req_packed_command(cmd).await)),
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -100,11 +299,9 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Single(h) => Box::pin(async move {
-                let (generation, mut c) = h.current();
-                let result = c.req_packed_commands(pipeline, offset, count).await;
-                h.after(generation, result).await
-            }),
+            Conn::Single(h) => Box::pin(
+                h.send(async move |mut c| c.req_packed_commands(pipeline, offset, count).await),
+            ),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }

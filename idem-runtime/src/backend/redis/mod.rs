@@ -34,7 +34,23 @@ use conn::Conn;
 use records::{COMPLETE, FAIL, RENEW, Records, SAVE_STEPS, int, record_of, text};
 
 /// How long a command may wait for its reply.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The TCP settings of every connection to Redis: keepalive probes after 10 s of
+/// quiet (every 5 s, 3 of them), and `TCP_USER_TIMEOUT` at [`RESPONSE_TIMEOUT`]: the kernel closes
+/// a connection whose peer stopped acknowledging, so a vanished server is found even with no
+/// request waiting.
+pub(crate) fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    use redis::io::tcp::socket2::TcpKeepalive;
+    let keepalive = TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(5))
+        .with_retries(3);
+    let settings = redis::io::tcp::TcpSettings::default().set_keepalive(keepalive);
+    #[cfg(target_os = "linux")]
+    let settings = settings.set_user_timeout(RESPONSE_TIMEOUT);
+    settings
+}
 
 /// The key of a record: `<prefix>{<n>:<biz>:<key>}` (prefix `idem:` by default), where `<n>` is
 /// the business type's length in bytes, so the key names exactly one `(biz, key)`: `("PAY", "x:y")`
@@ -134,20 +150,39 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// Connects to the Redis at `url` (`redis://host:port/db`).
+    /// Connects to the Redis at `url` (`redis://host:port/db`), within
+    /// [`crate::DEFAULT_CONNECT_TIMEOUT`] (see [`RedisStore::connect_within`]).
     ///
     /// # Errors
-    /// [`IdemError::StoreUnavailable`] when it cannot be reached.
+    /// [`IdemError::StoreUnavailable`] naming the server and the cause when it cannot be
+    /// reached; [`IdemError::InvalidOptions`] for a URL that is not Redis's.
     pub async fn connect(url: &str) -> Result<Self, IdemError> {
-        let client = redis::Client::open(url).map_err(IdemError::unavailable)?;
+        Self::connect_within(url, crate::DEFAULT_CONNECT_TIMEOUT).await
+    }
+
+    /// Connects to the Redis at `url`, failing after `timeout` (1 ms ..= [`crate::MAX_DURATION`])
+    /// when the server does not answer; a refused connection fails at once. Its sockets send TCP
+    /// keepalives and give up on data the peer has not acknowledged for 10 s
+    /// (`TCP_USER_TIMEOUT`), so a peer that vanished is noticed by the kernel too.
+    ///
+    /// # Errors
+    /// As [`RedisStore::connect`], and [`IdemError::InvalidOptions`] for a timeout out of range.
+    pub async fn connect_within(url: &str, timeout: Duration) -> Result<Self, IdemError> {
+        crate::net::check_connect_timeout(timeout)?;
+        let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| {
+            IdemError::InvalidOptions {
+                reason: format!("not a Redis URL: {e}"),
+            }
+        })?;
+        let addr = info.addr().to_string();
+        let info = info.set_tcp_settings(tcp_settings());
+        let client = redis::Client::open(info).map_err(IdemError::unavailable)?;
         // redis-rs gives up on a reply after 500 ms by default; under a burst a loaded server
         // answers later than that, and a claim whose reply was given up leaves a claim nobody holds.
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
-            .set_connection_timeout(Some(Duration::from_secs(2)));
-        let manager = conn::Healing::connect(client, config)
-            .await
-            .map_err(redis_error)?;
+            .set_connection_timeout(Some(timeout));
+        let manager = conn::Healing::connect(client, config, addr, timeout).await?;
         Ok(RedisStore {
             records: Arc::new(Records {
                 conn: Conn::Single(manager),

@@ -1,0 +1,127 @@
+//! The options of a [`MySqlStore`]'s pool and how it connects.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, Executor};
+
+use super::{DEFAULT_LOCK_WAIT, MySqlStore, lock_wait_secs};
+use crate::IdemError;
+use crate::sql::dialect::Dialect;
+
+/// Options of the pool a [`MySqlStore`] opens: its size, its lock wait and its timeouts.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idem_runtime::IdemError> {
+/// use std::time::Duration;
+/// let store = idem_runtime::MySqlStore::builder()
+///     .max_connections(32)
+///     .connect_timeout(Duration::from_secs(2))
+///     .connect("mysql://root@127.0.0.1:3306/test")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct MySqlStoreBuilder {
+    max_connections: u32,
+    lock_wait: Duration,
+    acquire_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl Default for MySqlStoreBuilder {
+    fn default() -> Self {
+        MySqlStoreBuilder {
+            max_connections: 16,
+            lock_wait: DEFAULT_LOCK_WAIT,
+            acquire_timeout: Duration::from_secs(30),
+            connect_timeout: crate::DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+}
+
+impl MySqlStoreBuilder {
+    /// Connections of the pool (default 16; 0 is taken as 1).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Every session's `innodb_lock_wait_timeout` (default 2 s; whole seconds, at least 1): see
+    /// [`MySqlStore::connect_with`].
+    pub fn lock_wait(mut self, lock_wait: Duration) -> Self {
+        self.lock_wait = lock_wait;
+        self
+    }
+
+    /// How long a checkout waits for a connection once the pool is open (default 30 s;
+    /// 1 ms ..= [`crate::MAX_DURATION`], checked by `connect`).
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// How long [`MySqlStoreBuilder::connect`] may take to open its first connection (default
+    /// [`crate::DEFAULT_CONNECT_TIMEOUT`], 5 s; 1 ms ..= [`crate::MAX_DURATION`], checked by
+    /// `connect`). A refused connection fails at once; a server that does not answer fails after
+    /// this long; either way the error names the server (`host:port`) and the cause.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Opens a pool on `url` (`mysql://user:pass@host:3306/db`) and makes the store.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a malformed URL or a timeout out of range (before any
+    /// connection is opened); [`IdemError::StoreUnavailable`] naming the server when it cannot be
+    /// reached.
+    pub async fn connect(self, url: &str) -> Result<MySqlStore, IdemError> {
+        crate::duration::check(
+            "the acquire timeout",
+            self.acquire_timeout,
+            Duration::from_millis(1),
+            "shorter than 1 ms: no checkout could wait for a connection",
+        )?;
+        crate::net::check_connect_timeout(self.connect_timeout)?;
+        let options =
+            MySqlConnectOptions::from_str(url).map_err(|e| IdemError::InvalidOptions {
+                reason: format!("not a MySQL URL: {e}"),
+            })?;
+        let server = crate::net::server(
+            options.get_host(),
+            options.get_port(),
+            options.get_socket().map(|p| p.as_path()),
+        );
+        crate::net::reach::<sqlx::MySqlConnection>(
+            "MySQL",
+            Dialect::MySQL,
+            &server,
+            &options,
+            self.connect_timeout,
+        )
+        .await?;
+        let secs = lock_wait_secs(self.lock_wait);
+        let set = format!("SET SESSION innodb_lock_wait_timeout = {secs}");
+        let pool = MySqlPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(self.acquire_timeout)
+            // The server is across a network, but a broken connection fails its statement with a
+            // retryable error, and the pool drops it: no ping before every statement.
+            .test_before_acquire(false)
+            .after_connect(move |conn, _| {
+                let set = set.clone();
+                Box::pin(async move {
+                    conn.execute(AssertSqlSafe(set)).await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options);
+        let pool = crate::net::within_connect("MySQL", &server, self.connect_timeout, pool).await?;
+        let mut store = MySqlStore::from_pool(pool);
+        store.lock_wait_secs = secs;
+        Ok(store)
+    }
+}

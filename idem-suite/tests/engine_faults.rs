@@ -604,3 +604,51 @@ async fn the_attribute_sets_the_store_timeout() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// The inbox's store timeout bounds the calls its handler makes that set none, also a call built
+/// before the handler runs; a call's own timeout still wins. A timed-out claim is requeued.
+#[tokio::test(start_paused = true)]
+async fn the_inbox_store_timeout_bounds_its_handlers_calls() {
+    let (store, runs) = (Flaky::default(), AtomicU32::new(0));
+    let inbox = idem::inbox::Inbox::builder()
+        .store_timeout(Duration::from_millis(700))
+        .build()
+        .unwrap();
+    for (key, own, expected) in [
+        ("inbox", None, Duration::from_millis(700)),
+        ("own", Some(Duration::from_secs(3)), Duration::from_secs(3)),
+    ] {
+        *store.claim_delay.lock().unwrap() = Some(Duration::from_secs(3600));
+        let mut call = Call::new("FAULT", key);
+        if let Some(own) = own {
+            call = call.store_timeout(own);
+        }
+        let started = tokio::time::Instant::now();
+        let handled = inbox
+            .handle(
+                None,
+                call.run(&store, async {
+                    Ok::<_, IdemError>(runs.fetch_add(1, Ordering::SeqCst))
+                }),
+            )
+            .await;
+        let took = started.elapsed();
+        assert!(
+            took >= expected && took < expected + Duration::from_millis(100),
+            "{key}: {took:?}"
+        );
+        assert!(
+            matches!(handled.verdict, idem::inbox::Verdict::Requeue { .. }),
+            "{key}: {:?}",
+            handled.verdict
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let refused = idem::inbox::Inbox::builder()
+        .store_timeout(Duration::ZERO)
+        .build();
+    assert!(
+        matches!(refused, Err(IdemError::InvalidOptions { .. })),
+        "{refused:?}"
+    );
+}

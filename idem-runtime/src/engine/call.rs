@@ -41,7 +41,8 @@ pub struct Call {
     pub(crate) lease: Duration,
     pub(crate) wait: Option<Duration>,
     pub(crate) heartbeat: Heartbeat,
-    pub(crate) store_timeout: Duration,
+    /// Set by [`Call::store_timeout`]; else the surrounding inbox's, or the default.
+    store_timeout: Option<Duration>,
 }
 
 /// When a lease-mode call renews its lease while the body runs.
@@ -88,7 +89,7 @@ impl Call {
             lease: DEFAULT_LEASE,
             wait: None,
             heartbeat: Heartbeat::Default,
-            store_timeout: DEFAULT_STORE_TIMEOUT,
+            store_timeout: None,
         }
     }
 
@@ -110,7 +111,9 @@ impl Call {
         self
     }
 
-    /// Bounds each store step of the call (default [`DEFAULT_STORE_TIMEOUT`], 10 s; range 1 ms
+    /// Bounds each store step of the call (default [`DEFAULT_STORE_TIMEOUT`], 10 s, or the
+    /// inbox's [`store_timeout`](crate::inbox::InboxBuilder::store_timeout) for the calls of its
+    /// handlers; range 1 ms
     /// ..= [`MAX_DURATION`](crate::MAX_DURATION)): the claim with its retries (which also reads
     /// a replay), each renewal, the mark with its retries, the release after a failed `recover`,
     /// each statement of transaction mode. A store that does not answer in time (a network gone
@@ -123,7 +126,7 @@ impl Call {
     /// store restart for as long as this allows, so keep it longer than a restart of your store
     /// takes when no `recover` can look the effect up.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.store_timeout = timeout;
+        self.store_timeout = Some(timeout);
         self
     }
 
@@ -144,6 +147,12 @@ impl Call {
     pub fn no_heartbeat(mut self) -> Self {
         self.heartbeat = Heartbeat::Off;
         self
+    }
+
+    /// The call's store timeout: its own, or that of the inbox whose handler runs it, or
+    /// [`DEFAULT_STORE_TIMEOUT`].
+    pub(crate) fn store_timeout_in_force(&self) -> Duration {
+        self.store_timeout.unwrap_or_else(ambient_store_timeout)
     }
 
     /// How often this call renews its lease while the body runs, if at all.
@@ -240,7 +249,7 @@ impl Call {
         key::validate_biz(&self.biz, limits.max_biz_len)?;
         key::validate_key(&self.key, limits.max_key_len)?;
         check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
-        check_store_timeout(self.store_timeout)?;
+        check_store_timeout(self.store_timeout_in_force())?;
         let fingerprint = match &self.fingerprint {
             None => None,
             Some(Ok(fp)) => Some(fp.as_str()),
@@ -296,6 +305,25 @@ impl<R> Recovering<R> {
             body,
         )
     }
+}
+
+tokio::task_local! {
+    /// The store timeout of the calls made inside [`with_store_timeout`] that set none.
+    static AMBIENT_STORE_TIMEOUT: Duration;
+}
+
+/// Runs `fut` with `timeout` as the store timeout of every call made in it that sets none of its
+/// own (the inbox's).
+pub(crate) async fn with_store_timeout<F: Future>(timeout: Duration, fut: F) -> F::Output {
+    AMBIENT_STORE_TIMEOUT.scope(timeout, fut).await
+}
+
+/// The store timeout a new call starts with: the surrounding [`with_store_timeout`]'s, or
+/// [`DEFAULT_STORE_TIMEOUT`].
+fn ambient_store_timeout() -> Duration {
+    AMBIENT_STORE_TIMEOUT
+        .try_with(|timeout| *timeout)
+        .unwrap_or(DEFAULT_STORE_TIMEOUT)
 }
 
 /// The range of a store timeout: 1 ms ..= [`MAX_DURATION`](crate::MAX_DURATION).

@@ -22,9 +22,8 @@ use tracing::Instrument;
 #[cfg(feature = "axum")]
 pub(crate) use call::Heartbeat;
 pub(crate) use call::check_durations;
-#[cfg(feature = "axum")]
-pub(crate) use call::check_store_timeout;
 pub use call::{Call, DEFAULT_LEASE, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, Recovering};
+pub(crate) use call::{check_store_timeout, with_store_timeout};
 use snapshot::{ErrType, OkType};
 
 use crate::IdemError;
@@ -275,8 +274,9 @@ where
             Ok(req) => req,
             Err(e) => return refuse(e, Outcome::Rejected),
         };
+        let timeout = call.store_timeout_in_force();
         let claimed_at = tokio::time::Instant::now();
-        let (claim, how, answered) = match claim(store, &req, call.wait, call.store_timeout, claimed_at).await {
+        let (claim, how, answered) = match claim(store, &req, call.wait, timeout, claimed_at).await {
             Ok((ClaimOutcome::Acquired { claim, how }, answered)) => (claim, how, answered),
             Ok((ClaimOutcome::Replay { snapshot }, _)) => {
                 let (result, outcome) = replayed(ok, &snapshot);
@@ -309,7 +309,7 @@ where
             claim,
             scope,
             call.heartbeat_every(),
-            call.store_timeout,
+            timeout,
             claimed_at,
         );
         let attempt = claim.attempt;

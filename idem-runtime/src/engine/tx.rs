@@ -128,7 +128,7 @@ where
     let outcome = match call.request(tx.store()) {
         Ok(req) => {
             let started = std::time::Instant::now();
-            let until = super::after(call.store_timeout);
+            let until = super::after(call.store_timeout_in_force());
             let outcome = super::within(until, super::STORE_TIMEOUT, tx.claim(&req)).await;
             crate::metrics::claim_latency(req.biz, tx.store().backend(), started.elapsed());
             outcome
@@ -184,7 +184,7 @@ where
             let limit = tx.store().limits().max_snapshot_len;
             let (snapshot, result, done) =
                 encoded(ok, err, value, limit, super::acquired_outcome(how));
-            let until = super::after(call.store_timeout);
+            let until = super::after(call.store_timeout_in_force());
             let mark = tx.complete(call.biz(), call.key(), &claim, &snapshot, call.ttl);
             match super::within(until, super::STORE_TIMEOUT, mark).await {
                 Ok(()) => (result, done),
@@ -193,7 +193,7 @@ where
             }
         }
         Err(body_err) => {
-            let until = super::after(call.store_timeout);
+            let until = super::after(call.store_timeout_in_force());
             if let Err(e) = super::within(until, super::STORE_TIMEOUT, tx.abort()).await {
                 tracing::warn!(error = %e, "could not roll the idempotent claim back to its savepoint");
             }

@@ -87,6 +87,7 @@ pub struct Inbox {
     busy_delay: Duration,
     retry_delay: Duration,
     max_retry_delay: Duration,
+    store_timeout: Option<Duration>,
 }
 
 /// Builds an [`Inbox`]; every value is checked by [`build`](InboxBuilder::build).
@@ -104,6 +105,7 @@ impl Default for InboxBuilder {
                 busy_delay: Duration::from_millis(500),
                 retry_delay: Duration::from_secs(1),
                 max_retry_delay: Duration::from_secs(60),
+                store_timeout: None,
             },
         }
     }
@@ -138,6 +140,16 @@ impl InboxBuilder {
         self
     }
 
+    /// The store timeout of the idempotent calls a handler makes that set none of their own
+    /// (see [`Call::store_timeout`](crate::Call::store_timeout)): 1 ms ..=
+    /// [`MAX_DURATION`](crate::MAX_DURATION) (default: theirs, 10 s). A store that does not
+    /// answer in time is a retryable error, so the message is requeued rather than the consumer
+    /// held.
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.inbox.store_timeout = Some(timeout);
+        self
+    }
+
     /// The inbox.
     ///
     /// # Errors
@@ -161,6 +173,9 @@ impl InboxBuilder {
                     "inbox {name} is at most {MAX_DELAY:?}, not {delay:?}"
                 ));
             }
+        }
+        if let Some(timeout) = inbox.store_timeout {
+            crate::engine::check_store_timeout(timeout)?;
         }
         if inbox.max_retry_delay < inbox.retry_delay {
             return refuse(format!(
@@ -195,7 +210,12 @@ impl Inbox {
         F: Future<Output = Result<T, E>>,
         E: std::fmt::Display,
     {
-        let (result, report) = crate::observe(handler).await;
+        let (result, report) = match self.store_timeout {
+            Some(timeout) => {
+                crate::observe(crate::engine::with_store_timeout(timeout, handler)).await
+            }
+            None => crate::observe(handler).await,
+        };
         let outcome = report.as_ref().map(|r| r.outcome);
         let record_attempt = report.as_ref().map_or(0, |r| r.attempt);
         let attempts = record_attempt.max(delivered.unwrap_or(0)).max(1);

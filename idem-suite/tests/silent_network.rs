@@ -103,7 +103,7 @@ fn unanswered(what: &str, out: &Result<String, IdemError>, took: Duration, bound
 }
 
 /// How the network comes back.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Back {
     /// What was held is delivered, late.
     Held,
@@ -153,12 +153,8 @@ async fn silence_never_heals(name: &str, url: &str, back: Back) {
     let released = Instant::now();
     release.notify_one();
     let (out, ended) = held.await.unwrap();
-    unanswered(
-        &format!("{name}: the held mark"),
-        &out,
-        ended - released,
-        BOUND,
-    );
+    let held_took = ended - released;
+    unanswered(&format!("{name}: the held mark"), &out, held_took, BOUND);
     assert_eq!(
         effects.count(&key("held")),
         1,
@@ -166,11 +162,11 @@ async fn silence_never_heals(name: &str, url: &str, back: Back) {
     );
 
     // While silent: a new call, a replay, a burst.
-    let (out, took) = call(&store, &effects, &key("new"), Some(TIMEOUT)).await;
-    unanswered(&format!("{name}: a new call"), &out, took, BOUND);
+    let (out, new_took) = call(&store, &effects, &key("new"), Some(TIMEOUT)).await;
+    unanswered(&format!("{name}: a new call"), &out, new_took, BOUND);
     assert_eq!(effects.count(&key("new")), 0, "{name}: no claim, no body");
-    let (out, took) = call(&store, &effects, &key("replay"), Some(TIMEOUT)).await;
-    unanswered(&format!("{name}: a replay"), &out, took, BOUND);
+    let (out, replay_took) = call(&store, &effects, &key("replay"), Some(TIMEOUT)).await;
+    unanswered(&format!("{name}: a replay"), &out, replay_took, BOUND);
 
     let barrier = Arc::new(Barrier::new(BURST));
     let burst: Vec<_> = (0..BURST)
@@ -183,8 +179,10 @@ async fn silence_never_heals(name: &str, url: &str, back: Back) {
             })
         })
         .collect();
+    let mut slowest = Duration::ZERO;
     for (i, task) in burst.into_iter().enumerate() {
         let (out, took) = task.await.unwrap();
+        slowest = slowest.max(took);
         unanswered(&format!("{name}: burst call {i}"), &out, took, BOUND);
         assert_eq!(
             effects.count(&key(&format!("burst-{i}"))),
@@ -193,6 +191,7 @@ async fn silence_never_heals(name: &str, url: &str, back: Back) {
         );
     }
 
+    let mut default_took = None;
     if back == Back::Held {
         // With the default store timeout (in this variant only: Redis's own reply timeout, as
         // long, would find the dead connection there too, and the other variant proves that a
@@ -205,6 +204,7 @@ async fn silence_never_heals(name: &str, url: &str, back: Back) {
             took,
             bound,
         );
+        default_took = Some(took);
         let least = idem::DEFAULT_STORE_TIMEOUT - Duration::from_millis(50);
         assert!(
             took >= least,
@@ -221,6 +221,7 @@ async fn silence_never_heals(name: &str, url: &str, back: Back) {
     // answer may take that long, no longer.
     let healed = Instant::now();
     let grace = idem::DEFAULT_CONNECT_TIMEOUT + BOUND;
+    let first_answer;
     loop {
         let (out, _) = call(&store, &effects, &key("replay"), Some(TIMEOUT)).await;
         match out {
@@ -230,6 +231,7 @@ async fn silence_never_heals(name: &str, url: &str, back: Back) {
                     format!("done {}", key("replay")),
                     "{name}: replay after"
                 );
+                first_answer = healed.elapsed();
                 break;
             }
             Err(e) if healed.elapsed() < grace => {
@@ -245,6 +247,11 @@ async fn silence_never_heals(name: &str, url: &str, back: Back) {
         assert_eq!(out.unwrap(), format!("done {k}"), "{name}: a new key after");
     }
     burst_succeeds(name, &store, &effects, &key("after")).await;
+    eprintln!(
+        "{name}, network back {back:?}: held mark {held_took:.2?}, new call {new_took:.2?}, \
+         replay {replay_took:.2?}, slowest of {BURST} at once {slowest:.2?}, default timeout \
+         {default_took:.2?}; first answer {first_answer:.2?} after the network came back"
+    );
 }
 
 /// 64 calls released together, each for a key of its own under `prefix`: all run once.

@@ -14,8 +14,20 @@ use crate::IdemError;
 /// How long a store's first connection may take by default: 5 seconds.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Checks a pool's acquire and connect timeouts: each 1 ms ..= [`crate::MAX_DURATION`].
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn check_pool_timeouts(acquire: Duration, connect: Duration) -> Result<(), IdemError> {
+    crate::duration::check(
+        "the acquire timeout",
+        acquire,
+        Duration::from_millis(1),
+        "shorter than 1 ms: no checkout could wait for a connection",
+    )?;
+    check_connect_timeout(connect)
+}
+
 /// Checks a connect timeout: 1 ms ..= [`crate::MAX_DURATION`].
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
 pub(crate) fn check_connect_timeout(timeout: Duration) -> Result<(), IdemError> {
     crate::duration::check(
         "the connect timeout",
@@ -26,7 +38,7 @@ pub(crate) fn check_connect_timeout(timeout: Duration) -> Result<(), IdemError> 
 }
 
 /// `host:port` of a server (a Unix socket's path when there is one), for messages.
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn server(host: &str, port: u16, socket: Option<&std::path::Path>) -> String {
     match socket {
         Some(path) => path.display().to_string(),

@@ -6,7 +6,7 @@
 #![cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 
 #[cfg(feature = "redis")]
-#[path = "support/proxy.rs"]
+#[path = "../../idem-suite/tests/support/proxy.rs"]
 mod proxy;
 #[cfg(feature = "redis")]
 #[path = "../../idem-suite/tests/support/redis_server.rs"]

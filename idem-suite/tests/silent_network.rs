@@ -21,10 +21,10 @@
 
 #![cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
 
+#[path = "support/proxy.rs"]
+mod proxy;
 #[path = "contract/server.rs"]
 mod server;
-#[path = "support/silent_proxy.rs"]
-mod silent_proxy;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem::{Call, IdemError, Store};
-use silent_proxy::SilentProxy;
+use proxy::Proxy;
 use tokio::sync::{Barrier, Notify};
 
 /// The store timeout the calls set.
@@ -114,7 +114,7 @@ enum Back {
 /// The whole scenario on the store `idem::connect` opens from `url` through the proxy.
 async fn silence_never_heals(name: &str, url: &str, back: Back) {
     let upstream_addr = upstream(url);
-    let proxy = SilentProxy::start(upstream_addr).await;
+    let proxy = Proxy::start(upstream_addr).await;
     let proxied = proxy.url(url, upstream_addr);
     let Some(store) = server::reach(name, url, idem::connect(&proxied)).await else {
         return;
@@ -310,7 +310,7 @@ async fn connect_fails_fast(name: &str, url: &str) {
     );
 
     // A server that accepts and then says nothing.
-    let proxy = SilentProxy::start(upstream_addr).await;
+    let proxy = Proxy::start(upstream_addr).await;
     proxy.silence();
     let silent = proxy.url(url, upstream_addr);
     let started = Instant::now();
@@ -407,7 +407,7 @@ async fn the_http_layer_answers_503_within_its_store_timeout() {
     let table = server::unique("idemt");
     let url = format!("{}?idem_table={table}", pg_url());
     let upstream_addr = upstream(&url);
-    let proxy = SilentProxy::start(upstream_addr).await;
+    let proxy = Proxy::start(upstream_addr).await;
     let Some(store) = server::reach(
         "Postgres",
         &url,

@@ -100,7 +100,10 @@ fn suggests_a_close_option_and_lists_all() {
         "a suggested option is not reported missing too: {found:?}"
     );
     assert!(found[0].starts_with("unknown option `bizz` in `#[idempotent]`; did you mean `biz`?"));
-    assert!(found[0].contains("`on_in_progress`, `tx`, `heartbeat`, `recover`, `crate`"));
+    assert!(
+        found[0]
+            .contains("`on_in_progress`, `tx`, `heartbeat`, `store_timeout`, `recover`, `crate`")
+    );
 
     let found = messages(parse(
         quote! { biz = "P", key = "r.id", store = "s", colour = "red" },

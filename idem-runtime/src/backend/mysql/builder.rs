@@ -79,13 +79,7 @@ impl MySqlStoreBuilder {
     /// connection is opened); [`IdemError::StoreUnavailable`] naming the server when it cannot be
     /// reached.
     pub async fn connect(self, url: &str) -> Result<MySqlStore, IdemError> {
-        crate::duration::check(
-            "the acquire timeout",
-            self.acquire_timeout,
-            Duration::from_millis(1),
-            "shorter than 1 ms: no checkout could wait for a connection",
-        )?;
-        crate::net::check_connect_timeout(self.connect_timeout)?;
+        crate::net::check_pool_timeouts(self.acquire_timeout, self.connect_timeout)?;
         let options =
             MySqlConnectOptions::from_str(url).map_err(|e| IdemError::InvalidOptions {
                 reason: format!("not a MySQL URL: {e}"),

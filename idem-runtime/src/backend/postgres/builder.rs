@@ -123,13 +123,7 @@ impl PgStoreBuilder {
     /// [`IdemError::StoreUnavailable`] when the server cannot be reached.
     pub async fn connect(self, url: &str) -> Result<PgStore, IdemError> {
         check_pg_limits(&self.limits)?;
-        crate::duration::check(
-            "the acquire timeout",
-            self.acquire_timeout,
-            Duration::from_millis(1),
-            "shorter than 1 ms: no checkout could wait for a connection",
-        )?;
-        crate::net::check_connect_timeout(self.connect_timeout)?;
+        crate::net::check_pool_timeouts(self.acquire_timeout, self.connect_timeout)?;
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| IdemError::InvalidOptions {
                 reason: format!("not a Postgres URL: {e}"),

@@ -1,6 +1,13 @@
 //! A TCP fault proxy for tests: forwards loopback connections to a server and, on command, cuts
-//! them, refuses new ones, delays every chunk, or goes half-open (keeps connections up and drops
-//! what passes).
+//! them, refuses new ones, delays every chunk, goes half-open (keeps connections up and drops what
+//! passes), or goes silent.
+//!
+//! Silent: nothing is forwarded in either direction and no new connection is answered, yet nothing
+//! is closed, so a client sees its connections stay up and its requests never answered (a dropped
+//! network, a dead NAT entry, a hung load balancer). Bytes that arrive meanwhile are held, not
+//! dropped, as TCP would hold them: when the network comes back ([`Proxy::heal`]) they are
+//! delivered, late. Or the connections open during the silence stay dead for good while new ones
+//! work ([`Proxy::heal_new_only`]), as after a NAT entry or a load balancer's flow table was lost.
 
 #![allow(dead_code)]
 
@@ -11,18 +18,21 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-#[derive(Default)]
 struct State {
     refuse: AtomicBool,
     half_open: AtomicBool,
     delay_ms: AtomicU64,
     conns: Mutex<Vec<AbortHandle>>,
     accepted: AtomicU64,
+    silent: watch::Sender<bool>,
+    /// Connections numbered below this stay silent for good.
+    dead_below: AtomicU64,
 }
 
-/// A running proxy; dropped, it stops accepting (open connections end with their tasks).
+/// A running proxy; dropped, it stops accepting and closes every connection it carried.
 pub struct Proxy {
     addr: SocketAddr,
     state: Arc<State>,
@@ -41,7 +51,15 @@ impl Proxy {
     pub async fn start(upstream: SocketAddr) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let state = Arc::new(State::default());
+        let state = Arc::new(State {
+            refuse: AtomicBool::new(false),
+            half_open: AtomicBool::new(false),
+            delay_ms: AtomicU64::new(0),
+            conns: Mutex::new(Vec::new()),
+            accepted: AtomicU64::new(0),
+            silent: watch::Sender::new(false),
+            dead_below: AtomicU64::new(0),
+        });
         let s = state.clone();
         let accept = tokio::spawn(async move {
             loop {
@@ -52,9 +70,14 @@ impl Proxy {
                     drop(client);
                     continue;
                 }
-                s.accepted.fetch_add(1, Ordering::Relaxed);
-                let s2 = s.clone();
+                let line = Line {
+                    id: s.accepted.fetch_add(1, Ordering::SeqCst),
+                    state: s.clone(),
+                };
                 let conn = tokio::spawn(async move {
+                    // A connection made while silent is accepted by the kernel and then hears
+                    // nothing until the network is back.
+                    line.heard().await;
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };
@@ -62,7 +85,7 @@ impl Proxy {
                     let _ = server.set_nodelay(true);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::join!(pipe(cr, sw, s2.clone()), pipe(sr, cw, s2));
+                    tokio::join!(pipe(cr, sw, line.clone()), pipe(sr, cw, line));
                 });
                 s.conns.lock().unwrap().push(conn.abort_handle());
             }
@@ -78,6 +101,13 @@ impl Proxy {
     /// Where clients connect.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// `url` with its `host:port` (`upstream`) replaced by the proxy's.
+    pub fn url(&self, url: &str, upstream: SocketAddr) -> String {
+        let upstream = upstream.to_string();
+        assert!(url.contains(&upstream), "{url} does not name {upstream}");
+        url.replacen(&upstream, &self.addr.to_string(), 1)
     }
 
     /// Closes every open connection (both sides see it end).
@@ -111,25 +141,64 @@ impl Proxy {
     pub fn accepted(&self) -> u64 {
         self.state.accepted.load(Ordering::Relaxed)
     }
+
+    /// Silences the network: nothing passes, nothing closes.
+    pub fn silence(&self) {
+        self.state.silent.send_replace(true);
+    }
+
+    /// Brings the network back: what was held is delivered.
+    pub fn heal(&self) {
+        self.state.silent.send_replace(false);
+    }
+
+    /// Brings the network back for new connections only: every connection accepted so far stays
+    /// silent for good (open, never answering), as after a lost NAT entry.
+    pub fn heal_new_only(&self) {
+        let accepted = self.state.accepted.load(Ordering::SeqCst);
+        self.state.dead_below.store(accepted, Ordering::SeqCst);
+        self.state.silent.send_replace(false);
+    }
+}
+
+/// One carried connection.
+#[derive(Clone)]
+struct Line {
+    id: u64,
+    state: Arc<State>,
+}
+
+impl Line {
+    /// Waits while the network is silent, and for ever once this connection is dead.
+    async fn heard(&self) {
+        let mut silent = self.state.silent.subscribe();
+        let _ = silent.wait_for(|silent| !*silent).await;
+        if self.id < self.state.dead_below.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    state: Arc<State>,
+    line: Line,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     let mut dead = false;
     loop {
+        line.heard().await;
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        dead |= state.half_open.load(Ordering::SeqCst);
+        dead |= line.state.half_open.load(Ordering::SeqCst);
         if dead {
             continue;
         }
-        let delay = state.delay_ms.load(Ordering::SeqCst);
+        // What was read as a silence began waits for its end.
+        line.heard().await;
+        let delay = line.state.delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }

@@ -8,6 +8,7 @@
 //!   released together each end with a retryable `StoreUnavailable` within 2 s when the store
 //!   timeout is 1 s, and within the default store timeout (plus 2 s) when none is set;
 //! - no body runs for a call whose claim had no answer (audited by the bodies' own log);
+//! - a reconciler's pass ends the same way within its store timeout;
 //!
 //! and once the network is back, the same store answers normally: new keys run, the replay
 //! replays, 64 calls at once succeed, so no connection was left broken by the silence. The
@@ -190,6 +191,26 @@ async fn silence_never_heals(name: &str, url: &str, back: Back) {
             "{name}: burst {i} ran"
         );
     }
+
+    // The reconciler's pass too (its own store timeout).
+    let reconciler = idem::Reconciler::new(store.clone(), 100)
+        .recover("SILENT", |_key: String| async {
+            Ok::<Option<String>, IdemError>(None)
+        })
+        .unwrap()
+        .store_timeout(TIMEOUT)
+        .unwrap();
+    let started = Instant::now();
+    let pass = reconciler.reconcile_once().await;
+    let took = started.elapsed();
+    assert!(
+        matches!(pass, Err(IdemError::StoreUnavailable { .. })),
+        "{name}: the reconciler's pass: {pass:?}"
+    );
+    assert!(
+        took <= BOUND,
+        "{name}: the reconciler's pass answered after {took:?}"
+    );
 
     let mut default_took = None;
     if back == Back::Held {

@@ -101,6 +101,7 @@ pub struct Reconciler {
     batch: usize,
     lease: Duration,
     ttl: Duration,
+    store_timeout: Duration,
 }
 
 impl Reconciler {
@@ -113,6 +114,7 @@ impl Reconciler {
             batch: batch.clamp(1, 10_000),
             lease: DEFAULT_LEASE,
             ttl: DEFAULT_TTL,
+            store_timeout: crate::DEFAULT_STORE_TIMEOUT,
         }
     }
 
@@ -172,6 +174,30 @@ impl Reconciler {
         Ok(self)
     }
 
+    /// The longest each of the reconciler's store steps (a list of stuck records, a claim, a
+    /// mark, a release) may wait for the store, as a call's
+    /// [`store_timeout`](crate::Call::store_timeout) (default 10 s, 1 ms ..=
+    /// [`crate::MAX_DURATION`]): past it the pass ends with [`IdemError::StoreUnavailable`] and
+    /// the claim in hand is left to its lease.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] outside that range.
+    pub fn store_timeout(mut self, timeout: Duration) -> Result<Self, IdemError> {
+        crate::engine::check_store_timeout(timeout)?;
+        self.store_timeout = timeout;
+        Ok(self)
+    }
+
+    /// `step` with its transient errors tried again, all of it within the store timeout.
+    async fn bounded<T, F, Fut>(&self, step: F) -> Result<T, IdemError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, IdemError>>,
+    {
+        let until = crate::engine::after(self.store_timeout);
+        crate::engine::within(until, crate::engine::STORE_TIMEOUT, retry_transient(step)).await
+    }
+
     /// One pass over every registered business type, batch by batch until no stuck record is
     /// left that this pass has not seen.
     ///
@@ -207,7 +233,7 @@ impl Reconciler {
         let limit = self.store.limits().max_snapshot_len;
         let mut seen: HashSet<String> = HashSet::new();
         loop {
-            let stuck = retry_transient(|| self.store.stuck(biz, self.batch)).await?;
+            let stuck = self.bounded(|| self.store.stuck(biz, self.batch)).await?;
             let listed = stuck.len();
             let mut new = 0;
             for record in stuck {
@@ -241,7 +267,7 @@ impl Reconciler {
             lease: self.lease,
             ttl: self.ttl,
         };
-        let claim = match retry_transient(|| self.store.claim(&req)).await? {
+        let claim = match self.bounded(|| self.store.claim(&req)).await? {
             ClaimOutcome::Acquired { claim, .. } => claim,
             ClaimOutcome::Replay { .. }
             | ClaimOutcome::InProgress { .. }
@@ -252,7 +278,8 @@ impl Reconciler {
         };
         match resolve.resolve(key, limit).await {
             Ok(Some(snapshot)) => {
-                match retry_transient(|| self.store.complete(biz, key, &claim, &snapshot, self.ttl))
+                match self
+                    .bounded(|| self.store.complete(biz, key, &claim, &snapshot, self.ttl))
                     .await
                 {
                     Ok(()) => done.succeeded += 1,
@@ -260,14 +287,14 @@ impl Reconciler {
                     Err(e) => return Err(e),
                 }
             }
-            Ok(None) => match retry_transient(|| self.store.fail(biz, key, &claim)).await {
+            Ok(None) => match self.bounded(|| self.store.fail(biz, key, &claim)).await {
                 Ok(()) => done.failed += 1,
                 Err(IdemError::LeaseLost { .. }) => done.skipped += 1,
                 Err(e) => return Err(e),
             },
             Err(why) => {
                 tracing::warn!(biz, error = %why, "the recover fn could not tell whether a stuck call's action happened; the record is left");
-                match retry_transient(|| self.store.release(biz, key, &claim)).await {
+                match self.bounded(|| self.store.release(biz, key, &claim)).await {
                     Ok(()) | Err(IdemError::LeaseLost { .. }) => done.undecided += 1,
                     Err(e) => return Err(e),
                 }

@@ -672,6 +672,25 @@ async fn usage_errors_and_the_exit_codes_are_told() {
         (0, true),
         "{out:?}"
     );
+    // The store timeout: refused out of its range, before anything is opened...
+    for bad in ["0s", "5", "25h", "s"] {
+        let out = idem("memory:", &["--store-timeout", bad, "stats"]).await;
+        assert_eq!(out.code, 2, "--store-timeout {bad}: {out:?}");
+        assert!(out.stderr.contains("store-timeout"), "{out:?}");
+    }
+    // ...and a server that accepts and never answers is a store error once it has run out.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("postgres://postgres@{}/test", silent.local_addr().unwrap());
+    let started = std::time::Instant::now();
+    let out = idem(&url, &["--store-timeout", "300ms", "stats"]).await;
+    let took = started.elapsed();
+    assert_eq!(out.code, 3, "{out:?}");
+    assert!(out.stderr.contains("--store-timeout"), "{out:?}");
+    assert!(
+        took < std::time::Duration::from_secs(4),
+        "answered after {took:?}"
+    );
+    drop(silent);
     // Unreachable: a store error, without the password.
     let out = idem("redis://:hunter2@127.0.0.1:1", &["stats"]).await;
     assert_eq!(out.code, 3, "{out:?}");

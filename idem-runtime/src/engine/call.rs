@@ -249,7 +249,10 @@ impl Call {
         key::validate_biz(&self.biz, limits.max_biz_len)?;
         key::validate_key(&self.key, limits.max_key_len)?;
         check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
-        check_store_timeout(self.store_timeout_in_force())?;
+        if let Some(timeout) = self.store_timeout {
+            // One from an inbox was checked when it was built.
+            check_store_timeout(timeout)?;
+        }
         let fingerprint = match &self.fingerprint {
             None => None,
             Some(Ok(fp)) => Some(fp.as_str()),

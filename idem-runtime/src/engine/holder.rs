@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::current::CallScope;
 use super::steps::{self, Steps};
-use super::{STORE_TIMEOUT, TRANSIENT_TRIES, back_off_pause, current, retry_transient, within};
+use super::{STORE_TIMEOUT, TRANSIENT_TRIES, Within, back_off_pause, current, retry_transient};
 use crate::IdemError;
 use crate::store::{Claim, ClaimRequest, Status, Store};
 
@@ -147,7 +147,7 @@ impl<'a> Holder<'a> {
     async fn read_steps(&mut self) -> Result<steps::Log, IdemError> {
         let (store, req, claim) = (self.store, self.req, self.claim);
         let (until, why) = self.cut_off(super::after(self.timeout));
-        let record = within(until, why, retry_transient(|| store.load(req.biz, req.key))).await?;
+        let record = retry_transient(until, why, || store.load(req.biz, req.key)).await?;
         match record {
             Some(r) if r.fence == claim.fence && r.status == Status::Processing => {
                 steps::decode_log(r.steps.as_deref())
@@ -186,7 +186,7 @@ impl<'a> Holder<'a> {
         let (store, req, claim) = (self.store, self.req, self.claim);
         let (until, why) = self.cut_off(super::after(self.timeout));
         let renew = || store.renew(req.biz, req.key, &claim, req.lease);
-        match within(until, why, retry_transient(renew)).await {
+        match retry_transient(until, why, renew).await {
             Ok(()) => self.safe_until = safe_until(sent, req.lease),
             Err(e @ IdemError::LeaseLost { .. }) => {
                 tracing::error!(attempt = claim.attempt, error = %e, "heartbeat found the claim taken over; the result will not be stored");
@@ -218,8 +218,8 @@ impl<'a> Holder<'a> {
         }
         let sent = Instant::now();
         let (store, req, claim) = (self.store, self.req, self.claim);
-        let renew = retry_transient(|| store.renew(req.biz, req.key, &claim, req.lease));
-        within(super::after(self.timeout), STORE_TIMEOUT, renew).await?;
+        let renew = || store.renew(req.biz, req.key, &claim, req.lease);
+        retry_transient(super::after(self.timeout), STORE_TIMEOUT, renew).await?;
         self.safe_until = safe_until(sent, req.lease);
         self.last_beat = sent;
         Ok(())
@@ -234,7 +234,16 @@ impl<'a> Holder<'a> {
     /// When a step sent now must have its answer: at `give_up` (the store timeout's end), or at
     /// the lease's safe end if that comes first and has not passed; with what runs out then.
     fn cut_off(&self, give_up: Option<Instant>) -> (Option<Instant>, &'static str) {
-        match (self.safe_until.filter(|&end| end > Instant::now()), give_up) {
+        self.cut_off_at(Instant::now(), give_up)
+    }
+
+    /// [`Holder::cut_off`] as of `now`.
+    fn cut_off_at(
+        &self,
+        now: Instant,
+        give_up: Option<Instant>,
+    ) -> (Option<Instant>, &'static str) {
+        match (self.safe_until.filter(|&end| end > now), give_up) {
             (Some(end), Some(give_up)) if end < give_up => (Some(end), "the claim's lease"),
             (Some(end), None) => (Some(end), "the claim's lease"),
             (_, give_up) => (give_up, STORE_TIMEOUT),
@@ -264,15 +273,17 @@ impl<'a> Holder<'a> {
     pub(crate) async fn finish<F, Fut>(&mut self, mut mark: F) -> Result<(), IdemError>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<(), IdemError>>,
+        Fut: Future<Output = Result<(), IdemError>> + Unpin,
     {
         let mut tried = 0u32;
         let mut carry_until = None;
-        let give_up = super::after(self.timeout);
+        let mut first_try = None;
         loop {
             let now = Instant::now();
-            let (until, why) = self.cut_off(give_up);
-            let e = match within(until, why, mark()).await {
+            // The store timeout counts from the first try (one clock read for both).
+            let give_up = *first_try.get_or_insert_with(|| now.checked_add(self.timeout));
+            let (until, why) = self.cut_off_at(now, give_up);
+            let e = match Within::new(until, why, mark()).await {
                 Err(e) if e.is_transient_store_error() => e,
                 done => return done,
             };

@@ -116,28 +116,81 @@ pub(crate) async fn back_off(tried: u32) {
 }
 
 /// Runs `step` until it succeeds, fails with an error that is not a transient store error, or has
-/// been tried [`TRANSIENT_TRIES`] times.
-pub(crate) async fn retry_transient<F, Fut, T>(mut step: F) -> Result<T, IdemError>
+/// been tried [`TRANSIENT_TRIES`] times; all of it by `until` (when given): each try is cut off
+/// then ([`Within`]), and a pause that would end past it is not taken (the last error is the
+/// answer). `why` names what `until` is.
+pub(crate) async fn retry_transient<F, Fut, T>(
+    until: Option<tokio::time::Instant>,
+    why: &'static str,
+    mut step: F,
+) -> Result<T, IdemError>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, IdemError>>,
+    Fut: Future<Output = Result<T, IdemError>> + Unpin,
 {
     let mut tried = 0;
     loop {
-        match step().await {
+        match Within::new(until, why, step()).await {
             Err(e) if e.is_transient_store_error() && tried + 1 < TRANSIENT_TRIES => {
                 tried += 1;
+                let pause = back_off_pause(tried);
+                if until.is_some_and(|until| tokio::time::Instant::now() + pause >= until) {
+                    return Err(e);
+                }
                 tracing::debug!(error = %e, tried, "transient store error; trying again");
-                back_off(tried).await;
+                // Boxed: the pause is rare, and the step's future stays small without it.
+                Box::pin(tokio::time::sleep(pause)).await;
             }
             done => return done,
         }
     }
 }
 
-/// `step`, cut off at `until` (when given) with [`IdemError::StoreUnavailable`] saying what ran
-/// out (`why`: "the call's store timeout", "the claim's lease"). A step done at its first poll (an
-/// in-process store) arms no timer: arming one costs more than such a step.
+/// A store step (an `Unpin` future: the stores' boxed ones) cut off at `until` (when given) with
+/// [`IdemError::StoreUnavailable`] saying what ran out (`why`). The timer is made only once the
+/// step has to wait, and boxed: a step done at its first poll (an in-process store) costs no
+/// timer, and the future stays two words larger than the step's.
+pub(crate) struct Within<F> {
+    step: F,
+    until: Option<tokio::time::Instant>,
+    why: &'static str,
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<F> Within<F> {
+    pub(crate) fn new(until: Option<tokio::time::Instant>, why: &'static str, step: F) -> Self {
+        Within {
+            step,
+            until,
+            why,
+            timer: None,
+        }
+    }
+}
+
+impl<T, F: Future<Output = Result<T, IdemError>> + Unpin> Future for Within<F> {
+    type Output = Result<T, IdemError>;
+
+    #[inline]
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = &mut *self;
+        if let std::task::Poll::Ready(done) = std::pin::Pin::new(&mut this.step).poll(cx) {
+            return std::task::Poll::Ready(done);
+        }
+        let Some(until) = this.until else {
+            return std::task::Poll::Pending;
+        };
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+        timer.as_mut().poll(cx).map(|()| Err(no_answer(this.why)))
+    }
+}
+
+/// Any step (a transaction's, the HTTP layer's) cut off as [`Within`] cuts a store's.
 pub(crate) async fn within<T, F: Future<Output = Result<T, IdemError>>>(
     until: Option<tokio::time::Instant>,
     why: &'static str,
@@ -147,14 +200,15 @@ pub(crate) async fn within<T, F: Future<Output = Result<T, IdemError>>>(
         return step.await;
     };
     let mut step = std::pin::pin!(step);
-    if let std::task::Poll::Ready(done) =
-        std::future::poll_fn(|cx| std::task::Poll::Ready(step.as_mut().poll(cx))).await
-    {
-        return done;
-    }
-    tokio::time::timeout_at(until, step)
-        .await
-        .unwrap_or_else(|_| Err(no_answer(why)))
+    let mut timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(done) = step.as_mut().poll(cx) {
+            return std::task::Poll::Ready(done);
+        }
+        let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+        timer.as_mut().poll(cx).map(|()| Err(no_answer(why)))
+    })
+    .await
 }
 
 /// The error of a store step that did not answer before `why` ran out.
@@ -188,7 +242,7 @@ async fn claim(
     let mut pause = Duration::from_millis(5);
     loop {
         let until = started.checked_add(timeout);
-        let outcome = within(until, STORE_TIMEOUT, retry_transient(|| store.claim(req))).await;
+        let outcome = retry_transient(until, STORE_TIMEOUT, || store.claim(req)).await;
         let now = tokio::time::Instant::now();
         crate::metrics::claim_latency(req.biz, store.backend(), now - started);
         let outcome = outcome?;

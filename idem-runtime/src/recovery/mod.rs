@@ -192,10 +192,10 @@ impl Reconciler {
     async fn bounded<T, F, Fut>(&self, step: F) -> Result<T, IdemError>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, IdemError>>,
+        Fut: Future<Output = Result<T, IdemError>> + Unpin,
     {
         let until = crate::engine::after(self.store_timeout);
-        crate::engine::within(until, crate::engine::STORE_TIMEOUT, retry_transient(step)).await
+        retry_transient(until, crate::engine::STORE_TIMEOUT, step).await
     }
 
     /// One pass over every registered business type, batch by batch until no stuck record is

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
 use crate::IdemError;
 
 /// How long a store's first connection may take by default: 5 seconds.

@@ -211,6 +211,15 @@ pub(crate) async fn within<T, F: Future<Output = Result<T, IdemError>>>(
     .await
 }
 
+/// `step` within `timeout` from now, as a call's store timeout bounds it.
+#[cfg(feature = "axum")]
+pub(crate) fn bounded<T, F: Future<Output = Result<T, IdemError>>>(
+    timeout: Duration,
+    step: F,
+) -> impl Future<Output = Result<T, IdemError>> {
+    within(after(timeout), STORE_TIMEOUT, step)
+}
+
 /// The error of a store step that did not answer before `why` ran out.
 pub(crate) fn no_answer(why: &str) -> IdemError {
     IdemError::unavailable(format!(

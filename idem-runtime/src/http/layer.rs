@@ -302,19 +302,18 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<crate::BoxError>,
 {
+    use crate::engine::bounded;
     use crate::engine::snapshot::{ErrType, OkType};
     use crate::engine::tx::{TxClaim, call_span, in_span, tx_body, tx_claim, tx_finish};
-
-    use crate::engine::{STORE_TIMEOUT, after, within};
     let timeout = cfg.store_timeout;
     let rollback = async |tx: Box<dyn super::tx::Lent>| {
-        if let Err(e) = within(after(timeout), STORE_TIMEOUT, tx.finish(false)).await {
+        if let Err(e) = bounded(timeout, tx.finish(false)).await {
             tracing::warn!(error = %e, "could not roll the request's transaction back; the database rolls it back when the connection ends");
         }
     };
     let (ok, err) = (OkType::<Stored>::new(), ErrType::<Flow<S::Error>>::new());
     in_span(call_span(&call), async move {
-        let mut tx = match within(after(timeout), STORE_TIMEOUT, begin()).await {
+        let mut tx = match bounded(timeout, begin()).await {
             Ok(tx) => tx,
             Err(e) => return Ok(Ran::No(problem::from_idem(&e))),
         };
@@ -357,7 +356,7 @@ where
         };
         match tx_finish(guard, &mut *tx, ok, err, Ok(stored)).await {
             // Marked in the transaction (also a response kept as not storable, which ran).
-            Ok(_) | Err(Flow::Idem(IdemError::ResultNotStorable { .. })) => match within(after(timeout), STORE_TIMEOUT, tx.finish(true)).await {
+            Ok(_) | Err(Flow::Idem(IdemError::ResultNotStorable { .. })) => match bounded(timeout, tx.finish(true)).await {
                 Ok(()) => Ok(Ran::Yes(live)),
                 Err(e) => {
                     tracing::error!(error = %e, "the request's transaction did not commit; its writes and its record are gone");
@@ -499,9 +498,9 @@ where
     let mut call = Call::new(cfg.biz.clone(), &record_key)
         .fingerprint_hash(fingerprint)
         .ttl(cfg.ttl)
-        .lease(cfg.lease)
-        .store_timeout(cfg.store_timeout);
+        .lease(cfg.lease);
     call.heartbeat = cfg.heartbeat;
+    call = call.store_timeout(cfg.store_timeout);
     if let Some(max) = cfg.wait {
         call = call.wait(max);
     }

@@ -37,6 +37,9 @@ pub(super) enum Conn {
 #[derive(Clone)]
 pub(super) struct Healing(Arc<HealingInner>);
 
+/// A dial in flight: its outcome once known (`Err` saying why it failed).
+type Dial = watch::Receiver<Option<Result<(), String>>>;
+
 /// How long the probe of a connection that let a request go unanswered waits for its `PONG`.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -54,7 +57,7 @@ struct HealingInner {
     /// The generation being probed, if any.
     probing: Mutex<Option<u64>>,
     /// The dial in flight, if any: its outcome, once known, for everyone waiting on it.
-    dialing: Mutex<Option<watch::Receiver<Option<Result<(), String>>>>>,
+    dialing: Mutex<Option<Dial>>,
 }
 
 impl Healing {
@@ -99,8 +102,8 @@ impl Healing {
 
     /// Sends `request` on a usable connection; fails at once when that connection is found dead
     /// meanwhile; has it probed when the request is given up before its answer.
-    async fn send<'a, T>(
-        &'a self,
+    async fn send<T>(
+        &self,
         request: impl AsyncFnOnce(ConnectionManager) -> RedisResult<T>,
     ) -> RedisResult<T> {
         let (generation, conn) = self.usable().await?;

@@ -212,7 +212,6 @@ pub(crate) async fn within<T, F: Future<Output = Result<T, IdemError>>>(
 }
 
 /// `step` within `timeout` from now, as a call's store timeout bounds it.
-#[cfg(feature = "axum")]
 pub(crate) fn bounded<T, F: Future<Output = Result<T, IdemError>>>(
     timeout: Duration,
     step: F,

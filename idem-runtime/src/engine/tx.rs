@@ -128,8 +128,7 @@ where
     let outcome = match call.request(tx.store()) {
         Ok(req) => {
             let started = std::time::Instant::now();
-            let until = super::after(call.store_timeout_in_force());
-            let outcome = super::within(until, super::STORE_TIMEOUT, tx.claim(&req)).await;
+            let outcome = super::bounded(call.store_timeout_in_force(), tx.claim(&req)).await;
             crate::metrics::claim_latency(req.biz, tx.store().backend(), started.elapsed());
             outcome
         }
@@ -184,17 +183,15 @@ where
             let limit = tx.store().limits().max_snapshot_len;
             let (snapshot, result, done) =
                 encoded(ok, err, value, limit, super::acquired_outcome(how));
-            let until = super::after(call.store_timeout_in_force());
             let mark = tx.complete(call.biz(), call.key(), &claim, &snapshot, call.ttl);
-            match super::within(until, super::STORE_TIMEOUT, mark).await {
+            match super::bounded(call.store_timeout_in_force(), mark).await {
                 Ok(()) => (result, done),
                 Err(e @ IdemError::LeaseLost { .. }) => (Err(err.from_idem(e)), Outcome::LeaseLost),
                 Err(e) => (Err(err.from_idem(e)), Outcome::MarkFailed),
             }
         }
         Err(body_err) => {
-            let until = super::after(call.store_timeout_in_force());
-            if let Err(e) = super::within(until, super::STORE_TIMEOUT, tx.abort()).await {
+            if let Err(e) = super::bounded(call.store_timeout_in_force(), tx.abort()).await {
                 tracing::warn!(error = %e, "could not roll the idempotent claim back to its savepoint");
             }
             (Err(body_err), Outcome::Failed)

@@ -287,6 +287,21 @@ async fn inspect(
         None => println!("fingerprint  absent"),
     }
     println!("result       {}", size(record.snapshot.as_deref()));
+    match record.result_until_ms {
+        None => {}
+        Some(0) => println!(
+            "result kept  no: dropped; a tombstone (repeats refused as result expired) until it expires"
+        ),
+        Some(until) if until <= now => println!(
+            "result kept  until {} (passed: a tombstone, repeats refused as result expired)",
+            rfc3339(until)
+        ),
+        Some(until) => println!(
+            "result kept  until {} ({})",
+            rfc3339(until),
+            relative(until, now, "passed")
+        ),
+    }
     println!("steps        {}", size(record.steps.as_deref()));
     println!("(relative times by this machine's clock)");
     if show_result {
@@ -295,6 +310,9 @@ async fn inspect(
                 Ok(text) => println!("{text}"),
                 Err(_) => println!("{}", hex(bytes)),
             },
+            None if record.result_until_ms.is_some() => {
+                println!("(no result: it was dropped when its result ttl passed)")
+            }
             None => println!("(no result: the record is {})", record.status.as_str()),
         }
     }

@@ -36,6 +36,7 @@ use proc_macro::TokenStream;
 /// | `key` | yes | a Rust expression over the fn's parameters, in a string (`key = "req.order_no"`) or bare (`key = req.order_no`); composite keys are tuples: `key = "(req.user_id, req.client_req_id)"` | |
 /// | `store` | yes, but not with `tx` | a store name registered at start-up (`store = "sqlite"`), or an expression yielding a store (`store = self.store`, `store = STORE`) | |
 /// | `ttl` | no | how long a record is kept: a positive integer and a unit, `ms`, `s`, `m`, `h` or `d` | `"7d"` |
+/// | `result_ttl` | no | how long the result is kept for replay when shorter than `ttl`: from then until `ttl` ends the record is a tombstone, and a repeat gets `IdemError::ResultExpired` (HTTP 410) instead of running the body; at most `ttl` (the default) | `"1d"` |
 /// | `lease` | no | how long a claim in progress is protected before another attempt may take over; must be shorter than `ttl` | `"30s"` |
 /// | `fingerprint` | no | an expression over the parameters (string or bare) whose serialized hash is stored; a repeat with the same key and another fingerprint gets `IdemError::PayloadMismatch` | none |
 /// | `on_in_progress` | no | `"reject"`: a repeat while the first call runs gets `IdemError::InProgress`; `"wait(5s)"`: it waits up to that long for the first result | `"reject"` |
@@ -77,8 +78,8 @@ use proc_macro::TokenStream;
 /// Each mistake is a compile error at the offending token, saying what to do:
 ///
 /// - a missing, unknown (with "did you mean") or duplicate option; a bad `biz`, duration or
-///   `on_in_progress`; `ttl` not longer than `lease`; a `heartbeat` not shorter than `lease`; `tx`
-///   naming no parameter, a parameter not taken by `&mut`, or one that is no transaction of a store
+///   `on_in_progress`; `ttl` not longer than `lease`; `result_ttl` longer than `ttl`; a
+///   `heartbeat` not shorter than `lease`; `tx` naming no parameter, a parameter not taken by `&mut`, or one that is no transaction of a store
 ///   (one error, at `tx`, naming `SqliteTx`, `MySqlTx` and `PgTx`), `store` beside `tx`;
 /// - a `key` or `fingerprint` that names an unknown parameter, reads no parameter at all (every call
 ///   would share one record), contains `.await`, or calls something that differs on every retry

@@ -42,6 +42,14 @@ pub enum IdemError {
     /// A record exists for this key, made from a different request payload (fingerprint).
     #[error("this idempotency key was already used with a different request payload")]
     PayloadMismatch,
+    /// This key was used and its call finished, but its result is no longer kept: the call's
+    /// result ttl ([`crate::Call::result_ttl`]) passed, and the key stays used (a tombstone)
+    /// until its ttl ends. The body did not run again; nothing was written (HTTP 410 Gone).
+    /// Permanent: a retry gets the same answer; a new request needs a new key.
+    #[error(
+        "this idempotency key was already used and its call finished, but its result is no longer kept; the call did not run again"
+    )]
+    ResultExpired,
     /// This attempt's lease expired and a newer attempt took the claim over; this attempt's result was
     /// not stored and the newer attempt's record was left untouched.
     #[error(
@@ -259,7 +267,7 @@ impl IdemError {
 
     /// The HTTP status a service would answer with: 409 in progress, lease lost, deadlock or
     /// serialization failure (a conflict with a concurrent request: retry); 422 payload mismatch;
-    /// 400 bad key, biz or payload; 503 store unavailable, locked or out of lock-wait time;
+    /// 410 a result no longer kept; 400 bad key, biz or payload; 503 store unavailable, locked or out of lock-wait time;
     /// 500 otherwise (the service's own mistakes and permanent store errors).
     pub fn http_status(&self) -> u16 {
         match self {
@@ -271,6 +279,7 @@ impl IdemError {
                 ..
             } => 409,
             IdemError::PayloadMismatch => 422,
+            IdemError::ResultExpired => 410,
             IdemError::InvalidKey { .. }
             | IdemError::InvalidBiz { .. }
             | IdemError::Fingerprint { .. }

@@ -55,11 +55,14 @@ pub enum Outcome {
     VersionConflict,
     /// State transition refused: no row has the key.
     NotFound,
+    /// Refused: the key was used and finished, but its result is no longer kept (its result ttl
+    /// passed; the record is a tombstone until its ttl ends). The body did not run.
+    ResultExpired,
 }
 
 impl Outcome {
     /// All outcomes, in counter order.
-    pub const ALL: [Outcome; 15] = [
+    pub const ALL: [Outcome; 16] = [
         Outcome::Executed,
         Outcome::TakenOver,
         Outcome::Recovered,
@@ -75,6 +78,7 @@ impl Outcome {
         Outcome::WrongState,
         Outcome::VersionConflict,
         Outcome::NotFound,
+        Outcome::ResultExpired,
     ];
 
     /// The name used in tracing spans, counters and reports.
@@ -95,6 +99,7 @@ impl Outcome {
             Outcome::WrongState => "wrong_state",
             Outcome::VersionConflict => "version_conflict",
             Outcome::NotFound => "not_found",
+            Outcome::ResultExpired => "result_expired",
         }
     }
 
@@ -106,7 +111,11 @@ impl Outcome {
     pub fn is_duplicate(self) -> bool {
         matches!(
             self,
-            Outcome::Replayed | Outcome::Recovered | Outcome::InProgress | Outcome::Mismatch
+            Outcome::Replayed
+                | Outcome::Recovered
+                | Outcome::InProgress
+                | Outcome::Mismatch
+                | Outcome::ResultExpired
         )
     }
 }

@@ -134,7 +134,7 @@ impl Contender for Floor {
             [Value::BulkString(tag), _attempt, Value::Int(fence), _how] if tag == b"A" => {
                 let receipt = receipt(k);
                 let snapshot = serde_json::to_vec(&receipt).unwrap();
-                // ARGV: fence, result, ttl ms, offset.
+                // ARGV: fence, result, ttl ms, result ttl ms ("": as long as the record), offset.
                 let changed: i64 = self
                     .complete
                     .key(&key)
@@ -142,6 +142,7 @@ impl Contender for Floor {
                     .arg(*fence)
                     .arg(snapshot)
                     .arg(self.ttl_ms)
+                    .arg("")
                     .arg(0)
                     .invoke_async(&mut conn)
                     .await

@@ -134,7 +134,7 @@ if [ "${SKIP_REFERENCE:-0}" != 1 ]; then
         INDEX="$KP:stuck:5:BENCH"
         FENCE=$(redis-cli -u "$URL" EVALSHA "$CLAIM_SHA" 2 "$DONE" "$INDEX" "" 30000 60000 0 | sed -n 3p)
         redis-cli -u "$URL" EVALSHA "$COMPLETE_SHA" 2 "$DONE" "$INDEX" "$FENCE" \
-            '{"Ok":{"id":"order-1","amount":107,"seq":1}}' 60000 0 >/dev/null
+            '{"Ok":{"id":"order-1","amount":107,"seq":1}}' 60000 "" 0 >/dev/null
         for c in 1 50; do
             ref "-c $c EVALSHA claim, new keys" -c $c -n 50000 -r 1000000000 \
                 EVALSHA "$CLAIM_SHA" 2 "$KP:{5:BENCH:__rand_int__}" "$INDEX" "" 30000 60000 0

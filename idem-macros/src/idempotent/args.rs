@@ -32,6 +32,7 @@ const OPTIONS: OptionSet = OptionSet {
         opt("key", Form::Value, r#"key = "req.order_no""#),
         opt("store", Form::Value, r#"store = "sqlite""#),
         opt("ttl", Form::Value, r#"ttl = "7d""#),
+        opt("result_ttl", Form::Value, r#"result_ttl = "1d""#),
         opt("lease", Form::Value, r#"lease = "30s""#),
         opt("fingerprint", Form::Value, r#"fingerprint = "req""#),
         opt(
@@ -82,6 +83,8 @@ pub(crate) struct IdempotentArgs {
     pub(crate) key: Option<ExprArg>,
     pub(crate) store: Option<StoreSpec>,
     pub(crate) ttl: Option<DurationArg>,
+    /// `result_ttl = "1d"`: how long the result is kept for replay, when shorter than `ttl`.
+    pub(crate) result_ttl: Option<DurationArg>,
     pub(crate) lease: Option<DurationArg>,
     pub(crate) fingerprint: Option<ExprArg>,
     pub(crate) on_in_progress: Option<InProgress>,
@@ -106,6 +109,7 @@ impl Parse for IdempotentArgs {
             key: None,
             store: None,
             ttl: None,
+            result_ttl: None,
             lease: None,
             fingerprint: None,
             on_in_progress: None,
@@ -135,10 +139,11 @@ impl Parse for IdempotentArgs {
                 "recover" => args.recover = expr_arg(name, example(name), value, errors),
                 "store" => args.store = store_arg::store(value, &RECORD_STORES, errors),
                 "heartbeat" => args.heartbeat = heartbeat_arg(&value, errors),
-                "ttl" | "lease" | "store_timeout" => {
+                "ttl" | "result_ttl" | "lease" | "store_timeout" => {
                     let duration = duration_arg(name, &value, errors);
                     match name {
                         "ttl" => args.ttl = duration,
+                        "result_ttl" => args.result_ttl = duration,
                         "lease" => args.lease = duration,
                         _ => args.store_timeout = duration,
                     }
@@ -154,6 +159,7 @@ impl Parse for IdempotentArgs {
         args.check_missing(&options);
         args.check_store_with_tx(&options, store_span);
         args.check_ttl_outlives_lease(&options);
+        args.check_result_ttl(&options);
         args.check_heartbeat(&options);
         args.check_recover(&options);
         Ok(args)
@@ -184,7 +190,7 @@ fn check_biz(lit: LitStr, errors: &mut Errors) -> Option<LitStr> {
     None
 }
 
-/// `ttl` / `lease` / `store_timeout`: `"7d"`, `"30s"`, ….
+/// `ttl` / `result_ttl` / `lease` / `store_timeout`: `"7d"`, `"30s"`, ….
 fn duration_arg(name: &str, value: &Expr, errors: &mut Errors) -> Option<DurationArg> {
     duration_arg_hinted(name, value, errors, "")
 }
@@ -393,6 +399,35 @@ impl IdempotentArgs {
             );
             self.recover = None;
         }
+    }
+
+    /// A result is kept at most as long as its record: `result_ttl` no longer than `ttl`.
+    fn check_result_ttl(&mut self, options: &Options) {
+        let Some(result_ttl) = &self.result_ttl else {
+            return;
+        };
+        if options.has("ttl") && self.ttl.is_none() {
+            return;
+        }
+        let ttl = self.ttl.as_ref().map_or(DEFAULT_TTL_MS, |ttl| ttl.millis);
+        if result_ttl.millis <= ttl {
+            return;
+        }
+        let ttl_text = match &self.ttl {
+            Some(_) => duration::format_millis(ttl),
+            None => format!("{}, the default", duration::format_millis(ttl)),
+        };
+        self.errors.at(
+            result_ttl.lit.span(),
+            format!(
+                "`result_ttl` ({}) must not be longer than `ttl` ({ttl_text}): a result is kept at \
+                 most as long as its record, and the record (the key's uniqueness) lives `ttl`; \
+                 raise `ttl` to at least `\"{}\"`, or lower `result_ttl`",
+                duration::format_millis(result_ttl.millis),
+                duration::format_millis(result_ttl.millis),
+            ),
+        );
+        self.result_ttl = None;
     }
 
     /// The record must outlive the lease that protects it, else a slow first call loses its record.

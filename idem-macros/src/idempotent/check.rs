@@ -37,6 +37,8 @@ pub(crate) struct Spec {
     /// `None` in transaction mode: the transaction carries its store.
     pub(crate) store: Option<StoreSpec>,
     pub(crate) ttl_ms: u64,
+    /// `result_ttl = "…"`, in milliseconds, with the literal's span.
+    pub(crate) result_ttl: Option<(u64, Span)>,
     pub(crate) lease_ms: u64,
     pub(crate) fingerprint: Option<Expr>,
     /// `on_in_progress = "wait(..)"`, in milliseconds, with the literal's span.
@@ -60,6 +62,7 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
         key,
         store,
         ttl,
+        result_ttl,
         lease,
         fingerprint,
         on_in_progress,
@@ -123,6 +126,7 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
             }),
             store_timeout: store_timeout.map(|t| (t.millis, t.lit.span())),
             ttl_ms: ttl.map_or(args::DEFAULT_TTL_MS, |ttl| ttl.millis),
+            result_ttl: result_ttl.map(|kept| (kept.millis, kept.lit.span())),
             lease_ms: lease.map_or(args::DEFAULT_LEASE_MS, |lease| lease.millis),
             fingerprint: fingerprint.as_ref().map(ExprArg::emitted),
             recover: recover.as_ref().map(ExprArg::emitted),

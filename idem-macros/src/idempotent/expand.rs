@@ -189,6 +189,12 @@ fn call(spec: &Spec, private: &TokenStream) -> TokenStream {
         Some((None, span)) => call.extend(quote_spanned!(*span=> .no_heartbeat())),
         None => {}
     }
+    if let Some((kept_ms, span)) = &spec.result_ttl {
+        let kept = Literal::u64_suffixed(*kept_ms);
+        call.extend(
+            quote_spanned!(*span=> .result_ttl(::core::time::Duration::from_millis(#kept))),
+        );
+    }
     if let Some((timeout_ms, span)) = &spec.store_timeout {
         let timeout = Literal::u64_suffixed(*timeout_ms);
         call.extend(

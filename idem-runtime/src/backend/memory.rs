@@ -7,7 +7,9 @@ use async_trait::async_trait;
 
 use crate::IdemError;
 use crate::clock::{ClockOffset, TestClock};
-use crate::store::decide::{Decision, RecordState, decide, duration_ms, millis, taken};
+use crate::store::decide::{
+    Decision, RESULT_DROPPED, RecordState, decide, duration_ms, millis, taken,
+};
 use crate::store::{
     Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, StatusCount, Store,
     keeps_steps,
@@ -23,6 +25,9 @@ struct Entry {
     snapshot: Option<Vec<u8>>,
     lease_until: i64,
     expire_at: i64,
+    /// Until when a SUCCEEDED record's result is replayed (`RESULT_DROPPED` once swept); `None`:
+    /// as long as the record.
+    result_until: Option<i64>,
 }
 
 impl Entry {
@@ -32,6 +37,7 @@ impl Entry {
             fingerprint: self.fingerprint.as_deref(),
             lease_until_ms: self.lease_until,
             expire_at_ms: self.expire_at,
+            result_until_ms: self.result_until,
         }
     }
 
@@ -48,6 +54,7 @@ impl Entry {
             steps,
             lease_until_ms: self.lease_until,
             expire_at_ms: self.expire_at,
+            result_until_ms: self.result_until,
         }
     }
 
@@ -163,6 +170,27 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// The mark of success, the result kept `result_ttl` (or as long as the record).
+    fn mark_succeeded(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Option<Duration>,
+    ) -> Result<(), IdemError> {
+        let now = self.now_ms();
+        self.with_held(biz, key, claim, Status::Succeeded, |e| {
+            e.status = Status::Succeeded;
+            e.snapshot = Some(snapshot.to_vec());
+            e.expire_at = e.expire_at.max(now.saturating_add(millis(ttl)));
+            e.result_until = result_ttl.map(|keep| now.saturating_add(millis(keep)));
+        })
+    }
+}
+
 #[async_trait]
 impl Store for MemoryStore {
     fn backend(&self) -> &'static str {
@@ -186,6 +214,7 @@ impl Store for MemoryStore {
                 snapshot: steps,
                 lease_until: t.lease_until_ms,
                 expire_at: t.expire_at_ms,
+                result_until: None,
             }
         };
         let mut records = self.lock();
@@ -225,6 +254,7 @@ impl Store for MemoryStore {
             Decision::Replay => ClaimOutcome::Replay {
                 snapshot: entry.snapshot.as_deref().unwrap_or_default().to_vec(),
             },
+            Decision::ResultGone => ClaimOutcome::ResultGone,
             Decision::Mismatch => ClaimOutcome::Mismatch,
             Decision::InProgress(ms) => ClaimOutcome::InProgress {
                 retry_after: duration_ms(ms),
@@ -240,12 +270,19 @@ impl Store for MemoryStore {
         snapshot: &[u8],
         ttl: Duration,
     ) -> Result<(), IdemError> {
-        let now = self.now_ms();
-        self.with_held(biz, key, claim, Status::Succeeded, |e| {
-            e.status = Status::Succeeded;
-            e.snapshot = Some(snapshot.to_vec());
-            e.expire_at = e.expire_at.max(now.saturating_add(millis(ttl)));
-        })
+        self.mark_succeeded(biz, key, claim, snapshot, ttl, None)
+    }
+
+    async fn complete_keeping(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        self.mark_succeeded(biz, key, claim, snapshot, ttl, Some(result_ttl))
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
@@ -339,6 +376,20 @@ impl Store for MemoryStore {
             }
         }
         records.retain(|_, m| !m.is_empty());
-        Ok(deleted as u64)
+        // Results past their result ttl: dropped, the records kept as tombstones.
+        let mut shrunk = 0usize;
+        for e in records.values_mut().flat_map(|m| m.values_mut()) {
+            if shrunk == batch {
+                break;
+            }
+            if e.result_until
+                .is_some_and(|t| t != RESULT_DROPPED && t <= now)
+            {
+                e.snapshot = None;
+                e.result_until = Some(RESULT_DROPPED);
+                shrunk += 1;
+            }
+        }
+        Ok((deleted + shrunk) as u64)
     }
 }

@@ -202,6 +202,34 @@ impl<S: Store> CachedStore<S> {
         self.shared.done.is_empty()
     }
 
+    /// After a mark (`done` its answer): the success this process claimed under `claim`, kept
+    /// for replay until `until`.
+    fn remember(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        until: Instant,
+        done: Result<(), IdemError>,
+    ) -> Result<(), IdemError> {
+        let slot = slot(biz, key);
+        let pending = self.shared.pending.remove(&slot).map(|(_, p)| p);
+        if done.is_ok()
+            && let Some(pending) = pending.filter(|p| p.fence == claim.fence.get())
+        {
+            self.shared.done.insert(
+                slot,
+                Entry {
+                    fingerprint: pending.fingerprint,
+                    snapshot: Arc::from(snapshot),
+                    until,
+                },
+            );
+        }
+        done
+    }
+
     /// The answer the cache has for `req`, if it holds a live success of its key.
     fn cached(&self, req: &ClaimRequest<'_>) -> Option<ClaimOutcome> {
         let entry = self.shared.done.get(&slot(req.biz, req.key))?;
@@ -269,22 +297,33 @@ impl<S: Store> Store for CachedStore<S> {
         // Before the mark leaves: the store's expiry is at least its now + ttl on arrival.
         let sent = Instant::now();
         let done = self.inner.complete(biz, key, claim, snapshot, ttl).await;
-        let slot = slot(biz, key);
-        let pending = self.shared.pending.remove(&slot).map(|(_, p)| p);
-        if done.is_ok()
-            && let Some(pending) = pending.filter(|p| p.fence == claim.fence.get())
-        {
-            let until = sent + ttl.min(self.shared.max_age);
-            self.shared.done.insert(
-                slot,
-                Entry {
-                    fingerprint: pending.fingerprint,
-                    snapshot: Arc::from(snapshot),
-                    until,
-                },
-            );
-        }
-        done
+        self.remember(
+            biz,
+            key,
+            claim,
+            snapshot,
+            sent + ttl.min(self.shared.max_age),
+            done,
+        )
+    }
+
+    async fn complete_keeping(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        // The result is replayed until the store's now + result_ttl on arrival: no longer here.
+        let sent = Instant::now();
+        let done = self
+            .inner
+            .complete_keeping(biz, key, claim, snapshot, ttl, result_ttl)
+            .await;
+        let until = sent + result_ttl.min(self.shared.max_age);
+        self.remember(biz, key, claim, snapshot, until, done)
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {

@@ -41,6 +41,8 @@ pub struct Call {
     pub(crate) lease: Duration,
     pub(crate) wait: Option<Duration>,
     pub(crate) heartbeat: Heartbeat,
+    /// Set by [`Call::result_ttl`]: how long the result is kept, when shorter than the ttl.
+    pub(crate) result_ttl: Option<Duration>,
     /// Set by [`Call::store_timeout`]; else the surrounding inbox's, or the default.
     store_timeout: Option<Duration>,
 }
@@ -89,6 +91,7 @@ impl Call {
             lease: DEFAULT_LEASE,
             wait: None,
             heartbeat: Heartbeat::Default,
+            result_ttl: None,
             store_timeout: None,
         }
     }
@@ -96,6 +99,35 @@ impl Call {
     /// How long the record lives.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
+        self
+    }
+
+    /// Keeps the result for replay only `result_ttl` after the call finished (by the store's
+    /// clock), while the key stays used for its whole [`ttl`](Call::ttl): from then until the
+    /// ttl ends the record is a tombstone (business type, key, fingerprint, attempt, expiry; a
+    /// sweep drops the result itself), and a repeat with the same payload is refused with
+    /// [`IdemError::ResultExpired`] (HTTP 410) instead of running the body again. A repeat with
+    /// another payload is still a [`IdemError::PayloadMismatch`].
+    ///
+    /// So a payment can stay unique for 30 days while its full response is kept for one: late
+    /// repeats (a re-run job, a replayed dead-letter queue) are refused, and the store holds a
+    /// day of responses, not a month. Default: the result is kept as long as the key (the ttl).
+    /// Range 1 ms ..= the ttl (equal to the ttl is the default).
+    ///
+    /// ```
+    /// # async fn demo(store: &idem_runtime::MemoryStore) -> Result<(), idem_runtime::IdemError> {
+    /// use std::time::Duration;
+    /// use idem_runtime::Call;
+    /// let day = Duration::from_secs(24 * 3600);
+    /// let receipt: String = Call::new("PAY", "order-1")
+    ///     .ttl(30 * day)
+    ///     .result_ttl(day)
+    ///     .run(store, async { Ok::<_, idem_runtime::IdemError>("paid".to_owned()) })
+    ///     .await?;
+    /// # let _ = receipt; Ok(()) }
+    /// ```
+    pub fn result_ttl(mut self, result_ttl: Duration) -> Self {
+        self.result_ttl = Some(result_ttl);
         self
     }
 
@@ -153,6 +185,12 @@ impl Call {
     /// [`DEFAULT_STORE_TIMEOUT`].
     pub(crate) fn store_timeout_in_force(&self) -> Duration {
         self.store_timeout.unwrap_or_else(ambient_store_timeout)
+    }
+
+    /// How long the result is kept when that is shorter than the ttl (`None`: as long as the
+    /// record), for the mark.
+    pub(crate) fn result_kept(&self) -> Option<Duration> {
+        self.result_ttl.filter(|kept| *kept < self.ttl)
     }
 
     /// How often this call renews its lease while the body runs, if at all.
@@ -249,6 +287,9 @@ impl Call {
         key::validate_biz(&self.biz, limits.max_biz_len)?;
         key::validate_key(&self.key, limits.max_key_len)?;
         check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
+        if let Some(kept) = self.result_ttl {
+            check_result_ttl(kept, self.ttl)?;
+        }
         if let Some(timeout) = self.store_timeout {
             // One from an inbox was checked when it was built.
             check_store_timeout(timeout)?;
@@ -340,6 +381,26 @@ pub(crate) fn check_store_timeout(timeout: Duration) -> Result<(), IdemError> {
         Duration::from_millis(1),
         "shorter than 1 ms: no store could answer in time",
     )
+}
+
+/// The range of a result ttl: 1 ms ..= the call's ttl.
+pub(crate) fn check_result_ttl(result_ttl: Duration, ttl: Duration) -> Result<(), IdemError> {
+    duration::check(
+        "the result ttl",
+        result_ttl,
+        Duration::from_millis(1),
+        "shorter than 1 ms, the stores' unit of time: the result would be gone before a repeat \
+         could read it",
+    )?;
+    if result_ttl > ttl {
+        return Err(IdemError::InvalidOptions {
+            reason: format!(
+                "the result ttl {result_ttl:?} is longer than the ttl {ttl:?}: a result cannot \
+                 outlive its record (make the ttl at least as long)"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The ranges of a call's durations, checked before anything is written (the same for `Call`,

@@ -22,6 +22,8 @@ use tracing::Instrument;
 #[cfg(feature = "axum")]
 pub(crate) use call::Heartbeat;
 pub(crate) use call::check_durations;
+#[cfg(feature = "axum")]
+pub(crate) use call::check_result_ttl;
 pub use call::{Call, DEFAULT_LEASE, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, Recovering};
 pub(crate) use call::{check_store_timeout, with_store_timeout};
 use snapshot::{ErrType, OkType};
@@ -337,6 +339,7 @@ where
             Err(e) => return refuse(e, Outcome::Rejected),
         };
         let timeout = call.store_timeout_in_force();
+        let kept = call.result_kept();
         let claimed_at = tokio::time::Instant::now();
         let (claim, how, answered) = match claim(store, &req, call.wait, timeout, claimed_at).await {
             Ok((ClaimOutcome::Acquired { claim, how }, answered)) => (claim, how, answered),
@@ -350,6 +353,9 @@ where
             }
             Ok((ClaimOutcome::Mismatch, _)) => {
                 return refuse(IdemError::PayloadMismatch, Outcome::Mismatch);
+            }
+            Ok((ClaimOutcome::ResultGone, _)) => {
+                return refuse(IdemError::ResultExpired, Outcome::ResultExpired);
             }
             Ok((ClaimOutcome::InProgress { retry_after }, _)) => {
                 return refuse(IdemError::InProgress { retry_after }, Outcome::InProgress);
@@ -410,7 +416,12 @@ where
                 let limit = store.limits().max_snapshot_len;
                 let (snapshot, result, done) = encoded(ok, err, value, limit, ran);
                 match holder
-                    .finish(|| store.complete(req.biz, req.key, &claim, &snapshot, req.ttl))
+                    .finish(|| match kept {
+                        None => store.complete(req.biz, req.key, &claim, &snapshot, req.ttl),
+                        Some(kept) => store.complete_keeping(
+                            req.biz, req.key, &claim, &snapshot, req.ttl, kept,
+                        ),
+                    })
                     .await
                 {
                     Ok(()) => (result, done),

@@ -63,6 +63,28 @@ pub trait IdemTx: Send {
         ttl: Duration,
     ) -> Result<(), IdemError>;
 
+    /// As [`IdemTx::complete`], the result kept only `result_ttl` from now (as
+    /// [`Store::complete_keeping`]).
+    ///
+    /// # Errors
+    /// As [`IdemTx::complete`]; [`IdemError::NotSupported`] for a transaction whose store keeps
+    /// every result as long as its record (the default). Every store of this crate supports it.
+    async fn complete_keeping(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        let _ = (biz, key, claim, snapshot, ttl, result_ttl);
+        Err(IdemError::NotSupported {
+            backend: self.store().backend(),
+            what: "keeping a result for less than its record (result_ttl)",
+        })
+    }
+
     /// Rolls back to the savepoint (the claim and every write since) and releases it.
     ///
     /// # Errors
@@ -147,6 +169,9 @@ where
         Ok(ClaimOutcome::Mismatch) => {
             refuse(IdemError::PayloadMismatch, Outcome::Mismatch, call.biz())
         }
+        Ok(ClaimOutcome::ResultGone) => {
+            refuse(IdemError::ResultExpired, Outcome::ResultExpired, call.biz())
+        }
         Ok(ClaimOutcome::InProgress { retry_after }) => refuse(
             IdemError::InProgress { retry_after },
             Outcome::InProgress,
@@ -183,7 +208,11 @@ where
             let limit = tx.store().limits().max_snapshot_len;
             let (snapshot, result, done) =
                 encoded(ok, err, value, limit, super::acquired_outcome(how));
-            let mark = tx.complete(call.biz(), call.key(), &claim, &snapshot, call.ttl);
+            let (biz, key) = (call.biz(), call.key());
+            let mark = match call.result_kept() {
+                None => tx.complete(biz, key, &claim, &snapshot, call.ttl),
+                Some(kept) => tx.complete_keeping(biz, key, &claim, &snapshot, call.ttl, kept),
+            };
             match super::bounded(call.store_timeout_in_force(), mark).await {
                 Ok(()) => (result, done),
                 Err(e @ IdemError::LeaseLost { .. }) => (Err(err.from_idem(e)), Outcome::LeaseLost),

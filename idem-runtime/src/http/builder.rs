@@ -88,6 +88,7 @@ pub(crate) struct Config {
     pub(super) durations: super::hint::Durations,
     pub(super) principal: Principal,
     pub(super) ttl: Duration,
+    pub(super) result_ttl: Option<Duration>,
     pub(super) lease: Duration,
     pub(super) heartbeat: Heartbeat,
     pub(super) wait: Option<Duration>,
@@ -117,6 +118,7 @@ pub struct IdempotencyBuilder {
     store_if: fn(StatusCode) -> bool,
     principal: Option<Principal>,
     ttl: Duration,
+    result_ttl: Option<Duration>,
     lease: Duration,
     heartbeat: Heartbeat,
     wait: Option<Duration>,
@@ -255,6 +257,16 @@ impl IdempotencyBuilder {
         self
     }
 
+    /// Keeps a stored response for replay only this long after its request finished, while the
+    /// key stays used for the whole [`ttl`](Self::ttl) (see [`crate::Call::result_ttl`]): a
+    /// repeat after it, and before the ttl ends, is answered `410 Gone` with the problem type
+    /// `urn:idem:problem:result-expired`, and the handler does not run. Default: as long as the
+    /// ttl. 1 ms ..= the ttl.
+    pub fn result_ttl(mut self, result_ttl: Duration) -> Self {
+        self.result_ttl = Some(result_ttl);
+        self
+    }
+
     /// How long a request in progress holds its key before another may take over (default 30 s):
     /// longer than your slowest handler. 1 ms ..= [`crate::MAX_DURATION`], and shorter than the
     /// ttl.
@@ -382,6 +394,9 @@ impl IdempotencyBuilder {
         }
         crate::engine::check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
         crate::engine::check_store_timeout(self.store_timeout)?;
+        if let Some(kept) = self.result_ttl {
+            crate::engine::check_result_ttl(kept, self.ttl)?;
+        }
         if self.tx.is_some() && self.recover.is_some() {
             return invalid(
                 "`recover` is for lease mode: in transaction mode a handler that dies rolls its transaction back, so there is nothing to recover; drop `.recover(…)` or build with `builder`",
@@ -429,6 +444,7 @@ impl IdempotencyBuilder {
                 durations: super::hint::Durations::default(),
                 principal,
                 ttl: self.ttl,
+                result_ttl: self.result_ttl,
                 lease: self.lease,
                 heartbeat: self.heartbeat,
                 wait: self.wait,
@@ -460,6 +476,7 @@ impl IdempotencyLayer {
             store_if: stored_by_default,
             principal: None,
             ttl: Duration::from_secs(24 * 3600),
+            result_ttl: None,
             lease: crate::DEFAULT_LEASE,
             heartbeat: Heartbeat::Default,
             wait: None,

@@ -501,6 +501,9 @@ where
         .lease(cfg.lease);
     call.heartbeat = cfg.heartbeat;
     call = call.store_timeout(cfg.store_timeout);
+    if let Some(kept) = cfg.result_ttl {
+        call = call.result_ttl(kept);
+    }
     if let Some(max) = cfg.wait {
         call = call.wait(max);
     }

@@ -78,6 +78,12 @@ pub(crate) fn from_idem(e: &IdemError) -> Response<Body> {
             "Idempotency key reused",
             "this idempotency key was already used with a different request (method, path, content type, body or a fingerprinted header); use a new key for a new request",
         ),
+        IdemError::ResultExpired => problem(
+            status,
+            "result-expired",
+            "Idempotency key used, result no longer kept",
+            "a request with this idempotency key was processed already, and its response is no longer kept; it was not processed again (use a new key for a new request)",
+        ),
         IdemError::TokenUsed => problem(
             status,
             "token-used",
@@ -122,6 +128,13 @@ pub(crate) fn from_idem(e: &IdemError) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repeat_whose_result_is_gone_is_410_with_its_own_type() {
+        let response = from_idem(&IdemError::ResultExpired);
+        assert_eq!(response.status(), StatusCode::GONE);
+        assert!(response.headers().get(header::RETRY_AFTER).is_none());
+    }
 
     #[test]
     fn a_claim_taken_over_before_its_handler_ran_is_a_conflict_to_retry() {

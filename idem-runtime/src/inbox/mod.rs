@@ -297,6 +297,8 @@ impl Inbox {
                 | Outcome::RecoverFailed
                 | Outcome::VersionConflict,
             ) => requeue(self.busy_delay),
+            // Done in an earlier delivery, whose result is no longer kept: nothing to do again.
+            Some(Outcome::ResultExpired) => Verdict::Ack,
             Some(Outcome::Mismatch) => {
                 dead("another payload under a key already processed".to_owned())
             }
@@ -352,6 +354,8 @@ mod tests {
         // again, so the message waits and comes back.
         assert_eq!(v(Outcome::RecoverFailed, None, 9), busy);
         assert_eq!(v(Outcome::VersionConflict, None, 9), busy);
+        // A late redelivery of a message done long ago, whose result was dropped.
+        assert_eq!(v(Outcome::ResultExpired, Some(false), 1), Verdict::Ack);
         assert!(matches!(
             v(Outcome::WrongState, None, 1),
             Verdict::DeadLetter { .. }

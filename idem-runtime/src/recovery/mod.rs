@@ -270,6 +270,7 @@ impl Reconciler {
         let claim = match self.bounded(|| self.store.claim(&req)).await? {
             ClaimOutcome::Acquired { claim, .. } => claim,
             ClaimOutcome::Replay { .. }
+            | ClaimOutcome::ResultGone
             | ClaimOutcome::InProgress { .. }
             | ClaimOutcome::Mismatch => {
                 done.skipped += 1;

@@ -16,7 +16,7 @@ use crate::store::order::ClaimOrder;
 use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Status, keeps_steps};
 
 /// A [`SeenRecord`] from a row of any of the three drivers with the claim's columns (`status`,
-/// `fingerprint`, `result`, `lease_until`, `expire_at`, `now_ms`), given its attempt and fence
+/// `fingerprint`, `result`, `lease_until`, `expire_at`, `result_until`, `now_ms`), given its attempt and fence
 /// (whose column types differ per database) and the driver's error conversion; `?` on errors.
 macro_rules! seen_record {
     ($row:expr, $attempt:expr, $fence:expr, $err:path) => {
@@ -28,6 +28,7 @@ macro_rules! seen_record {
             snapshot: $row.try_get("result").map_err($err)?,
             lease_until_ms: $row.try_get("lease_until").map_err($err)?,
             expire_at_ms: $row.try_get("expire_at").map_err($err)?,
+            result_until_ms: $row.try_get("result_until").map_err($err)?,
             now_ms: $row.try_get("now_ms").map_err($err)?,
         }
     };
@@ -44,6 +45,7 @@ pub(crate) struct SeenRecord {
     pub snapshot: Option<Vec<u8>>,
     pub lease_until_ms: i64,
     pub expire_at_ms: i64,
+    pub result_until_ms: Option<i64>,
     pub now_ms: i64,
 }
 
@@ -94,6 +96,7 @@ fn decided(seen: &SeenRecord, req: &ClaimRequest<'_>) -> Decision {
         fingerprint: seen.fingerprint.as_deref(),
         lease_until_ms: seen.lease_until_ms,
         expire_at_ms: seen.expire_at_ms,
+        result_until_ms: seen.result_until_ms,
     };
     decide(&state, req.fingerprint, seen.now_ms)
 }
@@ -155,6 +158,7 @@ pub(crate) async fn replay_by_read<C: CasRecords>(
             snapshot: seen.snapshot.unwrap_or_default(),
         },
         (Status::Succeeded, Decision::Mismatch) => ClaimOutcome::Mismatch,
+        (Status::Succeeded, Decision::ResultGone) => ClaimOutcome::ResultGone,
         _ => return Ok(None),
     };
     order.observe(&outcome);
@@ -194,6 +198,7 @@ async fn claim_in_order<C: CasRecords>(
                         snapshot: seen.snapshot.unwrap_or_default(),
                     });
                 }
+                Decision::ResultGone => return Ok(ClaimOutcome::ResultGone),
                 Decision::Mismatch => return Ok(ClaimOutcome::Mismatch),
                 Decision::InProgress(ms) => {
                     return Ok(ClaimOutcome::InProgress {

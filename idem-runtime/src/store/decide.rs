@@ -15,7 +15,14 @@ pub(crate) struct RecordState<'a> {
     pub lease_until_ms: i64,
     /// Expiry, store clock, ms.
     pub expire_at_ms: i64,
+    /// When a SUCCEEDED record's result stops being replayed, store clock, ms: `None` while it is
+    /// kept as long as the record (see [`RESULT_DROPPED`]).
+    pub result_until_ms: Option<i64>,
 }
+
+/// What `result_until` holds once a sweep dropped the result and the record shrank to a
+/// tombstone: a time always past, outside the range a sweep looks for results to drop in.
+pub(crate) const RESULT_DROPPED: i64 = 0;
 
 impl RecordState<'_> {
     /// A PROCESSING record whose lease has not run out protects its holder.
@@ -28,6 +35,12 @@ impl RecordState<'_> {
     pub(crate) fn is_expired(&self, now_ms: i64) -> bool {
         self.expire_at_ms <= now_ms && !self.lease_is_live(now_ms)
     }
+
+    /// A SUCCEEDED record whose result is no longer kept (its result ttl passed): a tombstone
+    /// until the record expires.
+    pub(crate) fn result_is_gone(&self, now_ms: i64) -> bool {
+        self.status == Status::Succeeded && self.result_until_ms.is_some_and(|t| t <= now_ms)
+    }
 }
 
 /// The decision for an existing record (a missing record is always a fresh claim).
@@ -39,6 +52,8 @@ pub(crate) enum Decision {
     Take { how: Acquired, reset: bool },
     /// Replay the stored snapshot.
     Replay,
+    /// Refuse: done, but its result is no longer kept (a tombstone).
+    ResultGone,
     /// Refuse: another payload.
     Mismatch,
     /// Refuse: in progress for this many more ms.
@@ -62,6 +77,7 @@ pub(crate) fn decide(rec: &RecordState<'_>, fingerprint: Option<&str>, now_ms: i
             how: Acquired::RetryAfterFailure,
             reset: false,
         },
+        Status::Succeeded if same_payload && rec.result_is_gone(now_ms) => Decision::ResultGone,
         Status::Succeeded if same_payload => Decision::Replay,
         Status::Succeeded => Decision::Mismatch,
         Status::Processing if !same_payload => Decision::Mismatch,
@@ -139,7 +155,26 @@ mod tests {
             fingerprint: None,
             lease_until_ms,
             expire_at_ms,
+            result_until_ms: None,
         }
+    }
+
+    #[test]
+    fn a_tombstone_refuses_its_payload_and_mismatches_another() {
+        let mut done = rec(Status::Succeeded, 100, 10_000);
+        done.fingerprint = Some("a");
+        done.result_until_ms = Some(500);
+        assert_eq!(decide(&done, Some("a"), 499), Decision::Replay);
+        assert_eq!(decide(&done, Some("a"), 500), Decision::ResultGone);
+        assert_eq!(decide(&done, None, 9_999), Decision::ResultGone);
+        assert_eq!(decide(&done, Some("b"), 600), Decision::Mismatch);
+        // Dropped by a sweep: gone at any time; the key's own expiry still ends it.
+        done.result_until_ms = Some(RESULT_DROPPED);
+        assert_eq!(decide(&done, Some("a"), 200), Decision::ResultGone);
+        assert!(matches!(
+            decide(&done, Some("a"), 10_000),
+            Decision::Take { reset: true, .. }
+        ));
     }
 
     #[test]

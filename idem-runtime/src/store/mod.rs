@@ -256,6 +256,10 @@ pub enum ClaimOutcome {
         /// The stored result snapshot.
         snapshot: Vec<u8>,
     },
+    /// The record SUCCEEDED with the same fingerprint, but its result is no longer kept: its
+    /// result ttl passed (see [`Call::result_ttl`](crate::Call::result_ttl)) and it is a
+    /// tombstone until its ttl ends. Nothing runs; the caller is told so.
+    ResultGone,
     /// The record was made from another payload.
     Mismatch,
     /// Another attempt holds a valid lease.
@@ -290,6 +294,12 @@ pub struct Record {
     pub lease_until_ms: i64,
     /// When the record expires, same clock (never before its lease ends).
     pub expire_at_ms: i64,
+    /// For a SUCCEEDED record marked with a result ttl shorter than its ttl: until when its
+    /// result is replayed, same clock. From then on the record is a tombstone (`snapshot` is
+    /// `None` once a sweep dropped it, and this is 0) that refuses repeats with
+    /// [`IdemError::ResultExpired`] until `expire_at_ms`. `None`: the result is kept as long as
+    /// the record.
+    pub result_until_ms: Option<i64>,
 }
 
 impl Record {
@@ -361,6 +371,31 @@ pub trait Store: Send + Sync + 'static {
         ttl: Duration,
     ) -> Result<(), IdemError>;
 
+    /// As [`Store::complete`], but the result is kept only `result_ttl` from now (by the store's
+    /// clock), shorter than the record's `ttl`: from then on the record is a tombstone (its
+    /// biz, key, fingerprint, attempt and expiry) whose repeats are refused with
+    /// [`ClaimOutcome::ResultGone`] until the record expires, and a sweep drops the result
+    /// ([`Store::sweep_expired`]). What [`Call::result_ttl`](crate::Call::result_ttl) asks for.
+    ///
+    /// # Errors
+    /// As [`Store::complete`]; [`IdemError::NotSupported`] for a store that keeps every result
+    /// as long as its record (the default). Every store of this crate supports it.
+    async fn complete_keeping(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        let _ = (biz, key, claim, snapshot, ttl, result_ttl);
+        Err(IdemError::NotSupported {
+            backend: self.backend(),
+            what: "keeping a result for less than its record (result_ttl)",
+        })
+    }
+
     /// Marks the record FAILED (a retry may run), only if it is still PROCESSING under `claim`'s
     /// fence (or already FAILED under it).
     ///
@@ -423,8 +458,9 @@ pub trait Store: Send + Sync + 'static {
     /// Backend errors as for [`Store::claim`].
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError>;
 
-    /// Deletes at most `batch` expired records (TTL passed and no live lease); returns how many
-    /// were deleted.
+    /// Deletes at most `batch` expired records (TTL passed and no live lease), and drops the
+    /// results of at most `batch` records whose result ttl passed (they shrink to tombstones);
+    /// returns how many records were deleted or shrunk.
     ///
     /// # Errors
     /// Backend errors as for [`Store::claim`].

@@ -12,6 +12,7 @@ pub mod edges;
 pub mod pool;
 pub mod reconcile;
 pub mod recover;
+pub mod result_ttl;
 pub mod server;
 pub mod steps;
 pub mod tokens;
@@ -40,6 +41,11 @@ pub use reconcile::{
 pub use recover::{
     a_failed_recover_releases_the_claim, a_takeover_asks_recover_before_running_the_body,
     recover_is_not_asked_for_a_fresh_claim_or_a_retry,
+};
+#[allow(unused_imports)]
+pub use result_ttl::{
+    a_repeat_after_its_result_ttl_is_refused_until_the_ttl_ends,
+    a_result_ttl_is_checked_and_the_default_keeps_the_result,
 };
 #[allow(unused_imports)]
 pub use steps::{
@@ -252,7 +258,8 @@ pub async fn the_decision_table_holds_when_claims_read_first(s: Subject) {
         a_success_outlives_a_body_slower_than_its_ttl,
         a_takeover_racing_a_late_complete_has_one_winner,
         a_contended_takeover_runs_the_business_once,
-        a_burst_with_failing_bodies_executes_each_key_once
+        a_burst_with_failing_bodies_executes_each_key_once,
+        a_repeat_after_its_result_ttl_is_refused_until_the_ttl_ends
     );
     turned_to_read_first(&*s.store).await;
     burst_executes_each_key_once(again(&s), 8, 16).await;
@@ -1236,6 +1243,8 @@ macro_rules! with_contract_cases {
             release_refuses_a_success_a_live_lease_an_absent_key_and_a_bad_reason,
             a_release_racing_a_takeover_has_one_winner,
             stuck_all_lists_ended_leases_across_business_types,
+            a_repeat_after_its_result_ttl_is_refused_until_the_ttl_ends,
+            a_result_ttl_is_checked_and_the_default_keeps_the_result,
         );
     };
 }

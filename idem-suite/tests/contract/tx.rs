@@ -4,6 +4,7 @@
 //! is checked against what the database really holds.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use idem::{Call, IdemError, IdemTx, Outcome, Status, Store};
 use tokio::sync::Barrier;
@@ -438,6 +439,39 @@ pub async fn a_failed_call_keeps_the_callers_earlier_writes<B: TxBackend>(b: Arc
     assert!(store.load(&biz, key).await.unwrap().is_none());
 }
 
+/// A result kept 1 ms in transaction mode: the mark in the transaction records it, and once it
+/// passed (a real 50 ms here: the transaction backends run on the store's own clock) a repeat,
+/// in a transaction or in lease mode, is refused as `ResultExpired` and writes nothing.
+pub async fn a_result_kept_shorter_than_its_key_in_a_transaction<B: TxBackend>(b: Arc<B>) {
+    let (store, biz) = (b.store(), biz("tx_gone"));
+    let kept = || {
+        call(&biz, "k")
+            .ttl(Duration::from_secs(60))
+            .result_ttl(Duration::from_millis(1))
+    };
+    let mut tx = b.begin_for(&biz, "k").await;
+    run::<B>(&mut tx, kept(), &biz, "k", false).await.unwrap();
+    B::commit(tx).await;
+    let rec = store.load(&biz, "k").await.unwrap().unwrap();
+    assert!(rec.result_until_ms.is_some_and(|t| t > 0), "{rec:?}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut tx = b.begin_for(&biz, "k").await;
+    let (late, report) = idem::observe(run::<B>(&mut tx, kept(), &biz, "k", false)).await;
+    B::commit(tx).await;
+    assert!(
+        matches!(late, Err(PayError::Idem(IdemError::ResultExpired))),
+        "{late:?}"
+    );
+    assert_eq!(report.unwrap().outcome, Outcome::ResultExpired);
+    let leased: Result<Receipt, PayError> =
+        kept().run(&*store, async { Err(PayError::Declined) }).await;
+    assert!(
+        matches!(leased, Err(PayError::Idem(IdemError::ResultExpired))),
+        "{leased:?}"
+    );
+    assert_eq!(b.effects(&biz, "k").await, 1);
+}
+
 /// The transaction cases once the store's claims read first (a live success is then answered by
 /// one plain read, before any savepoint).
 pub async fn transactions_hold_when_claims_read_first<B: TxBackend>(b: Arc<B>) {
@@ -454,7 +488,8 @@ pub async fn transactions_hold_when_claims_read_first<B: TxBackend>(b: Arc<B>) {
         concurrent_duplicates_in_transactions_execute_once,
         payload_mismatch_in_a_transaction_writes_nothing,
         lease_and_transaction_modes_see_each_other,
-        calls_in_one_transaction_keep_each_others_writes
+        calls_in_one_transaction_keep_each_others_writes,
+        a_result_kept_shorter_than_its_key_in_a_transaction
     );
 }
 
@@ -477,6 +512,7 @@ macro_rules! tx_contract_suite {
             any_bytes_in_a_key_claim_in_a_transaction,
             a_failed_call_keeps_the_callers_earlier_writes,
             transactions_hold_when_claims_read_first,
+            a_result_kept_shorter_than_its_key_in_a_transaction,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {$(

@@ -190,6 +190,22 @@ impl<S: Store> Store for EncryptedStore<S> {
             .await
     }
 
+    async fn complete_keeping(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        let sealed = self.inner.keyring.seal(biz, key, snapshot)?;
+        self.inner
+            .store
+            .complete_keeping(biz, key, claim, &sealed, ttl, result_ttl)
+            .await
+    }
+
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
         self.inner.store.fail(biz, key, claim).await
     }

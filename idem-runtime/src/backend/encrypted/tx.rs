@@ -80,6 +80,21 @@ impl<S: TransactionalStore> IdemTx for EncryptedTx<S> {
         self.tx.complete(biz, key, claim, &sealed, ttl).await
     }
 
+    async fn complete_keeping(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        let sealed = self.store.keyring().seal(biz, key, snapshot)?;
+        self.tx
+            .complete_keeping(biz, key, claim, &sealed, ttl, result_ttl)
+            .await
+    }
+
     async fn abort(&mut self) -> Result<(), IdemError> {
         self.tx.abort().await
     }

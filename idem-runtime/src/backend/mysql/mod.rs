@@ -97,14 +97,17 @@ pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
 }
 
 impl MySqlStore {
-    /// The DDL of the `idem_record` and `idem_token` tables and of the records' later index (the
-    /// one [`Store::stuck`] reads; apply it once), in order, as shipped in `migrations/mysql/`; for
+    /// The DDL of the `idem_record` and `idem_token` tables, of the records' later index (the
+    /// one [`Store::stuck`] reads), and of the column `result_until` and its index, for results
+    /// kept shorter than their record (each of the last three applied once), in order, as shipped in `migrations/mysql/`; for
     /// services that apply migrations with their own tool.
     /// [`MySqlStore::migrate`] applies them with the store's table names.
-    pub const MIGRATIONS: [&'static str; 3] = [
+    pub const MIGRATIONS: [&'static str; 5] = [
         include_str!("../../../migrations/mysql/0001_idem_record.sql"),
         include_str!("../../../migrations/mysql/0002_idem_token.sql"),
         include_str!("../../../migrations/mysql/0003_idem_record_stuck.sql"),
+        include_str!("../../../migrations/mysql/0004_idem_record_result_until.sql"),
+        include_str!("../../../migrations/mysql/0005_idem_record_result_until_index.sql"),
     ];
 
     /// Connects a pool of up to 16 connections to `url` (`mysql://user:pass@host:3306/db`), each
@@ -262,24 +265,26 @@ impl MySqlStore {
     /// # Errors
     /// The database's error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
-        let [records, tokens, stuck] = migrations_named(&self.table, &self.token_table);
+        let [records, tokens, stuck, result_until, result_until_index] =
+            migrations_named(&self.table, &self.token_table);
         for ddl in [records, tokens] {
             sqlx::raw_sql(AssertSqlSafe(ddl))
                 .execute(&self.pool)
                 .await
                 .map_err(db_error)?;
         }
-        // A later index, for a table made by an earlier version too. MySQL has no `CREATE INDEX IF
-        // NOT EXISTS`: an index of that name already there (made by an earlier `migrate()`, by
-        // hand, or by another service migrating at the same moment) is refused with
-        // ER_DUP_KEYNAME (1061), which is the answer "it exists".
-        match sqlx::raw_sql(AssertSqlSafe(stuck))
-            .execute(&self.pool)
-            .await
-        {
-            Err(e) if error_number(&e) == Some(1061) => Ok(()),
-            done => done.map(drop).map_err(db_error),
+        // Later columns and indexes, for a table made by an earlier version too. MySQL has no
+        // `ADD COLUMN IF NOT EXISTS` nor `CREATE INDEX IF NOT EXISTS`: a column or an index of
+        // that name already there (made by an earlier `migrate()`, by hand, or by another service
+        // migrating at the same moment) is refused with ER_DUP_FIELDNAME (1060) or ER_DUP_KEYNAME
+        // (1061), which is the answer "it exists".
+        for ddl in [stuck, result_until, result_until_index] {
+            match sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&self.pool).await {
+                Err(e) if matches!(error_number(&e), Some(1060 | 1061)) => {}
+                done => done.map(drop).map_err(db_error)?,
+            }
         }
+        Ok(())
     }
 
     /// Milliseconds the test clock adds to the database's clock, in microseconds.
@@ -320,8 +325,8 @@ impl crate::TransactionalStore for MySqlStore {
 /// [`MySqlStore::MIGRATIONS`] with the records' table `table` and the tokens' table `tokens` (and
 /// their indexes) in place of the defaults: what [`MySqlStore::migrate`] applies (and `idem migrate
 /// --print` shows).
-pub(crate) fn migrations_named(table: &TableName, tokens: &TableName) -> [String; 3] {
-    let [records, token_ddl, stuck] = MySqlStore::MIGRATIONS;
+pub(crate) fn migrations_named(table: &TableName, tokens: &TableName) -> [String; 5] {
+    let [records, token_ddl, stuck, result_until, result_until_index] = MySqlStore::MIGRATIONS;
     let named = |ddl: &str, table: &TableName, default: &str| {
         ddl.replace(
             &format!("`{default}_expire_at`"),
@@ -335,10 +340,18 @@ pub(crate) fn migrations_named(table: &TableName, tokens: &TableName) -> [String
             &Dialect::MySQL.quote_ident(&table.unique_index_name("stuck")),
         )
         .replace("`idem_record`", &table.quoted(Dialect::MySQL));
+    let result_until_index = result_until_index
+        .replace(
+            "`idem_record_result_until`",
+            &Dialect::MySQL.quote_ident(&table.unique_index_name("result_until")),
+        )
+        .replace("`idem_record`", &table.quoted(Dialect::MySQL));
     [
         named(records, table, "idem_record"),
         named(token_ddl, tokens, "idem_token"),
         stuck,
+        named(result_until, table, "idem_record"),
+        result_until_index,
     ]
 }
 
@@ -392,7 +405,24 @@ impl Store for MySqlStore {
     ) -> Result<(), IdemError> {
         self.with_conn(async |conn| {
             self.records(conn, false)
-                .complete(biz, key, claim, snapshot, ttl)
+                .complete(biz, key, claim, snapshot, ttl, None)
+                .await
+        })
+        .await
+    }
+
+    async fn complete_keeping(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        self.with_conn(async |conn| {
+            self.records(conn, false)
+                .complete(biz, key, claim, snapshot, ttl, Some(result_ttl))
                 .await
         })
         .await

@@ -37,7 +37,8 @@ macro_rules! now_ms {
 }
 
 /// The record's columns as the claim reads them.
-const COLUMNS: &str = "status, attempt, fence, fingerprint, result, lease_until, expire_at";
+const COLUMNS: &str =
+    "status, attempt, fence, fingerprint, result, lease_until, expire_at, result_until";
 
 /// The statements for one table, built once per store (the table name is part of their text, so
 /// each is prepared once per connection and cached by sqlx).
@@ -55,7 +56,7 @@ pub(crate) struct Statements {
     /// ?reset ?off ?fp ?keep_steps ?reset ?off ?reset ?off ?ttl ?off ?lease ?off ?lease ?off
     /// ?biz ?key ?fence ?status ?lease_until
     take: Arc<str>,
-    /// ?snapshot ?off ?ttl ?off ?biz ?key ?fence
+    /// ?snapshot ?off ?ttl ?off ?result_ttl ?off ?biz ?key ?fence
     complete: Arc<str>,
     /// ?off ?biz ?key ?fence
     fail: Arc<str>,
@@ -67,6 +68,8 @@ pub(crate) struct Statements {
     load: Arc<str>,
     /// ?off ?off ?batch
     sweep: Arc<str>,
+    /// ?off ?batch
+    shrink: Arc<str>,
     /// ?biz ?off ?batch
     stuck: Arc<str>,
     /// (no parameters)
@@ -112,7 +115,8 @@ impl Statements {
             take: format!(
                 "UPDATE {t} SET status = 'PROCESSING', attempt = IF(?, 1, attempt + 1), \
                  fence = LAST_INSERT_ID(GREATEST(fence + 1, {now_us})), fingerprint = ?, \
-                 result = IF(?, result, NULL), created_at = IF(?, {now}, created_at), \
+                 result = IF(?, result, NULL), result_until = NULL, \
+                 created_at = IF(?, {now}, created_at), \
                  expire_at = IF(?, {now} + ?, GREATEST(expire_at, {now} + ?)), \
                  lease_until = {now} + ?, updated_at = {now} \
                  WHERE {key} AND fence = ? AND status = ? AND lease_until = ?",
@@ -123,11 +127,13 @@ impl Statements {
             // The mark moves the expiry to at least now + ttl, so a body slower than its ttl still
             // leaves a live success. A record already SUCCEEDED under the fence counts as held and
             // keeps its result and expiry: a mark sent again after a lost reply succeeds (and
-            // FAILED likewise for `fail`). `result` and `expire_at` are assigned before `status`,
-            // so they see the old status.
+            // FAILED likewise for `fail`). `result`, `expire_at` and `result_until` (NULL: the
+            // result is kept as long as the record) are assigned before `status`, so they see the
+            // old status.
             complete: format!(
                 "UPDATE {t} SET result = IF(status = 'PROCESSING', ?, result), \
                  expire_at = IF(status = 'PROCESSING', GREATEST(expire_at, {now} + ?), expire_at), \
+                 result_until = IF(status = 'PROCESSING', {now} + ?, result_until), \
                  status = 'SUCCEEDED', updated_at = {now} \
                  WHERE {key} AND fence = ? AND status IN ('PROCESSING', 'SUCCEEDED')",
                 now = now_ms!()
@@ -160,6 +166,17 @@ impl Statements {
                 "DELETE FROM {t} WHERE expire_at <= {now} \
                  AND NOT (status = 'PROCESSING' AND lease_until > {now}) \
                  ORDER BY expire_at, biz_type, idem_key LIMIT ?",
+                now = now_ms!()
+            )
+            .into(),
+            // Results past their result ttl: dropped, the records kept as tombstones
+            // (`result_until` 0, out of the range looked in). A range of the index
+            // `<table>_result_until (result_until)`, ordered by the whole key so replicas change
+            // the same rows.
+            shrink: format!(
+                "UPDATE {t} SET result = NULL, result_until = 0 \
+                 WHERE result_until > 0 AND result_until <= {now} AND status = 'SUCCEEDED' \
+                 ORDER BY result_until, biz_type, idem_key LIMIT ?",
                 now = now_ms!()
             )
             .into(),
@@ -240,6 +257,7 @@ fn record_of(row: &MySqlRow, biz: &str, key: String) -> Result<Record, IdemError
         steps,
         lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
         expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+        result_until_ms: row.try_get("result_until").map_err(db_error)?,
     })
 }
 
@@ -330,11 +348,14 @@ impl<'c> Records<'c> {
         claim: &Claim,
         snapshot: &[u8],
         ttl: Duration,
+        result_ttl: Option<Duration>,
     ) -> Result<(), IdemError> {
         let q = query(&self.sql.complete)
             .bind(snapshot)
             .bind(self.off)
             .bind(millis(ttl))
+            .bind(self.off)
+            .bind(result_ttl.map(millis))
             .bind(self.off)
             .bind(biz)
             .bind(key)
@@ -454,7 +475,13 @@ impl<'c> Records<'c> {
             .execute(&mut *self.conn)
             .await
             .map_err(db_error)?;
-        Ok(done.rows_affected())
+        let shrunk = query(&self.sql.shrink)
+            .bind(self.off)
+            .bind(u64::try_from(batch).unwrap_or(u64::MAX))
+            .execute(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        Ok(done.rows_affected() + shrunk.rows_affected())
     }
 
     /// Reads the record after its insert was refused (a current read in tx mode), or with `plain`
@@ -530,6 +557,7 @@ impl CasRecords for Records<'_> {
                     snapshot: None,
                     lease_until_ms: 0,
                     expire_at_ms: 0,
+                    result_until_ms: None,
                     now_ms: 0,
                 }),
             )),

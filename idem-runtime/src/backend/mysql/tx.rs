@@ -184,28 +184,20 @@ impl IdemTx for MySqlTx {
         snapshot: &[u8],
         ttl: Duration,
     ) -> Result<(), IdemError> {
-        let done = self
-            .store
-            .records(&mut self.tx, true)
-            .complete(biz, key, claim, snapshot, ttl)
-            .await;
-        match done {
-            Ok(()) => {
-                // Kept: released with the next claim's savepoint, or by the commit.
-                if let Some(savepoint) = self.claim.take() {
-                    self.done = Some(savepoint);
-                }
-                Ok(())
-            }
-            Err(e) if e.restarts_transaction() => {
-                self.claim = None;
-                Err(e)
-            }
-            Err(e) => {
-                let _ = IdemTx::abort(self).await;
-                Err(e)
-            }
-        }
+        self.mark(biz, key, claim, snapshot, ttl, None).await
+    }
+
+    async fn complete_keeping(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        self.mark(biz, key, claim, snapshot, ttl, Some(result_ttl))
+            .await
     }
 
     async fn abort(&mut self) -> Result<(), IdemError> {
@@ -261,5 +253,43 @@ impl TransitionTx for MySqlTx {
 
     async fn rollback(self: Box<Self>) -> Result<(), IdemError> {
         MySqlTx::rollback(*self).await
+    }
+}
+
+impl MySqlTx {
+    /// The mark of success in the claim's savepoint, the result kept `result_ttl` (or as long as
+    /// the record), which it keeps (released with the next claim's or by the commit); on an
+    /// error the claim is rolled back.
+    async fn mark(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Option<Duration>,
+    ) -> Result<(), IdemError> {
+        let done = self
+            .store
+            .records(&mut self.tx, true)
+            .complete(biz, key, claim, snapshot, ttl, result_ttl)
+            .await;
+        match done {
+            Ok(()) => {
+                // Kept: released with the next claim's savepoint, or by the commit.
+                if let Some(savepoint) = self.claim.take() {
+                    self.done = Some(savepoint);
+                }
+                Ok(())
+            }
+            Err(e) if e.restarts_transaction() => {
+                self.claim = None;
+                Err(e)
+            }
+            Err(e) => {
+                let _ = IdemTx::abort(self).await;
+                Err(e)
+            }
+        }
     }
 }

@@ -106,15 +106,17 @@ fn lock_timeout_text(timeout: Duration) -> String {
 impl PgStore {
     /// The DDL of the records and tokens tables and of the records' later indexes (the one
     /// [`Store::stuck`] reads: first over every record, then over the PROCESSING ones only, which
-    /// replaces it), in order, as shipped in `migrations/postgres/` (with the default names
+    /// replaces it; then the column `result_until` and its index, for results kept shorter than
+    /// their record), in order, as shipped in `migrations/postgres/` (with the default names
     /// `idem_record` and `idem_token`); for services that apply migrations with their own tool.
     /// [`PgStore::migrate`] applies them with the store's names, all but the third: the fourth
     /// drops the index the third builds, so a schema made from nothing never builds it.
-    pub const MIGRATIONS: [&'static str; 4] = [
+    pub const MIGRATIONS: [&'static str; 5] = [
         include_str!("../../../migrations/postgres/0001_idem_record.sql"),
         include_str!("../../../migrations/postgres/0002_idem_token.sql"),
         include_str!("../../../migrations/postgres/0003_idem_record_stuck.sql"),
         include_str!("../../../migrations/postgres/0004_idem_record_processing.sql"),
+        include_str!("../../../migrations/postgres/0005_idem_record_result_until.sql"),
     ];
 
     /// Rows per sweep statement to give [`crate::Sweeper::new`] for this store: 1,000, small
@@ -323,7 +325,24 @@ impl Store for PgStore {
     ) -> Result<(), IdemError> {
         self.with_conn(async |conn| {
             self.records(conn)
-                .complete(biz, key, claim, snapshot, ttl)
+                .complete(biz, key, claim, snapshot, ttl, None)
+                .await
+        })
+        .await
+    }
+
+    async fn complete_keeping(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        self.with_conn(async |conn| {
+            self.records(conn)
+                .complete(biz, key, claim, snapshot, ttl, Some(result_ttl))
                 .await
         })
         .await

@@ -67,6 +67,7 @@ fn record_of(row: &PgRow, biz: &str, key: String) -> Result<Record, IdemError> {
         steps,
         lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
         expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+        result_until_ms: row.try_get("result_until").map_err(db_error)?,
     })
 }
 
@@ -119,6 +120,7 @@ impl<'c> Records<'c> {
         claim: &Claim,
         snapshot: &[u8],
         ttl: Duration,
+        result_ttl: Option<Duration>,
     ) -> Result<(), IdemError> {
         let query = sqlx::query(self.sql.complete.clone())
             .bind(biz)
@@ -126,7 +128,8 @@ impl<'c> Records<'c> {
             .bind(fence_param(claim)?)
             .bind(snapshot)
             .bind(millis(ttl))
-            .bind(self.offset_ms);
+            .bind(self.offset_ms)
+            .bind(result_ttl.map(millis));
         self.held(query, claim).await
     }
 
@@ -231,7 +234,13 @@ impl<'c> Records<'c> {
             .execute(&mut *self.conn)
             .await
             .map_err(db_error)?;
-        Ok(done.rows_affected())
+        let shrunk = sqlx::query(self.sql.shrink.clone())
+            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+            .bind(self.offset_ms)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        Ok(done.rows_affected() + shrunk.rows_affected())
     }
 }
 
@@ -283,6 +292,7 @@ impl Records<'_> {
                 snapshot: None,
                 lease_until_ms: 0,
                 expire_at_ms: 0,
+                result_until_ms: None,
                 now_ms: 0,
             }),
         ))

@@ -16,8 +16,9 @@ impl PgStore {
     /// # Errors
     /// The database's error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
-        let [records, tokens, processing] = migrations_named(&self.table, &self.token_table);
-        for ddl in [records, tokens, processing] {
+        let [records, tokens, processing, result_until] =
+            migrations_named(&self.table, &self.token_table);
+        for ddl in [records, tokens, processing, result_until] {
             // Two services migrating the same new table at once can collide in the catalog
             // (23505 / 42P07): the loser finds the table made on its second try.
             let mut tried = 0;
@@ -42,12 +43,13 @@ impl PgStore {
 
 /// What [`PgStore::migrate`] applies (and `idem migrate --print` shows): [`PgStore::MIGRATIONS`]
 /// but the superseded third, with the records' table `table` and the tokens' table `tokens`.
-pub(crate) fn migrations_named(table: &TableName, tokens: &TableName) -> [String; 3] {
-    let [records, token_ddl, _stuck, processing] = PgStore::MIGRATIONS;
+pub(crate) fn migrations_named(table: &TableName, tokens: &TableName) -> [String; 4] {
+    let [records, token_ddl, _stuck, processing, result_until] = PgStore::MIGRATIONS;
     [
         named(records, "idem_record", table),
         named(token_ddl, "idem_token", tokens),
         named(processing, "idem_record", table),
+        named(result_until, "idem_record", table),
     ]
 }
 
@@ -63,6 +65,11 @@ fn named(ddl: &str, default: &str, table: &TableName) -> String {
         )
         .replace(&format!("{default}_stuck"), &index("stuck"))
         .replace(&format!("{default}_processing"), &index("processing"))
+        .replace(&format!("{default}_result_until"), &index("result_until"))
+        .replace(
+            &format!("ALTER TABLE {default} "),
+            &format!("ALTER TABLE {} ", table.quoted(Dialect::Postgres)),
+        )
         .replace(
             &format!("IF NOT EXISTS {default} "),
             &format!("IF NOT EXISTS {} ", table.quoted(Dialect::Postgres)),
@@ -108,7 +115,20 @@ mod tests {
         assert!(!ddl.contains("ON idem_record"), "{ddl}");
         // The index over PROCESSING records replaces the one over all; the one to drop is named
         // with its schema.
-        let [_, _, ddl] = migrations_named(&t, &TableName::new("shop.tok").unwrap());
+        let [_, _, ddl, result_until] = migrations_named(&t, &TableName::new("shop.tok").unwrap());
+        assert!(
+            result_until.contains(
+                "ALTER TABLE \"shop\".\"order\" ADD COLUMN IF NOT EXISTS result_until BIGINT;"
+            ),
+            "{result_until}"
+        );
+        assert!(
+            result_until.contains(
+                "CREATE INDEX IF NOT EXISTS \"order_result_until\" ON \"shop\".\"order\" \
+                 (result_until)"
+            ),
+            "{result_until}"
+        );
         assert!(
             ddl.contains(
                 "CREATE INDEX IF NOT EXISTS \"order_processing\" ON \"shop\".\"order\" \
@@ -125,7 +145,7 @@ mod tests {
             "{ddl}"
         );
         let plain = TableName::new("orders").unwrap();
-        let [_, _, ddl] = migrations_named(&plain, &plain);
+        let [_, _, ddl, _] = migrations_named(&plain, &plain);
         assert!(
             ddl.contains("DROP INDEX IF EXISTS \"orders_stuck\";"),
             "{ddl}"

@@ -40,6 +40,8 @@ pub(super) struct Statements {
     pub(super) renew: SqlStr,
     pub(super) load: SqlStr,
     pub(super) sweep: SqlStr,
+    /// Drops the results past their result ttl (the records stay, as tombstones).
+    pub(super) shrink: SqlStr,
     pub(super) stuck: SqlStr,
     pub(super) stats: SqlStr,
 }
@@ -66,7 +68,8 @@ fn advisory_key(table: &TableName) -> String {
 }
 
 /// The record's columns as the claim reads them.
-const COLUMNS: &str = "status, attempt, fence, fingerprint, result, lease_until, expire_at";
+const COLUMNS: &str =
+    "status, attempt, fence, fingerprint, result, lease_until, expire_at, result_until";
 
 impl Statements {
     pub(super) fn new(table: &TableName) -> Self {
@@ -85,7 +88,7 @@ impl Statements {
                     ),
                     "(SELECT got FROM g) AND ",
                     ", TRUE AS got",
-                    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, FALSE, FALSE \
+                    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, FALSE, FALSE \
                      FROM g WHERE NOT g.got"
                         .to_owned(),
                 ),
@@ -100,10 +103,12 @@ impl Statements {
                  ON CONFLICT (biz_type, idem_key) DO NOTHING \
                  RETURNING {COLUMNS}, created_at) \
                  SELECT old.status, old.attempt, old.fence, old.fingerprint, old.result, \
-                 old.lease_until, old.expire_at, c.n AS now_ms, FALSE AS inserted{got} FROM old, c \
+                 old.lease_until, old.expire_at, old.result_until, c.n AS now_ms, \
+                 FALSE AS inserted{got} FROM old, c \
                  UNION ALL \
                  SELECT ins.status, ins.attempt, ins.fence, ins.fingerprint, ins.result, \
-                 ins.lease_until, ins.expire_at, ins.created_at AS now_ms, TRUE AS inserted{got} \
+                 ins.lease_until, ins.expire_at, ins.result_until, ins.created_at AS now_ms, \
+                 TRUE AS inserted{got} \
                  FROM ins{not_got}",
                 clock = clock("$6"),
             )
@@ -126,7 +131,7 @@ impl Statements {
              UPDATE {t} AS r SET status = 'PROCESSING', \
              attempt = CASE WHEN $7 THEN 1 ELSE r.attempt + 1 END, \
              fence = GREATEST(r.fence + 1, c.us), fingerprint = $3, \
-             result = CASE WHEN $11 THEN r.result END, \
+             result = CASE WHEN $11 THEN r.result END, result_until = NULL, \
              lease_until = c.n + $4, updated_at = c.n, \
              created_at = CASE WHEN $7 THEN c.n ELSE r.created_at END, \
              expire_at = CASE WHEN $7 THEN c.n + $5 ELSE GREATEST(r.expire_at, c.n + $4) END \
@@ -135,15 +140,18 @@ impl Statements {
              RETURNING r.attempt, r.fence",
             clock = clock("$6"),
         );
-        // $1 biz, $2 key, $3 fence, $4 result, $5 ttl ms, $6 offset. The mark moves the expiry to
-        // at least now + ttl, so a body slower than its ttl still leaves a live success. A record
-        // already SUCCEEDED under the fence counts as held and keeps its result and expiry: a mark
-        // sent again after a lost reply succeeds (FAILED likewise).
+        // $1 biz, $2 key, $3 fence, $4 result, $5 ttl ms, $6 offset, $7 result ttl ms (NULL: the
+        // result is kept as long as the record). The mark moves the expiry to at least now + ttl,
+        // so a body slower than its ttl still leaves a live success. A record already SUCCEEDED
+        // under the fence counts as held and keeps its result and expiry: a mark sent again after
+        // a lost reply succeeds (FAILED likewise).
         let complete = format!(
             "WITH c AS ({clock}) \
              UPDATE {t} AS r SET result = CASE WHEN r.status = 'PROCESSING' THEN $4 ELSE r.result END, \
              expire_at = CASE WHEN r.status = 'PROCESSING' \
              THEN GREATEST(r.expire_at, c.n + $5) ELSE r.expire_at END, \
+             result_until = CASE WHEN r.status = 'PROCESSING' THEN c.n + $7::BIGINT \
+             ELSE r.result_until END, \
              status = 'SUCCEEDED', updated_at = c.n FROM c \
              WHERE r.biz_type = $1 AND r.idem_key = $2 AND r.fence = $3 \
              AND r.status IN ('PROCESSING', 'SUCCEEDED')",
@@ -207,6 +215,19 @@ impl Statements {
              WHERE d.biz_type = doomed.biz_type AND d.idem_key = doomed.idem_key",
             clock = clock("$2"),
         );
+        // $1 batch, $2 offset. Results past their result ttl: dropped, the records kept as
+        // tombstones (`result_until` 0, out of the range looked in). A range of the partial index
+        // `<table>_result_until (result_until) WHERE result_until > 0`, which holds only the
+        // results still to drop; rows other transactions hold are skipped.
+        let shrink = format!(
+            "WITH c AS ({clock}), \
+             gone AS (SELECT r.biz_type, r.idem_key FROM {t} AS r, c \
+             WHERE r.result_until > 0 AND r.result_until <= c.n AND r.status = 'SUCCEEDED' \
+             LIMIT $1 FOR UPDATE OF r SKIP LOCKED) \
+             UPDATE {t} AS d SET result = NULL, result_until = 0 FROM gone \
+             WHERE d.biz_type = gone.biz_type AND d.idem_key = gone.idem_key",
+            clock = clock("$2"),
+        );
         // Records per business type and status (expired ones not yet swept included): a scan of
         // the table (an operator's query; no index is kept for it).
         let stats =
@@ -224,6 +245,7 @@ impl Statements {
             renew: sql(renew),
             load: sql(load),
             sweep: sql(sweep),
+            shrink: sql(shrink),
             stuck: sql(stuck),
             stats: sql(stats),
         }
@@ -245,6 +267,7 @@ impl Statements {
             "renew" => &self.renew,
             "load" => &self.load,
             "sweep" => &self.sweep,
+            "shrink" => &self.shrink,
             "stuck" => &self.stuck,
             "stats" => &self.stats,
             _ => return None,

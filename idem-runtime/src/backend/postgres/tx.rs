@@ -268,13 +268,52 @@ impl IdemTx for PgTx {
         snapshot: &[u8],
         ttl: Duration,
     ) -> Result<(), IdemError> {
+        self.mark(biz, key, claim, snapshot, ttl, None).await
+    }
+
+    async fn complete_keeping(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        self.mark(biz, key, claim, snapshot, ttl, Some(result_ttl))
+            .await
+    }
+
+    async fn abort(&mut self) -> Result<(), IdemError> {
+        // A done savepoint opened after this claim's goes with the rollback.
+        self.done = None;
+        let Some(savepoint) = self.claim.take() else {
+            return Ok(());
+        };
+        self.undo(&savepoint).await
+    }
+}
+
+impl PgTx {
+    /// The mark of success in the claim's savepoint, the result kept `result_ttl` (or as long as
+    /// the record), which it keeps (released with the next claim's or by the commit); on an error
+    /// the claim is rolled back.
+    async fn mark(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Option<Duration>,
+    ) -> Result<(), IdemError> {
         let done = Records::new(
             &mut self.tx,
             &self.store.sql,
             self.store.offset_ms(),
             Claiming::Tx,
         )
-        .complete(biz, key, claim, snapshot, ttl)
+        .complete(biz, key, claim, snapshot, ttl, result_ttl)
         .await;
         match done {
             Ok(()) => {
@@ -289,15 +328,6 @@ impl IdemTx for PgTx {
                 Err(e)
             }
         }
-    }
-
-    async fn abort(&mut self) -> Result<(), IdemError> {
-        // A done savepoint opened after this claim's goes with the rollback.
-        self.done = None;
-        let Some(savepoint) = self.claim.take() else {
-            return Ok(());
-        };
-        self.undo(&savepoint).await
     }
 }
 

@@ -118,6 +118,20 @@ impl Store for RedisClusterStore {
         self.0.complete(biz, key, claim, snapshot, ttl).await
     }
 
+    async fn complete_keeping(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        self.0
+            .complete_keeping(biz, key, claim, snapshot, ttl, result_ttl)
+            .await
+    }
+
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
         self.0.fail(biz, key, claim).await
     }

@@ -285,8 +285,22 @@ impl Store for RedisStore {
     ) -> Result<(), IdemError> {
         let ttl = millis(ttl).to_string();
         self.records
-            .held(&COMPLETE, biz, key, claim, &[snapshot, ttl.as_bytes()])
+            .held(&COMPLETE, biz, key, claim, &[snapshot, ttl.as_bytes(), b""])
             .await
+    }
+
+    async fn complete_keeping(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        let (ttl, kept) = (millis(ttl).to_string(), millis(result_ttl).to_string());
+        let extra: [&[u8]; 3] = [snapshot, ttl.as_bytes(), kept.as_bytes()];
+        self.records.held(&COMPLETE, biz, key, claim, &extra).await
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {

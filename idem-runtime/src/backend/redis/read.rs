@@ -27,7 +27,7 @@ impl Records {
         let mut conn = self.conn.clone();
         let offset = self.offset.ms();
         let key = self.key(req.biz, req.key);
-        let fields = ["s", "fp", "lu", "ex", "r"];
+        let fields = ["s", "fp", "lu", "ex", "r", "rx"];
         let (mut fields, now_ms): (Vec<Value>, Option<i64>) = if offset == 0 {
             let fields = redis::cmd("HMGET")
                 .arg(&key)
@@ -51,7 +51,7 @@ impl Records {
                 Some((secs * 1_000_000 + micros).div_euclid(1000) + offset),
             )
         };
-        let [s, fp, lu, ex, r] = fields.as_mut_slice() else {
+        let [s, fp, lu, ex, r, rx] = fields.as_mut_slice() else {
             return Err(IdemError::store("HMGET returned an unexpected reply"));
         };
         let Some(status) = text(s) else {
@@ -63,12 +63,17 @@ impl Records {
             fingerprint: stored_fp.as_deref(),
             lease_until_ms: int(lu, "lease")?,
             expire_at_ms: int(ex, "expiry")?,
+            result_until_ms: match rx {
+                Value::Nil => None,
+                rx => Some(int(rx, "result expiry")?),
+            },
         };
         let now_ms = match now_ms {
             Some(now) => now,
             // Live, by its key: any moment before its expiry decides it alike.
             None if state.status == Status::Succeeded
-                && state.expire_at_ms >= state.lease_until_ms =>
+                && state.expire_at_ms >= state.lease_until_ms
+                && state.result_until_ms.is_none() =>
             {
                 state.expire_at_ms - 1
             }
@@ -83,6 +88,7 @@ impl Records {
                     _ => Vec::new(),
                 },
             }),
+            Decision::ResultGone => Some(ClaimOutcome::ResultGone),
             Decision::Mismatch => Some(ClaimOutcome::Mismatch),
             Decision::InProgress(ms) => Some(ClaimOutcome::InProgress {
                 retry_after: duration_ms(ms),

@@ -69,14 +69,14 @@ pub(super) fn bytes(v: &Value) -> &[u8] {
     }
 }
 
-/// A record from its fields as `HMGET s a f fp lu ex r` answers them; `None` when it has no status
+/// A record from its fields as `HMGET s a f fp lu ex r rx` answers them; `None` when it has no status
 /// (no such record).
 pub(super) fn record_of(
     biz: &str,
     key: &str,
     fields: &[Value],
 ) -> Result<Option<Record>, IdemError> {
-    let [s, a, f, fp, lu, ex, r] = fields else {
+    let [s, a, f, fp, lu, ex, r, rx] = fields else {
         return Err(IdemError::store("HMGET returned an unexpected reply"));
     };
     let Some(status) = text(s) else {
@@ -99,6 +99,10 @@ pub(super) fn record_of(
         steps,
         lease_until_ms: int(lu, "lease")?,
         expire_at_ms: int(ex, "expiry")?,
+        result_until_ms: match rx {
+            Value::Nil => None,
+            rx => Some(int(rx, "result expiry")?),
+        },
     }))
 }
 
@@ -219,6 +223,7 @@ impl Records {
                     _ => Vec::new(),
                 },
             }),
+            (b'G', _) => Ok(ClaimOutcome::ResultGone),
             (b'M', _) => Ok(ClaimOutcome::Mismatch),
             (b'P', [_, left]) => Ok(ClaimOutcome::InProgress {
                 retry_after: Duration::from_millis(u64::try_from(int(left, "lease")?).unwrap_or(0)),
@@ -268,7 +273,7 @@ impl Records {
         let mut conn = self.conn.clone();
         let fields: Vec<Value> = redis::cmd("HMGET")
             .arg(self.key(biz, key))
-            .arg(&["s", "a", "f", "fp", "lu", "ex", "r"])
+            .arg(&["s", "a", "f", "fp", "lu", "ex", "r", "rx"])
             .query_async(&mut conn)
             .await
             .map_err(redis_error)?;

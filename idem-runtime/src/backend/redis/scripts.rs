@@ -2,7 +2,9 @@
 //! key (one hash slot), timed by Redis `TIME` inside the script, never by the client's clock.
 //!
 //! A record is a hash: `s` status, `a` attempt, `f` fence, `fp` fingerprint (`""`: none), `lu`
-//! lease end and `ex` expiry (ms, store clock), `r` result. The key expires (`PEXPIREAT`) at the
+//! lease end and `ex` expiry (ms, store clock), `r` result, `rx` (only on a success marked with a
+//! result ttl) until when `r` is replayed: from then the record is a tombstone, and once its `r`
+//! is dropped (by a claim that met it, or a sweep) `rx` is 0. The key expires (`PEXPIREAT`) at the
 //! later of `ex` and `lu`: a live lease is never cut by the TTL. The store clock is Redis time plus
 //! the test clock's offset (`ARGV` last); the key's real expiry leaves the offset out.
 //!
@@ -33,7 +35,8 @@ local now = math.floor(now_us / 1000)
 /// `KEYS[1]` the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: fingerprint (`""`
 /// for none), lease ms, ttl ms, offset ms.
 /// Returns `{'A', attempt, fence, how}` (attempt and fence as integer replies: no formatting),
-/// `{'R', result}`, `{'M'}` or `{'P', ms left}`. `r` holds the result of a SUCCEEDED record and the
+/// `{'R', result}`, `{'G'}` (a tombstone: its result is no longer kept, and is dropped now if
+/// it was still there), `{'M'}` or `{'P', ms left}`. `r` holds the result of a SUCCEEDED record and the
 /// saved steps of an unfinished one: a takeover, and a retry of the same payload, keep the steps;
 /// a new life deletes `r`. A new record has no `r` to delete, so the `HDEL` runs only when there is
 /// one: each `redis.call` is a command Redis dispatches. A claim that takes the record puts it in
@@ -42,12 +45,13 @@ pub const CLAIM: &str = concat!(
     prelude!(),
     r#"
 local fp, lease, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local rec = redis.call('HMGET', KEYS[1], 's', 'a', 'f', 'fp', 'lu', 'ex', 'r')
+local rec = redis.call('HMGET', KEYS[1], 's', 'a', 'f', 'fp', 'lu', 'ex', 'r', 'rx')
 local function acquire(attempt, fence, expire, how, keep)
   local lu = now + lease
   redis.call('HSET', KEYS[1], 's', 'PROCESSING', 'a', num(attempt), 'f', num(fence), 'fp', fp,
     'lu', num(lu), 'ex', num(expire))
   if rec[7] and not keep then redis.call('HDEL', KEYS[1], 'r') end
+  if rec[8] then redis.call('HDEL', KEYS[1], 'rx') end
   redis.call('PEXPIREAT', KEYS[1], num(math.max(expire, lu) - offset))
   if KEYS[2] then redis.call('ZADD', KEYS[2], num(lu), KEYS[1]) end
   return {'A', attempt, fence, how}
@@ -67,8 +71,15 @@ if s == 'FAILED' then
   return acquire(a + 1, fence, math.max(ex, now + lease), 'retry', same)
 end
 if s == 'SUCCEEDED' then
-  if same then return {'R', rec[7] or ''} end
-  return {'M'}
+  if not same then return {'M'} end
+  if rec[8] and tonumber(rec[8]) <= now then
+    if rec[7] then
+      redis.call('HDEL', KEYS[1], 'r')
+      redis.call('HSET', KEYS[1], 'rx', '0')
+    end
+    return {'G'}
+  end
+  return {'R', rec[7] or ''}
 end
 if not same then return {'M'} end
 if lu > now then return {'P', num(lu - now)} end
@@ -77,7 +88,8 @@ return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover', true)
 );
 
 /// `KEYS[1]` the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: fence, result, ttl
-/// ms, offset. 1 when the record was PROCESSING under the fence
+/// ms, result ttl ms (`""`: the result is kept as long as the record), offset. 1 when the record
+/// was PROCESSING under the fence
 /// (or is already SUCCEEDED under it: a mark sent again after a lost reply, which changes nothing).
 /// The mark moves `ex` to at least now + ttl, and the key's expiry with it, so a body slower than
 /// its ttl still leaves a live success, and takes the record out of the index.
@@ -90,6 +102,7 @@ if rec[1] == 'SUCCEEDED' then return 1 end
 if rec[1] ~= 'PROCESSING' then return 0 end
 local ex = math.max(tonumber(rec[4]), now + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 's', 'SUCCEEDED', 'r', ARGV[2], 'ex', num(ex))
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'rx', num(now + tonumber(ARGV[4]))) end
 redis.call('PEXPIREAT', KEYS[1], num(math.max(ex, tonumber(rec[3])) - offset))
 if KEYS[2] then redis.call('ZREM', KEYS[2], KEYS[1]) end
 return 1
@@ -136,17 +149,25 @@ return 1
 "#
 );
 
-/// KEYS[1] the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: offset. Deletes the record if it expired by the store clock (TTL passed and no
-/// live lease): Redis expires keys by itself, this only matters when a test clock runs ahead.
+/// KEYS[1] the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: offset. Deletes the
+/// record if it expired by the store clock (TTL passed and no live lease): Redis expires keys by
+/// itself, this only matters when a test clock runs ahead. Drops the result of a success whose
+/// result ttl passed (the record stays, a tombstone). 1 when it deleted or dropped anything.
 pub(super) const SWEEP: &str = concat!(
     prelude!(),
     r#"
-local rec = redis.call('HMGET', KEYS[1], 's', 'lu', 'ex')
+local rec = redis.call('HMGET', KEYS[1], 's', 'lu', 'ex', 'rx')
 if not rec[1] then return 0 end
 local live = (rec[1] == 'PROCESSING' and tonumber(rec[2]) > now)
 if tonumber(rec[3]) <= now and not live then
   redis.call('DEL', KEYS[1])
   if KEYS[2] then redis.call('ZREM', KEYS[2], KEYS[1]) end
+  return 1
+end
+local rx = tonumber(rec[4])
+if rec[1] == 'SUCCEEDED' and rx and rx > 0 and rx <= now then
+  redis.call('HDEL', KEYS[1], 'r')
+  redis.call('HSET', KEYS[1], 'rx', '0')
   return 1
 end
 return 0
@@ -162,7 +183,7 @@ return 0
 /// after `want` stuck records (`want` 0: none are wanted, the walk only drops stale members), at
 /// the end of the range, or after `budget` members.
 ///
-/// Returns `{more, kept, member, s, a, f, fp, lu, ex, r, member, …}`: `more` 1 when it stopped at
+/// Returns `{more, kept, member, s, a, f, fp, lu, ex, r, rx, member, …}`: `more` 1 when it stopped at
 /// the budget (there may be more to walk), `kept` how many stuck records it passed, then (`want`
 /// > 0) each one's key and its fields in `load`'s order (`r` its saved steps, if any).
 pub(super) const STUCK: &str = concat!(
@@ -182,13 +203,13 @@ while seen < budget do
   end
   for _, m in ipairs(members) do
     seen = seen + 1
-    local rec = redis.call('HMGET', m, 's', 'a', 'f', 'fp', 'lu', 'ex', 'r')
+    local rec = redis.call('HMGET', m, 's', 'a', 'f', 'fp', 'lu', 'ex', 'r', 'rx')
     local lu = tonumber(rec[5])
     if rec[1] == 'PROCESSING' and lu and lu <= now then
       kept = kept + 1
       if want > 0 then
         out[#out + 1] = m
-        for i = 1, 7 do out[#out + 1] = rec[i] end
+        for i = 1, 8 do out[#out + 1] = rec[i] end
         if kept == want then
           out[2] = kept
           return out

@@ -62,7 +62,7 @@ struct Walked {
     more: bool,
     /// How many stuck records it passed.
     kept: u64,
-    /// (When records were wanted) each stuck member followed by its record's 7 fields.
+    /// (When records were wanted) each stuck member followed by its record's 8 fields.
     found: Vec<Value>,
 }
 
@@ -89,7 +89,7 @@ impl Records {
                 continue;
             }
             let mut records = Vec::with_capacity(walked.found.len() / 8);
-            for fields in walked.found.chunks(8) {
+            for fields in walked.found.chunks(9) {
                 let [member, fields @ ..] = fields else {
                     return Err(IdemError::store("unexpected reply from the stuck script"));
                 };

@@ -166,6 +166,20 @@ impl<S: Store> Store for ShardedStore<S> {
             .await
     }
 
+    async fn complete_keeping(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        self.shard_of(biz, key)
+            .complete_keeping(biz, key, claim, snapshot, ttl, result_ttl)
+            .await
+    }
+
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
         self.shard_of(biz, key).fail(biz, key, claim).await
     }

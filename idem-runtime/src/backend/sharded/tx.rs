@@ -71,6 +71,20 @@ impl<S: TransactionalStore> IdemTx for ShardedTx<S> {
         self.tx.complete(biz, key, claim, snapshot, ttl).await
     }
 
+    async fn complete_keeping(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        self.tx
+            .complete_keeping(biz, key, claim, snapshot, ttl, result_ttl)
+            .await
+    }
+
     async fn abort(&mut self) -> Result<(), IdemError> {
         self.tx.abort().await
     }

@@ -84,17 +84,20 @@ pub(crate) fn db_error(e: sqlx::Error) -> IdemError {
 impl SqliteStore {
     /// The DDL of the `idem_record` table (its fence, the tokens table and the index
     /// [`Store::stuck`] reads came later: first over every record, then over the PROCESSING ones
-    /// only, which replaces it), in order, as shipped in `migrations/sqlite/` (with the default
+    /// only, which replaces it; then the column `result_until` and its index, for results kept
+    /// shorter than their record), in order, as shipped in `migrations/sqlite/` (with the default
     /// names `idem_record` and `idem_token`); for services that apply migrations with their own
     /// tool. [`SqliteStore::migrate`] applies them with the store's table names, all but the
     /// fourth: the fifth drops the index the fourth builds, so a schema made from nothing never
     /// builds it.
-    pub const MIGRATIONS: [&'static str; 5] = [
+    pub const MIGRATIONS: [&'static str; 7] = [
         include_str!("../../../migrations/sqlite/0001_idem_record.sql"),
         include_str!("../../../migrations/sqlite/0002_idem_record_fence.sql"),
         include_str!("../../../migrations/sqlite/0003_idem_token.sql"),
         include_str!("../../../migrations/sqlite/0004_idem_record_stuck.sql"),
         include_str!("../../../migrations/sqlite/0005_idem_record_processing.sql"),
+        include_str!("../../../migrations/sqlite/0006_idem_record_result_until.sql"),
+        include_str!("../../../migrations/sqlite/0007_idem_record_result_until_index.sql"),
     ];
 
     /// Opens (creating if missing) the database file at `path` in WAL mode.
@@ -343,7 +346,24 @@ impl Store for SqliteStore {
     ) -> Result<(), IdemError> {
         self.with_conn(async |conn| {
             Records::new(conn, self)
-                .complete(biz, key, claim, snapshot, ttl)
+                .complete(biz, key, claim, snapshot, ttl, None)
+                .await
+        })
+        .await
+    }
+
+    async fn complete_keeping(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        self.with_conn(async |conn| {
+            Records::new(conn, self)
+                .complete(biz, key, claim, snapshot, ttl, Some(result_ttl))
                 .await
         })
         .await

@@ -24,7 +24,7 @@ use crate::store::{Claim, ClaimRequest, Fence, Record, Status, StatusCount};
 /// The record's columns as the claim reads them.
 macro_rules! record_columns {
     () => {
-        "status, attempt, fence, fingerprint, result, lease_until, expire_at, "
+        "status, attempt, fence, fingerprint, result, lease_until, expire_at, result_until, "
     };
 }
 
@@ -67,19 +67,22 @@ const TAKE: &str = concat!(
     "UPDATE {t} SET status = 'PROCESSING', ",
     "attempt = CASE WHEN ?8 THEN 1 ELSE attempt + 1 END, ",
     "fence = max(fence + 1, ?7), fingerprint = ?3, result = CASE WHEN ?12 THEN result END, ",
+    "result_until = NULL, ",
     "lease_until = ?6 + ?4, updated_at = ?6, ",
     "created_at = CASE WHEN ?8 THEN ?6 ELSE created_at END, ",
     "expire_at = CASE WHEN ?8 THEN ?6 + ?5 ELSE max(expire_at, ?6 + ?4) END ",
     "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?9 AND status = ?10 AND lease_until = ?11 ",
     "RETURNING attempt, fence"
 );
-/// ?1 biz, ?2 key, ?3 fence, ?4 result, ?5 ttl ms, ?6 now ms. The mark moves the expiry to at
-/// least now + ttl, so a body slower than its ttl still leaves a live success. A record already
-/// SUCCEEDED under the fence counts as held and keeps its result and expiry: a mark sent again
-/// after a lost reply succeeds (and FAILED likewise for `FAIL`).
+/// ?1 biz, ?2 key, ?3 fence, ?4 result, ?5 ttl ms, ?6 now ms, ?7 result ttl ms (NULL: the result
+/// is kept as long as the record). The mark moves the expiry to at least now + ttl, so a body
+/// slower than its ttl still leaves a live success. A record already SUCCEEDED under the fence
+/// counts as held and keeps its result and expiry: a mark sent again after a lost reply succeeds
+/// (and FAILED likewise for `FAIL`).
 const COMPLETE: &str = concat!(
     "UPDATE {t} SET result = CASE WHEN status = 'PROCESSING' THEN ?4 ELSE result END, ",
     "expire_at = CASE WHEN status = 'PROCESSING' THEN max(expire_at, ?6 + ?5) ELSE expire_at END, ",
+    "result_until = CASE WHEN status = 'PROCESSING' THEN ?6 + ?7 ELSE result_until END, ",
     "status = 'SUCCEEDED', updated_at = ?6 ",
     "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'SUCCEEDED')"
 );
@@ -99,14 +102,17 @@ const READ: &str = concat!(
     record_columns!(),
     "?3 AS now_ms FROM {t} WHERE biz_type = ?1 AND idem_key = ?2"
 );
-const LOAD: &str = "SELECT status, attempt, fence, fingerprint, result, lease_until, expire_at \
-    FROM {t} WHERE biz_type = ?1 AND idem_key = ?2";
+const LOAD: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    "0 AS now_ms FROM {t} WHERE biz_type = ?1 AND idem_key = ?2"
+);
 /// ?1 biz, ?2 now ms, ?3 batch. PROCESSING with the lease ended, oldest lease first: a range of
 /// the index `<table>_processing (biz_type, lease_until) WHERE status = 'PROCESSING'`, read in its
 /// order (no sort), that stops after the batch. The `status` term is written as a literal: it
 /// is what lets SQLite use the partial index.
 const STUCK: &str = "SELECT idem_key, status, attempt, fence, fingerprint, result, lease_until, \
-    expire_at FROM {t} WHERE biz_type = ?1 AND status = 'PROCESSING' AND lease_until <= ?2 \
+    expire_at, result_until FROM {t} WHERE biz_type = ?1 AND status = 'PROCESSING' AND lease_until <= ?2 \
     ORDER BY lease_until LIMIT ?3";
 /// Records per business type and status (expired ones not yet swept included): a scan of the
 /// table (an operator's query; no index is kept for it).
@@ -115,6 +121,13 @@ const STATS: &str = "SELECT biz_type, status, COUNT(*) AS n FROM {t} GROUP BY bi
 const SWEEP: &str = "DELETE FROM {t} WHERE (biz_type, idem_key) IN (\
     SELECT biz_type, idem_key FROM {t} \
     WHERE expire_at <= ?2 AND NOT (status = 'PROCESSING' AND lease_until > ?2) LIMIT ?1)";
+
+/// ?1 batch, ?2 now ms. Results past their result ttl: dropped, the records kept as tombstones
+/// (`result_until` 0, out of the range looked in): a range of the partial index
+/// `<table>_result_until (result_until) WHERE result_until > 0`, the results still to drop.
+const SHRINK: &str = "UPDATE {t} SET result = NULL, result_until = 0 WHERE (biz_type, idem_key) IN (\
+    SELECT biz_type, idem_key FROM {t} \
+    WHERE result_until > 0 AND result_until <= ?2 AND status = 'SUCCEEDED' LIMIT ?1)";
 
 /// The statements for one records table, built once per store from the templates above with
 /// the table's quoted name in place of `{t}` (each is prepared once per connection and cached by
@@ -133,6 +146,7 @@ pub(super) struct Statements {
     stuck: Arc<str>,
     stats: Arc<str>,
     sweep: Arc<str>,
+    shrink: Arc<str>,
 }
 
 impl Statements {
@@ -152,6 +166,7 @@ impl Statements {
             stuck: named(STUCK),
             stats: named(STATS),
             sweep: named(SWEEP),
+            shrink: named(SHRINK),
         }
     }
 }
@@ -219,6 +234,7 @@ fn record_of(row: &SqliteRow, biz: &str, key: String) -> Result<Record, IdemErro
         steps,
         lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
         expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
+        result_until_ms: row.try_get("result_until").map_err(db_error)?,
     })
 }
 
@@ -273,6 +289,7 @@ impl<'c> Records<'c> {
         claim: &Claim,
         snapshot: &[u8],
         ttl: Duration,
+        result_ttl: Option<Duration>,
     ) -> Result<(), IdemError> {
         let query = query(&self.sql.complete)
             .bind(biz)
@@ -280,7 +297,8 @@ impl<'c> Records<'c> {
             .bind(fence_param(claim)?)
             .bind(snapshot)
             .bind(millis(ttl))
-            .bind(self.now().ms);
+            .bind(self.now().ms)
+            .bind(result_ttl.map(millis));
         self.held(query, claim).await
     }
 
@@ -385,7 +403,13 @@ impl<'c> Records<'c> {
             .execute(&mut *self.conn)
             .await
             .map_err(db_error)?;
-        Ok(done.rows_affected())
+        let shrunk = query(&self.sql.shrink)
+            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+            .bind(self.now().ms)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        Ok(done.rows_affected() + shrunk.rows_affected())
     }
 
     /// The new record `INSERT_NEW` made, or `None` when the key exists (the claim protocol then
@@ -413,6 +437,7 @@ fn inserted(req: &ClaimRequest<'_>, now: Now) -> SeenRecord {
         snapshot: None,
         lease_until_ms: now.ms + millis(req.lease),
         expire_at_ms: now.ms + millis(req.ttl),
+        result_until_ms: None,
         now_ms: now.ms,
     }
 }

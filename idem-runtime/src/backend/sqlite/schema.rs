@@ -17,7 +17,7 @@ impl SqliteStore {
     /// # Errors
     /// The database's error.
     pub async fn migrate(&self) -> Result<(), IdemError> {
-        let [v1, v2, v3, v5] = migrations_named(&self.table, &self.token_table);
+        let [v1, v2, v3, v5, v6, v7] = migrations_named(&self.table, &self.token_table);
         let run = async |ddl: String| {
             sqlx::raw_sql(AssertSqlSafe(ddl))
                 .execute(&self.pool)
@@ -25,18 +25,27 @@ impl SqliteStore {
                 .map_err(db_error)
         };
         run(v1).await?;
-        let has_fence: i64 =
-            sqlx::query("SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = 'fence'")
+        // SQLite has no ADD COLUMN IF NOT EXISTS: a column of a later version is added to a
+        // table that has not got it.
+        let has = async |column: &str| -> Result<bool, IdemError> {
+            let n: i64 = sqlx::query("SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = ?2")
                 .bind(self.table.as_str())
+                .bind(column)
                 .fetch_one(&self.pool)
                 .await
                 .and_then(|row| row.try_get(0))
                 .map_err(db_error)?;
-        if has_fence == 0 {
+            Ok(n > 0)
+        };
+        if !has("fence").await? {
             run(v2).await?;
         }
         run(v3).await?;
         run(v5).await?;
+        if !has("result_until").await? {
+            run(v6).await?;
+        }
+        run(v7).await?;
         Ok(())
     }
 }
@@ -46,14 +55,16 @@ impl SqliteStore {
 /// `<table>_processing`, `<tokens>_expire_at`), but the superseded fourth: what
 /// [`SqliteStore::migrate`] applies (and `idem migrate --print` shows). With the default names,
 /// the shipped DDL as it is.
-pub(crate) fn migrations_named(table: &TableName, tokens: &TableName) -> [String; 4] {
-    let [v1, v2, v3, _stuck, v5] = SqliteStore::MIGRATIONS;
+pub(crate) fn migrations_named(table: &TableName, tokens: &TableName) -> [String; 6] {
+    let [v1, v2, v3, _stuck, v5, v6, v7] = SqliteStore::MIGRATIONS;
     let records = |ddl: &str| rename(ddl, "idem_record", table);
     [
         records(v1),
         records(v2),
         rename(v3, DEFAULT_TOKEN_TABLE, tokens),
         records(v5),
+        records(v6),
+        records(v7),
     ]
 }
 
@@ -70,15 +81,21 @@ fn rename(ddl: &str, default: &str, table: &TableName) -> String {
     let expire = format!("{default}_expire_at");
     let stuck = format!("{default}_stuck");
     let processing = format!("{default}_processing");
+    let result_until = format!("{default}_result_until");
     ddl.replace(&expire, "\u{0}expire\u{0}")
         .replace(&stuck, "\u{0}stuck\u{0}")
         .replace(&processing, "\u{0}processing\u{0}")
+        .replace(&result_until, "\u{0}result_until\u{0}")
         .replace(default, &table.quoted(Dialect::SQLite))
         .replace("\u{0}expire\u{0}", &q(&table.index_name("expire_at")))
         .replace("\u{0}stuck\u{0}", &q(&table.unique_index_name("stuck")))
         .replace(
             "\u{0}processing\u{0}",
             &q(&table.unique_index_name("processing")),
+        )
+        .replace(
+            "\u{0}result_until\u{0}",
+            &q(&table.unique_index_name("result_until")),
         )
 }
 
@@ -92,13 +109,13 @@ mod tests {
             &TableName::default_table(),
             &TableName::new(DEFAULT_TOKEN_TABLE).unwrap(),
         );
-        let [v1, v2, v3, _superseded, v5] = SqliteStore::MIGRATIONS.map(str::to_owned);
-        assert_eq!(named, [v1, v2, v3, v5]);
+        let [v1, v2, v3, _superseded, v5, v6, v7] = SqliteStore::MIGRATIONS.map(str::to_owned);
+        assert_eq!(named, [v1, v2, v3, v5, v6, v7]);
     }
 
     #[test]
     fn migrations_take_the_configured_names() {
-        let [v1, v2, v3, v4] = migrations_named(
+        let [v1, v2, v3, v4, v5, v6] = migrations_named(
             &TableName::new("orders").unwrap(),
             &TableName::new("orders_tok").unwrap(),
         );
@@ -135,7 +152,17 @@ mod tests {
             v4.contains("DROP INDEX IF EXISTS \"orders_stuck\";"),
             "{v4}"
         );
-        for ddl in [&v1, &v2, &v3, &v4] {
+        assert!(
+            v5.contains("ALTER TABLE \"orders\" ADD COLUMN result_until"),
+            "{v5}"
+        );
+        assert!(
+            v6.contains(
+                "CREATE INDEX IF NOT EXISTS \"orders_result_until\" ON \"orders\" (result_until)"
+            ),
+            "{v6}"
+        );
+        for ddl in [&v1, &v2, &v3, &v4, &v5, &v6] {
             assert!(
                 !ddl.contains("idem_record") && !ddl.contains("idem_token"),
                 "{ddl}"

@@ -137,19 +137,20 @@ impl IdemTx for SqliteTx {
         snapshot: &[u8],
         ttl: Duration,
     ) -> Result<(), IdemError> {
-        let done = Records::new(&mut self.tx, &self.store)
-            .complete(biz, key, claim, snapshot, ttl)
-            .await;
-        match done {
-            Ok(()) => match self.claim.take() {
-                Some(savepoint) => self.exec(savepoint.release()).await,
-                None => Ok(()),
-            },
-            Err(e) => {
-                let _ = IdemTx::abort(self).await;
-                Err(e)
-            }
-        }
+        self.mark(biz, key, claim, snapshot, ttl, None).await
+    }
+
+    async fn complete_keeping(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Duration,
+    ) -> Result<(), IdemError> {
+        self.mark(biz, key, claim, snapshot, ttl, Some(result_ttl))
+            .await
     }
 
     async fn abort(&mut self) -> Result<(), IdemError> {
@@ -197,5 +198,33 @@ impl TransitionTx for SqliteTx {
 
     async fn rollback(self: Box<Self>) -> Result<(), IdemError> {
         SqliteTx::rollback(*self).await
+    }
+}
+
+impl SqliteTx {
+    /// The mark of success in the claim's savepoint, the result kept `result_ttl` (or as long as
+    /// the record); the savepoint is released, or the claim rolled back on an error.
+    async fn mark(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Option<Duration>,
+    ) -> Result<(), IdemError> {
+        let done = Records::new(&mut self.tx, &self.store)
+            .complete(biz, key, claim, snapshot, ttl, result_ttl)
+            .await;
+        match done {
+            Ok(()) => match self.claim.take() {
+                Some(savepoint) => self.exec(savepoint.release()).await,
+                None => Ok(()),
+            },
+            Err(e) => {
+                let _ = IdemTx::abort(self).await;
+                Err(e)
+            }
+        }
     }
 }

@@ -94,6 +94,8 @@ impl Rec {
             fingerprint: None,
             lease_until_ms: self.lease_until,
             expire_at_ms: self.expire_at,
+            // The model keeps every result as long as its record.
+            result_until_ms: None,
         }
     }
 }
@@ -400,7 +402,7 @@ impl Model for Protocol {
                                 self.recover && how == super::Acquired::TakeOver && s.effects > 0;
                             Some(self.take(Some(rec), reset, now, claim))
                         }
-                        Decision::Replay => {
+                        Decision::Replay | Decision::ResultGone => {
                             s.callers[i] = Caller::Done;
                             None
                         }

@@ -289,6 +289,38 @@ async fn a_repeat_gets_the_stored_response_and_runs_nothing() {
     assert_eq!(shop.rows().await, 1);
 }
 
+/// A response kept a moment while its key stays used: the repeat within it replays, a late one
+/// is `410 Gone` with its own problem type, and neither runs the handler; another body under the
+/// key is still a mismatch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_repeat_after_the_response_was_dropped_is_gone_and_runs_nothing() {
+    let shop = Shop::new().await;
+    let clock = idem::TestClock::new();
+    let store = store().await.with_test_clock(clock.clone());
+    let layer = builder(&store)
+        .ttl(Duration::from_secs(30 * 24 * 3600))
+        .result_ttl(Duration::from_secs(24 * 3600))
+        .build()
+        .unwrap();
+    let api = Api::new(&start(&shop, layer).await);
+    let order = json!({ "item": "lamp" });
+    let first = api.post(Some("alice"), Some("late-1"), order.clone()).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    clock.advance(Duration::from_secs(23 * 3600));
+    let again = api.post(Some("alice"), Some("late-1"), order.clone()).await;
+    assert!(again.replayed() && again.body == first.body);
+    clock.advance(Duration::from_secs(2 * 3600));
+    let late = api.post(Some("alice"), Some("late-1"), order).await;
+    assert_eq!(late.status, StatusCode::GONE, "{:?}", late.body);
+    assert_eq!(late.problem(), "urn:idem:problem:result-expired");
+    assert!(late.headers.get("retry-after").is_none());
+    let other = api
+        .post(Some("alice"), Some("late-1"), json!({ "item": "sofa" }))
+        .await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(shop.rows().await, 1, "the handler ran once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_concurrent_duplicates_run_once() {
     let shop = Shop::new().await;
@@ -1290,6 +1322,22 @@ async fn durations_out_of_range_are_refused_at_build_and_the_maximum_works() {
     for bad in [Duration::ZERO, ns, idem::DEFAULT_LEASE] {
         refused(builder(&store).heartbeat(bad), "heartbeat");
     }
+    for bad in [Duration::ZERO, ns] {
+        refused(builder(&store).result_ttl(bad), "result ttl");
+    }
+    refused(
+        builder(&store)
+            .ttl(Duration::from_secs(60))
+            .result_ttl(Duration::from_secs(61)),
+        "result ttl",
+    );
+    accepted(builder(&store).result_ttl(ms), "a 1 ms result ttl");
+    accepted(
+        builder(&store)
+            .ttl(MAX_DURATION)
+            .result_ttl(MAX_DURATION),
+        "a result kept as long as the longest ttl",
+    );
     accepted(builder(&store).lease(ms), "a 1 ms lease");
     accepted(builder(&store).store_timeout(ms), "a 1 ms store timeout");
     accepted(

@@ -412,3 +412,58 @@ async fn recover_backfills_a_takeover_instead_of_running_again() {
     assert_eq!(again.unwrap(), "found o-2");
     assert_eq!(report.unwrap().outcome, Outcome::Replayed);
 }
+
+/// A store on a test clock for `result_ttl`: the key stays used 30 days, the result is kept one.
+fn kept_store() -> (Arc<MemoryStore>, idem::TestClock) {
+    static STORE: std::sync::OnceLock<(Arc<MemoryStore>, idem::TestClock)> =
+        std::sync::OnceLock::new();
+    STORE
+        .get_or_init(|| {
+            let clock = idem::TestClock::new();
+            (
+                Arc::new(MemoryStore::new().with_test_clock(clock.clone())),
+                clock,
+            )
+        })
+        .clone()
+}
+
+static CHARGES: AtomicU32 = AtomicU32::new(0);
+
+#[idempotent(
+    biz = "CHARGE",
+    key = order_no,
+    store = kept_store().0,
+    ttl = "30d",
+    result_ttl = "1d"
+)]
+async fn charge_once(order_no: &str) -> Result<u32, AppError> {
+    Ok(CHARGES.fetch_add(1, Ordering::SeqCst))
+}
+
+#[tokio::test]
+async fn a_result_kept_a_day_refuses_a_late_repeat_for_the_rest_of_the_month() {
+    let (store, clock) = kept_store();
+    let first = charge_once("ORD-30").await.unwrap();
+    let record = store.load("CHARGE", "ORD-30").await.unwrap().unwrap();
+    let day = 24 * 3600 * 1000;
+    let until = record.result_until_ms.unwrap();
+    assert!(
+        record.expire_at_ms - until >= 28 * day,
+        "the key outlives its result by 29 days: {record:?}"
+    );
+    clock.advance(std::time::Duration::from_secs(23 * 3600));
+    assert_eq!(charge_once("ORD-30").await.unwrap(), first, "a replay");
+    clock.advance(std::time::Duration::from_secs(2 * 3600));
+    let (late, report) = idem::observe(charge_once("ORD-30")).await;
+    assert!(
+        matches!(late, Err(AppError::Idem(IdemError::ResultExpired))),
+        "{late:?}"
+    );
+    assert_eq!(report.unwrap().outcome, Outcome::ResultExpired);
+    assert_eq!(
+        CHARGES.load(Ordering::SeqCst),
+        1,
+        "the body ran once; the late repeat was refused"
+    );
+}

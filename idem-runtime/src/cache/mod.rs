@@ -451,6 +451,28 @@ mod tests {
         assert_eq!(store.hits(), 2);
     }
 
+    /// A result kept shorter than its record is answered from memory only while it is kept;
+    /// after that the store refuses the repeat as expired, and the cache never replays it.
+    #[tokio::test(start_paused = true)]
+    async fn a_result_kept_shorter_than_its_key_leaves_the_cache_with_it() {
+        let clock = crate::TestClock::new();
+        let memory = MemoryStore::new().with_test_clock(clock.clone());
+        let store = CachedStore::new(memory, ReplayCache::new(1 << 20).unwrap());
+        let kept = |value: u32| {
+            Call::new("PAY", "k")
+                .ttl(Duration::from_millis(400))
+                .lease(Duration::from_millis(100))
+                .result_ttl(Duration::from_millis(150))
+                .run(&store, async move { Ok::<_, IdemError>(value) })
+        };
+        assert_eq!(kept(1).await.unwrap(), 1);
+        assert_eq!(kept(2).await.unwrap(), 1, "a replay from memory");
+        assert_eq!(store.hits(), 1);
+        advance(&clock, Duration::from_millis(151)).await;
+        assert!(matches!(kept(3).await, Err(IdemError::ResultExpired)));
+        assert_eq!(store.hits(), 1, "the cache did not answer past the result ttl");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn max_age_cuts_an_entry_short() {
         let cache = ReplayCache::new(1 << 20)

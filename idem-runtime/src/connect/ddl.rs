@@ -124,7 +124,7 @@ mod tests {
         assert_eq!(migrations("redis://h:1/0?idem_prefix=p:").unwrap(), None);
         #[cfg(feature = "sqlite")]
         {
-            assert_eq!(migrations("sqlite:x.db").unwrap().unwrap().len(), 4);
+            assert_eq!(migrations("sqlite:x.db").unwrap().unwrap().len(), 6);
             let ddl = migrations("sqlite:x.db?idem_table=t3").unwrap().unwrap();
             assert!(
                 ddl[0].contains("\"t3\"") && ddl[2].contains("\"t3_tok\""),
@@ -162,6 +162,12 @@ mod tests {
                 "{}",
                 ddl[2]
             );
+            assert!(
+                ddl[3].contains("ALTER TABLE \"t1\" ADD COLUMN IF NOT EXISTS result_until")
+                    && ddl[3].contains("\"t1_result_until\" ON \"t1\""),
+                "{}",
+                ddl[3]
+            );
         }
         #[cfg(feature = "mysql")]
         {
@@ -173,6 +179,11 @@ mod tests {
                 "{ddl:?}"
             );
             assert!(ddl[2].contains("`t2_stuck`"), "{}", ddl[2]);
+            assert!(
+                ddl[3].contains("ALTER TABLE `t2` ADD COLUMN result_until")
+                    && ddl[4].contains("`t2_result_until` ON `t2`"),
+                "{ddl:?}"
+            );
         }
         assert!(migrations("nope://x").is_err());
         assert!(migrations("memory:?idem_table=t").is_err());

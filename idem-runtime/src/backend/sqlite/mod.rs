@@ -542,6 +542,7 @@ mod tests {
             [
                 "idem_b_expire_at",
                 "idem_b_processing",
+                "idem_b_result_until",
                 "idem_b_tok_expire_at"
             ]
         );

@@ -105,7 +105,8 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// Delete expired records (and with --tokens expired submit tokens), batch by batch
+    /// Delete expired records (and with --tokens expired submit tokens), batch by batch; drop
+    /// the results kept past their result ttl (counted with the records)
     Sweep {
         /// Rows per delete statement, 1..=10000
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=10_000))]
@@ -463,18 +464,20 @@ async fn stats(store: &AnyStore) -> Result<Exit, IdemError> {
         return Ok(Exit::Ok);
     }
     const ORDER: [Status; 3] = [Status::Processing, Status::Succeeded, Status::Failed];
-    let mut rows: Vec<(String, [u64; 3])> = Vec::new();
+    // Per business type: the records in each status of ORDER, then the tombstones.
+    let mut rows: Vec<(String, [u64; 4])> = Vec::new();
     for c in counts {
         if rows.last().is_none_or(|(biz, _)| *biz != c.biz) {
-            rows.push((c.biz.clone(), [0; 3]));
+            rows.push((c.biz.clone(), [0; 4]));
         }
         let at = ORDER.iter().position(|s| *s == c.status).unwrap_or(0);
         if let Some((_, n)) = rows.last_mut() {
             n[at] += c.records;
+            n[3] += c.tombstones;
         }
     }
-    let mut total = [0u64; 3];
-    let mut cells: Vec<[String; 5]> = Vec::new();
+    let mut total = [0u64; 4];
+    let mut cells: Vec<[String; 6]> = Vec::new();
     for (biz, n) in &rows {
         for (t, v) in total.iter_mut().zip(n) {
             *t += v;
@@ -485,22 +488,37 @@ async fn stats(store: &AnyStore) -> Result<Exit, IdemError> {
     print!(
         "{}",
         table(
-            &["BIZ", "PROCESSING", "SUCCEEDED", "FAILED", "TOTAL"],
+            &[
+                "BIZ",
+                "PROCESSING",
+                "SUCCEEDED",
+                "FAILED",
+                "TOTAL",
+                "TOMBSTONES"
+            ],
             &cells,
-            &[false, true, true, true, true]
+            &[false, true, true, true, true, true]
         )
     );
     println!("(expired records not yet swept count under their status)");
+    if total[3] > 0 {
+        println!(
+            "(TOMBSTONES: succeeded records whose result is no longer kept; repeats are refused \
+             as result expired until the record expires)"
+        );
+    }
     Ok(Exit::Ok)
 }
 
-fn row(biz: &str, n: &[u64; 3]) -> [String; 5] {
+/// One row of `idem stats`: the counts per status, their total, the tombstones.
+fn row(biz: &str, n: &[u64; 4]) -> [String; 6] {
     [
         biz.to_owned(),
         n[0].to_string(),
         n[1].to_string(),
         n[2].to_string(),
-        n.iter().sum::<u64>().to_string(),
+        n[..3].iter().sum::<u64>().to_string(),
+        n[3].to_string(),
     ]
 }
 

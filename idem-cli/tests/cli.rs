@@ -236,7 +236,7 @@ fn rfc3339_prefix(ms: i64) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
-/// The numbers of `biz`'s row of `idem stats`: PROCESSING, SUCCEEDED, FAILED, TOTAL.
+/// The numbers of `biz`'s row of `idem stats`: PROCESSING, SUCCEEDED, FAILED, TOTAL, TOMBSTONES.
 fn stats_row(out: &str, biz: &str) -> Option<Vec<u64>> {
     out.lines().find_map(|line| {
         let mut cells = line.split_whitespace();
@@ -301,23 +301,24 @@ async fn every_command(t: Target) {
             "PROCESSING",
             "SUCCEEDED",
             "FAILED",
-            "TOTAL"
+            "TOTAL",
+            "TOMBSTONES"
         ]),
         "{out:?}"
     );
     assert_eq!(
         stats_row(&out.stdout, &a),
-        Some(vec![1, 1, 1, 3]),
+        Some(vec![1, 1, 1, 3, 0]),
         "{out:?}"
     );
     assert_eq!(
         stats_row(&out.stdout, &b),
-        Some(vec![1, 0, 0, 1]),
+        Some(vec![1, 0, 0, 1, 0]),
         "{out:?}"
     );
     assert_eq!(
         stats_row(&out.stdout, "total"),
-        Some(vec![2, 1, 1, 4]),
+        Some(vec![2, 1, 1, 4, 0]),
         "{out:?}"
     );
 
@@ -506,12 +507,55 @@ async fn every_command(t: Target) {
     let out = idem(url, &["stats"]).await;
     assert_eq!(
         stats_row(&out.stdout, &a),
-        Some(vec![0, 2, 1, 3]),
+        Some(vec![0, 2, 1, 3, 0]),
         "{out:?}"
     );
     assert_eq!(
         stats_row(&out.stdout, &b),
-        Some(vec![0, 0, 1, 1]),
+        Some(vec![0, 0, 1, 1, 0]),
+        "{out:?}"
+    );
+
+    // A result kept 1 ms under a key kept an hour: a tombstone in stats and inspect, whose
+    // result a sweep drops.
+    let c = server::unique("CLI_C");
+    let kept: String = Call::new(c.clone(), "gone")
+        .ttl(HOUR)
+        .result_ttl(Duration::from_millis(1))
+        .run(&store, async { Ok::<_, IdemError>("receipt-9".to_owned()) })
+        .await
+        .unwrap();
+    assert_eq!(kept, "receipt-9");
+    // Not an assertion on time: only so the result's 1 ms is over by every clock.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let out = idem(url, &["stats"]).await;
+    assert_eq!(
+        stats_row(&out.stdout, &c),
+        Some(vec![0, 1, 0, 1, 1]),
+        "{out:?}"
+    );
+    assert!(
+        out.stdout.contains("TOMBSTONES: succeeded records"),
+        "{out:?}"
+    );
+    let out = idem(url, &["inspect", &c, "gone"]).await;
+    let line = out.stdout.lines().find(|l| l.starts_with("result kept"));
+    assert!(
+        line.is_some_and(
+            |l| l.ends_with("(passed: a tombstone, repeats refused as result expired)")
+        ),
+        "{out:?}"
+    );
+    let out = idem(url, &["sweep"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let out = idem(url, &["inspect", &c, "gone", "--show-result"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stdout.contains("result kept  no: dropped")
+            && out
+                .stdout
+                .contains("(no result: it was dropped when its result ttl passed)")
+            && !out.stdout.contains("receipt-9"),
         "{out:?}"
     );
 }

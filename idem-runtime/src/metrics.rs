@@ -617,6 +617,9 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.ends_with("not_found: 0, result_expired: 0 }"), "{text}");
+        assert!(
+            text.ends_with("not_found: 0, result_expired: 0 }"),
+            "{text}"
+        );
     }
 }

@@ -1333,9 +1333,7 @@ async fn durations_out_of_range_are_refused_at_build_and_the_maximum_works() {
     );
     accepted(builder(&store).result_ttl(ms), "a 1 ms result ttl");
     accepted(
-        builder(&store)
-            .ttl(MAX_DURATION)
-            .result_ttl(MAX_DURATION),
+        builder(&store).ttl(MAX_DURATION).result_ttl(MAX_DURATION),
         "a result kept as long as the longest ttl",
     );
     accepted(builder(&store).lease(ms), "a 1 ms lease");

@@ -344,6 +344,7 @@ impl Store for MemoryStore {
     }
 
     async fn stats(&self) -> Result<Vec<StatusCount>, IdemError> {
+        let now = self.now_ms();
         let records = self.lock();
         Ok(StatusCount::tally(records.iter().flat_map(
             |(biz, by_key)| {
@@ -351,6 +352,7 @@ impl Store for MemoryStore {
                     biz: biz.clone(),
                     status: e.status,
                     records: 1,
+                    tombstones: u64::from(e.state().result_is_gone(now)),
                 })
             },
         )))

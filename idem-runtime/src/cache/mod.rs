@@ -470,7 +470,11 @@ mod tests {
         assert_eq!(store.hits(), 1);
         advance(&clock, Duration::from_millis(151)).await;
         assert!(matches!(kept(3).await, Err(IdemError::ResultExpired)));
-        assert_eq!(store.hits(), 1, "the cache did not answer past the result ttl");
+        assert_eq!(
+            store.hits(),
+            1,
+            "the cache did not answer past the result ttl"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -67,17 +67,26 @@ pub struct StatusCount {
     pub status: Status,
     /// How many records of `biz` are in `status`, expired but not yet swept ones included.
     pub records: u64,
+    /// Of those, the SUCCEEDED ones whose result is no longer kept (their result ttl passed):
+    /// tombstones, which refuse repeats as [`IdemError::ResultExpired`] until they expire.
+    pub tombstones: u64,
 }
 
 impl StatusCount {
     /// One row of an SQL store's `GROUP BY biz_type, status`: the status as stored, the count as
     /// the database gives it.
     #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
-    pub(crate) fn of_row(biz: String, status: &str, records: i64) -> Result<Self, IdemError> {
+    pub(crate) fn of_row(
+        biz: String,
+        status: &str,
+        records: i64,
+        tombstones: i64,
+    ) -> Result<Self, IdemError> {
         Ok(StatusCount {
             biz,
             status: Status::parse(status)?,
             records: u64::try_from(records).unwrap_or(0),
+            tombstones: u64::try_from(tombstones).unwrap_or(0),
         })
     }
 
@@ -85,16 +94,19 @@ impl StatusCount {
     /// [`Store::stats`] returns): a store whose counts come in pieces (SCAN batches, shards) adds
     /// them up here.
     pub fn tally(counts: impl IntoIterator<Item = StatusCount>) -> Vec<StatusCount> {
-        let mut sums: std::collections::BTreeMap<(String, Status), u64> = Default::default();
+        let mut sums: std::collections::BTreeMap<(String, Status), (u64, u64)> = Default::default();
         for c in counts {
-            *sums.entry((c.biz, c.status)).or_default() += c.records;
+            let sum = sums.entry((c.biz, c.status)).or_default();
+            sum.0 += c.records;
+            sum.1 += c.tombstones;
         }
         sums.into_iter()
-            .filter(|(_, records)| *records > 0)
-            .map(|((biz, status), records)| StatusCount {
+            .filter(|(_, (records, _))| *records > 0)
+            .map(|((biz, status), (records, tombstones))| StatusCount {
                 biz,
                 status,
                 records,
+                tombstones,
             })
             .collect()
     }

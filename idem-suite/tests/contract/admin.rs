@@ -43,6 +43,7 @@ async fn counts_of(store: &dyn Store, bizes: &[&String]) -> Vec<(String, Status,
                  biz,
                  status,
                  records,
+                 ..
              }| (biz, status, records),
         )
         .collect()

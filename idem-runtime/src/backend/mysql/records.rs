@@ -72,7 +72,7 @@ pub(crate) struct Statements {
     shrink: Arc<str>,
     /// ?biz ?off ?batch
     stuck: Arc<str>,
-    /// (no parameters)
+    /// ?off
     stats: Arc<str>,
     pub(super) tokens: TokenStatements,
 }
@@ -190,10 +190,16 @@ impl Statements {
                 now = now_ms!()
             )
             .into(),
-            // Records per business type and status (expired ones not yet swept included): a scan
-            // of the index `<table>_stuck (biz_type, status, lease_until)`, which starts with both.
-            stats: format!("SELECT biz_type, status, COUNT(*) AS n FROM {t} GROUP BY biz_type, status")
-                .into(),
+            // Records per business type and status (expired ones not yet swept included), and
+            // `gone`, the tombstones among them (their result ttl passed): a scan of the table
+            // (an operator's query).
+            stats: format!(
+                "SELECT biz_type, status, COUNT(*) AS n, \
+                 CAST(COUNT(CASE WHEN result_until <= {now} THEN 1 END) AS SIGNED) AS gone \
+                 FROM {t} GROUP BY biz_type, status",
+                now = now_ms!()
+            )
+            .into(),
             tokens: TokenStatements {
                 issue: format!(
                     "INSERT INTO {tk} (token, subject, spent, expire_at) VALUES (?, ?, 0, {now} + ?)",
@@ -449,6 +455,7 @@ impl<'c> Records<'c> {
 
     pub(super) async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError> {
         let rows = query(&self.sql.stats)
+            .bind(self.off)
             .fetch_all(&mut *self.conn)
             .await
             .map_err(db_error)?;
@@ -461,6 +468,7 @@ impl<'c> Records<'c> {
                     String::from_utf8(biz).map_err(IdemError::store)?,
                     row.try_get("status").map_err(db_error)?,
                     row.try_get("n").map_err(db_error)?,
+                    row.try_get("gone").map_err(db_error)?,
                 )
             })
             .collect::<Result<Vec<_>, IdemError>>()?;

@@ -211,6 +211,7 @@ impl<'c> Records<'c> {
 
     pub(super) async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError> {
         let rows = sqlx::query(self.sql.stats.clone())
+            .bind(self.offset_ms)
             .fetch_all(&mut *self.conn)
             .await
             .map_err(db_error)?;
@@ -221,6 +222,7 @@ impl<'c> Records<'c> {
                     row.try_get("biz_type").map_err(db_error)?,
                     row.try_get("status").map_err(db_error)?,
                     row.try_get("n").map_err(db_error)?,
+                    row.try_get("gone").map_err(db_error)?,
                 )
             })
             .collect::<Result<Vec<_>, IdemError>>()?;

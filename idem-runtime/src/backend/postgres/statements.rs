@@ -230,8 +230,13 @@ impl Statements {
         );
         // Records per business type and status (expired ones not yet swept included): a scan of
         // the table (an operator's query; no index is kept for it).
-        let stats =
-            format!("SELECT biz_type, status, COUNT(*) AS n FROM {t} GROUP BY biz_type, status");
+        // $1 offset. `gone`: the tombstones among them, whose result ttl passed.
+        let stats = format!(
+            "SELECT biz_type, status, COUNT(*) AS n, \
+             COUNT(*) FILTER (WHERE result_until <= c.n) AS gone \
+             FROM {t}, ({clock}) AS c GROUP BY biz_type, status",
+            clock = clock("$1"),
+        );
         Statements {
             claim: sql(claim("", None)),
             insert: sql(insert),

@@ -114,9 +114,11 @@ const LOAD: &str = concat!(
 const STUCK: &str = "SELECT idem_key, status, attempt, fence, fingerprint, result, lease_until, \
     expire_at, result_until FROM {t} WHERE biz_type = ?1 AND status = 'PROCESSING' AND lease_until <= ?2 \
     ORDER BY lease_until LIMIT ?3";
-/// Records per business type and status (expired ones not yet swept included): a scan of the
-/// table (an operator's query; no index is kept for it).
-const STATS: &str = "SELECT biz_type, status, COUNT(*) AS n FROM {t} GROUP BY biz_type, status";
+/// ?1 now ms. Records per business type and status (expired ones not yet swept included), and
+/// the tombstones among them (`gone`: their result ttl passed): a scan of the table (an
+/// operator's query; no index is kept for it).
+const STATS: &str = "SELECT biz_type, status, COUNT(*) AS n, \
+    COUNT(CASE WHEN result_until <= ?1 THEN 1 END) AS gone FROM {t} GROUP BY biz_type, status";
 /// ?1 batch, ?2 now ms. Expired: the TTL passed and no lease is live.
 const SWEEP: &str = "DELETE FROM {t} WHERE (biz_type, idem_key) IN (\
     SELECT biz_type, idem_key FROM {t} \
@@ -380,6 +382,7 @@ impl<'c> Records<'c> {
 
     pub(super) async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError> {
         let rows = query(&self.sql.stats)
+            .bind(self.now().ms)
             .fetch_all(&mut *self.conn)
             .await
             .map_err(db_error)?;
@@ -390,6 +393,7 @@ impl<'c> Records<'c> {
                     row.try_get("biz_type").map_err(db_error)?,
                     row.try_get("status").map_err(db_error)?,
                     row.try_get("n").map_err(db_error)?,
+                    row.try_get("gone").map_err(db_error)?,
                 )
             })
             .collect::<Result<Vec<_>, IdemError>>()?;

@@ -52,6 +52,13 @@ pub struct Args {
     #[arg(long, default_value = "10m", value_parser = duration)]
     pub ttl: Duration,
 
+    /// Keep each result for replay only this long, while its key stays used for `--ttl`: a
+    /// duplicate later than this is refused as result expired (its body does not run), and the
+    /// audit checks that every such refusal is of a key whose effect the ledger holds. At most
+    /// `--ttl`; the result is kept as long as the record when not given.
+    #[arg(long, value_parser = duration)]
+    pub result_ttl: Option<Duration>,
+
     /// How long a body takes.
     #[arg(long, default_value = "1ms", value_parser = duration)]
     pub body: Duration,
@@ -206,6 +213,15 @@ impl Args {
                 "--ttl ({}) must be longer than --lease ({}): a record must outlive its claim",
                 humantime::format_duration(self.ttl),
                 humantime::format_duration(self.lease)
+            ));
+        }
+        if let Some(kept) = self.result_ttl
+            && (kept < Duration::from_millis(1) || kept > self.ttl)
+        {
+            return Err(format!(
+                "--result-ttl ({}) must be at least 1ms and at most --ttl ({}): a result is kept at most as long as its record",
+                humantime::format_duration(kept),
+                humantime::format_duration(self.ttl)
             ));
         }
         if self.lease < Duration::from_millis(10) {

@@ -25,6 +25,9 @@ pub(crate) enum Class {
     Replayed,
     /// Refused: another attempt holds the claim.
     InProgress,
+    /// Refused: the key's call finished and its result is no longer kept (`--result-ttl`); the
+    /// body did not run.
+    ResultExpired,
     /// The body ran, but its claim had been taken over; nothing stored.
     LeaseLost,
     /// The body ran but the mark failed; the claim waits for its lease.
@@ -48,10 +51,12 @@ pub(crate) struct Sample {
     pub class: Class,
 }
 
-/// What the storm saw: every request's end, and every answer `(key, run)` a caller got.
+/// What the storm saw: every request's end, every answer `(key, run)` a caller got, and the keys
+/// of the calls refused as result expired.
 pub(crate) struct Driven {
     pub samples: Vec<Sample>,
     pub answers: Vec<(u32, i64)>,
+    pub expired: Vec<u32>,
     pub elapsed: Duration,
 }
 
@@ -76,6 +81,7 @@ struct Ctx {
     plan: Arc<Plan>,
     lease: Duration,
     ttl: Duration,
+    result_ttl: Option<Duration>,
     body: Duration,
     heartbeat: bool,
     recover: bool,
@@ -84,9 +90,12 @@ struct Ctx {
 
 impl Ctx {
     fn call(&self, key: &str) -> Call {
-        let call = Call::new(self.biz.to_string(), key)
+        let mut call = Call::new(self.biz.to_string(), key)
             .ttl(self.ttl)
             .lease(self.lease);
+        if let Some(kept) = self.result_ttl {
+            call = call.result_ttl(kept);
+        }
         // The default heartbeat renews every third of the lease.
         if self.heartbeat {
             call
@@ -142,6 +151,7 @@ pub(crate) fn kind(e: &IdemError) -> &'static str {
         IdemError::InvalidOptions { .. } => "invalid-options",
         IdemError::InProgress { .. } => "in-progress",
         IdemError::PayloadMismatch => "payload-mismatch",
+        IdemError::ResultExpired => "result-expired",
         IdemError::LeaseLost { .. } => "lease-lost",
         IdemError::ResultNotStorable { .. } => "result-not-storable",
         IdemError::ReplayDecode { .. } => "replay-decode",
@@ -173,6 +183,7 @@ fn classify(result: Result<i64, BodyError>, outcome: Option<Outcome>) -> (Class,
         Err(BodyError::Idem(e)) => {
             let class = match (&e, outcome) {
                 (IdemError::InProgress { .. }, _) => Class::InProgress,
+                (IdemError::ResultExpired, _) => Class::ResultExpired,
                 (IdemError::LeaseLost { .. }, _) => Class::LeaseLost,
                 (_, Some(Outcome::MarkFailed)) => Class::Unmarked,
                 _ => Class::Error(kind(&e)),
@@ -272,6 +283,7 @@ pub(crate) async fn drive(
         plan,
         lease: args.lease,
         ttl: args.ttl,
+        result_ttl: args.result_ttl,
         body: args.body,
         heartbeat: !args.no_heartbeat,
         recover: args.recover,
@@ -297,12 +309,14 @@ pub(crate) async fn drive(
             let mut driven = Driven {
                 samples: Vec::new(),
                 answers: Vec::new(),
+                expired: Vec::new(),
                 elapsed: Duration::ZERO,
             };
             while let Some(joined) = workers.join_next().await {
-                let (samples, answers) = joined.expect("a storm worker never panics");
+                let (samples, answers, expired) = joined.expect("a storm worker never panics");
                 driven.samples.extend(samples);
                 driven.answers.extend(answers);
+                driven.expired.extend(expired);
             }
             driven.elapsed = ctx.start.elapsed();
             driven
@@ -317,9 +331,10 @@ async fn worker(
     next: Arc<AtomicUsize>,
     done: Arc<AtomicU64>,
     tx_mode: bool,
-) -> (Vec<Sample>, Vec<(u32, i64)>) {
+) -> (Vec<Sample>, Vec<(u32, i64)>, Vec<u32>) {
     let mut samples = Vec::new();
     let mut answers = Vec::new();
+    let mut expired = Vec::new();
     loop {
         let i = next.fetch_add(1, Ordering::Relaxed);
         if i >= ctx.plan.requests.len() {
@@ -348,7 +363,10 @@ async fn worker(
         if let Some(run) = answer {
             answers.push((ctx.plan.requests[i].key, run));
         }
+        if class == Class::ResultExpired {
+            expired.push(ctx.plan.requests[i].key);
+        }
         done.fetch_add(1, Ordering::Relaxed);
     }
-    (samples, answers)
+    (samples, answers, expired)
 }

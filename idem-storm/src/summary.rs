@@ -40,6 +40,9 @@ pub struct Summary {
     pub replays: u64,
     /// Calls refused because another attempt held the claim.
     pub in_progress: u64,
+    /// Calls refused because their key's call finished and its result is no longer kept
+    /// (`--result-ttl`): the body did not run.
+    pub result_expired: u64,
     /// Calls whose claim was taken over while the body ran.
     pub lease_lost: u64,
     /// Calls whose body ran but whose mark failed.
@@ -60,6 +63,9 @@ pub struct Summary {
     pub split_answers: u64,
     /// Records marked SUCCEEDED with no effect in the ledger: must be 0.
     pub false_successes: u64,
+    /// Keys refused as result expired with no effect in the ledger (a refusal of work that never
+    /// happened): must be 0.
+    pub false_refusals: u64,
     /// Keys with an effect whose record is not SUCCEEDED: must be 0 in tx mode (the effect and
     /// the mark commit together); in lease mode a body that ran but could not be marked.
     pub unmarked_effects: u64,
@@ -92,7 +98,7 @@ pub struct Slice {
     pub width_s: f64,
     /// Bodies run (fresh, retried or taken over).
     pub executed: u64,
-    /// Replays, and takeovers answered by the recover fn.
+    /// Replays, takeovers answered by the recover fn, and repeats refused as result expired.
     pub replayed: u64,
     /// In-progress answers.
     pub in_progress: u64,
@@ -144,6 +150,13 @@ pub(crate) fn summarize(setup: Setup<'_>, driven: &Driven, audit: &Audit) -> Sum
         .filter(|k| !runs.contains_key(k))
         .count() as u64;
     let unmarked_effects = runs.keys().filter(|k| !audit.succeeded.contains(k)).count() as u64;
+    let false_refusals = driven
+        .expired
+        .iter()
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .filter(|k| !runs.contains_key(k))
+        .count() as u64;
 
     let mut latencies_us: Vec<u64> = driven
         .samples
@@ -164,6 +177,7 @@ pub(crate) fn summarize(setup: Setup<'_>, driven: &Driven, audit: &Audit) -> Sum
         && foreign_answers == 0
         && split_answers == 0
         && false_successes == 0
+        && false_refusals == 0
         && (!setup.tx_mode || unmarked_effects == 0);
     Summary {
         store: setup.store.to_owned(),
@@ -179,6 +193,7 @@ pub(crate) fn summarize(setup: Setup<'_>, driven: &Driven, audit: &Audit) -> Sum
         recovered: count(Class::Recovered),
         replays: count(Class::Replayed),
         in_progress: count(Class::InProgress),
+        result_expired: count(Class::ResultExpired),
         lease_lost: count(Class::LeaseLost),
         unmarked: count(Class::Unmarked),
         business_errors: count(Class::Business),
@@ -189,6 +204,7 @@ pub(crate) fn summarize(setup: Setup<'_>, driven: &Driven, audit: &Audit) -> Sum
         foreign_answers,
         split_answers,
         false_successes,
+        false_refusals,
         unmarked_effects,
         elapsed_s,
         throughput_rps: requests as f64 / elapsed_s.max(1e-9),
@@ -218,7 +234,7 @@ fn timeline(samples: &[Sample], elapsed: Duration) -> Vec<Slice> {
         let slice = &mut slices[i];
         match s.class {
             Class::Executed | Class::TakenOver => slice.executed += 1,
-            Class::Replayed | Class::Recovered => slice.replayed += 1,
+            Class::Replayed | Class::Recovered | Class::ResultExpired => slice.replayed += 1,
             Class::InProgress => slice.in_progress += 1,
             Class::LeaseLost
             | Class::Unmarked
@@ -239,7 +255,7 @@ impl fmt::Display for Summary {
             "idem-storm: {} store, {} mode, seed {}",
             self.store, self.mode, self.seed
         )?;
-        let rows: [(&str, String); 25] = [
+        let rows: [(&str, String); 27] = [
             ("requests", self.requests.to_string()),
             (
                 "distinct keys",
@@ -256,6 +272,7 @@ impl fmt::Display for Summary {
             ("recovered", self.recovered.to_string()),
             ("replays", self.replays.to_string()),
             ("in progress", self.in_progress.to_string()),
+            ("result expired", self.result_expired.to_string()),
             ("lease lost", self.lease_lost.to_string()),
             ("unmarked", self.unmarked.to_string()),
             ("business errors", self.business_errors.to_string()),
@@ -292,6 +309,10 @@ impl fmt::Display for Summary {
             (
                 "false successes",
                 format!("{}  {}", self.false_successes, must(self.false_successes)),
+            ),
+            (
+                "false refusals",
+                format!("{}  {}", self.false_refusals, must(self.false_refusals)),
             ),
             (
                 "unmarked effects",
@@ -354,6 +375,7 @@ mod tests {
                 sample(Class::Executed),
             ],
             answers: vec![recovered, replayed, (1, 3)],
+            expired: Vec::new(),
             elapsed: Duration::from_millis(10),
         };
         let audit = Audit {
@@ -385,5 +407,42 @@ mod tests {
         assert_eq!(invented.false_successes, 1);
         assert_eq!(invented.foreign_answers, 2);
         assert!(!invented.invariants_hold);
+    }
+
+    #[test]
+    fn a_result_expired_refusal_holds_only_for_a_key_the_ledger_has() {
+        let sample = |class| Sample {
+            at: Duration::ZERO,
+            latency: Duration::from_millis(1),
+            class,
+        };
+        let storm = |expired: Vec<u32>| {
+            let driven = Driven {
+                samples: vec![
+                    sample(Class::Executed),
+                    sample(Class::ResultExpired),
+                    sample(Class::ResultExpired),
+                ],
+                answers: vec![(0, 0)],
+                expired,
+                elapsed: Duration::from_millis(10),
+            };
+            let audit = Audit {
+                ledger: vec![(0, 0)],
+                succeeded: [0].into_iter().collect(),
+            };
+            summarize(setup(), &driven, &audit)
+        };
+        let held = storm(vec![0, 0]);
+        assert_eq!((held.result_expired, held.false_refusals), (2, 0));
+        assert!(held.invariants_hold, "{held}");
+        // Key 1 never ran: refusing it as done would be a lie.
+        let lied = storm(vec![0, 1]);
+        assert_eq!(lied.false_refusals, 1);
+        assert!(!lied.invariants_hold);
+        assert!(
+            lied.to_string().contains("false refusals       1  BROKEN"),
+            "{lied}"
+        );
     }
 }

@@ -222,6 +222,27 @@ fn api_cases() -> Vec<(&'static str, &'static str, Case)> {
         ),
         (
             "options",
+            "result ttl longer than the ttl",
+            case(|s| async move {
+                call(
+                    &*s,
+                    Call::new("PAY", "k")
+                        .ttl(Duration::from_secs(60))
+                        .result_ttl(Duration::from_secs(61)),
+                    1,
+                )
+                .await
+            }),
+        ),
+        (
+            "options",
+            "result ttl of zero",
+            case(|s| async move {
+                call(&*s, Call::new("PAY", "k").result_ttl(Duration::ZERO), 1).await
+            }),
+        ),
+        (
+            "options",
             "sweeper period of zero",
             case(|s| async move {
                 idem::Sweeper::new(s.clone(), 100)
@@ -460,6 +481,8 @@ fn flag_cases() -> Vec<(&'static str, String)> {
         "--lease 1s --ttl 1s",
         "--lease 1ms",
         "--ttl 31d",
+        "--result-ttl 11m",
+        "--result-ttl 0s",
         "--error-rate 0.6 --panic-rate 0.6",
         "--store memory --mode tx",
         "--store redis-cluster",

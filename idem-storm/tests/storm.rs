@@ -80,6 +80,7 @@ fn storm_holds(store: &str, mode: &str, extra: &[&str]) {
         + n("recovered")
         + n("replays")
         + n("in_progress")
+        + n("result_expired")
         + n("lease_lost")
         + n("unmarked")
         + n("business_errors")
@@ -118,6 +119,45 @@ fn sharded_lease() {
 #[test]
 fn sharded_tx() {
     storm_holds("sharded", "tx", &[]);
+}
+
+/// Results kept 5 ms under keys kept the default 10 minutes, duplicates reaching far back (no
+/// skew): late duplicates are refused as result expired, never run, and every refusal is of a
+/// key whose effect the ledger holds.
+#[test]
+fn late_duplicates_after_the_result_ttl_are_refused_not_run() {
+    for mode in ["lease", "tx"] {
+        let out = storm(&[
+            "--store",
+            "sqlite",
+            "--mode",
+            mode,
+            "-n",
+            "1500",
+            "-c",
+            "16",
+            "--dup-rate",
+            "0.4",
+            "--skew",
+            "0",
+            "--result-ttl",
+            "5ms",
+            "--body",
+            "2ms",
+            "--seed",
+            "5",
+            "--json",
+        ]);
+        let s = json(&out);
+        assert_eq!(out.status.code(), Some(0), "{mode}: {s:#}");
+        assert_eq!(s["invariants_hold"], true, "{mode}: {s:#}");
+        assert_eq!(s["double_executions"], 0, "{mode}: {s:#}");
+        assert_eq!(s["false_refusals"], 0, "{mode}: {s:#}");
+        assert!(
+            s["result_expired"].as_u64().unwrap() > 0,
+            "{mode}: late duplicates meet tombstones: {s:#}"
+        );
+    }
 }
 
 /// Whether the service at `host:port` answers; a skip line (or, under

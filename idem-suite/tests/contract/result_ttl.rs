@@ -66,7 +66,11 @@ pub async fn a_repeat_after_its_result_ttl_is_refused_until_the_ttl_ends(s: Subj
         .filter(|c| c.biz == biz)
         .map(|c| (c.status, c.records, c.tombstones))
         .collect();
-    assert_eq!(counted, [(Status::Succeeded, 1, 1)], "stats count the tombstone");
+    assert_eq!(
+        counted,
+        [(Status::Succeeded, 1, 1)],
+        "stats count the tombstone"
+    );
 
     // A sweep drops the result and keeps the tombstone (Redis dropped it already, when the
     // repeat met it): still refused.

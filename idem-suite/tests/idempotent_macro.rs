@@ -444,6 +444,7 @@ async fn charge_once(order_no: &str) -> Result<u32, AppError> {
 #[tokio::test]
 async fn a_result_kept_a_day_refuses_a_late_repeat_for_the_rest_of_the_month() {
     let (store, clock) = kept_store();
+    let before = idem::counts_for("CHARGE");
     let first = charge_once("ORD-30").await.unwrap();
     let record = store.load("CHARGE", "ORD-30").await.unwrap().unwrap();
     let day = 24 * 3600 * 1000;
@@ -461,6 +462,16 @@ async fn a_result_kept_a_day_refuses_a_late_repeat_for_the_rest_of_the_month() {
         "{late:?}"
     );
     assert_eq!(report.unwrap().outcome, Outcome::ResultExpired);
+    let counted = idem::counts_for("CHARGE").since(&before);
+    assert_eq!(
+        (
+            counted.get(Outcome::Executed),
+            counted.get(Outcome::Replayed),
+            counted.get(Outcome::ResultExpired)
+        ),
+        (1, 1, 1),
+        "the refusal is counted under its own outcome"
+    );
     assert_eq!(
         CHARGES.load(Ordering::SeqCst),
         1,

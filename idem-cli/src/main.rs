@@ -7,7 +7,8 @@
 //! | `idem migrate [--print]` | applies the schema ([`idem::AnyStore::migrate`]), or prints the DDL for the URL's backend without connecting ([`idem::migrations`]) |
 //! | `idem inspect BIZ KEY [--show-result]` | a record's status, attempt, fence, lease end and expiry, fingerprint, sizes; the result with `--show-result` |
 //! | `idem stuck [--biz B] [--limit N]` | PROCESSING records whose lease ended ([`idem::admin::stuck_all`]) |
-//! | `idem release BIZ KEY --reason TEXT [--force]` | a fenced move of a stuck claim to FAILED so the next call runs ([`idem::admin::release`]) |
+//! | `idem release BIZ KEY --reason TEXT [--force]` | ends a stuck claim's lease (fenced), so the next call takes it over and asks its recover fn ([`idem::admin::release`]) |
+//! | `idem release … --mark-failed` | a fenced move to FAILED instead: the next call runs the body again without asking recover; only when the effect is known not to have happened ([`idem::admin::mark_failed`]) |
 //! | `idem sweep [--batch N] [--tokens]` | deletes expired records (and submit tokens) ([`idem::admin::sweep`]) |
 //! | `idem stats` | records per business type and status ([`idem::Store::stats`]) |
 //!
@@ -92,7 +93,8 @@ enum Command {
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
         limit: u64,
     },
-    /// Move a stuck PROCESSING record to FAILED (fenced) so the next call runs again
+    /// End a stuck PROCESSING record's lease (fenced): the next call takes it over and asks its
+    /// recover fn before running the body, so an effect that happened is found, not repeated
     Release {
         /// Business type
         biz: String,
@@ -104,6 +106,11 @@ enum Command {
         /// Release even while the lease is still running (its holder may still be running)
         #[arg(long)]
         force: bool,
+        /// Mark the record FAILED instead: the next call runs the body AGAIN without asking
+        /// recover. WARNING: only when you know its effect did not happen (a worker that died
+        /// mid-call may have paid already: release it without this flag)
+        #[arg(long)]
+        mark_failed: bool,
     },
     /// Delete expired records (and with --tokens expired submit tokens), batch by batch; drop
     /// the results kept past their result ttl (counted with the records)
@@ -215,11 +222,24 @@ async fn run(command: Command, url: &str) -> Exit {
         } => inspect(&store, &biz, &key, show_result).await,
         Command::Stuck { biz, limit } => stuck(&store, biz.as_deref(), limit).await,
         Command::Release {
+            mark_failed,
             biz,
             key,
             reason,
             force,
-        } => release(&store, &biz, &key, &reason, force).await,
+        } => {
+            release(
+                &store,
+                &biz,
+                &key,
+                Release {
+                    reason: &reason,
+                    force,
+                },
+                mark_failed,
+            )
+            .await
+        }
         Command::Sweep { batch, tokens } => sweep(&store, batch, tokens).await,
         Command::Stats => stats(&store).await,
     };
@@ -381,18 +401,28 @@ async fn release(
     store: &AnyStore,
     biz: &str,
     key: &str,
-    reason: &str,
-    force: bool,
+    opts: Release<'_>,
+    mark_failed: bool,
 ) -> Result<Exit, IdemError> {
-    let done = admin::release(store, biz, key, Release { reason, force }).await?;
+    let done = if mark_failed {
+        admin::mark_failed(store, biz, key, opts).await?
+    } else {
+        admin::release(store, biz, key, opts).await?
+    };
     let exit = if done.released() {
         Exit::Ok
     } else {
         Exit::Refused
     };
     match done {
+        Released::LeaseEnded { before } => println!(
+            "released: was {}, its lease ended now; the next call with this key takes it over \
+             and asks its recover fn before running the body (the reconciler can resolve it too)",
+            held(&before)
+        ),
         Released::Failed { before } => println!(
-            "released: was {}, now FAILED; the next call with this key runs again",
+            "marked FAILED: was {}; the next call with this key runs the body again WITHOUT \
+             asking recover: if its effect did happen, it happens twice",
             held(&before)
         ),
         Released::AlreadyFailed { record } => println!(

@@ -423,7 +423,8 @@ async fn every_command(t: Target) {
         "unchanged"
     );
 
-    // release: the stuck claim is released, under its fence, and the next call runs.
+    // release: the stuck claim's lease ends, under its fence, and stays PROCESSING; the next call
+    // takes it over and asks its recover fn, which finds the effect: the body does not run.
     let out = idem(
         url,
         &["release", &a, "stuck", "--reason", "INC-7: worker died"],
@@ -432,32 +433,65 @@ async fn every_command(t: Target) {
     assert_eq!(out.code, 0, "{out:?}");
     assert!(
         out.stdout.starts_with(&format!(
-            "released: was PROCESSING (attempt 1, fence {}), now FAILED",
+            "released: was PROCESSING (attempt 1, fence {}), its lease ended now",
             stuck.fence
-        )),
+        )) && out.stdout.contains("asks its recover fn"),
         "{out:?}"
     );
     let rec = store.load(&a, "stuck").await.unwrap().unwrap();
-    assert_eq!((rec.status, rec.fence), (Status::Failed, stuck.fence));
-    let out = idem(url, &["release", &a, "stuck", "--reason", "again"]).await;
-    assert_eq!(out.code, 0, "{out:?}");
-    assert!(out.stdout.starts_with("already released"), "{out:?}");
-    let (rerun, report) =
-        idem::observe(Call::new(a.clone(), "stuck").run(&store, async { Ok::<_, IdemError>(1u8) }))
-            .await;
-    assert_eq!(rerun.unwrap(), 1);
+    assert_eq!((rec.status, rec.fence), (Status::Processing, stuck.fence));
+    let (rerun, report) = idem::observe(
+        Call::new(a.clone(), "stuck")
+            .recover(|| async { Ok::<_, IdemError>(Some(7u8)) })
+            .run(&store, async { Ok::<_, IdemError>(1u8) }),
+    )
+    .await;
+    assert_eq!(rerun.unwrap(), 7, "the recovered result, not a second run");
     let report = report.unwrap();
     assert_eq!(
         (report.outcome, report.attempt),
-        (idem::Outcome::Executed, 2)
+        (idem::Outcome::Recovered, 2)
     );
-    // --force releases a live lease; its holder's mark is then refused.
+    // --mark-failed of a FAILED record: nothing to do.
     let out = idem(
         url,
-        &["release", &b, "live", "--reason", "INC-8", "--force"],
+        &[
+            "release",
+            &a,
+            "failed",
+            "--reason",
+            "INC-7",
+            "--mark-failed",
+        ],
     )
     .await;
     assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.starts_with("already released"), "{out:?}");
+    // --force --mark-failed on a live lease: FAILED under its fence, with the warning; its
+    // holder's mark is then refused, and the next call runs the body again.
+    let out = idem(
+        url,
+        &[
+            "release",
+            &b,
+            "live",
+            "--reason",
+            "INC-8",
+            "--force",
+            "--mark-failed",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stdout.starts_with("marked FAILED: was PROCESSING")
+            && out.stdout.contains("WITHOUT asking recover"),
+        "{out:?}"
+    );
+    assert_eq!(
+        store.load(&b, "live").await.unwrap().unwrap().status,
+        Status::Failed
+    );
     let late = store.complete(&b, "live", &live, b"\"late\"", HOUR).await;
     assert!(matches!(late, Err(IdemError::LeaseLost { .. })), "{late:?}");
 
@@ -560,10 +594,10 @@ async fn every_command(t: Target) {
     );
 }
 
-/// `idem release` through the binary while a takeover claims the same ended lease, many times:
-/// either the release won (FAILED under the old fence; the claim then ran as a retry) or the
-/// takeover did (the release refused or lost, nothing changed by it); never both, and the new
-/// holder's mark succeeds.
+/// `idem release --mark-failed` through the binary while a takeover claims the same ended lease,
+/// many times: either the release won (FAILED under the old fence; the claim then ran as a retry)
+/// or the takeover did (the release refused or lost, nothing changed by it); never both, and the
+/// new holder's mark succeeds.
 async fn release_races_a_takeover(t: Target) {
     let url = t.url.as_str();
     let store = idem::connect(url).await.unwrap();
@@ -574,11 +608,14 @@ async fn release_races_a_takeover(t: Target) {
     for i in 0..TRIALS {
         let key = format!("k{i}");
         let old = stuck_record(&store, &biz, &key).await;
-        let child = idem_cmd(url, &["release", &biz, &key, "--reason", "race"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let child = idem_cmd(
+            url,
+            &["release", &biz, &key, "--reason", "race", "--mark-failed"],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
         // Spread the claim over the binary's start, read and write (no assertion on time).
         tokio::time::sleep(Duration::from_millis(i * 2)).await;
         let (new, how) = acquire(&store, &req(&biz, &key, Duration::from_secs(60), HOUR)).await;
@@ -589,7 +626,7 @@ async fn release_races_a_takeover(t: Target) {
         match (out.code, how) {
             (0, Acquired::RetryAfterFailure) => {
                 released += 1;
-                assert!(out.stdout.starts_with("released: "), "{key}: {out:?}");
+                assert!(out.stdout.starts_with("marked FAILED: "), "{key}: {out:?}");
                 assert!(
                     out.stdout.contains(&format!("fence {}", old.fence)),
                     "{out:?}"

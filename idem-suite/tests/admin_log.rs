@@ -1,5 +1,5 @@
-//! What a release by hand (`idem::admin::release`, `idem release`) logs: one `tracing` warning
-//! with the business type, the reason and the fence, and never the key (idem's rule: no span or
+//! What a release or a mark of failure by hand (`idem::admin::{release, mark_failed}`, `idem
+//! release`) logs: one `tracing` warning each with the business type, the reason and the fence, and never the key (idem's rule: no span or
 //! event carries a key, a token or a result).
 
 use std::collections::HashMap;
@@ -67,6 +67,8 @@ fn a_release_logs_biz_reason_and_fence_but_not_the_key() {
                 force: false,
             };
             let done = admin::release(&store, "PAY", KEY, opts).await.unwrap();
+            assert!(matches!(done, Released::LeaseEnded { .. }), "{done:?}");
+            let done = admin::mark_failed(&store, "PAY", KEY, opts).await.unwrap();
             assert!(matches!(done, Released::Failed { .. }), "{done:?}");
             claim.fence
         })
@@ -77,14 +79,21 @@ fn a_release_logs_biz_reason_and_fence_but_not_the_key() {
         .filter(|(level, _)| *level == tracing::Level::WARN)
         .map(|(_, f)| f)
         .collect();
-    assert_eq!(warned.len(), 1, "{events:?}");
-    let fields = warned[0];
-    assert_eq!(fields.get("biz").map(String::as_str), Some("PAY"));
-    assert_eq!(
-        fields.get("reason").map(String::as_str),
-        Some("INC-9: worker died")
+    assert_eq!(warned.len(), 2, "a release, a mark of failure: {events:?}");
+    for fields in &warned {
+        assert_eq!(fields.get("biz").map(String::as_str), Some("PAY"));
+        assert_eq!(
+            fields.get("reason").map(String::as_str),
+            Some("INC-9: worker died")
+        );
+        assert_eq!(fields.get("fence"), Some(&fence.get().to_string()));
+    }
+    assert!(
+        warned[1]
+            .get("message")
+            .is_some_and(|m| m.contains("without asking recover")),
+        "{warned:?}"
     );
-    assert_eq!(fields.get("fence"), Some(&fence.get().to_string()));
     for (_, fields) in events.iter() {
         for (name, value) in fields {
             assert!(!value.contains(KEY), "{name} = {value} carries the key");

@@ -1,11 +1,20 @@
 //! What an operator does to a store by hand, as functions (the `idem` CLI is a thin shell over
-//! them): [`inspect`] a record, list the [`stuck_all`] records of every business type, [`release`]
-//! a stuck claim so the next call runs again, [`sweep`] expired records, and count records per
-//! status with [`Store::stats`].
+//! them): [`inspect`] a record, list the [`stuck_all`] records of every business type,
+//! [`release`] a stuck claim so the next call takes it over (and asks its recover fn), mark one
+//! FAILED when its effect is known not to have happened ([`mark_failed`]), [`sweep`] expired
+//! records, and count records per status with [`Store::stats`].
 //!
 //! Every write here goes through the store's fenced operations, never around them: a release is
-//! [`Store::fail`] under the record's own fence, so it changes nothing once another attempt took
-//! the record over, and it never touches a success.
+//! [`Store::release`] and a mark of failure [`Store::fail`], each under the record's own fence,
+//! so neither changes anything once another attempt took the record over, and neither ever
+//! touches a success.
+//!
+//! **Release, not mark failed, for a worker that died mid-call.** A holder that died may have had
+//! its effect (the payment went through, the process died before the mark). A release keeps the
+//! record PROCESSING with its lease ended: the next call takes it over and asks its `recover` fn
+//! first (and the [`crate::Reconciler`] resolves it), so a payment that happened is found, not
+//! made again. A record marked FAILED is run again by the next call without asking anything: use
+//! [`mark_failed`] only when you know the effect did not happen.
 //!
 //! ```
 //! # async fn demo() -> Result<(), idem_runtime::IdemError> {
@@ -13,8 +22,8 @@
 //! use idem::admin::{self, Release, Released};
 //!
 //! let store = idem::connect("memory:").await?;
-//! match admin::release(&store, "PAY", "order-7", Release { reason: "INC-42: gateway timed out", force: false }).await? {
-//!     Released::Failed { .. } => println!("released: the next call runs again"),
+//! match admin::release(&store, "PAY", "order-7", Release { reason: "INC-42: worker died", force: false }).await? {
+//!     Released::LeaseEnded { .. } => println!("released: the next call takes it over and asks recover"),
 //!     other => println!("nothing changed: {other:?}"),
 //! }
 //! # Ok(()) }
@@ -41,13 +50,23 @@ pub struct Release<'a> {
     pub force: bool,
 }
 
-/// What [`release`] did. Only [`Released::Failed`] changed the record; every other answer left it
-/// as it was.
+/// What [`release`] or [`mark_failed`] did. Only [`Released::LeaseEnded`] and
+/// [`Released::Failed`] changed the record; every other answer left it as it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Released {
-    /// The record was PROCESSING and is now FAILED under the same fence: the next call with this
-    /// key runs again (attempt + 1), and the old holder's mark, if it ever comes, is refused.
+    /// [`release`]: the record was PROCESSING and still is, under the same fence, with its lease
+    /// ended now: the next call with this key takes it over (attempt + 1, a new fence) and asks
+    /// its recover fn first, and the [`crate::Reconciler`] lists and resolves it. The old holder,
+    /// if it is still running, may mark it until someone takes it over; after that its mark is
+    /// refused.
+    LeaseEnded {
+        /// The record as it was just before (PROCESSING).
+        before: Record,
+    },
+    /// [`mark_failed`]: the record was PROCESSING and is now FAILED under the same fence: the
+    /// next call with this key runs the body again (attempt + 1) without asking any recover fn,
+    /// and the old holder's mark, if it ever comes, is refused.
     Failed {
         /// The record as it was just before (PROCESSING).
         before: Record,
@@ -82,17 +101,17 @@ pub enum Released {
 }
 
 impl Released {
-    /// Whether the record was changed (it is FAILED now because of this release).
+    /// Whether the record was changed (its lease ended, or it is FAILED, because of this call).
     pub fn changed(&self) -> bool {
-        matches!(self, Released::Failed { .. })
+        matches!(self, Released::LeaseEnded { .. } | Released::Failed { .. })
     }
 
-    /// Whether the key is released afterwards (FAILED: the next call runs), by this release or an
-    /// earlier one.
+    /// Whether the key is free for the next call afterwards (its lease ended, or FAILED), by this
+    /// call or an earlier one.
     pub fn released(&self) -> bool {
         matches!(
             self,
-            Released::Failed { .. } | Released::AlreadyFailed { .. }
+            Released::LeaseEnded { .. } | Released::Failed { .. } | Released::AlreadyFailed { .. }
         )
     }
 }
@@ -126,9 +145,11 @@ pub async fn inspect(store: &dyn Store, biz: &str, key: &str) -> Result<Option<R
     store.load(biz, key).await
 }
 
-/// Releases a stuck claim: moves the PROCESSING record of `(biz, key)` to FAILED, under the
-/// record's own fence, so the next call with that key runs again. Whether the lease is still
-/// running is judged by this machine's clock (see [`release_at`]).
+/// Releases a stuck claim: ends the lease of the PROCESSING record of `(biz, key)` now, under
+/// the record's own fence, keeping it PROCESSING, so the next call with that key takes it over
+/// and asks its recover fn before it runs the body (and the [`crate::Reconciler`] can resolve
+/// it). A body that had its effect before its holder died is then found, not run again. Whether
+/// the lease is still running is judged by this machine's clock (see [`release_at`]).
 ///
 /// The reason is checked before anything is read, and logged (`tracing::warn!`) with the business
 /// type and the fence, never the key. A record that SUCCEEDED is never touched; one already FAILED
@@ -161,6 +182,60 @@ pub async fn release_at(
     opts: Release<'_>,
     now_ms: i64,
 ) -> Result<Released, IdemError> {
+    act(store, biz, key, opts, now_ms, Act::EndLease).await
+}
+
+/// Marks the PROCESSING record of `(biz, key)` FAILED, under its own fence: the next call with
+/// that key runs the body again **without asking any recover fn**. For a claim whose effect you
+/// know did not happen (the payment gateway says it never saw the order); a worker that died
+/// mid-call may have had its effect, and is what [`release`] is for. Otherwise as [`release`]:
+/// the same checks and answers, [`Released::Failed`] when it changed the record; logged at
+/// `warn` with the reason.
+///
+/// # Errors
+/// As [`release`].
+pub async fn mark_failed(
+    store: &dyn Store,
+    biz: &str,
+    key: &str,
+    opts: Release<'_>,
+) -> Result<Released, IdemError> {
+    mark_failed_at(store, biz, key, opts, wall_ms()).await
+}
+
+/// [`mark_failed`], judging the lease against `now_ms` (as [`release_at`]).
+///
+/// # Errors
+/// As [`release`].
+pub async fn mark_failed_at(
+    store: &dyn Store,
+    biz: &str,
+    key: &str,
+    opts: Release<'_>,
+    now_ms: i64,
+) -> Result<Released, IdemError> {
+    act(store, biz, key, opts, now_ms, Act::MarkFailed).await
+}
+
+/// What an operator's write does to a stuck claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Act {
+    /// [`release`]: end the lease, keep the record PROCESSING.
+    EndLease,
+    /// [`mark_failed`]: FAILED.
+    MarkFailed,
+}
+
+/// [`release_at`] and [`mark_failed_at`]: the checks they share, then `act` under the record's
+/// fence.
+async fn act(
+    store: &dyn Store,
+    biz: &str,
+    key: &str,
+    opts: Release<'_>,
+    now_ms: i64,
+    act: Act,
+) -> Result<Released, IdemError> {
     check_reason(opts.reason)?;
     let Some(record) = store.load(biz, key).await? else {
         return Ok(Released::NotFound);
@@ -181,15 +256,31 @@ pub async fn release_at(
         attempt: record.attempt,
         fence: record.fence,
     };
-    match store.fail(biz, key, &claim).await {
+    let written = match act {
+        Act::EndLease => store.release(biz, key, &claim).await,
+        Act::MarkFailed => store.fail(biz, key, &claim).await,
+    };
+    let forced = opts.force && remaining > 0;
+    match written {
+        Ok(()) if act == Act::EndLease => {
+            tracing::warn!(
+                biz,
+                reason = opts.reason,
+                fence = record.fence.get(),
+                attempt = record.attempt,
+                forced,
+                "idem: a claim was released by hand; the next call takes it over and asks its recover fn"
+            );
+            Ok(Released::LeaseEnded { before: record })
+        }
         Ok(()) => {
             tracing::warn!(
                 biz,
                 reason = opts.reason,
                 fence = record.fence.get(),
                 attempt = record.attempt,
-                forced = opts.force && remaining > 0,
-                "idem: a claim was released by hand; the next call runs again"
+                forced,
+                "idem: a claim was marked FAILED by hand; the next call runs the body again without asking recover"
             );
             Ok(Released::Failed { before: record })
         }

@@ -1,8 +1,9 @@
 //! What an operator does by hand (`idem::admin`, the `idem` CLI), on every store: counts per
-//! business type and status; a release that moves an ended lease to FAILED so the next call runs,
-//! refuses a success, a live lease and a bad reason, and, racing a takeover, never leaves a
-//! FAILED record under the new holder's fence; stuck records across business types; the sweep
-//! loop.
+//! business type and status; a release that ends a dead holder's lease so the next call takes it
+//! over and asks recover (one effect, the recovered result); a mark of failure that moves an ended
+//! lease to FAILED so the next call runs; both refuse a success, a live lease and a bad reason,
+//! and, racing a takeover, never leave a FAILED record under the new holder's fence; stuck records
+//! across business types; the sweep loop.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -116,11 +117,84 @@ pub async fn stats_count_records_per_biz_and_status(s: Subject) {
     );
 }
 
-pub async fn release_moves_an_ended_lease_to_failed_and_the_next_call_runs(s: Subject) {
+/// The failure a release is for: a holder had its effect (the payment row), then died before its
+/// mark. The release ends its lease, the retry takes over and asks recover, which finds the
+/// effect: one effect, and the caller gets the recovered result.
+pub async fn release_ends_the_lease_and_the_retry_recovers_the_effect(s: Subject) {
+    let (store, clock, fx, biz) = (s.store, s.clock, Effects::new().await, biz("release_rec"));
+    let (dead, _) = acquire(&*store, &req(&biz, "o", secs(10))).await;
+    fx.record(&biz, "o").await; // its effect; then the process died before the mark
+    clock.advance(secs(11));
+    let done = admin::release_at(
+        &*store,
+        &biz,
+        "o",
+        why("INC-1: the worker died mid-call"),
+        now_ms(&clock),
+    )
+    .await
+    .unwrap();
+    let Released::LeaseEnded { before } = &done else {
+        panic!("expected the lease ended, got {done:?}");
+    };
+    assert!(done.changed() && done.released());
+    assert_eq!(
+        (before.status, before.fence),
+        (Status::Processing, dead.fence)
+    );
+    let rec = store.load(&biz, "o").await.unwrap().unwrap();
+    assert_eq!(
+        (rec.status, rec.fence),
+        (Status::Processing, dead.fence),
+        "still PROCESSING under the dead holder's fence: never FAILED"
+    );
+    if store.stuck(&biz, 10).await.is_ok() {
+        let stuck = store.stuck(&biz, 10).await.unwrap();
+        assert_eq!(stuck.len(), 1, "the reconciler sees it: {stuck:?}");
+    }
+    let asked = std::sync::atomic::AtomicU32::new(0);
+    let (got, report) = idem::observe(
+        Call::new(biz.clone(), "o")
+            .recover(|| async {
+                asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // The business's own record: the payment is there.
+                Ok(if fx.count(&biz, "o").await > 0 {
+                    Some(super::Receipt {
+                        order: "o".to_owned(),
+                        amount: 5,
+                        serial: 0,
+                    })
+                } else {
+                    None
+                })
+            })
+            .run(&*store, pay(&fx, &biz, "o", 5)),
+    )
+    .await;
+    assert_eq!(got.unwrap().amount, 5);
+    assert_eq!(report.unwrap().outcome, idem::Outcome::Recovered);
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(fx.count(&biz, "o").await, 1, "one effect");
+    // The dead holder's mark, if it ever came, is refused: the retry took the record over.
+    let late = store.complete(&biz, "o", &dead, b"{\"Ok\":0}", TTL).await;
+    assert!(matches!(late, Err(IdemError::LeaseLost { .. })), "{late:?}");
+    let again = Call::new(biz.clone(), "o")
+        .run(&*store, pay(&fx, &biz, "o", 5))
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.amount, again.serial),
+        (5, 0),
+        "repeats replay the recovered result"
+    );
+    assert_eq!(fx.count(&biz, "o").await, 1);
+}
+
+pub async fn mark_failed_moves_an_ended_lease_to_failed_and_the_next_call_runs(s: Subject) {
     let (store, clock, fx, biz) = (s.store, s.clock, Effects::new().await, biz("release"));
     let (stale, _) = acquire(&*store, &req(&biz, "o", secs(10))).await;
     clock.advance(secs(11));
-    let done = admin::release_at(
+    let done = admin::mark_failed_at(
         &*store,
         &biz,
         "o",
@@ -143,7 +217,7 @@ pub async fn release_moves_an_ended_lease_to_failed_and_the_next_call_runs(s: Su
     let late = store.complete(&biz, "o", &stale, b"{\"Ok\":0}", TTL).await;
     assert!(matches!(late, Err(IdemError::LeaseLost { .. })), "{late:?}");
     // Released again: already FAILED, nothing written.
-    let again = admin::release_at(&*store, &biz, "o", why("again"), now_ms(&clock))
+    let again = admin::mark_failed_at(&*store, &biz, "o", why("again"), now_ms(&clock))
         .await
         .unwrap();
     assert!(
@@ -229,7 +303,12 @@ pub async fn release_refuses_a_success_a_live_lease_an_absent_key_and_a_bad_reas
         before,
         "unchanged"
     );
-    // With force it is released; the holder's mark is then refused.
+    // Neither does a mark of failure.
+    let got = admin::mark_failed_at(&*store, &biz, "live", why("impatient"), now())
+        .await
+        .unwrap();
+    assert!(matches!(got, Released::LeaseLive { .. }), "{got:?}");
+    // With force its lease ends; once the next call took it over, the holder's mark is refused.
     let forced = Release {
         reason: &"y".repeat(200),
         force: true,
@@ -237,9 +316,21 @@ pub async fn release_refuses_a_success_a_live_lease_an_absent_key_and_a_bad_reas
     let got = admin::release_at(&*store, &biz, "live", forced, now())
         .await
         .unwrap();
-    assert!(matches!(got, Released::Failed { .. }), "{got:?}");
+    assert!(matches!(got, Released::LeaseEnded { .. }), "{got:?}");
+    let (_, how) = acquire(&*store, &req(&biz, "live", secs(30))).await;
+    assert_eq!(how, Acquired::TakeOver, "taken over at once");
     let late = store
         .complete(&biz, "live", &held, b"{\"Ok\":1}", TTL)
+        .await;
+    assert!(matches!(late, Err(IdemError::LeaseLost { .. })), "{late:?}");
+    // A forced mark of failure refuses the holder's mark at once.
+    let (held, _) = acquire(&*store, &req(&biz, "live2", secs(30))).await;
+    let got = admin::mark_failed_at(&*store, &biz, "live2", forced, now())
+        .await
+        .unwrap();
+    assert!(matches!(got, Released::Failed { .. }), "{got:?}");
+    let late = store
+        .complete(&biz, "live2", &held, b"{\"Ok\":1}", TTL)
         .await;
     assert!(matches!(late, Err(IdemError::LeaseLost { .. })), "{late:?}");
     // No record.
@@ -253,11 +344,25 @@ pub async fn release_refuses_a_success_a_live_lease_an_absent_key_and_a_bad_reas
     );
 }
 
-/// Many trials, each an ended lease with a release and a takeover let go at once by a barrier:
-/// either the release won (FAILED under the old fence, and the takeover then ran as a retry) or the
-/// takeover did (the release refused, nothing changed by it); never a FAILED record under the new
-/// holder's fence, and the new holder's mark succeeds.
+/// Many trials, each an ended lease with a release (or a mark of failure) and a takeover let go at
+/// once by a barrier: either the release won (the lease ended, or FAILED, under the old fence, and
+/// the takeover then took it over, or ran as a retry) or the takeover did (the release refused,
+/// nothing changed by it); never a FAILED record under the new holder's fence, and the new
+/// holder's mark succeeds.
 pub async fn a_release_racing_a_takeover_has_one_winner(s: Subject) {
+    for mark_failed in [false, true] {
+        race_a_takeover(
+            Subject {
+                store: s.store.clone(),
+                clock: s.clock.clone(),
+            },
+            mark_failed,
+        )
+        .await;
+    }
+}
+
+async fn race_a_takeover(s: Subject, mark_failed: bool) {
     let (store, clock, biz) = (s.store, s.clock, biz("release_race"));
     const TRIALS: usize = 40;
     let mut stale = Vec::new();
@@ -283,7 +388,11 @@ pub async fn a_release_racing_a_takeover_has_one_winner(s: Subject) {
             );
             tokio::spawn(async move {
                 barrier.wait().await;
-                admin::release_at(&*store, &biz, &key, why("race"), now_ms(&clock)).await
+                if mark_failed {
+                    admin::mark_failed_at(&*store, &biz, &key, why("race"), now_ms(&clock)).await
+                } else {
+                    admin::release_at(&*store, &biz, &key, why("race"), now_ms(&clock)).await
+                }
             })
         };
         let takeover = {
@@ -307,6 +416,11 @@ pub async fn a_release_racing_a_takeover_has_one_winner(s: Subject) {
         };
         assert!(new.fence > old.fence, "{key}");
         match &rel {
+            Released::LeaseEnded { before } => {
+                released += 1;
+                assert_eq!(before.fence, old.fence, "{key}: ended under the old fence");
+                assert_eq!(how, Acquired::TakeOver, "{key}: a takeover either way");
+            }
             Released::Failed { before } => {
                 released += 1;
                 assert_eq!(

@@ -23,7 +23,8 @@ pub mod tx;
 #[allow(unused_imports)]
 pub use admin::{
     a_release_racing_a_takeover_has_one_winner,
-    release_moves_an_ended_lease_to_failed_and_the_next_call_runs,
+    mark_failed_moves_an_ended_lease_to_failed_and_the_next_call_runs,
+    release_ends_the_lease_and_the_retry_recovers_the_effect,
     release_refuses_a_success_a_live_lease_an_absent_key_and_a_bad_reason,
     stats_count_records_per_biz_and_status, stuck_all_lists_ended_leases_across_business_types,
 };
@@ -1239,7 +1240,8 @@ macro_rules! with_contract_cases {
             a_retry_after_a_failure_resumes_after_the_saved_steps,
             steps_are_refused_with_clear_errors,
             stats_count_records_per_biz_and_status,
-            release_moves_an_ended_lease_to_failed_and_the_next_call_runs,
+            release_ends_the_lease_and_the_retry_recovers_the_effect,
+            mark_failed_moves_an_ended_lease_to_failed_and_the_next_call_runs,
             release_refuses_a_success_a_live_lease_an_absent_key_and_a_bad_reason,
             a_release_racing_a_takeover_has_one_winner,
             stuck_all_lists_ended_leases_across_business_types,

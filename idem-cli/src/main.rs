@@ -8,6 +8,7 @@
 //! | `idem inspect BIZ KEY [--show-result]` | a record's status, attempt, fence, lease end and expiry, fingerprint, sizes; the result with `--show-result` |
 //! | `idem stuck [--biz B] [--limit N]` | PROCESSING records whose lease ended ([`idem::admin::stuck_all`]) |
 //! | `idem release BIZ KEY --reason TEXT [--force]` | ends a stuck claim's lease (fenced), so the next call takes it over and asks its recover fn ([`idem::admin::release`]) |
+//! | `idem inspect HTTP KEY --principal P` (or `--http`), the same on `release` | KEY is the `Idempotency-Key` caller P sent to the HTTP layer: the record is found under the layer's hash of both ([`idem::http_record_key`]) |
 //! | `idem release … --mark-failed` | a fenced move to FAILED instead: the next call runs the body again without asking recover; only when the effect is known not to have happened ([`idem::admin::mark_failed`]) |
 //! | `idem sweep [--batch N] [--tokens]` | deletes expired records (and submit tokens) ([`idem::admin::sweep`]) |
 //! | `idem stats` | records per business type and status ([`idem::Store::stats`]) |
@@ -78,8 +79,10 @@ enum Command {
     Inspect {
         /// Business type
         biz: String,
-        /// Idempotency key
+        /// Idempotency key (with --principal or --http: the Idempotency-Key a client sent)
         key: String,
+        #[command(flatten)]
+        layer: LayerKey,
         /// Also print the stored result (UTF-8 text as is, other bytes as hex)
         #[arg(long)]
         show_result: bool,
@@ -98,8 +101,10 @@ enum Command {
     Release {
         /// Business type
         biz: String,
-        /// Idempotency key
+        /// Idempotency key (with --principal or --http: the Idempotency-Key a client sent)
         key: String,
+        #[command(flatten)]
+        layer: LayerKey,
         /// Why (1 to 200 bytes, no control characters); logged with the business type and fence
         #[arg(long, value_parser = reason)]
         reason: String,
@@ -197,10 +202,38 @@ fn main() -> ExitCode {
 }
 
 /// A store error as the exit status it gives, printed.
+/// How KEY names an HTTP layer record: the layer stores a hash of the caller and the client's
+/// `Idempotency-Key`, never the key itself.
+#[derive(Debug, clap::Args)]
+struct LayerKey {
+    /// KEY is the Idempotency-Key this caller (the layer's principal, e.g. a user id) sent to the
+    /// HTTP layer: the record is found under the layer's hash of both
+    #[arg(long)]
+    principal: Option<String>,
+    /// KEY is an Idempotency-Key sent to an HTTP layer without a principal
+    #[arg(long, conflicts_with = "principal")]
+    http: bool,
+}
+
+impl LayerKey {
+    /// The stored key KEY names: itself, or the layer's record key for it.
+    fn record_key(&self, key: &str) -> Result<String, IdemError> {
+        if self.principal.is_none() && !self.http {
+            return Ok(key.to_owned());
+        }
+        let record = idem::http_record_key(self.principal.as_deref(), key)?;
+        match &self.principal {
+            Some(p) => println!("HTTP layer key {key:?} of principal {p:?}: record {record}"),
+            None => println!("HTTP layer key {key:?} (no principal): record {record}"),
+        }
+        Ok(record)
+    }
+}
+
 fn failed(e: &IdemError) -> Exit {
     eprintln!("error: {e}");
     match e {
-        IdemError::InvalidOptions { .. } => Exit::Usage,
+        IdemError::InvalidOptions { .. } | IdemError::InvalidKey { .. } => Exit::Usage,
         _ => Exit::Store,
     }
 }
@@ -218,28 +251,30 @@ async fn run(command: Command, url: &str) -> Exit {
         Command::Inspect {
             biz,
             key,
+            layer,
             show_result,
-        } => inspect(&store, &biz, &key, show_result).await,
+        } => match layer.record_key(&key) {
+            Ok(key) => inspect(&store, &biz, &key, show_result).await,
+            Err(e) => Err(e),
+        },
         Command::Stuck { biz, limit } => stuck(&store, biz.as_deref(), limit).await,
         Command::Release {
             mark_failed,
             biz,
             key,
+            layer,
             reason,
             force,
-        } => {
-            release(
-                &store,
-                &biz,
-                &key,
-                Release {
+        } => match layer.record_key(&key) {
+            Ok(key) => {
+                let opts = Release {
                     reason: &reason,
                     force,
-                },
-                mark_failed,
-            )
-            .await
-        }
+                };
+                release(&store, &biz, &key, opts, mark_failed).await
+            }
+            Err(e) => Err(e),
+        },
         Command::Sweep { batch, tokens } => sweep(&store, batch, tokens).await,
         Command::Stats => stats(&store).await,
     };

@@ -357,6 +357,31 @@ async fn every_command(t: Target) {
     assert_eq!(out.code, 1, "{out:?}");
     assert!(out.stdout.starts_with("no record"), "{out:?}");
 
+    // inspect by what an HTTP layer's client sent: its caller and its Idempotency-Key.
+    let layer_key = idem::http_record_key(Some("alice"), "order-77").unwrap();
+    Call::new(a.clone(), &layer_key)
+        .run(&store, async { Ok::<_, IdemError>(1u8) })
+        .await
+        .unwrap();
+    let out = idem(
+        url,
+        &["inspect", &a, "\"order-77\"", "--principal", "alice"],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stdout.starts_with(&format!(
+            "HTTP layer key \"\\\"order-77\\\"\" of principal \"alice\": record {layer_key}"
+        )) && out.stdout.contains("status       SUCCEEDED"),
+        "{out:?}"
+    );
+    let out = idem(url, &["inspect", &a, "order-77", "--principal", "bob"]).await;
+    assert_eq!(out.code, 1, "another caller's key: {out:?}");
+    assert!(out.stdout.contains("no record"), "{out:?}");
+    let out = idem(url, &["inspect", &a, "two words", "--http"]).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("Idempotency-Key"), "{out:?}");
+
     // stuck: the ended lease, not the live one.
     let out = idem(url, &["stuck"]).await;
     assert_eq!(out.code, 0, "{out:?}");
@@ -541,7 +566,7 @@ async fn every_command(t: Target) {
     let out = idem(url, &["stats"]).await;
     assert_eq!(
         stats_row(&out.stdout, &a),
-        Some(vec![0, 2, 1, 3, 0]),
+        Some(vec![0, 3, 1, 4, 0]),
         "{out:?}"
     );
     assert_eq!(

@@ -25,6 +25,7 @@ mod fingerprint;
 pub mod http;
 pub mod inbox;
 mod key;
+mod layer_key;
 mod metrics;
 mod net;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
@@ -69,6 +70,7 @@ pub use engine::{Call, DEFAULT_LEASE, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, Recove
 pub use error::{BoxError, Busy, DecryptFailure, IdemError};
 pub use fingerprint::fingerprint;
 pub use key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN, IdemKey, validate_biz, validate_key};
+pub use layer_key::http_record_key;
 pub use metrics::{
     CallReport, Counts, Outcome, count_token_op, counts, counts_for, names, observe,
 };

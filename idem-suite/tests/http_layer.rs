@@ -289,6 +289,42 @@ async fn a_repeat_gets_the_stored_response_and_runs_nothing() {
     assert_eq!(shop.rows().await, 1);
 }
 
+/// An operator finds a request's record from what the client knows: its caller and the key it
+/// sent (the store holds only a hash of both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_layer_record_is_found_by_its_caller_and_key() {
+    let shop = Shop::new().await;
+    let store = store().await;
+    let api = Api::new(&start(&shop, builder(&store).build().unwrap()).await);
+    let sent = api
+        .post(
+            Some("alice"),
+            Some("\"order-77\""),
+            json!({ "item": "desk" }),
+        )
+        .await;
+    assert_eq!(sent.status, StatusCode::CREATED);
+    for key in ["\"order-77\"", "order-77"] {
+        let found = idem::admin::inspect_http(&store, "HTTP", Some("alice"), key)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{key}: alice's record"));
+        assert_eq!(found.status, idem::Status::Succeeded);
+        assert_eq!(
+            found.key,
+            idem::http_record_key(Some("alice"), key).unwrap()
+        );
+    }
+    let other = idem::admin::inspect_http(&store, "HTTP", Some("bob"), "order-77")
+        .await
+        .unwrap();
+    assert!(other.is_none(), "another caller's key is another record");
+    assert!(matches!(
+        idem::admin::inspect_http(&store, "HTTP", Some("alice"), "two words").await,
+        Err(IdemError::InvalidKey { .. })
+    ));
+}
+
 /// A response kept a moment while its key stays used: the repeat within it replays, a late one
 /// is `410 Gone` with its own problem type, and neither runs the handler; another body under the
 /// key is still a mismatch.

@@ -1,5 +1,6 @@
 //! What an operator does to a store by hand, as functions (the `idem` CLI is a thin shell over
-//! them): [`inspect`] a record, list the [`stuck_all`] records of every business type,
+//! them): [`inspect`] a record (an HTTP layer's by the caller and key it was sent with:
+//! [`inspect_http`]), list the [`stuck_all`] records of every business type,
 //! [`release`] a stuck claim so the next call takes it over (and asks its recover fn), mark one
 //! FAILED when its effect is known not to have happened ([`mark_failed`]), [`sweep`] expired
 //! records, and count records per status with [`Store::stats`].
@@ -143,6 +144,24 @@ pub fn check_reason(reason: &str) -> Result<(), IdemError> {
 /// The store's error.
 pub async fn inspect(store: &dyn Store, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
     store.load(biz, key).await
+}
+
+/// The HTTP layer's record of the `Idempotency-Key` value `idempotency_key` that `principal` sent
+/// (`None` for a layer without one), under the layer's business type `biz` (`HTTP` unless the
+/// layer set another): [`inspect`] of [`crate::http_record_key`]. The layer stores a hash of the
+/// caller and the key, never the key, so this is how "what happened to request X of customer Y"
+/// is answered.
+///
+/// # Errors
+/// [`IdemError::InvalidKey`] for a value the layer would refuse; the store's errors.
+pub async fn inspect_http(
+    store: &dyn Store,
+    biz: &str,
+    principal: Option<&str>,
+    idempotency_key: &str,
+) -> Result<Option<Record>, IdemError> {
+    let key = crate::http_record_key(principal, idempotency_key)?;
+    store.load(biz, &key).await
 }
 
 /// Releases a stuck claim: ends the lease of the PROCESSING record of `(biz, key)` now, under

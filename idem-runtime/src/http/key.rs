@@ -54,48 +54,8 @@ impl KeyError {
 pub(crate) fn parse_header(value: &HeaderValue) -> Result<String, KeyError> {
     let raw = value
         .to_str()
-        .map_err(|_| KeyError::Malformed("only visible ASCII is allowed"))?
-        .trim_matches(|c| c == ' ' || c == '\t');
-    let key = if let Some(rest) = raw.strip_prefix('"') {
-        let mut key = String::with_capacity(rest.len());
-        let mut chars = rest.chars();
-        loop {
-            match chars.next() {
-                None => return Err(KeyError::Malformed("the string has no closing quote")),
-                Some('"') => break,
-                Some('\\') => match chars.next() {
-                    Some(c @ ('"' | '\\')) => key.push(c),
-                    _ => return Err(KeyError::Malformed("only \\\" and \\\\ may be escaped")),
-                },
-                Some(c) if (' '..='~').contains(&c) => key.push(c),
-                Some(_) => return Err(KeyError::Malformed("only visible ASCII is allowed")),
-            }
-        }
-        if !chars.as_str().is_empty() {
-            return Err(KeyError::Malformed("text follows the closing quote"));
-        }
-        key
-    } else {
-        if raw
-            .bytes()
-            .any(|b| !(0x21..=0x7e).contains(&b) || b == b'"')
-        {
-            return Err(KeyError::Malformed(
-                "send a quoted string (\"…\") or visible ASCII without spaces",
-            ));
-        }
-        if raw.contains(',') {
-            // `a,b` is how a proxy joins two lines (RFC 9110 section 5.3): a list, not a key.
-            return Err(KeyError::Malformed(
-                "a comma separates the members of a list, so this reads as several keys; quote a key that contains a comma (\"a,b\")",
-            ));
-        }
-        raw.to_owned()
-    };
-    if key.is_empty() {
-        return Err(KeyError::Malformed("the key is empty"));
-    }
-    Ok(key)
+        .map_err(|_| KeyError::Malformed("only visible ASCII is allowed"))?;
+    crate::layer_key::parse_key_text(raw).map_err(KeyError::Malformed)
 }
 
 /// The request's key: the header (sent once), else the configured JSON body field (present once),
@@ -250,23 +210,7 @@ impl<'de> Visitor<'de> for Walk<'_> {
     }
 }
 
-/// The record key for a client key sent by `principal`: 64 hex digits of SHA-256 over both, so
-/// keys of different callers never meet, every key fits every store, and the store never holds
-/// a client's raw key.
-pub(crate) fn record_key(principal: Option<&str>, key: &str) -> String {
-    let mut hash = Sha256::new();
-    match principal {
-        // Length-prefixed: ("ab", "c") and ("a", "bc") stay apart.
-        Some(p) => {
-            hash.update(b"p");
-            hash.update((p.len() as u64).to_be_bytes());
-            hash.update(p.as_bytes());
-        }
-        None => hash.update(b"-"),
-    }
-    hash.update(key.as_bytes());
-    hex(&hash.finalize())
-}
+pub(crate) use crate::layer_key::record_key;
 
 /// The principal's bucket for the per-caller cap.
 pub(crate) fn principal_id(principal: Option<&str>) -> [u8; 16] {

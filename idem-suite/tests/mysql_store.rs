@@ -666,12 +666,23 @@ async fn migrate_adds_the_stuck_index_to_a_table_of_the_previous_version() {
         [
             "biz_type,idem_key",
             "biz_type,status,lease_until",
-            "expire_at"
+            "expire_at",
+            "result_until"
         ],
         "{indexes:?}"
     );
-    for table in [&t, &long] {
-        sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE `{table}`")))
+    // With the token tables `with_table` moved the tokens to.
+    let tokens = [
+        store
+            .clone()
+            .with_table(&t)
+            .unwrap()
+            .token_table()
+            .to_owned(),
+        store.token_table().to_owned(),
+    ];
+    for table in [&t, &long].into_iter().chain(&tokens) {
+        sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE IF EXISTS `{table}`")))
             .execute(store.pool())
             .await
             .unwrap();

@@ -307,7 +307,7 @@ async fn schema_qualified_tables_work_and_bad_names_are_refused() {
         .unwrap()
         .build(pool.clone())
         .unwrap();
-    assert_eq!(store.token_table(), format!("{schema}.idem_token"));
+    assert_eq!(store.token_table(), format!("{schema}.records_tok"));
     store.migrate().await.unwrap();
     store.migrate().await.unwrap(); // idempotent
     let biz = biz("pg_schema");
@@ -325,7 +325,7 @@ async fn schema_qualified_tables_work_and_bad_names_are_refused() {
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(tables, ["idem_token", "records"]);
+    assert_eq!(tables, ["records", "records_tok"]);
     let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT COUNT(*) FROM {schema}.records"
     )))
@@ -759,6 +759,7 @@ async fn migrate_brings_a_table_of_an_earlier_version_to_the_index_of_processing
             [
                 format!("{t}_expire_at"),
                 format!("{t}_processing"),
+                format!("{t}_result_until"),
                 format!("{t}_pkey")
             ],
             "{defs:?}"
@@ -826,7 +827,8 @@ async fn migrate_brings_a_table_of_an_earlier_version_to_the_index_of_processing
         [
             format!("{t}_expire_at"),
             format!("{t}_pkey"),
-            format!("{t}_processing")
+            format!("{t}_processing"),
+            format!("{t}_result_until")
         ]
     );
     let public: String = sqlx::query_scalar("SELECT current_schema()::TEXT")
@@ -865,7 +867,8 @@ async fn migrate_brings_a_table_of_an_earlier_version_to_the_index_of_processing
         [
             "(biz_type, idem_key)",
             "(biz_type, lease_until) WHERE (status = 'PROCESSING'::text)",
-            "(expire_at)"
+            "(expire_at)",
+            "(result_until) WHERE (result_until > 0)"
         ]
     );
     sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE {long}")))

@@ -320,7 +320,8 @@ async fn migrate_brings_an_earlier_database_to_the_index_of_processing_records()
             indexes().await,
             [
                 ("idem_record_expire_at".to_owned(), 0),
-                ("idem_record_processing".to_owned(), 1)
+                ("idem_record_processing".to_owned(), 1),
+                ("idem_record_result_until".to_owned(), 1)
             ],
             "version {version}"
         );
@@ -398,11 +399,13 @@ async fn two_tables_in_one_file_keep_their_records_apart() {
             "orders_idem",
             "orders_idem_expire_at",
             "orders_idem_processing",
+            "orders_idem_result_until",
             "orders_tok",
             "orders_tok_expire_at",
             "refunds_idem",
             "refunds_idem_expire_at",
             "refunds_idem_processing",
+            "refunds_idem_result_until",
             "refunds_tok",
             "refunds_tok_expire_at",
         ],

@@ -380,3 +380,99 @@ async fn any_store_options_reach_every_shard() {
         "{err}"
     );
 }
+
+/// One naming rule for the token table, whichever way the records' table is named: a store's
+/// `with_table(T)` (and Postgres's `builder().table(T)`) keeps its tokens in `T_tok`, as the
+/// URL's `idem_table=T` and `idem::migrations` do, so a token issued through one form is spent
+/// through the other, and `migrate()` made the table both use. A token table named explicitly
+/// stays, whatever `with_table` says after.
+#[tokio::test]
+async fn every_form_of_a_table_name_gives_the_same_token_table() {
+    let mut bases = vec![("SQLite", format!("sqlite:{}", sqlite_path()), "idem_n")];
+    #[cfg(feature = "mysql")]
+    bases.push((
+        "MySQL",
+        server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
+        "idem_n",
+    ));
+    #[cfg(feature = "postgres")]
+    bases.push((
+        "Postgres",
+        server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test"),
+        "idemn",
+    ));
+    for (service, base, prefix) in bases {
+        let Some(plain) = server::reach(service, &base, idem::connect(&base)).await else {
+            continue;
+        };
+        let table = server::unique(prefix);
+        let built = plain.with_table(&table).unwrap();
+        built.migrate().await.unwrap();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let by_url = idem::connect(&format!("{base}{sep}idem_table={table}"))
+            .await
+            .unwrap();
+        let ddl = idem::migrations(&format!("{base}{sep}idem_table={table}"))
+            .unwrap()
+            .unwrap()
+            .join("\n");
+        assert!(ddl.contains(&format!("{table}_tok")), "{service}: {ddl}");
+        let token = built
+            .tokens()
+            .unwrap()
+            .issue(std::time::Duration::from_secs(60), Some("alice"))
+            .await
+            .unwrap();
+        by_url
+            .tokens()
+            .unwrap()
+            .consume(&token, Some("alice"))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("{service}: the URL's store spends the builder's token: {e}")
+            });
+        assert!(matches!(
+            built.tokens().unwrap().consume(&token, Some("alice")).await,
+            Err(IdemError::TokenUsed)
+        ));
+        // A token table named first stays.
+        let named = idem::connect(&base)
+            .await
+            .unwrap()
+            .with_token_table(&format!("{table}_own"))
+            .unwrap()
+            .with_table(&table)
+            .unwrap();
+        let err = named
+            .tokens()
+            .unwrap()
+            .issue(std::time::Duration::from_secs(60), None)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, IdemError::StoreSchema { .. }),
+            "{service}: `{table}_own` was never migrated: {err}"
+        );
+    }
+    #[cfg(feature = "postgres")]
+    {
+        let base = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+        if let Some(plain) = server::reach("Postgres", &base, idem::connect(&base)).await {
+            drop(plain);
+            let table = server::unique("idemb");
+            let store = idem::PgStore::builder()
+                .table(&table)
+                .unwrap()
+                .connect(&base)
+                .await
+                .unwrap();
+            assert_eq!(store.token_table(), format!("{table}_tok"));
+            let store = idem::PgStore::connect(&base)
+                .await
+                .unwrap()
+                .with_table(&table)
+                .unwrap();
+            assert_eq!(store.token_table(), format!("{table}_tok"));
+        }
+    }
+}

@@ -79,10 +79,9 @@ fn tables(
         Some(t) => TableName::new(t)?,
         None => TableName::default_table(),
     };
-    let tokens = match (&options.token_table, &options.table) {
-        (Some(t), _) => TableName::new(t)?,
-        (None, Some(t)) => TableName::new(&format!("{t}_tok"))?,
-        (None, None) => TableName::new("idem_token")?,
+    let tokens = match &options.token_table {
+        Some(t) => TableName::new(t)?,
+        None => records.tokens_table(),
     };
     Ok((records, tokens))
 }

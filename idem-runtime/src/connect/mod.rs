@@ -182,9 +182,9 @@ impl Options {
         Ok((base, options))
     }
 
-    /// The table names `idem_table` and `idem_token_table` give (`NAME_tok` for the tokens of
-    /// `idem_table=NAME` alone), each set on `store` with its `with_table` / `with_token_table`;
-    /// `store` unchanged without them.
+    /// The table names `idem_table` and `idem_token_table` give, each set on `store` with its
+    /// `with_table` / `with_token_table` (`with_table` alone moves the tokens to `NAME_tok`, the
+    /// one rule: [`crate::sql::table::TableName::tokens_table`]); `store` unchanged without them.
     #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
     fn apply_tables<S>(
         &self,
@@ -195,13 +195,8 @@ impl Options {
         if let Some(table) = &self.table {
             store = with_table(store, table)?;
         }
-        let tokens = match (&self.token_table, &self.table) {
-            (Some(tokens), _) => Some(tokens.clone()),
-            (None, Some(table)) => Some(format!("{table}_tok")),
-            (None, None) => None,
-        };
-        match tokens {
-            Some(tokens) => with_token_table(store, &tokens),
+        match &self.token_table {
+            Some(tokens) => with_token_table(store, tokens),
             None => Ok(store),
         }
     }

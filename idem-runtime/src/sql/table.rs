@@ -46,6 +46,26 @@ impl TableName {
         }
     }
 
+    /// The submit tokens' table that goes with this records' table when none is named: `idem_token`
+    /// beside the default `idem_record`, else `<table>_tok` in the same schema (its name cut to
+    /// fit 63 bytes). The one rule of every store's `with_table`, the Postgres builder, the URL's
+    /// `idem_table` option and `idem migrate --print`.
+    pub fn tokens_table(&self) -> TableName {
+        if self.0 == "idem_record" {
+            return TableName("idem_token".to_owned());
+        }
+        let (schema, table) = match self.0.rsplit_once('.') {
+            Some((schema, table)) => (Some(schema), table),
+            None => (None, self.0.as_str()),
+        };
+        // ASCII (checked by `new`): any byte offset is a char boundary.
+        let tokens = format!("{}_tok", &table[..table.len().min(63 - 4)]);
+        TableName(match schema {
+            Some(schema) => format!("{schema}.{tokens}"),
+            None => tokens,
+        })
+    }
+
     /// The name as given.
     pub fn as_str(&self) -> &str {
         &self.0

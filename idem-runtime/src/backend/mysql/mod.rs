@@ -165,17 +165,26 @@ impl MySqlStore {
     }
 
     /// The same store on another table (`[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.table`):
-    /// each service, or each test, may keep its records in a table of its own.
+    /// each service, or each test, may keep its records in a table of its own. Unless
+    /// [`MySqlStore::with_token_table`] named one, the submit tokens move with it, to `<name>_tok`
+    /// (`idem_token` beside the default `idem_record`): the rule of the URL's `idem_table` option
+    /// too.
     ///
     /// # Errors
     /// [`IdemError::InvalidOptions`] for a name idem cannot use.
     pub fn with_table(mut self, name: &str) -> Result<Self, IdemError> {
-        self.table = TableName::new(name)?;
+        let table = TableName::new(name)?;
+        if self.token_table == self.table.tokens_table() {
+            self.token_table = table.tokens_table();
+        }
+        self.table = table;
         self.sql = Statements::new(&self.table, &self.token_table);
         Ok(self)
     }
 
-    /// The same store with its submit tokens in another table (default `idem_token`).
+    /// The same store with its submit tokens in another table (default: `<table>_tok` beside a
+    /// records table of another name, `idem_token` beside `idem_record`), whatever `with_table`
+    /// names after.
     ///
     /// # Errors
     /// [`IdemError::InvalidOptions`] for a name idem cannot use.
@@ -230,6 +239,11 @@ impl MySqlStore {
     /// The record table's name.
     pub fn table(&self) -> &str {
         self.table.as_str()
+    }
+
+    /// The submit tokens' table, as configured.
+    pub fn token_table(&self) -> &str {
+        self.token_table.as_str()
     }
 
     /// Begins a transaction for `tx = "…"` calls and state transitions, with the store's lock wait

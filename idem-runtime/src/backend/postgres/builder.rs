@@ -64,7 +64,8 @@ impl PgStoreBuilder {
         Ok(self)
     }
 
-    /// The submit tokens' table (same rules). Default `idem_token`, in the records' schema.
+    /// The submit tokens' table (same rules). Default `<table>_tok` in the records' schema
+    /// (`idem_token` beside the default `idem_record`), as the URL's `idem_table` option names it.
     ///
     /// # Errors
     /// [`IdemError::InvalidOptions`] for a name idem cannot use.
@@ -168,13 +169,9 @@ impl PgStoreBuilder {
 
     /// The store on `pool`, its options already checked.
     pub(super) fn store(self, pool: PgPool) -> PgStore {
-        let token_table = self.token_table.unwrap_or_else(|| {
-            let name = match self.table.as_str().split_once('.') {
-                Some((schema, _)) => format!("{schema}.idem_token"),
-                None => "idem_token".to_owned(),
-            };
-            TableName::new(&name).unwrap_or_else(|_| unreachable!("a valid schema and name"))
-        });
+        let token_table = self
+            .token_table
+            .unwrap_or_else(|| self.table.tokens_table());
         PgStore {
             warm: Warm::new(pool.clone()),
             pool,

@@ -143,17 +143,26 @@ impl PgStore {
 
     /// The same store on another records table (`[A-Za-z_][A-Za-z0-9_]*`, optionally
     /// `schema.table`; the schema must exist): each service, or each test, may keep its records in
-    /// a table of its own. The tokens' table stays what it was (see [`PgStore::with_token_table`]).
+    /// a table of its own. Unless [`PgStore::with_token_table`] named one, the submit tokens move
+    /// with it, to `<name>_tok` in the same schema (`idem_token` beside the default `idem_record`):
+    /// the rule of the URL's `idem_table` option too.
     ///
     /// # Errors
     /// [`IdemError::InvalidOptions`] for a name idem cannot use.
     pub fn with_table(mut self, name: &str) -> Result<Self, IdemError> {
-        self.table = TableName::new(name)?;
+        let table = TableName::new(name)?;
+        if self.token_table == self.table.tokens_table() {
+            self.token_table = table.tokens_table();
+            self.token_sql = Arc::new(TokenStatements::new(&self.token_table));
+        }
+        self.table = table;
         self.sql = Arc::new(Statements::new(&self.table));
         Ok(self)
     }
 
-    /// The same store with its submit tokens in another table (default `idem_token`; same rules).
+    /// The same store with its submit tokens in another table (default: `<table>_tok` beside a
+    /// records table of another name, `idem_token` beside `idem_record`; same rules), whatever
+    /// [`PgStore::with_table`] names after.
     ///
     /// # Errors
     /// [`IdemError::InvalidOptions`] for a name idem cannot use.

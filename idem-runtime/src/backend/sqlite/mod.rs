@@ -200,14 +200,24 @@ impl SqliteStore {
     /// # Errors
     /// [`IdemError::InvalidOptions`] for a name idem cannot use, or a `schema.table` name (a
     /// table of an attached database is not supported).
+    ///
+    /// Unless [`SqliteStore::with_token_table`] named one, the submit tokens move with it, to
+    /// `<name>_tok` (`idem_token` beside the default `idem_record`): the rule of the URL's
+    /// `idem_table` option too.
     pub fn with_table(mut self, name: &str) -> Result<Self, IdemError> {
-        self.table = plain_table(name)?;
+        let table = plain_table(name)?;
+        if self.token_table == self.table.tokens_table() {
+            self.token_table = table.tokens_table();
+            self.token_sql = Arc::new(TokenStatements::new(&self.token_table));
+        }
+        self.table = table;
         self.sql = Arc::new(Statements::new(&self.table));
         Ok(self)
     }
 
-    /// The same store with its submit tokens in another table (default `idem_token`; same rules as
-    /// [`SqliteStore::with_table`]).
+    /// The same store with its submit tokens in another table (default: `<table>_tok` beside a
+    /// records table of another name, `idem_token` beside `idem_record`; same rules as
+    /// [`SqliteStore::with_table`]), whatever `with_table` names after.
     ///
     /// # Errors
     /// [`IdemError::InvalidOptions`] for a name idem cannot use.

@@ -120,8 +120,11 @@ pub enum IdemError {
     },
     /// No store (or, for `#[consume_token]`, no token store) was registered under this name.
     /// Nothing was executed.
+    /// Its message says which registered name is closest ("did you mean `pg`?") and which are
+    /// registered, as they are when the message is shown.
     #[error(
-        "no store is registered as `{name}`; register one at start-up with `idem::register_store(\"{name}\", store)` (a token store: `idem::register_tokens(\"{name}\", tokens)`)"
+        "no store is registered as `{name}`{}; register one at start-up with `idem::register_store(\"{name}\", store)` (a token store: `idem::register_tokens(\"{name}\", tokens)`)",
+        crate::registry::unknown_store_hint(name)
     )]
     UnknownStore {
         /// The name asked for.

@@ -69,6 +69,43 @@ pub fn unregister_store(name: &str) -> Option<Arc<dyn Store>> {
     removed
 }
 
+/// What to tell a caller who asked for `name`, which nobody registered: `did you mean` the
+/// closest registered name, if one is close enough to be a misspelling, and which names are
+/// registered (record stores and token stores both: one name space for the error's reader).
+pub(crate) fn unknown_store_hint(name: &str) -> String {
+    let mut names: Vec<String> = STORES
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .keys()
+        .cloned()
+        .collect();
+    names.extend(crate::tokens::registered_token_names());
+    names.sort();
+    names.dedup();
+    if names.is_empty() {
+        return "; none is registered yet".to_owned();
+    }
+    let listed = names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // A misspelling: a letter or two off, never a third of the name (`pgg` for `pg`, not
+    // `orders_eu` for `orders_us`'s neighbour of another meaning).
+    let closest = names
+        .iter()
+        .map(|candidate| (strsim::damerau_levenshtein(name, candidate), candidate))
+        .filter(|(distance, candidate)| {
+            *distance <= 2 && *distance * 3 <= name.len().max(candidate.len())
+        })
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate);
+    match closest {
+        Some(best) => format!("; did you mean `{best}`? (registered: {listed})"),
+        None => format!(" (registered: {listed})"),
+    }
+}
+
 /// The store registered under `name`.
 ///
 /// # Errors

@@ -1310,3 +1310,42 @@ async fn redis_tryagain_clusterdown_misconf_from_a_stand_in() {
         assert_eq!(ran.load(Ordering::Relaxed), 0, "{error}");
     }
 }
+
+/// A table never migrated, on each SQL store: the error names the server, its code and its
+/// message, and says how to fix it; never the line of the server's C source that raised it
+/// (Postgres's `… at line 1392`), nor its file.
+#[tokio::test]
+async fn a_server_error_reads_as_the_servers_message_with_its_code() {
+    let mut stores: Vec<(&str, idem::AnyStore, &str)> = Vec::new();
+    let dir = std::env::temp_dir().join(format!("idem-ec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sqlite = format!("sqlite:{}", dir.join("never.db").display());
+    stores.push((
+        "SQLite",
+        idem::connect(&sqlite).await.unwrap(),
+        "SQLite error 1: no such table",
+    ));
+    let pg_url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+    if let Some(store) = server::reach("Postgres", &pg_url, idem::connect(&pg_url)).await {
+        stores.push(("Postgres", store, "Postgres error 42P01: relation"));
+    }
+    if let Some(store) = server::reach("MySQL", &my_url(), idem::connect(&my_url())).await {
+        stores.push(("MySQL", store, "MySQL error 1146 (42S02): Table"));
+    }
+    for (service, store, says) in stores {
+        let store = store.with_table(&server::unique("idem_never")).unwrap();
+        let err = store.load("PAY", "k").await.unwrap_err();
+        let shown = err.to_string();
+        assert!(
+            matches!(err, IdemError::StoreSchema { .. }) && shown.contains(says),
+            "{service}: {shown}"
+        );
+        assert!(shown.contains("migrate()"), "{service}: {shown}");
+        assert!(!shown.contains(" at line "), "{service}: {shown}");
+        let debug = format!("{err:?}");
+        assert!(
+            !debug.contains(".c\"") && !debug.contains("idem-runtime/"),
+            "{service}: {debug}"
+        );
+    }
+}

@@ -137,6 +137,23 @@ async fn unknown_store_name_is_a_clear_error_and_nothing_runs() {
     );
 }
 
+#[idempotent(biz = "TYPO", key = "id", store = "macro_mam")]
+async fn misspelled(id: u64) -> Result<u64, AppError> {
+    Ok(id)
+}
+
+#[tokio::test]
+async fn a_misspelled_store_name_is_told_the_registered_one() {
+    setup();
+    let err = misspelled(1).await.unwrap_err().to_string();
+    assert!(
+        err.contains("no store is registered as `macro_mam`; did you mean `macro_mem`?")
+            && err.contains("(registered: ")
+            && err.contains("`macro_mem`"),
+        "{err}"
+    );
+}
+
 #[idempotent(biz = "CNT", key = "n", store = "macro_mem")]
 async fn counted(n: u32) -> Result<u32, AppError> {
     Ok(n * 2)

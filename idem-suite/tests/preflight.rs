@@ -67,6 +67,12 @@ async fn preflight_lists_every_problem_then_passes() {
         text.contains("#[idempotent] uses_a_missing_store"),
         "{text}"
     );
+    // It names what is registered; no name is close enough to be a misspelling of it.
+    assert!(
+        text.contains("`preflight_missing` (used by") && text.contains("(registered: "),
+        "{text}"
+    );
+    assert!(!text.contains("did you mean"), "{text}");
     assert!(text.contains("tests/preflight.rs:"), "{text}");
 
     unmigrated.migrate().await.unwrap();

@@ -476,3 +476,30 @@ async fn every_form_of_a_table_name_gives_the_same_token_table() {
         }
     }
 }
+
+/// Files are named: a database in a directory that does not exist says which directory, and a
+/// URL refused for its options creates no file.
+#[tokio::test]
+async fn a_sqlite_file_problem_names_the_path_and_a_refused_url_creates_nothing() {
+    let dir = std::path::PathBuf::from(sqlite_path()).with_extension("d");
+    let missing = dir.join("nowhere").join("orders.db");
+    let err = idem::connect(&format!("sqlite:{}", missing.display()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&missing.display().to_string())
+            && err.contains(&format!(
+                "{} does not exist",
+                missing.parent().unwrap().display()
+            )),
+        "{err}"
+    );
+    let file = std::path::PathBuf::from(sqlite_path());
+    let err = idem::connect(&format!("sqlite:{}?idem_table=bad-name", file.display()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bad-name"), "{err}");
+    assert!(!file.exists(), "a refused URL created {}", file.display());
+}

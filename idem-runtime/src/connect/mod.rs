@@ -237,6 +237,10 @@ async fn open_sqlite(
                 .to_owned(),
         });
     }
+    // The tables are checked before the file is opened: a URL refused creates nothing.
+    for name in [&options.table, &options.token_table].into_iter().flatten() {
+        crate::backend::sqlite::plain_table(name)?;
+    }
     let path = rest.split('?').next().unwrap_or("");
     let path = path.strip_prefix("//").unwrap_or(path);
     let store = match path {

@@ -55,17 +55,25 @@ pub async fn preflight() -> Result<(), IdemError> {
         if used.tokens {
             if crate::tokens(used.name).is_err() && !seen {
                 problems.push(format!(
-                    "token store `{}` (used by {} at {}) is not registered: call \
+                    "token store `{}` (used by {} at {}) is not registered{}: call \
                      `idem::register_tokens(\"{}\", …)` before serving",
-                    used.name, used.by, used.at, used.name
+                    used.name,
+                    used.by,
+                    used.at,
+                    crate::registry::unknown_store_hint(used.name),
+                    used.name
                 ));
             }
         } else if !seen {
             match crate::store(used.name) {
                 Err(_) => problems.push(format!(
-                    "store `{}` (used by {} at {}) is not registered: call \
+                    "store `{}` (used by {} at {}) is not registered{}: call \
                      `idem::register_store(\"{}\", …)` before serving",
-                    used.name, used.by, used.at, used.name
+                    used.name,
+                    used.by,
+                    used.at,
+                    crate::registry::unknown_store_hint(used.name),
+                    used.name
                 )),
                 Ok(store) => match store.load(PROBE.0, PROBE.1).await {
                     Ok(_) => {}

@@ -1,8 +1,57 @@
 //! Database errors sorted into idem's classes: transient (unavailable, busy) or permanent (schema,
 //! other), with a message that says how to fix a missing table.
 
+use std::fmt;
+
 use super::dialect::Dialect;
 use crate::{Busy, IdemError};
+
+/// A database's refusal as idem reports it: the server, its code and its message. Not sqlx's own
+/// error, whose `Display` of a Postgres error ends with the line of the server's C source that
+/// raised it (`… does not exist at line 1392`, which reads as a line of the user's SQL) and whose
+/// `Debug` names that file.
+#[derive(Debug)]
+pub(crate) struct ServerError {
+    /// `SQLite`, `MySQL`, `Postgres`.
+    server: &'static str,
+    /// The server's code: SQLite's extended result code, MySQL's error number and SQLSTATE,
+    /// Postgres's SQLSTATE.
+    code: Option<String>,
+    message: String,
+}
+
+impl ServerError {
+    fn of(db: &dyn sqlx::error::DatabaseError, dialect: Dialect) -> Self {
+        let (server, code) = match (dialect, mysql_number(db)) {
+            (Dialect::MySQL, Some(number)) => (
+                "MySQL",
+                Some(match db.code() {
+                    Some(state) => format!("{number} ({state})"),
+                    None => number.to_string(),
+                }),
+            ),
+            (Dialect::MySQL, None) => ("MySQL", db.code().map(|c| c.into_owned())),
+            (Dialect::SQLite, _) => ("SQLite", db.code().map(|c| c.into_owned())),
+            (Dialect::Postgres, _) => ("Postgres", db.code().map(|c| c.into_owned())),
+        };
+        ServerError {
+            server,
+            code,
+            message: db.message().to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.code {
+            Some(code) => write!(f, "{} error {code}: {}", self.server, self.message),
+            None => write!(f, "{} error: {}", self.server, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ServerError {}
 
 /// A driver error as an [`IdemError`] of the right class.
 pub(crate) fn store_error(e: sqlx::Error, dialect: Dialect) -> IdemError {
@@ -18,17 +67,19 @@ pub(crate) fn store_error(e: sqlx::Error, dialect: Dialect) -> IdemError {
                 Some(number) => classify_mysql(number, db.message()),
                 None => classify(dialect, db.code().as_deref(), db.message()),
             };
+            let server = ServerError::of(&*db, dialect);
             match class {
-                Class::Unavailable => IdemError::unavailable(sqlx::Error::Database(db)),
-                Class::Busy(reason) => IdemError::busy(reason, sqlx::Error::Database(db)),
+                Class::Unavailable => IdemError::unavailable(server),
+                Class::Busy(reason) => IdemError::busy(reason, server),
                 Class::MissingSchema => IdemError::StoreSchema {
                     hint:
                         "a table or column idem needs is missing; run the store's `migrate()` at \
-                           start-up (or apply the DDL shipped in idem-runtime/migrations)"
+                           start-up (or apply the store's `MIGRATIONS`, which `idem migrate \
+                           --print <url>` prints with your table names)"
                             .to_owned(),
-                    source: Box::new(sqlx::Error::Database(db)),
+                    source: Box::new(server),
                 },
-                Class::Other => IdemError::store(sqlx::Error::Database(db)),
+                Class::Other => IdemError::store(server),
             }
         }
         other => IdemError::store(other),

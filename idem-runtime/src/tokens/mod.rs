@@ -12,6 +12,7 @@ use async_trait::async_trait;
 
 use crate::IdemError;
 pub use memory::MemoryTokens;
+pub(crate) use registry::registered_token_names;
 pub use registry::{register_tokens, tokens};
 
 /// Random bytes in a token (192 bits from the operating system's CSPRNG).

@@ -17,6 +17,16 @@ pub fn register_tokens(name: impl Into<String>, tokens: impl TokenStore) {
         .insert(name.into(), Arc::new(tokens));
 }
 
+/// The names token stores are registered under.
+pub(crate) fn registered_token_names() -> Vec<String> {
+    TOKENS
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .keys()
+        .cloned()
+        .collect()
+}
+
 /// The token store registered under `name`.
 ///
 /// # Errors

@@ -103,8 +103,24 @@ impl SqliteStore {
     /// Opens (creating if missing) the database file at `path` in WAL mode.
     ///
     /// # Errors
-    /// [`IdemError::StoreUnavailable`] when the file cannot be opened.
+    /// [`IdemError::InvalidOptions`] naming the directory when the file's directory does not
+    /// exist; [`IdemError::StoreUnavailable`] naming the path when the file cannot be opened.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, IdemError> {
+        let path = path.as_ref();
+        // SQLite creates the file, never its directory, and says only "unable to open database
+        // file": a directory that is not there is a mistake of the setup, named as such.
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            return Err(IdemError::InvalidOptions {
+                reason: format!(
+                    "cannot open the SQLite database {}: its directory {} does not exist (SQLite \
+                     creates the file, not the directory); create the directory first",
+                    path.display(),
+                    dir.display()
+                ),
+            });
+        }
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -114,7 +130,12 @@ impl SqliteStore {
         let pool = Self::pool_options(4)
             .connect_with(options)
             .await
-            .map_err(IdemError::unavailable)?;
+            .map_err(|e| {
+                IdemError::unavailable(format!(
+                    "cannot open the SQLite database {}: {e}",
+                    path.display()
+                ))
+            })?;
         Ok(Self::from_pool(pool))
     }
 

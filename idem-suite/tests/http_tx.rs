@@ -289,3 +289,61 @@ on_site! {
     "postgres": postgres_sixty_four_duplicates_create_one_order = sixty_four_duplicates_create_one_order on postgres_site;
     "postgres": postgres_what_is_not_stored_leaves_nothing = what_is_not_stored_leaves_nothing on postgres_site;
 }
+
+/// A `LayerTx` the layer cannot serve, the mistake of a service only a request can show: behind a
+/// layer in lease mode, or of another store's transaction type. Each is a `500` with a problem
+/// type of its own whose detail names the mistake, and nothing runs.
+#[cfg(all(feature = "sqlite", feature = "mysql"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_tx_the_layer_cannot_serve_is_a_problem_that_names_the_mistake() {
+    use idem::{MySqlTx, SqliteStore, SqliteTx};
+
+    static RAN: AtomicU64 = AtomicU64::new(0);
+    async fn sqlite_handler(_tx: LayerTx<SqliteTx>) -> &'static str {
+        RAN.fetch_add(1, Ordering::SeqCst);
+        "ran"
+    }
+    async fn mysql_handler(_tx: LayerTx<MySqlTx>) -> &'static str {
+        RAN.fetch_add(1, Ordering::SeqCst);
+        "ran"
+    }
+    let store = SqliteStore::in_memory().await.unwrap();
+    store.migrate().await.unwrap();
+    let principal = || Principal::unscoped("a test service with one caller");
+    let lease = IdempotencyLayer::builder(store.clone())
+        .principal(principal())
+        .build()
+        .unwrap();
+    let tx = IdempotencyLayer::builder_tx(store.clone())
+        .principal(principal())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/lease", post(sqlite_handler).layer(lease))
+        .route("/other", post(mysql_handler).layer(tx));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    for (path, says) in [
+        ("/lease", "built with `builder_tx`"),
+        ("/other", "another kind of transaction"),
+    ] {
+        let reply = reqwest::Client::new()
+            .post(format!("{base}{path}"))
+            .header("idempotency-key", format!("k{path}"))
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status().as_u16(), 500, "{path}");
+        let body: serde_json::Value = reply.json().await.unwrap();
+        assert_eq!(
+            body["type"], "urn:idem:problem:layer-misconfigured",
+            "{path}: {body}"
+        );
+        let detail = body["detail"].as_str().unwrap();
+        assert!(detail.contains(says), "{path}: {detail}");
+        assert!(detail.contains("LayerTx<"), "{path}: {detail}");
+    }
+    assert_eq!(RAN.load(Ordering::SeqCst), 0, "no handler ran");
+}

@@ -97,8 +97,12 @@ impl Slot {
 /// ```
 ///
 /// Let it go before the handler returns (do not move it into a task that outlives the handler):
-/// the layer needs it back to commit. A handler behind a layer in lease mode, or a `T` other than
-/// the store's transaction type, is refused with a 500 problem that says so.
+/// the layer needs it back to commit. A `T` that is no transaction of a store does not compile. A
+/// handler behind no layer or a layer in lease mode, or a `T` other than the layer's store's
+/// transaction type (a `MySqlTx` behind a SQLite layer), is a mistake of the service that only a
+/// request can show: it is answered `500` with the problem type
+/// `urn:idem:problem:layer-misconfigured`, whose detail names the mistake, and logged at
+/// `error` level.
 pub struct LayerTx<T: 'static>(OwnedMappedMutexGuard<Option<Box<dyn Lent>>, T>);
 
 impl<T> Deref for LayerTx<T> {
@@ -123,24 +127,26 @@ impl<T> std::fmt::Debug for LayerTx<T> {
     }
 }
 
-impl<S: Send + Sync, T: Send + Sync + 'static> FromRequestParts<S> for LayerTx<T> {
+impl<S: Send + Sync, T: IdemTx + Sync + 'static> FromRequestParts<S> for LayerTx<T> {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         let refuse = |detail: String| {
-            tracing::error!(%detail, "a handler asked for the layer's transaction");
+            tracing::error!(%detail, "the idempotency layer is misconfigured for this route");
             problem(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "Internal error",
-                "the request could not be processed",
+                "layer-misconfigured",
+                "Idempotency layer misconfigured",
+                &detail,
             )
             .into_response()
         };
         let Some(slot) = parts.extensions.get::<Slot>().cloned() else {
             return Err(refuse(format!(
-                "`LayerTx<{}>` needs the route behind an IdempotencyLayer built with \
-                 `builder_tx` (transaction mode), and a request the layer covers",
+                "the handler takes a `LayerTx<{}>`, but no transaction-mode idempotency layer \
+                 covers this request: put the route behind an `IdempotencyLayer` built with \
+                 `builder_tx` (a layer built with `builder` runs in lease mode and has no \
+                 transaction), and make sure the layer covers the request's method",
                 std::any::type_name::<T>()
             )));
         };
@@ -149,8 +155,10 @@ impl<S: Send + Sync, T: Send + Sync + 'static> FromRequestParts<S> for LayerTx<T
             .map(LayerTx)
             .map_err(|_| {
                 refuse(format!(
-                    "the layer's transaction is not a `{}`: ask for the transaction type of the \
-                     layer's store",
+                    "the handler takes a `LayerTx<{}>`, but the layer's store begins another \
+                     kind of transaction: take `LayerTx` of the transaction type of the store \
+                     given to `builder_tx` (`SqliteTx` for a `SqliteStore`, `MySqlTx` for a \
+                     `MySqlStore`, `PgTx` for a `PgStore`)",
                     std::any::type_name::<T>()
                 ))
             })

@@ -347,3 +347,51 @@ async fn a_layer_tx_the_layer_cannot_serve_is_a_problem_that_names_the_mistake()
     }
     assert_eq!(RAN.load(Ordering::SeqCst), 0, "no handler ran");
 }
+
+/// The README's transaction-mode handler, as written there: it compiles, and its router builds.
+#[cfg(feature = "mysql")]
+mod readme_handler {
+    use axum::{
+        Json, Router,
+        http::StatusCode,
+        response::{IntoResponse, Response},
+        routing::post,
+    };
+    use idem::http::{IdempotencyLayer, LayerTx, Principal};
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct NewOrder {
+        no: String,
+        item: String,
+    }
+
+    async fn create_order(mut tx: LayerTx<idem::MySqlTx>, Json(order): Json<NewOrder>) -> Response {
+        let inserted = idem::sqlx::query("INSERT INTO orders (no, item) VALUES (?, ?)")
+            .bind(&order.no)
+            .bind(&order.item)
+            .execute(&mut **tx) // in the layer's transaction
+            .await;
+        match inserted {
+            Ok(_) => (StatusCode::CREATED, Json(order)).into_response(),
+            // A 5xx is not stored: the layer rolls the transaction back, and a retry runs again.
+            Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_readme_handler_builds_a_router() {
+        let url =
+            super::contract::server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let Some(mysql_store) =
+            super::contract::server::reach("MySQL", &url, idem::MySqlStore::connect(&url)).await
+        else {
+            return;
+        };
+        let user = axum::http::HeaderName::from_static("x-user");
+        let layer = IdempotencyLayer::builder_tx(mysql_store)
+            .principal(Principal::header(user))
+            .build()
+            .unwrap();
+        let _app: Router = Router::new().route("/orders", post(create_order).layer(layer));
+    }
+}

@@ -953,3 +953,45 @@ async fn warm_connections_go_back_to_the_pool() {
     store.migrate().await.unwrap();
     contract::pool::warm_connections_go_back_to_the_pool(&pool, &store).await;
 }
+
+/// A `migrate()` that changes nothing says nothing: Postgres's "already exists, skipping"
+/// notices, which sqlx logs at INFO, are not sent.
+#[tokio::test]
+async fn a_migrate_that_changes_nothing_logs_nothing() {
+    use std::sync::Mutex;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    #[derive(Clone, Default)]
+    struct Seen(Arc<Mutex<Vec<String>>>);
+    struct Text<'a>(&'a mut String);
+    impl tracing::field::Visit for Text<'_> {
+        fn record_debug(&mut self, _: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{value:?} "));
+        }
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Seen {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut text = String::new();
+            event.record(&mut Text(&mut text));
+            self.0.lock().unwrap().push(text);
+        }
+    }
+    let Some(store) = pg::store(2).await else {
+        return;
+    };
+    let seen = Seen::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(seen.clone()));
+    store.migrate().await.unwrap();
+    let events = seen.0.lock().unwrap().clone();
+    assert!(
+        !events.iter().any(|e| e.contains("already exists")),
+        "{events:#?}"
+    );
+    drop(_guard);
+    pg::drop_tables(&store).await;
+}

@@ -21,9 +21,14 @@ impl PgStore {
         for ddl in [records, tokens, processing, result_until] {
             // Two services migrating the same new table at once can collide in the catalog
             // (23505 / 42P07): the loser finds the table made on its second try.
+            // Quiet: each `IF NOT EXISTS` that finds its table or index sends a NOTICE ("already
+            // exists, skipping"), which sqlx logs at INFO; a migrate that changes nothing says
+            // nothing. The setting is reset in the same batch, on the same connection.
+            let quiet =
+                format!("SET client_min_messages = warning;\n{ddl}\n;RESET client_min_messages;");
             let mut tried = 0;
             loop {
-                match sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
+                match sqlx::raw_sql(AssertSqlSafe(quiet.clone()))
                     .execute(&self.pool)
                     .await
                 {

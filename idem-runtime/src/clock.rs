@@ -15,13 +15,14 @@ use std::time::Duration;
 /// 1 ms).
 ///
 /// ```
+/// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
 /// use std::time::Duration;
-/// use idem_runtime::{Call, MemoryStore, TestClock};
+/// use idem::{Call, MemoryStore, TestClock};
 ///
 /// let clock = TestClock::new();
 /// let store = MemoryStore::new().with_test_clock(clock.clone());
-/// let first: Result<u8, idem_runtime::IdemError> =
+/// let first: Result<u8, idem::IdemError> =
 ///     Call::new("PAY", "order-1").ttl(Duration::from_secs(60)).run(&store, async { Ok(1) }).await;
 /// clock.advance(Duration::from_secs(61)); // the record's TTL has passed: the next call runs again
 /// # let _ = first; Ok(()) }

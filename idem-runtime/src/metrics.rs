@@ -457,8 +457,9 @@ tokio::task_local! {
 /// Runs `fut` and reports the last idempotent call that finished inside it.
 ///
 /// ```
+/// # use idem_runtime as idem;
 /// # async fn demo() {
-/// let (result, report) = idem_runtime::observe(async { 42 }).await;
+/// let (result, report) = idem::observe(async { 42 }).await;
 /// assert_eq!(result, 42);
 /// assert!(report.is_none()); // no idempotent call ran inside
 /// # }

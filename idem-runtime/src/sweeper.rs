@@ -10,9 +10,10 @@ use crate::{IdemError, IntoSharedStore, Store, TokenStore};
 /// has passed and no lease is live: a claim in progress is never swept.
 ///
 /// ```no_run
+/// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// let store = idem_runtime::SqliteStore::open("idem.db").await?;
-/// let sweeper = idem_runtime::Sweeper::new(store.clone(), 500);
+/// let store = idem::SqliteStore::open("idem.db").await?;
+/// let sweeper = idem::Sweeper::new(store.clone(), 500);
 /// let _task = sweeper.spawn(std::time::Duration::from_secs(60))?;
 /// # Ok(()) }
 /// ```

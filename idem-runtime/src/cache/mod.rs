@@ -148,8 +148,9 @@ fn slot(biz: &str, key: &str) -> String {
 /// this process marked done are answered from memory until their record could have expired.
 ///
 /// ```
+/// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// use idem_runtime::{Call, CachedStore, IdemError, MemoryStore, ReplayCache};
+/// use idem::{Call, CachedStore, IdemError, MemoryStore, ReplayCache};
 /// let store = CachedStore::new(MemoryStore::new(), ReplayCache::new(64 << 20)?);
 /// let first: Result<u32, IdemError> = Call::new("PAY", "o-1").run(&store, async { Ok(7) }).await;
 /// let again: Result<u32, IdemError> = Call::new("PAY", "o-1").run(&store, async { Ok(8) }).await;

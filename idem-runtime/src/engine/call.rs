@@ -23,10 +23,11 @@ pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(10);
 /// One idempotent call, built by hand or by `#[idempotent]`.
 ///
 /// ```
+/// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// use idem_runtime::{Call, MemoryStore};
+/// use idem::{Call, MemoryStore};
 /// let store = MemoryStore::new();
-/// let receipt: Result<String, idem_runtime::IdemError> = Call::new("PAY", "order-1")
+/// let receipt: Result<String, idem::IdemError> = Call::new("PAY", "order-1")
 ///     .run(&store, async { Ok("paid".to_owned()) })
 ///     .await;
 /// assert_eq!(receipt?, "paid");
@@ -115,14 +116,15 @@ impl Call {
     /// Range 1 ms ..= the ttl (equal to the ttl is the default).
     ///
     /// ```
+    /// # use idem_runtime as idem;
     /// # async fn demo(store: &idem_runtime::MemoryStore) -> Result<(), idem_runtime::IdemError> {
     /// use std::time::Duration;
-    /// use idem_runtime::Call;
+    /// use idem::Call;
     /// let day = Duration::from_secs(24 * 3600);
     /// let receipt: String = Call::new("PAY", "order-1")
     ///     .ttl(30 * day)
     ///     .result_ttl(day)
-    ///     .run(store, async { Ok::<_, idem_runtime::IdemError>("paid".to_owned()) })
+    ///     .run(store, async { Ok::<_, idem::IdemError>("paid".to_owned()) })
     ///     .await?;
     /// # let _ = receipt; Ok(()) }
     /// ```
@@ -214,8 +216,9 @@ impl Call {
     /// A fresh claim, a retry after a recorded failure, and a replay never call it.
     ///
     /// ```
+    /// # use idem_runtime as idem;
     /// # async fn demo(store: &idem_runtime::MemoryStore) -> Result<(), idem_runtime::IdemError> {
-    /// use idem_runtime::Call;
+    /// use idem::Call;
     /// # async fn find_payment(_: &str) -> Result<Option<String>, idem_runtime::IdemError> { Ok(None) }
     /// # async fn charge(_: &str) -> Result<String, idem_runtime::IdemError> { Ok("pay-1".into()) }
     /// let order = "order-7";

@@ -50,10 +50,11 @@ pub(crate) fn current() -> Option<Current> {
 /// cannot overwrite the newer attempt's work there either:
 ///
 /// ```
+/// # use idem_runtime as idem;
 /// # async fn demo(store: &idem_runtime::MemoryStore) -> Result<(), idem_runtime::IdemError> {
-/// use idem_runtime::{Call, current_claim};
+/// use idem::{Call, current_claim};
 ///
-/// let receipt: Result<u64, idem_runtime::IdemError> = Call::new("SHIP", "order-7")
+/// let receipt: Result<u64, idem::IdemError> = Call::new("SHIP", "order-7")
 ///     .run(store, async {
 ///         let claim = current_claim().expect("inside an idempotent body");
 ///         // e.g. UPDATE shipments SET …, fence = $fence WHERE order_no = $1 AND fence < $fence

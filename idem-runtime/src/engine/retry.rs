@@ -9,13 +9,14 @@ use crate::IdemError;
 /// type of your transactions, usually by asking the `IdemError` inside:
 ///
 /// ```
+/// # use idem_runtime as idem;
 /// #[derive(Debug, thiserror::Error)]
 /// enum PayError {
 ///     #[error(transparent)]
-///     Idem(#[from] idem_runtime::IdemError),
+///     Idem(#[from] idem::IdemError),
 /// }
 ///
-/// impl idem_runtime::RestartsTransaction for PayError {
+/// impl idem::RestartsTransaction for PayError {
 ///     fn restarts_transaction(&self) -> bool {
 ///         matches!(self, PayError::Idem(e) if e.restarts_transaction())
 ///     }
@@ -42,12 +43,13 @@ const TRANSACTION_TRIES: u32 = 8;
 /// statement, must run again.
 ///
 /// ```no_run
+/// # use idem_runtime as idem;
 /// # async fn demo(store: &idem_runtime::SqliteStore) -> Result<(), idem_runtime::IdemError> {
-/// let n = idem_runtime::retry_transaction(|| async {
+/// let n = idem::retry_transaction(|| async {
 ///     let mut tx = store.begin().await?;
 ///     // … tx-mode calls and your own writes …
 ///     tx.commit().await?;
-///     Ok::<_, idem_runtime::IdemError>(1)
+///     Ok::<_, idem::IdemError>(1)
 /// })
 /// .await?;
 /// # let _ = n; Ok(()) }

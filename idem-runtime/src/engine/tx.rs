@@ -238,14 +238,15 @@ impl Call {
     /// `Err` rolls the claim and the body's writes back to the savepoint.
     ///
     /// ```
+    /// # use idem_runtime as idem;
     /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-    /// use idem_runtime::{Call, IdemError, SqliteStore};
+    /// use idem::{Call, IdemError, SqliteStore};
     /// let store = SqliteStore::in_memory().await?;
     /// store.migrate().await?;
     /// let mut tx = store.begin().await?;
     /// let n: Result<i64, IdemError> = Call::new("PAY", "order-1")
     ///     .run_in_tx(&mut tx, async |tx| {
-    ///         let one: i64 = idem_runtime::sqlx::query_scalar("SELECT 1")
+    ///         let one: i64 = idem::sqlx::query_scalar("SELECT 1")
     ///             .fetch_one(&mut **tx)
     ///             .await
     ///             .map_err(IdemError::store)?;

@@ -2,9 +2,10 @@
 //! delivery count, and a [`Verdict`] settled as AMQP wants it.
 //!
 //! ```no_run
+//! # use idem_runtime as idem;
 //! # async fn demo(channel: lapin::Channel, inbox: idem_runtime::inbox::Inbox) -> Result<(), Box<dyn std::error::Error>> {
 //! use futures_util::StreamExt;
-//! use idem_runtime::inbox::amqp;
+//! use idem::inbox::amqp;
 //! amqp::declare_queue(&channel, "orders").await?; // and "orders.dead"
 //! let mut deliveries = channel
 //!     .basic_consume("orders".into(), "shipping".into(), Default::default(), Default::default())
@@ -13,7 +14,7 @@
 //!     let delivery = delivery?;
 //!     let handled = inbox
 //!         .handle_json(&delivery.data, amqp::delivered(&delivery), |order: serde_json::Value| async move {
-//!             Ok::<_, idem_runtime::IdemError>(order) // an #[idempotent] fn keyed by the order number
+//!             Ok::<_, idem::IdemError>(order) // an #[idempotent] fn keyed by the order number
 //!         })
 //!         .await;
 //!     amqp::settle(&delivery, &handled.verdict).await?;

@@ -2,15 +2,16 @@
 //! [`Verdict`] settled as JetStream wants it, with dead letters copied to a subject of their own.
 //!
 //! ```no_run
+//! # use idem_runtime as idem;
 //! # async fn demo(consumer: async_nats::jetstream::consumer::PullConsumer, inbox: idem_runtime::inbox::Inbox) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use futures_util::StreamExt;
-//! use idem_runtime::inbox::jetstream;
+//! use idem::inbox::jetstream;
 //! let mut messages = consumer.messages().await?;
 //! while let Some(message) = messages.next().await {
 //!     let message = message?;
 //!     let handled = inbox
 //!         .handle_json(&message.payload, jetstream::delivered(&message), |order: serde_json::Value| async move {
-//!             Ok::<_, idem_runtime::IdemError>(order) // an #[idempotent] fn keyed by the order number
+//!             Ok::<_, idem::IdemError>(order) // an #[idempotent] fn keyed by the order number
 //!         })
 //!         .await;
 //!     jetstream::settle(&message, &handled.verdict, Some("orders.dead")).await?;

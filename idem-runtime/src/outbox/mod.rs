@@ -8,9 +8,10 @@
 //! publishes committed rows and marks them sent:
 //!
 //! ```no_run
+//! # use idem_runtime as idem;
 //! # #[cfg(feature = "sqlite")]
 //! # async fn demo(store: idem_runtime::SqliteStore, publisher: impl idem_runtime::outbox::Publisher + 'static) -> Result<(), idem_runtime::IdemError> {
-//! use idem_runtime::outbox::{Outbox, Relay};
+//! use idem::outbox::{Outbox, Relay};
 //! let outbox = Outbox::new();
 //! outbox.migrate(store.pool()).await?;
 //! let mut tx = store.begin().await?;

@@ -84,9 +84,10 @@ pub struct Reconciled {
 /// next call runs), an error leaves it PROCESSING with its lease ended.
 ///
 /// ```no_run
+/// # use idem_runtime as idem;
 /// # async fn demo(store: idem_runtime::SqliteStore) -> Result<(), idem_runtime::IdemError> {
 /// # async fn payment_by_order(_: &str) -> Result<Option<String>, std::io::Error> { Ok(None) }
-/// let reconciler = idem_runtime::Reconciler::new(store, 200)
+/// let reconciler = idem::Reconciler::new(store, 200)
 ///     .recover("PAY", |order_no: String| async move { payment_by_order(&order_no).await })?;
 /// let _task = reconciler.spawn(std::time::Duration::from_secs(60))?;
 /// # Ok(()) }

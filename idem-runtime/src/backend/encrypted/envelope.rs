@@ -44,7 +44,8 @@ const KEY_LEN: usize = 32;
 /// the keyring is dropped, and `Debug` shows only their ids.
 ///
 /// ```
-/// use idem_runtime::Keyring;
+/// # use idem_runtime as idem;
+/// use idem::Keyring;
 /// let keyring = Keyring::new(2, [7u8; 32])?.with_old(1, [9u8; 32])?;
 /// assert_eq!(keyring.current_id(), 2);
 /// assert_eq!(format!("{keyring:?}"), "Keyring { current: 2, ids: [2, 1] }");

@@ -30,8 +30,9 @@ pub use tx::EncryptedTx;
 /// calls). Keys, fences and fingerprints are not encrypted (the fingerprint is already a hash).
 ///
 /// ```
+/// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// use idem_runtime::{Call, EncryptedStore, IdemError, Keyring, MemoryStore, Store};
+/// use idem::{Call, EncryptedStore, IdemError, Keyring, MemoryStore, Store};
 /// let keyring = Keyring::new(1, [42u8; 32])?; // in real life: 32 bytes from a secret manager
 /// let store = EncryptedStore::new(MemoryStore::new(), keyring);
 /// let first: Result<String, IdemError> =

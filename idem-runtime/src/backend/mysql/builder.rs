@@ -13,9 +13,10 @@ use crate::sql::dialect::Dialect;
 /// Options of the pool a [`MySqlStore`] opens: its size, its lock wait and its timeouts.
 ///
 /// ```no_run
+/// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
 /// use std::time::Duration;
-/// let store = idem_runtime::MySqlStore::builder()
+/// let store = idem::MySqlStore::builder()
 ///     .max_connections(32)
 ///     .connect_timeout(Duration::from_secs(2))
 ///     .connect("mysql://root@127.0.0.1:3306/test")

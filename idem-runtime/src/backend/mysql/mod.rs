@@ -60,10 +60,11 @@ const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(2);
 /// names another).
 ///
 /// ```no_run
+/// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// let store = idem_runtime::MySqlStore::connect("mysql://root@127.0.0.1:3306/test").await?;
+/// let store = idem::MySqlStore::connect("mysql://root@127.0.0.1:3306/test").await?;
 /// store.migrate().await?;
-/// idem_runtime::register_store("mysql", store);
+/// idem::register_store("mysql", store);
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

@@ -20,8 +20,9 @@ use crate::store::Limits;
 /// Options of a [`PgStore`]: its table names, its pool, its limits and its lock timeout.
 ///
 /// ```no_run
+/// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// let store = idem_runtime::PgStore::builder()
+/// let store = idem::PgStore::builder()
 ///     .table("billing.idem_record")?
 ///     .max_connections(32)
 ///     .connect("postgres://postgres@127.0.0.1:5432/test")

@@ -63,10 +63,11 @@ const PG_MAX_FIELD_LEN: usize = 1 << 30;
 /// lock_timeout`, [`PgStoreBuilder::lock_timeout`]).
 ///
 /// ```no_run
+/// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// let store = idem_runtime::PgStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
+/// let store = idem::PgStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
 /// store.migrate().await?;
-/// idem_runtime::register_store("postgres", store);
+/// idem::register_store("postgres", store);
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

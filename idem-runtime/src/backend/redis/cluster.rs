@@ -21,14 +21,15 @@ use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 /// is for; a cluster keeps no index, and its claims and marks cost what they cost before.
 ///
 /// ```no_run
+/// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// let store = idem_runtime::RedisClusterStore::connect(&[
+/// let store = idem::RedisClusterStore::connect(&[
 ///     "redis://127.0.0.1:7001",
 ///     "redis://127.0.0.1:7002",
 ///     "redis://127.0.0.1:7003",
 /// ])
 /// .await?;
-/// idem_runtime::register_store("redis", store);
+/// idem::register_store("redis", store);
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

@@ -130,9 +130,10 @@ fn check_redis_limits(limits: &Limits) -> Result<(), IdemError> {
 /// Keeps records in Redis (one server), through a `ConnectionManager` that reconnects by itself.
 ///
 /// ```no_run
+/// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// let store = idem_runtime::RedisStore::connect("redis://127.0.0.1:6379").await?;
-/// idem_runtime::register_store("redis", store);
+/// let store = idem::RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// idem::register_store("redis", store);
 /// # Ok(()) }
 /// ```
 ///

@@ -31,8 +31,9 @@ pub use tx::ShardedTx;
 /// anything is written.
 ///
 /// ```
+/// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// use idem_runtime::{Call, IdemError, ShardedStore, SqliteStore, Store};
+/// use idem::{Call, IdemError, ShardedStore, SqliteStore, Store};
 /// let mut shards = Vec::new();
 /// for _ in 0..4 {
 ///     let shard = SqliteStore::in_memory().await?;

@@ -54,10 +54,11 @@ const SQLITE_MAX_LENGTH: usize = 1_000_000_000;
 /// The pool stays for [`SqliteStore::begin`] and for the application's queries.
 ///
 /// ```no_run
+/// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// let store = idem_runtime::SqliteStore::open("idem.db").await?;
+/// let store = idem::SqliteStore::open("idem.db").await?;
 /// store.migrate().await?;
-/// idem_runtime::register_store("sqlite", store);
+/// idem::register_store("sqlite", store);
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

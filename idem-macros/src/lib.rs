@@ -1,5 +1,6 @@
-//! Procedural macros of [idem](https://docs.rs/idem). Depend on `idem`, which re-exports them; this
-//! crate only parses, checks and expands (no I/O).
+//! Procedural macros of idem ([`idemkit`](https://docs.rs/idemkit)). Depend on the `idemkit`
+//! package (its library is named `idem`), which re-exports them; this crate only parses, checks
+//! and expands (no I/O).
 //!
 //! Each macro has a folder (`idempotent/`, `consume_token/`, `state_machine/`, `state_transition/`)
 //! whose `mod.rs` runs

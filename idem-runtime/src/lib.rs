@@ -1,6 +1,7 @@
 //! Runtime of **idem**: the claim → execute → mark engine, the [`Store`] trait and its backends.
 //!
-//! Users depend on the `idem` crate, which re-exports this one and the macros.
+//! Users depend on the `idemkit` package (its library is named `idem`,
+//! [docs](https://docs.rs/idemkit)), which re-exports this one and the macros.
 //! Backends: [`MemoryStore`] always; `SqliteStore` with the `sqlite` feature (default). With the
 //! `encrypt` feature, `EncryptedStore` wraps any of them and keeps result snapshots encrypted.
 //!

@@ -113,7 +113,11 @@ impl Server {
 
     /// `sql`'s output without column names (a `\G` statement's output keeps them).
     fn try_sql(&self, sql: &str) -> Option<String> {
-        let bare: &[&str] = if sql.ends_with("\\G") { &[] } else { &["-N", "-B"] };
+        let bare: &[&str] = if sql.ends_with("\\G") {
+            &[]
+        } else {
+            &["-N", "-B"]
+        };
         let out = Command::new("mariadb")
             .args([
                 "--no-defaults",

@@ -61,19 +61,29 @@ impl Server {
     /// Installs a data directory under `dir/name` and starts a server on it.
     fn start(dir: &Path, name: &str, port: u16, server_id: u32, extra: &[&str]) -> Server {
         let data = dir.join(name);
-        let out = Command::new("mariadb-install-db")
-            .args([
-                "--no-defaults",
-                &format!("--datadir={}", data.display()),
-                "--user=root",
-                "--auth-root-authentication-method=normal",
-                "--skip-test-db",
-            ])
-            .output()
-            .unwrap();
+        // Each server's temporary files in a folder of its own, and one install at a time: two
+        // bootstraps at once in one temporary folder have been seen to collide on a file name.
+        let tmp = dir.join(format!("{name}-tmp"));
+        std::fs::create_dir_all(&tmp).unwrap();
+        static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let out = {
+            let _one = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
+            Command::new("mariadb-install-db")
+                .args([
+                    "--no-defaults",
+                    &format!("--datadir={}", data.display()),
+                    "--user=root",
+                    "--auth-root-authentication-method=normal",
+                    "--skip-test-db",
+                    &format!("--tmpdir={}", tmp.display()),
+                ])
+                .output()
+                .unwrap()
+        };
         assert!(
             out.status.success(),
-            "{}",
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
         let child = Command::new("mariadbd")
@@ -89,6 +99,7 @@ impl Server {
                 "--user=root".to_owned(),
                 format!("--pid-file={}", data.with_extension("pid").display()),
                 format!("--log-error={}", data.with_extension("err").display()),
+                format!("--tmpdir={}", tmp.display()),
                 "--innodb-flush-log-at-trx-commit=2".to_owned(),
                 "--skip-name-resolve".to_owned(),
             ])

@@ -25,7 +25,7 @@
 //! Contenders: `idem` (`Call::run` on a `MySqlStore`, `Call::run_in_tx` on its `MySqlTx`) and
 //! `floor`, the same statements hand-written in plain sqlx with no framework, on a pool of the
 //! same kind (no ping before acquire, one connection per statement in lease mode, one per
-//! transaction in tx mode); and `design`, the design floor of issue 24: what a careful team would
+//! transaction in tx mode); and `design`, the design floor: what a careful team would
 //! hand-write for a dedup table of its own (`biz, idem_key, status, lease_until, expire_at, result`,
 //! primary key `(biz, idem_key)`, made and dropped by the bench), with the fewest statements: a
 //! first execution = the claim `INSERT` + the `UPDATE` to done with the result; a replay = one

@@ -26,7 +26,7 @@
 //! - `idem`: `Call::new(..).run(&PgStore, ..)` / `.run_in_tx(&mut PgTx, ..)`;
 //! - `floor`: plain sqlx sending the same statements (their texts are the store's own, from
 //!   `PgStore::__statement`) with no framework around them;
-//! - `design`: the design floor of issue 24, what a careful team would hand-write for a dedup
+//! - `design`: the design floor, what a careful team would hand-write for a dedup
 //!   table of its own (`biz, idem_key, status, lease_until, expire_at, result`, primary key
 //!   `(biz, idem_key)`, made and dropped by the bench) with the fewest statements: a first
 //!   execution = the claim `INSERT … ON CONFLICT DO NOTHING` + the `UPDATE` to done with the

@@ -21,7 +21,7 @@
 //!   record and the business type's stuck index; the script texts are the runtime's own, from
 //!   `idem::__private::redis_scripts`); a replay is the claim script only, then `serde_json`
 //!   decoding;
-//! - `design`: the design floor of issue 24, what a careful team would hand-write with the fewest
+//! - `design`: the design floor, what a careful team would hand-write with the fewest
 //!   commands, on keys of its own prefix: a first execution = `SET key <claim> NX PX lease` then
 //!   `SET key <result> XX PX ttl`; a replay = one `GET` (the floor knows which workload it runs),
 //!   then `serde_json` decoding.

@@ -1,4 +1,4 @@
-//! Seed 001's incident replayed with `#[state_transition]`: 47 payment callbacks, 26 of them a
+//! A gateway's callback storm replayed with `#[state_transition]`: 47 payment callbacks, 26 of them a
 //! concurrent, out-of-order retry storm with duplicates, late `PAID` after a refund and refund callbacks
 //! for orders that never asked for one. Prints what each kind of delivery got and the audit.
 //!

@@ -1,4 +1,4 @@
-//! Seed 000's `pay()` on MySQL / MariaDB: the account balance, the pay flow and the dedup record
+//! A payment's `pay()` on MySQL / MariaDB: the account balance, the pay flow and the dedup record
 //! change in ONE transaction, under a concurrent retry storm at 12 % duplicates.
 //!
 //! ```text
@@ -66,7 +66,7 @@ impl idem::RestartsTransaction for PayError {
     }
 }
 
-/// Seed 000's pay(): the dedup record, the debit and the flow row in the caller's transaction.
+/// `pay()`: the dedup record, the debit and the flow row in the caller's transaction.
 #[idempotent(biz = "PAY", key = "req.order_no", tx = "tx", fingerprint = "req")]
 async fn pay(tx: &mut MySqlTx, req: &PayReq) -> Result<Receipt, PayError> {
     let debited =

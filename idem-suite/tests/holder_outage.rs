@@ -1,7 +1,7 @@
 //! A store's server crashes while lease-mode calls are finishing their bodies, and is back a few
 //! seconds later: every call still ends as if nothing had happened. Its mark waits out the
 //! restart, the call returns its own value, the record is SUCCEEDED, a repeat replays it, and no
-//! body runs twice. (Issue 20, item 1: the mark used to be tried 4 times within ~30 ms; the call
+//! body runs twice. (The mark used to be tried 4 times within ~30 ms; the call
 //! then gave up, left the record PROCESSING, and once the lease ended the next call ran the body
 //! again.)
 //!

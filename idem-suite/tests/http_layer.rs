@@ -486,7 +486,7 @@ async fn with_wait_a_repeat_gets_the_first_response_when_it_is_ready() {
     assert!(err.to_string().contains("heartbeat"), "{err}");
 }
 
-/// Seed 001's gateway: it gives up on a slow request that then succeeds, and retries. The handler
+/// A gateway that gives up on a slow request that then succeeds, and retries. The handler
 /// is not cancelled with the first connection, so the retry replays its response.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_a_client_timeout_gets_the_response_of_the_run_it_gave_up_on() {
@@ -783,7 +783,7 @@ async fn the_key_may_come_from_a_body_field_when_a_proxy_strips_the_header() {
     assert_eq!(shop.rows().await, 1);
 }
 
-/// Issue 14: client B sending client A's key and body runs as its own request and sees nothing of
+/// Client B sending client A's key and body runs as its own request and sees nothing of
 /// A's response.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_caller_with_the_same_key_never_sees_the_first_callers_response() {
@@ -833,7 +833,7 @@ async fn a_layer_without_a_principal_is_refused_at_start_up() {
     assert!(err.to_string().contains("cap of 0"), "{err}");
 }
 
-/// Issue 14: a cap on new records per caller per window, 429 with Retry-After before anything is
+/// A cap on new records per caller per window, 429 with Retry-After before anything is
 /// written; replays and other callers are not affected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_over_its_cap_gets_429_before_anything_is_written() {
@@ -896,7 +896,7 @@ fn idem_record_key(principal: &str, key: &str) -> String {
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Seed 000 over HTTP, and issue 14's subject binding end to end: a token issued to alice cannot
+/// Submit tokens over HTTP, and their subject binding end to end: a token issued to alice cannot
 /// be spent by bob; alice spends it once; a 5xx puts it back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_tokens_are_issued_to_a_caller_and_spent_once() {
@@ -1067,7 +1067,7 @@ async fn records(store: &SqliteStore) -> i64 {
         .unwrap()
 }
 
-/// Issue 19: a cookie (a session), a hop-by-hop or framing header, a credential and the layer's
+/// A cookie (a session), a hop-by-hop or framing header, a credential and the layer's
 /// own header can never be kept: `keep_header` with one is refused when the layer is built.
 #[tokio::test]
 async fn headers_that_can_never_be_kept_are_refused_at_build() {
@@ -1136,7 +1136,7 @@ async fn a_header_kept_twice_is_replayed_once() {
     assert_eq!(locations, [&first.headers["location"]]);
 }
 
-/// Issue 19: several Idempotency-Key lines are one comma-joined value (RFC 9110 §5.3), not a key,
+/// Several Idempotency-Key lines are one comma-joined value (RFC 9110 §5.3), not a key,
 /// also when the lines are equal: 400 `invalid-key`, the handler does not run, nothing is stored.
 /// The same for a body key present twice, and several lines of the caller's header.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1212,7 +1212,7 @@ async fn several_key_lines_are_an_invalid_key_and_run_nothing() {
     assert_eq!(records(&store).await, 1);
 }
 
-/// Issue 19: a body shorter than its Content-Length (the client stopped sending) is the client's
+/// A body shorter than its Content-Length (the client stopped sending) is the client's
 /// fault, not an over-size body: 400 `request-unreadable`, the handler does not run, nothing is
 /// stored. A body over the limit is still 413.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1309,7 +1309,7 @@ async fn several_token_lines_spend_nothing() {
     );
 }
 
-/// Issue 19: every duration of the layer and of the token endpoint is checked at build: out of
+/// Every duration of the layer and of the token endpoint is checked at build: out of
 /// its range it is `InvalidOptions` naming it (no panic per request, as `wait(Duration::MAX)`
 /// was: `Instant + Duration::MAX` overflows); at the maximum the layer works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

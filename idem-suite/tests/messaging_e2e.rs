@@ -1,4 +1,4 @@
-//! Issue 23's end to end, on real servers: orders created over HTTP by the Idempotency-Key layer
+//! Messaging end to end, on real servers: orders created over HTTP by the Idempotency-Key layer
 //! in transaction mode, each enqueuing "order created" in the outbox in the same transaction; a
 //! relay publishing them; a consumer on `idem::inbox` shipping each order in a transaction of its
 //! own. A storm of 2,000 orders with 12 % duplicate requests runs while the relay and the consumer

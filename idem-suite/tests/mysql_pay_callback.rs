@@ -1,4 +1,4 @@
-//! The pay-callback scenario (seed 001's incident) on MySQL / MariaDB (`IDEM_MYSQL_URL`), in a
+//! The pay-callback scenario (a gateway's callback storm) on MySQL / MariaDB (`IDEM_MYSQL_URL`), in a
 //! database of its own: no order moves backwards or leaves a terminal state, one coupon per paid
 //! order, the ledger balances.
 

@@ -1,4 +1,4 @@
-//! The pay-callback example's scenario (seed 001's incident), asserted: no order moves backwards or
+//! The pay-callback example's scenario (a gateway's callback storm), asserted: no order moves backwards or
 //! leaves a terminal state, one coupon per paid order, the ledger balances.
 
 #[path = "support/pay_callback.rs"]

@@ -1,5 +1,5 @@
 //! `#[state_transition]` on Postgres (`$n` placeholders, `"…"` identifiers, `FOR UPDATE` reads),
-//! seed 001's incident replayed on it, and the READ COMMITTED case where the read that classifies
+//! a gateway's callback storm replayed on it, and the READ COMMITTED case where the read that classifies
 //! an update that moved nothing sees a newer row than the update did. Each test in a schema of its
 //! own (`search_path`), so the machines' fixed table names do not collide.
 
@@ -377,7 +377,7 @@ async fn a_newer_row_seen_by_the_read_runs_the_update_again() {
     pg::drop_schema(&pool, &schema).await;
 }
 
-/// Seed 001's incident on Postgres: the scenario's tables in a schema of their own.
+/// The callback storm on Postgres: the scenario's tables in a schema of their own.
 struct Pg {
     store: PgStore,
 }

@@ -1,7 +1,7 @@
 //! Differential property tests of the claim protocol: random sequences of claims, completes,
 //! fails, renewals, releases, saves of recovery points (`Store::save_steps`), sweeps and clock
 //! advances, run against every store that is built, each step compared with a small reference
-//! model written here from DESIGN §3 and the steps contract (independently of the stores' decision
+//! model written here from the decision table and the steps contract (independently of the stores' decision
 //! code). A failing sequence shrinks to a minimal case; proptest keeps it in
 //! `proptest-regressions/` and replays it first on every later run.
 //!

@@ -1,5 +1,5 @@
 //! What one call costs the server, counted by the server itself, so that a change that adds a
-//! statement or a round trip to a call's path fails here (issue 24). Each figure is the change of a
+//! statement or a round trip to a call's path fails here. Each figure is the change of a
 //! server counter over `CALLS` sequential calls, divided by `CALLS`:
 //!
 //! - MariaDB (`IDEM_MYSQL_URL`): `Questions` (statements, `SHOW GLOBAL STATUS`) and

@@ -201,7 +201,7 @@ impl Call {
     }
 
     /// Asks `recover` before the body runs again for a record that may already have had its
-    /// effect (seed 000's 回查: look the real business result up and backfill it). That is a
+    /// effect (a look-up of the real business result, backfilled into the record). That is a
     /// takeover: a PROCESSING record whose lease ended because its holder died, paused, or could
     /// not mark its result. `recover` answers "did this action already happen, and with what
     /// result?", by looking the payment up in the gateway or the order in its table:

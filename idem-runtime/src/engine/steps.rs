@@ -156,7 +156,7 @@ fn check_name(name: &str) -> Result<(), IdemError> {
 ///
 /// A lease-mode body whose holder dies (or whose mark never lands) is taken over by the next
 /// call, which runs the body again. With its effects in steps, the second run returns the saved
-/// results of the steps that completed and runs only the rest (seed 003's partial success: the
+/// results of the steps that completed and runs only the rest (a partial success: the
 /// money was taken, so the debit is not sent again):
 ///
 /// ```

@@ -1,5 +1,5 @@
 //! HTTP: an `Idempotency-Key` layer for axum and any tower service ([`IdempotencyLayer`]), and
-//! seed 000's submit tokens over HTTP: an endpoint that issues them ([`TokenEndpoint`]) and a guard
+//! One-time submit tokens over HTTP: an endpoint that issues them ([`TokenEndpoint`]) and a guard
 //! that spends the one a request carries in `X-Idem-Token` ([`TokenGuardLayer`]). Every error is an
 //! `application/problem+json` body whose `type` starts with [`PROBLEM_TYPE_PREFIX`].
 //!

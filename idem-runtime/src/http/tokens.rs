@@ -1,4 +1,4 @@
-//! Seed 000's submit tokens over HTTP: an endpoint issues a token bound to the caller; a guard
+//! One-time submit tokens over HTTP: an endpoint issues a token bound to the caller; a guard
 //! spends the token a submit carries before its handler runs, and puts it back if the handler
 //! failed with a 5xx.
 

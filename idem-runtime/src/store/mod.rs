@@ -342,7 +342,7 @@ pub(crate) fn keeps_steps(reset: bool, stored_fp: Option<&str>, asked_fp: Option
 
 /// A backend that keeps dedup records.
 ///
-/// Every method is atomic on its own: `claim` decides the whole table of DESIGN §3 in one atomic
+/// Every method is atomic on its own: `claim` decides the whole decision table in one atomic
 /// step (a unique insert, a compare-and-set update, a Lua script, a lock), and
 /// `complete`/`fail`/`renew` change the record only while it is still PROCESSING under the
 /// caller's fence. Times come from the store's own clock. Every backend passes the same contract

@@ -1,4 +1,4 @@
-//! One-time submit tokens (seeds 000 and 004): a page gets a token when it is rendered; the submit
+//! One-time submit tokens: a page gets a token when it is rendered; the submit
 //! that carries it consumes it with one atomic step, so a double click or a resubmitted form runs
 //! the business once; `restore` puts a token back when the business failed, so the user can retry
 //! without a fresh page.

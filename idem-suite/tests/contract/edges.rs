@@ -146,7 +146,7 @@ async fn distinct_records(
     Ok(())
 }
 
-/// Distinct `(biz, key)` pairs are distinct records (DESIGN §1: a composite key), on every store.
+/// Distinct `(biz, key)` pairs are distinct records (a composite key), on every store.
 pub async fn distinct_pairs_are_distinct_records(s: Subject) {
     let store = s.store;
     distinct_records(&*store, written_pairs()).await.unwrap();

@@ -499,7 +499,7 @@ pub async fn waiting_duplicate_gets_the_first_answer(s: Subject) {
     );
 }
 
-// ---- TTL, lease and fence edges (DESIGN §3) ------------------------------------------------
+// ---- TTL, lease and fence edges ------------------------------------------------
 
 /// Probe: ttl 30 s, lease 20 s; attempt 1 fails at t=0; a retry takes over at 25 s; a third
 /// caller at 35 s (TTL passed, attempt 2's lease runs to 45 s) must be told "in progress", and the

@@ -1,7 +1,7 @@
-//! Seed 001's incident, replayed: a gateway retried payment callbacks for six minutes, 47 deliveries,
+//! A payment incident, replayed: a gateway retried payment callbacks for six minutes, 47 deliveries,
 //! and 11 paid orders were moved to REFUNDED by retried callbacks. Here every callback is a
 //! `#[state_transition]`: duplicates are `AlreadyApplied`, late or illegal moves are `Rejected`, the
-//! coupon (seed 000's 发券) and the ledger rows are written only by the transition that applied.
+//! coupon and the ledger rows are written only by the transition that applied.
 //!
 //! The transitions are generic over the connection (`C: TransitionConn`) and write the business rows
 //! through it, so one scenario runs on every backend: a [`Backend`] sets the tables up, begins and

@@ -1,5 +1,5 @@
 //! The checks run on the model: the current protocol holds its properties, the old rules and
-//! the protocol without recover are caught, and the probe trace of issue 6; for recovery points,
+//! the protocol without recover are caught, and the probe trace of a lease cut short by the TTL; for recovery points,
 //! a saved step never runs again, a body without steps runs its first step again after its holder
 //! died, a step with steps runs twice only when its save never landed (and downstream applies it
 //! once when it deduplicates by the step key), a stale holder's save never lands, and each broken
@@ -36,9 +36,9 @@ fn the_protocol_holds_its_properties() {
     checker.assert_properties();
 }
 
-/// The checker finds the bugs of issue 6 when pointed at the old rules: two bodies running under
+/// The checker finds the bugs of the old decision order when pointed at the old rules: two bodies running under
 /// live claims (the TTL cut a live lease), and a stale holder's write accepted (a fence reused
-/// after a sweep); and the bug of issue 20: a success stored with the claim's expiry, already
+/// after a sweep); and the bug of the old mark: a success stored with the claim's expiry, already
 /// expired when the body outlived its ttl.
 #[test]
 fn the_check_finds_the_old_lease_and_fence_bugs() {
@@ -69,7 +69,7 @@ fn the_check_finds_the_old_lease_and_fence_bugs() {
     );
 }
 
-/// The probe of issue 6 as a trace: attempt 1 fails at t=0, a retry takes over at t=2 (lease to 4,
+/// The probe of a lease cut short by the TTL, as a trace: attempt 1 fails at t=0, a retry takes over at t=2 (lease to 4,
 /// TTL to 3), a third caller arrives at t=3. The old rules let it in beside the retry; the current
 /// rules tell it "in progress".
 #[test]

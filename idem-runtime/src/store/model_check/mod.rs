@@ -36,9 +36,9 @@
 //! `Store` each break one rule (an unfenced save, a take that drops the steps, a new life that
 //! keeps them); the checker finds each, so those checks are known to bite.
 //!
-//! `Rules::Before` is the decision order before the fix of issue 6 (TTL checked before the lease,
+//! `Rules::Before` is the decision order before the lease was checked first (TTL checked before the lease,
 //! a takeover keeping the old expiry, the attempt number as the fence), with a complete that keeps
-//! the claim's expiry (before issue 20); the checker finds its counterexamples, so the check is
+//! the claim's expiry (as the mark once did); the checker finds its counterexamples, so the check is
 //! known to bite.
 
 use std::time::Duration;
@@ -65,7 +65,7 @@ const TICK_MS: i64 = 1000;
 pub(crate) enum Rules {
     /// The stores' code.
     Current,
-    /// Before issue 6.
+    /// The decision order before the lease was checked first.
     Before,
 }
 

@@ -271,6 +271,24 @@ async fn pay(store: &MySqlStore, fx: &Effects, key: &str) -> Result<String, Idem
         .await
 }
 
+/// Promotes the replica as a failover tool does: its I/O thread stopped, everything it received
+/// applied (`MASTER_GTID_WAIT` on its `Gtid_IO_Pos`), then replication removed. Stopping the SQL
+/// thread first would drop what the replica received but had not applied yet (the relay log),
+/// acknowledged or not.
+fn promote(replica: &Server) {
+    replica.sql("STOP SLAVE IO_THREAD");
+    let status = replica.sql("SHOW SLAVE STATUS\\G");
+    let received = status
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Gtid_IO_Pos:"))
+        .map(str::trim)
+        .unwrap_or_default()
+        .to_owned();
+    let applied = replica.sql(&format!("SELECT MASTER_GTID_WAIT('{received}', 60)"));
+    assert_eq!(applied.trim(), "0", "the replica applied {received} within 60 s");
+    replica.sql("STOP SLAVE; RESET SLAVE ALL");
+}
+
 /// 8 calls while the replica replicates, the replica cut off, 8 more calls, the primary killed,
 /// the replica promoted, all 16 repeated there: the effects, and what the cut-off calls answered.
 async fn failover(pair: &Pair) -> (Effects, Vec<Result<String, IdemError>>) {
@@ -298,7 +316,7 @@ async fn failover(pair: &Pair) -> (Effects, Vec<Result<String, IdemError>>) {
     }
     pair.primary.signal("-KILL");
     pair.replica.signal("-CONT");
-    pair.replica.sql("STOP SLAVE; RESET SLAVE ALL");
+    promote(&pair.replica);
     let promoted = MySqlStore::connect(&pair.replica.url()).await.unwrap();
     for k in 0..8 {
         for key in [format!("before-{k}"), format!("after-{k}")] {

@@ -67,7 +67,9 @@ pub use engine::current::current_claim;
 pub use engine::retry::{RestartsTransaction, retry_transaction};
 pub use engine::steps::{MAX_STEP_NAME_LEN, MAX_STEPS, step, step_key};
 pub use engine::tx::{IdemTx, TransactionalStore};
-pub use engine::{Call, DEFAULT_LEASE, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, Recovering};
+pub use engine::{
+    Call, DEFAULT_LEASE, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, Recovering, with_store_timeout,
+};
 pub use error::{BoxError, Busy, DecryptFailure, IdemError};
 pub use fingerprint::fingerprint;
 pub use key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN, IdemKey, validate_biz, validate_key};

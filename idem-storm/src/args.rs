@@ -59,6 +59,12 @@ pub struct Args {
     #[arg(long, value_parser = duration)]
     pub result_ttl: Option<Duration>,
 
+    /// Each call's store timeout: the bound on each of its store steps (the claim with its
+    /// retries, the mark, each statement of tx mode), past which the call answers
+    /// `StoreUnavailable`. 1ms to 30 days; idem's default (10 s) when not given.
+    #[arg(long, value_parser = duration)]
+    pub store_timeout: Option<Duration>,
+
     /// How long a body takes.
     #[arg(long, default_value = "1ms", value_parser = duration)]
     pub body: Duration,
@@ -136,6 +142,34 @@ pub struct Args {
     )]
     pub pg_url: String,
 
+    /// Run a fault storm for this long instead of sending `-n` requests (`--store postgres`,
+    /// `mysql` or `redis`; 1s to 30 days): a private server of that store started from the
+    /// machine's binaries (`initdb`/`pg_ctl`, `mariadbd`, `redis-server`), `--workers`
+    /// application processes calling it through a TCP proxy, and `--faults` injected at random
+    /// and repeatedly until the time is up. Then every key is called again until it answers, and
+    /// the ledger is audited as in any storm, plus: every answered call within its deadline.
+    #[arg(long, value_parser = duration, help_heading = "Fault storm")]
+    pub chaos: Option<Duration>,
+
+    /// Application processes of a fault storm, each with `--concurrency` requests in flight.
+    #[arg(long, default_value_t = 3, help_heading = "Fault storm",
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub workers: u32,
+
+    /// The faults a fault storm injects, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        help_heading = "Fault storm",
+        default_value = "kill,pause,silence,restart"
+    )]
+    pub faults: Vec<ChaosFault>,
+
+    /// A fault storm's worker process (set by the storm itself).
+    #[arg(long, hide = true)]
+    pub chaos_worker: Option<String>,
+
     /// Print the summary as JSON on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -183,6 +217,33 @@ impl StoreKind {
     }
 }
 
+/// A fault a fault storm (`--chaos`) injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
+pub enum ChaosFault {
+    /// An application process killed (SIGKILL) in the middle of its calls, and a new one started.
+    Kill,
+    /// The store's server frozen (SIGSTOP) for a while, then resumed (SIGCONT).
+    Pause,
+    /// The network between the application and the store silent for a while (nothing passes,
+    /// nothing closes); then it heals, with what it held delivered late, or with every
+    /// connection open during the silence dead for good.
+    Silence,
+    /// The store's server killed without a shutdown and started again on the same data.
+    Restart,
+}
+
+impl ChaosFault {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChaosFault::Kill => "kill",
+            ChaosFault::Pause => "pause",
+            ChaosFault::Silence => "silence",
+            ChaosFault::Restart => "restart",
+        }
+    }
+}
+
 /// How each request runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
@@ -224,6 +285,12 @@ impl Args {
                 humantime::format_duration(self.ttl)
             ));
         }
+        if self
+            .store_timeout
+            .is_some_and(|t| t < Duration::from_millis(1))
+        {
+            return Err("--store-timeout must be at least 1ms".into());
+        }
         if self.lease < Duration::from_millis(10) {
             return Err("--lease must be at least 10ms".into());
         }
@@ -255,6 +322,28 @@ impl Args {
                 "--mode tx needs a store with transactions (sqlite, sharded, mysql, postgres); `{}` has none",
                 self.store.name()
             ));
+        }
+        if let Some(chaos) = self.chaos {
+            if chaos < Duration::from_secs(1) {
+                return Err("--chaos must be at least 1s".into());
+            }
+            if !matches!(
+                self.store,
+                StoreKind::Postgres | StoreKind::Mysql | StoreKind::Redis
+            ) {
+                return Err(format!(
+                    "--chaos runs on a private server of postgres, mysql or redis; `{}` has no server to pause or restart",
+                    self.store.name()
+                ));
+            }
+            if self.faults.is_empty() {
+                return Err("--faults needs at least one of kill, pause, silence, restart".into());
+            }
+            if self.plot.is_some() {
+                return Err(
+                    "--plot draws a storm of -n requests, not a fault storm (--chaos)".into(),
+                );
+            }
         }
         if self.store == StoreKind::RedisCluster && self.cluster_nodes.is_empty() {
             return Err(

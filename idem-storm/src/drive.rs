@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use idem::{Call, IdemError, Outcome, SqlValue, Store, observe};
@@ -42,6 +42,77 @@ pub(crate) enum Class {
     Error(&'static str),
 }
 
+impl Class {
+    /// How a fault storm's worker process writes it.
+    pub(crate) fn label(self) -> String {
+        match self {
+            Class::Executed => "executed".into(),
+            Class::TakenOver => "taken-over".into(),
+            Class::Recovered => "recovered".into(),
+            Class::Replayed => "replayed".into(),
+            Class::InProgress => "in-progress".into(),
+            Class::ResultExpired => "result-expired".into(),
+            Class::LeaseLost => "lease-lost".into(),
+            Class::Unmarked => "unmarked".into(),
+            Class::Business => "business".into(),
+            Class::Panicked => "panicked".into(),
+            Class::Dropped => "dropped".into(),
+            Class::Error(kind) => format!("error:{kind}"),
+        }
+    }
+
+    /// The class a [`Class::label`] names.
+    pub(crate) fn from_label(label: &str) -> Option<Class> {
+        Some(match label {
+            "executed" => Class::Executed,
+            "taken-over" => Class::TakenOver,
+            "recovered" => Class::Recovered,
+            "replayed" => Class::Replayed,
+            "in-progress" => Class::InProgress,
+            "result-expired" => Class::ResultExpired,
+            "lease-lost" => Class::LeaseLost,
+            "unmarked" => Class::Unmarked,
+            "business" => Class::Business,
+            "panicked" => Class::Panicked,
+            "dropped" => Class::Dropped,
+            other => {
+                let kind = other.strip_prefix("error:")?;
+                Class::Error(
+                    ERROR_KINDS
+                        .iter()
+                        .find(|k| **k == kind)
+                        .copied()
+                        .unwrap_or("other"),
+                )
+            }
+        })
+    }
+}
+
+/// Every name [`kind`] and the storm give an error.
+const ERROR_KINDS: &[&str] = &[
+    "invalid-key",
+    "invalid-biz",
+    "invalid-options",
+    "in-progress",
+    "payload-mismatch",
+    "result-expired",
+    "lease-lost",
+    "result-not-storable",
+    "replay-decode",
+    "fingerprint",
+    "unknown-store",
+    "not-supported",
+    "store-unavailable",
+    "store-busy",
+    "store-schema",
+    "store",
+    "other",
+    "ledger",
+    "recover-failed",
+    "cancelled",
+];
+
 /// One request's end.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Sample {
@@ -73,6 +144,19 @@ enum BodyError {
     Idem(#[from] IdemError),
 }
 
+/// Told of each request's end as it happens: its key, how it ended, its latency, its answer.
+pub(crate) type Report = Arc<dyn Fn(u32, Class, Duration, Option<i64>) + Send + Sync>;
+
+/// What a fault storm's worker process adds to a storm: runs numbered from `run_base` (unique
+/// across processes), a flag that ends it early, and a report of each request as it ends (a
+/// process may be killed before the storm would return anything).
+#[derive(Default)]
+pub(crate) struct Hooks {
+    pub run_base: i64,
+    pub stop: Option<Arc<AtomicBool>>,
+    pub report: Option<Report>,
+}
+
 struct Ctx {
     store: Arc<dyn Store>,
     tx: Option<Arc<dyn BeginTx>>,
@@ -85,6 +169,8 @@ struct Ctx {
     body: Duration,
     heartbeat: bool,
     recover: bool,
+    store_timeout: Option<Duration>,
+    hooks: Hooks,
     start: Instant,
 }
 
@@ -95,6 +181,9 @@ impl Ctx {
             .lease(self.lease);
         if let Some(kept) = self.result_ttl {
             call = call.result_ttl(kept);
+        }
+        if let Some(timeout) = self.store_timeout {
+            call = call.store_timeout(timeout);
         }
         // The default heartbeat renews every third of the lease.
         if self.heartbeat {
@@ -196,7 +285,7 @@ fn classify(result: Result<i64, BodyError>, outcome: Option<Outcome>) -> (Class,
 async fn lease_request(ctx: &Ctx, i: usize) -> (Class, Option<i64>) {
     let request = ctx.plan.requests[i];
     let key = format!("ORD-{}", request.key);
-    let run = i as i64;
+    let run = ctx.hooks.run_base + i as i64;
     let body = async {
         ctx.work(request.fault).await?;
         ctx.ledger
@@ -228,7 +317,7 @@ async fn lease_request(ctx: &Ctx, i: usize) -> (Class, Option<i64>) {
 async fn tx_request(ctx: Arc<Ctx>, begin: Arc<dyn BeginTx>, i: usize) -> (Class, Option<i64>) {
     let request = ctx.plan.requests[i];
     let key = format!("ORD-{}", request.key);
-    let run = i as i64;
+    let run = ctx.hooks.run_base + i as i64;
     let work = async {
         let mut tx = match begin.begin(&ctx.biz, &key).await {
             Ok(tx) => tx,
@@ -256,6 +345,9 @@ async fn tx_request(ctx: Arc<Ctx>, begin: Arc<dyn BeginTx>, i: usize) -> (Class,
             Err(e) => (Class::Error(kind(&e)), None),
         }
     };
+    // The store timeout bounds the transaction's begin and commit too.
+    let timeout = ctx.store_timeout.unwrap_or(idem::DEFAULT_STORE_TIMEOUT);
+    let work = idem::with_store_timeout(timeout, work);
     if request.fault == Fault::Drop {
         match tokio::time::timeout(ctx.give_up_after(), work).await {
             Ok(done) => done,
@@ -274,6 +366,7 @@ pub(crate) async fn drive(
     ledger: Arc<Ledger>,
     biz: Arc<str>,
     done: Arc<AtomicU64>,
+    hooks: Hooks,
 ) -> Driven {
     let ctx = Arc::new(Ctx {
         store: target.store.clone(),
@@ -287,6 +380,8 @@ pub(crate) async fn drive(
         body: args.body,
         heartbeat: !args.no_heartbeat,
         recover: args.recover,
+        store_timeout: args.store_timeout,
+        hooks,
         start: Instant::now(),
     });
     let tx_mode = args.mode == Mode::Tx;
@@ -336,6 +431,14 @@ async fn worker(
     let mut answers = Vec::new();
     let mut expired = Vec::new();
     loop {
+        if ctx
+            .hooks
+            .stop
+            .as_ref()
+            .is_some_and(|stop| stop.load(Ordering::Relaxed))
+        {
+            break;
+        }
         let i = next.fetch_add(1, Ordering::Relaxed);
         if i >= ctx.plan.requests.len() {
             break;
@@ -355,11 +458,11 @@ async fn worker(
             Err(e) if e.is_panic() => (Class::Panicked, None),
             Err(_) => (Class::Error("cancelled"), None),
         };
-        samples.push(Sample {
-            at,
-            latency: ctx.start.elapsed() - at,
-            class,
-        });
+        let latency = ctx.start.elapsed() - at;
+        if let Some(report) = &ctx.hooks.report {
+            report(ctx.plan.requests[i].key, class, latency, answer);
+        }
+        samples.push(Sample { at, latency, class });
         if let Some(run) = answer {
             answers.push((ctx.plan.requests[i].key, run));
         }

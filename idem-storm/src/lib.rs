@@ -9,9 +9,11 @@
 //! only to label outcomes, never to judge them.
 //!
 //! The binary is the usual way in (`cargo run -p idem-storm --release -- --help`); [`run`] is the
-//! same storm for tests.
+//! same storm for tests, and [`chaos::storm`] the fault storm of `--chaos` (a private server,
+//! application processes killed and replaced, the server frozen and restarted, the network silent).
 
 mod args;
+pub mod chaos;
 mod drive;
 mod plan;
 mod plot;
@@ -26,7 +28,8 @@ use std::time::Duration;
 
 use idem::{IdemError, Status};
 
-pub use args::{Args, Mode, StoreKind};
+pub use args::{Args, ChaosFault, Mode, StoreKind};
+pub use chaos::{ChaosReport, Proxy};
 pub use plot::draw;
 pub use summary::{Slice, Summary};
 
@@ -77,6 +80,7 @@ pub async fn run(args: &Args) -> Result<Summary, StormError> {
         ledger.clone(),
         biz.clone(),
         done,
+        drive::Hooks::default(),
     )
     .await;
     progress.abort();
@@ -109,7 +113,7 @@ pub async fn run(args: &Args) -> Result<Summary, StormError> {
 }
 
 /// The keys whose record the store holds as SUCCEEDED, read 16 at a time.
-async fn succeeded_keys(
+pub(crate) async fn succeeded_keys(
     target: &target::Target,
     biz: &str,
     keys: u32,

@@ -21,7 +21,28 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let summary = match runtime.block_on(idem_storm::run(&args)) {
+    if let Some(spec) = &args.chaos_worker {
+        return match runtime.block_on(idem_storm::chaos::work(&args, spec)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("idem-storm worker: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let storm = async {
+        if args.chaos.is_some() {
+            let exe = std::env::current_exe().map_err(|e| {
+                idem_storm::StormError::Setup(format!(
+                    "cannot find this program to start workers: {e}"
+                ))
+            })?;
+            idem_storm::chaos::storm(&args, &exe).await
+        } else {
+            idem_storm::run(&args).await
+        }
+    };
+    let summary = match runtime.block_on(storm) {
         Ok(summary) => summary,
         Err(e) => {
             eprintln!("idem-storm: {e}");

@@ -81,6 +81,10 @@ pub struct Summary {
     pub max_ms: f64,
     /// Every invariant held.
     pub invariants_hold: bool,
+    /// What a fault storm (`--chaos`) injected and how long its calls took against their
+    /// deadline; none for a storm of `-n` requests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chaos: Option<crate::chaos::ChaosReport>,
     /// Outcome counts per time slice, for the plot.
     #[serde(skip)]
     pub timeline: Vec<Slice>,
@@ -212,6 +216,7 @@ pub(crate) fn summarize(setup: Setup<'_>, driven: &Driven, audit: &Audit) -> Sum
         p99_ms: pick(0.99),
         max_ms: pick(1.0),
         invariants_hold,
+        chaos: None,
         timeline: timeline(&driven.samples, driven.elapsed),
         latencies_us,
     }
@@ -330,6 +335,9 @@ impl fmt::Display for Summary {
         ];
         for (name, value) in rows {
             writeln!(f, "  {name:<20} {value}")?;
+        }
+        if let Some(chaos) = &self.chaos {
+            write!(f, "{chaos}")?;
         }
         write!(
             f,

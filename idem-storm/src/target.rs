@@ -230,18 +230,40 @@ fn not_built(kind: StoreKind, feature: &str) -> StormError {
     ))
 }
 
+/// How a storm process opens its target.
+pub(crate) struct Opening {
+    /// The lease-mode ledger's file, shared by a fault storm's processes (a temporary file when
+    /// not given).
+    pub ledger: Option<std::path::PathBuf>,
+    /// Migrate the store and create the ledger (a fault storm's worker processes find both made).
+    pub migrate: bool,
+}
+
 /// Opens the store `args` names, migrated, and the ledger for `args.mode`.
 pub(crate) async fn open(args: &Args) -> Result<Target, StormError> {
+    open_with(
+        args,
+        &Opening {
+            ledger: None,
+            migrate: true,
+        },
+    )
+    .await
+}
+
+/// Opens the store `args` names and the ledger for `args.mode`, as `opening` says.
+pub(crate) async fn open_with(args: &Args, opening: &Opening) -> Result<Target, StormError> {
     let dir = tempfile::Builder::new()
         .prefix("idem-storm")
         .tempdir()
         .map_err(|e| StormError::Setup(format!("cannot make a temporary directory: {e}")))?;
     let tx_mode = args.mode == crate::args::Mode::Tx;
-    let separate = || async {
-        Ok::<_, StormError>(Ledger::Sqlite(vec![
-            sqlite_pool(&dir.path().join("ledger.db")).await?,
-        ]))
-    };
+    let ledger_file = opening
+        .ledger
+        .clone()
+        .unwrap_or_else(|| dir.path().join("ledger.db"));
+    let separate =
+        || async { Ok::<_, StormError>(Ledger::Sqlite(vec![sqlite_pool(&ledger_file).await?])) };
     let (store, tx, ledger): (Arc<dyn Store>, Option<Arc<dyn BeginTx>>, Ledger) = match args.store {
         StoreKind::Memory => (Arc::new(idem::MemoryStore::new()), None, separate().await?),
         StoreKind::Sqlite => {
@@ -273,12 +295,14 @@ pub(crate) async fn open(args: &Args) -> Result<Target, StormError> {
         }
         StoreKind::Redis => (redis_store(args).await?, None, separate().await?),
         StoreKind::RedisCluster => (redis_cluster_store(args).await?, None, separate().await?),
-        StoreKind::Mysql => mysql(args, separate().await?).await?,
-        StoreKind::Postgres => postgres(args, separate().await?).await?,
+        StoreKind::Mysql => mysql(args, opening.migrate, separate().await?).await?,
+        StoreKind::Postgres => postgres(args, opening.migrate, separate().await?).await?,
     };
-    ledger.create().await?;
-    if args.recover {
-        ledger.index_keys().await?;
+    if opening.migrate {
+        ledger.create().await?;
+        if args.recover {
+            ledger.index_keys().await?;
+        }
     }
     Ok(Target {
         store,
@@ -321,14 +345,20 @@ async fn redis_cluster_store(args: &Args) -> Result<Arc<dyn Store>, StormError> 
 #[cfg(feature = "postgres")]
 async fn postgres(
     args: &Args,
+    migrate: bool,
     separate: Ledger,
 ) -> Result<(Arc<dyn Store>, Option<Arc<dyn BeginTx>>, Ledger), StormError> {
-    let store = idem::PgStore::builder()
-        .max_connections(args.concurrency.clamp(4, 64))
+    let mut builder = idem::PgStore::builder().max_connections(args.concurrency.clamp(4, 64));
+    if let Some(timeout) = args.store_timeout {
+        builder = builder.acquire_timeout(timeout).connect_timeout(timeout);
+    }
+    let store = builder
         .connect(&args.pg_url)
         .await
         .map_err(StormError::store)?;
-    store.migrate().await.map_err(StormError::store)?;
+    if migrate {
+        store.migrate().await.map_err(StormError::store)?;
+    }
     let ledger = if args.mode == crate::args::Mode::Tx {
         Ledger::Pg(store.pool().clone())
     } else {
@@ -341,6 +371,7 @@ async fn postgres(
 #[cfg(not(feature = "postgres"))]
 async fn postgres(
     args: &Args,
+    _migrate: bool,
     _separate: Ledger,
 ) -> Result<(Arc<dyn Store>, Option<Arc<dyn BeginTx>>, Ledger), StormError> {
     Err(not_built(args.store, "postgres"))
@@ -350,16 +381,20 @@ async fn postgres(
 #[cfg(feature = "mysql")]
 async fn mysql(
     args: &Args,
+    migrate: bool,
     separate: Ledger,
 ) -> Result<(Arc<dyn Store>, Option<Arc<dyn BeginTx>>, Ledger), StormError> {
-    let store = idem::MySqlStore::connect_with(
-        &args.mysql_url,
-        args.concurrency.clamp(4, 64),
-        Duration::from_secs(2),
-    )
-    .await
-    .map_err(StormError::store)?;
-    store.migrate().await.map_err(StormError::store)?;
+    let mut builder = idem::MySqlStore::builder().max_connections(args.concurrency.clamp(4, 64));
+    if let Some(timeout) = args.store_timeout {
+        builder = builder.acquire_timeout(timeout).connect_timeout(timeout);
+    }
+    let store = builder
+        .connect(&args.mysql_url)
+        .await
+        .map_err(StormError::store)?;
+    if migrate {
+        store.migrate().await.map_err(StormError::store)?;
+    }
     let ledger = if args.mode == crate::args::Mode::Tx {
         Ledger::MySql(store.pool().clone())
     } else {
@@ -372,6 +407,7 @@ async fn mysql(
 #[cfg(not(feature = "mysql"))]
 async fn mysql(
     args: &Args,
+    _migrate: bool,
     _separate: Ledger,
 ) -> Result<(Arc<dyn Store>, Option<Arc<dyn BeginTx>>, Ledger), StormError> {
     Err(not_built(args.store, "mysql"))

@@ -6,9 +6,6 @@
 #![cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 
 #[cfg(feature = "redis")]
-#[path = "../../idem-suite/tests/support/proxy.rs"]
-mod proxy;
-#[cfg(feature = "redis")]
 #[path = "../../idem-suite/tests/support/redis_server.rs"]
 mod redis_server;
 
@@ -16,9 +13,9 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use clap::Parser;
-use idem_storm::{Args, Summary};
 #[cfg(feature = "redis")]
-use proxy::Proxy;
+use idem_storm::Proxy;
+use idem_storm::{Args, Summary};
 
 fn args(flags: &[&str]) -> Args {
     Args::parse_from(std::iter::once("idem-storm").chain(flags.iter().copied()))
@@ -292,7 +289,7 @@ async fn redis_connections_cut_slowed_and_half_open_mid_storm() {
     let Some(redis) = upstream("IDEM_REDIS_URL", "redis://127.0.0.1:6379") else {
         return;
     };
-    let proxy = Proxy::start(redis).await;
+    let proxy = Proxy::start(redis).await.unwrap();
     let url = format!("redis://{}", proxy.addr());
     let storm = args(&[
         "--store",

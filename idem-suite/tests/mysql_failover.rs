@@ -285,7 +285,11 @@ fn promote(replica: &Server) {
         .unwrap_or_default()
         .to_owned();
     let applied = replica.sql(&format!("SELECT MASTER_GTID_WAIT('{received}', 60)"));
-    assert_eq!(applied.trim(), "0", "the replica applied {received} within 60 s");
+    assert_eq!(
+        applied.trim(),
+        "0",
+        "the replica applied {received} within 60 s"
+    );
     replica.sql("STOP SLAVE; RESET SLAVE ALL");
 }
 

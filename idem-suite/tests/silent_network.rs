@@ -22,8 +22,6 @@
 
 #![cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
 
-#[path = "support/proxy.rs"]
-mod proxy;
 #[path = "contract/server.rs"]
 mod server;
 
@@ -33,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem::{Call, IdemError, Store};
-use proxy::Proxy;
+use idem_storm::Proxy;
 use tokio::sync::{Barrier, Notify};
 
 /// The store timeout the calls set.
@@ -115,7 +113,7 @@ enum Back {
 /// The whole scenario on the store `idem::connect` opens from `url` through the proxy.
 async fn silence_never_heals(name: &str, url: &str, back: Back) {
     let upstream_addr = upstream(url);
-    let proxy = Proxy::start(upstream_addr).await;
+    let proxy = Proxy::start(upstream_addr).await.unwrap();
     let proxied = proxy.url(url, upstream_addr);
     let Some(store) = server::reach(name, url, idem::connect(&proxied)).await else {
         return;
@@ -333,7 +331,7 @@ async fn connect_fails_fast(name: &str, url: &str) {
     );
 
     // A server that accepts and then says nothing.
-    let proxy = Proxy::start(upstream_addr).await;
+    let proxy = Proxy::start(upstream_addr).await.unwrap();
     proxy.silence();
     let silent = proxy.url(url, upstream_addr);
     let started = Instant::now();
@@ -432,7 +430,7 @@ async fn the_http_layer_answers_503_within_its_store_timeout() {
     let table = server::unique("idemt");
     let url = format!("{}?idem_table={table}", pg_url());
     let upstream_addr = upstream(&url);
-    let proxy = Proxy::start(upstream_addr).await;
+    let proxy = Proxy::start(upstream_addr).await.unwrap();
     let Some(store) = server::reach(
         "Postgres",
         &url,

@@ -24,8 +24,11 @@ pub(crate) use call::Heartbeat;
 pub(crate) use call::check_durations;
 #[cfg(feature = "axum")]
 pub(crate) use call::check_result_ttl;
+pub(crate) use call::check_store_timeout;
+pub use call::with_store_timeout;
 pub use call::{Call, DEFAULT_LEASE, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, Recovering};
-pub(crate) use call::{check_store_timeout, with_store_timeout};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use call::{TxStep, tx_step};
 use snapshot::{ErrType, OkType};
 
 use crate::IdemError;

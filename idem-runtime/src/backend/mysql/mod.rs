@@ -253,7 +253,9 @@ impl MySqlStore {
     /// construction.
     ///
     /// # Errors
-    /// [`IdemError::StoreUnavailable`] when no connection can be had.
+    /// [`IdemError::StoreUnavailable`] when no connection can be had, or when the server does not
+    /// answer within the store timeout in force ([`crate::with_store_timeout`], default
+    /// [`crate::DEFAULT_STORE_TIMEOUT`]).
     pub async fn begin(&self) -> Result<MySqlTx, IdemError> {
         // While claims mostly create records (`store/order.rs`), the first claim's savepoint goes
         // in this round trip too (see `MySqlTx`); while they mostly meet one, a claim reads first
@@ -262,14 +264,15 @@ impl MySqlStore {
         let open = ready
             .as_ref()
             .map_or_else(String::new, |ready| format!("; {}", ready.open()));
-        let tx = self
-            .pool
-            .begin_with(AssertSqlSafe(format!(
+        let tx = crate::engine::tx_step(
+            crate::engine::TxStep::Begin,
+            self.pool.begin_with(AssertSqlSafe(format!(
                 "SET SESSION innodb_lock_wait_timeout = {}; BEGIN{open}",
                 self.lock_wait_secs
-            )))
-            .await
-            .map_err(db_error)?;
+            ))),
+            db_error,
+        )
+        .await?;
         Ok(MySqlTx::new(tx, self.clone(), ready))
     }
 

@@ -236,7 +236,9 @@ impl PgStore {
     /// this store's table by construction.
     ///
     /// # Errors
-    /// [`IdemError::StoreUnavailable`] when no connection can be had.
+    /// [`IdemError::StoreUnavailable`] when no connection can be had, or when the server does not
+    /// answer within the store timeout in force ([`crate::with_store_timeout`], default
+    /// [`crate::DEFAULT_STORE_TIMEOUT`]).
     pub async fn begin(&self) -> Result<PgTx, IdemError> {
         self.begin_sending("BEGIN").await
     }
@@ -247,7 +249,8 @@ impl PgStore {
     /// ([`crate::retry_transaction`]).
     ///
     /// # Errors
-    /// [`IdemError::StoreUnavailable`] when no connection can be had.
+    /// [`IdemError::StoreUnavailable`] when no connection can be had, or when the server does not
+    /// answer within the store timeout in force.
     pub async fn begin_with(&self, isolation: PgIsolation) -> Result<PgTx, IdemError> {
         self.begin_sending(isolation.begin_statement()).await
     }
@@ -262,11 +265,13 @@ impl PgStore {
             Some(ready) => format!("{begin}; {}", ready.open()),
             None => begin.to_owned(),
         };
-        let tx = self
-            .pool
-            .begin_with(AssertSqlSafe(statement).into_sql_str())
-            .await
-            .map_err(db_error)?;
+        let tx = crate::engine::tx_step(
+            crate::engine::TxStep::Begin,
+            self.pool
+                .begin_with(AssertSqlSafe(statement).into_sql_str()),
+            db_error,
+        )
+        .await?;
         Ok(PgTx::new(tx, self.clone(), ready))
     }
 

@@ -107,21 +107,29 @@ impl PgTx {
         &mut self.tx
     }
 
-    /// Commits.
+    /// Commits, within the store timeout in force ([`crate::with_store_timeout`], default
+    /// [`crate::DEFAULT_STORE_TIMEOUT`]).
     ///
     /// # Errors
-    /// The database's error, classified (a serialization failure at commit restarts the
-    /// transaction).
+    /// The database's error, classified; [`IdemError::StoreUnavailable`] when the server did not
+    /// answer in time, and then the transaction may or may not have committed (a repeat of the
+    /// call replays if it did).
     pub async fn commit(self) -> Result<(), IdemError> {
-        self.tx.commit().await.map_err(db_error)
+        crate::engine::tx_step(crate::engine::TxStep::Commit, self.tx.commit(), db_error).await
     }
 
-    /// Rolls back.
+    /// Rolls back, within the store timeout in force.
     ///
     /// # Errors
-    /// The database's error, classified.
+    /// The database's error, classified; [`IdemError::StoreUnavailable`] when the server did not
+    /// answer in time (the server rolls back a transaction whose connection ends).
     pub async fn rollback(self) -> Result<(), IdemError> {
-        self.tx.rollback().await.map_err(db_error)
+        crate::engine::tx_step(
+            crate::engine::TxStep::Rollback,
+            self.tx.rollback(),
+            db_error,
+        )
+        .await
     }
 
     /// Runs statements without parameters (savepoints), in one round trip.
@@ -346,12 +354,14 @@ impl TransitionConn for PgTx {
         args: &[SqlValue<'_>],
     ) -> Result<u64, IdemError> {
         self.ready = None;
-        TransitionConn::execute(&mut *self.tx, sql, args).await
+        let statement = TransitionConn::execute(&mut *self.tx, sql, args);
+        crate::engine::tx_step(crate::engine::TxStep::Statement, statement, |e| e).await
     }
 
     async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
         self.ready = None;
-        TransitionConn::execute_unprepared(&mut *self.tx, sql).await
+        let statement = TransitionConn::execute_unprepared(&mut *self.tx, sql);
+        crate::engine::tx_step(crate::engine::TxStep::Statement, statement, |e| e).await
     }
 
     async fn read_state(

@@ -1,4 +1,4 @@
-//! A TCP fault proxy for tests: forwards loopback connections to a server and, on command, cuts
+//! A TCP fault proxy: forwards loopback connections to a server and, on command, cuts
 //! them, refuses new ones, delays every chunk, goes half-open (keeps connections up and drops what
 //! passes), or goes silent.
 //!
@@ -8,8 +8,6 @@
 //! dropped, as TCP would hold them: when the network comes back ([`Proxy::heal`]) they are
 //! delivered, late. Or the connections open during the silence stay dead for good while new ones
 //! work ([`Proxy::heal_new_only`]), as after a NAT entry or a load balancer's flow table was lost.
-
-#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,9 +46,12 @@ impl Drop for Proxy {
 
 impl Proxy {
     /// Listens on a free loopback port and forwards to `upstream`.
-    pub async fn start(upstream: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+    ///
+    /// # Errors
+    /// No loopback port could be bound.
+    pub async fn start(upstream: SocketAddr) -> std::io::Result<Proxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
         let state = Arc::new(State {
             refuse: AtomicBool::new(false),
             half_open: AtomicBool::new(false),
@@ -87,15 +88,15 @@ impl Proxy {
                     let (sr, sw) = server.into_split();
                     tokio::join!(pipe(cr, sw, line.clone()), pipe(sr, cw, line));
                 });
-                s.conns.lock().unwrap().push(conn.abort_handle());
+                lock(&s.conns).push(conn.abort_handle());
             }
         })
         .abort_handle();
-        Proxy {
+        Ok(Proxy {
             addr,
             state,
             accept,
-        }
+        })
     }
 
     /// Where clients connect.
@@ -104,6 +105,9 @@ impl Proxy {
     }
 
     /// `url` with its `host:port` (`upstream`) replaced by the proxy's.
+    ///
+    /// # Panics
+    /// When `url` does not name `upstream`.
     pub fn url(&self, url: &str, upstream: SocketAddr) -> String {
         let upstream = upstream.to_string();
         assert!(url.contains(&upstream), "{url} does not name {upstream}");
@@ -112,7 +116,7 @@ impl Proxy {
 
     /// Closes every open connection (both sides see it end).
     pub fn cut(&self) {
-        for c in self.state.conns.lock().unwrap().drain(..) {
+        for c in lock(&self.state.conns).drain(..) {
             c.abort();
         }
     }
@@ -207,4 +211,11 @@ async fn pipe(
         }
     }
     let _ = to.shutdown().await;
+}
+
+/// The list of connections, also after a panic elsewhere held its lock.
+fn lock(conns: &Mutex<Vec<AbortHandle>>) -> std::sync::MutexGuard<'_, Vec<AbortHandle>> {
+    conns
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -488,6 +488,11 @@ fn flag_cases() -> Vec<(&'static str, String)> {
         "--store redis-cluster",
         "--store nosuch",
         "--seed -1",
+        "--store-timeout 0s",
+        "--chaos 500ms --store postgres",
+        "--chaos 1m --store sqlite",
+        "--chaos 1m --store redis --workers 0",
+        "--chaos 1m --store redis --faults nosuch",
     ];
     cases
         .iter()

@@ -312,6 +312,30 @@ impl IdemError {
         }
     }
 
+    /// Names the step of idem's protocol a permanent store error came from (`"claim"`,
+    /// `"mark"`, …), so that `Display` reads "the idempotency store failed: during the claim,
+    /// Postgres error 23502: …" rather than like a statement of the caller's own. Other errors
+    /// are returned as they are; one already named keeps its step.
+    pub(crate) fn during(self, step: &'static str) -> Self {
+        let named = |source: BoxError| -> BoxError {
+            if source.is::<During>() {
+                source
+            } else {
+                Box::new(During { step, source })
+            }
+        };
+        match self {
+            IdemError::Store { source } => IdemError::Store {
+                source: named(source),
+            },
+            IdemError::StoreSchema { hint, source } => IdemError::StoreSchema {
+                hint,
+                source: named(source),
+            },
+            other => other,
+        }
+    }
+
     /// Wraps a backend error as [`IdemError::StoreUnavailable`].
     pub fn unavailable(source: impl Into<BoxError>) -> Self {
         IdemError::StoreUnavailable {
@@ -334,5 +358,24 @@ impl IdemError {
             self,
             IdemError::StoreUnavailable { .. } | IdemError::StoreBusy { .. }
         )
+    }
+}
+
+/// A store error with the step of idem's protocol it came from (see `IdemError::during`).
+#[derive(Debug)]
+struct During {
+    step: &'static str,
+    source: BoxError,
+}
+
+impl std::fmt::Display for During {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "during the {}, {}", self.step, self.source)
+    }
+}
+
+impl std::error::Error for During {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
     }
 }

@@ -1313,7 +1313,8 @@ async fn redis_tryagain_clusterdown_misconf_from_a_stand_in() {
 
 /// A table never migrated, on each SQL store: the error names the server, its code and its
 /// message, and says how to fix it; never the line of the server's C source that raised it
-/// (Postgres's `… at line 1392`), nor its file.
+/// (Postgres's `… at line 1392`), nor its file; through a call, also the step of idem's protocol
+/// ("during the claim").
 #[tokio::test]
 async fn a_server_error_reads_as_the_servers_message_with_its_code() {
     let mut stores: Vec<(&str, idem::AnyStore, &str)> = Vec::new();
@@ -1346,6 +1347,17 @@ async fn a_server_error_reads_as_the_servers_message_with_its_code() {
         assert!(
             !debug.contains(".c\"") && !debug.contains("idem-runtime/"),
             "{service}: {debug}"
+        );
+        // Through a call, the error also names the step of idem's it came from.
+        let err = Call::new("PAY", "k")
+            .run(&store, async { Ok::<_, IdemError>(1u8) })
+            .await
+            .unwrap_err();
+        let shown = err.to_string();
+        assert!(
+            matches!(err, IdemError::StoreSchema { .. })
+                && shown.contains(&format!("during the claim, {says}")),
+            "{service}: {shown}"
         );
     }
 }

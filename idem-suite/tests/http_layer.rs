@@ -1475,10 +1475,13 @@ async fn order_of(db: &SqlitePool, owner: &str, item: &str) -> Option<axum::resp
 /// again; without `recover`, the documented behaviour of lease mode alone: it runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_died_after_its_effect_is_recovered_not_run_again() {
+    // Long enough that the request after the death is still inside it on a loaded machine (a
+    // 300 ms lease was once over before that request arrived, and it was taken over at once).
+    const LEASE: Duration = Duration::from_secs(2);
     for with_recover in [true, false] {
         let shop = Shop::new().await;
         let db = shop.db.clone();
-        let mut layer = builder(&store().await).lease(Duration::from_millis(300));
+        let mut layer = builder(&store().await).lease(LEASE);
         if with_recover {
             layer = layer.recover(move |req: idem::http::RecoverRequest| {
                 let db = db.clone();
@@ -1513,7 +1516,7 @@ async fn a_handler_that_died_after_its_effect_is_recovered_not_run_again() {
             StatusCode::CONFLICT,
             "within the lease: in progress"
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(LEASE + Duration::from_millis(200)).await;
         let retry = api
             .post(Some("alice"), Some("crash-1"), json!({ "item": "lamp" }))
             .await;

@@ -147,7 +147,9 @@ impl<'a> Holder<'a> {
     async fn read_steps(&mut self) -> Result<steps::Log, IdemError> {
         let (store, req, claim) = (self.store, self.req, self.claim);
         let (until, why) = self.cut_off(super::after(self.timeout));
-        let record = retry_transient(until, why, || store.load(req.biz, req.key)).await?;
+        let record = retry_transient(until, why, || store.load(req.biz, req.key))
+            .await
+            .map_err(|e| e.during("read of the recovery points"))?;
         match record {
             Some(r) if r.fence == claim.fence && r.status == Status::Processing => {
                 steps::decode_log(r.steps.as_deref())

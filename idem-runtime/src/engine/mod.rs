@@ -258,7 +258,7 @@ async fn claim(
         let outcome = retry_transient(until, STORE_TIMEOUT, || store.claim(req)).await;
         let now = tokio::time::Instant::now();
         crate::metrics::claim_latency(req.biz, store.backend(), now - started);
-        let outcome = outcome?;
+        let outcome = outcome.map_err(|e| e.during("claim"))?;
         let ClaimOutcome::InProgress { retry_after } = outcome else {
             return Ok((outcome, now));
         };
@@ -401,6 +401,7 @@ where
                     if let Err(e) = holder
                         .finish(|| store.release(req.biz, req.key, &claim))
                         .await
+                        .map_err(|e| e.during("release"))
                     {
                         tracing::warn!(attempt, error = %e, "could not release the claim after recover failed; it is taken over once its lease ends");
                     }
@@ -426,6 +427,7 @@ where
                         ),
                     })
                     .await
+                    .map_err(|e| e.during("mark"))
                 {
                     Ok(()) => (result, done),
                     Err(e @ IdemError::LeaseLost { .. }) => {
@@ -448,6 +450,7 @@ where
                 match holder
                     .finish(|| store.fail(req.biz, req.key, &claim))
                     .await
+                    .map_err(|e| e.during("mark"))
                 {
                     Ok(()) => {}
                     Err(IdemError::LeaseLost { .. }) => tracing::warn!(

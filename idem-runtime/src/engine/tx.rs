@@ -150,7 +150,9 @@ where
     let outcome = match call.request(tx.store()) {
         Ok(req) => {
             let started = std::time::Instant::now();
-            let outcome = super::bounded(call.store_timeout_in_force(), tx.claim(&req)).await;
+            let outcome = super::bounded(call.store_timeout_in_force(), tx.claim(&req))
+                .await
+                .map_err(|e| e.during("claim"));
             crate::metrics::claim_latency(req.biz, tx.store().backend(), started.elapsed());
             outcome
         }
@@ -213,7 +215,10 @@ where
                 None => tx.complete(biz, key, &claim, &snapshot, call.ttl),
                 Some(kept) => tx.complete_keeping(biz, key, &claim, &snapshot, call.ttl, kept),
             };
-            match super::bounded(call.store_timeout_in_force(), mark).await {
+            match super::bounded(call.store_timeout_in_force(), mark)
+                .await
+                .map_err(|e| e.during("mark"))
+            {
                 Ok(()) => (result, done),
                 Err(e @ IdemError::LeaseLost { .. }) => (Err(err.from_idem(e)), Outcome::LeaseLost),
                 Err(e) => (Err(err.from_idem(e)), Outcome::MarkFailed),

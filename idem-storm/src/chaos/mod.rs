@@ -13,29 +13,30 @@
 //! effects, no answer that is not the effect the ledger holds, no SUCCEEDED record without an
 //! effect; plus every answered call within its deadline (its store steps times the store timeout).
 
+mod fleet;
 mod proxy;
 mod server;
 
+pub use fleet::work;
 pub use proxy::Proxy;
 pub use server::available;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::args::{Args, ChaosFault, Mode, StoreKind};
 use crate::drive::{self, Class, Driven, Hooks, Sample};
-use crate::plan::{self, Fault, Plan, Request};
+use crate::plan::{Fault, Plan, Request};
 use crate::summary::{self, Summary};
 use crate::target::{self, Opening};
 use crate::{StormError, succeeded_keys};
+use fleet::Fleet;
 
 /// Scheduling slack in a call's deadline: processes are frozen and started on a small machine.
 const SLACK: Duration = Duration::from_secs(1);
@@ -115,18 +116,6 @@ impl fmt::Display for ChaosReport {
     }
 }
 
-/// What a worker process is told, as JSON in its `--chaos-worker` flag.
-#[derive(Debug, Serialize, Deserialize)]
-struct WorkerSpec {
-    /// Numbers the process's runs: `id << 40` and up.
-    id: u32,
-    biz: String,
-    /// The store's URL through the proxy.
-    url: String,
-    /// The lease-mode ledger file every process shares.
-    ledger: Option<PathBuf>,
-}
-
 fn with_url(args: &Args, url: &str) -> Args {
     let mut args = args.clone();
     match args.store {
@@ -146,236 +135,6 @@ fn store_timeout(args: &Args) -> Duration {
 fn deadline(args: &Args) -> Duration {
     let steps = if args.mode == Mode::Tx { 5 } else { 2 };
     store_timeout(args) * steps + args.body + SLACK
-}
-
-/// A worker process: the storm driver against the proxy until its stdin closes, one line per
-/// finished request on stdout.
-///
-/// # Errors
-/// [`StormError::Setup`] for a malformed spec; the store's error when it cannot be opened within
-/// a minute (it may be paused, silent or restarting as the process starts, so it keeps trying).
-pub async fn work(args: &Args, spec: &str) -> Result<(), StormError> {
-    let spec: WorkerSpec = serde_json::from_str(spec)
-        .map_err(|e| StormError::Setup(format!("--chaos-worker: {e}")))?;
-    let args = with_url(args, &spec.url);
-    let opening = Opening {
-        ledger: spec.ledger.clone(),
-        migrate: false,
-    };
-    let started = Instant::now();
-    let target = loop {
-        match target::open_with(&args, &opening).await {
-            Ok(target) => break target,
-            Err(_) if started.elapsed() < Duration::from_secs(60) => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => return Err(e),
-        }
-    };
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopping = stop.clone();
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-        stopping.store(true, Ordering::Relaxed);
-    });
-    let report: drive::Report = Arc::new(|key, class, latency, run| {
-        let mut out = std::io::stdout().lock();
-        let run = run.map_or_else(|| "-".to_owned(), |r| r.to_string());
-        let _ = writeln!(out, "{key} {} {} {run}", class.label(), latency.as_micros());
-        let _ = out.flush();
-    });
-    let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
-    let plan = Arc::new(plan::plan(&args, seed));
-    drive::drive(
-        &args,
-        plan,
-        &target,
-        target.ledger.clone(),
-        spec.biz.into(),
-        Arc::new(AtomicU64::new(0)),
-        Hooks {
-            run_base: i64::from(spec.id) << 40,
-            stop: Some(stop),
-            report: Some(report),
-        },
-    )
-    .await;
-    Ok(())
-}
-
-/// One request's end as a worker reported it.
-struct Seen {
-    key: u32,
-    class: Class,
-    latency: Duration,
-    run: Option<i64>,
-    /// When it started, since the storm began.
-    at: Duration,
-}
-
-fn parse(line: &str, now: Duration) -> Option<Seen> {
-    let mut parts = line.split_whitespace();
-    let key = parts.next()?.parse().ok()?;
-    let class = Class::from_label(parts.next()?)?;
-    let latency = Duration::from_micros(parts.next()?.parse().ok()?);
-    let run = match parts.next()? {
-        "-" => None,
-        r => Some(r.parse().ok()?),
-    };
-    Some(Seen {
-        key,
-        class,
-        latency,
-        run,
-        at: now.saturating_sub(latency),
-    })
-}
-
-/// One worker process and the thread reading its lines.
-struct Worker {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    reader: Option<std::thread::JoinHandle<()>>,
-}
-
-/// The application processes of a fault storm.
-struct Fleet<'a> {
-    args: &'a Args,
-    exe: &'a Path,
-    via: String,
-    biz: String,
-    ledger: Option<PathBuf>,
-    seed: u64,
-    start: Instant,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    workers: Vec<Worker>,
-    started: u32,
-}
-
-/// Every storm flag a worker needs, with its own seed.
-fn worker_flags(args: &Args, seed: u64, requests: u64) -> Vec<String> {
-    let d = |d: Duration| humantime::format_duration(d).to_string();
-    let mut flags = vec![
-        "--store".to_owned(),
-        args.store.name().to_owned(),
-        "--mode".to_owned(),
-        args.mode.name().to_owned(),
-        "-n".to_owned(),
-        requests.to_string(),
-        "--dup-rate".to_owned(),
-        args.dup_rate.to_string(),
-        "--skew".to_owned(),
-        args.skew.to_string(),
-        "-c".to_owned(),
-        args.concurrency.to_string(),
-        "--lease".to_owned(),
-        d(args.lease),
-        "--ttl".to_owned(),
-        d(args.ttl),
-        "--body".to_owned(),
-        d(args.body),
-        "--store-timeout".to_owned(),
-        d(store_timeout(args)),
-        "--seed".to_owned(),
-        seed.to_string(),
-        "--quiet".to_owned(),
-    ];
-    if let Some(kept) = args.result_ttl {
-        flags.extend(["--result-ttl".to_owned(), d(kept)]);
-    }
-    if args.recover {
-        flags.push("--recover".to_owned());
-    }
-    if args.no_heartbeat {
-        flags.push("--no-heartbeat".to_owned());
-    }
-    flags
-}
-
-impl Fleet<'_> {
-    /// Starts one more worker process.
-    fn spawn(&mut self) -> Result<(), StormError> {
-        self.started += 1;
-        let spec = WorkerSpec {
-            id: self.started,
-            biz: self.biz.clone(),
-            url: self.via.clone(),
-            ledger: self.ledger.clone(),
-        };
-        let secs = self.args.chaos.unwrap_or_default().as_secs().max(1);
-        let requests = (secs * 1000).clamp(10_000, 2_000_000);
-        let mut child = Command::new(self.exe)
-            .arg("--chaos-worker")
-            .arg(serde_json::to_string(&spec).expect("a spec serializes"))
-            .args(worker_flags(
-                self.args,
-                self.seed.wrapping_add(u64::from(self.started)),
-                requests,
-            ))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                StormError::Setup(format!(
-                    "cannot start a worker process ({}): {e}",
-                    self.exe.display()
-                ))
-            })?;
-        let stdout = child.stdout.take().expect("piped");
-        let (seen, start) = (self.seen.clone(), self.start);
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(one) = parse(&line, start.elapsed()) {
-                    seen.lock().unwrap_or_else(|p| p.into_inner()).push(one);
-                }
-            }
-        });
-        self.workers.push(Worker {
-            stdin: child.stdin.take(),
-            child,
-            reader: Some(reader),
-        });
-        Ok(())
-    }
-
-    /// Kills a worker picked at random (SIGKILL: its calls in flight never answer).
-    fn kill_one(&mut self, rng: &mut fastrand::Rng) {
-        let mut worker = self.workers.swap_remove(rng.usize(..self.workers.len()));
-        let _ = worker.child.kill();
-        let _ = worker.child.wait();
-        if let Some(reader) = worker.reader.take() {
-            let _ = reader.join();
-        }
-    }
-
-    /// Tells every worker to stop (stdin closed), waits until each has finished its calls in
-    /// flight (at most `within`), and kills the ones that have not.
-    async fn stop(&mut self, within: Duration) {
-        for worker in &mut self.workers {
-            worker.stdin.take();
-        }
-        let until = Instant::now() + within;
-        for worker in &mut self.workers {
-            while Instant::now() < until && matches!(worker.child.try_wait(), Ok(None)) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            let _ = worker.child.kill();
-            let _ = worker.child.wait();
-            if let Some(reader) = worker.reader.take() {
-                let _ = reader.join();
-            }
-        }
-    }
-}
-
-impl Drop for Fleet<'_> {
-    fn drop(&mut self) {
-        for worker in &mut self.workers {
-            let _ = worker.child.kill();
-            let _ = worker.child.wait();
-        }
-    }
 }
 
 /// The ledger's rows, read again when the first connection tried was one the server's restart

@@ -367,6 +367,7 @@ tokio::task_local! {
 /// one out of range is taken as the nearest bound.
 ///
 /// ```
+/// # use idem_runtime as idem;
 /// # async fn demo(store: &idem::SqliteStore) -> Result<(), idem::IdemError> {
 /// use std::time::Duration;
 /// idem::with_store_timeout(Duration::from_secs(1), async {

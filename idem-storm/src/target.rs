@@ -119,6 +119,8 @@ impl Ledger {
 
     /// Indexes the lease-mode ledger by key, as a business table is, for `--recover`'s reads.
     async fn index_keys(&self) -> Result<(), StormError> {
+        // The only variant when idem-storm is built without `postgres` and `mysql`.
+        #[allow(irrefutable_let_patterns)]
         if let Ledger::Sqlite(pools) = self {
             for pool in pools {
                 sqlx::query(

@@ -12,13 +12,16 @@
 //! in an independent side-effect table, never by idem's counters.
 
 mod contract;
+#[path = "support/failover.rs"]
+mod failover;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use contract::Effects;
-use idem::{Call, IdemError, MySqlStore};
+use failover::pay;
+use idem::{IdemError, MySqlStore};
 
 /// Whether this machine can start private MariaDB servers; one skip line when not, a failure
 /// under `IDEM_REQUIRE_SERVICES=1`.
@@ -259,18 +262,6 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
     panic!("{what}: not within 10 s");
 }
 
-/// The call for `key` on `store` with a store timeout of 1 s; its body records one side effect.
-async fn pay(store: &MySqlStore, fx: &Effects, key: &str) -> Result<String, IdemError> {
-    let (fx, owned) = (fx.clone(), key.to_owned());
-    Call::new("FAILOVER", key)
-        .store_timeout(Duration::from_secs(1))
-        .run(store, async move {
-            fx.record("FAILOVER", &owned).await;
-            Ok::<_, IdemError>(format!("receipt for {owned}"))
-        })
-        .await
-}
-
 /// Promotes the replica as a failover tool does: its I/O thread stopped, everything it received
 /// applied (`MASTER_GTID_WAIT` on its `Gtid_IO_Pos`), then replication removed. Stopping the SQL
 /// thread first would drop what the replica received but had not applied yet (the relay log),
@@ -341,25 +332,7 @@ async fn asynchronous_replication_forgets_what_the_replica_never_got() {
     }
     let pair = pair("async", false);
     let (fx, cut_off) = failover(&pair).await;
-    for (k, answer) in cut_off.iter().enumerate() {
-        assert!(
-            answer.is_ok(),
-            "after-{k}: the primary answers alone: {answer:?}"
-        );
-    }
-    for k in 0..8 {
-        assert_eq!(
-            fx.count("FAILOVER", &format!("before-{k}")).await,
-            1,
-            "before-{k}"
-        );
-        assert_eq!(
-            fx.count("FAILOVER", &format!("after-{k}")).await,
-            2,
-            "after-{k}: acknowledged by the primary alone, forgotten by the promoted replica: \
-             the business ran again"
-        );
-    }
+    failover::forgotten(&fx, &cut_off).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,19 +342,5 @@ async fn semi_synchronous_replication_keeps_every_acknowledged_call() {
     }
     let pair = pair("semisync", true);
     let (fx, cut_off) = failover(&pair).await;
-    for (k, answer) in cut_off.iter().enumerate() {
-        assert!(
-            matches!(answer, Err(IdemError::StoreUnavailable { .. })),
-            "after-{k}: the replica never acknowledged the claim: {answer:?}"
-        );
-    }
-    for k in 0..8 {
-        for key in [format!("before-{k}"), format!("after-{k}")] {
-            assert_eq!(
-                fx.count("FAILOVER", &key).await,
-                1,
-                "{key}: one execution across the failover"
-            );
-        }
-    }
+    failover::kept(&fx, &cut_off).await;
 }

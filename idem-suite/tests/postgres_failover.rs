@@ -11,14 +11,17 @@
 //! independent side-effect table, never by idem's counters.
 
 mod contract;
+#[path = "support/failover.rs"]
+mod failover;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use contract::Effects;
+use failover::pay;
 use idem::sqlx::{self, Connection, PgConnection};
-use idem::{Call, IdemError, PgStore};
+use idem::{IdemError, PgStore};
 
 /// The server binaries of the installed Postgres (`/usr/lib/postgresql/<major>/bin`).
 fn bin_dir() -> Option<PathBuf> {
@@ -241,18 +244,6 @@ fn append(path: &Path, text: &str) {
     file.write_all(text.as_bytes()).unwrap();
 }
 
-/// The call for `key` on `store` with a store timeout of 1 s; its body records one side effect.
-async fn pay(store: &PgStore, fx: &Effects, key: &str) -> Result<String, IdemError> {
-    let (fx, owned) = (fx.clone(), key.to_owned());
-    Call::new("FAILOVER", key)
-        .store_timeout(Duration::from_secs(1))
-        .run(store, async move {
-            fx.record("FAILOVER", &owned).await;
-            Ok::<_, IdemError>(format!("receipt for {owned}"))
-        })
-        .await
-}
-
 /// Partitions the replica away (frozen, its WAL sender gone), then finishes calls on the primary,
 /// kills the primary, promotes the replica and repeats every call there: how many effects each
 /// key has in the end, for the keys `before` (finished while the replica streamed) and `after`
@@ -314,25 +305,7 @@ async fn asynchronous_replication_forgets_what_the_replica_never_got() {
     };
     let pair = pair(&bin, "async", false).await;
     let (fx, cut_off) = failover(&pair).await;
-    for (k, answer) in cut_off.iter().enumerate() {
-        assert!(
-            answer.is_ok(),
-            "after-{k}: the primary answers alone: {answer:?}"
-        );
-    }
-    for k in 0..8 {
-        assert_eq!(
-            fx.count("FAILOVER", &format!("before-{k}")).await,
-            1,
-            "before-{k}: streamed before the partition, replayed after the promotion"
-        );
-        assert_eq!(
-            fx.count("FAILOVER", &format!("after-{k}")).await,
-            2,
-            "after-{k}: acknowledged by the primary alone, forgotten by the promoted replica: \
-             the business ran again"
-        );
-    }
+    failover::forgotten(&fx, &cut_off).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -342,19 +315,5 @@ async fn synchronous_replication_keeps_every_acknowledged_call() {
     };
     let pair = pair(&bin, "sync", true).await;
     let (fx, cut_off) = failover(&pair).await;
-    for (k, answer) in cut_off.iter().enumerate() {
-        assert!(
-            matches!(answer, Err(IdemError::StoreUnavailable { .. })),
-            "after-{k}: the replica never confirmed the claim's commit: {answer:?}"
-        );
-    }
-    for k in 0..8 {
-        for key in [format!("before-{k}"), format!("after-{k}")] {
-            assert_eq!(
-                fx.count("FAILOVER", &key).await,
-                1,
-                "{key}: one execution across the failover"
-            );
-        }
-    }
+    failover::kept(&fx, &cut_off).await;
 }

@@ -5,8 +5,8 @@
 //! | command | what it does |
 //! |---|---|
 //! | `idem migrate [--print]` | applies the schema ([`idem::AnyStore::migrate`]), or prints the DDL for the URL's backend without connecting ([`idem::migrations`]) |
-//! | `idem inspect BIZ KEY [--show-result]` | a record's status, attempt, fence, lease end and expiry, fingerprint, sizes; the result with `--show-result` |
-//! | `idem stuck [--biz B] [--limit N]` | PROCESSING records whose lease ended ([`idem::admin::stuck_all`]) |
+//! | `idem inspect BIZ KEY [--show-result]` | a record's status, attempt, fence, lease end and expiry, fingerprint, sizes, and for an HTTP layer record the method and route it came from; the result with `--show-result` |
+//! | `idem stuck [--biz B] [--limit N]` | PROCESSING records whose lease ended, with the method and route of HTTP layer records ([`idem::admin::stuck_all`]) |
 //! | `idem release BIZ KEY --reason TEXT [--force]` | ends a stuck claim's lease (fenced), so the next call takes it over and asks its recover fn ([`idem::admin::release`]) |
 //! | `idem inspect HTTP KEY --principal P` (or `--http`), the same on `release` | KEY is the `Idempotency-Key` caller P sent to the HTTP layer: the record is found under the layer's hash of both ([`idem::http_record_key`]) |
 //! | `idem release … --mark-failed` | a fenced move to FAILED instead: the next call runs the body again without asking recover; only when the effect is known not to have happened ([`idem::admin::mark_failed`]) |
@@ -340,8 +340,18 @@ async fn inspect(
         rfc3339(record.expire_at_ms),
         relative(record.expire_at_ms, now, "expired")
     );
+    if let Some(origin) = record.origin() {
+        println!("request      {origin}");
+    }
     match &record.fingerprint {
-        Some(fp) => println!("fingerprint  present ({})", fp.get(..12).unwrap_or(fp)),
+        Some(fp) => {
+            // The digest, after the route an HTTP layer record keeps before it.
+            let digest = fp.rsplit(' ').next().unwrap_or(fp);
+            println!(
+                "fingerprint  present ({})",
+                digest.get(..12).unwrap_or(digest)
+            );
+        }
         None => println!("fingerprint  absent"),
     }
     println!("result       {}", size(record.snapshot.as_deref()));
@@ -388,7 +398,7 @@ async fn stuck(store: &AnyStore, biz: Option<&str>, limit: u64) -> Result<Exit, 
         return Ok(Exit::Ok);
     }
     let now = wall_ms();
-    let rows: Vec<[String; 5]> = records
+    let rows: Vec<[String; 6]> = records
         .iter()
         .map(|r| {
             [
@@ -401,15 +411,16 @@ async fn stuck(store: &AnyStore, biz: Option<&str>, limit: u64) -> Result<Exit, 
                     rfc3339(r.lease_until_ms),
                     relative(r.lease_until_ms, now, "ended")
                 ),
+                r.origin().unwrap_or("-").to_owned(),
             ]
         })
         .collect();
     print!(
         "{}",
         table(
-            &["BIZ", "KEY", "ATTEMPT", "FENCE", "LEASE ENDED"],
+            &["BIZ", "KEY", "ATTEMPT", "FENCE", "LEASE ENDED", "REQUEST"],
             &rows,
-            &[false, false, true, true, false]
+            &[false, false, true, true, false, false]
         )
     );
     println!(

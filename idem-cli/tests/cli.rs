@@ -220,9 +220,17 @@ async fn acquire(store: &dyn Store, r: &ClaimRequest<'_>) -> (Claim, Acquired) {
 
 const HOUR: Duration = Duration::from_secs(3600);
 
+/// The fingerprint the HTTP layer keeps for a request to the route `POST /orders/{id}`: the route,
+/// then the digest.
+const LAYER_FINGERPRINT: &str =
+    "POST /orders/{id} 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
 /// A PROCESSING record whose lease ended now (its holder gave it up without finishing): stuck.
+/// Its fingerprint is an HTTP layer request's, so the listing shows where it came from.
 async fn stuck_record(store: &dyn Store, biz: &str, key: &str) -> Claim {
-    let (claim, _) = acquire(store, &req(biz, key, Duration::from_secs(60), HOUR)).await;
+    let mut r = req(biz, key, Duration::from_secs(60), HOUR);
+    r.fingerprint = Some(LAYER_FINGERPRINT);
+    let (claim, _) = acquire(store, &r).await;
     store.release(biz, key, &claim).await.unwrap();
     claim
 }
@@ -340,6 +348,10 @@ async fn every_command(t: Target) {
     ] {
         assert!(out.stdout.lines().any(|l| l == line), "{line:?} in {out:?}");
     }
+    assert!(
+        !out.stdout.contains("request "),
+        "no route for a record that is not the HTTP layer's: {out:?}"
+    );
     let expiry = format!("expires at   {}.", rfc3339_prefix(rec.expire_at_ms));
     let line = out.stdout.lines().find(|l| l.starts_with("expires at"));
     assert!(
@@ -388,6 +400,25 @@ async fn every_command(t: Target) {
     let listed: Vec<&str> = out.stdout.lines().skip(1).collect();
     assert!(listed[0].starts_with(&format!("{a}  stuck")), "{out:?}");
     assert!(listed[0].contains(&stuck.fence.to_string()), "{out:?}");
+    assert!(
+        listed[0].ends_with("ago)  POST /orders/{id}"),
+        "the layer record's method and route: {out:?}"
+    );
+    assert!(
+        out.stdout.lines().next().unwrap().ends_with("  REQUEST"),
+        "{out:?}"
+    );
+    let out = idem(url, &["inspect", &a, "stuck"]).await;
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l == "request      POST /orders/{id}")
+            && out
+                .stdout
+                .lines()
+                .any(|l| l == "fingerprint  present (0123456789ab)"),
+        "{out:?}"
+    );
     assert!(!out.stdout.contains("live"), "{out:?}");
     assert_eq!(
         listed.last(),

@@ -21,6 +21,28 @@ pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<String, String> {
     Ok(hex(&Sha256::digest(&canonical)))
 }
 
+/// Whether two stored fingerprints name the same request. A fingerprint may carry, before its
+/// digest and a space, where the request came from (the HTTP layer writes `POST /orders <digest>`,
+/// so an operator's tool can say which route a record is for); only the digests are compared, so a
+/// record written without that part (by an earlier version) still matches its repeats.
+pub(crate) fn same(a: &str, b: &str) -> bool {
+    digest(a) == digest(b)
+}
+
+/// The digest of a stored fingerprint: what follows its last space, or all of it.
+fn digest(fingerprint: &str) -> &str {
+    fingerprint.rsplit(' ').next().unwrap_or(fingerprint)
+}
+
+/// What a stored fingerprint says of where its request came from: the text before its digest
+/// (`POST /orders/{id}` for an HTTP layer record), or `None` (every other record).
+pub(crate) fn origin(fingerprint: &str) -> Option<&str> {
+    fingerprint
+        .rsplit_once(' ')
+        .map(|(origin, _)| origin)
+        .filter(|o| !o.is_empty())
+}
+
 /// `bytes` as lowercase hex digits (a table lookup: `format!` per byte was most of a
 /// fingerprint's cost).
 pub(crate) fn hex(bytes: &[u8]) -> String {

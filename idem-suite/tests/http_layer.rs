@@ -314,6 +314,11 @@ async fn a_layer_record_is_found_by_its_caller_and_key() {
             found.key,
             idem::http_record_key(Some("alice"), key).unwrap()
         );
+        assert_eq!(
+            found.origin(),
+            Some("POST /orders"),
+            "the route it came from"
+        );
     }
     let other = idem::admin::inspect_http(&store, "HTTP", Some("bob"), "order-77")
         .await
@@ -323,6 +328,42 @@ async fn a_layer_record_is_found_by_its_caller_and_key() {
         idem::admin::inspect_http(&store, "HTTP", Some("alice"), "two words").await,
         Err(IdemError::InvalidKey { .. })
     ));
+}
+
+/// A layer record says which route it came from: axum's route template, not the path with its
+/// ids, and a repeat to that route still replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_layer_record_keeps_its_method_and_route_template() {
+    let store = store().await;
+    let app = Router::new()
+        .route(
+            "/orders/{id}/pay",
+            post(|| async { (StatusCode::CREATED, "paid") }),
+        )
+        .layer(builder(&store).build().unwrap());
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let pay = || {
+        client
+            .post(format!("{base}/orders/7/pay"))
+            .header(USER, "alice")
+            .header("idempotency-key", "\"pay-7\"")
+            .send()
+    };
+    let first = pay().await.unwrap();
+    assert_eq!(first.status().as_u16(), 201);
+    let record = idem::admin::inspect_http(&store, "HTTP", Some("alice"), "pay-7")
+        .await
+        .unwrap()
+        .expect("alice's record");
+    assert_eq!(record.origin(), Some("POST /orders/{id}/pay"));
+    let again = pay().await.unwrap();
+    assert_eq!(again.status().as_u16(), 201);
+    assert!(
+        again.headers().contains_key("idempotent-replayed"),
+        "{:?}",
+        again.headers()
+    );
 }
 
 /// A response kept a moment while its key stays used: the repeat within it replays, a late one

@@ -296,12 +296,48 @@ pub(crate) fn fingerprint(cfg: &Config, parts: &Parts, body: &[u8]) -> String {
     hex(&hash.finalize())
 }
 
+/// The fingerprint as the record keeps it: the request's `route` (`POST /orders/{id}`) before its
+/// `digest`, so an operator's tool shows which route a record is for (`Record::origin`); the store
+/// compares digests only. The route is kept to visible ASCII (anything else becomes `?`) and cut
+/// to fit every store's fingerprint column (128 ASCII characters on MySQL) with `...`.
+pub(crate) fn with_origin(route: &str, digest: &str) -> String {
+    const ROUTE_MAX: usize = 128 - 1 - 64;
+    let route: String = route
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect();
+    match route.get(..ROUTE_MAX - 3) {
+        Some(head) if route.len() > ROUTE_MAX => format!("{head}... {digest}"),
+        _ => format!("{route} {digest}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn parse(s: &str) -> Result<String, KeyError> {
         parse_header(&HeaderValue::from_str(s).unwrap())
+    }
+
+    #[test]
+    fn a_fingerprint_keeps_its_route_in_ascii_and_in_128_characters() {
+        let digest = "d".repeat(64);
+        let kept = with_origin("POST /orders/{id}", &digest);
+        assert_eq!(kept, format!("POST /orders/{{id}} {digest}"));
+        assert_eq!(crate::fingerprint::origin(&kept), Some("POST /orders/{id}"));
+        assert!(crate::fingerprint::same(&kept, &digest));
+        let long = with_origin(&format!("PUT /caf\u{e9}/{}", "x".repeat(200)), &digest);
+        assert_eq!(long.len(), 128);
+        assert!(long.starts_with("PUT /caf?/xx") && long.contains("... "));
+        assert!(crate::fingerprint::same(&long, &digest));
+        assert!(!crate::fingerprint::same(&long, &"e".repeat(64)));
     }
 
     #[test]

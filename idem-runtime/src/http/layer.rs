@@ -171,8 +171,8 @@ fn no_store(headers: &http::HeaderMap) -> bool {
         .any(|directive| directive.trim().eq_ignore_ascii_case("no-store"))
 }
 
-/// The route a request is for, to learn its handler's durations: axum's matched route when there
-/// is one (`POST /orders/{id}`), else the path.
+/// The route a request is for, to learn its handler's durations and to say where a record came
+/// from: axum's matched route when there is one (`POST /orders/{id}`), else the path.
 fn route_of(parts: &http::request::Parts) -> String {
     let path = parts
         .extensions
@@ -463,7 +463,8 @@ where
         }
     };
     let record_key = key::record_key(principal.as_deref(), &key);
-    let fingerprint = key::fingerprint(&cfg, &parts, &body);
+    let route = route_of(&parts);
+    let fingerprint = key::with_origin(&route, &key::fingerprint(&cfg, &parts, &body));
     let reservation = match &cfg.cap {
         None => None,
         Some(cap) => match cap.reserve(key::principal_id(principal.as_deref())) {
@@ -493,7 +494,6 @@ where
         ),
         None => Default::default(),
     };
-    let route = route_of(&parts);
     let req = Request::from_parts(parts, Body::from(body));
     let mut call = Call::new(cfg.biz.clone(), &record_key)
         .fingerprint_hash(fingerprint)

@@ -69,7 +69,7 @@ pub(crate) fn decide(rec: &RecordState<'_>, fingerprint: Option<&str>, now_ms: i
         };
     }
     let same_payload = match (rec.fingerprint, fingerprint) {
-        (Some(stored), Some(asked)) => stored == asked,
+        (Some(stored), Some(asked)) => crate::fingerprint::same(stored, asked),
         _ => true,
     };
     match rec.status {

@@ -315,6 +315,16 @@ pub struct Record {
 }
 
 impl Record {
+    /// The method and route an HTTP layer record came from (`POST /orders/{id}`: axum's matched
+    /// route, or the request's path when the layer runs outside a router), as kept with its
+    /// fingerprint; `None` for every other record, and for layer records written before it was
+    /// kept. What `idem stuck` and `idem inspect` show as its request.
+    pub fn origin(&self) -> Option<&str> {
+        self.fingerprint
+            .as_deref()
+            .and_then(crate::fingerprint::origin)
+    }
+
     /// Where a stored blob goes: the result snapshot of a SUCCEEDED record, the saved steps of an
     /// unfinished one. The SQL and Redis stores keep both in one column (`result`, field `r`): a
     /// record has steps only until it has a result, and its result replaces them.
@@ -335,7 +345,7 @@ impl Record {
 pub(crate) fn keeps_steps(reset: bool, stored_fp: Option<&str>, asked_fp: Option<&str>) -> bool {
     !reset
         && match (stored_fp, asked_fp) {
-            (Some(stored), Some(asked)) => stored == asked,
+            (Some(stored), Some(asked)) => crate::fingerprint::same(stored, asked),
             _ => true,
         }
 }

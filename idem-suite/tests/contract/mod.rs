@@ -327,6 +327,40 @@ pub async fn succeeded_with_other_payload_is_a_mismatch(s: Subject) {
     assert_eq!(fx.count(&biz, "o").await, 1);
 }
 
+/// A fingerprint may carry where its request came from before its digest (the HTTP layer keeps
+/// `POST /orders/{id} <digest>`): the store compares digests, so a record written with the digest
+/// alone (by an earlier version) is the same request as one with its route, and another digest
+/// under the same route is still another request.
+pub async fn fingerprints_compare_by_their_digest(s: Subject) {
+    let (store, biz) = (s.store, biz("fp_origin"));
+    let mut plain = req(&biz, "o", secs(30));
+    plain.fingerprint = Some("d1");
+    let (held, _) = acquire(&*store, &plain).await;
+    let mut routed = req(&biz, "o", secs(30));
+    routed.fingerprint = Some("POST /orders/{id} d1");
+    assert!(
+        matches!(
+            store.claim(&routed).await.unwrap(),
+            ClaimOutcome::InProgress { .. }
+        ),
+        "the same digest under a route is the same request, still running"
+    );
+    store
+        .complete(&biz, "o", &held, b"first", secs(60))
+        .await
+        .unwrap();
+    match store.claim(&routed).await.unwrap() {
+        ClaimOutcome::Replay { snapshot } => assert_eq!(snapshot, b"first"),
+        other => panic!("expected the replay, got {other:?}"),
+    }
+    let mut other = req(&biz, "o", secs(30));
+    other.fingerprint = Some("POST /orders/{id} d2");
+    assert!(
+        matches!(store.claim(&other).await.unwrap(), ClaimOutcome::Mismatch),
+        "another digest on the same route is another request"
+    );
+}
+
 pub async fn processing_with_valid_lease_is_in_progress(s: Subject) {
     let (store, fx, biz) = (s.store, Effects::new().await, biz("inprog"));
     let (held, how) = acquire(&*store, &req(&biz, "o", secs(30))).await;
@@ -1202,6 +1236,7 @@ macro_rules! with_contract_cases {
             the_decision_table_holds_when_claims_read_first,
             same_key_other_biz_is_another_record,
             succeeded_with_other_payload_is_a_mismatch,
+            fingerprints_compare_by_their_digest,
             processing_with_valid_lease_is_in_progress,
             processing_with_other_payload_is_a_mismatch,
             expired_lease_is_taken_over_and_the_late_finisher_is_fenced,

@@ -33,7 +33,8 @@ local now = math.floor(now_us / 1000)
 }
 
 /// `KEYS[1]` the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: fingerprint (`""`
-/// for none), lease ms, ttl ms, offset ms.
+/// for none; two are the same request when their digests, the text after the last space, are
+/// equal), lease ms, ttl ms, offset ms.
 /// Returns `{'A', attempt, fence, how}` (attempt and fence as integer replies: no formatting),
 /// `{'R', result}`, `{'G'}` (a tombstone: its result is no longer kept, and is dropped now if
 /// it was still there), `{'M'}` or `{'P', ms left}`. `r` holds the result of a SUCCEEDED record and the
@@ -45,6 +46,7 @@ pub const CLAIM: &str = concat!(
     prelude!(),
     r#"
 local fp, lease, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local function digest(x) return string.match(x, '[^ ]*$') end
 local rec = redis.call('HMGET', KEYS[1], 's', 'a', 'f', 'fp', 'lu', 'ex', 'r', 'rx')
 local function acquire(attempt, fence, expire, how, keep)
   local lu = now + lease
@@ -66,7 +68,7 @@ local live = (s == 'PROCESSING' and lu > now)
 if ex <= now and not live then
   return acquire(1, fence, now + ttl, 'fresh')
 end
-local same = (rec[4] == '' or fp == '' or rec[4] == fp)
+local same = (not rec[4] or rec[4] == '' or fp == '' or digest(rec[4]) == digest(fp))
 if s == 'FAILED' then
   return acquire(a + 1, fence, math.max(ex, now + lease), 'retry', same)
 end

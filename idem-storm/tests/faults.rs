@@ -121,8 +121,8 @@ async fn restarted_mid_storm(store: &str, restart: fn()) {
 /// effect and answers with its run. That race is narrow, so a run may recover nothing; what must
 /// hold is that nothing runs twice.
 ///
-/// The lease was 300 ms. In one run of the whole suite on a loaded 2-core machine (the binary's other
-/// fault tests running beside the restart) one key of 3,014 ran twice, with 1 takeover, 3
+/// The lease was 300 ms. In one run of the whole suite on a loaded 2-core machine (the binary's
+/// other fault tests running beside the restart) one key of 3,014 ran twice, with 1 takeover, 3
 /// recovered and 4 lease lost: most likely a holder whose 20 ms body was held up past its lease
 /// before its ledger write, so the takeover's recover found no effect yet and ran the body, and the
 /// late holder wrote a second one. That is a holder paused past its lease after it began, which

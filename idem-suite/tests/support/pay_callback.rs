@@ -1,5 +1,5 @@
-//! A payment incident, modelled: a gateway retries payment callbacks for six minutes, 47 deliveries,
-//! and without guarded transitions 11 paid orders are moved to REFUNDED by retried callbacks. Here every callback is a
+//! A payment incident, modelled: a gateway retries payment callbacks for six minutes, 47
+//! deliveries, among them refund callbacks that would move paid orders to REFUNDED. Here every callback is a
 //! `#[state_transition]`: duplicates are `AlreadyApplied`, late or illegal moves are `Rejected`, the
 //! coupon and the ledger rows are written only by the transition that applied.
 //!
@@ -223,8 +223,8 @@ fn refunded(i: usize) -> Callback {
 
 /// The 21 deliveries before the incident (16 payments; 5 refund requests, then their 5 refunds) and the
 /// 26 of the retry storm: a duplicate payment for 15 orders (5 of them already refunded: a late PAID)
-/// and a refund callback for 11 orders, 6 of which never asked for one (unguarded, these are the
-/// callbacks that move 11 orders to REFUNDED). 47 in all.
+/// and a refund callback for 11 orders, 6 of which never asked for one (the incident in miniature:
+/// refund callbacks for 11 orders). 47 in all.
 pub fn deliveries() -> (Vec<Callback>, Vec<usize>, Vec<Callback>, Vec<Callback>) {
     let payments: Vec<Callback> = (0..16).map(paid).collect();
     let refund_requests: Vec<usize> = (0..5).collect();

@@ -121,14 +121,14 @@ async fn restarted_mid_storm(store: &str, restart: fn()) {
 /// effect and answers with its run. That race is narrow, so a run may recover nothing; what must
 /// hold is that nothing runs twice.
 ///
-/// The lease was 300 ms. In one run of the whole suite on this 2-core machine (the binary's other
-/// fault tests running beside the restart) one key of 3,014 ran twice, with 1 takeover, 3
+/// The lease was 300 ms. In one run of the whole suite on a loaded 2-core machine (the binary's
+/// other fault tests running beside the restart) one key of 3,014 ran twice, with 1 takeover, 3
 /// recovered and 4 lease lost: most likely a holder whose 20 ms body was held up past its lease
 /// before its ledger write, so the takeover's recover found no effect yet and ran the body, and the
 /// late holder wrote a second one. That is a holder paused past its lease after it began, which
-/// neither recover nor a fence at the mark can undo (README, "When a holder dies"); 800 ms keeps
-/// the lease shorter than the outage, which is what this storm is about, with room for a loaded
-/// machine's scheduling.
+/// neither recover nor a fence at the mark can undo (docs/DESIGN.md, *When a holder dies*); 800 ms
+/// keeps the lease shorter than the outage, which is what this storm is about, with room for a
+/// loaded machine's scheduling.
 const RECOVER_STORM: &[&str] = &[
     "--mode",
     "lease",

@@ -14,7 +14,7 @@ use crate::common::expr_arg::{ExprArg, crate_path, expr_arg, ident_value, string
 use crate::common::options::{self, Form, OptionSet, Options, Required, Value, opt, req};
 use crate::common::store_arg::{self, RECORD_STORES, StoreSpec};
 
-/// Default `ttl`: seven days, as the design contract says.
+/// Default `ttl`: seven days (`idem::DEFAULT_TTL`; docs/DESIGN.md, *Expiry, result ttl and tombstones*).
 pub(crate) const DEFAULT_TTL_MS: u64 = 7 * 24 * 3_600_000;
 /// Default `lease`: thirty seconds.
 pub(crate) const DEFAULT_LEASE_MS: u64 = 30_000;

@@ -1,5 +1,5 @@
-//! A payment incident, replayed: a gateway retried payment callbacks for six minutes, 47 deliveries,
-//! and 11 paid orders were moved to REFUNDED by retried callbacks. Here every callback is a
+//! A payment incident, modelled: a gateway retries payment callbacks for six minutes, 47
+//! deliveries, among them refund callbacks that would move paid orders to REFUNDED. Here every callback is a
 //! `#[state_transition]`: duplicates are `AlreadyApplied`, late or illegal moves are `Rejected`, the
 //! coupon and the ledger rows are written only by the transition that applied.
 //!
@@ -101,7 +101,7 @@ async fn write<C: TransitionConn>(
     Ok(())
 }
 
-/// Price of every order, in cents (the incident's average ¥299).
+/// Price of every order, in cents (¥299, a typical order).
 pub const AMOUNT: i64 = 29_900;
 /// Orders in the scenario.
 pub const ORDERS: usize = 20;
@@ -150,8 +150,8 @@ pub async fn request_refund<C: TransitionConn>(
     history(tx, order_no, PayStatus::Refunding).await
 }
 
-/// Refund callback: REFUNDING → REFUNDED only. The incident's bug was a refund callback applied to a
-/// PAID order; here that is `Rejected { current: Paid }`.
+/// Refund callback: REFUNDING → REFUNDED only. The incident's failure is a refund callback applied
+/// to a PAID order; here that is `Rejected { current: Paid }`.
 #[state_transition(
     from = "REFUNDING",
     to = "REFUNDED",
@@ -223,8 +223,8 @@ fn refunded(i: usize) -> Callback {
 
 /// The 21 deliveries before the incident (16 payments; 5 refund requests, then their 5 refunds) and the
 /// 26 of the retry storm: a duplicate payment for 15 orders (5 of them already refunded: a late PAID)
-/// and a refund callback for 11 orders, 6 of which never asked for one (the incident's 11 orders
-/// were moved to REFUNDED exactly so). 47 in all.
+/// and a refund callback for 11 orders, 6 of which never asked for one (the incident in miniature:
+/// refund callbacks for 11 orders). 47 in all.
 pub fn deliveries() -> (Vec<Callback>, Vec<usize>, Vec<Callback>, Vec<Callback>) {
     let payments: Vec<Callback> = (0..16).map(paid).collect();
     let refund_requests: Vec<usize> = (0..5).collect();
@@ -256,7 +256,7 @@ pub struct Report {
 }
 
 impl Report {
-    /// Every invariant of the incident report, checked; the first broken one is the error.
+    /// Every invariant the scenario must keep, checked; the first broken one is the error.
     ///
     /// # Errors
     /// A description of the broken invariant.

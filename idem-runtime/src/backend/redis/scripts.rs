@@ -1,5 +1,6 @@
-//! The Lua scripts of the Redis store: the claim decision table (README, "Semantics"), each step one script on one
-//! key (one hash slot), timed by Redis `TIME` inside the script, never by the client's clock.
+//! The Lua scripts of the Redis store: the claim decision table (docs/DESIGN.md, *The claim
+//! decision table*), each step one script on one key (one hash slot), timed by Redis `TIME` inside
+//! the script, never by the client's clock.
 //!
 //! A record is a hash: `s` status, `a` attempt, `f` fence, `fp` fingerprint (`""`: none), `lu`
 //! lease end and `ex` expiry (ms, store clock), `r` result, `rx` (only on a success marked with a

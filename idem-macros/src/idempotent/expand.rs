@@ -96,42 +96,33 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
                 quote_spanned!(span=> #private::JoinableTx::joinable(&*#tx);)
             };
             let conn = quote_spanned!(span=> &mut *#tx);
-            let claim = wrap::engine_call(
+            // The original body runs in a closure the engine hands the transaction to: its parameter
+            // is the function's own `tx` (the same `&mut`, under the same name), so the body reads as
+            // written, and the engine has the transaction back to mark the record when the body is
+            // done. The closure takes the other parameters with it (the body is their last use). It
+            // runs as the holder of the claim (`idem::current_claim()`).
+            let run = wrap::engine_call(
                 span,
                 &private,
-                quote!(tx_claim::<#ok_arg, _>),
-                quote!(__idem_call, __idem_ok, #conn),
+                quote!(run_tx::<#ok_arg, #err_arg, _, _, _, _>),
+                quote! {
+                    __idem_call,
+                    __idem_ok,
+                    __idem_err,
+                    #conn,
+                    move |#tx| async move {
+                        let __idem_out = #user_body.await;
+                        (::core::option::Option::Some(#tx), __idem_out)
+                    }
+                },
             );
-            let finish = wrap::engine_call(
-                span,
-                &private,
-                quote!(tx_finish::<#ok_arg, #err_arg, _>),
-                quote!(__idem_guard, #conn, __idem_ok, __idem_err, __idem_out),
-            );
+            // Claim, body and mark run in the call's span (outcome, attempt), like a lease-mode
+            // call: the runtime reports every mode the same way. The claim row is written inside
+            // the caller's transaction: it commits or rolls back with the business writes, and a
+            // repeat that finds a stored result returns it.
             quote! {
                 #check_tx
-                // Claim, body and mark run in the call's span (outcome, attempt), like a lease-mode
-                // call: the runtime reports every mode the same way.
-                let __idem_span = #private::call_span(&__idem_call);
-                #private::in_span(__idem_span, async {
-                    // The claim row is written inside the caller's transaction: it commits or rolls
-                    // back with the business writes. A repeat that finds a stored result returns it.
-                    let __idem_guard = match #claim {
-                        ::core::result::Result::Ok(#private::TxClaim::Run(__idem_guard)) => __idem_guard,
-                        ::core::result::Result::Ok(#private::TxClaim::Replay(__idem_value)) => {
-                            return ::core::result::Result::Ok(__idem_value);
-                        }
-                        ::core::result::Result::Err(__idem_error) => {
-                            return ::core::result::Result::Err(__idem_err.from_idem(__idem_error));
-                        }
-                    };
-                    // The original body, in a non-`move` async block: it borrows `tx` and the other
-                    // parameters, so `tx` can be borrowed again below to mark the record. It runs as
-                    // the holder of the claim (`idem::current_claim()`).
-                    let __idem_out = #private::tx_body(&__idem_guard, #user_body).await;
-                    #finish
-                })
-                .await
+                (#run).1
             }
         }
     };

@@ -8,6 +8,7 @@
 //! in another.
 
 use std::future::Future;
+use std::ops::DerefMut;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -107,30 +108,30 @@ pub trait TransactionalStore: Store {
 }
 
 /// The claim a transactional call holds while its body runs.
-pub struct TxGuard {
+struct TxGuard {
     call: Call,
     claim: Claim,
     how: Acquired,
 }
 
 /// What a transactional claim found.
-pub enum TxClaim<T> {
-    /// Run the body (with [`tx_body`]); finish with [`tx_finish`].
+enum TxClaim<T> {
+    /// Run the body (with `tx_body`); finish with `tx_finish`.
     Run(TxGuard),
     /// Already done in a committed transaction: this is its result.
     Replay(T),
 }
 
-/// The span a transactional call runs in: the generated code wraps claim, body and mark in it.
-pub struct CallSpan(tracing::Span);
+/// The span a transactional call runs in: claim, body and mark, as a lease-mode call's.
+struct CallSpan(tracing::Span);
 
 /// The span of `call`.
-pub fn call_span(call: &Call) -> CallSpan {
+fn call_span(call: &Call) -> CallSpan {
     CallSpan(super::call_span(call.biz()))
 }
 
 /// Runs `fut` inside `span`.
-pub fn in_span<F: Future>(span: CallSpan, fut: F) -> impl Future<Output = F::Output> {
+fn in_span<F: Future>(span: CallSpan, fut: F) -> impl Future<Output = F::Output> {
     tracing::Instrument::instrument(fut, span.0)
 }
 
@@ -139,7 +140,7 @@ pub fn in_span<F: Future>(span: CallSpan, fut: F) -> impl Future<Output = F::Out
 /// # Errors
 /// Refusals (`InProgress`, `PayloadMismatch`), bad input and store errors, as for a lease-mode
 /// call. Each is counted and reported.
-pub async fn tx_claim<T, C>(call: Call, ok: OkType<T>, tx: &mut C) -> Result<TxClaim<T>, IdemError>
+async fn tx_claim<T, C>(call: Call, ok: OkType<T>, tx: &mut C) -> Result<TxClaim<T>, IdemError>
 where
     C: IdemTx + ?Sized,
 {
@@ -184,7 +185,7 @@ where
 }
 
 /// Runs the body as the holder of the guard's claim (see [`crate::current_claim`]).
-pub async fn tx_body<F: Future>(guard: &TxGuard, body: F) -> F::Output {
+async fn tx_body<F: Future>(guard: &TxGuard, body: F) -> F::Output {
     let call = super::current::CallScope::new(guard.call.biz.clone(), guard.call.key.clone(), None);
     super::current::scope(guard.claim, std::sync::Arc::new(call), body).await
 }
@@ -194,7 +195,7 @@ pub async fn tx_body<F: Future>(guard: &TxGuard, body: F) -> F::Output {
 ///
 /// # Errors
 /// The body's error, or an [`IdemError`] converted into `E`.
-pub async fn tx_finish<T, E, C>(
+async fn tx_finish<T, E, C>(
     guard: TxGuard,
     tx: &mut C,
     ok: OkType<T>,
@@ -233,6 +234,57 @@ where
     };
     report(call.biz(), outcome, claim.attempt);
     result
+}
+
+/// Transaction mode's one entry, as [`super::execute`] is lease mode's: what `#[idempotent(tx =
+/// "…")]` expands to, what [`Call::run_in_tx`] runs and what the HTTP layer's transaction mode
+/// runs. In the call's span: claims in a savepoint of `tx`; a stored result is returned without
+/// running anything; otherwise `body` gets the transaction (`tx` itself: a `&mut` for the macro, the
+/// layer's owned handle), runs as the claim's holder ([`crate::current_claim`]) and gives the
+/// transaction back with its result, which is marked in it (a success) or rolled back to the
+/// savepoint with the body's writes (an `Err`). The body is a closure returning a future rather
+/// than an async closure: its future is then a plain type, which the compiler proves `Send` for a
+/// spawned caller (an async closure taking a value with a lifetime is not, today).
+///
+/// The transaction comes back beside the result, to be committed by whoever began it; `None`
+/// when the body did not give it back (the HTTP layer's handler kept it): then nothing was marked,
+/// and the body's result (which should be an `Err`) is returned as it is, to be rolled back with
+/// the connection.
+///
+/// # Errors
+/// The body's error, or an [`IdemError`] converted into `E`: refused repeats (`InProgress`,
+/// `PayloadMismatch`, `ResultExpired`), bad input, store failures of the claim or the mark.
+pub async fn run_tx<T, E, C, H, F, Fut>(
+    call: Call,
+    ok: OkType<T>,
+    err: ErrType<E>,
+    mut tx: H,
+    body: F,
+) -> (Option<H>, Result<T, E>)
+where
+    C: IdemTx + ?Sized,
+    H: DerefMut<Target = C>,
+    F: FnOnce(H) -> Fut,
+    Fut: Future<Output = (Option<H>, Result<T, E>)>,
+{
+    in_span(call_span(&call), async move {
+        let guard = match tx_claim(call, ok, &mut *tx).await {
+            Ok(TxClaim::Run(guard)) => guard,
+            Ok(TxClaim::Replay(value)) => return (Some(tx), Ok(value)),
+            Err(e) => return (Some(tx), Err(err.from_idem(e))),
+        };
+        match tx_body(&guard, body(tx)).await {
+            (Some(mut tx), out) => {
+                let result = tx_finish(guard, &mut *tx, ok, err, out).await;
+                (Some(tx), result)
+            }
+            (None, out) => {
+                report(guard.call.biz(), Outcome::Failed, guard.claim.attempt);
+                (None, out)
+            }
+        }
+    })
+    .await
 }
 
 impl Call {
@@ -274,15 +326,10 @@ impl Call {
         F: AsyncFnOnce(&mut C) -> Result<T, E>,
     {
         let (ok, err) = (OkType::new(), ErrType::new());
-        in_span(call_span(&self), async move {
-            let guard = match tx_claim(self, ok, tx).await {
-                Ok(TxClaim::Run(guard)) => guard,
-                Ok(TxClaim::Replay(value)) => return Ok(value),
-                Err(e) => return Err(err.from_idem(e)),
-            };
-            let out = tx_body(&guard, body(&mut *tx)).await;
-            tx_finish(guard, tx, ok, err, out).await
-        })
-        .await
+        let run = run_tx(self, ok, err, tx, |tx| async move {
+            let out = body(&mut *tx).await;
+            (Some(tx), out)
+        });
+        run.await.1
     }
 }

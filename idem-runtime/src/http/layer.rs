@@ -304,81 +304,90 @@ where
 {
     use crate::engine::bounded;
     use crate::engine::snapshot::{ErrType, OkType};
-    use crate::engine::tx::{TxClaim, call_span, in_span, tx_body, tx_claim, tx_finish};
     let timeout = cfg.store_timeout;
     let rollback = async |tx: Box<dyn super::tx::Lent>| {
         if let Err(e) = bounded(timeout, tx.finish(false)).await {
             tracing::warn!(error = %e, "could not roll the request's transaction back; the database rolls it back when the connection ends");
         }
     };
+    let tx = match bounded(timeout, begin()).await {
+        Ok(tx) => tx,
+        Err(e) => return Ok(Ran::No(problem::from_idem(&e))),
+    };
+    // Whether the handler ran (a replay or a refusal runs nothing), and its own response.
+    let mut ran = false;
+    let mut live: Option<Response<Body>> = None;
     let (ok, err) = (OkType::<Stored>::new(), ErrType::<Flow<S::Error>>::new());
-    in_span(call_span(&call), async move {
-        let mut tx = match bounded(timeout, begin()).await {
-            Ok(tx) => tx,
-            Err(e) => return Ok(Ran::No(problem::from_idem(&e))),
-        };
-        let guard = match tx_claim(call, ok, &mut *tx).await {
-            Ok(TxClaim::Run(guard)) => guard,
-            Ok(TxClaim::Replay(stored)) => {
-                rollback(tx).await;
-                return Ok(Ran::No(stored.replay()));
-            }
-            Err(e) => {
-                rollback(tx).await;
-                return Ok(Ran::No(refusal(cfg, route, &e)));
-            }
-        };
+    let (ran_ref, live_ref, inner_ref) = (&mut ran, &mut live, &mut inner);
+    let (tx, result) = crate::engine::tx::run_tx(call, ok, err, tx, move |tx| async move {
+        *ran_ref = true;
         let slot = super::tx::Slot::new(tx);
         req.extensions_mut().insert(slot.clone());
-        let ran = tx_body(&guard, run_handler(cfg, &mut inner, req, route)).await;
-        let Some(mut tx) = slot.take() else {
-            tracing::error!("the handler kept the request's transaction past its answer; nothing is committed");
-            return Ok(Ran::Yes(problem(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "Internal error",
-                "the request could not be processed",
-            )));
-        };
-        let (live, stored) = match ran {
-            Ok(answer) => answer,
-            Err(e) => {
-                let _ = tx_finish(guard, &mut *tx, ok, err, Err(Flow::NotStored)).await;
-                rollback(tx).await;
-                return Err(e);
+        let answer = run_handler(cfg, inner_ref, req, route).await;
+        let outcome = match answer {
+            Err(e) => Err(Flow::Inner(e)),
+            Ok((response, stored)) => {
+                *live_ref = Some(response);
+                // Not stored: the handler's writes go with it, so a retry starts from nothing.
+                stored.ok_or(Flow::NotStored)
             }
         };
-        let Some(stored) = stored else {
-            // Not stored: the handler's writes go with it, so a retry starts from nothing.
-            let _ = tx_finish(guard, &mut *tx, ok, err, Err(Flow::NotStored)).await;
-            rollback(tx).await;
-            return Ok(Ran::Yes(live));
-        };
-        match tx_finish(guard, &mut *tx, ok, err, Ok(stored)).await {
-            // Marked in the transaction (also a response kept as not storable, which ran).
-            Ok(_) | Err(Flow::Idem(IdemError::ResultNotStorable { .. })) => match bounded(timeout, tx.finish(true)).await {
+        (slot.take(), outcome)
+    })
+    .await;
+    let Some(tx) = tx else {
+        tracing::error!(
+            "the handler kept the request's transaction past its answer; nothing is committed"
+        );
+        return Ok(Ran::Yes(internal()));
+    };
+    if !ran {
+        // Nothing ran: a stored response to replay, or a refusal.
+        rollback(tx).await;
+        return Ok(Ran::No(match result {
+            Ok(stored) => stored.replay(),
+            Err(Flow::Idem(e)) => refusal(cfg, route, &e),
+            Err(_) => internal(),
+        }));
+    }
+    match (result, live) {
+        // Marked in the transaction (also a response kept as not storable, which ran).
+        (Ok(_) | Err(Flow::Idem(IdemError::ResultNotStorable { .. })), Some(live)) => {
+            match bounded(timeout, tx.finish(true)).await {
                 Ok(()) => Ok(Ran::Yes(live)),
                 Err(e) => {
                     tracing::error!(error = %e, "the request's transaction did not commit; its writes and its record are gone");
                     Ok(Ran::Yes(problem::from_idem(&e)))
                 }
-            },
-            Err(Flow::Idem(e)) => {
-                rollback(tx).await;
-                Ok(Ran::Yes(problem::from_idem(&e)))
-            }
-            Err(_) => {
-                rollback(tx).await;
-                Ok(Ran::Yes(problem(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "Internal error",
-                    "the request could not be processed",
-                )))
             }
         }
-    })
-    .await
+        (Err(Flow::NotStored), Some(live)) => {
+            rollback(tx).await;
+            Ok(Ran::Yes(live))
+        }
+        (Err(Flow::Inner(e)), _) => {
+            rollback(tx).await;
+            Err(e)
+        }
+        (Err(Flow::Idem(e)), _) => {
+            rollback(tx).await;
+            Ok(Ran::Yes(problem::from_idem(&e)))
+        }
+        _ => {
+            rollback(tx).await;
+            Ok(Ran::Yes(internal()))
+        }
+    }
+}
+
+/// The `500` of a request that failed in a way its client cannot act on.
+fn internal() -> Response<Body> {
+    problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "Internal error",
+        "the request could not be processed",
+    )
 }
 
 async fn handle<S, B>(

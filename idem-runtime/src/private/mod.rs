@@ -3,9 +3,7 @@
 
 pub use crate::IdemKey;
 pub use crate::engine::snapshot::{ErrType, OkType};
-pub use crate::engine::tx::{
-    CallSpan, IdemTx, TxClaim, TxGuard, call_span, in_span, tx_body, tx_claim, tx_finish,
-};
+pub use crate::engine::tx::{IdemTx, run_tx};
 pub use crate::engine::{Call, StoreArg, run, run_recovering};
 pub use crate::preflight::StoreUse;
 pub use inventory;

@@ -1,4 +1,4 @@
-//! The claim decision table (README, "Semantics"), shared by every store that decides in Rust (the memory store,
+//! The claim decision table (on `Call`, "What a call does"), shared by every store that decides in Rust (the memory store,
 //! the SQL claim protocol). Stores that decide elsewhere (a Lua script) re-implement it and are
 //! held to it by the contract suite.
 
@@ -60,7 +60,7 @@ pub(crate) enum Decision {
     InProgress(i64),
 }
 
-/// The claim decision table (README, "Semantics").
+/// The claim decision table (on `Call`, "What a call does").
 pub(crate) fn decide(rec: &RecordState<'_>, fingerprint: Option<&str>, now_ms: i64) -> Decision {
     if rec.is_expired(now_ms) {
         return Decision::Take {

@@ -1,4 +1,4 @@
-//! The Lua scripts of the Redis store: the claim decision table (README, "Semantics"), each step one script on one
+//! The Lua scripts of the Redis store: the claim decision table (on `Call`, "What a call does"), each step one script on one
 //! key (one hash slot), timed by Redis `TIME` inside the script, never by the client's clock.
 //!
 //! A record is a hash: `s` status, `a` attempt, `f` fence, `fp` fingerprint (`""`: none), `lu`

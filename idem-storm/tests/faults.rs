@@ -126,9 +126,9 @@ async fn restarted_mid_storm(store: &str, restart: fn()) {
 /// recovered and 4 lease lost: most likely a holder whose 20 ms body was held up past its lease
 /// before its ledger write, so the takeover's recover found no effect yet and ran the body, and the
 /// late holder wrote a second one. That is a holder paused past its lease after it began, which
-/// neither recover nor a fence at the mark can undo (README, "When a holder dies"); 800 ms keeps
-/// the lease shorter than the outage, which is what this storm is about, with room for a loaded
-/// machine's scheduling.
+/// neither recover nor a fence at the mark can undo (the recovery guide,
+/// `idem::_guide::recovery`); 800 ms keeps the lease shorter than the outage, which is what this
+/// storm is about, with room for a loaded machine's scheduling.
 const RECOVER_STORM: &[&str] = &[
     "--mode",
     "lease",

@@ -27,7 +27,8 @@ use proc_macro::TokenStream;
 /// }
 /// ```
 ///
-/// (Compiled, runnable examples: the `idem` crate's front page and README.)
+/// (Compiled, runnable examples: the crate's front page and the guide
+/// [`idem::_guide::idempotent`](https://docs.rs/idemkit/latest/idem/_guide/idempotent/index.html).)
 ///
 /// # Options
 ///
@@ -157,7 +158,8 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 /// }
 /// ```
 ///
-/// (Compiled, runnable examples: the `idem` crate's README.)
+/// (A compiled, runnable example: the guide
+/// [`idem::_guide::tokens`](https://docs.rs/idemkit/latest/idem/_guide/tokens/index.html).)
 ///
 /// # Options
 ///
@@ -294,7 +296,8 @@ pub fn derive_state_machine(item: TokenStream) -> TokenStream {
 /// }
 /// ```
 ///
-/// (A compiled, runnable example: the `idem` crate's README.)
+/// (A compiled, runnable example: the guide
+/// [`idem::_guide::transitions`](https://docs.rs/idemkit/latest/idem/_guide/transitions/index.html).)
 ///
 /// # Options
 ///

@@ -5,6 +5,13 @@
 //! Backends: [`MemoryStore`] always; `SqliteStore` with the `sqlite` feature (default). With the
 //! `encrypt` feature, `EncryptedStore` wraps any of them and keeps result snapshots encrypted.
 //!
+//! Where the reference is: [`Call`] (what a call does with each record it finds), [`IdemError`],
+//! the modules `http` (feature `axum`), [`inbox`], `outbox` (a SQL feature) and [`admin`], the
+//! metric names in [`names`], and each store's own page. The guides whose examples need the
+//! macros (`#[idempotent]`, transactions, recovery, submit tokens, state transitions, stores) are
+//! `idem::_guide` in the [`idemkit` docs](https://docs.rs/idemkit/latest/idem/_guide/index.html).
+//! Examples here name the crate `idem`, as users see it.
+//!
 //! Layout: `engine/` (calls, snapshots, transaction mode, the running claim), `store/` (the
 //! [`Store`] trait and the decision table), `sql/` (what every SQL backend shares: the claim
 //! protocol, dialects, error classes), `backend/<name>/` (one folder per store: the store, its

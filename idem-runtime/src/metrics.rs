@@ -317,6 +317,24 @@ fn export_call(biz: &Biz, outcome: Outcome) {
 /// `metrics` feature. Install any recorder (`metrics-exporter-prometheus`, …) to export them;
 /// without one they cost a few nanoseconds and go nowhere. Labels never carry a key, a token or a
 /// result.
+///
+/// | Metric | Kind | Labels |
+/// |---|---|---|
+/// | `idem_calls_total` | counter | `biz`, `outcome` (`executed`, `replayed`, `in_progress`, `mismatch`, `result_expired`, `taken_over`, `recovered`, `recover_failed`, `failed`, …: [`Outcome::as_str`](super::Outcome::as_str)) |
+/// | `idem_duplicates_total` | counter | `biz` (duplicate rate = this / `idem_calls_total`) |
+/// | `idem_lease_takeovers_total` | counter | `biz` |
+/// | `idem_claim_seconds` | histogram | `biz`, `store` |
+/// | `idem_sweeper_deleted_total` | counter | `store`, `kind` (`records`, `tokens`) |
+/// | `idem_stuck_records` | gauge | `biz`: stuck records (PROCESSING, lease ended) the last `Reconciler` pass found |
+/// | `idem_recovered_total` | counter | `biz`, `how` (`succeeded`, `failed`, `undecided`): stuck records a `Reconciler` resolved |
+/// | `idem_replay_cache_hits_total` | counter | `store`: claims a `CachedStore` answered from memory (feature `cache`) |
+/// | `idem_token_ops_total` | counter | `op` (`issue`, `consume`, `restore`), `outcome` (`ok`, `used`, `invalid`, `error`): where idem performs them (`#[consume_token]`, the HTTP guard and endpoint) |
+///
+/// The feature is off by default (it adds three crates to the build). Next to it, and with it
+/// off: every call is a `tracing` span `idem` (fields `biz`, `outcome`, `attempt`; no span is
+/// made while no subscriber takes `INFO`), and the in-process counters
+/// ([`counts`](crate::counts), [`counts_for`](crate::counts_for)) and
+/// [`observe`](crate::observe) are always there.
 pub mod names {
     /// Counter: finished calls, labelled `biz` and `outcome` (the names of
     /// [`Outcome::as_str`](super::Outcome::as_str)).

@@ -348,7 +348,8 @@ async fn a_layer_tx_the_layer_cannot_serve_is_a_problem_that_names_the_mistake()
     assert_eq!(RAN.load(Ordering::SeqCst), 0, "no handler ran");
 }
 
-/// The README's transaction-mode handler, as written there: it compiles, and its router builds.
+/// A transaction-mode handler on MySQL with a JSON body, as a service writes it (the `idem::http`
+/// module docs show one on SQLite): it compiles, and its router builds.
 #[cfg(feature = "mysql")]
 mod readme_handler {
     use axum::{

@@ -144,8 +144,22 @@ fn slot(biz: &str, key: &str) -> String {
     s
 }
 
-/// A store with an in-process replay cache in front of it (see the module's text): repeats of keys
-/// this process marked done are answered from memory until their record could have expired.
+/// A store with an in-process replay cache in front of it (feature `cache`, off by default): a
+/// lease-mode repeat of a key this process marked done is answered from memory, with no round
+/// trip, until its record could have expired.
+///
+/// It never answers what the store would not. It holds only successes, each with the fingerprint
+/// of the claim that made it, until the moment its record could expire (the mark's send time + ttl
+/// on the process's monotonic clock, and at most [`ReplayCache::with_max_age`], 60 s by default,
+/// 1 ms ..= [`MAX_DURATION`](crate::MAX_DURATION)): a SUCCEEDED record is immutable until it
+/// expires, so until then the store would give the same replay, or the same mismatch for another
+/// payload. Everything else (first executions, in-progress claims, failures, takeovers, records
+/// other processes marked) goes to the store as before. The cache holds at most its byte bound
+/// ([`MIN_CACHE_BYTES`] ..= [`MAX_CACHE_BYTES`], 1 KiB to 16 GiB; each entry weighs its key,
+/// fingerprint and snapshot plus [`ENTRY_OVERHEAD`]). [`hits`](CachedStore::hits) counts its
+/// answers (`idem_replay_cache_hits_total` with the feature `metrics`). Not for a store on a
+/// [`TestClock`](crate::TestClock): moving the test clock expires records without the process's
+/// clock moving, and the cache would still answer them.
 ///
 /// ```
 /// # use idem_runtime as idem;

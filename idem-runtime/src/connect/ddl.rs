@@ -4,14 +4,14 @@
 use super::{Options, invalid};
 use crate::IdemError;
 
-/// The DDL [`AnyStore::migrate`] applies for the store `url` names, worked out without connecting:
+/// The DDL [`AnyStore::migrate`](crate::AnyStore::migrate) applies for the store `url` names, worked out without connecting:
 /// the SQL stores' `MIGRATIONS` with the tables of the URL's `idem_table` option (its token table
 /// `NAME_tok`), in order; every shard's of a sharded URL, one after the other. `None` for a store
 /// without a schema (memory, Redis). For services that apply migrations with their own tool
 /// (`idem migrate --print`).
 ///
 /// # Errors
-/// As [`connect`] for a URL it could not open (without its "unreachable" errors).
+/// As [`connect`](crate::connect) for a URL it could not open (without its "unreachable" errors).
 pub fn migrations(url: &str) -> Result<Option<Vec<String>>, IdemError> {
     let (scheme, rest) = url
         .split_once(':')

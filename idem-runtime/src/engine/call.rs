@@ -33,6 +33,72 @@ pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(10);
 /// assert_eq!(receipt?, "paid");
 /// # Ok(()) }
 /// ```
+///
+/// The builder takes what the attribute's options say: `Call::new("PAY",
+/// &key).fingerprint(&req).wait(d).heartbeat(d).run(&store, async { … })`. [`ttl`](Call::ttl) must
+/// be longer than the lease and at most [`MAX_DURATION`](crate::MAX_DURATION),
+/// [`lease`](Call::lease) is 1 ms ..= the maximum, [`wait`](Call::wait) 0 ..= the maximum,
+/// [`heartbeat`](Call::heartbeat) 1 ms up to the lease (exclusive; a third of the lease by default,
+/// [`no_heartbeat`](Call::no_heartbeat) turns it off). They are checked when the call runs, and
+/// nothing is written when one is out of range ([`IdemError::InvalidOptions`]). In a transaction:
+/// [`run_in_tx`](Call::run_in_tx)`(&mut tx, async |tx| { … })`; with a recover fn:
+/// [`recover`](Call::recover).
+///
+/// # What a call does
+///
+/// The claim reads the `(biz, key)` record and decides in one atomic step of the store:
+///
+/// | record found | effect | caller gets |
+/// | --- | --- | --- |
+/// | none, or expired | insert PROCESSING, attempt 1, a new fence | the body runs |
+/// | SUCCEEDED, same fingerprint | nothing | the stored result, replayed |
+/// | SUCCEEDED, same fingerprint, its result ttl passed (a tombstone) | nothing | [`IdemError::ResultExpired`] (410); the body does not run |
+/// | SUCCEEDED or PROCESSING, other fingerprint | nothing | [`IdemError::PayloadMismatch`] (422) |
+/// | PROCESSING, lease valid | nothing (or wait, with [`wait`](Call::wait)) | [`IdemError::InProgress`] with `retry_after` (409) |
+/// | PROCESSING with expired lease, or FAILED | take over: attempt + 1, a new fence, a new lease | the body runs (a [`recover`](Call::recover) fn is asked first on a takeover of PROCESSING) |
+///
+/// - **Lease over TTL.** Expired means the TTL has passed *and* no lease is live: a live lease is
+///   never cut short by the TTL or by the sweeper, and a takeover extends the record's life to
+///   cover its lease. A mark moves the record's expiry to at least the mark's time plus the ttl
+///   (store clock), so a success is never recorded already expired, however long its body ran.
+/// - **Fences.** Every claim gets a fencing token that never repeats for a key and only grows, also
+///   after the record was swept and created again (the store's clock in microseconds, or one more
+///   than the last fence). Marking is a compare-and-set on it: a finisher whose claim was taken
+///   over or swept gets [`IdemError::LeaseLost`] and changes nothing. The body reads its claim with
+///   [`current_claim()`](crate::current_claim) and can pass `claim.fence` to its own downstream
+///   writes, so a storage service can refuse a write that carries an older fence (the
+///   fencing-token pattern).
+/// - The body's `Err` marks the record FAILED: the next call runs again.
+/// - A panic or a cancelled future leaves the claim PROCESSING (never SUCCEEDED); its lease
+///   expires.
+/// - A result that cannot be stored (fails to serialize, or over
+///   [`Limits::max_snapshot_len`](crate::Limits::max_snapshot_len), 64 KiB by default) ran, so the
+///   claim is kept as done: the caller and every repeat get [`IdemError::ResultNotStorable`] and
+///   the business never runs twice (outcome `unstorable`).
+/// - Times come from the store's clock, never the application's: a server's (`NOW()`, Redis
+///   `TIME`); for SQLite, the system clock of the process that opened the file.
+/// - **Store errors are classified.** A locked or contended database ([`IdemError::StoreBusy`]:
+///   locked, lock-wait timeout, deadlock, serialization failure) and a lost connection
+///   ([`IdemError::StoreUnavailable`]) are retryable (503, or 409 for a deadlock or serialization
+///   conflict); idem retries a claim, a mark and a renewal itself a few times with jittered
+///   back-off. A finished body's mark (and a failure mark) keeps trying for as long as its lease is
+///   live, less a tenth of it (at most 1 s), and its store timeout allows, while the heartbeat
+///   keeps renewing on its schedule for up to three leases: a store restart inside that time is
+///   waited out, and the record ends SUCCEEDED. A missing table ([`IdemError::StoreSchema`]) says
+///   to run `migrate()`. A mark that still never lands is reported (outcome `mark_failed`) and the
+///   claim protects the key until its lease ends.
+/// - **Every call answers within its store timeout** ([`store_timeout`](Call::store_timeout),
+///   10 s by default) per store step, whatever the network does: a store that stops answering (a
+///   network gone silent, a hung server or load balancer) ends the step with `StoreUnavailable`
+///   (503 with `Retry-After`). A claim that timed out ran nothing; a mark that timed out leaves the
+///   record PROCESSING, so the key stays protected until its lease ends and then a repeat takes
+///   over (asking `recover` first). A connection cut off mid-statement is closed, never handed to
+///   the next statement. Keep the store timeout longer than a restart of your store takes if a
+///   finished body should wait that restart out.
+/// - Each error says [`is_retryable()`](IdemError::is_retryable) and
+///   [`http_status()`](IdemError::http_status).
+///
+/// Why these rules, and the record's whole lifecycle: `docs/DESIGN.md` in the repository.
 #[derive(Debug, Clone)]
 pub struct Call {
     pub(crate) biz: Cow<'static, str>,

@@ -22,9 +22,64 @@
 //! RabbitMQ's `x-delivery-count` on quorum queues); the larger of the two decides. In
 //! transaction mode a failed body rolls its claim back, so only the broker's count remains.
 //!
-//! The adapters settle a verdict on a real broker: [`amqp`] (feature `rabbitmq`: ack, nack with
-//! requeue, reject to the queue's dead-letter exchange) and [`jetstream`] (feature `nats`: ack,
-//! nak with a delay, a copy to a dead-letter subject then term).
+//! Defaults, each set on [`Inbox::builder`]: [`max_attempts`](InboxBuilder::max_attempts) 5,
+//! [`busy_delay`](InboxBuilder::busy_delay) 500 ms, a back-off from
+//! [`retry_delay`](InboxBuilder::retry_delay) 1 s doubling up to
+//! [`max_retry_delay`](InboxBuilder::max_retry_delay) 60 s.
+//!
+//! ```
+//! # use idem_runtime as idem;
+//! # async fn demo() -> Result<(), idem::IdemError> {
+//! use idem::inbox::{Inbox, Verdict};
+//! use idem::{Call, MemoryStore};
+//!
+//! let store = MemoryStore::new();
+//! let inbox = Inbox::builder().max_attempts(5).build()?;
+//! let payload = br#"{"order_no":"ORD-1"}"#;
+//! // `None`: this broker keeps no delivery count. The handler is keyed by the order number.
+//! let handled = inbox
+//!     .handle_json(payload, None, |msg: serde_json::Value| {
+//!         let order_no = msg["order_no"].as_str().unwrap_or_default().to_owned();
+//!         let store = &store;
+//!         async move {
+//!             Call::new("SHIP", &order_no)
+//!                 .run(store, async { Ok::<_, idem::IdemError>(format!("shipped {order_no}")) })
+//!                 .await
+//!         }
+//!     })
+//!     .await;
+//! assert_eq!(handled.verdict, Verdict::Ack);
+//! # Ok(()) }
+//! ```
+//!
+//! The adapters settle a verdict on a real broker: [`amqp`] (feature `rabbitmq`: `declare_queue`
+//! makes a quorum queue with a `<queue>.dead` dead-letter queue; ack, nack with requeue after the
+//! delay, reject to the dead letters) and [`jetstream`] (feature `nats`: ack, nak with the delay,
+//! a copy to a dead-letter subject with the reason in a header, then term). Neither the handler
+//! nor the consumer maps outcomes or verdicts by hand: `amqp::settle` and `jetstream::settle`
+//! take the inbox's [`Verdict`].
+//!
+//! **An example consumer.** `idem-suite/examples/mq_consumer.rs` in the repository is a RabbitMQ
+//! and NATS JetStream consumer built on this module: each delivery goes through
+//! [`Inbox::handle_json`] to an `#[idempotent(biz = "ORDER", key = "msg.order_no", tx = "tx",
+//! fingerprint = "msg")]` fn, so the key is the order number in the payload, and the claim and the
+//! side effect (a row in its own table) commit in one SQLite transaction before the ack. A first
+//! delivery and a duplicate are acked, a failure is requeued after a back-off and runs again, and
+//! an unreadable payload, a blank order number or another payload under a shipped order are
+//! dead-lettered. It publishes three orders twice each under distinct message ids, fails one
+//! order once, kills its first consumer right after a shipment and before the ack, and exits
+//! non-zero unless every order was shipped exactly once:
+//!
+//! ```sh
+//! cargo run -p idem-suite --all-features --example mq_consumer -- rabbitmq   # IDEM_AMQP_URL, default amqp://guest:guest@127.0.0.1:5672/%2f
+//! cargo run -p idem-suite --all-features --example mq_consumer -- nats       # IDEM_NATS_URL, default nats://127.0.0.1:4222
+//! ```
+//!
+//! In the repository, `idem-suite/tests/inbox_rabbitmq.rs` and `inbox_nats.rs` check every
+//! verdict, attempts per key and by delivery count, and the dead letters on the real brokers;
+//! `mq_rabbitmq.rs` and `mq_nats.rs` drive the example consumer's functions and check the
+//! broker afterwards (queue empty, nothing pending or awaiting an ack, exactly the refused
+//! messages among the dead letters).
 //!
 //! **Kafka** has no adapter and is untested here (no Kafka broker runs where idem is tested).
 //! The key choice is the same: the business key in the payload; when a payload carries none,

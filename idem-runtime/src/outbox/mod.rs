@@ -34,13 +34,28 @@
 //! those). Two transactions that enqueue for one key at the same time are ordered by their ids,
 //! among the rows committed when the relay looks; and a relay paused past its lease may send an
 //! earlier message again after a later one (the consumer's inbox replays it as a duplicate).
-//! A failed publish is retried with back-off; sent rows are deleted after a retention.
+//! A failed publish is retried with back-off; sent rows are deleted after a retention
+//! ([`RelayBuilder::retention`], 7 days by default). A rollback enqueues nothing.
+//!
+//! Each message carries a stable id, `<table>:<row id>` ([`OutboxMessage::message_id`]): the
+//! JetStream publisher sends it as `Nats-Msg-Id`, so the stream's duplicate window drops a copy
+//! a relay sent again, and the RabbitMQ publisher as the AMQP `message_id`; the consumer's
+//! [`inbox`](crate::inbox) replays a duplicate that gets through anyway.
 //!
 //! Tables: SQLite, MySQL / MariaDB and Postgres, `idem_outbox` unless [`Outbox::with_table`];
 //! [`Outbox::migrate`] creates it, [`Outbox::ddl`] shows it. Publishers for RabbitMQ
 //! ([`amqp::AmqpPublisher`], feature `rabbitmq`: publisher confirms, persistent, the message id)
 //! and NATS JetStream ([`jetstream::JetStreamPublisher`], feature `nats`: the stream's ack,
 //! `Nats-Msg-Id`).
+//!
+//! In the repository, on the real brokers and databases: `idem-suite/tests/outbox.rs` (commit and
+//! rollback, order per key under failures, two relays racing over one table on SQLite, MariaDB and
+//! Postgres: every row once), `outbox_brokers.rs` (ids, order, an unroutable destination, a
+//! re-send dropped by the duplicate window) and `messaging_e2e.rs`: 2,000 orders over HTTP in
+//! transaction mode with 12 % duplicate requests → outbox → relay → broker → inbox → shipments,
+//! while the relay and the consumer are each killed and restarted 10 times and 5 poison messages
+//! are sent: one shipment per order, nothing unsent, nothing unacked, exactly the poison in the
+//! dead letters, on MariaDB and Postgres, RabbitMQ and JetStream.
 
 #[cfg(feature = "rabbitmq")]
 pub mod amqp;

@@ -25,6 +25,32 @@ pub const MAX_SUBJECT_LEN: usize = 128;
 /// Every backend keeps, per token, its subject, whether it is spent, and its expiry; a spent token
 /// stays until it expires, so a second submit is told [`IdemError::TokenUsed`] rather than
 /// "unknown".
+///
+/// A token is 192 random bits (48 hex digits). [`consume`](TokenStore::consume) spends it
+/// atomically: of N concurrent consumers one wins, the rest get [`IdemError::TokenUsed`] (409);
+/// [`restore`](TokenStore::restore) puts back a spent token whose business failed; an unknown,
+/// expired or malformed token, or another subject's, is [`IdemError::TokenInvalid`] (400) and
+/// changes nothing. Backends: [`MemoryTokens`], and `tokens()` on the SQLite (table `idem_token`
+/// unless `with_token_table` names another, made by `migrate()`), MySQL, Postgres and Redis
+/// stores. [`register_tokens`] names one for `#[consume_token]`;
+/// [`Sweeper::with_tokens`](crate::Sweeper::with_tokens) deletes expired ones.
+///
+/// ```
+/// # use idem_runtime as idem;
+/// # async fn demo() -> Result<(), idem::IdemError> {
+/// use std::time::Duration;
+///
+/// use idem::{IdemError, MemoryTokens, TokenStore};
+///
+/// let tokens = MemoryTokens::new();
+/// let token = tokens.issue(Duration::from_secs(600), Some("u-42")).await?; // rendering the form
+/// tokens.consume(&token, Some("u-42")).await?; // the first submit
+/// let again = tokens.consume(&token, Some("u-42")).await; // the double click
+/// assert!(matches!(again, Err(IdemError::TokenUsed)));
+/// tokens.restore(&token, Some("u-42")).await?; // the business failed: the user may submit again
+/// tokens.consume(&token, Some("u-42")).await?;
+/// # Ok(()) }
+/// ```
 #[async_trait]
 pub trait TokenStore: Send + Sync + 'static {
     /// The backend's name: `memory`, `sqlite`, `redis`, …

@@ -27,7 +27,40 @@ pub use tx::EncryptedTx;
 /// snapshot limit, so a result that passes the engine's size check also fits once sealed.
 ///
 /// Over a store with transactions it has them too (`begin()`, an [`EncryptedTx`] for `tx = "…"`
-/// calls). Keys, fences and fingerprints are not encrypted (the fingerprint is already a hash).
+/// calls; a [`ShardedStore`](crate::ShardedStore)'s `begin_for` is not wrapped: lease mode only
+/// there). Status, fences, leases, keys and fingerprints are not encrypted (the fingerprint is
+/// already a hash), so claims are decided as before. Feature `encrypt`.
+///
+/// - **Envelope** (what the inner store keeps): `IDEM` (4 bytes), format version `1` (1 byte),
+///   the key id (u32 big-endian), a random 24-byte nonce, then the ciphertext and its 16-byte tag:
+///   [`ENVELOPE_OVERHEAD`] (49) bytes more than the snapshot.
+/// - **Bound to its record.** The associated data is the header plus `(biz, key)`.
+/// - **Rotation.** New writes use the current key; a record under a retired key opens while that
+///   key is in the keyring. Drop a key only after its records expired (their TTL after the
+///   rotation); [`Keyring::key_id_of`] on the inner store's `load` says which key sealed a record.
+/// - **Refusals, never garbage.** A snapshot under a key the keyring does not hold, one that fails
+///   authentication, or one that is no envelope (written before encryption was on) is
+///   [`IdemError::SnapshotDecrypt`] with a [`DecryptFailure`](crate::DecryptFailure) that says
+///   which (500, not retryable); the body does not run again and the record is left as it is.
+/// - Keys must be exactly 32 bytes (else an error at construction); they are zeroized when the
+///   keyring is dropped, and `Debug` shows only their ids. Neither keys nor snapshots are logged.
+///
+/// Registered like any store:
+///
+/// ```no_run
+/// # use idem_runtime as idem;
+/// # #[cfg(feature = "sqlite")]
+/// # async fn demo(current_key: [u8; 32], retired_key: [u8; 32]) -> Result<(), idem::IdemError> {
+/// use idem::{EncryptedStore, Keyring, SqliteStore};
+///
+/// let store = SqliteStore::open("idem.db").await?;
+/// store.migrate().await?;
+/// // 32-byte keys from your secret manager; the id is stored with every snapshot.
+/// let keyring = Keyring::new(2, current_key)? // seals every new snapshot
+///     .with_old(1, retired_key)?;            // still opens snapshots sealed under key 1
+/// idem::register_store("sqlite", EncryptedStore::new(store, keyring));
+/// # Ok(()) }
+/// ```
 ///
 /// ```
 /// # use idem_runtime as idem;

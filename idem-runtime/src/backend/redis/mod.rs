@@ -63,7 +63,7 @@ pub(crate) fn tcp_settings() -> redis::io::tcp::TcpSettings {
 /// with `{` after the prefix, so they never meet a record.
 ///
 /// Records written by idem 0.1.0's `<prefix>{biz:key}` (no length) are not read by this version:
-/// they expire by themselves at their own `PEXPIREAT` (README, the Redis store's entry).
+/// they expire by themselves at their own `PEXPIREAT` (the stores guide of the `idemkit` docs, under Redis).
 pub(crate) fn record_key(prefix: &str, biz: &str, key: &str) -> String {
     let mut len = itoa::Buffer::new();
     let len = len.format(biz.len());

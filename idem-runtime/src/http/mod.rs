@@ -137,7 +137,10 @@
 //! to that long for the first to finish and gets its response.
 //!
 //! **Finding a request's record.** The layer stores each record under a hash of the caller and the
-//! key the client sent, never the key itself, so `idem stuck` lists layer records by that hash. To
+//! key the client sent, never the key itself, so `idem stuck` lists layer records by that hash,
+//! with the method and route each came from (`POST /orders/{id}`: axum's route template under a
+//! router, else the path; kept before the fingerprint's digest, read by
+//! [`Record::origin`](crate::Record::origin)); `idem inspect` prints it as `request`. To
 //! answer "what happened to order request X of customer Y", give the caller and the key as the
 //! client sent them: `idem inspect HTTP order-77 --principal alice` (the same on `idem release`;
 //! `--http` for a layer without a principal), or

@@ -236,7 +236,7 @@ where
     result
 }
 
-/// Transaction mode's one entry, as [`super::execute`] is lease mode's: what `#[idempotent(tx =
+/// Transaction mode's one entry, as `engine::execute` is lease mode's: what `#[idempotent(tx =
 /// "…")]` expands to, what [`Call::run_in_tx`] runs and what the HTTP layer's transaction mode
 /// runs. In the call's span: claims in a savepoint of `tx`; a stored result is returned without
 /// running anything; otherwise `body` gets the transaction (`tx` itself: a `&mut` for the macro, the

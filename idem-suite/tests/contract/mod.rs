@@ -15,7 +15,9 @@ pub mod recover;
 pub mod result_ttl;
 pub mod server;
 pub mod steps;
+#[macro_use]
 pub mod tokens;
+#[macro_use]
 pub mod tx;
 
 // The suites' macros name every case as `contract::<case>`; binaries that only use `tokens` or `tx`

@@ -1,11 +1,11 @@
 //! The transaction-mode contract on `SqliteStore` (`SqliteTx` from `store.begin()`), with the
 //! business's side effects in a table of the same database file.
 
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 
-use contract::tx::TxBackend;
+use crate::contract::tx::TxBackend;
 use idem::sqlx::{self, Row};
 use idem::{SqliteStore, SqliteTx, Store};
 

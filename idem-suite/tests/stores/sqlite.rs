@@ -1,6 +1,6 @@
 //! The store contract on `SqliteStore`: a WAL file on disk (the embedded default).
 
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 

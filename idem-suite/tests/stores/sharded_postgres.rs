@@ -2,8 +2,8 @@
 //! local Postgres, `IDEM_PG_URL`): routing by the stable hash of `(biz, key)` works over Postgres
 //! shards like over any other.
 
-mod contract;
-#[path = "support/postgres.rs"]
+use crate::contract;
+#[path = "../support/postgres.rs"]
 mod pg;
 
 use std::sync::Arc;

@@ -1,13 +1,13 @@
 //! The store contract on `MySqlStore`, against the local MariaDB / MySQL (`IDEM_MYSQL_URL`, default
 //! `mysql://root@127.0.0.1:3306/test`); each test's records in a table of its own.
 
-mod contract;
-#[path = "support/mysql_leftovers.rs"]
+use crate::contract;
+#[path = "../support/mysql_leftovers.rs"]
 mod leftovers;
 
 use std::sync::Arc;
 
-use contract::server;
+use crate::contract::server;
 
 async fn store(clock: idem::TestClock) -> Option<Arc<dyn idem::Store>> {
     let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");

@@ -1,8 +1,8 @@
 //! The store contract on `PgStore`, against the local Postgres (`IDEM_PG_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`); each test's records in a table of its own.
 
-mod contract;
-#[path = "support/postgres.rs"]
+use crate::contract;
+#[path = "../support/postgres.rs"]
 mod pg;
 
 use std::sync::Arc;

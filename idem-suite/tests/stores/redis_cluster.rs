@@ -2,18 +2,16 @@
 //! itself from the installed `redis-server` (three loopback ports, no persistence) and stops at
 //! the end; 10,000 keys over every slot; and what a node restart without persistence loses.
 
-mod contract;
-#[path = "support/redis_cluster.rs"]
+use crate::contract;
+#[path = "../support/redis_cluster.rs"]
 mod redis_cluster;
-#[path = "support/redis_server.rs"]
-mod redis_server;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis_cluster::Cluster;
 
-use contract::server;
+use crate::contract::server;
 use idem::{Call, IdemError, RedisClusterStore, Store, TestClock};
 
 async fn connect(cluster: &Cluster) -> RedisClusterStore {

@@ -2,13 +2,13 @@
 //! Postgres (`IDEM_PG_URL`, default `postgres://postgres@127.0.0.1:5432/test`; one skip line when it
 //! is unreachable, unless `IDEM_REQUIRE_SERVICES=1`): sealed snapshots in a `BYTEA` column.
 
-mod contract;
-#[path = "support/postgres.rs"]
+use crate::contract;
+#[path = "../support/postgres.rs"]
 mod pg;
 
 use std::sync::Arc;
 
-use contract::tx::TxBackend;
+use crate::contract::tx::TxBackend;
 use idem::sqlx::{self, AssertSqlSafe};
 use idem::{EncryptedStore, EncryptedTx, Keyring, PgStore, Store};
 

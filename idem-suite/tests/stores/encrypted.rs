@@ -1,11 +1,11 @@
 //! The store contract, lease and transaction mode, on `EncryptedStore` over `MemoryStore` and
 //! over `SqliteStore`: sealing snapshots changes nothing a caller can observe.
 
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 
-use contract::tx::TxBackend;
+use crate::contract::tx::TxBackend;
 use idem::sqlx::{self, Row};
 use idem::{EncryptedStore, EncryptedTx, Keyring, MemoryStore, SqliteStore, Store, TestClock};
 

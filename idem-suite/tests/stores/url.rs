@@ -3,14 +3,14 @@
 //! `redis://`, and `sharded:` over two SQLite files; with the URL options `idem_table` (SQLite too),
 //! `idem_token_table` and `idem_prefix` giving each test a table or key prefix of its own. Then what a bad URL is told.
 
-mod contract;
+use crate::contract;
 #[cfg(feature = "mysql")]
-#[path = "support/mysql_leftovers.rs"]
+#[path = "../support/mysql_leftovers.rs"]
 mod leftovers;
 
 use std::sync::Arc;
 
-use contract::server;
+use crate::contract::server;
 use idem::{IdemError, Store, TestClock};
 
 /// A store from `url` on `clock`, migrated; `None` (one skip line) when its server is down.

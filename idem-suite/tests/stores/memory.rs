@@ -1,6 +1,6 @@
 //! The store contract on `MemoryStore`.
 
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 

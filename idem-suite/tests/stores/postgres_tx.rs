@@ -1,13 +1,13 @@
 //! The transaction-mode contract on `PgStore` (`PgTx` from `store.begin()`), with the business's
 //! side effects in a table of the same database.
 
-mod contract;
-#[path = "support/postgres.rs"]
+use crate::contract;
+#[path = "../support/postgres.rs"]
 mod pg;
 
 use std::sync::Arc;
 
-use contract::tx::TxBackend;
+use crate::contract::tx::TxBackend;
 use idem::sqlx::{self, AssertSqlSafe};
 use idem::{PgStore, PgTx, Store};
 

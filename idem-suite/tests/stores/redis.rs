@@ -1,11 +1,11 @@
 //! The store contract on `RedisStore`, against the local Redis (`IDEM_REDIS_URL`, default
 //! `redis://127.0.0.1:6379`); each test's records under a prefix of its own.
 
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 
-use contract::server;
+use crate::contract::server;
 
 async fn store(clock: idem::TestClock) -> Option<Arc<dyn idem::Store>> {
     let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");

@@ -2,15 +2,15 @@
 //! databases (`test_idem_shard_0` … `test_idem_shard_3` on the server of `IDEM_MYSQL_URL`, made if
 //! missing); each test on tables of its own.
 
-mod contract;
-#[path = "support/mysql_leftovers.rs"]
+use crate::contract;
+#[path = "../support/mysql_leftovers.rs"]
 mod leftovers;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use contract::server;
-use contract::tx::TxBackend;
+use crate::contract::server;
+use crate::contract::tx::TxBackend;
 use idem::sqlx::{self, AssertSqlSafe};
 use idem::{MySqlStore, ShardedStore, ShardedTx, Store, TestClock};
 

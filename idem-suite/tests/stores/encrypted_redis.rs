@@ -2,11 +2,11 @@
 //! default `redis://127.0.0.1:6379`; one skip line when it is unreachable, unless
 //! `IDEM_REQUIRE_SERVICES=1`): sealed snapshots as binary hash fields, the protocol in Lua as before.
 
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 
-use contract::server;
+use crate::contract::server;
 use idem::{EncryptedStore, Keyring};
 
 async fn store(clock: idem::TestClock) -> Option<Arc<dyn idem::Store>> {

@@ -1,11 +1,11 @@
 //! The store contract, lease and transaction mode, on a `ShardedStore` over four SQLite files; and
 //! the rule that a transaction joins only calls whose key lives on its shard.
 
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 
-use contract::tx::TxBackend;
+use crate::contract::tx::TxBackend;
 use idem::sqlx::{self, Row};
 use idem::{Call, IdemError, IdemKey, ShardedStore, ShardedTx, SqliteStore, Store, TestClock};
 

@@ -1,12 +1,12 @@
 //! The transaction-mode contract on `MySqlStore` (`MySqlTx` from `store.begin()`), with the
 //! business's side effects in an InnoDB table of the same database; each test on tables of its own.
 
-mod contract;
+use crate::contract;
 
 use std::sync::Arc;
 
-use contract::server;
-use contract::tx::TxBackend;
+use crate::contract::server;
+use crate::contract::tx::TxBackend;
 use idem::sqlx::{self, AssertSqlSafe};
 use idem::{MySqlStore, MySqlTx, Store};
 

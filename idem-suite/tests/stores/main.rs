@@ -1,0 +1,40 @@
+//! The store contract (`tests/contract`) on every backend, one module per store: the same cases
+//! on the memory store, SQLite, MariaDB, Postgres, Redis and Redis Cluster, the sharded and
+//! encrypted wrappers and the stores `idem::connect` opens from a URL; the `*_tx` modules run the
+//! transaction-mode contract. One test binary: the contract is compiled and linked once.
+
+#[macro_use]
+#[path = "../contract/mod.rs"]
+mod contract;
+/// A Redis server of a test's own (the cluster's nodes).
+#[cfg(feature = "redis")]
+#[path = "../support/redis_server.rs"]
+mod redis_server;
+
+#[cfg(feature = "encrypt")]
+mod encrypted;
+#[cfg(all(feature = "encrypt", feature = "postgres"))]
+mod encrypted_postgres;
+#[cfg(all(feature = "encrypt", feature = "redis"))]
+mod encrypted_redis;
+mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "mysql")]
+mod mysql_tx;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "postgres")]
+mod postgres_tx;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(feature = "redis")]
+mod redis_cluster;
+mod sharded;
+#[cfg(feature = "mysql")]
+mod sharded_mysql;
+#[cfg(feature = "postgres")]
+mod sharded_postgres;
+mod sqlite;
+mod sqlite_tx;
+mod url;

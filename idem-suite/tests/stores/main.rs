@@ -1,7 +1,8 @@
 //! The store contract (`tests/contract`) on every backend, one module per store: the same cases
 //! on the memory store, SQLite, MariaDB, Postgres, Redis and Redis Cluster, the sharded and
 //! encrypted wrappers and the stores `idem::connect` opens from a URL; the `*_tx` modules run the
-//! transaction-mode contract. One test binary: the contract is compiled and linked once.
+//! transaction-mode contract; `tokens` the token stores' contract, the `*_transition` and `mysql_pay_callback` modules state transitions on the
+//! SQL servers. One test binary: the contract is compiled and linked once.
 
 #[macro_use]
 #[path = "../contract/mod.rs"]
@@ -21,9 +22,15 @@ mod memory;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "mysql")]
+mod mysql_pay_callback;
+#[cfg(feature = "mysql")]
+mod mysql_transition;
+#[cfg(feature = "mysql")]
 mod mysql_tx;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "postgres")]
+mod postgres_transition;
 #[cfg(feature = "postgres")]
 mod postgres_tx;
 #[cfg(feature = "redis")]
@@ -37,4 +44,5 @@ mod sharded_mysql;
 mod sharded_postgres;
 mod sqlite;
 mod sqlite_tx;
+mod tokens;
 mod url;

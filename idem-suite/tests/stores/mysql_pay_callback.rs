@@ -4,15 +4,13 @@
 
 // The SQLite backend of the scenario is not used here.
 #[allow(dead_code)]
-#[path = "support/pay_callback.rs"]
+#[path = "../support/pay_callback.rs"]
 mod scenario;
-
-mod contract;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use contract::server;
+use crate::contract::server;
 use idem::sqlx::{self, AssertSqlSafe};
 use idem::{MySqlStore, MySqlTx};
 use scenario::{Backend, PayStatus, ScenarioError, Tables};

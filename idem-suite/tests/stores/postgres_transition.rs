@@ -3,11 +3,10 @@
 //! an update that moved nothing sees a newer row than the update did. Each test in a schema of its
 //! own (`search_path`), so the machines' fixed table names do not collide.
 
-mod contract;
-#[path = "support/postgres.rs"]
+#[path = "../support/postgres.rs"]
 mod pg;
 #[allow(dead_code)] // the SQLite backend of the scenario
-#[path = "support/pay_callback.rs"]
+#[path = "../support/pay_callback.rs"]
 mod scenario;
 
 use std::sync::Arc;

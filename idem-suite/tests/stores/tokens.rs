@@ -2,7 +2,7 @@
 //! MariaDB (`IDEM_MYSQL_URL`) and (feature `redis`) Redis (`IDEM_REDIS_URL`, default
 //! `redis://127.0.0.1:6379`).
 
-mod contract;
+use crate::contract;
 
 mod memory {
     use super::contract;
@@ -144,7 +144,7 @@ async fn the_sweeper_deletes_expired_tokens_and_spares_live_ones() {
 }
 
 #[cfg(feature = "postgres")]
-#[path = "support/postgres.rs"]
+#[path = "../support/postgres.rs"]
 mod pg;
 
 #[cfg(feature = "postgres")]

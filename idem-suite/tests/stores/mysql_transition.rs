@@ -4,12 +4,10 @@
 //! once, and the READ COMMITTED rule: a row that moved into a `from` state between the update and
 //! the read that classifies it is updated again, not reported as a refusal.
 
-mod contract;
-
 use std::sync::Arc;
 
+use crate::contract::server;
 use async_trait::async_trait;
-use contract::server;
 use idem::sqlx::{self, MySqlPool};
 use idem::{
     Dialect, IdemError, MySqlStore, MySqlTx, SqlValue, StateMachine, StateRow, Transition,

@@ -1,11 +1,15 @@
 //! The store's clock, as tests see it: every store reads its own clock (the database's `NOW()`,
 //! Redis `TIME`, the memory store's monotonic clock) plus the offset of a [`TestClock`].
 
+// Without `test-util` no store is handed a test clock: the offset is always zero.
+#![cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-/// Moves a store's clock forward, so tests drive lease and TTL edges without sleeping.
+/// Moves a store's clock forward, so tests drive lease and TTL edges without sleeping (feature
+/// `test-util`, for tests: production code has no use for it, as with tokio's).
 ///
 /// A store given a test clock (`MemoryStore::with_test_clock`, `SqliteStore::with_test_clock`,
 /// and every other backend's) reads its own clock plus this clock's offset, in every decision:
@@ -16,6 +20,7 @@ use std::time::Duration;
 ///
 /// ```
 /// # use idem_runtime as idem;
+/// # #[cfg(feature = "test-util")]
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
 /// use std::time::Duration;
 /// use idem::{Call, MemoryStore, TestClock};

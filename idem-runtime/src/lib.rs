@@ -21,6 +21,7 @@
 
 pub mod admin;
 mod backend;
+mod backoff;
 #[cfg(feature = "cache")]
 mod cache;
 mod clock;
@@ -67,6 +68,7 @@ pub use backend::sharded::{ShardedStore, ShardedTx};
 pub use backend::sqlite::{SqliteStore, SqliteTokens, SqliteTx};
 #[cfg(feature = "cache")]
 pub use cache::{CachedStore, ENTRY_OVERHEAD, MAX_CACHE_BYTES, MIN_CACHE_BYTES, ReplayCache};
+#[cfg(any(test, feature = "test-util"))]
 pub use clock::TestClock;
 pub use connect::{AnyStore, connect, connect_tokens, migrations};
 pub use duration::MAX_DURATION;

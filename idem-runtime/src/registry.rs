@@ -12,7 +12,7 @@ static STORES: LazyLock<RwLock<HashMap<String, Arc<dyn Store>>>> = LazyLock::new
 /// was replaced or unregistered is dropped where that happened, not later in a thread-local
 /// destructor at thread exit (where a pool's drop cannot reach its runtime and would abort the
 /// process).
-type CachedStore = (u64, Box<str>, Weak<dyn Store>);
+type Resolved = (u64, Box<str>, Weak<dyn Store>);
 
 /// Bumped by every change of the registry, so per-thread caches know when to look again.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
@@ -20,7 +20,7 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 thread_local! {
     /// The stores this thread looked up lately, with the generation they were read at: a call by
     /// name usually costs one string compare instead of a lock and a hash.
-    static CACHE: RefCell<Vec<CachedStore>> = const { RefCell::new(Vec::new()) };
+    static CACHE: RefCell<Vec<Resolved>> = const { RefCell::new(Vec::new()) };
 }
 
 const CACHE_SLOTS: usize = 8;

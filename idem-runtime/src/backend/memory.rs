@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 
 use crate::IdemError;
-use crate::clock::{ClockOffset, TestClock};
+use crate::clock::ClockOffset;
 use crate::store::decide::{
     Decision, RESULT_DROPPED, RecordState, decide, duration_ms, millis, taken,
 };
@@ -71,7 +71,7 @@ type Map<V> = hashbrown::HashMap<String, V>;
 type Records = Map<Map<Entry>>;
 
 /// Keeps records in this process's memory. Its clock is the wall clock read once at creation plus
-/// a monotonic clock since (it never steps back), plus a [`TestClock`]'s offset if given. Records
+/// a monotonic clock since (it never steps back), plus a test clock's offset if given ([`TestClock`](crate::TestClock), feature `test-util`). Records
 /// are lost when the process ends.
 pub struct MemoryStore {
     records: Mutex<Records>,
@@ -122,8 +122,9 @@ impl MemoryStore {
         self
     }
 
-    /// The same store on a [`TestClock`]: its clock reads the clock's offset on top of its own.
-    pub fn with_test_clock(mut self, clock: TestClock) -> Self {
+    /// The same store on a [`TestClock`](crate::TestClock) (feature `test-util`): its clock reads the clock's offset on top of its own.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn with_test_clock(mut self, clock: crate::clock::TestClock) -> Self {
         self.offset = ClockOffset::new(clock);
         self
     }

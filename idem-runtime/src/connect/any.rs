@@ -36,7 +36,8 @@ pub(super) enum Backend {
 #[derive(Clone, Default)]
 pub(super) struct MemoryOptions {
     limits: Limits,
-    clock: Option<crate::TestClock>,
+    #[cfg(any(test, feature = "test-util"))]
+    clock: Option<crate::clock::TestClock>,
 }
 
 impl MemoryOptions {
@@ -44,10 +45,11 @@ impl MemoryOptions {
         let store = crate::MemoryStore::new()
             .with_limits(self.limits.clone())
             .unwrap_or_else(|_| unreachable!("memory holds any limits"));
-        match &self.clock {
-            Some(clock) => store.with_test_clock(clock.clone()),
-            None => store,
+        #[cfg(any(test, feature = "test-util"))]
+        if let Some(clock) = &self.clock {
+            return store.with_test_clock(clock.clone());
         }
+        store
     }
 }
 
@@ -156,7 +158,8 @@ impl AnyStore {
     /// The same store on a [`TestClock`](crate::TestClock) (every shard of a sharded one): its
     /// clock reads the test clock's offset on top of its own, for tests that move time. A
     /// `memory:` store starts empty again (its records are its own).
-    pub fn with_test_clock(self, clock: crate::TestClock) -> Self {
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn with_test_clock(self, clock: crate::clock::TestClock) -> Self {
         let backend = match self.backend {
             Backend::Memory(mut options) => {
                 options.clock = Some(clock);

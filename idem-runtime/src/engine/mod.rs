@@ -104,21 +104,7 @@ pub(crate) fn acquired_outcome(how: Acquired) -> Outcome {
 /// connection) where repeating it is safe: a claim, a mark, a renewal.
 const TRANSIENT_TRIES: u32 = 4;
 
-/// The pause before try number `tried + 1` of a step that hit contention: exponential from 2 ms
-/// up to about half a second, with jitter (50–150 %), so callers that collided do not collide
-/// again in lockstep.
-pub(crate) fn back_off_pause(tried: u32) -> Duration {
-    let base = 2u64.saturating_mul(1 << tried.min(8)).min(500);
-    // The OS generator (already linked for tokens and nonces): a pause is rare, so a syscall
-    // per pause costs nothing measurable; should it fail, the pause has no jitter.
-    let jitter = getrandom::u64().map_or(base * 1000 / 2, |r| r % (base * 1000 + 1));
-    Duration::from_micros(base * 1000 / 2 + jitter)
-}
-
-/// Sleeps for [`back_off_pause`].
-pub(crate) async fn back_off(tried: u32) {
-    tokio::time::sleep(back_off_pause(tried)).await;
-}
+pub(crate) use crate::backoff::{back_off, back_off_pause};
 
 /// Runs `step` until it succeeds, fails with an error that is not a transient store error, or has
 /// been tried [`TRANSIENT_TRIES`] times; all of it by `until` (when given): each try is cut off

@@ -23,8 +23,9 @@ pub use crate::transition::{
 };
 
 /// The Lua sources of the Redis store's claim and complete steps, read-only, so a benchmark can
-/// send the very same commands without idem (its floor) instead of a copy that could drift.
-#[cfg(feature = "redis")]
+/// send the very same commands without idem (its floor) instead of a copy that could drift. Only
+/// with `test-util`: a benchmark's hook, not something a service builds against.
+#[cfg(all(feature = "redis", feature = "test-util"))]
 pub mod redis_scripts {
     pub use crate::backend::redis::scripts::{CLAIM, COMPLETE};
 }

@@ -10,7 +10,7 @@
 //! a live success is decided by the read alone, see `store/order.rs`).
 
 use crate::IdemError;
-use crate::engine::back_off;
+use crate::backoff::back_off;
 use crate::store::decide::{Decision, RecordState, decide, duration_ms};
 use crate::store::order::ClaimOrder;
 use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Status, keeps_steps};

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::{Found, TokenStore, check_token, check_ttl, new_token, refusal, subject_of};
 use crate::IdemError;
-use crate::clock::{ClockOffset, TestClock};
+use crate::clock::ClockOffset;
 
 struct Entry {
     subject: String,
@@ -29,8 +29,9 @@ impl MemoryTokens {
         Self::default()
     }
 
-    /// The same store on a [`TestClock`].
-    pub fn with_test_clock(mut self, clock: TestClock) -> Self {
+    /// The same store on a [`TestClock`](crate::TestClock) (feature `test-util`).
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn with_test_clock(mut self, clock: crate::clock::TestClock) -> Self {
         self.offset = ClockOffset::new(clock);
         self
     }

@@ -3,8 +3,7 @@
 //! is unreachable, unless `IDEM_REQUIRE_SERVICES=1`): sealed snapshots in a `BYTEA` column.
 
 use crate::contract;
-#[path = "../support/postgres.rs"]
-mod pg;
+use crate::pg;
 
 use std::sync::Arc;
 

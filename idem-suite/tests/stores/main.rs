@@ -7,10 +7,28 @@
 #[macro_use]
 #[path = "../contract/mod.rs"]
 mod contract;
-/// A Redis server of a test's own (the cluster's nodes).
+// What several stores' modules share.
+// A Redis server of a test's own (the cluster's nodes).
 #[cfg(feature = "redis")]
 #[path = "../support/redis_server.rs"]
 mod redis_server;
+// A Redis Cluster of three servers of the test's own.
+#[cfg(feature = "redis")]
+#[path = "../support/redis_cluster.rs"]
+mod cluster;
+// A Postgres store on a table of the test's own.
+#[cfg(feature = "postgres")]
+#[path = "../support/postgres.rs"]
+mod pg;
+// The tables a MariaDB test leaves, dropped.
+#[cfg(feature = "mysql")]
+#[path = "../support/mysql_leftovers.rs"]
+mod leftovers;
+// The payment-callback scenario the transition suites run on each SQL server.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+#[allow(dead_code)] // its SQLite side is the pay_callback suite's
+#[path = "../support/pay_callback.rs"]
+mod scenario;
 
 #[cfg(feature = "encrypt")]
 mod encrypted;

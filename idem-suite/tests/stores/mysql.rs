@@ -2,8 +2,7 @@
 //! `mysql://root@127.0.0.1:3306/test`); each test's records in a table of its own.
 
 use crate::contract;
-#[path = "../support/mysql_leftovers.rs"]
-mod leftovers;
+use crate::leftovers;
 
 use std::sync::Arc;
 

@@ -4,8 +4,7 @@
 
 // The SQLite backend of the scenario is not used here.
 #[allow(dead_code)]
-#[path = "../support/pay_callback.rs"]
-mod scenario;
+use crate::scenario;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,8 +2,7 @@
 //! `postgres://postgres@127.0.0.1:5432/test`); each test's records in a table of its own.
 
 use crate::contract;
-#[path = "../support/postgres.rs"]
-mod pg;
+use crate::pg;
 
 use std::sync::Arc;
 

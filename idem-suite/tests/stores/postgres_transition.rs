@@ -3,11 +3,9 @@
 //! an update that moved nothing sees a newer row than the update did. Each test in a schema of its
 //! own (`search_path`), so the machines' fixed table names do not collide.
 
-#[path = "../support/postgres.rs"]
-mod pg;
+use crate::pg;
 #[allow(dead_code)] // the SQLite backend of the scenario
-#[path = "../support/pay_callback.rs"]
-mod scenario;
+use crate::scenario;
 
 use std::sync::Arc;
 

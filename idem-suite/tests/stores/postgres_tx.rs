@@ -2,8 +2,7 @@
 //! side effects in a table of the same database.
 
 use crate::contract;
-#[path = "../support/postgres.rs"]
-mod pg;
+use crate::pg;
 
 use std::sync::Arc;
 

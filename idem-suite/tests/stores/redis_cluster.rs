@@ -3,8 +3,7 @@
 //! the end; 10,000 keys over every slot; and what a node restart without persistence loses.
 
 use crate::contract;
-#[path = "../support/redis_cluster.rs"]
-mod redis_cluster;
+use crate::cluster as redis_cluster;
 
 use std::sync::Arc;
 use std::time::Duration;

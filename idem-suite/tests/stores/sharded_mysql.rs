@@ -3,8 +3,7 @@
 //! missing); each test on tables of its own.
 
 use crate::contract;
-#[path = "../support/mysql_leftovers.rs"]
-mod leftovers;
+use crate::leftovers;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,8 +3,7 @@
 //! shards like over any other.
 
 use crate::contract;
-#[path = "../support/postgres.rs"]
-mod pg;
+use crate::pg;
 
 use std::sync::Arc;
 

@@ -144,8 +144,7 @@ async fn the_sweeper_deletes_expired_tokens_and_spares_live_ones() {
 }
 
 #[cfg(feature = "postgres")]
-#[path = "../support/postgres.rs"]
-mod pg;
+use crate::pg;
 
 #[cfg(feature = "postgres")]
 mod postgres {

@@ -5,8 +5,7 @@
 
 use crate::contract;
 #[cfg(feature = "mysql")]
-#[path = "../support/mysql_leftovers.rs"]
-mod leftovers;
+use crate::leftovers;
 
 use std::sync::Arc;
 

@@ -33,7 +33,7 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{AssertSqlSafe, MySql};
 
 use crate::IdemError;
-use crate::clock::{ClockOffset, TestClock};
+use crate::clock::ClockOffset;
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::table::TableName;
@@ -220,9 +220,10 @@ impl MySqlStore {
         self
     }
 
-    /// The same store on a [`TestClock`]: every statement reads the database's clock plus the
+    /// The same store on a [`TestClock`](crate::TestClock) (feature `test-util`): every statement reads the database's clock plus the
     /// clock's offset.
-    pub fn with_test_clock(mut self, clock: TestClock) -> Self {
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn with_test_clock(mut self, clock: crate::clock::TestClock) -> Self {
         self.offset = ClockOffset::new(clock);
         self
     }
@@ -395,7 +396,7 @@ impl Store for MySqlStore {
                 match outcome {
                     Err(e) if e.restarts_transaction() && tried + 1 < DEADLOCK_TRIES => {
                         tried += 1;
-                        crate::engine::back_off(tried).await;
+                        crate::backoff::back_off(tried).await;
                     }
                     Err(IdemError::StoreBusy {
                         reason: crate::Busy::LockTimeout,

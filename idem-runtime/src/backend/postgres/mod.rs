@@ -21,7 +21,7 @@ use sqlx::Postgres;
 use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, SqlSafeStr};
 
-use crate::clock::{ClockOffset, TestClock};
+use crate::clock::ClockOffset;
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::table::TableName;
@@ -186,9 +186,10 @@ impl PgStore {
         Ok(self)
     }
 
-    /// The same store on a [`TestClock`]: every statement reads the database's clock plus the
+    /// The same store on a [`TestClock`](crate::TestClock) (feature `test-util`): every statement reads the database's clock plus the
     /// clock's offset.
-    pub fn with_test_clock(mut self, clock: TestClock) -> Self {
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn with_test_clock(mut self, clock: crate::clock::TestClock) -> Self {
         self.offset = ClockOffset::new(clock);
         self
     }

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::{Conn, RESPONSE_TIMEOUT, Records, RedisStore, redis_error};
 use crate::IdemError;
-use crate::clock::{ClockOffset, TestClock};
+use crate::clock::ClockOffset;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 
 /// Keeps records in a Redis Cluster, through the async cluster client (which follows MOVED and
@@ -68,8 +68,9 @@ impl RedisClusterStore {
         Ok(RedisClusterStore(self.0.with_limits(limits)?))
     }
 
-    /// The same store on a [`TestClock`].
-    pub fn with_test_clock(self, clock: TestClock) -> Self {
+    /// The same store on a [`TestClock`](crate::TestClock) (feature `test-util`).
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn with_test_clock(self, clock: crate::clock::TestClock) -> Self {
         RedisClusterStore(self.0.with_test_clock(clock))
     }
 

@@ -26,7 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::IdemError;
-use crate::clock::{ClockOffset, TestClock};
+use crate::clock::ClockOffset;
 use crate::store::decide::millis;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 pub use cluster::RedisClusterStore;
@@ -208,8 +208,9 @@ impl RedisStore {
         Ok(self.with(|r| r.limits = limits))
     }
 
-    /// The same store on a [`TestClock`]: every script reads Redis `TIME` plus the clock's offset.
-    pub fn with_test_clock(self, clock: TestClock) -> Self {
+    /// The same store on a [`TestClock`](crate::TestClock) (feature `test-util`): every script reads Redis `TIME` plus the clock's offset.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn with_test_clock(self, clock: crate::clock::TestClock) -> Self {
         self.with(|r| r.offset = ClockOffset::new(clock))
     }
 

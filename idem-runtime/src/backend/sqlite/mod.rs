@@ -25,7 +25,7 @@ use sqlx::sqlite::{
 use tokio::sync::Mutex;
 
 use crate::IdemError;
-use crate::clock::{ClockOffset, TestClock};
+use crate::clock::ClockOffset;
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
@@ -266,9 +266,10 @@ impl SqliteStore {
         Ok(self)
     }
 
-    /// The same store on a [`TestClock`]: every statement is given the store's clock (the system
+    /// The same store on a [`TestClock`](crate::TestClock) (feature `test-util`): every statement is given the store's clock (the system
     /// clock SQLite's `unixepoch()` reads) plus the test clock's offset.
-    pub fn with_test_clock(mut self, clock: TestClock) -> Self {
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn with_test_clock(mut self, clock: crate::clock::TestClock) -> Self {
         self.offset = ClockOffset::new(clock);
         self
     }

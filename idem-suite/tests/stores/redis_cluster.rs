@@ -2,8 +2,8 @@
 //! itself from the installed `redis-server` (three loopback ports, no persistence) and stops at
 //! the end; 10,000 keys over every slot; and what a node restart without persistence loses.
 
-use crate::contract;
 use crate::cluster as redis_cluster;
+use crate::contract;
 
 use std::sync::Arc;
 use std::time::Duration;

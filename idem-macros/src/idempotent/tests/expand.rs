@@ -90,12 +90,10 @@ fn expands_the_tx_mode() {
     assert_eq!(compile_errors(&out), 0, "{out}");
     for expected in [
         ":: idem :: __private :: JoinableTx :: joinable (& * tx) ;",
-        "let __idem_span = :: idem :: __private :: call_span (& __idem_call) ; :: idem :: __private :: in_span (__idem_span , async {",
-        "match :: idem :: __private :: tx_claim :: < Receipt , _ > (__idem_call , __idem_ok , & mut * tx) . await",
-        "return :: core :: result :: Result :: Ok (__idem_value) ;",
-        "return :: core :: result :: Result :: Err (__idem_err . from_idem (__idem_error)) ;",
-        "let __idem_out = :: idem :: __private :: tx_body (& __idem_guard , async {",
-        ":: idem :: __private :: tx_finish :: < Receipt , PayError , _ > (__idem_guard , & mut * tx , __idem_ok , __idem_err , __idem_out) . await }) . await",
+        // One engine entry: the claim, the body (handed the transaction under the parameter's own
+        // name) and the mark are run_tx's.
+        "(:: idem :: __private :: run_tx :: < Receipt , PayError , _ , _ , _ , _ > (__idem_call , __idem_ok , __idem_err , & mut * tx , move | tx | async move { let __idem_out = async {",
+        "} . await ; (:: core :: option :: Option :: Some (tx) , __idem_out) }) . await) . 1 }",
     ] {
         assert!(out.contains(expected), "missing `{expected}` in\n{out}");
     }

@@ -11,7 +11,7 @@
 //! | `idem inspect HTTP KEY --principal P` (or `--http`), the same on `release` | KEY is the `Idempotency-Key` caller P sent to the HTTP layer: the record is found under the layer's hash of both ([`idem::http_record_key`]) |
 //! | `idem release … --mark-failed` | a fenced move to FAILED instead: the next call runs the body again without asking recover; only when the effect is known not to have happened ([`idem::admin::mark_failed`]) |
 //! | `idem sweep [--batch N] [--tokens]` | deletes expired records (and submit tokens) ([`idem::admin::sweep`]) |
-//! | `idem stats` | records per business type and status ([`idem::Store::stats`]) |
+//! | `idem stats` | records per business type and status, and per method and route for HTTP layer records ([`idem::Store::stats`]) |
 //!
 //! Exit status: `0` done; `1` refused, not found, or lost a race (a `release` that another attempt
 //! beat, a `release` of a success or of a live lease, an `inspect` of an absent key); `2` usage (a

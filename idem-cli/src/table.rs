@@ -13,25 +13,38 @@ pub(crate) async fn stats(store: &AnyStore) -> Result<Exit, IdemError> {
         return Ok(Exit::Ok);
     }
     const ORDER: [Status; 3] = [Status::Processing, Status::Succeeded, Status::Failed];
-    // Per business type: the records in each status of ORDER, then the tombstones.
-    let mut rows: Vec<(String, [u64; 4])> = Vec::new();
+    // Per business type: the records in each status of ORDER, then the tombstones; under it, for
+    // HTTP layer records, the same per method and route (`origin`).
+    let mut rows: Vec<(String, [u64; 4], Vec<(String, [u64; 4])>)> = Vec::new();
     for c in counts {
-        if rows.last().is_none_or(|(biz, _)| *biz != c.biz) {
-            rows.push((c.biz.clone(), [0; 4]));
+        if rows.last().is_none_or(|(biz, ..)| *biz != c.biz) {
+            rows.push((c.biz.clone(), [0; 4], Vec::new()));
         }
         let at = ORDER.iter().position(|s| *s == c.status).unwrap_or(0);
-        if let Some((_, n)) = rows.last_mut() {
+        if let Some((_, n, routes)) = rows.last_mut() {
             n[at] += c.records;
             n[3] += c.tombstones;
+            if let Some(origin) = c.origin {
+                if routes.last().is_none_or(|(o, _)| *o != origin) {
+                    routes.push((origin, [0; 4]));
+                }
+                if let Some((_, r)) = routes.last_mut() {
+                    r[at] += c.records;
+                    r[3] += c.tombstones;
+                }
+            }
         }
     }
     let mut total = [0u64; 4];
     let mut cells: Vec<[String; 6]> = Vec::new();
-    for (biz, n) in &rows {
+    for (biz, n, routes) in &rows {
         for (t, v) in total.iter_mut().zip(n) {
             *t += v;
         }
         cells.push(row(biz, n));
+        for (origin, r) in routes {
+            cells.push(row(&format!("  {origin}"), r));
+        }
     }
     cells.push(row("total", &total));
     print!(
@@ -49,7 +62,9 @@ pub(crate) async fn stats(store: &AnyStore) -> Result<Exit, IdemError> {
             &[false, true, true, true, true, true]
         )
     );
-    println!("(expired records not yet swept count under their status)");
+    println!(
+        "(expired records not yet swept count under their status; an indented row counts an HTTP layer route's records)"
+    );
     if total[3] > 0 {
         println!(
             "(TOMBSTONES: succeeded records whose result is no longer kept; repeats are refused \

@@ -319,6 +319,13 @@ async fn every_command(t: Target) {
         Some(vec![1, 1, 1, 3, 0]),
         "{out:?}"
     );
+    assert!(
+        out.stdout.lines().any(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            l.starts_with("  POST /orders/{id} ") && cells[2..] == ["1", "0", "0", "1", "0"]
+        }),
+        "the stuck layer record counted under its route: {out:?}"
+    );
     assert_eq!(
         stats_row(&out.stdout, &b),
         Some(vec![1, 0, 0, 1, 0]),

@@ -351,6 +351,11 @@ impl Store for MemoryStore {
             |(biz, by_key)| {
                 by_key.values().map(|e| StatusCount {
                     biz: biz.clone(),
+                    origin: e
+                        .fingerprint
+                        .as_deref()
+                        .and_then(crate::fingerprint::origin)
+                        .map(str::to_owned),
                     status: e.status,
                     records: 1,
                     tombstones: u64::from(e.state().result_is_gone(now)),

@@ -140,7 +140,8 @@
 //! key the client sent, never the key itself, so `idem stuck` lists layer records by that hash,
 //! with the method and route each came from (`POST /orders/{id}`: axum's route template under a
 //! router, else the path; kept before the fingerprint's digest, read by
-//! [`Record::origin`](crate::Record::origin)); `idem inspect` prints it as `request`. To
+//! [`Record::origin`](crate::Record::origin)); `idem inspect` prints it as `request`, and
+//! `idem stats` counts the layer's records per route. To
 //! answer "what happened to order request X of customer Y", give the caller and the key as the
 //! client sent them: `idem inspect HTTP order-77 --principal alice` (the same on `idem release`;
 //! `--http` for a layer without a principal), or

@@ -63,6 +63,10 @@ impl Status {
 pub struct StatusCount {
     /// Business type.
     pub biz: String,
+    /// For HTTP layer records, the method and route they came from (`POST /orders/{id}`, see
+    /// [`Record::origin`]): such a business type's records are counted per route. `None` for every
+    /// other record.
+    pub origin: Option<String>,
     /// Status.
     pub status: Status,
     /// How many records of `biz` are in `status`, expired but not yet swept ones included.
@@ -73,41 +77,47 @@ pub struct StatusCount {
 }
 
 impl StatusCount {
-    /// One row of an SQL store's `GROUP BY biz_type, status`: the status as stored, the count as
-    /// the database gives it.
+    /// One row of an SQL store's `GROUP BY biz_type, origin, status`: the status as stored, the
+    /// count as the database gives it.
     #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
     pub(crate) fn of_row(
         biz: String,
+        origin: Option<String>,
         status: &str,
         records: i64,
         tombstones: i64,
     ) -> Result<Self, IdemError> {
         Ok(StatusCount {
             biz,
+            origin: origin.filter(|o| !o.is_empty()),
             status: Status::parse(status)?,
             records: u64::try_from(records).unwrap_or(0),
             tombstones: u64::try_from(tombstones).unwrap_or(0),
         })
     }
 
-    /// Sums `counts` per `(biz, status)`, sorted by business type then status (what every
-    /// [`Store::stats`] returns): a store whose counts come in pieces (SCAN batches, shards) adds
-    /// them up here.
+    /// Sums `counts` per `(biz, origin, status)`, sorted by business type, origin (none first),
+    /// then status (what every [`Store::stats`] returns): a store whose counts come in pieces
+    /// (SCAN batches, shards) adds them up here.
     pub fn tally(counts: impl IntoIterator<Item = StatusCount>) -> Vec<StatusCount> {
-        let mut sums: std::collections::BTreeMap<(String, Status), (u64, u64)> = Default::default();
+        type Group = (String, Option<String>, Status);
+        let mut sums: std::collections::BTreeMap<Group, (u64, u64)> = Default::default();
         for c in counts {
-            let sum = sums.entry((c.biz, c.status)).or_default();
+            let sum = sums.entry((c.biz, c.origin, c.status)).or_default();
             sum.0 += c.records;
             sum.1 += c.tombstones;
         }
         sums.into_iter()
             .filter(|(_, (records, _))| *records > 0)
-            .map(|((biz, status), (records, tombstones))| StatusCount {
-                biz,
-                status,
-                records,
-                tombstones,
-            })
+            .map(
+                |((biz, origin, status), (records, tombstones))| StatusCount {
+                    biz,
+                    origin,
+                    status,
+                    records,
+                    tombstones,
+                },
+            )
             .collect()
     }
 }

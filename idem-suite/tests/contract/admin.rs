@@ -50,6 +50,39 @@ async fn counts_of(store: &dyn Store, bizes: &[&String]) -> Vec<(String, Status,
         .collect()
 }
 
+/// HTTP layer records (whose fingerprint keeps their method and route before its digest) are
+/// counted per route; every other record has no route.
+pub async fn stats_count_layer_records_per_route(s: Subject) {
+    let store = s.store;
+    let b = biz("stats_route");
+    for (key, fp) in [
+        ("r1", "POST /orders/{id} aa01"),
+        ("r2", "POST /orders/{id} aa02"),
+        ("r3", "PUT /carts aa03"),
+        ("r4", "aa04"),
+    ] {
+        let mut r = req(&b, key, secs(10));
+        r.fingerprint = Some(fp);
+        acquire(&*store, &r).await;
+    }
+    let counts: Vec<(Option<String>, Status, u64)> = store
+        .stats()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.biz == b)
+        .map(|c| (c.origin, c.status, c.records))
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            (None, Status::Processing, 1),
+            (Some("POST /orders/{id}".to_owned()), Status::Processing, 2),
+            (Some("PUT /carts".to_owned()), Status::Processing, 1),
+        ]
+    );
+}
+
 pub async fn stats_count_records_per_biz_and_status(s: Subject) {
     let (store, clock) = (s.store, s.clock);
     let (a, b) = (biz("stats_a"), biz("stats_b"));

@@ -28,7 +28,8 @@ pub use admin::{
     mark_failed_moves_an_ended_lease_to_failed_and_the_next_call_runs,
     release_ends_the_lease_and_the_retry_recovers_the_effect,
     release_refuses_a_success_a_live_lease_an_absent_key_and_a_bad_reason,
-    stats_count_records_per_biz_and_status, stuck_all_lists_ended_leases_across_business_types,
+    stats_count_layer_records_per_route, stats_count_records_per_biz_and_status,
+    stuck_all_lists_ended_leases_across_business_types,
 };
 #[allow(unused_imports)]
 pub use edges::{
@@ -1277,6 +1278,7 @@ macro_rules! with_contract_cases {
             a_retry_after_a_failure_resumes_after_the_saved_steps,
             steps_are_refused_with_clear_errors,
             stats_count_records_per_biz_and_status,
+            stats_count_layer_records_per_route,
             release_ends_the_lease_and_the_retry_recovers_the_effect,
             mark_failed_moves_an_ended_lease_to_failed_and_the_next_call_runs,
             release_refuses_a_success_a_live_lease_an_absent_key_and_a_bad_reason,

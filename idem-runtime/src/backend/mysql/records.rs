@@ -190,13 +190,17 @@ impl Statements {
                 now = now_ms!()
             )
             .into(),
-            // Records per business type and status (expired ones not yet swept included), and
+            // Records per business type, route (`origin`: what an HTTP layer record's fingerprint
+            // keeps before its digest) and status (expired ones not yet swept included), and
             // `gone`, the tombstones among them (their result ttl passed): a scan of the table
             // (an operator's query).
             stats: format!(
-                "SELECT biz_type, status, COUNT(*) AS n, \
+                "SELECT biz_type, CASE WHEN LOCATE(' ', fingerprint) > 0 THEN \
+                 SUBSTRING(fingerprint, 1, CHAR_LENGTH(fingerprint) \
+                 - CHAR_LENGTH(SUBSTRING_INDEX(fingerprint, ' ', -1)) - 1) END AS origin, status, \
+                 COUNT(*) AS n, \
                  CAST(COUNT(CASE WHEN result_until <= {now} THEN 1 END) AS SIGNED) AS gone \
-                 FROM {t} GROUP BY biz_type, status",
+                 FROM {t} GROUP BY biz_type, origin, status",
                 now = now_ms!()
             )
             .into(),
@@ -466,6 +470,7 @@ impl<'c> Records<'c> {
                 let biz = row.try_get::<Vec<u8>, _>("biz_type").map_err(db_error)?;
                 StatusCount::of_row(
                     String::from_utf8(biz).map_err(IdemError::store)?,
+                    row.try_get("origin").map_err(db_error)?,
                     row.try_get("status").map_err(db_error)?,
                     row.try_get("n").map_err(db_error)?,
                     row.try_get("gone").map_err(db_error)?,

@@ -220,6 +220,7 @@ impl<'c> Records<'c> {
             .map(|row| {
                 StatusCount::of_row(
                     row.try_get("biz_type").map_err(db_error)?,
+                    row.try_get("origin").map_err(db_error)?,
                     row.try_get("status").map_err(db_error)?,
                     row.try_get("n").map_err(db_error)?,
                     row.try_get("gone").map_err(db_error)?,

@@ -231,10 +231,12 @@ impl Statements {
         // Records per business type and status (expired ones not yet swept included): a scan of
         // the table (an operator's query; no index is kept for it).
         // $1 offset. `gone`: the tombstones among them, whose result ttl passed.
+        // `origin`: what an HTTP layer record's fingerprint keeps before its digest (its method and
+        // route), for a count per route.
         let stats = format!(
-            "SELECT biz_type, status, COUNT(*) AS n, \
-             COUNT(*) FILTER (WHERE result_until <= c.n) AS gone \
-             FROM {t}, ({clock}) AS c GROUP BY biz_type, status",
+            "SELECT biz_type, substring(fingerprint from '^(.*) [^ ]*$') AS origin, status, \
+             COUNT(*) AS n, COUNT(*) FILTER (WHERE result_until <= c.n) AS gone \
+             FROM {t}, ({clock}) AS c GROUP BY biz_type, origin, status",
             clock = clock("$1"),
         );
         Statements {

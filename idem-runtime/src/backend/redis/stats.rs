@@ -1,6 +1,7 @@
 //! [`Store::stats`](crate::Store::stats) on Redis: a SCAN of the store's record keys
 //! (`<prefix>{*`), a batch of replies at a time, and the status and result-expiry fields of each
-//! (`HMGET … s rx`), counted by the business type its key names, with the tombstones among them
+//! (`HMGET … s rx fp`), counted by the business type its key names and the route an HTTP layer
+//! record's fingerprint keeps, with the tombstones among them
 //! (a result expiry passed by Redis's clock, read once). On a cluster, every primary is scanned
 //! in turn.
 
@@ -32,7 +33,7 @@ impl Records {
                 let Value::Array(fields) = fields else {
                     continue;
                 };
-                let [status, rx] = fields.as_slice() else {
+                let [status, rx, fp] = fields.as_slice() else {
                     continue;
                 };
                 let (Some(biz), Some(status)) = (biz_of(&self.prefix, key), text(status)) else {
@@ -43,6 +44,10 @@ impl Records {
                     .is_some_and(|rx| rx <= now);
                 counts.push(StatusCount {
                     biz: biz.to_owned(),
+                    origin: text(fp)
+                        .as_deref()
+                        .and_then(crate::fingerprint::origin)
+                        .map(str::to_owned),
                     status: Status::parse(&status)?,
                     records: 1,
                     tombstones: u64::from(gone),
@@ -71,7 +76,7 @@ impl Records {
             Conn::Single(_) => {
                 let mut pipe = redis::pipe();
                 for key in keys {
-                    pipe.cmd("HMGET").arg(key).arg("s").arg("rx");
+                    pipe.cmd("HMGET").arg(key).arg("s").arg("rx").arg("fp");
                 }
                 pipe.query_async(&mut conn).await
             }
@@ -83,6 +88,7 @@ impl Records {
                             .arg(key)
                             .arg("s")
                             .arg("rx")
+                            .arg("fp")
                             .query_async(&mut conn)
                             .await?,
                     );

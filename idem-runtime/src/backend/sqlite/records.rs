@@ -117,8 +117,12 @@ const STUCK: &str = "SELECT idem_key, status, attempt, fence, fingerprint, resul
 /// ?1 now ms. Records per business type and status (expired ones not yet swept included), and
 /// the tombstones among them (`gone`: their result ttl passed): a scan of the table (an
 /// operator's query; no index is kept for it).
-const STATS: &str = "SELECT biz_type, status, COUNT(*) AS n, \
-    COUNT(CASE WHEN result_until <= ?1 THEN 1 END) AS gone FROM {t} GROUP BY biz_type, status";
+/// `origin`: what an HTTP layer record's fingerprint keeps before its digest (its method and route):
+/// the digest is hex after the last space, so trimming hex digits, then the space, leaves it.
+const STATS: &str = "SELECT biz_type, \
+    CASE WHEN instr(fingerprint, ' ') > 0 THEN rtrim(rtrim(fingerprint, '0123456789abcdef'), ' ') END AS origin, \
+    status, COUNT(*) AS n, \
+    COUNT(CASE WHEN result_until <= ?1 THEN 1 END) AS gone FROM {t} GROUP BY biz_type, origin, status";
 /// ?1 batch, ?2 now ms. Expired: the TTL passed and no lease is live.
 const SWEEP: &str = "DELETE FROM {t} WHERE (biz_type, idem_key) IN (\
     SELECT biz_type, idem_key FROM {t} \
@@ -391,6 +395,7 @@ impl<'c> Records<'c> {
             .map(|row| {
                 StatusCount::of_row(
                     row.try_get("biz_type").map_err(db_error)?,
+                    row.try_get("origin").map_err(db_error)?,
                     row.try_get("status").map_err(db_error)?,
                     row.try_get("n").map_err(db_error)?,
                     row.try_get("gone").map_err(db_error)?,

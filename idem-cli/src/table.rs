@@ -15,7 +15,8 @@ pub(crate) async fn stats(store: &AnyStore) -> Result<Exit, IdemError> {
     const ORDER: [Status; 3] = [Status::Processing, Status::Succeeded, Status::Failed];
     // Per business type: the records in each status of ORDER, then the tombstones; under it, for
     // HTTP layer records, the same per method and route (`origin`).
-    let mut rows: Vec<(String, [u64; 4], Vec<(String, [u64; 4])>)> = Vec::new();
+    type Counts = [u64; 4];
+    let mut rows: Vec<(String, Counts, Vec<(String, Counts)>)> = Vec::new();
     for c in counts {
         if rows.last().is_none_or(|(biz, ..)| *biz != c.biz) {
             rows.push((c.biz.clone(), [0; 4], Vec::new()));

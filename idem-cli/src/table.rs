@@ -15,8 +15,7 @@ pub(crate) async fn stats(store: &AnyStore) -> Result<Exit, IdemError> {
     const ORDER: [Status; 3] = [Status::Processing, Status::Succeeded, Status::Failed];
     // Per business type: the records in each status of ORDER, then the tombstones; under it, for
     // HTTP layer records, the same per method and route (`origin`).
-    type Counts = [u64; 4];
-    let mut rows: Vec<(String, Counts, Vec<(String, Counts)>)> = Vec::new();
+    let mut rows: Vec<(String, [u64; 4], Routes)> = Vec::new();
     for c in counts {
         if rows.last().is_none_or(|(biz, ..)| *biz != c.biz) {
             rows.push((c.biz.clone(), [0; 4], Vec::new()));
@@ -74,6 +73,9 @@ pub(crate) async fn stats(store: &AnyStore) -> Result<Exit, IdemError> {
     }
     Ok(Exit::Ok)
 }
+
+/// The counts of one business type's HTTP layer records per method and route.
+type Routes = Vec<(String, [u64; 4])>;
 
 /// One row of `idem stats`: the counts per status, their total, the tombstones.
 fn row(biz: &str, n: &[u64; 4]) -> [String; 6] {

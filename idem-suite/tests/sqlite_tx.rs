@@ -37,6 +37,11 @@ static STORE: OnceCell<Arc<SqliteStore>> = OnceCell::const_new();
 
 /// One file database per test binary, with an `orders` table (no unique constraint: only idem
 /// keeps it free of duplicates).
+/// Held by every test of this file: the span test's subscriber is this thread's only, and a call
+/// on another thread that registers the span's callsite at the same moment can leave it cached as
+/// of interest to nobody (seen once in a few hundred runs). The tests take milliseconds.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn store() -> &'static Arc<SqliteStore> {
     STORE
         .get_or_init(|| async {
@@ -91,6 +96,7 @@ fn req(order_no: &str) -> PayReq {
 
 #[tokio::test]
 async fn commit_keeps_claim_business_and_mark_together_and_a_repeat_replays() {
+    let _serial = SERIAL.lock().await;
     let store = store().await;
     let pool = store.pool();
     let mut tx = store.begin().await.unwrap();
@@ -116,6 +122,7 @@ async fn commit_keeps_claim_business_and_mark_together_and_a_repeat_replays() {
 
 #[tokio::test]
 async fn body_error_rolls_back_the_claim_and_the_business_writes() {
+    let _serial = SERIAL.lock().await;
     let store = store().await;
     let pool = store.pool();
     let mut tx = store.begin().await.unwrap();
@@ -129,6 +136,7 @@ async fn body_error_rolls_back_the_claim_and_the_business_writes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_duplicates_in_transactions_execute_once() {
+    let _serial = SERIAL.lock().await;
     let store = store().await;
     let barrier = Arc::new(tokio::sync::Barrier::new(16));
     let tasks: Vec<_> = (0..16)
@@ -157,6 +165,7 @@ async fn concurrent_duplicates_in_transactions_execute_once() {
 /// A tx-mode call is an `idem` span with its outcome and attempt, like a lease-mode call.
 #[test]
 fn a_transactional_call_is_a_span_with_its_outcome() {
+    let _serial = SERIAL.blocking_lock();
     use tracing::field::{Field, Visit};
     use tracing_subscriber::layer::SubscriberExt;
 

@@ -1,9 +1,10 @@
 //! MySQL / MariaDB store (feature `mysql`): InnoDB tables on MySQL 8 or MariaDB ≥ 10.5, through
 //! sqlx.
 //!
-//! `records.rs` holds the statements and the claim protocol's steps, `tx.rs` the transactions
+//! The same files as every SQL store: `statements.rs` the SQL text, `schema.rs` the migrations as
+//! `migrate()` applies them, `records.rs` the claim protocol's steps, `tx.rs` the transactions
 //! (`MySqlTx`: `tx = "…"` claims and transitions), `transition.rs` what state transitions bind,
-//! `tokens.rs` the one-time submit tokens.
+//! `tokens.rs` the one-time submit tokens and their statements.
 //!
 //! What the SQL is written around (each checked against MariaDB 10.11 by `idem-suite/tests/mysql_store.rs`):
 //! - sqlx's MySQL client sets `CLIENT_FOUND_ROWS`, so an `INSERT … ON DUPLICATE KEY UPDATE k = k`
@@ -20,7 +21,10 @@
 //!   session time zone or DST change shifts.
 
 mod builder;
+#[macro_use]
+mod statements;
 mod records;
+mod schema;
 mod tokens;
 mod transition;
 mod tx;
@@ -42,7 +46,9 @@ use crate::store::order::ClaimOrder;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 use crate::transition::TransitionTx;
 pub use builder::MySqlStoreBuilder;
-use records::{Records, Statements};
+use records::Records;
+pub(crate) use schema::migrations_named;
+use statements::Statements;
 pub use tokens::MySqlTokens;
 pub use tx::MySqlTx;
 
@@ -277,35 +283,6 @@ impl MySqlStore {
         Ok(MySqlTx::new(tx, self.clone(), ready))
     }
 
-    /// Creates the record table (and the token table) with their indexes if they do not exist,
-    /// and adds the indexes of later versions to a table made by an earlier one: the DDL of
-    /// `migrations/mysql/` with the store's table names.
-    ///
-    /// # Errors
-    /// The database's error.
-    pub async fn migrate(&self) -> Result<(), IdemError> {
-        let [records, tokens, stuck, result_until, result_until_index] =
-            migrations_named(&self.table, &self.token_table);
-        for ddl in [records, tokens] {
-            sqlx::raw_sql(AssertSqlSafe(ddl))
-                .execute(&self.pool)
-                .await
-                .map_err(db_error)?;
-        }
-        // Later columns and indexes, for a table made by an earlier version too. MySQL has no
-        // `ADD COLUMN IF NOT EXISTS` nor `CREATE INDEX IF NOT EXISTS`: a column or an index of
-        // that name already there (made by an earlier `migrate()`, by hand, or by another service
-        // migrating at the same moment) is refused with ER_DUP_FIELDNAME (1060) or ER_DUP_KEYNAME
-        // (1061), which is the answer "it exists".
-        for ddl in [stuck, result_until, result_until_index] {
-            match sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&self.pool).await {
-                Err(e) if matches!(error_number(&e), Some(1060 | 1061)) => {}
-                done => done.map(drop).map_err(db_error)?,
-            }
-        }
-        Ok(())
-    }
-
     /// Milliseconds the test clock adds to the database's clock, in microseconds.
     fn offset_us(&self) -> i64 {
         self.offset.ms().saturating_mul(1000)
@@ -339,39 +316,6 @@ impl crate::TransactionalStore for MySqlStore {
     async fn begin_tx(&self) -> Result<MySqlTx, IdemError> {
         self.begin().await
     }
-}
-
-/// [`MySqlStore::MIGRATIONS`] with the records' table `table` and the tokens' table `tokens` (and
-/// their indexes) in place of the defaults: what [`MySqlStore::migrate`] applies (and `idem migrate
-/// --print` shows).
-pub(crate) fn migrations_named(table: &TableName, tokens: &TableName) -> [String; 5] {
-    let [records, token_ddl, stuck, result_until, result_until_index] = MySqlStore::MIGRATIONS;
-    let named = |ddl: &str, table: &TableName, default: &str| {
-        ddl.replace(
-            &format!("`{default}_expire_at`"),
-            &Dialect::MySQL.quote_ident(&table.index_name("expire_at")),
-        )
-        .replace(&format!("`{default}`"), &table.quoted(Dialect::MySQL))
-    };
-    let stuck = stuck
-        .replace(
-            "`idem_record_stuck`",
-            &Dialect::MySQL.quote_ident(&table.unique_index_name("stuck")),
-        )
-        .replace("`idem_record`", &table.quoted(Dialect::MySQL));
-    let result_until_index = result_until_index
-        .replace(
-            "`idem_record_result_until`",
-            &Dialect::MySQL.quote_ident(&table.unique_index_name("result_until")),
-        )
-        .replace("`idem_record`", &table.quoted(Dialect::MySQL));
-    [
-        named(records, table, "idem_record"),
-        named(token_ddl, tokens, "idem_token"),
-        stuck,
-        named(result_until, table, "idem_record"),
-        result_until_index,
-    ]
 }
 
 /// How many times a lease-mode claim runs again after InnoDB chose it as a deadlock victim (the

@@ -6,9 +6,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::Row;
 
-use super::records::query;
+use std::sync::Arc;
+
+use super::statements::query;
 use super::{MySqlStore, db_error};
 use crate::IdemError;
+use crate::sql::dialect::Dialect;
+use crate::sql::table::TableName;
 use crate::store::decide::millis;
 use crate::tokens::{Found, TokenStore, check_token, check_ttl, new_token, refusal, subject_of};
 
@@ -107,5 +111,48 @@ impl TokenStore for MySqlTokens {
             .await
             .map_err(db_error)?;
         Ok(done.rows_affected())
+    }
+}
+
+/// The statements of the token table.
+#[derive(Clone)]
+pub(crate) struct TokenStatements {
+    /// ?token ?subject ?off ?ttl
+    pub issue: Arc<str>,
+    /// ?to ?token ?subject ?from ?off
+    pub flip: Arc<str>,
+    /// ?off ?token
+    pub find: Arc<str>,
+    /// ?off ?batch
+    pub sweep: Arc<str>,
+}
+
+impl TokenStatements {
+    /// The statements of the token table `tokens`.
+    pub(super) fn new(tokens: &TableName) -> Self {
+        let tk = tokens.quoted(Dialect::MySQL);
+        TokenStatements {
+        issue: format!(
+            "INSERT INTO {tk} (token, subject, spent, expire_at) VALUES (?, ?, 0, {now} + ?)",
+            now = now_ms!()
+        )
+        .into(),
+        flip: format!(
+            "UPDATE {tk} SET spent = ? WHERE token = ? AND subject = ? AND spent = ? \
+             AND expire_at > {now}",
+            now = now_ms!()
+        )
+        .into(),
+        find: format!(
+            "SELECT subject, CAST(expire_at > {now} AS SIGNED) AS live FROM {tk} WHERE token = ?",
+            now = now_ms!()
+        )
+        .into(),
+        sweep: format!(
+            "DELETE FROM {tk} WHERE expire_at <= {now} ORDER BY expire_at, token LIMIT ?",
+            now = now_ms!()
+        )
+        .into(),
+    }
     }
 }

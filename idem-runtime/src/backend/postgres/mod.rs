@@ -1,9 +1,10 @@
 //! PostgreSQL store (feature `postgres`), through sqlx.
 //!
-//! `builder.rs` holds the store's options (`PgStoreBuilder`), `records.rs` the statements and the
-//! claim protocol's steps, `statements.rs` their SQL, `schema.rs` the migrations as `migrate()` applies them, `tx.rs` the
-//! transactions (`PgTx`: `tx = "…"` claims and transitions),
-//! `transition.rs` what state transitions bind, `tokens.rs` the one-time submit tokens.
+//! The same files as every SQL store: `statements.rs` the SQL text, `schema.rs` the migrations as
+//! `migrate()` applies them, `records.rs` the claim protocol's steps, `tx.rs` the transactions
+//! (`PgTx`: `tx = "…"` claims and transitions), `transition.rs` what state transitions bind,
+//! `tokens.rs` the one-time submit tokens and their statements; and `builder.rs` the store's
+//! options (`PgStoreBuilder`).
 
 mod builder;
 mod records;

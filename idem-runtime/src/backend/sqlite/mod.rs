@@ -1,11 +1,13 @@
 //! SQLite store (feature `sqlite`): a file (WAL) or an in-memory database, through sqlx.
 //!
-//! `records.rs` holds the statements and the claim protocol's steps, `schema.rs` the migrations
-//! as `migrate()` applies them, `tx.rs` the transactions (`SqliteTx`: `tx = "…"` claims and
-//! transitions), `transition.rs` what state transitions bind.
+//! The same files as every SQL store: `statements.rs` the SQL text, `schema.rs` the migrations as
+//! `migrate()` applies them, `records.rs` the claim protocol's steps, `tx.rs` the transactions
+//! (`SqliteTx`: `tx = "…"` claims and transitions), `transition.rs` what state transitions bind,
+//! `tokens.rs` the one-time submit tokens and their statements.
 
 mod records;
 mod schema;
+mod statements;
 mod tokens;
 mod transition;
 mod tx;
@@ -34,8 +36,9 @@ use crate::store::{
     Acquired, Claim, ClaimOutcome, ClaimRequest, Limits, Record, StatusCount, Store,
 };
 use crate::transition::TransitionTx;
-use records::{Records, Statements};
+use records::Records;
 pub(crate) use schema::migrations_named;
+use statements::Statements;
 pub use tokens::SqliteTokens;
 use tokens::TokenStatements;
 pub use tx::SqliteTx;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::Row;
 
-use super::records::query;
+use super::statements::query;
 use super::{SqliteStore, db_error};
 use crate::IdemError;
 use crate::sql::dialect::Dialect;

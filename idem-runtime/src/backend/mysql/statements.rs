@@ -1,0 +1,191 @@
+//! The MySQL store's SQL: every statement of a table, built once per store. Every statement reads
+//! the database's clock (plus the test clock's offset, bound where `now` appears) and binds every
+//! value; table names are validated ([`TableName`]) and quoted.
+
+use std::sync::Arc;
+
+use sqlx::mysql::MySqlArguments;
+use sqlx::{AssertSqlSafe, MySql};
+
+use super::tokens::TokenStatements;
+use crate::sql::dialect::Dialect;
+use crate::sql::table::TableName;
+
+/// The database clock in microseconds since the Unix epoch, plus the offset bound at its `?`.
+/// `UTC_TIMESTAMP` is fixed for the length of a statement, so every `now` in one statement agrees.
+macro_rules! now_us {
+    () => {
+        "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) + ?)"
+    };
+}
+
+/// The same clock in milliseconds (one `?`: the offset in microseconds).
+macro_rules! now_ms {
+    () => {
+        concat!("(", now_us!(), " DIV 1000)")
+    };
+}
+
+/// The record's columns as the claim reads them.
+pub(super) const COLUMNS: &str =
+    "status, attempt, fence, fingerprint, result, lease_until, expire_at, result_until";
+
+/// The statements for one table, built once per store (the table name is part of their text, so
+/// each is prepared once per connection and cached by sqlx).
+#[derive(Clone)]
+pub(crate) struct Statements {
+    /// ?biz ?key ?off ?fp ?off ?lease ?off ?off ?off ?ttl
+    pub(super) insert: Arc<str>,
+    /// ?off ?biz ?key: the plain read (lease mode, autocommit: the latest committed row).
+    pub(super) read: Arc<str>,
+    /// The same, `LOCK IN SHARE MODE` (tx mode): a current read that waits for a writer, and whose
+    /// shared lock is the one InnoDB already granted with the duplicate-key error, so concurrent
+    /// duplicates reading it do not deadlock each other (`FOR UPDATE` would: each holds the shared
+    /// lock the other's exclusive lock waits for).
+    pub(super) read_locking: Arc<str>,
+    /// ?reset ?off ?fp ?keep_steps ?reset ?off ?reset ?off ?ttl ?off ?lease ?off ?lease ?off
+    /// ?biz ?key ?fence ?status ?lease_until
+    pub(super) take: Arc<str>,
+    /// ?snapshot ?off ?ttl ?off ?result_ttl ?off ?biz ?key ?fence
+    pub(super) complete: Arc<str>,
+    /// ?off ?biz ?key ?fence
+    pub(super) fail: Arc<str>,
+    /// ?steps ?off ?biz ?key ?fence
+    pub(super) save_steps: Arc<str>,
+    /// ?off ?lease ?off ?lease ?off ?biz ?key ?fence
+    pub(super) renew: Arc<str>,
+    /// ?biz ?key
+    pub(super) load: Arc<str>,
+    /// ?off ?off ?batch
+    pub(super) sweep: Arc<str>,
+    /// ?off ?batch
+    pub(super) shrink: Arc<str>,
+    /// ?biz ?off ?batch
+    pub(super) stuck: Arc<str>,
+    /// ?off
+    pub(super) stats: Arc<str>,
+    pub(super) tokens: TokenStatements,
+}
+
+impl Statements {
+    pub(crate) fn new(table: &TableName, tokens: &TableName) -> Self {
+        let t = table.quoted(Dialect::MySQL);
+        let key = "biz_type = ? AND idem_key = ?";
+        let read = format!(
+            "SELECT {COLUMNS}, {now} AS now_ms FROM {t} WHERE {key}",
+            now = now_ms!()
+        );
+        Statements {
+            insert: format!(
+                "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, \
+                 lease_until, created_at, updated_at, expire_at) VALUES (?, ?, 'PROCESSING', 1, \
+                 LAST_INSERT_ID({now_us}), ?, NULL, {now} + ?, {now}, {now}, {now} + ?)",
+                now_us = now_us!(),
+                now = now_ms!()
+            )
+            .into(),
+            read_locking: format!("{read} LOCK IN SHARE MODE").into(),
+            read: read.into(),
+            // Assignments run left to right; each reads only its own column's old value. The
+            // saved steps of an unfinished record (in `result`) stay when the take keeps them.
+            take: format!(
+                "UPDATE {t} SET status = 'PROCESSING', attempt = IF(?, 1, attempt + 1), \
+                 fence = LAST_INSERT_ID(GREATEST(fence + 1, {now_us})), fingerprint = ?, \
+                 result = IF(?, result, NULL), result_until = NULL, \
+                 created_at = IF(?, {now}, created_at), \
+                 expire_at = IF(?, {now} + ?, GREATEST(expire_at, {now} + ?)), \
+                 lease_until = {now} + ?, updated_at = {now} \
+                 WHERE {key} AND fence = ? AND status = ? AND lease_until = ?",
+                now_us = now_us!(),
+                now = now_ms!()
+            )
+            .into(),
+            // The mark moves the expiry to at least now + ttl, so a body slower than its ttl still
+            // leaves a live success. A record already SUCCEEDED under the fence counts as held and
+            // keeps its result and expiry: a mark sent again after a lost reply succeeds (and
+            // FAILED likewise for `fail`). `result`, `expire_at` and `result_until` (NULL: the
+            // result is kept as long as the record) are assigned before `status`, so they see the
+            // old status.
+            complete: format!(
+                "UPDATE {t} SET result = IF(status = 'PROCESSING', ?, result), \
+                 expire_at = IF(status = 'PROCESSING', GREATEST(expire_at, {now} + ?), expire_at), \
+                 result_until = IF(status = 'PROCESSING', {now} + ?, result_until), \
+                 status = 'SUCCEEDED', updated_at = {now} \
+                 WHERE {key} AND fence = ? AND status IN ('PROCESSING', 'SUCCEEDED')",
+                now = now_ms!()
+            )
+            .into(),
+            // The saved steps (in `result`) stay for a retry.
+            fail: format!(
+                "UPDATE {t} SET status = 'FAILED', updated_at = {now} \
+                 WHERE {key} AND fence = ? AND status IN ('PROCESSING', 'FAILED')",
+                now = now_ms!()
+            )
+            .into(),
+            // The steps of an unfinished record live in `result` until a success replaces them.
+            save_steps: format!(
+                "UPDATE {t} SET result = ?, updated_at = {now} \
+                 WHERE {key} AND fence = ? AND status = 'PROCESSING'",
+                now = now_ms!()
+            )
+            .into(),
+            renew: format!(
+                "UPDATE {t} SET lease_until = {now} + ?, expire_at = GREATEST(expire_at, {now} + ?), \
+                 updated_at = {now} WHERE {key} AND fence = ? AND status = 'PROCESSING'",
+                now = now_ms!()
+            )
+            .into(),
+            load: format!("SELECT {COLUMNS} FROM {t} WHERE {key}").into(),
+            // Expired: the TTL passed and no lease is live. One short statement per batch, walking
+            // the expiry index; ordered by the whole key so replicas delete the same rows.
+            sweep: format!(
+                "DELETE FROM {t} WHERE expire_at <= {now} \
+                 AND NOT (status = 'PROCESSING' AND lease_until > {now}) \
+                 ORDER BY expire_at, biz_type, idem_key LIMIT ?",
+                now = now_ms!()
+            )
+            .into(),
+            // Results past their result ttl: dropped, the records kept as tombstones
+            // (`result_until` 0, out of the range looked in). A range of the index
+            // `<table>_result_until (result_until)`, ordered by the whole key so replicas change
+            // the same rows.
+            shrink: format!(
+                "UPDATE {t} SET result = NULL, result_until = 0 \
+                 WHERE result_until > 0 AND result_until <= {now} AND status = 'SUCCEEDED' \
+                 ORDER BY result_until, biz_type, idem_key LIMIT ?",
+                now = now_ms!()
+            )
+            .into(),
+            // PROCESSING with the lease ended, oldest lease first: a range of the index
+            // `<table>_stuck (biz_type, status, lease_until)`, read in its order (no filesort),
+            // that stops after the batch (`UTC_TIMESTAMP` is a constant of the statement, so it
+            // bounds the range).
+            stuck: format!(
+                "SELECT idem_key, {COLUMNS} FROM {t} WHERE biz_type = ? AND status = 'PROCESSING' \
+                 AND lease_until <= {now} ORDER BY lease_until LIMIT ?",
+                now = now_ms!()
+            )
+            .into(),
+            // Records per business type, route (`origin`: what an HTTP layer record's fingerprint
+            // keeps before its digest) and status (expired ones not yet swept included), and
+            // `gone`, the tombstones among them (their result ttl passed): a scan of the table
+            // (an operator's query).
+            stats: format!(
+                "SELECT biz_type, CASE WHEN LOCATE(' ', fingerprint) > 0 THEN \
+                 SUBSTRING(fingerprint, 1, CHAR_LENGTH(fingerprint) \
+                 - CHAR_LENGTH(SUBSTRING_INDEX(fingerprint, ' ', -1)) - 1) END AS origin, status, \
+                 COUNT(*) AS n, \
+                 CAST(COUNT(CASE WHEN result_until <= {now} THEN 1 END) AS SIGNED) AS gone \
+                 FROM {t} GROUP BY biz_type, origin, status",
+                now = now_ms!()
+            )
+            .into(),
+            tokens: TokenStatements::new(tokens),
+        }
+    }
+}
+
+/// A statement of the store as a sqlx query.
+pub(super) fn query(sql: &Arc<str>) -> sqlx::query::Query<'static, MySql, MySqlArguments> {
+    sqlx::query(AssertSqlSafe(sql.clone()))
+}

@@ -1,0 +1,171 @@
+//! The SQLite store's SQL: every statement of a table, as templates (`{t}` the quoted table name)
+//! made concrete once per store. Every statement binds every value, the store's clock included.
+
+use std::sync::Arc;
+
+use sqlx::sqlite::SqliteArguments;
+use sqlx::{AssertSqlSafe, Sqlite};
+
+use crate::sql::dialect::Dialect;
+use crate::sql::table::TableName;
+
+/// The record's columns as the claim reads them.
+macro_rules! record_columns {
+    () => {
+        "status, attempt, fence, fingerprint, result, lease_until, expire_at, result_until, "
+    };
+}
+
+/// ?1 biz, ?2 key, ?3 fingerprint, ?4 lease ms, ?5 ttl ms, ?6 now ms, ?7 now µs (the fence):
+/// inserts a new record unless one exists. The row affected says which.
+macro_rules! insert_new {
+    () => {
+        concat!(
+            "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, ",
+            "lease_until, created_at, updated_at, expire_at) ",
+            "VALUES (?1, ?2, 'PROCESSING', 1, ?7, ?3, NULL, ?6 + ?4, ?6, ?6, ?6 + ?5) ",
+            "ON CONFLICT (biz_type, idem_key) DO NOTHING"
+        )
+    };
+}
+
+/// ?1–?7 as for `insert_new`.
+///
+/// Read the record; if there is none, insert a new one. All in one round trip: the claim fetches
+/// one row, and sqlx stops a batch at the row a `fetch_optional` asked for, so when the record
+/// exists (a repeat) only the first read runs: one read, no write lock. Otherwise the insert runs
+/// and the last `SELECT` answers `inserted = 1` when it wrote the row (`changes()`), with no
+/// other column: the claim knows the new record from what it bound. No row at all: another
+/// connection inserted first, and the claim reads again.
+const CLAIM: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    "?6 AS now_ms, 0 AS inserted ",
+    "FROM {t} WHERE biz_type = ?1 AND idem_key = ?2; ",
+    insert_new!(),
+    "; SELECT 1 AS inserted WHERE changes() = 1"
+);
+/// A new record's insert alone (no read before it), for a claim sent while new keys prevail
+/// (`store/order.rs`): see `insert_new`.
+const INSERT_NEW: &str = insert_new!();
+/// ?1–?7 as for `insert_new`, then ?8 reset, ?9 seen fence, ?10 seen status, ?11 seen lease
+/// end, ?12 keep the saved steps (`result` of an unfinished record). The new fence is one more
+/// than the last, or the clock when that is later.
+const TAKE: &str = concat!(
+    "UPDATE {t} SET status = 'PROCESSING', ",
+    "attempt = CASE WHEN ?8 THEN 1 ELSE attempt + 1 END, ",
+    "fence = max(fence + 1, ?7), fingerprint = ?3, result = CASE WHEN ?12 THEN result END, ",
+    "result_until = NULL, ",
+    "lease_until = ?6 + ?4, updated_at = ?6, ",
+    "created_at = CASE WHEN ?8 THEN ?6 ELSE created_at END, ",
+    "expire_at = CASE WHEN ?8 THEN ?6 + ?5 ELSE max(expire_at, ?6 + ?4) END ",
+    "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?9 AND status = ?10 AND lease_until = ?11 ",
+    "RETURNING attempt, fence"
+);
+/// ?1 biz, ?2 key, ?3 fence, ?4 result, ?5 ttl ms, ?6 now ms, ?7 result ttl ms (NULL: the result
+/// is kept as long as the record). The mark moves the expiry to at least now + ttl, so a body
+/// slower than its ttl still leaves a live success. A record already SUCCEEDED under the fence
+/// counts as held and keeps its result and expiry: a mark sent again after a lost reply succeeds
+/// (and FAILED likewise for `FAIL`).
+const COMPLETE: &str = concat!(
+    "UPDATE {t} SET result = CASE WHEN status = 'PROCESSING' THEN ?4 ELSE result END, ",
+    "expire_at = CASE WHEN status = 'PROCESSING' THEN max(expire_at, ?6 + ?5) ELSE expire_at END, ",
+    "result_until = CASE WHEN status = 'PROCESSING' THEN ?6 + ?7 ELSE result_until END, ",
+    "status = 'SUCCEEDED', updated_at = ?6 ",
+    "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'SUCCEEDED')"
+);
+/// ?1 biz, ?2 key, ?3 fence, ?4 now ms. The saved steps (in `result`) stay for a retry.
+const FAIL: &str = "UPDATE {t} SET status = 'FAILED', updated_at = ?4 \
+    WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'FAILED')";
+/// ?1 biz, ?2 key, ?3 fence, ?4 steps, ?5 now ms. The steps of an unfinished record live in
+/// `result` until a success replaces them.
+const SAVE_STEPS: &str = "UPDATE {t} SET result = ?4, updated_at = ?5 \
+    WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'";
+/// ?1 biz, ?2 key, ?3 fence, ?4 lease ms, ?5 now ms.
+const RENEW: &str = "UPDATE {t} SET lease_until = ?5 + ?4, expire_at = max(expire_at, ?5 + ?4), \
+    updated_at = ?5 WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status = 'PROCESSING'";
+/// ?1 biz, ?2 key, ?3 now ms: the claim's plain read (`store/order.rs`).
+const READ: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    "?3 AS now_ms FROM {t} WHERE biz_type = ?1 AND idem_key = ?2"
+);
+const LOAD: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    "0 AS now_ms FROM {t} WHERE biz_type = ?1 AND idem_key = ?2"
+);
+/// ?1 biz, ?2 now ms, ?3 batch. PROCESSING with the lease ended, oldest lease first: a range of
+/// the index `<table>_processing (biz_type, lease_until) WHERE status = 'PROCESSING'`, read in its
+/// order (no sort), that stops after the batch. The `status` term is written as a literal: it
+/// is what lets SQLite use the partial index.
+const STUCK: &str = "SELECT idem_key, status, attempt, fence, fingerprint, result, lease_until, \
+    expire_at, result_until FROM {t} WHERE biz_type = ?1 AND status = 'PROCESSING' AND lease_until <= ?2 \
+    ORDER BY lease_until LIMIT ?3";
+/// ?1 now ms. Records per business type and status (expired ones not yet swept included), and
+/// the tombstones among them (`gone`: their result ttl passed): a scan of the table (an
+/// operator's query; no index is kept for it).
+/// `origin`: what an HTTP layer record's fingerprint keeps before its digest (its method and route):
+/// the digest is hex after the last space, so trimming hex digits, then the space, leaves it.
+const STATS: &str = "SELECT biz_type, \
+    CASE WHEN instr(fingerprint, ' ') > 0 THEN rtrim(rtrim(fingerprint, '0123456789abcdef'), ' ') END AS origin, \
+    status, COUNT(*) AS n, \
+    COUNT(CASE WHEN result_until <= ?1 THEN 1 END) AS gone FROM {t} GROUP BY biz_type, origin, status";
+/// ?1 batch, ?2 now ms. Expired: the TTL passed and no lease is live.
+const SWEEP: &str = "DELETE FROM {t} WHERE (biz_type, idem_key) IN (\
+    SELECT biz_type, idem_key FROM {t} \
+    WHERE expire_at <= ?2 AND NOT (status = 'PROCESSING' AND lease_until > ?2) LIMIT ?1)";
+
+/// ?1 batch, ?2 now ms. Results past their result ttl: dropped, the records kept as tombstones
+/// (`result_until` 0, out of the range looked in): a range of the partial index
+/// `<table>_result_until (result_until) WHERE result_until > 0`, the results still to drop.
+const SHRINK: &str = "UPDATE {t} SET result = NULL, result_until = 0 WHERE (biz_type, idem_key) IN (\
+    SELECT biz_type, idem_key FROM {t} \
+    WHERE result_until > 0 AND result_until <= ?2 AND status = 'SUCCEEDED' LIMIT ?1)";
+
+/// The statements for one records table, built once per store from the templates above with
+/// the table's quoted name in place of `{t}` (each is prepared once per connection and cached by
+/// sqlx, so a name in their text costs nothing per call).
+#[derive(Debug)]
+pub(super) struct Statements {
+    pub(super) claim: Arc<str>,
+    pub(super) insert_new: Arc<str>,
+    pub(super) read: Arc<str>,
+    pub(super) take: Arc<str>,
+    pub(super) complete: Arc<str>,
+    pub(super) fail: Arc<str>,
+    pub(super) save_steps: Arc<str>,
+    pub(super) renew: Arc<str>,
+    pub(super) load: Arc<str>,
+    pub(super) stuck: Arc<str>,
+    pub(super) stats: Arc<str>,
+    pub(super) sweep: Arc<str>,
+    pub(super) shrink: Arc<str>,
+}
+
+impl Statements {
+    pub(super) fn new(table: &TableName) -> Self {
+        let t = table.quoted(Dialect::SQLite);
+        let named = |template: &str| -> Arc<str> { template.replace("{t}", &t).into() };
+        Statements {
+            claim: named(CLAIM),
+            insert_new: named(INSERT_NEW),
+            read: named(READ),
+            take: named(TAKE),
+            complete: named(COMPLETE),
+            fail: named(FAIL),
+            save_steps: named(SAVE_STEPS),
+            renew: named(RENEW),
+            load: named(LOAD),
+            stuck: named(STUCK),
+            stats: named(STATS),
+            sweep: named(SWEEP),
+            shrink: named(SHRINK),
+        }
+    }
+}
+
+/// A statement of the store as a sqlx query.
+pub(super) fn query(sql: &Arc<str>) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
+    sqlx::query(AssertSqlSafe(sql.clone()))
+}

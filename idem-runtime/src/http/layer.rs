@@ -144,7 +144,7 @@ where
 }
 
 /// Why the layer's body (the handler) did not give a response to store.
-enum Flow<E> {
+pub(super) enum Flow<E> {
     Idem(IdemError),
     /// The handler's service failed.
     Inner(E),
@@ -214,7 +214,7 @@ where
 
 /// The problem for a refused request; a repeat told the first is still running gets the route's
 /// recent duration as `Retry-After` (bounded by the first's lease), not the rest of the lease.
-fn refusal(cfg: &Config, route: &str, e: &IdemError) -> Response<Body> {
+pub(super) fn refusal(cfg: &Config, route: &str, e: &IdemError) -> Response<Body> {
     match e {
         IdemError::InProgress { retry_after } => {
             let retry_after = cfg.durations.hint(route, *retry_after);
@@ -227,7 +227,7 @@ fn refusal(cfg: &Config, route: &str, e: &IdemError) -> Response<Body> {
 /// Runs the handler: the response for its own client, and what the record keeps of it (`None`
 /// when it is not stored: a 5xx, a status the storage policy leaves out, `Cache-Control:
 /// no-store`, a body that failed).
-async fn run_handler<S, B>(
+pub(super) async fn run_handler<S, B>(
     cfg: &Config,
     inner: &mut S,
     req: Request<Body>,
@@ -269,125 +269,6 @@ where
         )
     });
     Ok((Response::from_parts(head, Body::from(bytes)), stored))
-}
-
-/// What a transaction-mode request came to: whether its handler ran (a cap slot is refunded
-/// otherwise).
-enum Ran {
-    Yes(Response<Body>),
-    No(Response<Body>),
-}
-
-impl Ran {
-    fn into_response(self) -> Response<Body> {
-        match self {
-            Ran::Yes(r) | Ran::No(r) => r,
-        }
-    }
-}
-
-/// Transaction mode: begin, claim in the transaction, run the handler with it, then store the
-/// response and commit, or roll everything back when the response is not stored.
-async fn in_tx<S, B>(
-    cfg: &Config,
-    begin: &super::tx::Begin,
-    call: Call,
-    mut inner: S,
-    mut req: Request<Body>,
-    route: &str,
-) -> Result<Ran, S::Error>
-where
-    S: Service<Request<Body>, Response = Response<B>> + Send,
-    S::Future: Send,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<crate::BoxError>,
-{
-    use crate::engine::bounded;
-    use crate::engine::snapshot::{ErrType, OkType};
-    let timeout = cfg.store_timeout;
-    let rollback = async |tx: Box<dyn super::tx::Lent>| {
-        if let Err(e) = bounded(timeout, tx.finish(false)).await {
-            tracing::warn!(error = %e, "could not roll the request's transaction back; the database rolls it back when the connection ends");
-        }
-    };
-    let tx = match bounded(timeout, begin()).await {
-        Ok(tx) => tx,
-        Err(e) => return Ok(Ran::No(problem::from_idem(&e))),
-    };
-    // Whether the handler ran (a replay or a refusal runs nothing), and its own response.
-    let mut ran = false;
-    let mut live: Option<Response<Body>> = None;
-    let (ok, err) = (OkType::<Stored>::new(), ErrType::<Flow<S::Error>>::new());
-    let (ran_ref, live_ref, inner_ref) = (&mut ran, &mut live, &mut inner);
-    let (tx, result) = crate::engine::tx::run_tx(call, ok, err, tx, move |tx| async move {
-        *ran_ref = true;
-        let slot = super::tx::Slot::new(tx);
-        req.extensions_mut().insert(slot.clone());
-        let answer = run_handler(cfg, inner_ref, req, route).await;
-        let outcome = match answer {
-            Err(e) => Err(Flow::Inner(e)),
-            Ok((response, stored)) => {
-                *live_ref = Some(response);
-                // Not stored: the handler's writes go with it, so a retry starts from nothing.
-                stored.ok_or(Flow::NotStored)
-            }
-        };
-        (slot.take(), outcome)
-    })
-    .await;
-    let Some(tx) = tx else {
-        tracing::error!(
-            "the handler kept the request's transaction past its answer; nothing is committed"
-        );
-        return Ok(Ran::Yes(internal()));
-    };
-    if !ran {
-        // Nothing ran: a stored response to replay, or a refusal.
-        rollback(tx).await;
-        return Ok(Ran::No(match result {
-            Ok(stored) => stored.replay(),
-            Err(Flow::Idem(e)) => refusal(cfg, route, &e),
-            Err(_) => internal(),
-        }));
-    }
-    match (result, live) {
-        // Marked in the transaction (also a response kept as not storable, which ran).
-        (Ok(_) | Err(Flow::Idem(IdemError::ResultNotStorable { .. })), Some(live)) => {
-            match bounded(timeout, tx.finish(true)).await {
-                Ok(()) => Ok(Ran::Yes(live)),
-                Err(e) => {
-                    tracing::error!(error = %e, "the request's transaction did not commit; its writes and its record are gone");
-                    Ok(Ran::Yes(problem::from_idem(&e)))
-                }
-            }
-        }
-        (Err(Flow::NotStored), Some(live)) => {
-            rollback(tx).await;
-            Ok(Ran::Yes(live))
-        }
-        (Err(Flow::Inner(e)), _) => {
-            rollback(tx).await;
-            Err(e)
-        }
-        (Err(Flow::Idem(e)), _) => {
-            rollback(tx).await;
-            Ok(Ran::Yes(problem::from_idem(&e)))
-        }
-        _ => {
-            rollback(tx).await;
-            Ok(Ran::Yes(internal()))
-        }
-    }
-}
-
-/// The `500` of a request that failed in a way its client cannot act on.
-fn internal() -> Response<Body> {
-    problem(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal",
-        "Internal error",
-        "the request could not be processed",
-    )
 }
 
 async fn handle<S, B>(
@@ -517,13 +398,13 @@ where
         call = call.wait(max);
     }
     if let Some(begin) = &cfg.tx {
-        let answer = Box::pin(in_tx(&cfg, begin, call, inner, req, &route)).await;
+        let answer = Box::pin(super::tx::in_tx(&cfg, begin, call, inner, req, &route)).await;
         if let Some(slot) = reservation
-            && !matches!(answer, Ok(Ran::Yes(_)))
+            && !matches!(answer, Ok(super::tx::Ran::Yes(_)))
         {
             slot.refund();
         }
-        return answer.map(Ran::into_response);
+        return answer.map(super::tx::Ran::into_response);
     }
     let mut live: Option<Response<Body>> = None;
     let mut ran = false;

@@ -224,7 +224,7 @@
 //!
 //! # What proves it
 //!
-//! In the repository: `idem-suite/tests/http_layer.rs` runs a real axum server on loopback with a
+//! In the repository: `idem-suite/tests/http_layer/` runs a real axum server on loopback with a
 //! reqwest client (64 concurrent duplicate POSTs → one execution, audited in the handler's own
 //! table; a handler that died after its effect recovered, not run again);
 //! `idem-suite/tests/http_tx.rs` runs transaction mode on SQLite, MariaDB and Postgres (64

@@ -15,26 +15,6 @@ use crate::store::decide::{Decision, RecordState, decide, duration_ms};
 use crate::store::order::ClaimOrder;
 use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Status, keeps_steps};
 
-/// A [`SeenRecord`] from a row of any of the three drivers with the claim's columns (`status`,
-/// `fingerprint`, `result`, `lease_until`, `expire_at`, `result_until`, `now_ms`), given its attempt and fence
-/// (whose column types differ per database) and the driver's error conversion; `?` on errors.
-macro_rules! seen_record {
-    ($row:expr, $attempt:expr, $fence:expr, $err:path) => {
-        $crate::sql::claim::SeenRecord {
-            status: $crate::store::Status::parse($row.try_get("status").map_err($err)?)?,
-            attempt: $attempt,
-            fence: $fence,
-            fingerprint: $row.try_get("fingerprint").map_err($err)?,
-            snapshot: $row.try_get("result").map_err($err)?,
-            lease_until_ms: $row.try_get("lease_until").map_err($err)?,
-            expire_at_ms: $row.try_get("expire_at").map_err($err)?,
-            result_until_ms: $row.try_get("result_until").map_err($err)?,
-            now_ms: $row.try_get("now_ms").map_err($err)?,
-        }
-    };
-}
-pub(crate) use seen_record;
-
 /// A row as read for the claim decision, with the database's clock.
 #[derive(Debug)]
 pub(crate) struct SeenRecord {

@@ -1,13 +1,19 @@
-//! What every SQL backend shares: the claim protocol (`claim.rs`), the dialects (`dialect.rs`:
+//! What every SQL backend shares: the claim protocol (`claim.rs`), the record layer
+//! (`records.rs`) and the `Store` impl over it (`store.rs`), the dialects (`dialect.rs`:
 //! placeholders, the clock, identifier quoting, locking reads, savepoints), the error classes
 //! (`error.rs`: which database errors are transient, which mean a missing table), table names
-//! (`table.rs`) and the warm connections of the server stores (`warm.rs`).
+//! (`table.rs`) and the warm connections of the server stores (`warm.rs`). A backend adds its
+//! statements' text and what its database does its own way.
 
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub(crate) mod claim;
 pub(crate) mod dialect;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub(crate) mod error;
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+pub(crate) mod records;
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+pub(crate) mod store;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres", test))]
 pub(crate) mod table;
 #[cfg(any(feature = "mysql", feature = "postgres"))]

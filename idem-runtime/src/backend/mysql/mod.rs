@@ -2,7 +2,9 @@
 //! sqlx.
 //!
 //! The same files as every SQL store: `statements.rs` the SQL text, `schema.rs` the migrations as
-//! `migrate()` applies them, `records.rs` the claim protocol's steps, `tx.rs` the transactions
+//! `migrate()` applies them, `records.rs` its part of the
+//! record layer (`sql/records.rs`: its clock, the columns whose types differ, the claim's insert
+//! and takeover), `tx.rs` the transactions
 //! (`MySqlTx`: `tx = "…"` claims and transitions), `transition.rs` what state transitions bind,
 //! `tokens.rs` the one-time submit tokens and their statements.
 //!
@@ -32,7 +34,6 @@ mod tx;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::mysql::MySqlPool;
 use sqlx::{AssertSqlSafe, MySql};
 
@@ -40,13 +41,13 @@ use crate::IdemError;
 use crate::clock::ClockOffset;
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::{Dialect, Savepoint};
+use crate::sql::records::RecordConn;
 use crate::sql::table::TableName;
 use crate::sql::warm::Warm;
 use crate::store::order::ClaimOrder;
-use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
-use crate::transition::TransitionTx;
+use crate::store::{ClaimOutcome, ClaimRequest, Limits};
 pub use builder::MySqlStoreBuilder;
-use records::Records;
+use records::Claims;
 pub(crate) use schema::migrations_named;
 use statements::Statements;
 pub use tokens::MySqlTokens;
@@ -301,8 +302,14 @@ impl MySqlStore {
         self.warm.with(db_error, work).await
     }
 
-    fn records<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection, locking: bool) -> Records<'c> {
-        Records::new(conn, self, locking)
+    /// The store's records on `conn`.
+    fn records<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection) -> RecordConn<'c, MySql> {
+        RecordConn::new(conn, &self.sql.records, self.offset_us())
+    }
+
+    /// The claim's steps on `conn`, its reads current reads when `locking` (tx mode).
+    fn claims<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection, locking: bool) -> Claims<'c> {
+        Claims::new(self.records(conn), &self.sql, locking)
     }
 }
 
@@ -322,21 +329,12 @@ impl crate::TransactionalStore for MySqlStore {
 /// engine's own retry of transient errors comes on top).
 const DEADLOCK_TRIES: u32 = 8;
 
-#[async_trait]
-impl Store for MySqlStore {
-    fn backend(&self) -> &'static str {
-        "mysql"
-    }
-
-    fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
+crate::sql::store::sql_store!(MySqlStore, "mysql", {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         self.with_conn(async |conn| {
             let mut tried = 0;
             loop {
-                let outcome = claim_by_cas(&mut self.records(conn, false), req, &self.order).await;
+                let outcome = claim_by_cas(&mut self.claims(conn, false), req, &self.order).await;
                 match outcome {
                     Err(e) if e.restarts_transaction() && tried + 1 < DEADLOCK_TRIES => {
                         tried += 1;
@@ -357,96 +355,4 @@ impl Store for MySqlStore {
         })
         .await
     }
-
-    async fn complete(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        snapshot: &[u8],
-        ttl: Duration,
-    ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| {
-            self.records(conn, false)
-                .complete(biz, key, claim, snapshot, ttl, None)
-                .await
-        })
-        .await
-    }
-
-    async fn complete_keeping(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        snapshot: &[u8],
-        ttl: Duration,
-        result_ttl: Duration,
-    ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| {
-            self.records(conn, false)
-                .complete(biz, key, claim, snapshot, ttl, Some(result_ttl))
-                .await
-        })
-        .await
-    }
-
-    async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
-        self.with_conn(async |conn| self.records(conn, false).fail(biz, key, claim).await)
-            .await
-    }
-
-    async fn renew(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| {
-            self.records(conn, false)
-                .renew(biz, key, claim, lease)
-                .await
-        })
-        .await
-    }
-
-    async fn save_steps(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        steps: &[u8],
-    ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| {
-            self.records(conn, false)
-                .save_steps(biz, key, claim, steps)
-                .await
-        })
-        .await
-    }
-
-    async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        self.with_conn(async |conn| self.records(conn, false).load(biz, key).await)
-            .await
-    }
-
-    async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
-        self.with_conn(async |conn| self.records(conn, false).sweep(batch).await)
-            .await
-    }
-
-    async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
-        self.with_conn(async |conn| self.records(conn, false).stuck(biz, batch).await)
-            .await
-    }
-
-    async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
-        self.with_conn(async |conn| self.records(conn, false).stats().await)
-            .await
-    }
-
-    async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
-        Ok(Box::new(self.begin().await?))
-    }
-}
+});

@@ -9,7 +9,21 @@ use sqlx::{AssertSqlSafe, MySql};
 
 use super::tokens::TokenStatements;
 use crate::sql::dialect::Dialect;
+use crate::sql::records::Param::{self, *};
+use crate::sql::records::{RecordStatements, Stmt};
 use crate::sql::table::TableName;
+
+/// The order of each record statement's `?`s (a value appears as often as the text asks for it).
+const COMPLETE: &[Param] = &[Blob, Clock, Ttl, Clock, ResultTtl, Clock, Biz, Key, Fence];
+const FAIL: &[Param] = &[Clock, Biz, Key, Fence];
+const SAVE_STEPS: &[Param] = &[Blob, Clock, Biz, Key, Fence];
+const RENEW: &[Param] = &[Clock, Lease, Clock, Lease, Clock, Biz, Key, Fence];
+const READ: &[Param] = &[Clock, Biz, Key];
+const LOAD: &[Param] = &[Biz, Key];
+const STUCK: &[Param] = &[Biz, Clock, Batch];
+const STATS: &[Param] = &[Clock];
+const SWEEP: &[Param] = &[Clock, Clock, Batch];
+const SHRINK: &[Param] = &[Clock, Batch];
 
 /// The database clock in microseconds since the Unix epoch, plus the offset bound at its `?`.
 /// `UTC_TIMESTAMP` is fixed for the length of a statement, so every `now` in one statement agrees.
@@ -36,34 +50,16 @@ pub(super) const COLUMNS: &str =
 pub(crate) struct Statements {
     /// ?biz ?key ?off ?fp ?off ?lease ?off ?off ?off ?ttl
     pub(super) insert: Arc<str>,
-    /// ?off ?biz ?key: the plain read (lease mode, autocommit: the latest committed row).
-    pub(super) read: Arc<str>,
-    /// The same, `LOCK IN SHARE MODE` (tx mode): a current read that waits for a writer, and whose
-    /// shared lock is the one InnoDB already granted with the duplicate-key error, so concurrent
-    /// duplicates reading it do not deadlock each other (`FOR UPDATE` would: each holds the shared
-    /// lock the other's exclusive lock waits for).
-    pub(super) read_locking: Arc<str>,
+    /// ?off ?biz ?key, `LOCK IN SHARE MODE` (tx mode): a current read that waits for a writer,
+    /// and whose shared lock is the one InnoDB already granted with the duplicate-key error, so
+    /// concurrent duplicates reading it do not deadlock each other (`FOR UPDATE` would: each holds
+    /// the shared lock the other's exclusive lock waits for). The plain read is `records.read`.
+    pub(super) read_locking: Stmt,
     /// ?reset ?off ?fp ?keep_steps ?reset ?off ?reset ?off ?ttl ?off ?lease ?off ?lease ?off
     /// ?biz ?key ?fence ?status ?lease_until
     pub(super) take: Arc<str>,
-    /// ?snapshot ?off ?ttl ?off ?result_ttl ?off ?biz ?key ?fence
-    pub(super) complete: Arc<str>,
-    /// ?off ?biz ?key ?fence
-    pub(super) fail: Arc<str>,
-    /// ?steps ?off ?biz ?key ?fence
-    pub(super) save_steps: Arc<str>,
-    /// ?off ?lease ?off ?lease ?off ?biz ?key ?fence
-    pub(super) renew: Arc<str>,
-    /// ?biz ?key
-    pub(super) load: Arc<str>,
-    /// ?off ?off ?batch
-    pub(super) sweep: Arc<str>,
-    /// ?off ?batch
-    pub(super) shrink: Arc<str>,
-    /// ?biz ?off ?batch
-    pub(super) stuck: Arc<str>,
-    /// ?off
-    pub(super) stats: Arc<str>,
+    /// What the record layer sends (`sql/records.rs`), each with its placeholders' order below.
+    pub(super) records: RecordStatements,
     pub(super) tokens: TokenStatements,
 }
 
@@ -84,8 +80,7 @@ impl Statements {
                 now = now_ms!()
             )
             .into(),
-            read_locking: format!("{read} LOCK IN SHARE MODE").into(),
-            read: read.into(),
+            read_locking: Stmt::new(format!("{read} LOCK IN SHARE MODE"), READ),
             // Assignments run left to right; each reads only its own column's old value. The
             // saved steps of an unfinished record (in `result`) stay when the take keeps them.
             take: format!(
@@ -100,86 +95,105 @@ impl Statements {
                 now = now_ms!()
             )
             .into(),
-            // The mark moves the expiry to at least now + ttl, so a body slower than its ttl still
-            // leaves a live success. A record already SUCCEEDED under the fence counts as held and
-            // keeps its result and expiry: a mark sent again after a lost reply succeeds (and
-            // FAILED likewise for `fail`). `result`, `expire_at` and `result_until` (NULL: the
-            // result is kept as long as the record) are assigned before `status`, so they see the
-            // old status.
-            complete: format!(
-                "UPDATE {t} SET result = IF(status = 'PROCESSING', ?, result), \
+            records: RecordStatements {
+                read: Stmt::new(read, READ),
+                // The mark moves the expiry to at least now + ttl, so a body slower than its ttl still
+                // leaves a live success. A record already SUCCEEDED under the fence counts as held and
+                // keeps its result and expiry: a mark sent again after a lost reply succeeds (and
+                // FAILED likewise for `fail`). `result`, `expire_at` and `result_until` (NULL: the
+                // result is kept as long as the record) are assigned before `status`, so they see the
+                // old status.
+                complete: Stmt::new(
+                    format!(
+                        "UPDATE {t} SET result = IF(status = 'PROCESSING', ?, result), \
                  expire_at = IF(status = 'PROCESSING', GREATEST(expire_at, {now} + ?), expire_at), \
                  result_until = IF(status = 'PROCESSING', {now} + ?, result_until), \
                  status = 'SUCCEEDED', updated_at = {now} \
                  WHERE {key} AND fence = ? AND status IN ('PROCESSING', 'SUCCEEDED')",
-                now = now_ms!()
-            )
-            .into(),
-            // The saved steps (in `result`) stay for a retry.
-            fail: format!(
-                "UPDATE {t} SET status = 'FAILED', updated_at = {now} \
+                        now = now_ms!()
+                    ),
+                    COMPLETE,
+                ),
+                // The saved steps (in `result`) stay for a retry.
+                fail: Stmt::new(
+                    format!(
+                        "UPDATE {t} SET status = 'FAILED', updated_at = {now} \
                  WHERE {key} AND fence = ? AND status IN ('PROCESSING', 'FAILED')",
-                now = now_ms!()
-            )
-            .into(),
-            // The steps of an unfinished record live in `result` until a success replaces them.
-            save_steps: format!(
-                "UPDATE {t} SET result = ?, updated_at = {now} \
+                        now = now_ms!()
+                    ),
+                    FAIL,
+                ),
+                // The steps of an unfinished record live in `result` until a success replaces them.
+                save_steps: Stmt::new(
+                    format!(
+                        "UPDATE {t} SET result = ?, updated_at = {now} \
                  WHERE {key} AND fence = ? AND status = 'PROCESSING'",
-                now = now_ms!()
-            )
-            .into(),
-            renew: format!(
-                "UPDATE {t} SET lease_until = {now} + ?, expire_at = GREATEST(expire_at, {now} + ?), \
+                        now = now_ms!()
+                    ),
+                    SAVE_STEPS,
+                ),
+                renew: Stmt::new(
+                    format!(
+                        "UPDATE {t} SET lease_until = {now} + ?, expire_at = GREATEST(expire_at, {now} + ?), \
                  updated_at = {now} WHERE {key} AND fence = ? AND status = 'PROCESSING'",
-                now = now_ms!()
-            )
-            .into(),
-            load: format!("SELECT {COLUMNS} FROM {t} WHERE {key}").into(),
-            // Expired: the TTL passed and no lease is live. One short statement per batch, walking
-            // the expiry index; ordered by the whole key so replicas delete the same rows.
-            sweep: format!(
-                "DELETE FROM {t} WHERE expire_at <= {now} \
+                        now = now_ms!()
+                    ),
+                    RENEW,
+                ),
+                load: Stmt::new(format!("SELECT {COLUMNS} FROM {t} WHERE {key}"), LOAD),
+                // Expired: the TTL passed and no lease is live. One short statement per batch, walking
+                // the expiry index; ordered by the whole key so replicas delete the same rows.
+                sweep: Stmt::new(
+                    format!(
+                        "DELETE FROM {t} WHERE expire_at <= {now} \
                  AND NOT (status = 'PROCESSING' AND lease_until > {now}) \
                  ORDER BY expire_at, biz_type, idem_key LIMIT ?",
-                now = now_ms!()
-            )
-            .into(),
-            // Results past their result ttl: dropped, the records kept as tombstones
-            // (`result_until` 0, out of the range looked in). A range of the index
-            // `<table>_result_until (result_until)`, ordered by the whole key so replicas change
-            // the same rows.
-            shrink: format!(
-                "UPDATE {t} SET result = NULL, result_until = 0 \
+                        now = now_ms!()
+                    ),
+                    SWEEP,
+                ),
+                // Results past their result ttl: dropped, the records kept as tombstones
+                // (`result_until` 0, out of the range looked in). A range of the index
+                // `<table>_result_until (result_until)`, ordered by the whole key so replicas change
+                // the same rows.
+                shrink: Stmt::new(
+                    format!(
+                        "UPDATE {t} SET result = NULL, result_until = 0 \
                  WHERE result_until > 0 AND result_until <= {now} AND status = 'SUCCEEDED' \
                  ORDER BY result_until, biz_type, idem_key LIMIT ?",
-                now = now_ms!()
-            )
-            .into(),
-            // PROCESSING with the lease ended, oldest lease first: a range of the index
-            // `<table>_stuck (biz_type, status, lease_until)`, read in its order (no filesort),
-            // that stops after the batch (`UTC_TIMESTAMP` is a constant of the statement, so it
-            // bounds the range).
-            stuck: format!(
-                "SELECT idem_key, {COLUMNS} FROM {t} WHERE biz_type = ? AND status = 'PROCESSING' \
+                        now = now_ms!()
+                    ),
+                    SHRINK,
+                ),
+                // PROCESSING with the lease ended, oldest lease first: a range of the index
+                // `<table>_stuck (biz_type, status, lease_until)`, read in its order (no filesort),
+                // that stops after the batch (`UTC_TIMESTAMP` is a constant of the statement, so it
+                // bounds the range).
+                stuck: Stmt::new(
+                    format!(
+                        "SELECT idem_key, {COLUMNS} FROM {t} WHERE biz_type = ? AND status = 'PROCESSING' \
                  AND lease_until <= {now} ORDER BY lease_until LIMIT ?",
-                now = now_ms!()
-            )
-            .into(),
-            // Records per business type, route (`origin`: what an HTTP layer record's fingerprint
-            // keeps before its digest) and status (expired ones not yet swept included), and
-            // `gone`, the tombstones among them (their result ttl passed): a scan of the table
-            // (an operator's query).
-            stats: format!(
-                "SELECT biz_type, CASE WHEN LOCATE(' ', fingerprint) > 0 THEN \
+                        now = now_ms!()
+                    ),
+                    STUCK,
+                ),
+                // Records per business type, route (`origin`: what an HTTP layer record's fingerprint
+                // keeps before its digest) and status (expired ones not yet swept included), and
+                // `gone`, the tombstones among them (their result ttl passed): a scan of the table
+                // (an operator's query).
+                stats: Stmt::new(
+                    format!(
+                        "SELECT biz_type, CASE WHEN LOCATE(' ', fingerprint) > 0 THEN \
                  SUBSTRING(fingerprint, 1, CHAR_LENGTH(fingerprint) \
                  - CHAR_LENGTH(SUBSTRING_INDEX(fingerprint, ' ', -1)) - 1) END AS origin, status, \
                  COUNT(*) AS n, \
                  CAST(COUNT(CASE WHEN result_until <= {now} THEN 1 END) AS SIGNED) AS gone \
                  FROM {t} GROUP BY biz_type, origin, status",
-                now = now_ms!()
-            )
-            .into(),
+                        now = now_ms!()
+                    ),
+                    STATS,
+                ),
+            },
             tokens: TokenStatements::new(tokens),
         }
     }

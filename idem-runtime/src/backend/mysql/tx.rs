@@ -139,7 +139,7 @@ impl IdemTx for MySqlTx {
         // A live success needs no savepoint: one plain read answers it (once repeats prevail).
         let order = self.store.order.clone();
         if let Some(outcome) =
-            replay_by_read(&mut self.store.records(&mut self.tx, true), req, &order).await?
+            replay_by_read(&mut self.store.claims(&mut self.tx, true), req, &order).await?
         {
             return Ok(outcome);
         }
@@ -147,13 +147,13 @@ impl IdemTx for MySqlTx {
         // in the round trip of the claim's insert.
         let outcome = if let Some(ready) = self.ready.take() {
             self.claim = Some(ready);
-            let mut records = self.store.records(&mut self.tx, true);
+            let mut records = self.store.claims(&mut self.tx, true);
             claim_insert_first(&mut records, req, &order).await
         } else {
             let savepoint = Savepoint::claim();
             let open = savepoint.open_after(self.done.take());
             self.claim = Some(savepoint);
-            let mut records = self.store.records(&mut self.tx, true).sending_first(open);
+            let mut records = self.store.claims(&mut self.tx, true).sending_first(open);
             claim_insert_first(&mut records, req, &order).await
         };
         match outcome {
@@ -282,7 +282,7 @@ impl MySqlTx {
     ) -> Result<(), IdemError> {
         let done = self
             .store
-            .records(&mut self.tx, true)
+            .records(&mut self.tx)
             .complete(biz, key, claim, snapshot, ttl, result_ttl)
             .await;
         match done {

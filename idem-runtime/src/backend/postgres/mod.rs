@@ -1,7 +1,9 @@
 //! PostgreSQL store (feature `postgres`), through sqlx.
 //!
 //! The same files as every SQL store: `statements.rs` the SQL text, `schema.rs` the migrations as
-//! `migrate()` applies them, `records.rs` the claim protocol's steps, `tx.rs` the transactions
+//! `migrate()` applies them, `records.rs` its part of the
+//! record layer (`sql/records.rs`: its clock, the columns whose types differ, the claim's insert
+//! and takeover), `tx.rs` the transactions
 //! (`PgTx`: `tx = "…"` claims and transitions), `transition.rs` what state transitions bind,
 //! `tokens.rs` the one-time submit tokens and their statements; and `builder.rs` the store's
 //! options (`PgStoreBuilder`).
@@ -17,7 +19,6 @@ mod tx;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::Postgres;
 use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, SqlSafeStr};
@@ -25,14 +26,14 @@ use sqlx::{AssertSqlSafe, SqlSafeStr};
 use crate::clock::ClockOffset;
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::{Dialect, Savepoint};
+use crate::sql::records::RecordConn;
 use crate::sql::table::TableName;
 use crate::sql::warm::Warm;
 use crate::store::order::ClaimOrder;
-use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
-use crate::transition::TransitionTx;
+use crate::store::{ClaimOutcome, ClaimRequest, Limits};
 use crate::{Busy, IdemError};
 pub use builder::PgStoreBuilder;
-use records::{Claiming, Records};
+use records::{Claiming, Claims};
 pub(crate) use schema::migrations_named;
 use statements::Statements;
 pub use tokens::PgTokens;
@@ -277,8 +278,14 @@ impl PgStore {
         Ok(PgTx::new(tx, self.clone(), ready))
     }
 
-    fn records<'c>(&'c self, conn: &'c mut sqlx::PgConnection) -> Records<'c> {
-        Records::new(conn, &self.sql, self.offset_ms(), Claiming::Lease)
+    /// The store's records on `conn`.
+    fn records<'c>(&'c self, conn: &'c mut sqlx::PgConnection) -> RecordConn<'c, Postgres> {
+        RecordConn::new(conn, &self.sql.records, self.offset_ms())
+    }
+
+    /// The claim's steps on `conn`, its insert locking as `claiming` says.
+    fn claims<'c>(&'c self, conn: &'c mut sqlx::PgConnection, claiming: Claiming) -> Claims<'c> {
+        Claims::new(self.records(conn), &self.sql, claiming)
     }
 
     /// Runs `work` on one of the store's warm connections, or one from the pool.
@@ -315,115 +322,16 @@ impl crate::TransactionalStore for PgStore {
     }
 }
 
-#[async_trait]
-impl Store for PgStore {
-    fn backend(&self) -> &'static str {
-        "postgres"
-    }
-
-    fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
+crate::sql::store::sql_store!(PgStore, "postgres", {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         let outcome = self
-            .with_conn(async |conn| claim_by_cas(&mut self.records(conn), req, &self.order).await)
+            .with_conn(async |conn| {
+                claim_by_cas(&mut self.claims(conn, Claiming::Lease), req, &self.order).await
+            })
             .await;
         self.lock_timed_out(outcome)
     }
-
-    async fn complete(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        snapshot: &[u8],
-        ttl: Duration,
-    ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| {
-            self.records(conn)
-                .complete(biz, key, claim, snapshot, ttl, None)
-                .await
-        })
-        .await
-    }
-
-    async fn complete_keeping(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        snapshot: &[u8],
-        ttl: Duration,
-        result_ttl: Duration,
-    ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| {
-            self.records(conn)
-                .complete(biz, key, claim, snapshot, ttl, Some(result_ttl))
-                .await
-        })
-        .await
-    }
-
-    async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
-        self.with_conn(async |conn| self.records(conn).fail(biz, key, claim).await)
-            .await
-    }
-
-    async fn renew(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| self.records(conn).renew(biz, key, claim, lease).await)
-            .await
-    }
-
-    async fn save_steps(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        steps: &[u8],
-    ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| self.records(conn).save_steps(biz, key, claim, steps).await)
-            .await
-    }
-
-    async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        if biz.contains('\0') || key.contains('\0') {
-            // Postgres text cannot hold NUL, and no claim stores such a key: there is no record.
-            return Ok(None);
-        }
-        self.with_conn(async |conn| self.records(conn).load(biz, key).await)
-            .await
-    }
-
-    async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
-        self.with_conn(async |conn| self.records(conn).sweep(batch).await)
-            .await
-    }
-
-    async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
-        if biz.contains('\0') {
-            // Postgres text cannot hold NUL, and no claim stores such a biz type: nothing is stuck.
-            return Ok(Vec::new());
-        }
-        self.with_conn(async |conn| self.records(conn).stuck(biz, batch).await)
-            .await
-    }
-
-    async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
-        self.with_conn(async |conn| self.records(conn).stats().await)
-            .await
-    }
-
-    async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
-        Ok(Box::new(self.begin().await?))
-    }
-}
+});
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,6 @@
-//! The statements of the Postgres store and the claim protocol's steps on one connection (a pool
-//! connection in lease mode, the caller's transaction in transaction mode).
+//! The Postgres store's part of the record layer (`sql/records.rs`): how its columns read, and
+//! the claim's insert and takeover on one connection (a pool connection in lease mode, the
+//! caller's transaction in transaction mode).
 //!
 //! Every statement reads the database's clock (`clock_timestamp()`, the wall clock at the moment the
 //! statement reads it, never the transaction's start time) plus the test clock's offset, and binds
@@ -9,23 +10,52 @@
 //! same way. `DO NOTHING` means a concurrent insert of the same key never raises 23505, which would
 //! abort the caller's transaction.
 
-use std::time::Duration;
-
-use sqlx::postgres::{PgArguments, PgConnection, PgRow};
+use sqlx::postgres::{PgArguments, PgQueryResult, PgRow};
 use sqlx::{Postgres, Row, SqlStr};
 
 use super::db_error;
 use super::statements::Statements;
-use crate::sql::claim::{CasRecords, SeenRecord, seen_record};
+use crate::sql::claim::{CasRecords, SeenRecord};
+use crate::sql::dialect::Dialect;
+use crate::sql::records::{RecordConn, RecordDb, in_range};
 use crate::store::decide::millis;
-use crate::store::{Claim, ClaimRequest, Fence, Record, Status, StatusCount};
+use crate::store::{Claim, ClaimRequest, Status};
 use crate::{Busy, IdemError};
 
-/// The store's records, reached through one connection.
-pub(super) struct Records<'c> {
-    conn: &'c mut PgConnection,
+impl RecordDb for Postgres {
+    const DIALECT: Dialect = Dialect::Postgres;
+
+    /// The statements add the offset to `clock_timestamp()`.
+    fn clock(offset_ms: i64) -> i64 {
+        offset_ms
+    }
+
+    fn attempt(row: &PgRow) -> Result<u32, IdemError> {
+        in_range(
+            row.try_get::<i32, _>("attempt").map_err(db_error)?.into(),
+            "attempt",
+        )
+    }
+
+    fn fence(row: &PgRow) -> Result<u64, IdemError> {
+        in_range(row.try_get("fence").map_err(db_error)?, "fence")
+    }
+
+    fn rows_affected(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    /// `text` cannot hold NUL.
+    fn holds(text: &str) -> bool {
+        !text.contains('\0')
+    }
+}
+
+/// The claim's steps on one connection: the record layer's read, and this store's insert and
+/// takeover.
+pub(super) struct Claims<'c> {
+    records: RecordConn<'c, Postgres>,
     sql: &'c Statements,
-    offset_ms: i64,
     claiming: Claiming,
     /// A transaction-mode claim found its key's lock held by another transaction.
     contended: bool,
@@ -42,54 +72,17 @@ pub(super) enum Claiming {
     TxWaiting,
 }
 
-fn attempt_of(row: &PgRow) -> Result<u32, IdemError> {
-    let attempt: i32 = row.try_get("attempt").map_err(db_error)?;
-    u32::try_from(attempt).map_err(|_| IdemError::store(format!("attempt {attempt} out of range")))
-}
-
-fn fence_of(row: &PgRow) -> Result<u64, IdemError> {
-    let fence: i64 = row.try_get("fence").map_err(db_error)?;
-    u64::try_from(fence).map_err(|_| IdemError::store(format!("fence {fence} out of range")))
-}
-
-/// The record `(biz, key)` from a row with the columns of `load`.
-fn record_of(row: &PgRow, biz: &str, key: String) -> Result<Record, IdemError> {
-    let status = Status::parse(row.try_get("status").map_err(db_error)?)?;
-    let (snapshot, steps) = Record::split_blob(status, row.try_get("result").map_err(db_error)?);
-    Ok(Record {
-        biz: biz.to_owned(),
-        key,
-        status,
-        attempt: attempt_of(row)?,
-        fence: Fence::new(fence_of(row)?),
-        fingerprint: row.try_get("fingerprint").map_err(db_error)?,
-        snapshot,
-        steps,
-        lease_until_ms: row.try_get("lease_until").map_err(db_error)?,
-        expire_at_ms: row.try_get("expire_at").map_err(db_error)?,
-        result_until_ms: row.try_get("result_until").map_err(db_error)?,
-    })
-}
-
-fn fence_param(claim: &Claim) -> Result<i64, IdemError> {
-    i64::try_from(claim.fence.get()).map_err(|_| IdemError::LeaseLost {
-        attempt: claim.attempt,
-    })
-}
-
 type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 
-impl<'c> Records<'c> {
+impl<'c> Claims<'c> {
     pub(super) fn new(
-        conn: &'c mut PgConnection,
+        records: RecordConn<'c, Postgres>,
         sql: &'c Statements,
-        offset_ms: i64,
         claiming: Claiming,
     ) -> Self {
-        Records {
-            conn,
+        Claims {
+            records,
             sql,
-            offset_ms,
             claiming,
             contended: false,
         }
@@ -100,161 +93,6 @@ impl<'c> Records<'c> {
     pub(super) fn contended(&self) -> bool {
         self.contended
     }
-
-    /// Changes the record held under `claim` with `query` (complete, fail, renew).
-    async fn held(&mut self, query: Query<'_>, claim: &Claim) -> Result<(), IdemError> {
-        let done = query.execute(&mut *self.conn).await.map_err(db_error)?;
-        if done.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(IdemError::LeaseLost {
-                attempt: claim.attempt,
-            })
-        }
-    }
-
-    pub(super) async fn complete(
-        &mut self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        snapshot: &[u8],
-        ttl: Duration,
-        result_ttl: Option<Duration>,
-    ) -> Result<(), IdemError> {
-        let query = sqlx::query(self.sql.complete.clone())
-            .bind(biz)
-            .bind(key)
-            .bind(fence_param(claim)?)
-            .bind(snapshot)
-            .bind(millis(ttl))
-            .bind(self.offset_ms)
-            .bind(result_ttl.map(millis));
-        self.held(query, claim).await
-    }
-
-    pub(super) async fn fail(
-        &mut self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-    ) -> Result<(), IdemError> {
-        let query = sqlx::query(self.sql.fail.clone())
-            .bind(biz)
-            .bind(key)
-            .bind(fence_param(claim)?)
-            .bind(self.offset_ms);
-        self.held(query, claim).await
-    }
-
-    pub(super) async fn save_steps(
-        &mut self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        steps: &[u8],
-    ) -> Result<(), IdemError> {
-        let query = sqlx::query(self.sql.save_steps.clone())
-            .bind(biz)
-            .bind(key)
-            .bind(fence_param(claim)?)
-            .bind(steps)
-            .bind(self.offset_ms);
-        self.held(query, claim).await
-    }
-
-    pub(super) async fn renew(
-        &mut self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<(), IdemError> {
-        let query = sqlx::query(self.sql.renew.clone())
-            .bind(biz)
-            .bind(key)
-            .bind(fence_param(claim)?)
-            .bind(millis(lease))
-            .bind(self.offset_ms);
-        self.held(query, claim).await
-    }
-
-    pub(super) async fn load(&mut self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        let Some(row) = sqlx::query(self.sql.load.clone())
-            .bind(biz)
-            .bind(key)
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(db_error)?
-        else {
-            return Ok(None);
-        };
-        record_of(&row, biz, key.to_owned()).map(Some)
-    }
-
-    pub(super) async fn stuck(
-        &mut self,
-        biz: &str,
-        batch: usize,
-    ) -> Result<Vec<Record>, IdemError> {
-        let rows = sqlx::query(self.sql.stuck.clone())
-            .bind(biz)
-            .bind(self.offset_ms)
-            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
-            .fetch_all(&mut *self.conn)
-            .await
-            .map_err(db_error)?;
-        rows.iter()
-            .map(|row| record_of(row, biz, row.try_get("idem_key").map_err(db_error)?))
-            .collect()
-    }
-
-    pub(super) async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError> {
-        let rows = sqlx::query(self.sql.stats.clone())
-            .bind(self.offset_ms)
-            .fetch_all(&mut *self.conn)
-            .await
-            .map_err(db_error)?;
-        let counts = rows
-            .iter()
-            .map(|row| {
-                StatusCount::of_row(
-                    row.try_get("biz_type").map_err(db_error)?,
-                    row.try_get("origin").map_err(db_error)?,
-                    row.try_get("status").map_err(db_error)?,
-                    row.try_get("n").map_err(db_error)?,
-                    row.try_get("gone").map_err(db_error)?,
-                )
-            })
-            .collect::<Result<Vec<_>, IdemError>>()?;
-        Ok(StatusCount::tally(counts))
-    }
-
-    pub(super) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {
-        let done = sqlx::query(self.sql.sweep.clone())
-            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
-            .bind(self.offset_ms)
-            .execute(&mut *self.conn)
-            .await
-            .map_err(db_error)?;
-        let shrunk = sqlx::query(self.sql.shrink.clone())
-            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
-            .bind(self.offset_ms)
-            .execute(&mut *self.conn)
-            .await
-            .map_err(db_error)?;
-        Ok(done.rows_affected() + shrunk.rows_affected())
-    }
-}
-
-/// The claim's view of a row with the columns of the claim or the read.
-fn seen_of(row: &PgRow) -> Result<SeenRecord, IdemError> {
-    Ok(seen_record!(
-        row,
-        attempt_of(row)?,
-        fence_of(row)?,
-        db_error
-    ))
 }
 
 /// `sql` (a claim or the insert) with its binds: $1 biz, $2 key, $3 fingerprint, $4 lease ms,
@@ -269,7 +107,7 @@ fn claim_query<'q>(sql: &SqlStr, req: &ClaimRequest<'q>, offset_ms: i64) -> Quer
         .bind(offset_ms)
 }
 
-impl Records<'_> {
+impl Claims<'_> {
     /// Lease mode's insert step: the new record, or (the key exists) a plain read of it. While new
     /// keys prevail (the claim order) that is one statement, with no read in it; a key that
     /// exists costs two.
@@ -277,20 +115,21 @@ impl Records<'_> {
         &mut self,
         req: &ClaimRequest<'_>,
     ) -> Result<(bool, Option<SeenRecord>), IdemError> {
-        let row = claim_query(&self.sql.insert, req, self.offset_ms)
-            .fetch_optional(&mut *self.conn)
+        let offset = self.records.offset();
+        let row = claim_query(&self.sql.insert, req, offset)
+            .fetch_optional(self.records.conn())
             .await
             .map_err(db_error)?;
         let Some(row) = row else {
             // The key exists (or was deleted since: then the protocol inserts again).
-            return Ok((false, self.read(req).await?));
+            return Ok((false, self.records.read(req).await?));
         };
         Ok((
             true,
             Some(SeenRecord {
                 status: Status::Processing,
-                attempt: attempt_of(&row)?,
-                fence: fence_of(&row)?,
+                attempt: Postgres::attempt(&row)?,
+                fence: Postgres::fence(&row)?,
                 fingerprint: None,
                 snapshot: None,
                 lease_until_ms: 0,
@@ -302,16 +141,9 @@ impl Records<'_> {
     }
 }
 
-impl CasRecords for Records<'_> {
+impl CasRecords for Claims<'_> {
     async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
-        let row = sqlx::query(self.sql.read.clone())
-            .bind(req.biz)
-            .bind(req.key)
-            .bind(self.offset_ms)
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(db_error)?;
-        row.as_ref().map(seen_of).transpose()
+        self.records.read(req).await
     }
 
     async fn insert_or_read(
@@ -323,8 +155,9 @@ impl CasRecords for Records<'_> {
             Claiming::Tx => &self.sql.claim_locking,
             Claiming::TxWaiting => &self.sql.claim_waiting,
         };
-        let Some(row) = claim_query(sql, req, self.offset_ms)
-            .fetch_optional(&mut *self.conn)
+        let offset = self.records.offset();
+        let Some(row) = claim_query(sql, req, offset)
+            .fetch_optional(self.records.conn())
             .await
             .map_err(db_error)?
         else {
@@ -340,7 +173,7 @@ impl CasRecords for Records<'_> {
             ));
         }
         let inserted: bool = row.try_get("inserted").map_err(db_error)?;
-        Ok((inserted, Some(seen_of(&row)?)))
+        Ok((inserted, Some(RecordConn::<Postgres>::seen(&row)?)))
     }
 
     async fn take(
@@ -350,27 +183,9 @@ impl CasRecords for Records<'_> {
         reset: bool,
         keep_steps: bool,
     ) -> Result<Option<Claim>, IdemError> {
-        let Some(row) = sqlx::query(self.sql.take.clone())
-            .bind(req.biz)
-            .bind(req.key)
-            .bind(req.fingerprint)
-            .bind(millis(req.lease))
-            .bind(millis(req.ttl))
-            .bind(self.offset_ms)
-            .bind(reset)
-            .bind(i64::try_from(seen.fence).unwrap_or(i64::MAX))
-            .bind(seen.status.as_str())
-            .bind(seen.lease_until_ms)
-            .bind(keep_steps)
-            .fetch_optional(&mut *self.conn)
+        let query = claim_query(&self.sql.take, req, self.records.offset());
+        self.records
+            .take_returning(query, seen, reset, keep_steps)
             .await
-            .map_err(db_error)?
-        else {
-            return Ok(None);
-        };
-        Ok(Some(Claim {
-            attempt: attempt_of(&row)?,
-            fence: Fence::new(fence_of(&row)?),
-        }))
     }
 }

@@ -1,9 +1,12 @@
 //! The Postgres store's statements, built once per table name: each reads the database's clock
 //! and binds every value (the module doc of `records.rs`, which sends them, says how).
 
+use std::sync::Arc;
+
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use crate::sql::dialect::Dialect;
+use crate::sql::records::{RecordStatements, Stmt, numbered};
 use crate::sql::table::TableName;
 
 /// The database clock read once, plus the test clock's offset bound at `off`: `n` in milliseconds,
@@ -31,23 +34,14 @@ pub(super) struct Statements {
     /// Transaction mode, once another transaction holds the key's lock: the claim waits for it
     /// (bounded by `lock_timeout`), then claims as `claim_locking` does.
     pub(super) claim_waiting: SqlStr,
-    /// The claim's plain read, with the clock (`store/order.rs`).
-    pub(super) read: SqlStr,
     pub(super) take: SqlStr,
-    pub(super) complete: SqlStr,
-    pub(super) fail: SqlStr,
-    pub(super) save_steps: SqlStr,
-    pub(super) renew: SqlStr,
-    pub(super) load: SqlStr,
-    pub(super) sweep: SqlStr,
-    /// Drops the results past their result ttl (the records stay, as tombstones).
-    pub(super) shrink: SqlStr,
-    pub(super) stuck: SqlStr,
-    pub(super) stats: SqlStr,
+    /// What the record layer sends (`sql/records.rs`), placeholders numbered as it expects.
+    pub(super) records: RecordStatements,
 }
 
+/// A statement's text, shared by every query made of it.
 fn sql(text: String) -> SqlStr {
-    AssertSqlSafe(text).into_sql_str()
+    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
 }
 
 /// A transaction-mode claim takes its key's transaction-level advisory lock first: without one
@@ -244,17 +238,19 @@ impl Statements {
             insert: sql(insert),
             claim_locking: sql(claim(" FOR UPDATE", Some(TRY_KEY_LOCK))),
             claim_waiting: sql(claim(" FOR UPDATE", Some(WAIT_KEY_LOCK))),
-            read: sql(read),
             take: sql(take),
-            complete: sql(complete),
-            fail: sql(fail),
-            save_steps: sql(save_steps),
-            renew: sql(renew),
-            load: sql(load),
-            sweep: sql(sweep),
-            shrink: sql(shrink),
-            stuck: sql(stuck),
-            stats: sql(stats),
+            records: RecordStatements {
+                complete: Stmt::new(complete, numbered::COMPLETE),
+                fail: Stmt::new(fail, numbered::FAIL),
+                save_steps: Stmt::new(save_steps, numbered::SAVE_STEPS),
+                renew: Stmt::new(renew, numbered::RENEW),
+                read: Stmt::new(read, numbered::READ),
+                load: Stmt::new(load, numbered::LOAD),
+                stuck: Stmt::new(stuck, numbered::STUCK),
+                stats: Stmt::new(stats, numbered::STATS),
+                sweep: Stmt::new(sweep, numbered::SWEEP),
+                shrink: Stmt::new(shrink, numbered::SHRINK),
+            },
         }
     }
 }
@@ -262,23 +258,24 @@ impl Statements {
 impl Statements {
     /// A statement by name, for the benchmark's hand-written floor.
     pub(super) fn get(&self, name: &str) -> Option<&str> {
-        let sql = match name {
-            "claim" => &self.claim,
-            "insert" => &self.insert,
-            "claim_locking" => &self.claim_locking,
-            "claim_waiting" => &self.claim_waiting,
-            "take" => &self.take,
-            "complete" => &self.complete,
-            "fail" => &self.fail,
-            "save_steps" => &self.save_steps,
-            "renew" => &self.renew,
-            "load" => &self.load,
-            "sweep" => &self.sweep,
-            "shrink" => &self.shrink,
-            "stuck" => &self.stuck,
-            "stats" => &self.stats,
+        let r = &self.records;
+        Some(match name {
+            "claim" => self.claim.as_str(),
+            "insert" => self.insert.as_str(),
+            "claim_locking" => self.claim_locking.as_str(),
+            "claim_waiting" => self.claim_waiting.as_str(),
+            "take" => self.take.as_str(),
+            "read" => r.read.as_str(),
+            "complete" => r.complete.as_str(),
+            "fail" => r.fail.as_str(),
+            "save_steps" => r.save_steps.as_str(),
+            "renew" => r.renew.as_str(),
+            "load" => r.load.as_str(),
+            "sweep" => r.sweep.as_str(),
+            "shrink" => r.shrink.as_str(),
+            "stuck" => r.stuck.as_str(),
+            "stats" => r.stats.as_str(),
             _ => return None,
-        };
-        Some(sql.as_str())
+        })
     }
 }

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
-use super::records::{Claiming, Records};
+use super::records::Claiming;
 use super::{PgStore, db_error, lock_timeout_text};
 use crate::engine::tx::IdemTx;
 use crate::sql::claim::{claim_insert_first, replay_by_read};
@@ -157,8 +157,7 @@ impl PgTx {
             let open = savepoint.open_after(self.done.take());
             self.exec(open).await?;
         }
-        let (sql, off) = (&self.store.sql, self.store.offset_ms());
-        let mut records = Records::new(&mut self.tx, sql, off, Claiming::Tx);
+        let mut records = self.store.claims(&mut self.tx, Claiming::Tx);
         let outcome = claim_insert_first(&mut records, req, &self.store.order).await;
         if !records.contended() {
             return outcome;
@@ -176,7 +175,7 @@ impl PgTx {
             None => return Err(IdemError::store("SHOW lock_timeout returned no row")),
         };
         let outcome = claim_insert_first(
-            &mut Records::new(&mut self.tx, sql, off, Claiming::TxWaiting),
+            &mut self.store.claims(&mut self.tx, Claiming::TxWaiting),
             req,
             &self.store.order,
         )
@@ -226,12 +225,7 @@ impl IdemTx for PgTx {
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         // A live success needs no savepoint: one plain read answers it (once repeats prevail).
         let order = self.store.order.clone();
-        let mut records = Records::new(
-            &mut self.tx,
-            &self.store.sql,
-            self.store.offset_ms(),
-            Claiming::Tx,
-        );
+        let mut records = self.store.claims(&mut self.tx, Claiming::Tx);
         if let Some(outcome) = replay_by_read(&mut records, req, &order).await? {
             return Ok(outcome);
         }
@@ -315,14 +309,11 @@ impl PgTx {
         ttl: Duration,
         result_ttl: Option<Duration>,
     ) -> Result<(), IdemError> {
-        let done = Records::new(
-            &mut self.tx,
-            &self.store.sql,
-            self.store.offset_ms(),
-            Claiming::Tx,
-        )
-        .complete(biz, key, claim, snapshot, ttl, result_ttl)
-        .await;
+        let done = self
+            .store
+            .records(&mut self.tx)
+            .complete(biz, key, claim, snapshot, ttl, result_ttl)
+            .await;
         match done {
             Ok(()) => {
                 // Kept: released with the next claim's savepoint, or by the commit.

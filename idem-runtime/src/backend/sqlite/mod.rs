@@ -1,7 +1,9 @@
 //! SQLite store (feature `sqlite`): a file (WAL) or an in-memory database, through sqlx.
 //!
 //! The same files as every SQL store: `statements.rs` the SQL text, `schema.rs` the migrations as
-//! `migrate()` applies them, `records.rs` the claim protocol's steps, `tx.rs` the transactions
+//! `migrate()` applies them, `records.rs` its part of the
+//! record layer (`sql/records.rs`: its clock, the columns whose types differ, the claim's insert
+//! and takeover), `tx.rs` the transactions
 //! (`SqliteTx`: `tx = "…"` claims and transitions), `transition.rs` what state transitions bind,
 //! `tokens.rs` the one-time submit tokens and their statements.
 
@@ -17,7 +19,6 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::Sqlite;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
@@ -30,13 +31,11 @@ use crate::IdemError;
 use crate::clock::ClockOffset;
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::Dialect;
+use crate::sql::records::RecordConn;
 use crate::sql::table::TableName;
 use crate::store::order::ClaimOrder;
-use crate::store::{
-    Acquired, Claim, ClaimOutcome, ClaimRequest, Limits, Record, StatusCount, Store,
-};
-use crate::transition::TransitionTx;
-use records::Records;
+use crate::store::{Acquired, ClaimOutcome, ClaimRequest, Limits};
+use records::Claims;
 pub(crate) use schema::migrations_named;
 use statements::Statements;
 pub use tokens::SqliteTokens;
@@ -314,6 +313,11 @@ impl SqliteStore {
     fn offset_ms(&self) -> i64 {
         self.offset.ms()
     }
+
+    /// The store's records on `conn`.
+    fn records<'c>(&'c self, conn: &'c mut SqliteConnection) -> RecordConn<'c, Sqlite> {
+        RecordConn::new(conn, &self.sql.records, self.offset_ms())
+    }
 }
 
 /// The default tokens table.
@@ -341,22 +345,13 @@ impl crate::TransactionalStore for SqliteStore {
     }
 }
 
-#[async_trait]
-impl Store for SqliteStore {
-    fn backend(&self) -> &'static str {
-        "sqlite"
-    }
-
-    fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
+crate::sql::store::sql_store!(SqliteStore, "sqlite", {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         // While new keys prevail, the insert alone (two statements, not the claim's three); when
         // the key exists, or repeats prevail, the claim protocol (a plain read first, then the
         // claim statement, which reads before it inserts).
         self.with_conn(async |conn| {
-            let mut records = Records::new(conn, self);
+            let mut records = Claims::new(self.records(conn), &self.sql);
             if !self.order.read_first()
                 && let Some(seen) = records.insert_new(req).await?
             {
@@ -371,99 +366,12 @@ impl Store for SqliteStore {
         })
         .await
     }
-
-    async fn complete(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        snapshot: &[u8],
-        ttl: Duration,
-    ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| {
-            Records::new(conn, self)
-                .complete(biz, key, claim, snapshot, ttl, None)
-                .await
-        })
-        .await
-    }
-
-    async fn complete_keeping(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        snapshot: &[u8],
-        ttl: Duration,
-        result_ttl: Duration,
-    ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| {
-            Records::new(conn, self)
-                .complete(biz, key, claim, snapshot, ttl, Some(result_ttl))
-                .await
-        })
-        .await
-    }
-
-    async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
-        self.with_conn(async |conn| Records::new(conn, self).fail(biz, key, claim).await)
-            .await
-    }
-
-    async fn renew(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| Records::new(conn, self).renew(biz, key, claim, lease).await)
-            .await
-    }
-
-    async fn save_steps(
-        &self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        steps: &[u8],
-    ) -> Result<(), IdemError> {
-        self.with_conn(async |conn| {
-            Records::new(conn, self)
-                .save_steps(biz, key, claim, steps)
-                .await
-        })
-        .await
-    }
-
-    async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        self.with_conn(async |conn| Records::new(conn, self).load(biz, key).await)
-            .await
-    }
-
-    async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
-        self.with_conn(async |conn| Records::new(conn, self).sweep(batch).await)
-            .await
-    }
-
-    async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
-        self.with_conn(async |conn| Records::new(conn, self).stuck(biz, batch).await)
-            .await
-    }
-
-    async fn stats(&self) -> Result<Vec<StatusCount>, IdemError> {
-        self.with_conn(async |conn| Records::new(conn, self).stats().await)
-            .await
-    }
-
-    async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
-        Ok(Box::new(self.begin().await?))
-    }
-}
+});
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[test]
     fn statements_name_the_table() {

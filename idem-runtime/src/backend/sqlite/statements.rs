@@ -7,6 +7,7 @@ use sqlx::sqlite::SqliteArguments;
 use sqlx::{AssertSqlSafe, Sqlite};
 
 use crate::sql::dialect::Dialect;
+use crate::sql::records::{RecordStatements, Stmt, numbered};
 use crate::sql::table::TableName;
 
 /// The record's columns as the claim reads them.
@@ -130,37 +131,32 @@ const SHRINK: &str = "UPDATE {t} SET result = NULL, result_until = 0 WHERE (biz_
 pub(super) struct Statements {
     pub(super) claim: Arc<str>,
     pub(super) insert_new: Arc<str>,
-    pub(super) read: Arc<str>,
     pub(super) take: Arc<str>,
-    pub(super) complete: Arc<str>,
-    pub(super) fail: Arc<str>,
-    pub(super) save_steps: Arc<str>,
-    pub(super) renew: Arc<str>,
-    pub(super) load: Arc<str>,
-    pub(super) stuck: Arc<str>,
-    pub(super) stats: Arc<str>,
-    pub(super) sweep: Arc<str>,
-    pub(super) shrink: Arc<str>,
+    /// What the record layer sends (`sql/records.rs`), placeholders numbered as it expects.
+    pub(super) records: RecordStatements,
 }
 
 impl Statements {
     pub(super) fn new(table: &TableName) -> Self {
         let t = table.quoted(Dialect::SQLite);
-        let named = |template: &str| -> Arc<str> { template.replace("{t}", &t).into() };
+        let text = |template: &str| template.replace("{t}", &t);
+        let named = |template: &str| -> Arc<str> { text(template).into() };
         Statements {
             claim: named(CLAIM),
             insert_new: named(INSERT_NEW),
-            read: named(READ),
             take: named(TAKE),
-            complete: named(COMPLETE),
-            fail: named(FAIL),
-            save_steps: named(SAVE_STEPS),
-            renew: named(RENEW),
-            load: named(LOAD),
-            stuck: named(STUCK),
-            stats: named(STATS),
-            sweep: named(SWEEP),
-            shrink: named(SHRINK),
+            records: RecordStatements {
+                complete: Stmt::new(text(COMPLETE), numbered::COMPLETE),
+                fail: Stmt::new(text(FAIL), numbered::FAIL),
+                save_steps: Stmt::new(text(SAVE_STEPS), numbered::SAVE_STEPS),
+                renew: Stmt::new(text(RENEW), numbered::RENEW),
+                read: Stmt::new(text(READ), numbered::READ),
+                load: Stmt::new(text(LOAD), numbered::LOAD),
+                stuck: Stmt::new(text(STUCK), numbered::STUCK),
+                stats: Stmt::new(text(STATS), numbered::STATS),
+                sweep: Stmt::new(text(SWEEP), numbered::SWEEP),
+                shrink: Stmt::new(text(SHRINK), numbered::SHRINK),
+            },
         }
     }
 }

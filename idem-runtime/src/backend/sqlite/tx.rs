@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{Sqlite, Transaction};
 
-use super::records::Records;
+use super::records::Claims;
 use super::{SqliteStore, db_error};
 use crate::IdemError;
 use crate::engine::tx::IdemTx;
@@ -104,8 +104,12 @@ impl IdemTx for SqliteTx {
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         // A live success needs no savepoint: one plain read answers it (once repeats prevail).
         let order = self.store.order.clone();
-        if let Some(outcome) =
-            replay_by_read(&mut Records::new(&mut self.tx, &self.store), req, &order).await?
+        if let Some(outcome) = replay_by_read(
+            &mut Claims::new(self.store.records(&mut self.tx), &self.store.sql),
+            req,
+            &order,
+        )
+        .await?
         {
             return Ok(outcome);
         }
@@ -113,8 +117,12 @@ impl IdemTx for SqliteTx {
         self.exec(savepoint.open()).await?;
         let release = savepoint.release();
         self.claim = Some(savepoint);
-        let outcome =
-            claim_insert_first(&mut Records::new(&mut self.tx, &self.store), req, &order).await;
+        let outcome = claim_insert_first(
+            &mut Claims::new(self.store.records(&mut self.tx), &self.store.sql),
+            req,
+            &order,
+        )
+        .await;
         match outcome {
             Ok(outcome @ ClaimOutcome::Acquired { .. }) => Ok(outcome),
             Ok(outcome) => {
@@ -213,7 +221,9 @@ impl SqliteTx {
         ttl: Duration,
         result_ttl: Option<Duration>,
     ) -> Result<(), IdemError> {
-        let done = Records::new(&mut self.tx, &self.store)
+        let done = self
+            .store
+            .records(&mut self.tx)
             .complete(biz, key, claim, snapshot, ttl, result_ttl)
             .await;
         match done {

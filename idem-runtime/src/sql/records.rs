@@ -1,0 +1,516 @@
+//! The record layer of every SQL store, written once: marking a held record (complete, fail, save
+//! steps, renew), reading it (the claim's read, load, stuck), counting and sweeping records.
+//!
+//! What differs per database is small and lives in its backend's `records.rs`: the statements'
+//! text (`statements.rs`), the order in which a statement's placeholders ask for their values
+//! ([`Param`]; the dialects with numbered placeholders share [`numbered`]), what the store binds
+//! for "now" ([`RecordDb::clock`]), and how the columns whose SQL types differ are read
+//! ([`RecordDb::attempt`], [`RecordDb::fence`], [`RecordDb::text`]). The claim's insert and
+//! takeover stay per backend too (`sql/claim.rs`'s [`CasRecords`](super::claim::CasRecords)):
+//! they are where the databases really differ (`RETURNING`, `LAST_INSERT_ID`, advisory locks).
+//!
+//! Every statement changing a held record names its fence: one row changed means the claim still
+//! holds the record; none means another claim took it over ([`IdemError::LeaseLost`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{
+    AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, SqlSafeStr,
+    SqlStr, Type,
+};
+
+use super::claim::SeenRecord;
+use super::dialect::Dialect;
+use crate::IdemError;
+use crate::store::decide::millis;
+use crate::store::{Claim, ClaimRequest, Fence, Record, Status, StatusCount};
+
+/// A value a record statement binds. A statement lists them in the order its placeholders ask for
+/// them: once each where placeholders are numbered (`$1`, `?1`), as often as they appear where
+/// they are not (MySQL's `?`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Param {
+    /// The business type.
+    Biz,
+    /// The idempotency key.
+    Key,
+    /// The fence of the claim that holds the record.
+    Fence,
+    /// The result snapshot (complete) or the saved steps (save steps).
+    Blob,
+    /// The record's time to live, in milliseconds.
+    Ttl,
+    /// A lease, in milliseconds.
+    Lease,
+    /// How long a result is kept, in milliseconds (NULL: as long as the record).
+    ResultTtl,
+    /// The store's clock as [`RecordDb::clock`] gives it.
+    Clock,
+    /// How many rows a pass changes or reads at most.
+    Batch,
+}
+
+/// The parameter order of the dialects whose placeholders are numbered (Postgres's `$n`, SQLite's
+/// `?n`): what `$1`, `$2` … mean in each statement.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) mod numbered {
+    use super::Param::{self, *};
+
+    /// `$1` biz, `$2` key, `$3` fence, `$4` result, `$5` ttl, `$6` clock, `$7` result ttl.
+    pub(crate) const COMPLETE: &[Param] = &[Biz, Key, Fence, Blob, Ttl, Clock, ResultTtl];
+    /// `$1` biz, `$2` key, `$3` fence, `$4` clock.
+    pub(crate) const FAIL: &[Param] = &[Biz, Key, Fence, Clock];
+    /// `$1` biz, `$2` key, `$3` fence, `$4` steps, `$5` clock.
+    pub(crate) const SAVE_STEPS: &[Param] = &[Biz, Key, Fence, Blob, Clock];
+    /// `$1` biz, `$2` key, `$3` fence, `$4` lease, `$5` clock.
+    pub(crate) const RENEW: &[Param] = &[Biz, Key, Fence, Lease, Clock];
+    /// `$1` biz, `$2` key, `$3` clock.
+    pub(crate) const READ: &[Param] = &[Biz, Key, Clock];
+    /// `$1` biz, `$2` key.
+    pub(crate) const LOAD: &[Param] = &[Biz, Key];
+    /// `$1` biz, `$2` clock, `$3` batch.
+    pub(crate) const STUCK: &[Param] = &[Biz, Clock, Batch];
+    /// `$1` clock.
+    pub(crate) const STATS: &[Param] = &[Clock];
+    /// `$1` batch, `$2` clock.
+    pub(crate) const SWEEP: &[Param] = &[Batch, Clock];
+    /// `$1` batch, `$2` clock.
+    pub(crate) const SHRINK: &[Param] = &[Batch, Clock];
+}
+
+/// A statement and the values its placeholders ask for, in order.
+#[derive(Debug, Clone)]
+pub(crate) struct Stmt {
+    sql: SqlStr,
+    params: &'static [Param],
+}
+
+impl Stmt {
+    /// `sql` (its table name validated and quoted: the text is the store's own) binding `params`.
+    /// The text is shared, so each call's query costs a reference count, not a copy.
+    pub(crate) fn new(sql: String, params: &'static [Param]) -> Self {
+        Stmt {
+            sql: AssertSqlSafe(Arc::<str>::from(sql)).into_sql_str(),
+            params,
+        }
+    }
+
+    /// The statement's text.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn as_str(&self) -> &str {
+        self.sql.as_str()
+    }
+}
+
+/// The record statements of one table, in its dialect.
+#[derive(Debug, Clone)]
+pub(crate) struct RecordStatements {
+    /// Marks the held record SUCCEEDED with its result (a mark sent again counts as held).
+    pub(crate) complete: Stmt,
+    /// Marks the held record FAILED (its saved steps stay for a retry).
+    pub(crate) fail: Stmt,
+    /// Saves the held record's finished steps.
+    pub(crate) save_steps: Stmt,
+    /// Extends the held record's lease.
+    pub(crate) renew: Stmt,
+    /// The claim's plain read, with the clock as `now_ms` (`store/order.rs`).
+    pub(crate) read: Stmt,
+    /// The record, for an operator or a recovery.
+    pub(crate) load: Stmt,
+    /// PROCESSING records whose lease ended, oldest lease first, with `idem_key`.
+    pub(crate) stuck: Stmt,
+    /// Records per business type, origin and status (`n`), and the tombstones among them (`gone`).
+    pub(crate) stats: Stmt,
+    /// Deletes a batch of expired records.
+    pub(crate) sweep: Stmt,
+    /// Drops a batch of results past their result ttl, keeping the records as tombstones.
+    pub(crate) shrink: Stmt,
+}
+
+/// What the record layer needs of a database beyond its statements.
+pub(crate) trait RecordDb: Database {
+    /// The dialect, whose error classes [`RecordDb::error`] applies.
+    const DIALECT: Dialect;
+
+    /// What a statement binds at [`Param::Clock`], given the store's clock offset (what it is
+    /// depends on the statements: an offset the database adds to its own clock, or the time).
+    fn clock(offset: i64) -> i64;
+
+    /// The `attempt` column.
+    fn attempt(row: &Self::Row) -> Result<u32, IdemError>;
+
+    /// The `fence` column.
+    fn fence(row: &Self::Row) -> Result<u64, IdemError>;
+
+    /// How many rows a statement changed (or, with MySQL's `CLIENT_FOUND_ROWS`, matched).
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+
+    /// A text column (`idem_key`, `biz_type`) as a string.
+    fn text(row: &Self::Row, column: &str) -> Result<String, IdemError>
+    where
+        for<'r> String: Decode<'r, Self> + Type<Self>,
+        for<'n> &'n str: ColumnIndex<Self::Row>,
+    {
+        row.try_get(column).map_err(Self::error)
+    }
+
+    /// Whether the database's text columns can hold `text` (Postgres's cannot hold NUL: no claim
+    /// stored such a key, so there is no record to read).
+    fn holds(text: &str) -> bool {
+        let _ = text;
+        true
+    }
+
+    /// The store's error for a driver error.
+    fn error(e: sqlx::Error) -> IdemError {
+        super::error::store_error(e, Self::DIALECT)
+    }
+}
+
+/// An integer column read as `T` (attempt, fence), which it must fit.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn in_range<T: TryFrom<i64>>(value: i64, column: &str) -> Result<T, IdemError> {
+    T::try_from(value).map_err(|_| IdemError::store(format!("{column} {value} out of range")))
+}
+
+/// The values a statement may ask for; each takes what its [`Param`]s name.
+#[derive(Default)]
+struct Args<'a> {
+    biz: &'a str,
+    key: &'a str,
+    fence: i64,
+    blob: &'a [u8],
+    ttl: i64,
+    lease: i64,
+    result_ttl: Option<i64>,
+    batch: i64,
+}
+
+impl<'a> Args<'a> {
+    fn record(biz: &'a str, key: &'a str) -> Self {
+        Args {
+            biz,
+            key,
+            ..Args::default()
+        }
+    }
+
+    /// The record held under `claim`.
+    fn held(biz: &'a str, key: &'a str, claim: &Claim) -> Result<Self, IdemError> {
+        let fence = i64::try_from(claim.fence.get()).map_err(|_| IdemError::LeaseLost {
+            attempt: claim.attempt,
+        })?;
+        Ok(Args {
+            fence,
+            ..Args::record(biz, key)
+        })
+    }
+
+    fn batch(batch: usize) -> Self {
+        Args {
+            batch: i64::try_from(batch).unwrap_or(i64::MAX),
+            ..Args::default()
+        }
+    }
+}
+
+/// The records of one table, reached through one connection (a pool connection, or the caller's
+/// transaction).
+pub(crate) struct RecordConn<'c, DB: Database> {
+    conn: &'c mut DB::Connection,
+    sql: &'c RecordStatements,
+    offset: i64,
+}
+
+impl<'c, DB: RecordDb> RecordConn<'c, DB>
+where
+    for<'e> &'e mut DB::Connection: Executor<'e, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB> + Decode<'t, DB>,
+    for<'t> &'t [u8]: Encode<'t, DB> + Type<DB>,
+    for<'t> bool: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Type<DB> + Decode<'t, DB>,
+    for<'t> Option<i64>: Encode<'t, DB> + Type<DB> + Decode<'t, DB>,
+    for<'t> String: Decode<'t, DB> + Type<DB>,
+    for<'t> Option<String>: Decode<'t, DB> + Type<DB>,
+    for<'t> Option<Vec<u8>>: Decode<'t, DB> + Type<DB>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+{
+    /// The records `sql` reaches through `conn`, the store's clock offset `offset` (see
+    /// [`RecordDb::clock`]).
+    pub(crate) fn new(
+        conn: &'c mut DB::Connection,
+        sql: &'c RecordStatements,
+        offset: i64,
+    ) -> Self {
+        RecordConn { conn, sql, offset }
+    }
+
+    /// The connection, for the backend's own statements.
+    pub(crate) fn conn(&mut self) -> &mut DB::Connection {
+        self.conn
+    }
+
+    /// The store's clock offset, as the store gave it.
+    pub(crate) fn offset(&self) -> i64 {
+        self.offset
+    }
+
+    /// `stmt` with the values it asks for bound.
+    fn query(
+        &self,
+        stmt: &Stmt,
+        args: &Args<'_>,
+    ) -> sqlx::query::Query<'static, DB, DB::Arguments> {
+        let clock = DB::clock(self.offset);
+        stmt.params
+            .iter()
+            .fold(sqlx::query(stmt.sql.clone()), |q, param| match param {
+                Param::Biz => q.bind(args.biz),
+                Param::Key => q.bind(args.key),
+                Param::Fence => q.bind(args.fence),
+                Param::Blob => q.bind(args.blob),
+                Param::Ttl => q.bind(args.ttl),
+                Param::Lease => q.bind(args.lease),
+                Param::ResultTtl => q.bind(args.result_ttl),
+                Param::Clock => q.bind(clock),
+                Param::Batch => q.bind(args.batch),
+            })
+    }
+
+    /// Runs `stmt`: how many rows it changed.
+    async fn execute(&mut self, stmt: &Stmt, args: &Args<'_>) -> Result<u64, IdemError> {
+        let done = self
+            .query(stmt, args)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(DB::error)?;
+        Ok(DB::rows_affected(&done))
+    }
+
+    /// Changes the record held under `claim` with `stmt`.
+    async fn held(&mut self, stmt: &Stmt, args: &Args<'_>, claim: &Claim) -> Result<(), IdemError> {
+        if self.execute(stmt, args).await? == 1 {
+            Ok(())
+        } else {
+            Err(IdemError::LeaseLost {
+                attempt: claim.attempt,
+            })
+        }
+    }
+
+    pub(crate) async fn complete(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Option<Duration>,
+    ) -> Result<(), IdemError> {
+        let args = Args {
+            blob: snapshot,
+            ttl: millis(ttl),
+            result_ttl: result_ttl.map(millis),
+            ..Args::held(biz, key, claim)?
+        };
+        let sql = self.sql;
+        self.held(&sql.complete, &args, claim).await
+    }
+
+    pub(crate) async fn fail(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+    ) -> Result<(), IdemError> {
+        let args = Args::held(biz, key, claim)?;
+        let sql = self.sql;
+        self.held(&sql.fail, &args, claim).await
+    }
+
+    pub(crate) async fn save_steps(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        let args = Args {
+            blob: steps,
+            ..Args::held(biz, key, claim)?
+        };
+        let sql = self.sql;
+        self.held(&sql.save_steps, &args, claim).await
+    }
+
+    pub(crate) async fn renew(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError> {
+        let args = Args {
+            lease: millis(lease),
+            ..Args::held(biz, key, claim)?
+        };
+        let sql = self.sql;
+        self.held(&sql.renew, &args, claim).await
+    }
+
+    /// The claim's plain read of `req`'s record with `stmt` (the store's `read`, or a locking
+    /// variant with the same parameters).
+    pub(crate) async fn read_with(
+        &mut self,
+        stmt: &Stmt,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<SeenRecord>, IdemError> {
+        let row = self
+            .query(stmt, &Args::record(req.biz, req.key))
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(DB::error)?;
+        row.as_ref().map(Self::seen).transpose()
+    }
+
+    /// The claim's plain read of `req`'s record.
+    pub(crate) async fn read(
+        &mut self,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<SeenRecord>, IdemError> {
+        let sql = self.sql;
+        self.read_with(&sql.read, req).await
+    }
+
+    pub(crate) async fn load(&mut self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
+        if !DB::holds(biz) || !DB::holds(key) {
+            return Ok(None);
+        }
+        let Some(row) = self
+            .query(&self.sql.load, &Args::record(biz, key))
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(DB::error)?
+        else {
+            return Ok(None);
+        };
+        Self::record(&row, biz, key.to_owned()).map(Some)
+    }
+
+    pub(crate) async fn stuck(
+        &mut self,
+        biz: &str,
+        batch: usize,
+    ) -> Result<Vec<Record>, IdemError> {
+        if !DB::holds(biz) {
+            return Ok(Vec::new());
+        }
+        let args = Args {
+            biz,
+            ..Args::batch(batch)
+        };
+        let rows = self
+            .query(&self.sql.stuck, &args)
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(DB::error)?;
+        rows.iter()
+            .map(|row| Self::record(row, biz, DB::text(row, "idem_key")?))
+            .collect()
+    }
+
+    pub(crate) async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError> {
+        let rows = self
+            .query(&self.sql.stats, &Args::default())
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(DB::error)?;
+        let counts = rows
+            .iter()
+            .map(|row| {
+                StatusCount::of_row(
+                    DB::text(row, "biz_type")?,
+                    row.try_get("origin").map_err(DB::error)?,
+                    row.try_get("status").map_err(DB::error)?,
+                    row.try_get("n").map_err(DB::error)?,
+                    row.try_get("gone").map_err(DB::error)?,
+                )
+            })
+            .collect::<Result<Vec<_>, IdemError>>()?;
+        Ok(StatusCount::tally(counts))
+    }
+
+    /// Deletes a batch of expired records, then drops a batch of results past their result ttl:
+    /// how many records either changed.
+    pub(crate) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {
+        let args = Args::batch(batch);
+        let sql = self.sql;
+        let swept = self.execute(&sql.sweep, &args).await?;
+        Ok(swept + self.execute(&sql.shrink, &args).await?)
+    }
+
+    /// A takeover whose statement returns the new `attempt` and `fence` (`RETURNING`): `query`,
+    /// the claim's values bound, then `reset`, the seen fence, status and lease end, and
+    /// `keep_steps`. `None` when the record changed since it was read.
+    pub(crate) async fn take_returning(
+        &mut self,
+        query: sqlx::query::Query<'_, DB, DB::Arguments>,
+        seen: &SeenRecord,
+        reset: bool,
+        keep_steps: bool,
+    ) -> Result<Option<Claim>, IdemError> {
+        let row = query
+            .bind(reset)
+            .bind(i64::try_from(seen.fence).unwrap_or(i64::MAX))
+            .bind(seen.status.as_str())
+            .bind(seen.lease_until_ms)
+            .bind(keep_steps)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(DB::error)?;
+        row.map(|row| {
+            Ok(Claim {
+                attempt: DB::attempt(&row)?,
+                fence: Fence::new(DB::fence(&row)?),
+            })
+        })
+        .transpose()
+    }
+
+    /// The record `(biz, key)` from a row with the columns of `load`.
+    fn record(row: &DB::Row, biz: &str, key: String) -> Result<Record, IdemError> {
+        let status = Status::parse(row.try_get("status").map_err(DB::error)?)?;
+        let (snapshot, steps) =
+            Record::split_blob(status, row.try_get("result").map_err(DB::error)?);
+        Ok(Record {
+            biz: biz.to_owned(),
+            key,
+            status,
+            attempt: DB::attempt(row)?,
+            fence: Fence::new(DB::fence(row)?),
+            fingerprint: row.try_get("fingerprint").map_err(DB::error)?,
+            snapshot,
+            steps,
+            lease_until_ms: row.try_get("lease_until").map_err(DB::error)?,
+            expire_at_ms: row.try_get("expire_at").map_err(DB::error)?,
+            result_until_ms: row.try_get("result_until").map_err(DB::error)?,
+        })
+    }
+
+    /// The claim's view of a row with the columns of the claim or the read, and `now_ms`.
+    pub(crate) fn seen(row: &DB::Row) -> Result<SeenRecord, IdemError> {
+        Ok(SeenRecord {
+            status: Status::parse(row.try_get("status").map_err(DB::error)?)?,
+            attempt: DB::attempt(row)?,
+            fence: DB::fence(row)?,
+            fingerprint: row.try_get("fingerprint").map_err(DB::error)?,
+            snapshot: row.try_get("result").map_err(DB::error)?,
+            lease_until_ms: row.try_get("lease_until").map_err(DB::error)?,
+            expire_at_ms: row.try_get("expire_at").map_err(DB::error)?,
+            result_until_ms: row.try_get("result_until").map_err(DB::error)?,
+            now_ms: row.try_get("now_ms").map_err(DB::error)?,
+        })
+    }
+}

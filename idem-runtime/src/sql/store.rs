@@ -1,0 +1,125 @@
+//! The [`Store`](crate::Store) impl every SQL store shares: each record method is the record
+//! layer's (`records.rs`) on one of the store's connections. A store passes what it does its own
+//! way, its `claim` (the insert step, lock waits and deadlock retries differ per database).
+
+/// `impl Store for $store`: `backend()` is `$backend`; the items in braces (at least `claim`)
+/// are the store's own; the rest go through the record layer. The store provides a
+/// `limits: Limits` field and the methods `with_conn` (runs work on a warm or pooled
+/// connection), `records(conn)` (its [`RecordConn`](super::records::RecordConn) on that
+/// connection) and `begin()` (its transaction, where state transitions run).
+macro_rules! sql_store {
+    ($store:ty, $backend:literal, { $($own:tt)* }) => {
+        #[async_trait::async_trait]
+        impl $crate::store::Store for $store {
+            fn backend(&self) -> &'static str {
+                $backend
+            }
+
+            fn limits(&self) -> &$crate::store::Limits {
+                &self.limits
+            }
+
+            $($own)*
+
+            async fn complete(
+                &self,
+                biz: &str,
+                key: &str,
+                claim: &$crate::store::Claim,
+                snapshot: &[u8],
+                ttl: ::std::time::Duration,
+            ) -> Result<(), $crate::IdemError> {
+                self.with_conn(async |conn| {
+                    let mut records = self.records(conn);
+                    records.complete(biz, key, claim, snapshot, ttl, None).await
+                })
+                .await
+            }
+
+            async fn complete_keeping(
+                &self,
+                biz: &str,
+                key: &str,
+                claim: &$crate::store::Claim,
+                snapshot: &[u8],
+                ttl: ::std::time::Duration,
+                result_ttl: ::std::time::Duration,
+            ) -> Result<(), $crate::IdemError> {
+                self.with_conn(async |conn| {
+                    let mut records = self.records(conn);
+                    records.complete(biz, key, claim, snapshot, ttl, Some(result_ttl)).await
+                })
+                .await
+            }
+
+            async fn fail(
+                &self,
+                biz: &str,
+                key: &str,
+                claim: &$crate::store::Claim,
+            ) -> Result<(), $crate::IdemError> {
+                self.with_conn(async |conn| self.records(conn).fail(biz, key, claim).await)
+                    .await
+            }
+
+            async fn renew(
+                &self,
+                biz: &str,
+                key: &str,
+                claim: &$crate::store::Claim,
+                lease: ::std::time::Duration,
+            ) -> Result<(), $crate::IdemError> {
+                self.with_conn(async |conn| self.records(conn).renew(biz, key, claim, lease).await)
+                    .await
+            }
+
+            async fn save_steps(
+                &self,
+                biz: &str,
+                key: &str,
+                claim: &$crate::store::Claim,
+                steps: &[u8],
+            ) -> Result<(), $crate::IdemError> {
+                self.with_conn(async |conn| {
+                    self.records(conn).save_steps(biz, key, claim, steps).await
+                })
+                .await
+            }
+
+            async fn load(
+                &self,
+                biz: &str,
+                key: &str,
+            ) -> Result<Option<$crate::store::Record>, $crate::IdemError> {
+                self.with_conn(async |conn| self.records(conn).load(biz, key).await)
+                    .await
+            }
+
+            async fn sweep_expired(&self, batch: usize) -> Result<u64, $crate::IdemError> {
+                self.with_conn(async |conn| self.records(conn).sweep(batch).await)
+                    .await
+            }
+
+            async fn stuck(
+                &self,
+                biz: &str,
+                batch: usize,
+            ) -> Result<Vec<$crate::store::Record>, $crate::IdemError> {
+                self.with_conn(async |conn| self.records(conn).stuck(biz, batch).await)
+                    .await
+            }
+
+            async fn stats(&self) -> Result<Vec<$crate::store::StatusCount>, $crate::IdemError> {
+                self.with_conn(async |conn| self.records(conn).stats().await)
+                    .await
+            }
+
+            async fn begin_transition(
+                &self,
+            ) -> Result<Box<dyn $crate::transition::TransitionTx>, $crate::IdemError> {
+                Ok(Box::new(self.begin().await?))
+            }
+        }
+    };
+}
+pub(crate) use sql_store;

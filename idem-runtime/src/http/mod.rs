@@ -229,7 +229,7 @@
 //! table; a handler that died after its effect recovered, not run again);
 //! `idem-suite/tests/http_tx.rs` runs transaction mode on SQLite, MariaDB and Postgres (64
 //! duplicates → one order; a 5xx, a 422 and a panic after the insert leave no order and no
-//! record); `idem-suite/tests/crash.rs` kills the service with SIGKILL after the insert, before the
+//! record); `idem-suite/tests/crash/` kills the service with SIGKILL after the insert, before the
 //! commit.
 //!
 //! # An example service

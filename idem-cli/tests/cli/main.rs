@@ -7,7 +7,7 @@
 //! `commands` runs every command on a store, `race` the release against a takeover, `usage` what
 //! needs no server; the stores, the runs of the binary and the records they read are here.
 
-#[path = "../../../idem-suite/tests/contract/server.rs"]
+#[path = "../../../tests/tests/contract/server.rs"]
 mod server;
 
 use std::process::{Command, Output};

@@ -6,7 +6,7 @@
 #![cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 
 #[cfg(feature = "redis")]
-#[path = "../../idem-suite/tests/support/redis_server.rs"]
+#[path = "../../tests/tests/support/redis_server.rs"]
 mod redis_server;
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};

@@ -5,10 +5,10 @@
 use std::process::{Command, Output};
 
 #[cfg(feature = "redis")]
-#[path = "../../idem-suite/tests/support/redis_cluster.rs"]
+#[path = "../../tests/tests/support/redis_cluster.rs"]
 mod redis_cluster;
 #[cfg(feature = "redis")]
-#[path = "../../idem-suite/tests/support/redis_server.rs"]
+#[path = "../../tests/tests/support/redis_server.rs"]
 mod redis_server;
 
 fn storm(args: &[&str]) -> Output {

@@ -53,7 +53,7 @@ impl fmt::Display for DurationError {
 }
 
 /// The longest duration idem takes, in milliseconds: 3650 days, the runtime's `MAX_DURATION`
-/// (idem-suite/tests/idempotent_macro.rs checks that the two agree).
+/// (tests/tests/idempotent_macro.rs checks that the two agree).
 pub(crate) const MAX_MILLIS: u64 = 3650 * 86_400_000;
 
 /// Parses `"7d"` into milliseconds, at most [`MAX_MILLIS`].

@@ -71,7 +71,7 @@ impl<'a> StoreArg<'a> {
 }
 
 /// The `idem` span of one call: `biz`, then `outcome` and `attempt` once it ends. Never the key or
-/// the result: keys come from clients and results may be private (idem-suite/tests/observability.rs).
+/// the result: keys come from clients and results may be private (tests/tests/observability.rs).
 ///
 /// No span at all while no subscriber takes `INFO`: a disabled span still carries its metadata
 /// (for the `log` records of tracing's `log` feature, which sqlx turns on), and entering, leaving

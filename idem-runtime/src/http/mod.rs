@@ -224,17 +224,17 @@
 //!
 //! # What proves it
 //!
-//! In the repository: `idem-suite/tests/http_layer/` runs a real axum server on loopback with a
+//! In the repository: `tests/tests/http_layer/` runs a real axum server on loopback with a
 //! reqwest client (64 concurrent duplicate POSTs → one execution, audited in the handler's own
 //! table; a handler that died after its effect recovered, not run again);
-//! `idem-suite/tests/http_tx.rs` runs transaction mode on SQLite, MariaDB and Postgres (64
+//! `tests/tests/http_tx.rs` runs transaction mode on SQLite, MariaDB and Postgres (64
 //! duplicates → one order; a 5xx, a 422 and a panic after the insert leave no order and no
-//! record); `idem-suite/tests/crash.rs` kills the service with SIGKILL after the insert, before the
+//! record); `tests/tests/crash/` kills the service with SIGKILL after the insert, before the
 //! commit.
 //!
 //! # An example service
 //!
-//! `idem-suite/examples/shop.rs` in the repository is what a team would copy to start: axum, the
+//! `tests/examples/shop.rs` in the repository is what a team would copy to start: axum, the
 //! layer in transaction mode for order creation (the order row and its stored 201 commit together),
 //! an SQL store, a state machine for orders (`#[state_transition]`), submit tokens for the cancel
 //! form, and `/metrics`:

@@ -59,7 +59,7 @@
 //! nor the consumer maps outcomes or verdicts by hand: `amqp::settle` and `jetstream::settle`
 //! take the inbox's [`Verdict`].
 //!
-//! **An example consumer.** `idem-suite/examples/mq_consumer.rs` in the repository is a RabbitMQ
+//! **An example consumer.** `tests/examples/mq_consumer.rs` in the repository is a RabbitMQ
 //! and NATS JetStream consumer built on this module: each delivery goes through
 //! [`Inbox::handle_json`] to an `#[idempotent(biz = "ORDER", key = "msg.order_no", tx = "tx",
 //! fingerprint = "msg")]` fn, so the key is the order number in the payload, and the claim and the
@@ -75,7 +75,7 @@
 //! cargo run -p idem-suite --all-features --example mq_consumer -- nats       # IDEM_NATS_URL, default nats://127.0.0.1:4222
 //! ```
 //!
-//! In the repository, `idem-suite/tests/inbox_rabbitmq.rs` and `inbox_nats.rs` check every
+//! In the repository, `tests/tests/inbox_rabbitmq.rs` and `inbox_nats.rs` check every
 //! verdict, attempts per key and by delivery count, and the dead letters on the real brokers;
 //! `mq_rabbitmq.rs` and `mq_nats.rs` drive the example consumer's functions and check the
 //! broker afterwards (queue empty, nothing pending or awaiting an ack, exactly the refused

@@ -48,7 +48,7 @@
 //! and NATS JetStream ([`jetstream::JetStreamPublisher`], feature `nats`: the stream's ack,
 //! `Nats-Msg-Id`).
 //!
-//! In the repository, on the real brokers and databases: `idem-suite/tests/outbox.rs` (commit and
+//! In the repository, on the real brokers and databases: `tests/tests/outbox.rs` (commit and
 //! rollback, order per key under failures, two relays racing over one table on SQLite, MariaDB and
 //! Postgres: every row once), `outbox_brokers.rs` (ids, order, an unroutable destination, a
 //! re-send dropped by the duplicate window) and `messaging_e2e.rs`: 2,000 orders over HTTP in

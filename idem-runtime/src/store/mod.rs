@@ -366,7 +366,7 @@ pub(crate) fn keeps_steps(reset: bool, stored_fp: Option<&str>, asked_fp: Option
 /// step (a unique insert, a compare-and-set update, a Lua script, a lock), and
 /// `complete`/`fail`/`renew` change the record only while it is still PROCESSING under the
 /// caller's fence. Times come from the store's own clock. Every backend passes the same contract
-/// test suite (`idem-suite/tests/contract`).
+/// test suite (`tests/tests/contract`).
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// The backend's name: `memory`, `sqlite`, …

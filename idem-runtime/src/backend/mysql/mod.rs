@@ -8,7 +8,7 @@
 //! (`MySqlTx`: `tx = "…"` claims and transitions), `transition.rs` what state transitions bind,
 //! `tokens.rs` the one-time submit tokens and their statements.
 //!
-//! What the SQL is written around (each checked against MariaDB 10.11 by `idem-suite/tests/mysql_store.rs`):
+//! What the SQL is written around (each checked against MariaDB 10.11 by `tests/tests/mysql_store.rs`):
 //! - sqlx's MySQL client sets `CLIENT_FOUND_ROWS`, so an `INSERT … ON DUPLICATE KEY UPDATE k = k`
 //!   reports a row for an unchanged duplicate, and `INSERT IGNORE` turns data errors into
 //!   warnings. A claim is a plain `INSERT`; the duplicate-key error (1062) is the exact answer

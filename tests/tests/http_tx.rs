@@ -9,7 +9,7 @@
 //! - A 5xx, a response the storage policy leaves out (422) and a panic leave nothing: no order, no
 //!   record; the next request with the key runs at once and creates one.
 //!
-//! A process killed mid-handler is in `tests/crash.rs` (`…_service_killed_mid_transaction`).
+//! A process killed mid-handler is in `tests/crash/` (`…_service_killed_mid_transaction`).
 
 mod contract;
 #[cfg(feature = "postgres")]

@@ -3,8 +3,8 @@
 # (the idem bench, the `idempotent` crate's program, a venv with Powertools), runs the contenders
 # alternately for several rounds, and prints one table with ratios (idem / each contender).
 #
-#   idem-suite/benches/redis_peers.sh                  # 5 rounds on redis://127.0.0.1:6379
-#   ROUNDS=7 IDEM_REDIS_URL=redis://127.0.0.1:6390 idem-suite/benches/redis_peers.sh
+#   tests/benches/redis_peers.sh                  # 5 rounds on redis://127.0.0.1:6379
+#   ROUNDS=7 IDEM_REDIS_URL=redis://127.0.0.1:6390 tests/benches/redis_peers.sh
 #
 # Environment:
 #   IDEM_REDIS_URL      the Redis (default redis://127.0.0.1:6379); unreachable: one skip line, exit 0
@@ -74,8 +74,8 @@ fi
 CLAIM_SHA=$(awk '$1 == "script" && $2 == "claim" { print $3 }' <<<"$SCRIPTS")
 COMPLETE_SHA=$(awk '$1 == "script" && $2 == "complete" { print $3 }' <<<"$SCRIPTS")
 
-say "building idem-suite/benches/peers/idempotent-rs (cargo build --release --locked)"
-cargo build --release --locked --manifest-path idem-suite/benches/peers/idempotent-rs/Cargo.toml \
+say "building tests/benches/peers/idempotent-rs (cargo build --release --locked)"
+cargo build --release --locked --manifest-path tests/benches/peers/idempotent-rs/Cargo.toml \
     --target-dir "$TARGET/peers" >>"$LOG" 2>&1 || { echo "the idempotent-rs program did not build; see $LOG" >&2; exit 1; }
 PEER_BIN=$TARGET/peers/release/idempotent-rs-peer
 
@@ -83,7 +83,7 @@ CONTENDERS=(idem idempotent-rs)
 if [ "${SKIP_POWERTOOLS:-0}" != 1 ]; then
     need python3 python3 python3-venv
     VENV=$TARGET/powertools-venv
-    REQ=idem-suite/benches/peers/powertools/requirements.txt
+    REQ=tests/benches/peers/powertools/requirements.txt
     if ! cmp -s "$REQ" "$VENV/.requirements" 2>/dev/null; then
         say "creating $VENV and installing $REQ"
         if ! python3 -m venv --clear "$VENV" >>"$LOG" 2>&1; then
@@ -102,7 +102,7 @@ run_one() {
     case $1 in
     idem) "$IDEM_BIN" 2>>"$LOG" ;;
     idempotent-rs) "$PEER_BIN" 2>>"$LOG" ;;
-    powertools) "$VENV/bin/python" idem-suite/benches/peers/powertools/bench.py 2>>"$LOG" ;;
+    powertools) "$VENV/bin/python" tests/benches/peers/powertools/bench.py 2>>"$LOG" ;;
     esac
 }
 

@@ -1,6 +1,6 @@
 //! The order table of a handler behind the Idempotency-Key layer in transaction mode: each SQL
 //! store's transaction type writes a row through the layer's transaction (`tests/http_tx.rs`,
-//! `tests/crash.rs`). Include it with `#[path = "support/tx_orders.rs"] mod tx_orders;`.
+//! `tests/crash/`). Include it with `#[path = "support/tx_orders.rs"] mod tx_orders;`.
 
 #![allow(dead_code)]
 

@@ -45,9 +45,10 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem::metrics::Outcome;
 use idem::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 use idem::sqlx::{self, Row};
-use idem::{Call, IdemError, Outcome, SqliteStore, Status, Store};
+use idem::{Call, IdemError, SqliteStore, Status, Store};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Barrier;
 
@@ -344,7 +345,7 @@ async fn child() {
             let store = open(&spec.backend).await;
             let effects = effects_pool(&spec.effects).await;
             let who = spec.skew.clone().unwrap_or_else(|| "true clock".to_owned());
-            let (result, report) = idem::observe(call().run(&*store, async {
+            let (result, report) = idem::metrics::observe(call().run(&*store, async {
                 effect(&effects, &spec.biz, &spec.key, &who).await?;
                 Ok::<_, IdemError>(who.clone())
             }))
@@ -626,7 +627,7 @@ impl Site {
             tasks.spawn(async move {
                 barrier.wait().await;
                 let call = Call::new(biz.clone(), &key).lease(lease);
-                let (_, report) = idem::observe(call.run(&*store, async {
+                let (_, report) = idem::metrics::observe(call.run(&*store, async {
                     effect(&effects, &biz, &key, &format!("burst{i}")).await?;
                     Ok::<_, IdemError>(i)
                 }))
@@ -711,7 +712,8 @@ async fn killed_after_its_effect(site: Site) {
         let call = Call::new(biz, key).lease(lease);
         if i % 2 == 0 {
             let (res, report) =
-                idem::observe(call.recover(recover(key.clone())).run(&*site.store, body)).await;
+                idem::metrics::observe(call.recover(recover(key.clone())).run(&*site.store, body))
+                    .await;
             assert_eq!(res.unwrap(), "recovered child", "{key}");
             assert_eq!(report.unwrap().outcome, Outcome::Recovered, "{key}");
             assert_eq!(
@@ -728,7 +730,7 @@ async fn killed_after_its_effect(site: Site) {
                 .unwrap();
             assert_eq!(again, "recovered child", "{key}: a repeat replays it");
         } else {
-            let (res, report) = idem::observe(call.run(&*site.store, body)).await;
+            let (res, report) = idem::metrics::observe(call.run(&*site.store, body)).await;
             assert_eq!(res.unwrap(), "ran again", "{key}");
             assert_eq!(report.unwrap().outcome, Outcome::TakenOver, "{key}");
             assert_eq!(
@@ -785,7 +787,7 @@ async fn killed_between_steps(site: Site) {
         .await;
     tokio::time::sleep(lease + Duration::from_millis(200)).await;
     for key in &keys {
-        let (res, report) = idem::observe(Call::new(biz, key).lease(lease).run(
+        let (res, report) = idem::metrics::observe(Call::new(biz, key).lease(lease).run(
             &*site.store,
             three_steps(&site.effects, biz, "repeat", false),
         ))
@@ -884,7 +886,7 @@ async fn sqlite_killed_after_its_effect_through_the_attribute() {
         .await;
     tokio::time::sleep(lease + Duration::from_millis(200)).await;
     for key in &keys {
-        let (res, report) = idem::observe(charge(key, "repeat", false)).await;
+        let (res, report) = idem::metrics::observe(charge(key, "repeat", false)).await;
         assert_eq!(res.unwrap(), "recovered child", "{key}");
         assert_eq!(report.unwrap().outcome, Outcome::Recovered, "{key}");
         assert_eq!(
@@ -1247,11 +1249,12 @@ async fn paused_past_the_lease(site: Site) {
     // While A is paused its lease runs out (its heartbeat is paused too); B takes over.
     tokio::time::sleep(lease + Duration::from_millis(300)).await;
     let effects = site.effects.clone();
-    let (b, report) = idem::observe(Call::new(biz, key).lease(lease).run(&*site.store, async {
-        effect(&effects, biz, key, "B").await?;
-        Ok::<_, IdemError>("B".to_owned())
-    }))
-    .await;
+    let (b, report) =
+        idem::metrics::observe(Call::new(biz, key).lease(lease).run(&*site.store, async {
+            effect(&effects, biz, key, "B").await?;
+            Ok::<_, IdemError>("B".to_owned())
+        }))
+        .await;
     assert_eq!(b.unwrap(), "B");
     assert_eq!(report.unwrap().outcome, Outcome::TakenOver);
     // A resumes and finishes its body: it is told it lost the claim.
@@ -1266,7 +1269,7 @@ async fn paused_past_the_lease(site: Site) {
     .unwrap();
     assert_eq!(said, "RESULT lease-lost");
     // The stored result is B's: a repeat replays it, and A's is never seen.
-    let (again, report) = idem::observe(
+    let (again, report) = idem::metrics::observe(
         Call::new(biz, key)
             .lease(lease)
             .run(&*site.store, async { Ok::<_, IdemError>("C".to_owned()) }),
@@ -1312,7 +1315,7 @@ async fn sqlite_killed_mid_transaction() {
         assert!(effects_of(&effects, biz, key).await.is_empty(), "{key}");
         // ...and the next caller runs at once, without waiting for any lease.
         let mut tx = store.begin().await.unwrap();
-        let (ran, report) = idem::observe(Call::new(biz, key).lease(lease).run_in_tx(
+        let (ran, report) = idem::metrics::observe(Call::new(biz, key).lease(lease).run_in_tx(
             &mut tx,
             async |tx| {
                 sqlx::query("INSERT INTO effects (biz, k, who) VALUES (?, ?, 'next')")
@@ -1457,18 +1460,19 @@ macro_rules! server_killed_mid_transaction {
             let count = format!($count, table = table);
             site.kill_trials(biz, lease, Act::HoldTx, 10, async |key| {
                 let mut tx = store.begin().await.unwrap();
-                let (ran, report) = idem::observe(Call::new(biz, key).lease(lease).run_in_tx(
-                    &mut tx,
-                    async |tx| {
-                        sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
-                            .bind(biz)
-                            .bind(key)
-                            .execute(&mut **tx)
-                            .await
-                            .map_err(IdemError::store)?;
-                        Ok::<_, IdemError>(1)
-                    },
-                ))
+                let (ran, report) = idem::metrics::observe(
+                    Call::new(biz, key)
+                        .lease(lease)
+                        .run_in_tx(&mut tx, async |tx| {
+                            sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
+                                .bind(biz)
+                                .bind(key)
+                                .execute(&mut **tx)
+                                .await
+                                .map_err(IdemError::store)?;
+                            Ok::<_, IdemError>(1)
+                        }),
+                )
                 .await;
                 tx.commit().await.unwrap();
                 // No record and no effect survived the child: this caller ran at once, first.

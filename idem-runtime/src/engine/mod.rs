@@ -94,7 +94,7 @@ fn is_call_span(span: &tracing::Metadata<'_>) -> bool {
 }
 
 /// Ends a call: records its outcome in the call's span, counts it and hands it to an enclosing
-/// [`observe`](crate::observe).
+/// [`observe`](crate::metrics::observe).
 pub(crate) fn report(biz: &str, outcome: Outcome, attempt: u32) {
     record_in_span(outcome, attempt);
     metrics::report(biz, outcome, attempt);

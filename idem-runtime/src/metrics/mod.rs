@@ -426,7 +426,7 @@ tokio::task_local! {
 /// ```
 /// # use idem_runtime as idem;
 /// # async fn demo() {
-/// let (result, report) = idem::observe(async { 42 }).await;
+/// let (result, report) = idem::metrics::observe(async { 42 }).await;
 /// assert_eq!(result, 42);
 /// assert!(report.is_none()); // no idempotent call ran inside
 /// # }

@@ -400,7 +400,7 @@ pub async fn expired_lease_is_taken_over_and_the_late_finisher_is_fenced(s: Subj
     let (store, clock, fx, biz) = (s.store, s.clock, Effects::new().await, biz("takeover"));
     let (stale, _) = acquire(&*store, &req(&biz, "o", secs(10))).await;
     clock.advance(secs(11));
-    let (res, report) = idem::observe(
+    let (res, report) = idem::metrics::observe(
         call(&biz, "o")
             .lease(secs(10))
             .ttl(secs(60))
@@ -411,7 +411,7 @@ pub async fn expired_lease_is_taken_over_and_the_late_finisher_is_fenced(s: Subj
     let report = report.expect("a report");
     assert_eq!(
         (report.outcome, report.attempt),
-        (idem::Outcome::TakenOver, stale.attempt + 1)
+        (idem::metrics::Outcome::TakenOver, stale.attempt + 1)
     );
     // The stale attempt wakes up and tries to mark: it must be refused and change nothing.
     let late = store
@@ -456,7 +456,8 @@ pub async fn failure_allows_a_retry(s: Subject) {
         (rec.status, rec.attempt, rec.snapshot.is_none()),
         (Status::Failed, 1, true)
     );
-    let (ok, report) = idem::observe(call(&biz, "o").run(&*store, pay(&fx, &biz, "o", 5))).await;
+    let (ok, report) =
+        idem::metrics::observe(call(&biz, "o").run(&*store, pay(&fx, &biz, "o", 5))).await;
     assert_eq!(ok.unwrap().amount, 5);
     assert_eq!(report.unwrap().attempt, 2);
     let rec2 = store.load(&biz, "o").await.unwrap().unwrap();
@@ -640,14 +641,14 @@ pub async fn a_success_outlives_a_body_slower_than_its_ttl(s: Subject) {
         rec.expire_at_ms >= rec.lease_until_ms + 4_000,
         "the success must live a ttl from its mark: {rec:?}"
     );
-    let (again, report) = idem::observe(slow().run(&*store, pay(&fx, &biz, "k", 1))).await;
+    let (again, report) = idem::metrics::observe(slow().run(&*store, pay(&fx, &biz, "k", 1))).await;
     assert_eq!(again.unwrap(), first, "a repeat gets the first answer");
-    assert_eq!(report.unwrap().outcome, idem::Outcome::Replayed);
+    assert_eq!(report.unwrap().outcome, idem::metrics::Outcome::Replayed);
     assert_eq!(fx.count(&biz, "k").await, 1, "the body did not run again");
     clock.advance(secs(3));
-    let (later, report) = idem::observe(slow().run(&*store, pay(&fx, &biz, "k", 1))).await;
+    let (later, report) = idem::metrics::observe(slow().run(&*store, pay(&fx, &biz, "k", 1))).await;
     assert_ne!(later.unwrap(), first, "past its ttl the record has expired");
-    assert_eq!(report.unwrap().outcome, idem::Outcome::Executed);
+    assert_eq!(report.unwrap().outcome, idem::metrics::Outcome::Executed);
     assert_eq!(fx.count(&biz, "k").await, 2);
 }
 
@@ -861,7 +862,7 @@ pub async fn a_contended_takeover_runs_the_business_once(s: Subject) {
             tasks.push(tokio::spawn(async move {
                 let key = format!("k{k}");
                 barrier.wait().await;
-                let (res, report) = idem::observe(
+                let (res, report) = idem::metrics::observe(
                     call(&biz, &key)
                         .lease(secs(10))
                         .wait(secs(60))
@@ -877,8 +878,8 @@ pub async fn a_contended_takeover_runs_the_business_once(s: Subject) {
     for t in tasks {
         let (k, receipt, outcome) = t.await.unwrap();
         match outcome {
-            idem::Outcome::TakenOver => taken_over += 1,
-            idem::Outcome::Replayed => {}
+            idem::metrics::Outcome::TakenOver => taken_over += 1,
+            idem::metrics::Outcome::Replayed => {}
             other => panic!("unexpected outcome {other:?}"),
         }
         match &answers[k] {
@@ -919,8 +920,8 @@ pub async fn a_burst_with_failing_bodies_executes_each_key_once(s: Subject) {
                 barrier.wait().await;
                 let mut outcomes = Vec::new();
                 loop {
-                    let (res, report) =
-                        idem::observe(call(&biz, &key).wait(secs(60)).run(&*store, async {
+                    let (res, report) = idem::metrics::observe(
+                        call(&biz, &key).wait(secs(60)).run(&*store, async {
                             let run = {
                                 let mut runs = runs.lock().unwrap();
                                 let n = runs.entry(k).or_insert(0);
@@ -931,8 +932,9 @@ pub async fn a_burst_with_failing_bodies_executes_each_key_once(s: Subject) {
                                 return Err(PayError::Declined);
                             }
                             pay(&fx, &biz, &key, k as u64).await
-                        }))
-                        .await;
+                        }),
+                    )
+                    .await;
                     outcomes.push(report.unwrap().outcome);
                     match res {
                         Ok(receipt) => return (k, receipt, outcomes),
@@ -949,11 +951,11 @@ pub async fn a_burst_with_failing_bodies_executes_each_key_once(s: Subject) {
         let (k, receipt, outcomes) = t.await.unwrap();
         executed += outcomes
             .iter()
-            .filter(|o| **o == idem::Outcome::Executed)
+            .filter(|o| **o == idem::metrics::Outcome::Executed)
             .count();
         failed += outcomes
             .iter()
-            .filter(|o| **o == idem::Outcome::Failed)
+            .filter(|o| **o == idem::metrics::Outcome::Failed)
             .count();
         match &answers[k] {
             None => answers[k] = Some(receipt),
@@ -1120,14 +1122,14 @@ pub async fn unstorable_results_keep_the_claim(s: Subject) {
     // Over the snapshot limit.
     let big = "x".repeat(store.limits().max_snapshot_len + 1);
     for _ in 0..2 {
-        let (res, report) = idem::observe(call(&biz, "big").run(&*store, async {
+        let (res, report) = idem::metrics::observe(call(&biz, "big").run(&*store, async {
             fx.record(&biz, "big").await;
             Ok::<String, PayError>(big.clone())
         }))
         .await;
         assert_eq!(
             report.unwrap().outcome,
-            idem::Outcome::Unstorable,
+            idem::metrics::Outcome::Unstorable,
             "a result that could not be stored is its own outcome, not executed or replayed"
         );
         assert!(

@@ -82,7 +82,7 @@ async fn executions(ledger: &idem::sqlx::SqlitePool, order_no: &str) -> i64 {
 
 fn describe(
     res: &Result<Receipt, PayError>,
-    report: Option<&idem::CallReport>,
+    report: Option<&idem::metrics::CallReport>,
 ) -> (String, String) {
     let outcome = report.map_or("-", |r| r.outcome.as_str()).to_owned();
     let answer = match res {
@@ -123,7 +123,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let records_on = store.url().to_owned();
     idem::register_store("sqlite", store);
-    let before = idem::counts_for("PAY");
+    let before = idem::metrics::counts_for("PAY");
     println!("idem quickstart: records on {records_on}, ledger in {path}\n");
     println!(
         "{:<34} {:<12} {:<28} executions",
@@ -132,7 +132,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let show = |step: &str,
                 res: &Result<Receipt, PayError>,
-                report: Option<&idem::CallReport>,
+                report: Option<&idem::metrics::CallReport>,
                 execs: i64| {
         let (outcome, answer) = describe(res, report);
         println!("{step:<34} {outcome:<12} {answer:<28} {execs}");
@@ -144,7 +144,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         amount_cents: 4_200,
     };
     for step in ["1. pay ORD-1001", "2. repeat ORD-1001"] {
-        let (res, report) = idem::observe(pay(&ledger, &order)).await;
+        let (res, report) = idem::metrics::observe(pay(&ledger, &order)).await;
         show(
             step,
             &res,
@@ -164,7 +164,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (ledger, storm, barrier) = (ledger.clone(), storm.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                idem::observe(pay(&ledger, &storm)).await
+                idem::metrics::observe(pay(&ledger, &storm)).await
             })
         })
         .collect();
@@ -188,7 +188,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         amount_cents: 1,
         ..order.clone()
     };
-    let (res, report) = idem::observe(pay(&ledger, &tampered)).await;
+    let (res, report) = idem::metrics::observe(pay(&ledger, &tampered)).await;
     show(
         "4. ORD-1001 with another amount",
         &res,
@@ -202,7 +202,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         amount_cents: 15_000,
     };
     GATEWAY_DOWN.store(true, Ordering::SeqCst);
-    let (res, report) = idem::observe(pay(&ledger, &flaky)).await;
+    let (res, report) = idem::metrics::observe(pay(&ledger, &flaky)).await;
     show(
         "5a. pay ORD-1003 (gateway down)",
         &res,
@@ -210,7 +210,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         executions(&ledger, &flaky.order_no).await,
     );
     GATEWAY_DOWN.store(false, Ordering::SeqCst);
-    let (res, report) = idem::observe(pay(&ledger, &flaky)).await;
+    let (res, report) = idem::metrics::observe(pay(&ledger, &flaky)).await;
     show(
         "5b. retry ORD-1003",
         &res,
@@ -218,9 +218,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         executions(&ledger, &flaky.order_no).await,
     );
 
-    let c = idem::counts_for("PAY").since(&before);
+    let c = idem::metrics::counts_for("PAY").since(&before);
     println!("\ncounters for PAY (this run):");
-    for o in idem::Outcome::ALL {
+    for o in idem::metrics::Outcome::ALL {
         if c.get(o) > 0 {
             println!("  {:<12} {}", o.as_str(), c.get(o));
         }

@@ -37,7 +37,7 @@ pub use idem_runtime::sqlx;
 ///
 /// Elsewhere: the HTTP layer is `idem::http` (feature `axum`), broker consumers and producers are
 /// [`inbox`] and `idem::outbox` (a SQL feature), operator actions are [`admin`], what a call does
-/// with each record it finds is on [`Call`], and the metrics are [`names`]. In the
+/// with each record it finds is on [`Call`], and the metrics are [`metrics::names`]. In the
 /// repository, `docs/OPERATING.md` covers the `idem` CLI and `docs/STORM.md` the retry-storm tool.
 pub mod _guide {
     #[doc = include_str!("../docs/guide/idempotent.md")]

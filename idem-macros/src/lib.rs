@@ -267,7 +267,7 @@ pub fn consume_token(args: TokenStream, item: TokenStream) -> TokenStream {
 /// states stored under one name are compile errors at the offending token.
 ///
 /// Generates `impl idem::StateMachine` (table, columns, states, terminal states, edges, `as_str`,
-/// `parse`), `Display` and `FromStr` (the stored name), `idem::ToSqlValue` (the stored name, for
+/// `parse`), `Display` and `FromStr` (the stored name), `idem::state_machine::ToSqlValue` (the stored name, for
 /// `set(…)`), and sqlx `Type`/`Encode`/`Decode` for SQLite as TEXT (with idem's `sqlite` feature;
 /// the user's crate needs no sqlx features). It also emits a hidden
 /// macro under the enum's own name (macros and types are separate namespaces, so importing the enum
@@ -330,7 +330,7 @@ pub fn derive_state_machine(item: TokenStream) -> TokenStream {
 ///
 /// Database failures come back through `E` as `IdemError::StoreBusy` / `StoreUnavailable`
 /// (retryable), `StoreSchema` or `Store`. Every call is an `idem` span (`biz` = the machine's name,
-/// `transition`, `outcome`), counted under the machine's name and seen by `idem::observe`.
+/// `transition`, `outcome`), counted under the machine's name and seen by `idem::metrics::observe`.
 ///
 /// # Checked at compile time
 ///
@@ -347,7 +347,7 @@ pub fn derive_state_machine(item: TokenStream) -> TokenStream {
 /// # The SQL
 ///
 /// Listed in the fn's docs, with the public expression that gives the exact strings:
-/// `idem::TransitionSql::build::<Machine>(&idem::TransitionShape { … })`, built at compile time from
+/// `idem::state_machine::TransitionSql::build::<Machine>(&idem::state_machine::TransitionShape { … })`, built at compile time from
 /// the machine's consts, one pair of statements per dialect (`?` for SQLite and MySQL, `$n` for
 /// Postgres; identifiers quoted `"…"` or `` `…` ``). The connection the fn runs on picks its
 /// dialect's statement, so a new backend needs no change here. For `from = "WAIT_PAY", to = "PAID",

@@ -7,10 +7,20 @@
 //!
 //! Where the reference is: [`Call`] (what a call does with each record it finds), [`IdemError`],
 //! the modules `http` (feature `axum`), [`inbox`], `outbox` (a SQL feature) and [`admin`], the
-//! metric names in [`names`], and each store's own page. The guides whose examples need the
-//! macros (`#[idempotent]`, transactions, recovery, submit tokens, state transitions, stores) are
-//! `idem::_guide` in the [`idemkit` docs](https://docs.rs/idemkit/latest/idem/_guide/index.html).
+//! metric names in [`metrics::names`], and each store's own page. The guides whose examples need
+//! the macros (`#[idempotent]`, transactions, recovery, submit tokens, state transitions, stores)
+//! are `idem::_guide` in the [`idemkit` docs](https://docs.rs/idemkit/latest/idem/_guide/index.html).
 //! Examples here name the crate `idem`, as users see it.
+//!
+//! The crate root holds what a service names day to day: the calls ([`Call`], [`step`],
+//! [`Recovering`]), the [`Store`] trait, each backend's store, builder and transaction type, the
+//! transaction-mode traits, errors, records, the registry, token stores, [`Reconciler`] and
+//! [`Sweeper`], and the defaults and bounds of those. The rest has a module of its own:
+//! [`metrics`] (outcomes, counters, [`observe`](metrics::observe), metric names), `cache`
+//! (feature `cache`: the replay cache and its sizes), `encrypted` (feature `encrypt`: the
+//! encrypting store, its keyring and envelope size; the store, its transaction and the keyring
+//! are at the root too), and [`state_machine`] (what `#[derive(StateMachine)]` and
+//! `#[state_transition]` generate code against, for a transition written or inspected by hand).
 //!
 //! Layout: `engine/` (calls, snapshots, transaction mode, the running claim), `store/` (the
 //! [`Store`] trait and the decision table), `sql/` (what every SQL backend shares: the claim
@@ -23,7 +33,7 @@ pub mod admin;
 mod backend;
 mod backoff;
 #[cfg(feature = "cache")]
-mod cache;
+pub mod cache;
 mod clock;
 mod connect;
 pub(crate) mod duration;
@@ -35,7 +45,7 @@ pub mod http;
 pub mod inbox;
 mod key;
 mod layer_key;
-mod metrics;
+pub mod metrics;
 mod net;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub mod outbox;
@@ -52,8 +62,6 @@ mod transition;
 #[path = "private/mod.rs"]
 pub mod __private;
 
-#[cfg(feature = "encrypt")]
-pub use backend::encrypted::{ENVELOPE_OVERHEAD, EncryptedStore, EncryptedTx, Keyring};
 pub use backend::memory::MemoryStore;
 #[cfg(feature = "mysql")]
 pub use backend::mysql::{MySqlStore, MySqlStoreBuilder, MySqlTokens, MySqlTx};
@@ -66,12 +74,13 @@ pub use backend::redis::{RedisClusterStore, RedisStore, RedisTokens};
 pub use backend::sharded::{ShardedStore, ShardedTx};
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite::{SqliteStore, SqliteTokens, SqliteTx};
-#[cfg(feature = "cache")]
-pub use cache::{CachedStore, ENTRY_OVERHEAD, MAX_CACHE_BYTES, MIN_CACHE_BYTES, ReplayCache};
 #[cfg(any(test, feature = "test-util"))]
 pub use clock::TestClock;
 pub use connect::{AnyStore, connect, connect_tokens, migrations};
 pub use duration::MAX_DURATION;
+#[cfg(feature = "encrypt")]
+#[doc(no_inline)]
+pub use encrypted::{EncryptedStore, EncryptedTx, Keyring};
 pub use engine::current::current_claim;
 pub use engine::retry::{RestartsTransaction, retry_transaction};
 pub use engine::steps::{MAX_STEP_NAME_LEN, MAX_STEPS, step, step_key};
@@ -83,9 +92,6 @@ pub use error::{BoxError, Busy, DecryptFailure, IdemError};
 pub use fingerprint::fingerprint;
 pub use key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN, IdemKey, validate_biz, validate_key};
 pub use layer_key::http_record_key;
-pub use metrics::{
-    CallReport, Counts, Outcome, count_token_op, counts, counts_for, names, observe,
-};
 pub use net::DEFAULT_CONNECT_TIMEOUT;
 pub use preflight::preflight;
 pub use recovery::{Reconciled, Reconciler};
@@ -95,10 +101,37 @@ pub use store::{
 };
 pub use sweeper::Sweeper;
 pub use tokens::{MAX_SUBJECT_LEN, MemoryTokens, TokenStore, register_tokens, tokens};
-pub use transition::{
-    Dialect, DialectSql, SqlText, SqlValue, StateMachine, StateRow, ToSqlValue, Transition,
-    TransitionConn, TransitionShape, TransitionSql, TransitionTx, UnknownState,
-};
+pub use transition::{StateMachine, Transition, TransitionTx};
+
+#[cfg(feature = "encrypt")]
+pub mod encrypted {
+    //! Encrypted result snapshots (feature `encrypt`): [`EncryptedStore`] wraps any store and
+    //! seals what calls returned with the keys of a [`Keyring`]; [`ENVELOPE_OVERHEAD`] is what
+    //! sealing adds to each snapshot. The store, its transaction and the keyring are also at the
+    //! crate root.
+
+    pub use crate::backend::encrypted::{ENVELOPE_OVERHEAD, EncryptedStore, EncryptedTx, Keyring};
+}
+
+pub mod state_machine {
+    //! State-machine support: what `#[derive(StateMachine)]` and `#[state_transition]` generate
+    //! code against, and what a transition written or inspected by hand names.
+    //!
+    //! A machine's states go to and from their column through [`ToSqlValue`] / [`SqlValue`] and
+    //! `FromStr` ([`UnknownState`] for a name that is no state). A transition's SQL is
+    //! [`TransitionSql`], built from its [`TransitionShape`] with one [`DialectSql`] per
+    //! [`Dialect`] (`TransitionSql::build` gives what a `#[state_transition]` runs).
+    //! [`TransitionConn`] is the connection a transition runs its statements on ([`StateRow`] is a
+    //! row it read back); implement it to run transitions through a connection of your own. The
+    //! machine trait ([`StateMachine`](crate::StateMachine)), the answer
+    //! ([`Transition`](crate::Transition)) and [`TransitionTx`](crate::TransitionTx) are at the
+    //! crate root.
+
+    pub use crate::transition::{
+        Dialect, DialectSql, SqlText, SqlValue, StateRow, ToSqlValue, TransitionConn,
+        TransitionShape, TransitionSql, UnknownState,
+    };
+}
 
 // The check traits the generated code names, also at the crate root: rustc names an unmet trait
 // by its shortest visible path, and `__private` is hidden.
@@ -107,6 +140,11 @@ pub use __private::{
     AsStore, AsStoreRef, AsTokenStore, AsTokenStoreRef, CarriesIdemError, FromRecoverError,
     IsMachine, IsResult, JoinableTx, Recovers, Storable, SubjectText, TokenText,
 };
+
+// Named at the root by `ToSqlValue`'s own diagnostic (an unmet `ToSqlValue` says to implement
+// `idem::ToSqlValue`); its place is `state_machine`.
+#[doc(hidden)]
+pub use transition::ToSqlValue;
 
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 #[doc(no_inline)]

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use idem::{Call, IdemError, Outcome, SqlValue, Store, observe};
+use idem::metrics::{Outcome, observe};
+use idem::state_machine::SqlValue;
+use idem::{Call, IdemError, Store};
 
 use crate::args::{Args, Mode};
 use crate::plan::{Fault, Plan};

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use idem::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
 use idem::sqlx::{self, Row};
-use idem::{Dialect, IdemError, IdemTx, ShardedStore, SqliteStore, Store, TransitionTx};
+use idem::state_machine::Dialect;
+use idem::{IdemError, IdemTx, ShardedStore, SqliteStore, Store, TransitionTx};
 
 use crate::StormError;
 use crate::args::{Args, StoreKind};

@@ -44,11 +44,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::{self as js, message::PublishMessage};
 use futures_util::StreamExt;
 use idem::inbox::{Inbox, Verdict, amqp as amqp_inbox, jetstream as js_inbox};
+use idem::metrics::Outcome;
 use idem::outbox::amqp::AmqpPublisher;
 use idem::outbox::jetstream::{JetStreamPublisher, KEY_HEADER};
 use idem::outbox::{Outbox, Relay};
 use idem::sqlx::{self, SqlitePool};
-use idem::{IdemError, Outcome, SqliteStore, SqliteTx, idempotent};
+use idem::{IdemError, SqliteStore, SqliteTx, idempotent};
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,

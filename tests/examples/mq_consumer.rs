@@ -38,8 +38,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use idem::inbox::{Handled, Inbox, Verdict};
+use idem::metrics::Outcome;
 use idem::sqlx;
-use idem::{IdemError, Outcome, SqliteStore, SqliteTx, idempotent};
+use idem::{IdemError, SqliteStore, SqliteTx, idempotent};
 use serde::{Deserialize, Serialize};
 
 /// Errors of the broker plumbing.

@@ -21,8 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use idem::metrics::Outcome;
 use idem::sqlx::{self, AssertSqlSafe};
-use idem::{IdemError, MySqlStore, MySqlTx, Outcome, idempotent};
+use idem::{IdemError, MySqlStore, MySqlTx, idempotent};
 use serde::{Deserialize, Serialize};
 
 const ACCOUNTS: u64 = 50;
@@ -178,7 +179,7 @@ async fn deliver(store: &MySqlStore, req: &PayReq, tally: &Tally) -> Result<Outc
     loop {
         let attempt = idem::retry_transaction(|| async {
             let mut tx = store.begin().await?;
-            let (out, report) = idem::observe(pay(&mut tx, req)).await;
+            let (out, report) = idem::metrics::observe(pay(&mut tx, req)).await;
             match out {
                 Ok(_) => {
                     tx.commit().await?;

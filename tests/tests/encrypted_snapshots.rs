@@ -4,10 +4,12 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use idem::encrypted::ENVELOPE_OVERHEAD;
+use idem::metrics::Outcome;
 use idem::sqlx;
 use idem::{
-    Call, DecryptFailure, ENVELOPE_OVERHEAD, EncryptedStore, EncryptedTx, IdemError, Keyring,
-    Limits, MemoryStore, Outcome, SqliteStore, Status, Store, idempotent,
+    Call, DecryptFailure, EncryptedStore, EncryptedTx, IdemError, Keyring, Limits, MemoryStore,
+    SqliteStore, Status, Store, idempotent,
 };
 use serde::{Deserialize, Serialize};
 
@@ -44,7 +46,7 @@ async fn pay(
     runs: &AtomicU32,
     order_no: &str,
 ) -> (Result<Receipt, PayError>, Outcome) {
-    let (res, report) = idem::observe(Call::new("SEAL", order_no).run(store, async {
+    let (res, report) = idem::metrics::observe(Call::new("SEAL", order_no).run(store, async {
         Ok(Receipt {
             order_no: order_no.to_owned(),
             note: SECRET.to_owned(),
@@ -118,10 +120,10 @@ async fn the_attribute_replays_through_an_encrypted_store() {
     let req = PayReq {
         order_no: "ORD-1".into(),
     };
-    let (first, report) = idem::observe(pay_by_attribute(&req)).await;
+    let (first, report) = idem::metrics::observe(pay_by_attribute(&req)).await;
     let first = first.unwrap();
     assert_eq!(report.unwrap().outcome, Outcome::Executed);
-    let (again, report) = idem::observe(pay_by_attribute(&req)).await;
+    let (again, report) = idem::metrics::observe(pay_by_attribute(&req)).await;
     assert_eq!(again.unwrap(), first);
     assert!(report.unwrap().replayed());
     assert_eq!(MACRO_RUNS.load(Ordering::SeqCst), 1, "the body ran once");
@@ -329,7 +331,7 @@ async fn a_transactional_call_seals_its_snapshot() {
     let first = pay_in_tx(&mut tx, "T-1").await.unwrap();
     tx.commit().await.unwrap();
     let mut tx = store.begin().await.unwrap();
-    let (again, report) = idem::observe(pay_in_tx(&mut tx, "T-1")).await;
+    let (again, report) = idem::metrics::observe(pay_in_tx(&mut tx, "T-1")).await;
     tx.commit().await.unwrap();
     assert_eq!(again.unwrap(), first);
     assert!(report.unwrap().replayed());

@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idem::metrics::Outcome;
 use idem::{
-    Busy, Call, Claim, ClaimOutcome, ClaimRequest, IdemError, Limits, MemoryStore, Outcome, Record,
-    Status, Store,
+    Busy, Call, Claim, ClaimOutcome, ClaimRequest, IdemError, Limits, MemoryStore, Record, Status,
+    Store,
 };
 
 #[derive(Default)]
@@ -129,7 +130,7 @@ impl Store for Flaky {
 }
 
 async fn call(store: &Flaky, key: &str, runs: &AtomicU32) -> (Result<u32, IdemError>, Outcome) {
-    let (res, report) = idem::observe(
+    let (res, report) = idem::metrics::observe(
         Call::new("FAULT", key).run(store, async { Ok(runs.fetch_add(1, Ordering::SeqCst)) }),
     )
     .await;
@@ -158,7 +159,8 @@ async fn call_with(
     runs: &AtomicU32,
 ) -> (Result<u32, IdemError>, Outcome) {
     let (res, report) =
-        idem::observe(call.run(store, async { Ok(runs.fetch_add(1, Ordering::SeqCst)) })).await;
+        idem::metrics::observe(call.run(store, async { Ok(runs.fetch_add(1, Ordering::SeqCst)) }))
+            .await;
     (res, report.unwrap().outcome)
 }
 
@@ -241,7 +243,7 @@ async fn renewals_keep_their_schedule_while_the_mark_backs_off() {
 async fn a_mark_waits_out_a_store_restart_within_the_lease() {
     let (store, runs) = (Flaky::default(), AtomicU32::new(0));
     let call = || Call::new("FAULT", "restart").lease(Duration::from_secs(5));
-    let (res, report) = idem::observe(call().run(&store, async {
+    let (res, report) = idem::metrics::observe(call().run(&store, async {
         store.outage(Duration::from_millis(1500));
         Ok::<_, IdemError>(runs.fetch_add(1, Ordering::SeqCst))
     }))
@@ -266,7 +268,7 @@ async fn a_mark_waits_out_a_store_restart_within_the_lease() {
 async fn the_heartbeat_renews_while_the_mark_waits() {
     let (store, runs) = (Flaky::default(), AtomicU32::new(0));
     let call = || Call::new("FAULT", "long").lease(Duration::from_secs(1));
-    let (res, report) = idem::observe(call().run(&store, async {
+    let (res, report) = idem::metrics::observe(call().run(&store, async {
         store.outage(Duration::from_secs(2));
         Ok::<_, IdemError>(runs.fetch_add(1, Ordering::SeqCst))
     }))
@@ -293,7 +295,7 @@ async fn the_heartbeat_renews_while_the_mark_waits() {
     .await;
     assert_eq!(res.unwrap(), 1, "no outage yet: it ran and was marked");
     assert_eq!(outcome, Outcome::Executed);
-    let (res, report) = idem::observe(
+    let (res, report) = idem::metrics::observe(
         Call::new("FAULT", "off2")
             .lease(Duration::from_secs(1))
             .no_heartbeat()
@@ -463,11 +465,12 @@ async fn a_claim_that_comes_back_after_its_lease_runs_nothing_when_taken_over() 
     let late = {
         let (store, runs) = (store.clone(), runs.clone());
         tokio::spawn(async move {
-            let (res, report) =
-                idem::observe(Call::new("FAULT", "late").lease(lease).run(&*store, async {
+            let (res, report) = idem::metrics::observe(
+                Call::new("FAULT", "late").lease(lease).run(&*store, async {
                     Ok::<_, IdemError>(runs.fetch_add(1, Ordering::SeqCst))
-                }))
-                .await;
+                }),
+            )
+            .await;
             (res, report.unwrap().outcome)
         })
     };
@@ -543,7 +546,7 @@ async fn a_mark_that_never_answers_ends_at_the_store_timeout() {
             .store_timeout(timeout)
             .no_heartbeat();
         let started = tokio::time::Instant::now();
-        let (res, report) = idem::observe(call.run(&store, async {
+        let (res, report) = idem::metrics::observe(call.run(&store, async {
             store.silent_holder.store(true, Ordering::SeqCst);
             Ok::<_, IdemError>(runs.fetch_add(1, Ordering::SeqCst))
         }))

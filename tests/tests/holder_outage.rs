@@ -39,9 +39,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem::metrics::Outcome;
 use idem::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 use idem::sqlx::{self, Row};
-use idem::{Call, IdemError, Outcome, Store};
+use idem::{Call, IdemError, Store};
 use tokio::sync::{Barrier, watch};
 
 #[cfg(feature = "mysql")]
@@ -220,7 +221,7 @@ async fn round(
                 Ok::<_, IdemError>(value_of(&key))
             };
             let call = Call::new(BIZ, &key).lease(LEASE);
-            let (result, report) = idem::observe(call.run(&*store, body)).await;
+            let (result, report) = idem::metrics::observe(call.run(&*store, body)).await;
             (key, result, report.map(|r| r.outcome))
         });
     }

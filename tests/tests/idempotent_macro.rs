@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idem::{IdemError, MemoryStore, Outcome, Store, idempotent};
+use idem::metrics::Outcome;
+use idem::{IdemError, MemoryStore, Store, idempotent};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
@@ -47,8 +48,8 @@ async fn composite_key_runs_once_and_reports_the_replay() {
         client_req_id: "c-1".into(),
         cents: 500,
     };
-    let (first, r1) = idem::observe(transfer(&t)).await;
-    let (second, r2) = idem::observe(transfer(&t)).await;
+    let (first, r1) = idem::metrics::observe(transfer(&t)).await;
+    let (second, r2) = idem::metrics::observe(transfer(&t)).await;
     assert_eq!(first.unwrap(), second.unwrap());
     assert_eq!(r1.unwrap().outcome, Outcome::Executed);
     assert!(r2.unwrap().replayed());
@@ -162,12 +163,12 @@ async fn counted(n: u32) -> Result<u32, AppError> {
 #[tokio::test]
 async fn counters_give_the_duplicate_rate() {
     setup();
-    let before = idem::counts_for("CNT");
+    let before = idem::metrics::counts_for("CNT");
     for n in 0..10 {
         counted(n).await.unwrap();
         counted(n).await.unwrap();
     }
-    let c = idem::counts_for("CNT").since(&before);
+    let c = idem::metrics::counts_for("CNT").since(&before);
     assert_eq!(
         (c.get(Outcome::Executed), c.get(Outcome::Replayed)),
         (10, 10)
@@ -261,7 +262,7 @@ async fn a_key_scoped_by_its_caller_keeps_callers_apart() {
         order(2, "lamp")
     );
     for (caller, item, user) in [(&alice, "book", 1), (&bob, "lamp", 2)] {
-        let (again, report) = idem::observe(create_order(caller, &req(item))).await;
+        let (again, report) = idem::metrics::observe(create_order(caller, &req(item))).await;
         assert_eq!(
             again.unwrap(),
             order(user, item),
@@ -419,13 +420,13 @@ async fn recover_backfills_a_takeover_instead_of_running_again() {
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     dead.abort();
     tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-    let (res, report) = idem::observe(charge("o-2", false)).await;
+    let (res, report) = idem::metrics::observe(charge("o-2", false)).await;
     assert_eq!(res.unwrap(), "found o-2");
     assert_eq!(report.unwrap().outcome, Outcome::Recovered);
     assert_eq!(ASKED.load(Ordering::SeqCst), 1);
     let paid = PAID.lock().unwrap().iter().filter(|o| *o == "o-2").count();
     assert_eq!(paid, 1, "the body ran once");
-    let (again, report) = idem::observe(charge("o-2", false)).await;
+    let (again, report) = idem::metrics::observe(charge("o-2", false)).await;
     assert_eq!(again.unwrap(), "found o-2");
     assert_eq!(report.unwrap().outcome, Outcome::Replayed);
 }
@@ -461,7 +462,7 @@ async fn charge_once(order_no: &str) -> Result<u32, AppError> {
 #[tokio::test]
 async fn a_result_kept_a_day_refuses_a_late_repeat_for_the_rest_of_the_month() {
     let (store, clock) = kept_store();
-    let before = idem::counts_for("CHARGE");
+    let before = idem::metrics::counts_for("CHARGE");
     let first = charge_once("ORD-30").await.unwrap();
     let record = store.load("CHARGE", "ORD-30").await.unwrap().unwrap();
     let day = 24 * 3600 * 1000;
@@ -473,13 +474,13 @@ async fn a_result_kept_a_day_refuses_a_late_repeat_for_the_rest_of_the_month() {
     clock.advance(std::time::Duration::from_secs(23 * 3600));
     assert_eq!(charge_once("ORD-30").await.unwrap(), first, "a replay");
     clock.advance(std::time::Duration::from_secs(2 * 3600));
-    let (late, report) = idem::observe(charge_once("ORD-30")).await;
+    let (late, report) = idem::metrics::observe(charge_once("ORD-30")).await;
     assert!(
         matches!(late, Err(AppError::Idem(IdemError::ResultExpired))),
         "{late:?}"
     );
     assert_eq!(report.unwrap().outcome, Outcome::ResultExpired);
-    let counted = idem::counts_for("CHARGE").since(&before);
+    let counted = idem::metrics::counts_for("CHARGE").since(&before);
     assert_eq!(
         (
             counted.get(Outcome::Executed),

@@ -451,7 +451,7 @@ async fn the_attribute_runs_on_mysql_by_name_and_in_a_transaction() {
     idem::register_store("mysql", store.clone());
     let before = PAID.load(Ordering::Relaxed);
     assert_eq!(pay_by_name("A-1", 990).await.unwrap(), 990);
-    let (again, report) = idem::observe(pay_by_name("A-1", 990)).await;
+    let (again, report) = idem::metrics::observe(pay_by_name("A-1", 990)).await;
     assert_eq!(again.unwrap(), 990);
     assert!(report.unwrap().replayed());
     assert_eq!(PAID.load(Ordering::Relaxed) - before, 1);

@@ -10,7 +10,8 @@ mod server;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idem::{CachedStore, Call, IdemError, MySqlStore, ReplayCache};
+use idem::cache::{CachedStore, ReplayCache};
+use idem::{Call, IdemError, MySqlStore};
 use tokio::sync::Barrier;
 
 async fn questions(pool: &idem::sqlx::MySqlPool) -> u64 {

@@ -5,8 +5,9 @@
 
 use std::sync::{Arc, Mutex};
 
+use idem::metrics::Outcome;
 use idem::sqlx::{self, SqlitePool};
-use idem::{IdemError, Outcome, SqliteStore, SqliteTx, Status, Store, idempotent};
+use idem::{IdemError, SqliteStore, SqliteTx, Status, Store, idempotent};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
@@ -100,7 +101,7 @@ async fn commit_keeps_claim_business_and_mark_together_and_a_repeat_replays() {
     let store = store().await;
     let pool = store.pool();
     let mut tx = store.begin().await.unwrap();
-    let (first, report) = idem::observe(pay(&mut tx, &req("T-1"), false)).await;
+    let (first, report) = idem::metrics::observe(pay(&mut tx, &req("T-1"), false)).await;
     tx.commit().await.unwrap();
     let first = first.unwrap();
     assert_eq!(report.unwrap().outcome, Outcome::Executed);
@@ -113,7 +114,7 @@ async fn commit_keeps_claim_business_and_mark_together_and_a_repeat_replays() {
     );
 
     let mut tx = store.begin().await.unwrap();
-    let (again, report) = idem::observe(pay(&mut tx, &req("T-1"), false)).await;
+    let (again, report) = idem::metrics::observe(pay(&mut tx, &req("T-1"), false)).await;
     tx.commit().await.unwrap();
     assert_eq!(again.unwrap(), first);
     assert!(report.unwrap().replayed());
@@ -126,7 +127,7 @@ async fn body_error_rolls_back_the_claim_and_the_business_writes() {
     let store = store().await;
     let pool = store.pool();
     let mut tx = store.begin().await.unwrap();
-    let (res, report) = idem::observe(pay(&mut tx, &req("T-2"), true)).await;
+    let (res, report) = idem::metrics::observe(pay(&mut tx, &req("T-2"), true)).await;
     assert!(matches!(res, Err(PayError::Declined)), "{res:?}");
     assert_eq!(report.unwrap().outcome, Outcome::Failed);
     tx.commit().await.unwrap();

@@ -178,15 +178,15 @@ async fn the_short_form_applies_once() {
 /// count it under the machine's name.
 #[tokio::test(flavor = "multi_thread")]
 async fn every_transition_is_observed_and_counted() {
-    use idem::Outcome;
+    use idem::metrics::Outcome;
     let store = setup("observed").await;
     let pool = store.pool();
     insert(pool, "O1", OrderStatus::WaitPay).await;
-    let before = idem::counts_for("OrderStatus");
+    let before = idem::metrics::counts_for("OrderStatus");
     let mut outcomes = Vec::new();
     for key in ["O1", "O1", "nope"] {
         let mut tx = store.begin().await.unwrap();
-        let (res, report) = idem::observe(pay(&mut tx, key)).await;
+        let (res, report) = idem::metrics::observe(pay(&mut tx, key)).await;
         tx.commit().await.unwrap();
         let _ = res.unwrap();
         let report = report.expect("a transition reports");
@@ -197,7 +197,7 @@ async fn every_transition_is_observed_and_counted() {
         outcomes,
         [Outcome::Executed, Outcome::Replayed, Outcome::NotFound]
     );
-    let counted = idem::counts_for("OrderStatus").since(&before);
+    let counted = idem::metrics::counts_for("OrderStatus").since(&before);
     // Other tests of this binary run transitions of the same machine concurrently: at least ours.
     assert!(
         counted.get(Outcome::Executed) >= 1 && counted.get(Outcome::NotFound) >= 1,
@@ -346,13 +346,15 @@ fn the_machine_and_its_sql_are_readable() {
     assert!(OrderStatus::Refunded.is_terminal());
     assert_eq!(OrderStatus::TABLE, "orders");
     // The exact SQL of a transition, per dialect, through public API (what the fn's docs show).
-    let sql = idem::TransitionSql::build::<OrderStatus>(&idem::TransitionShape {
-        set: &["trade_no"],
-        now: Some("paid_at"),
-        matches: &["trade_no"],
-        from_count: 2,
-        versioned: false,
-    });
+    let sql = idem::state_machine::TransitionSql::build::<OrderStatus>(
+        &idem::state_machine::TransitionShape {
+            set: &["trade_no"],
+            now: Some("paid_at"),
+            matches: &["trade_no"],
+            from_count: 2,
+            versioned: false,
+        },
+    );
     assert_eq!(
         sql.postgres.update.as_str(),
         "UPDATE \"orders\" SET \"status\" = $1, \"trade_no\" = $2, \"paid_at\" = CURRENT_TIMESTAMP, \

@@ -270,7 +270,7 @@ pub(super) async fn every_command(t: Target) {
     );
     let rec = store.load(&a, "stuck").await.unwrap().unwrap();
     assert_eq!((rec.status, rec.fence), (Status::Processing, stuck.fence));
-    let (rerun, report) = idem::observe(
+    let (rerun, report) = idem::metrics::observe(
         Call::new(a.clone(), "stuck")
             .recover(|| async { Ok::<_, IdemError>(Some(7u8)) })
             .run(&store, async { Ok::<_, IdemError>(1u8) }),
@@ -280,7 +280,7 @@ pub(super) async fn every_command(t: Target) {
     let report = report.unwrap();
     assert_eq!(
         (report.outcome, report.attempt),
-        (idem::Outcome::Recovered, 2)
+        (idem::metrics::Outcome::Recovered, 2)
     );
     // --mark-failed of a FAILED record: nothing to do.
     let out = idem(

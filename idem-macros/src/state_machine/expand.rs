@@ -130,6 +130,7 @@ fn crate_path(krate: Option<&Path>) -> TokenStream {
 /// `set(status_copy = …)` and the like), and the sqlx impls.
 fn display_and_sqlx(ident: &Ident, krate: &TokenStream) -> TokenStream {
     let name = ident.to_string();
+    let private = quote!(#krate::__private);
     quote! {
         impl ::core::fmt::Display for #ident {
             fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
@@ -137,22 +138,22 @@ fn display_and_sqlx(ident: &Ident, krate: &TokenStream) -> TokenStream {
             }
         }
         impl ::core::str::FromStr for #ident {
-            type Err = #krate::UnknownState;
+            type Err = #private::UnknownState;
             fn from_str(name: &str) -> ::core::result::Result<Self, Self::Err> {
                 <Self as #krate::StateMachine>::parse(name)
-                    .ok_or_else(|| #krate::UnknownState::new(#name, name))
+                    .ok_or_else(|| #private::UnknownState::new(#name, name))
             }
         }
-        impl #krate::ToSqlValue for #ident {
+        impl #private::ToSqlValue for #ident {
             fn to_sql_value(
                 &self,
-            ) -> ::core::result::Result<#krate::SqlValue<'_>, #krate::IdemError> {
-                ::core::result::Result::Ok(#krate::SqlValue::Text(
+            ) -> ::core::result::Result<#private::SqlValue<'_>, #krate::IdemError> {
+                ::core::result::Result::Ok(#private::SqlValue::Text(
                     ::std::borrow::Cow::Borrowed(#krate::StateMachine::as_str(*self)),
                 ))
             }
         }
-        #krate::__private::sql_text!(#ident);
+        #private::sql_text!(#ident);
     }
 }
 

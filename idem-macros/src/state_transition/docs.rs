@@ -39,7 +39,7 @@ pub(super) fn docs(spec: &Spec) -> Vec<String> {
         (None, None) => String::new(),
     };
     let shape = format!(
-        "idem::TransitionSql::build::<{}>(&idem::TransitionShape {{ set: &[{}], now: {}, matches: &[{}], \
+        "idem::state_machine::TransitionSql::build::<{}>(&idem::state_machine::TransitionShape {{ set: &[{}], now: {}, matches: &[{}], \
          from_count: {}, versioned: {} }})",
         diag::path_to_string(&spec.machine),
         args.set

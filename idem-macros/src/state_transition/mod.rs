@@ -96,7 +96,7 @@ mod tests {
     }
 
     /// The docs render the statements by hand (the macro cannot see the machine's table); this
-    /// pins that rendering to what `idem::TransitionSql` builds and runs.
+    /// pins that rendering to what `idem::state_machine::TransitionSql` builds and runs.
     #[test]
     fn the_documented_sql_is_the_sql_that_runs() {
         use idem_runtime::StateMachine;
@@ -155,13 +155,15 @@ mod tests {
                 .replace("{key}", "order_no")
                 .replace("{version}", "version")
         };
-        let built = idem_runtime::TransitionSql::build::<Orders>(&idem_runtime::TransitionShape {
-            set: &["trade_no"],
-            now: Some("paid_at"),
-            matches: &["trade_no"],
-            from_count: 2,
-            versioned: true,
-        });
+        let built = idem_runtime::state_machine::TransitionSql::build::<Orders>(
+            &idem_runtime::state_machine::TransitionShape {
+                set: &["trade_no"],
+                now: Some("paid_at"),
+                matches: &["trade_no"],
+                from_count: 2,
+                versioned: true,
+            },
+        );
         assert_eq!(
             documented("UPDATE \\\"{table}"),
             built.sqlite.update.as_str()
@@ -201,7 +203,7 @@ mod tests {
             ". start ((& mut * __idem_tx as & mut dyn :: idem :: __private :: TransitionConn) , __idem_values , :: core :: option :: Option :: Some (__idem_version))",
             "let __idem_version : i64 = v ;",
             "__idem_call . end (__idem_tx , __idem_err , __idem_result) . await",
-            "idem::TransitionSql::build::<crate::OrderStatus>(&idem::TransitionShape { set: &[\\\"trade_no\\\"], now: Some(\\\"paid_at\\\"), matches: &[\\\"trade_no\\\"], from_count: 2, versioned: true })",
+            "idem::state_machine::TransitionSql::build::<crate::OrderStatus>(&idem::state_machine::TransitionShape { set: &[\\\"trade_no\\\"], now: Some(\\\"paid_at\\\"), matches: &[\\\"trade_no\\\"], from_count: 2, versioned: true })",
         ] {
             assert!(out.contains(expected), "missing `{expected}` in\n{out}");
         }

@@ -164,7 +164,8 @@ fn slot(biz: &str, key: &str) -> String {
 /// ```
 /// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
-/// use idem::{Call, CachedStore, IdemError, MemoryStore, ReplayCache};
+/// use idem::{Call, IdemError, MemoryStore};
+/// use idem::cache::{CachedStore, ReplayCache};
 /// let store = CachedStore::new(MemoryStore::new(), ReplayCache::new(64 << 20)?);
 /// let first: Result<u32, IdemError> = Call::new("PAY", "o-1").run(&store, async { Ok(7) }).await;
 /// let again: Result<u32, IdemError> = Call::new("PAY", "o-1").run(&store, async { Ok(8) }).await;
@@ -259,7 +260,7 @@ impl<S: Store> CachedStore<S> {
         };
         self.shared.hits.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
-        metrics::counter!(crate::names::REPLAY_CACHE_HITS, "store" => self.inner.backend())
+        metrics::counter!(crate::metrics::names::REPLAY_CACHE_HITS, "store" => self.inner.backend())
             .increment(1);
         Some(outcome)
     }

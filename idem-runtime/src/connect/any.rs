@@ -1,5 +1,12 @@
 //! [`AnyStore`]: the one type a store opened from a URL has, whatever its backend; its options
-//! (the same on every backend that has them) and its [`Store`] implementation, which delegates.
+//! (the same on every backend that has them) and its [`Store`] implementation.
+//!
+//! An `AnyStore` holds the store it opened twice over: as an `Arc<dyn Store>`, which its [`Store`]
+//! implementation forwards every call to (a method added to `Store` is one more line of
+//! forwarding, never a match over backends), and as the concrete [`Backend`], which only what
+//! needs the concrete type reads: `migrate`, `tokens`, and the options (`with_limits`,
+//! `with_table`, `with_prefix`, `with_test_clock`), which build the next `AnyStore` from the
+//! reconfigured backend through [`AnyStore::of`], the one place the two are made to agree.
 
 use super::*;
 
@@ -8,7 +15,9 @@ use super::*;
 /// its schema.
 #[derive(Clone)]
 pub struct AnyStore {
+    /// What every [`Store`] call goes to: `backend`'s store.
     pub(super) store: Arc<dyn Store>,
+    /// The same store by its concrete type, for what `dyn Store` cannot do.
     pub(super) backend: Backend,
     pub(super) url: Arc<str>,
 }
@@ -54,25 +63,7 @@ impl MemoryOptions {
 }
 
 impl Backend {
-    /// The backend's name as [`Store::backend`] says it, for refusals.
-    fn name(&self) -> &'static str {
-        match self {
-            Backend::Memory(_) => "memory",
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => "sqlite",
-            #[cfg(feature = "mysql")]
-            Backend::MySql(_) => "mysql",
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => "postgres",
-            #[cfg(feature = "redis")]
-            Backend::Redis(_) => "redis",
-            #[cfg(feature = "redis")]
-            Backend::RedisCluster(_) => "redis-cluster",
-            Backend::Sharded(_) => "sharded",
-        }
-    }
-
-    /// The store this backend is.
+    /// The store this backend is, for [`AnyStore::store`] to forward to.
     fn store(&self) -> Arc<dyn Store> {
         match self {
             Backend::Memory(options) => Arc::new(options.store()),
@@ -246,6 +237,7 @@ impl AnyStore {
         allow(clippy::only_used_in_recursion)
     )]
     fn with_sql_table(self, method: &str, name: &str, tokens: bool) -> Result<Self, IdemError> {
+        let backend_name = self.store.backend();
         let backend = match self.backend {
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(s) => Backend::Sqlite(if tokens {
@@ -271,13 +263,12 @@ impl AnyStore {
                     .map(|s| s.with_sql_table(method, name, tokens))
                     .collect::<Result<_, _>>()?,
             ),
-            other => {
+            _ => {
                 return Err(IdemError::InvalidOptions {
                     reason: format!(
                         "`{method}` names a table of an SQL store (sqlite, mysql, postgres); a \
-                         {} store has no tables{}",
-                        other.name(),
-                        if matches!(other.name(), "redis" | "redis-cluster") {
+                         {backend_name} store has no tables{}",
+                        if matches!(backend_name, "redis" | "redis-cluster") {
                             " (give it a key prefix: `with_prefix`)"
                         } else {
                             ""
@@ -299,6 +290,7 @@ impl AnyStore {
     // Without Redis only the sharded arm passes the prefix on, to shards that refuse it.
     #[cfg_attr(not(feature = "redis"), allow(clippy::only_used_in_recursion))]
     pub fn with_prefix(self, prefix: &str) -> Result<Self, IdemError> {
+        let backend_name = self.store.backend();
         let backend = match self.backend {
             #[cfg(feature = "redis")]
             Backend::Redis(s) => Backend::Redis(s.with_prefix(prefix)?),
@@ -310,13 +302,12 @@ impl AnyStore {
                     .map(|s| s.with_prefix(prefix))
                     .collect::<Result<_, _>>()?,
             ),
-            other => {
+            _ => {
                 return Err(IdemError::InvalidOptions {
                     reason: format!(
                         "`with_prefix` sets the key prefix of a Redis store (redis, \
-                         redis-cluster); a {} store has none{}",
-                        other.name(),
-                        if other.name() == "memory" {
+                         redis-cluster); a {backend_name} store has none{}",
+                        if backend_name == "memory" {
                             ""
                         } else {
                             " (name its table instead: `with_table`)"
@@ -329,7 +320,7 @@ impl AnyStore {
     }
 
     /// The store `backend` is, opened from `url`.
-    fn of(backend: Backend, url: Arc<str>) -> Self {
+    pub(super) fn of(backend: Backend, url: Arc<str>) -> Self {
         AnyStore {
             store: backend.store(),
             backend,

@@ -82,11 +82,10 @@ pub async fn connect(url: &str) -> Result<AnyStore, IdemError> {
         });
     }
     let (base, options) = Options::split(url)?;
-    let (store, backend): (Arc<dyn Store>, Backend) = match scheme.as_str() {
+    let backend = match scheme.as_str() {
         "memory" => {
             options.none_for("memory")?;
-            let memory = MemoryOptions::default();
-            (Arc::new(memory.store()), Backend::Memory(memory))
+            Backend::Memory(MemoryOptions::default())
         }
         "sqlite" => open_sqlite(&base, rest, &options).await?,
         "mysql" | "mariadb" => open_mysql(&base, &options).await?,
@@ -95,11 +94,7 @@ pub async fn connect(url: &str) -> Result<AnyStore, IdemError> {
         "redis+cluster" => open_redis_cluster(&base, &options).await?,
         _ => return Err(invalid(url, "its scheme is not one idem knows")),
     };
-    Ok(AnyStore {
-        store,
-        backend,
-        url: redacted(url).into(),
-    })
+    Ok(AnyStore::of(backend, redacted(url).into()))
 }
 
 /// The submit-token store `url` names: [`connect`]`(url)`'s [`AnyStore::tokens`].
@@ -223,11 +218,7 @@ impl Options {
 }
 
 #[cfg(feature = "sqlite")]
-async fn open_sqlite(
-    base: &str,
-    rest: &str,
-    options: &Options,
-) -> Result<(Arc<dyn Store>, Backend), IdemError> {
+async fn open_sqlite(base: &str, rest: &str, options: &Options) -> Result<Backend, IdemError> {
     options.only("SQLite", true, false)?;
     if base.contains('?') {
         return Err(IdemError::InvalidOptions {
@@ -258,20 +249,16 @@ async fn open_sqlite(
         crate::SqliteStore::with_table,
         crate::SqliteStore::with_token_table,
     )?;
-    Ok((Arc::new(store.clone()), Backend::Sqlite(store)))
+    Ok(Backend::Sqlite(store))
 }
 
 #[cfg(not(feature = "sqlite"))]
-async fn open_sqlite(
-    _: &str,
-    _: &str,
-    _: &Options,
-) -> Result<(Arc<dyn Store>, Backend), IdemError> {
+async fn open_sqlite(_: &str, _: &str, _: &Options) -> Result<Backend, IdemError> {
     Err(feature_off("sqlite", "sqlite"))
 }
 
 #[cfg(feature = "mysql")]
-async fn open_mysql(base: &str, options: &Options) -> Result<(Arc<dyn Store>, Backend), IdemError> {
+async fn open_mysql(base: &str, options: &Options) -> Result<Backend, IdemError> {
     options.only("MySQL", true, false)?;
     let base = match base.split_once(':') {
         Some((scheme, rest)) if scheme.eq_ignore_ascii_case("mariadb") => format!("mysql:{rest}"),
@@ -283,19 +270,16 @@ async fn open_mysql(base: &str, options: &Options) -> Result<(Arc<dyn Store>, Ba
         crate::MySqlStore::with_table,
         crate::MySqlStore::with_token_table,
     )?;
-    Ok((Arc::new(store.clone()), Backend::MySql(store)))
+    Ok(Backend::MySql(store))
 }
 
 #[cfg(not(feature = "mysql"))]
-async fn open_mysql(_: &str, _: &Options) -> Result<(Arc<dyn Store>, Backend), IdemError> {
+async fn open_mysql(_: &str, _: &Options) -> Result<Backend, IdemError> {
     Err(feature_off("mysql", "mysql"))
 }
 
 #[cfg(feature = "postgres")]
-async fn open_postgres(
-    base: &str,
-    options: &Options,
-) -> Result<(Arc<dyn Store>, Backend), IdemError> {
+async fn open_postgres(base: &str, options: &Options) -> Result<Backend, IdemError> {
     options.only("Postgres", true, false)?;
     let builder = options.apply_tables(
         crate::PgStore::builder(),
@@ -303,36 +287,33 @@ async fn open_postgres(
         crate::PgStoreBuilder::token_table,
     )?;
     let store = builder.connect(base).await?;
-    Ok((Arc::new(store.clone()), Backend::Postgres(store)))
+    Ok(Backend::Postgres(store))
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(_: &str, _: &Options) -> Result<(Arc<dyn Store>, Backend), IdemError> {
+async fn open_postgres(_: &str, _: &Options) -> Result<Backend, IdemError> {
     Err(feature_off("postgres", "postgres"))
 }
 
 #[cfg(feature = "redis")]
-async fn open_redis(base: &str, options: &Options) -> Result<(Arc<dyn Store>, Backend), IdemError> {
+async fn open_redis(base: &str, options: &Options) -> Result<Backend, IdemError> {
     options.only("Redis", false, true)?;
     let mut store = crate::RedisStore::connect(base).await?;
     if let Some(prefix) = &options.prefix {
         store = store.with_prefix(prefix)?;
     }
-    Ok((Arc::new(store.clone()), Backend::Redis(store)))
+    Ok(Backend::Redis(store))
 }
 
 #[cfg(not(feature = "redis"))]
-async fn open_redis(_: &str, _: &Options) -> Result<(Arc<dyn Store>, Backend), IdemError> {
+async fn open_redis(_: &str, _: &Options) -> Result<Backend, IdemError> {
     Err(feature_off("redis", "redis"))
 }
 
 /// `redis+cluster://[user:pass@]host:port,host:port[/…]`: each seed node as a `redis://` URL
 /// with the same credentials.
 #[cfg(feature = "redis")]
-async fn open_redis_cluster(
-    base: &str,
-    options: &Options,
-) -> Result<(Arc<dyn Store>, Backend), IdemError> {
+async fn open_redis_cluster(base: &str, options: &Options) -> Result<Backend, IdemError> {
     options.only("Redis Cluster", false, true)?;
     let rest = base
         .split_once("://")
@@ -359,11 +340,11 @@ async fn open_redis_cluster(
     if let Some(prefix) = &options.prefix {
         store = store.with_prefix(prefix)?;
     }
-    Ok((Arc::new(store.clone()), Backend::RedisCluster(store)))
+    Ok(Backend::RedisCluster(store))
 }
 
 #[cfg(not(feature = "redis"))]
-async fn open_redis_cluster(_: &str, _: &Options) -> Result<(Arc<dyn Store>, Backend), IdemError> {
+async fn open_redis_cluster(_: &str, _: &Options) -> Result<Backend, IdemError> {
     Err(feature_off("redis+cluster", "redis"))
 }
 

@@ -454,7 +454,8 @@ pub async fn with_store_timeout<F: Future>(timeout: Duration, fut: F) -> F::Outp
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TxStep {
     Begin,
-    /// A statement run through the transaction ([`crate::TransitionConn::execute`], …).
+    /// A statement run through the transaction
+    /// ([`TransitionConn::execute`](crate::state_machine::TransitionConn::execute), …).
     Statement,
     Commit,
     Rollback,

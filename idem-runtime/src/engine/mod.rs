@@ -32,7 +32,7 @@ pub(crate) use call::{TxStep, tx_step};
 use snapshot::{ErrType, OkType};
 
 use crate::IdemError;
-use crate::metrics::{Outcome, report, report_error};
+use crate::metrics::{self, Outcome};
 use crate::store::{Acquired, ClaimOutcome, ClaimRequest, Store};
 use current::CallScope;
 use holder::Holder;
@@ -89,8 +89,36 @@ pub(crate) fn call_span(biz: &str) -> tracing::Span {
 }
 
 /// Whether a span is a call's own ([`call_span`]).
-pub(crate) fn is_call_span(span: &tracing::Metadata<'_>) -> bool {
+fn is_call_span(span: &tracing::Metadata<'_>) -> bool {
     span.name() == "idem" && span.target() == module_path!()
+}
+
+/// Ends a call: records its outcome in the call's span, counts it and hands it to an enclosing
+/// [`observe`](crate::metrics::observe).
+pub(crate) fn report(biz: &str, outcome: Outcome, attempt: u32) {
+    record_in_span(outcome, attempt);
+    metrics::report(biz, outcome, attempt);
+}
+
+/// [`report`] for a call that idem's own `error` ended.
+pub(crate) fn report_error(biz: &str, outcome: Outcome, attempt: u32, error: &IdemError) {
+    record_in_span(outcome, attempt);
+    metrics::report_error(biz, outcome, attempt, error);
+}
+
+/// Writes a call's outcome (and its attempt, past the first) into its span.
+fn record_in_span(outcome: Outcome, attempt: u32) {
+    // The call's own span, when there is one: without a subscriber that takes it ([`call_span`])
+    // the current span is the caller's, which is not ours to write.
+    if tracing::level_enabled!(tracing::Level::INFO)
+        && let span = tracing::Span::current()
+        && span.metadata().is_some_and(is_call_span)
+    {
+        span.record("outcome", outcome.as_str());
+        if attempt > 0 {
+            span.record("attempt", attempt);
+        }
+    }
 }
 
 pub(crate) fn acquired_outcome(how: Acquired) -> Outcome {
@@ -243,7 +271,7 @@ async fn claim(
         let until = started.checked_add(timeout);
         let outcome = retry_transient(until, STORE_TIMEOUT, || store.claim(req)).await;
         let now = tokio::time::Instant::now();
-        crate::metrics::claim_latency(req.biz, store.backend(), now - started);
+        metrics::claim_latency(req.biz, store.backend(), now - started);
         let outcome = outcome.map_err(|e| e.during("claim"))?;
         let ClaimOutcome::InProgress { retry_after } = outcome else {
             return Ok((outcome, now));

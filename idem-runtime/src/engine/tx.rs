@@ -14,9 +14,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::snapshot::{ErrType, OkType};
-use super::{Call, encoded, replayed};
+use super::{Call, encoded, replayed, report, report_error};
 use crate::IdemError;
-use crate::metrics::{Outcome, report, report_error};
+use crate::metrics::Outcome;
 use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Store};
 
 /// A transaction begun on a store, which a `tx = "…"` call joins.

@@ -8,8 +8,8 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode, header};
 
 use super::cap::Cap;
-use super::drain::Inflight;
-use super::layer::{IDEMPOTENCY_KEY, IdempotencyLayer};
+use super::config::{self, Config, IDEMPOTENCY_KEY};
+use super::layer::IdempotencyLayer;
 use super::principal::Principal;
 use super::recover::{RecoverFn, RecoverRequest};
 use super::stored;
@@ -70,36 +70,6 @@ pub fn stored_by_default(status: StatusCode) -> bool {
     ) && !status.is_server_error()
 }
 
-/// The layer's settings, shared by every request.
-pub(crate) struct Config {
-    pub(super) store: Arc<dyn Store>,
-    pub(super) biz: Cow<'static, str>,
-    pub(crate) header: HeaderName,
-    pub(crate) body_field: Option<String>,
-    pub(super) required: bool,
-    pub(super) methods: Vec<Method>,
-    pub(crate) max_key_len: usize,
-    pub(super) max_request_bytes: usize,
-    pub(super) max_response_bytes: usize,
-    pub(super) keep_headers: Vec<HeaderName>,
-    pub(crate) fingerprint_headers: Vec<HeaderName>,
-    pub(crate) canonical_json: bool,
-    pub(super) store_if: fn(StatusCode) -> bool,
-    pub(super) durations: super::hint::Durations,
-    pub(super) principal: Principal,
-    pub(super) ttl: Duration,
-    pub(super) result_ttl: Option<Duration>,
-    pub(super) lease: Duration,
-    pub(super) heartbeat: Heartbeat,
-    pub(super) wait: Option<Duration>,
-    pub(super) store_timeout: Duration,
-    pub(super) cap: Option<Arc<Cap>>,
-    pub(super) recover: Option<RecoverFn>,
-    /// Transaction mode: how to begin the request's transaction.
-    pub(super) tx: Option<super::tx::Begin>,
-    pub(super) inflight: Arc<Inflight>,
-}
-
 /// Builds an [`IdempotencyLayer`]; [`IdempotencyBuilder::build`] checks the whole configuration
 /// at start-up.
 #[must_use]
@@ -125,7 +95,7 @@ pub struct IdempotencyBuilder {
     store_timeout: Duration,
     cap: Option<(u32, Duration)>,
     recover: Option<RecoverFn>,
-    tx: Option<super::tx::Begin>,
+    tx: Option<config::Begin>,
 }
 
 impl IdempotencyBuilder {
@@ -534,7 +504,7 @@ impl IdempotencyLayer {
     {
         let store = Arc::new(store);
         let mut builder = IdempotencyLayer::builder(Arc::clone(&store));
-        builder.tx = Some(super::tx::begin_on(store));
+        builder.tx = Some(config::begin_on(store));
         builder
     }
 }

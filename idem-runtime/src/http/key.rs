@@ -12,7 +12,8 @@ use sha2::{Digest, Sha256};
 
 use crate::fingerprint::hex;
 
-use super::builder::Config;
+use super::config::Config;
+use super::service::single_header;
 
 /// Why a request's key could not be used (answered with 400 `invalid-key`).
 #[derive(Debug, PartialEq, Eq)]
@@ -65,7 +66,7 @@ pub(crate) fn client_key(
     parts: &Parts,
     body: &[u8],
 ) -> Result<Option<String>, KeyError> {
-    let key = match super::single_header(&parts.headers, &cfg.header) {
+    let key = match single_header(&parts.headers, &cfg.header) {
         Err(lines) => return Err(KeyError::SeveralHeaders(lines)),
         Ok(Some(value)) => Some(parse_header(value)?),
         Ok(None) => match &cfg.body_field {

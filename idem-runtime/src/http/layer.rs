@@ -1,25 +1,26 @@
 //! The Idempotency-Key layer: the tower service that claims, runs, stores and replays (its
-//! configuration is in `builder.rs`).
+//! configuration is in `builder.rs` and `config.rs`, the handler's run in `handler.rs`,
+//! transaction mode in `tx.rs`).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
 use bytes::Bytes;
-use http::{HeaderName, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tower::{Layer, Service};
 
-use super::BoxFuture;
-use super::builder::Config;
+use super::config::Config;
+use super::drain::Drain;
+use super::handler::{Flow, kept, refusal, run_handler};
 use super::key;
 use super::problem::{self, problem};
 use super::recover::RecoverRequest;
+use super::service::{BoxFuture, take_ready};
 use super::stored::Stored;
+use super::tx::{self, Ran};
 use crate::{Call, IdemError};
-
-/// The header a client sends its key in.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// A tower [`Layer`] with the IETF HTTPAPI `Idempotency-Key` semantics, for axum routers (and any
 /// tower service on `http` types):
@@ -78,8 +79,8 @@ impl IdempotencyLayer {
 
     /// A handle that waits, at shutdown, for the handlers this layer (and every service made
     /// from it) is running: see [`Drain`](super::Drain).
-    pub fn drain(&self) -> super::Drain {
-        super::Drain(Arc::clone(&self.cfg.inflight))
+    pub fn drain(&self) -> Drain {
+        Drain(Arc::clone(&self.cfg.inflight))
     }
 }
 
@@ -118,7 +119,7 @@ where
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let inner = super::take_ready(&mut self.inner);
+        let inner = take_ready(&mut self.inner);
         let cfg = Arc::clone(&self.cfg);
         // On its own task: when the client goes away (a gateway timeout that was really a
         // success), the handler still finishes and its response is stored, so the retry replays
@@ -141,34 +142,6 @@ where
             }
         })
     }
-}
-
-/// Why the layer's body (the handler) did not give a response to store.
-pub(super) enum Flow<E> {
-    Idem(IdemError),
-    /// The handler's service failed.
-    Inner(E),
-    /// The handler answered what is not stored (a 5xx, a status the storage policy leaves out, a
-    /// `Cache-Control: no-store` response): the record is marked failed, a retry runs again.
-    NotStored,
-    /// The recover fn could not tell whether the first request's action happened.
-    Recover(crate::BoxError),
-}
-
-impl<E> From<IdemError> for Flow<E> {
-    fn from(e: IdemError) -> Self {
-        Flow::Idem(e)
-    }
-}
-
-/// Whether a response says it must not be stored (`Cache-Control: no-store`, RFC 9111 §5.2.2.5).
-fn no_store(headers: &http::HeaderMap) -> bool {
-    headers
-        .get_all(http::header::CACHE_CONTROL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|directive| directive.trim().eq_ignore_ascii_case("no-store"))
 }
 
 /// The route a request is for, to learn its handler's durations and to say where a record came
@@ -194,81 +167,12 @@ fn over_limit(e: &axum::Error) -> bool {
     false
 }
 
-/// `stored` as the record keeps it: without its body when the body is over `max_body` bytes or
-/// the whole would not fit the store's snapshot limit (the engine wraps the snapshot in a few
-/// bytes of envelope; a margin is kept for it).
-fn kept(stored: Stored, body_len: usize, max_body: usize, store_limit: usize) -> Stored {
-    let fits = body_len <= max_body
-        && (stored.json_len_bound() + 64 <= store_limit
-            || serde_json::to_vec(&stored).is_ok_and(|json| json.len() + 64 <= store_limit));
-    if fits { stored } else { stored.without_body() }
-}
-
 fn with_body<B>(response: Response<B>) -> Response<Body>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<crate::BoxError>,
 {
     response.map(Body::new)
-}
-
-/// The problem for a refused request; a repeat told the first is still running gets the route's
-/// recent duration as `Retry-After` (bounded by the first's lease), not the rest of the lease.
-pub(super) fn refusal(cfg: &Config, route: &str, e: &IdemError) -> Response<Body> {
-    match e {
-        IdemError::InProgress { retry_after } => {
-            let retry_after = cfg.durations.hint(route, *retry_after);
-            problem::from_idem(&IdemError::InProgress { retry_after })
-        }
-        e => problem::from_idem(e),
-    }
-}
-
-/// Runs the handler: the response for its own client, and what the record keeps of it (`None`
-/// when it is not stored: a 5xx, a status the storage policy leaves out, `Cache-Control:
-/// no-store`, a body that failed).
-pub(super) async fn run_handler<S, B>(
-    cfg: &Config,
-    inner: &mut S,
-    req: Request<Body>,
-    route: &str,
-) -> Result<(Response<Body>, Option<Stored>), S::Error>
-where
-    S: Service<Request<Body>, Response = Response<B>> + Send,
-    S::Future: Send,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<crate::BoxError>,
-{
-    let started = std::time::Instant::now();
-    let response = inner.call(req).await?;
-    let (head, body) = response.into_parts();
-    let bytes = match body.collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) => {
-            let e: crate::BoxError = e.into();
-            tracing::error!(error = %e, "the handler's response body failed; the request is marked failed");
-            let failed = problem(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "Internal error",
-                "the response could not be produced",
-            );
-            return Ok((failed, None));
-        }
-    };
-    cfg.durations.record(route, started.elapsed());
-    let keep =
-        !head.status.is_server_error() && (cfg.store_if)(head.status) && !no_store(&head.headers);
-    let stored = keep.then(|| {
-        let stored = Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers);
-        kept(
-            stored,
-            bytes.len(),
-            cfg.max_response_bytes,
-            cfg.store.limits().max_snapshot_len,
-        )
-    });
-    Ok((Response::from_parts(head, Body::from(bytes)), stored))
 }
 
 async fn handle<S, B>(
@@ -398,13 +302,13 @@ where
         call = call.wait(max);
     }
     if let Some(begin) = &cfg.tx {
-        let answer = Box::pin(super::tx::in_tx(&cfg, begin, call, inner, req, &route)).await;
+        let answer = Box::pin(tx::in_tx(&cfg, begin, call, inner, req, &route)).await;
         if let Some(slot) = reservation
-            && !matches!(answer, Ok(super::tx::Ran::Yes(_)))
+            && !matches!(answer, Ok(Ran::Yes(_)))
         {
             slot.refund();
         }
-        return answer.map(super::tx::Ran::into_response);
+        return answer.map(Ran::into_response);
     }
     let mut live: Option<Response<Body>> = None;
     let mut ran = false;

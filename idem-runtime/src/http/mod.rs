@@ -246,49 +246,27 @@
 
 mod builder;
 mod cap;
+mod config;
 mod drain;
+mod handler;
 mod hint;
 mod key;
 mod layer;
 mod principal;
 mod problem;
 mod recover;
+mod service;
 mod stored;
 mod tokens;
 mod tx;
 
 pub use builder::{IdempotencyBuilder, stored_by_default};
+pub use config::IDEMPOTENCY_KEY;
 pub use drain::Drain;
-pub use layer::{IDEMPOTENCY_KEY, Idempotency, IdempotencyLayer};
+pub use layer::{Idempotency, IdempotencyLayer};
 pub use principal::Principal;
 pub use problem::PROBLEM_TYPE_PREFIX;
 pub use recover::RecoverRequest;
 pub use stored::REPLAYED_HEADER;
 pub use tokens::{TOKEN_HEADER, TokenEndpoint, TokenGuard, TokenGuardLayer};
 pub use tx::LayerTx;
-
-/// What the layers' services return.
-type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
-
-/// The one line of a header that must be sent once: `Ok(None)` when it is absent, `Err(lines)`
-/// when the request has several lines of it. Several lines of a field are one comma-joined value
-/// (RFC 9110 §5.3), which for a single-valued field (a key, a caller, a token) is no value at
-/// all; taking the first line instead would let two different requests share it.
-fn single_header<'a>(
-    headers: &'a http::HeaderMap,
-    name: &http::HeaderName,
-) -> Result<Option<&'a http::HeaderValue>, usize> {
-    let mut lines = headers.get_all(name).iter();
-    let first = lines.next();
-    match lines.count() {
-        0 => Ok(first),
-        more => Err(more + 1),
-    }
-}
-
-/// The inner service that was polled ready, to serve this request; a fresh clone takes its place
-/// and waits for the next.
-fn take_ready<S: Clone>(slot: &mut S) -> S {
-    let fresh = slot.clone();
-    std::mem::replace(slot, fresh)
-}

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use http::HeaderName;
 use http::request::Parts;
 
+use super::service::single_header;
+
 type Extract = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
 /// Who is calling, taken from each request: part of the identity of every record the
@@ -34,7 +36,7 @@ impl Principal {
     /// client's must not let the client's line win.
     pub fn header(header: HeaderName) -> Self {
         Principal::from_fn(move |parts| {
-            super::single_header(&parts.headers, &header)
+            single_header(&parts.headers, &header)
                 .ok()
                 .flatten()
                 .and_then(|v| v.to_str().ok())

@@ -12,9 +12,9 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use tower::{Layer, Service};
 
-use super::BoxFuture;
 use super::principal::Principal;
 use super::problem::{self, problem};
+use super::service::{BoxFuture, single_header, take_ready};
 use crate::metrics::count_token_op;
 use crate::{IdemError, TokenStore};
 
@@ -164,14 +164,14 @@ where
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let mut inner = super::take_ready(&mut self.inner);
+        let mut inner = take_ready(&mut self.inner);
         let guard = self.guard.clone();
         Box::pin(async move {
             let (parts, body) = req.into_parts();
             let Ok(subject) = guard.principal.of(&parts) else {
                 return Ok(no_principal());
             };
-            let Ok(line) = super::single_header(&parts.headers, &TOKEN_HEADER) else {
+            let Ok(line) = single_header(&parts.headers, &TOKEN_HEADER) else {
                 // Several lines: spending the first would pick one token of several for the
                 // client; nothing is spent.
                 return Ok(problem(

@@ -3,7 +3,6 @@
 //! answers stores the response in it and commits, so the handler's writes and the stored response
 //! commit together or not at all.
 
-use std::any::Any;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
@@ -16,51 +15,11 @@ use http::{Request, StatusCode};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use tower::Service;
 
-use super::BoxFuture;
-use super::builder::Config;
-use super::layer::{Flow, refusal, run_handler};
+use super::config::{Begin, Config, Lent};
+use super::handler::{Flow, refusal, run_handler};
 use super::problem::{self, problem};
 use super::stored::Stored;
-use crate::transition::TransitionTx;
-use crate::{Call, IdemError, IdemTx, TransactionalStore};
-
-/// A transaction the layer can begin, lend to the handler and finish.
-pub(crate) trait Lent: IdemTx + 'static {
-    fn as_any(&mut self) -> &mut dyn Any;
-    fn finish(self: Box<Self>, commit: bool) -> BoxFuture<Result<(), IdemError>>;
-}
-
-impl<T: IdemTx + TransitionTx + 'static> Lent for T {
-    fn as_any(&mut self) -> &mut dyn Any {
-        self
-    }
-
-    fn finish(self: Box<Self>, commit: bool) -> BoxFuture<Result<(), IdemError>> {
-        if commit {
-            TransitionTx::commit(self)
-        } else {
-            TransitionTx::rollback(self)
-        }
-    }
-}
-
-/// Begins one transaction on the layer's store.
-pub(crate) type Begin = Arc<dyn Fn() -> BoxFuture<Result<Box<dyn Lent>, IdemError>> + Send + Sync>;
-
-/// `begin()` on `store`, erased.
-pub(crate) fn begin_on<S>(store: Arc<S>) -> Begin
-where
-    S: TransactionalStore,
-    S::Tx: TransitionTx + 'static,
-{
-    Arc::new(move || {
-        let store = Arc::clone(&store);
-        Box::pin(async move {
-            let tx = store.begin_tx().await?;
-            Ok(Box::new(tx) as Box<dyn Lent>)
-        })
-    })
-}
+use crate::{Call, IdemError, IdemTx};
 
 /// Where the handler finds the request's transaction (a request extension), and the layer takes
 /// it back once the handler answered.
@@ -190,7 +149,7 @@ impl Ran {
 /// response and commit, or roll everything back when the response is not stored.
 pub(super) async fn in_tx<S, B>(
     cfg: &Config,
-    begin: &super::tx::Begin,
+    begin: &Begin,
     call: Call,
     mut inner: S,
     mut req: Request<Body>,
@@ -205,7 +164,7 @@ where
     use crate::engine::bounded;
     use crate::engine::snapshot::{ErrType, OkType};
     let timeout = cfg.store_timeout;
-    let rollback = async |tx: Box<dyn super::tx::Lent>| {
+    let rollback = async |tx: Box<dyn Lent>| {
         if let Err(e) = bounded(timeout, tx.finish(false)).await {
             tracing::warn!(error = %e, "could not roll the request's transaction back; the database rolls it back when the connection ends");
         }
@@ -221,7 +180,7 @@ where
     let (ran_ref, live_ref, inner_ref) = (&mut ran, &mut live, &mut inner);
     let (tx, result) = crate::engine::tx::run_tx(call, ok, err, tx, move |tx| async move {
         *ran_ref = true;
-        let slot = super::tx::Slot::new(tx);
+        let slot = Slot::new(tx);
         req.extensions_mut().insert(slot.clone());
         let answer = run_handler(cfg, inner_ref, req, route).await;
         let outcome = match answer {

@@ -4,7 +4,8 @@
 //! key** (an order number in the payload), never by the broker's message id, which changes when a
 //! producer sends the same event again. The handler is an `#[idempotent]` fn (lease or transaction
 //! mode, with a `recover` fn if it has one) or any future that calls one; [`Inbox::handle`] runs
-//! it inside [`observe`](crate::observe) and derives a [`Verdict`] from how the call ended:
+//! it inside [`observe`](crate::metrics::observe) and derives a [`Verdict`] from how the call
+//! ended:
 //!
 //! | The call | Verdict |
 //! | --- | --- |
@@ -96,7 +97,8 @@ pub mod jetstream;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::{IdemError, Outcome};
+use crate::IdemError;
+use crate::metrics::Outcome;
 
 /// The most attempts [`InboxBuilder::max_attempts`] takes.
 pub const MAX_ATTEMPTS: u32 = 1_000;
@@ -267,9 +269,9 @@ impl Inbox {
     {
         let (result, report) = match self.store_timeout {
             Some(timeout) => {
-                crate::observe(crate::engine::with_store_timeout(timeout, handler)).await
+                crate::metrics::observe(crate::engine::with_store_timeout(timeout, handler)).await
             }
-            None => crate::observe(handler).await,
+            None => crate::metrics::observe(handler).await,
         };
         let outcome = report.as_ref().map(|r| r.outcome);
         let record_attempt = report.as_ref().map_or(0, |r| r.attempt);

@@ -426,7 +426,7 @@ tokio::task_local! {
 /// ```
 /// # use idem_runtime as idem;
 /// # async fn demo() {
-/// let (result, report) = idem::observe(async { 42 }).await;
+/// let (result, report) = idem::metrics::observe(async { 42 }).await;
 /// assert_eq!(result, 42);
 /// assert!(report.is_none()); // no idempotent call ran inside
 /// # }
@@ -441,8 +441,8 @@ pub async fn observe<F: Future>(fut: F) -> (F::Output, Option<CallReport>) {
         .await
 }
 
-/// Counts a finished call, records its outcome in the current `idem` span and hands it to an
-/// enclosing [`observe`].
+/// Counts a finished call (or state transition) and hands it to an enclosing [`observe`]; the
+/// engine writes a call's outcome into its span itself.
 pub(crate) fn report(biz: &str, outcome: Outcome, attempt: u32) {
     report_with(biz, outcome, attempt, None);
 }
@@ -453,17 +453,6 @@ pub(crate) fn report_error(biz: &str, outcome: Outcome, attempt: u32, error: &cr
 }
 
 fn report_with(biz: &str, outcome: Outcome, attempt: u32, retryable: Option<bool>) {
-    // The call's own span, when there is one: without a subscriber that takes it
-    // (`engine::call_span`) the current span is the caller's, which is not ours to write.
-    if tracing::level_enabled!(tracing::Level::INFO)
-        && let span = tracing::Span::current()
-        && span.metadata().is_some_and(crate::engine::is_call_span)
-    {
-        span.record("outcome", outcome.as_str());
-        if attempt > 0 {
-            span.record("attempt", attempt);
-        }
-    }
     record(biz, outcome);
     let _ = REPORT.try_with(|r| {
         *r.borrow_mut() = Some(CallReport {

@@ -18,8 +18,8 @@
 //! The feature is off by default (it adds three crates to the build). Next to it, and with it
 //! off: every call is a `tracing` span `idem` (fields `biz`, `outcome`, `attempt`; no span is
 //! made while no subscriber takes `INFO`), and the in-process counters
-//! ([`counts`](crate::counts), [`counts_for`](crate::counts_for)) and
-//! [`observe`](crate::observe) are always there.
+//! ([`counts`](super::counts), [`counts_for`](super::counts_for)) and
+//! [`observe`](super::observe) are always there.
 
 /// Counter: finished calls, labelled `biz` and `outcome` (the names of
 /// [`Outcome::as_str`](super::Outcome::as_str)).
@@ -46,6 +46,6 @@ pub const STUCK: &str = "idem_stuck_records";
 /// `how` (`succeeded`: the result was backfilled; `failed`: released for a retry;
 /// `undecided`: the recover fn could not tell, the record was left).
 pub const RECOVERED: &str = "idem_recovered_total";
-/// Counter, label `store` (the inner store's backend): claims a [`crate::CachedStore`]'s
+/// Counter, label `store` (the inner store's backend): claims a [`crate::cache::CachedStore`]'s
 /// replay cache answered (feature `cache`).
 pub const REPLAY_CACHE_HITS: &str = "idem_replay_cache_hits_total";

@@ -18,8 +18,8 @@ pub use consume_token::{TokenStoreArg, consume_token};
 // State transitions: one backend-neutral entry point; the connection picks its dialect.
 pub use crate::__idem_sql_text as sql_text;
 pub use crate::transition::{
-    Done, ToSqlValue, TransitionCall, TransitionConn, TransitionGuard, TransitionShape,
-    TransitionSpec, TransitionStep, TransitionValues,
+    Done, SqlValue, ToSqlValue, TransitionCall, TransitionConn, TransitionGuard, TransitionShape,
+    TransitionSpec, TransitionStep, TransitionValues, UnknownState,
 };
 
 /// The Lua sources of the Redis store's claim and complete steps, read-only, so a benchmark can

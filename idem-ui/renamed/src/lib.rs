@@ -56,7 +56,10 @@ mod tests {
         let first = pay("A-1").await.unwrap();
         let again = pay("A-1").await.unwrap();
         assert_eq!(first, again);
-        assert_eq!(foo::counts_for("PAY").get(foo::Outcome::Replayed), 1);
+        assert_eq!(
+            foo::metrics::counts_for("PAY").get(foo::metrics::Outcome::Replayed),
+            1
+        );
 
         foo::register_tokens("tokens", foo::MemoryTokens::new());
         let tokens = foo::tokens("tokens").unwrap();

@@ -186,7 +186,7 @@ pub async fn release_ends_the_lease_and_the_retry_recovers_the_effect(s: Subject
         assert_eq!(stuck.len(), 1, "the reconciler sees it: {stuck:?}");
     }
     let asked = std::sync::atomic::AtomicU32::new(0);
-    let (got, report) = idem::observe(
+    let (got, report) = idem::metrics::observe(
         Call::new(biz.clone(), "o")
             .recover(|| async {
                 asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -205,7 +205,7 @@ pub async fn release_ends_the_lease_and_the_retry_recovers_the_effect(s: Subject
     )
     .await;
     assert_eq!(got.unwrap().amount, 5);
-    assert_eq!(report.unwrap().outcome, idem::Outcome::Recovered);
+    assert_eq!(report.unwrap().outcome, idem::metrics::Outcome::Recovered);
     assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert_eq!(fx.count(&biz, "o").await, 1, "one effect");
     // The dead holder's mark, if it ever came, is refused: the retry took the record over.
@@ -259,12 +259,13 @@ pub async fn mark_failed_moves_an_ended_lease_to_failed_and_the_next_call_runs(s
     );
     assert!(!again.changed() && again.released());
     let (ran, report) =
-        idem::observe(Call::new(biz.clone(), "o").run(&*store, pay(&fx, &biz, "o", 9))).await;
+        idem::metrics::observe(Call::new(biz.clone(), "o").run(&*store, pay(&fx, &biz, "o", 9)))
+            .await;
     assert_eq!(ran.unwrap().amount, 9);
     let report = report.unwrap();
     assert_eq!(
         (report.outcome, report.attempt),
-        (idem::Outcome::Executed, stale.attempt + 1),
+        (idem::metrics::Outcome::Executed, stale.attempt + 1),
         "the next call runs again"
     );
     assert_eq!(fx.count(&biz, "o").await, 1);

@@ -70,14 +70,14 @@ pub async fn unstorable_results_keep_the_claim(s: Subject) {
     // Over the snapshot limit.
     let big = "x".repeat(store.limits().max_snapshot_len + 1);
     for _ in 0..2 {
-        let (res, report) = idem::observe(call(&biz, "big").run(&*store, async {
+        let (res, report) = idem::metrics::observe(call(&biz, "big").run(&*store, async {
             fx.record(&biz, "big").await;
             Ok::<String, PayError>(big.clone())
         }))
         .await;
         assert_eq!(
             report.unwrap().outcome,
-            idem::Outcome::Unstorable,
+            idem::metrics::Outcome::Unstorable,
             "a result that could not be stored is its own outcome, not executed or replayed"
         );
         assert!(

@@ -165,7 +165,7 @@ pub async fn expired_lease_is_taken_over_and_the_late_finisher_is_fenced(s: Subj
     let (store, clock, fx, biz) = (s.store, s.clock, Effects::new().await, biz("takeover"));
     let (stale, _) = acquire(&*store, &req(&biz, "o", secs(10))).await;
     clock.advance(secs(11));
-    let (res, report) = idem::observe(
+    let (res, report) = idem::metrics::observe(
         call(&biz, "o")
             .lease(secs(10))
             .ttl(secs(60))
@@ -176,7 +176,7 @@ pub async fn expired_lease_is_taken_over_and_the_late_finisher_is_fenced(s: Subj
     let report = report.expect("a report");
     assert_eq!(
         (report.outcome, report.attempt),
-        (idem::Outcome::TakenOver, stale.attempt + 1)
+        (idem::metrics::Outcome::TakenOver, stale.attempt + 1)
     );
     // The stale attempt wakes up and tries to mark: it must be refused and change nothing.
     let late = store
@@ -221,7 +221,8 @@ pub async fn failure_allows_a_retry(s: Subject) {
         (rec.status, rec.attempt, rec.snapshot.is_none()),
         (Status::Failed, 1, true)
     );
-    let (ok, report) = idem::observe(call(&biz, "o").run(&*store, pay(&fx, &biz, "o", 5))).await;
+    let (ok, report) =
+        idem::metrics::observe(call(&biz, "o").run(&*store, pay(&fx, &biz, "o", 5))).await;
     assert_eq!(ok.unwrap().amount, 5);
     assert_eq!(report.unwrap().attempt, 2);
     let rec2 = store.load(&biz, "o").await.unwrap().unwrap();

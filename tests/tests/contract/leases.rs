@@ -105,14 +105,14 @@ pub async fn a_success_outlives_a_body_slower_than_its_ttl(s: Subject) {
         rec.expire_at_ms >= rec.lease_until_ms + 4_000,
         "the success must live a ttl from its mark: {rec:?}"
     );
-    let (again, report) = idem::observe(slow().run(&*store, pay(&fx, &biz, "k", 1))).await;
+    let (again, report) = idem::metrics::observe(slow().run(&*store, pay(&fx, &biz, "k", 1))).await;
     assert_eq!(again.unwrap(), first, "a repeat gets the first answer");
-    assert_eq!(report.unwrap().outcome, idem::Outcome::Replayed);
+    assert_eq!(report.unwrap().outcome, idem::metrics::Outcome::Replayed);
     assert_eq!(fx.count(&biz, "k").await, 1, "the body did not run again");
     clock.advance(secs(3));
-    let (later, report) = idem::observe(slow().run(&*store, pay(&fx, &biz, "k", 1))).await;
+    let (later, report) = idem::metrics::observe(slow().run(&*store, pay(&fx, &biz, "k", 1))).await;
     assert_ne!(later.unwrap(), first, "past its ttl the record has expired");
-    assert_eq!(report.unwrap().outcome, idem::Outcome::Executed);
+    assert_eq!(report.unwrap().outcome, idem::metrics::Outcome::Executed);
     assert_eq!(fx.count(&biz, "k").await, 2);
 }
 
@@ -326,7 +326,7 @@ pub async fn a_contended_takeover_runs_the_business_once(s: Subject) {
             tasks.push(tokio::spawn(async move {
                 let key = format!("k{k}");
                 barrier.wait().await;
-                let (res, report) = idem::observe(
+                let (res, report) = idem::metrics::observe(
                     call(&biz, &key)
                         .lease(secs(10))
                         .wait(secs(60))
@@ -342,8 +342,8 @@ pub async fn a_contended_takeover_runs_the_business_once(s: Subject) {
     for t in tasks {
         let (k, receipt, outcome) = t.await.unwrap();
         match outcome {
-            idem::Outcome::TakenOver => taken_over += 1,
-            idem::Outcome::Replayed => {}
+            idem::metrics::Outcome::TakenOver => taken_over += 1,
+            idem::metrics::Outcome::Replayed => {}
             other => panic!("unexpected outcome {other:?}"),
         }
         match &answers[k] {
@@ -384,8 +384,8 @@ pub async fn a_burst_with_failing_bodies_executes_each_key_once(s: Subject) {
                 barrier.wait().await;
                 let mut outcomes = Vec::new();
                 loop {
-                    let (res, report) =
-                        idem::observe(call(&biz, &key).wait(secs(60)).run(&*store, async {
+                    let (res, report) = idem::metrics::observe(
+                        call(&biz, &key).wait(secs(60)).run(&*store, async {
                             let run = {
                                 let mut runs = runs.lock().unwrap();
                                 let n = runs.entry(k).or_insert(0);
@@ -396,8 +396,9 @@ pub async fn a_burst_with_failing_bodies_executes_each_key_once(s: Subject) {
                                 return Err(PayError::Declined);
                             }
                             pay(&fx, &biz, &key, k as u64).await
-                        }))
-                        .await;
+                        }),
+                    )
+                    .await;
                     outcomes.push(report.unwrap().outcome);
                     match res {
                         Ok(receipt) => return (k, receipt, outcomes),
@@ -414,11 +415,11 @@ pub async fn a_burst_with_failing_bodies_executes_each_key_once(s: Subject) {
         let (k, receipt, outcomes) = t.await.unwrap();
         executed += outcomes
             .iter()
-            .filter(|o| **o == idem::Outcome::Executed)
+            .filter(|o| **o == idem::metrics::Outcome::Executed)
             .count();
         failed += outcomes
             .iter()
-            .filter(|o| **o == idem::Outcome::Failed)
+            .filter(|o| **o == idem::metrics::Outcome::Failed)
             .count();
         match &answers[k] {
             None => answers[k] = Some(receipt),

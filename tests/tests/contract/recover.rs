@@ -8,7 +8,8 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idem::{Acquired, IdemError, Outcome, Status};
+use idem::metrics::Outcome;
+use idem::{Acquired, IdemError, Status};
 
 use super::{Effects, PayError, Receipt, Subject, acquire, biz, call, pay, req, secs};
 
@@ -31,7 +32,7 @@ pub async fn a_takeover_asks_recover_before_running_the_body(s: Subject) {
     let (dead, _) = acquire(&*store, &req(&biz, "paid", secs(10))).await;
     fx.record(&biz, "paid").await;
     clock.advance(secs(11));
-    let (res, report) = idem::observe(
+    let (res, report) = idem::metrics::observe(
         call(&biz, "paid")
             .lease(secs(10))
             .recover(|| async { Ok::<_, PayError>(found(&fx, &biz, "paid", &asked).await) })
@@ -62,7 +63,7 @@ pub async fn a_takeover_asks_recover_before_running_the_body(s: Subject) {
         .complete(&biz, "paid", &dead, b"{\"Ok\":\"late\"}", secs(60))
         .await;
     assert!(matches!(late, Err(IdemError::LeaseLost { .. })), "{late:?}");
-    let (again, report) = idem::observe(
+    let (again, report) = idem::metrics::observe(
         call(&biz, "paid")
             .recover(|| async { Ok::<_, PayError>(found(&fx, &biz, "paid", &asked).await) })
             .run(&*store, pay(&fx, &biz, "paid", 7)),
@@ -75,7 +76,7 @@ pub async fn a_takeover_asks_recover_before_running_the_body(s: Subject) {
     // A holder that died before its effect: recover finds nothing and the body runs.
     let (dead, _) = acquire(&*store, &req(&biz, "unpaid", secs(10))).await;
     clock.advance(secs(11));
-    let (res, report) = idem::observe(
+    let (res, report) = idem::metrics::observe(
         call(&biz, "unpaid")
             .lease(secs(10))
             .recover(|| async { Ok::<_, PayError>(found(&fx, &biz, "unpaid", &asked).await) })
@@ -100,7 +101,7 @@ pub async fn a_failed_recover_releases_the_claim(s: Subject) {
     let asked = AtomicU32::new(0);
     let (dead, _) = acquire(&*store, &req(&biz, "o", secs(10))).await;
     clock.advance(secs(11));
-    let (res, report) = idem::observe(
+    let (res, report) = idem::metrics::observe(
         call(&biz, "o")
             .lease(secs(10))
             .recover(|| async {
@@ -117,7 +118,7 @@ pub async fn a_failed_recover_releases_the_claim(s: Subject) {
     assert_eq!(rec.status, Status::Processing);
     assert!(rec.fence > dead.fence);
     // No clock move: the released claim is taken over at once, and recover is asked again.
-    let (res, report) = idem::observe(
+    let (res, report) = idem::metrics::observe(
         call(&biz, "o")
             .lease(secs(10))
             .recover(|| async { Ok::<_, PayError>(found(&fx, &biz, "o", &asked).await) })
@@ -139,7 +140,7 @@ pub async fn recover_is_not_asked_for_a_fresh_claim_or_a_retry(s: Subject) {
         asked.fetch_add(1, Ordering::SeqCst);
         Ok::<Option<Receipt>, PayError>(None)
     };
-    let (res, report) = idem::observe(
+    let (res, report) = idem::metrics::observe(
         call(&biz, "fresh")
             .recover(ask)
             .run(&*store, pay(&fx, &biz, "fresh", 7)),
@@ -151,7 +152,7 @@ pub async fn recover_is_not_asked_for_a_fresh_claim_or_a_retry(s: Subject) {
     let (failed, how) = acquire(&*store, &req(&biz, "failed", secs(10))).await;
     assert_eq!(how, Acquired::Fresh);
     store.fail(&biz, "failed", &failed).await.unwrap();
-    let (res, report) = idem::observe(
+    let (res, report) = idem::metrics::observe(
         call(&biz, "failed")
             .recover(ask)
             .run(&*store, pay(&fx, &biz, "failed", 7)),

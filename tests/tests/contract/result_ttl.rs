@@ -2,7 +2,8 @@
 //! repeat is refused as `ResultExpired` and the body does not run, until the key's ttl ends; a
 //! sweep shrinks the record to a tombstone; another payload is still a mismatch.
 
-use idem::{Call, IdemError, Outcome, Status};
+use idem::metrics::Outcome;
+use idem::{Call, IdemError, Status};
 
 use super::{Effects, PayError, Subject, biz, pay, secs};
 
@@ -31,13 +32,15 @@ pub async fn a_repeat_after_its_result_ttl_is_refused_until_the_ttl_ends(s: Subj
 
     // Within the result ttl: a replay.
     clock.advance(secs(5));
-    let (again, report) = idem::observe(kept(100).run(&*store, pay(&fx, &biz, "o", 100))).await;
+    let (again, report) =
+        idem::metrics::observe(kept(100).run(&*store, pay(&fx, &biz, "o", 100))).await;
     assert_eq!(again.unwrap(), first);
     assert_eq!(report.unwrap().outcome, Outcome::Replayed);
 
     // Past it: refused, the body does not run; another payload is still a mismatch.
     clock.advance(secs(6));
-    let (late, report) = idem::observe(kept(100).run(&*store, pay(&fx, &biz, "o", 100))).await;
+    let (late, report) =
+        idem::metrics::observe(kept(100).run(&*store, pay(&fx, &biz, "o", 100))).await;
     assert!(
         matches!(late, Err(PayError::Idem(IdemError::ResultExpired))),
         "{late:?}"
@@ -101,7 +104,8 @@ pub async fn a_repeat_after_its_result_ttl_is_refused_until_the_ttl_ends(s: Subj
 
     // Past the ttl the key is free again: a new life, whose result is kept afresh.
     clock.advance(secs(50));
-    let (fresh, report) = idem::observe(kept(100).run(&*store, pay(&fx, &biz, "o", 100))).await;
+    let (fresh, report) =
+        idem::metrics::observe(kept(100).run(&*store, pay(&fx, &biz, "o", 100))).await;
     assert_ne!(fresh.unwrap(), first, "a new life runs the body");
     assert_eq!(report.unwrap().outcome, Outcome::Executed);
     assert_eq!(fx.count(&biz, "o").await, 2);

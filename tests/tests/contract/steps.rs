@@ -8,7 +8,8 @@
 
 use std::time::Duration;
 
-use idem::{Acquired, ClaimRequest, IdemError, MAX_STEPS, Outcome, Status, Store, step, step_key};
+use idem::metrics::Outcome;
+use idem::{Acquired, ClaimRequest, IdemError, MAX_STEPS, Status, Store, step, step_key};
 use tokio::sync::Notify;
 
 use super::{Effects, PayError, Subject, acquire, biz, call, req, secs};
@@ -161,7 +162,7 @@ pub async fn a_takeover_runs_only_the_steps_not_saved(s: Subject) {
     assert_eq!(rec.status, Status::Processing);
     assert!(rec.steps.is_some(), "steps one and two saved");
     clock.advance(secs(11));
-    let (res, report) = idem::observe(
+    let (res, report) = idem::metrics::observe(
         call(&biz, "o")
             .lease(secs(10))
             .run(&*store, three_steps(&fx, &biz, None)),
@@ -196,7 +197,7 @@ pub async fn a_retry_after_a_failure_resumes_after_the_saved_steps(s: Subject) {
         step("charge", api(&fx, &biz, "charge")).await?;
         Err::<String, _>(PayError::Declined)
     };
-    let (res, report) = idem::observe(call(&biz, "o").run(&*store, failing)).await;
+    let (res, report) = idem::metrics::observe(call(&biz, "o").run(&*store, failing)).await;
     assert!(matches!(res, Err(PayError::Declined)), "{res:?}");
     assert_eq!(report.unwrap().outcome, Outcome::Failed);
     let retry = async {

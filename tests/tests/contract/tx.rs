@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Call, IdemError, IdemTx, Outcome, Status, Store};
+use idem::metrics::Outcome;
+use idem::{Call, IdemError, IdemTx, Status, Store};
 use tokio::sync::Barrier;
 
 use super::{PayError, Receipt, biz, call};
@@ -94,7 +95,8 @@ async fn run<B: TxBackend>(
 pub async fn commit_keeps_claim_business_and_mark_together<B: TxBackend>(b: Arc<B>) {
     let (store, biz) = (b.store(), biz("tx_commit"));
     let mut tx = b.begin_for(&biz, "k").await;
-    let (first, report) = idem::observe(run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)).await;
+    let (first, report) =
+        idem::metrics::observe(run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)).await;
     let first = first.unwrap();
     assert_eq!(
         report.unwrap().outcome,
@@ -106,7 +108,8 @@ pub async fn commit_keeps_claim_business_and_mark_together<B: TxBackend>(b: Arc<
     assert_eq!((rec.status, rec.attempt), (Status::Succeeded, 1));
 
     let mut tx = b.begin_for(&biz, "k").await;
-    let (again, report) = idem::observe(run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)).await;
+    let (again, report) =
+        idem::metrics::observe(run::<B>(&mut tx, call(&biz, "k"), &biz, "k", false)).await;
     B::commit(tx).await;
     assert_eq!(again.unwrap(), first);
     assert!(report.unwrap().replayed());
@@ -116,7 +119,8 @@ pub async fn commit_keeps_claim_business_and_mark_together<B: TxBackend>(b: Arc<
 pub async fn body_error_rolls_back_the_claim_and_the_business_writes<B: TxBackend>(b: Arc<B>) {
     let (store, biz) = (b.store(), biz("tx_err"));
     let mut tx = b.begin_for(&biz, "k").await;
-    let (res, report) = idem::observe(run::<B>(&mut tx, call(&biz, "k"), &biz, "k", true)).await;
+    let (res, report) =
+        idem::metrics::observe(run::<B>(&mut tx, call(&biz, "k"), &biz, "k", true)).await;
     assert!(matches!(res, Err(PayError::Declined)), "{res:?}");
     assert_eq!(report.unwrap().outcome, Outcome::Failed);
     // Even if the caller commits after the error, neither the claim nor the business row survive.
@@ -302,7 +306,7 @@ pub async fn an_unstorable_result_in_a_transaction_keeps_the_claim<B: TxBackend>
     for round in 0..2 {
         let mut tx = b.begin_for(&biz, "k").await;
         let (res, report) =
-            idem::observe(call(&biz, "k").run_in_tx(&mut tx, async |tx: &mut B::Tx| {
+            idem::metrics::observe(call(&biz, "k").run_in_tx(&mut tx, async |tx: &mut B::Tx| {
                 B::write_effect(tx, &biz, "k").await;
                 Ok::<_, PayError>(big.clone())
             }))
@@ -456,7 +460,7 @@ pub async fn a_result_kept_shorter_than_its_key_in_a_transaction<B: TxBackend>(b
     assert!(rec.result_until_ms.is_some_and(|t| t > 0), "{rec:?}");
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut tx = b.begin_for(&biz, "k").await;
-    let (late, report) = idem::observe(run::<B>(&mut tx, kept(), &biz, "k", false)).await;
+    let (late, report) = idem::metrics::observe(run::<B>(&mut tx, kept(), &biz, "k", false)).await;
     B::commit(tx).await;
     assert!(
         matches!(late, Err(PayError::Idem(IdemError::ResultExpired))),

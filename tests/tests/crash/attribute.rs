@@ -67,7 +67,7 @@ async fn sqlite_killed_after_its_effect_through_the_attribute() {
         .await;
     tokio::time::sleep(lease + Duration::from_millis(200)).await;
     for key in &keys {
-        let (res, report) = idem::observe(charge(key, "repeat", false)).await;
+        let (res, report) = idem::metrics::observe(charge(key, "repeat", false)).await;
         assert_eq!(res.unwrap(), "recovered child", "{key}");
         assert_eq!(report.unwrap().outcome, Outcome::Recovered, "{key}");
         assert_eq!(

@@ -76,7 +76,8 @@ async fn killed_after_its_effect(site: Site) {
         let call = Call::new(biz, key).lease(lease);
         if i % 2 == 0 {
             let (res, report) =
-                idem::observe(call.recover(recover(key.clone())).run(&*site.store, body)).await;
+                idem::metrics::observe(call.recover(recover(key.clone())).run(&*site.store, body))
+                    .await;
             assert_eq!(res.unwrap(), "recovered child", "{key}");
             assert_eq!(report.unwrap().outcome, Outcome::Recovered, "{key}");
             assert_eq!(
@@ -93,7 +94,7 @@ async fn killed_after_its_effect(site: Site) {
                 .unwrap();
             assert_eq!(again, "recovered child", "{key}: a repeat replays it");
         } else {
-            let (res, report) = idem::observe(call.run(&*site.store, body)).await;
+            let (res, report) = idem::metrics::observe(call.run(&*site.store, body)).await;
             assert_eq!(res.unwrap(), "ran again", "{key}");
             assert_eq!(report.unwrap().outcome, Outcome::TakenOver, "{key}");
             assert_eq!(
@@ -118,11 +119,12 @@ async fn paused_past_the_lease(site: Site) {
     // While A is paused its lease runs out (its heartbeat is paused too); B takes over.
     tokio::time::sleep(lease + Duration::from_millis(300)).await;
     let effects = site.effects.clone();
-    let (b, report) = idem::observe(Call::new(biz, key).lease(lease).run(&*site.store, async {
-        effect(&effects, biz, key, "B").await?;
-        Ok::<_, IdemError>("B".to_owned())
-    }))
-    .await;
+    let (b, report) =
+        idem::metrics::observe(Call::new(biz, key).lease(lease).run(&*site.store, async {
+            effect(&effects, biz, key, "B").await?;
+            Ok::<_, IdemError>("B".to_owned())
+        }))
+        .await;
     assert_eq!(b.unwrap(), "B");
     assert_eq!(report.unwrap().outcome, Outcome::TakenOver);
     // A resumes and finishes its body: it is told it lost the claim.
@@ -137,7 +139,7 @@ async fn paused_past_the_lease(site: Site) {
     .unwrap();
     assert_eq!(said, "RESULT lease-lost");
     // The stored result is B's: a repeat replays it, and A's is never seen.
-    let (again, report) = idem::observe(
+    let (again, report) = idem::metrics::observe(
         Call::new(biz, key)
             .lease(lease)
             .run(&*site.store, async { Ok::<_, IdemError>("C".to_owned()) }),

@@ -49,9 +49,10 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem::metrics::Outcome;
 use idem::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 use idem::sqlx::{self, Row};
-use idem::{Call, IdemError, Outcome, SqliteStore, Status, Store};
+use idem::{Call, IdemError, SqliteStore, Status, Store};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Barrier;
 
@@ -353,7 +354,7 @@ async fn child() {
             let store = open(&spec.backend).await;
             let effects = effects_pool(&spec.effects).await;
             let who = spec.skew.clone().unwrap_or_else(|| "true clock".to_owned());
-            let (result, report) = idem::observe(call().run(&*store, async {
+            let (result, report) = idem::metrics::observe(call().run(&*store, async {
                 effect(&effects, &spec.biz, &spec.key, &who).await?;
                 Ok::<_, IdemError>(who.clone())
             }))
@@ -635,7 +636,7 @@ impl Site {
             tasks.spawn(async move {
                 barrier.wait().await;
                 let call = Call::new(biz.clone(), &key).lease(lease);
-                let (_, report) = idem::observe(call.run(&*store, async {
+                let (_, report) = idem::metrics::observe(call.run(&*store, async {
                     effect(&effects, &biz, &key, &format!("burst{i}")).await?;
                     Ok::<_, IdemError>(i)
                 }))

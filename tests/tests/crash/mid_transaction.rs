@@ -29,7 +29,7 @@ async fn sqlite_killed_mid_transaction() {
         assert!(effects_of(&effects, biz, key).await.is_empty(), "{key}");
         // ...and the next caller runs at once, without waiting for any lease.
         let mut tx = store.begin().await.unwrap();
-        let (ran, report) = idem::observe(Call::new(biz, key).lease(lease).run_in_tx(
+        let (ran, report) = idem::metrics::observe(Call::new(biz, key).lease(lease).run_in_tx(
             &mut tx,
             async |tx| {
                 sqlx::query("INSERT INTO effects (biz, k, who) VALUES (?, ?, 'next')")
@@ -73,18 +73,19 @@ macro_rules! server_killed_mid_transaction {
             let count = format!($count, table = table);
             site.kill_trials(biz, lease, Act::HoldTx, 10, async |key| {
                 let mut tx = store.begin().await.unwrap();
-                let (ran, report) = idem::observe(Call::new(biz, key).lease(lease).run_in_tx(
-                    &mut tx,
-                    async |tx| {
-                        sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
-                            .bind(biz)
-                            .bind(key)
-                            .execute(&mut **tx)
-                            .await
-                            .map_err(IdemError::store)?;
-                        Ok::<_, IdemError>(1)
-                    },
-                ))
+                let (ran, report) = idem::metrics::observe(
+                    Call::new(biz, key)
+                        .lease(lease)
+                        .run_in_tx(&mut tx, async |tx| {
+                            sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
+                                .bind(biz)
+                                .bind(key)
+                                .execute(&mut **tx)
+                                .await
+                                .map_err(IdemError::store)?;
+                            Ok::<_, IdemError>(1)
+                        }),
+                )
                 .await;
                 tx.commit().await.unwrap();
                 // No record and no effect survived the child: this caller ran at once, first.

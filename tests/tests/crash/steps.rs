@@ -46,7 +46,7 @@ async fn killed_between_steps(site: Site) {
         .await;
     tokio::time::sleep(lease + Duration::from_millis(200)).await;
     for key in &keys {
-        let (res, report) = idem::observe(Call::new(biz, key).lease(lease).run(
+        let (res, report) = idem::metrics::observe(Call::new(biz, key).lease(lease).run(
             &*site.store,
             three_steps(&site.effects, biz, "repeat", false),
         ))

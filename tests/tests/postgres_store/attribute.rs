@@ -57,7 +57,7 @@ async fn the_attribute_works_by_name_and_in_transactions() {
     idem::register_store("postgres", store.clone());
     let order = contract::biz("ORD");
     let first = pay_by_name(&order, 990).await.unwrap();
-    let (again, report) = idem::observe(pay_by_name(&order, 990)).await;
+    let (again, report) = idem::metrics::observe(pay_by_name(&order, 990)).await;
     assert_eq!(again.unwrap(), first);
     assert!(report.unwrap().replayed());
     assert!(matches!(

@@ -9,10 +9,8 @@ use std::sync::Arc;
 use crate::contract::server;
 use async_trait::async_trait;
 use idem::sqlx::{self, MySqlPool};
-use idem::{
-    Dialect, IdemError, MySqlStore, MySqlTx, SqlValue, StateMachine, StateRow, Transition,
-    TransitionConn, state_transition,
-};
+use idem::state_machine::{Dialect, SqlValue, StateRow, TransitionConn};
+use idem::{IdemError, MySqlStore, MySqlTx, StateMachine, Transition, state_transition};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, StateMachine)]
 #[state_machine(table = "order", key = "key", status = "status", version = "version")]

@@ -12,10 +12,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use idem::sqlx::postgres::PgPool;
 use idem::sqlx::{self, Postgres, Transaction};
-use idem::{
-    Dialect, IdemError, PgStore, PgTx, SqlValue, StateMachine, StateRow, Transition,
-    TransitionConn, state_transition,
-};
+use idem::state_machine::{Dialect, SqlValue, StateRow, TransitionConn};
+use idem::{IdemError, PgStore, PgTx, StateMachine, Transition, state_transition};
 use scenario::{Backend, PayStatus, ScenarioError, Tables};
 
 /// A machine on a table named with a reserved word (`order`) and a key column named `key`: only

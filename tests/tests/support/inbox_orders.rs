@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use idem::inbox::{Handled, Inbox, Verdict};
+use idem::metrics::Outcome;
 use idem::sqlx::{self, SqlitePool};
-use idem::{IdemError, MemoryStore, Outcome, idempotent};
+use idem::{IdemError, MemoryStore, idempotent};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 

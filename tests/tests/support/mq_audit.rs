@@ -6,8 +6,8 @@ use std::fmt::Display;
 use std::future::Future;
 use std::time::Duration;
 
-use idem::Outcome;
 use idem::inbox::Verdict;
+use idem::metrics::Outcome;
 
 use crate::mq_consumer::{OrderMsg, Seen, Shipping, Tally};
 

@@ -16,10 +16,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use idem::sqlx;
-use idem::{
-    Dialect, IdemError, SqlValue, SqliteStore, SqliteTx, Transition, TransitionConn,
-    state_transition,
-};
+use idem::state_machine::{Dialect, SqlValue, TransitionConn};
+use idem::{IdemError, SqliteStore, SqliteTx, Transition, state_transition};
 
 /// The order's life: paid once, refunded only after a refund request, nothing leaves a terminal state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, idem::StateMachine)]

@@ -1,0 +1,91 @@
+//! The Idempotency-Key layer's settings as every request reads them ([`Config`], made by
+//! `IdempotencyBuilder::build`), the header a client sends its key in, and how a layer in
+//! transaction mode begins a request's transaction.
+
+use std::any::Any;
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode};
+
+use super::cap::Cap;
+use super::drain::Inflight;
+use super::hint::Durations;
+use super::principal::Principal;
+use super::recover::RecoverFn;
+use super::service::BoxFuture;
+use crate::engine::Heartbeat;
+use crate::transition::TransitionTx;
+use crate::{IdemError, IdemTx, Store, TransactionalStore};
+
+/// The header a client sends its key in.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The layer's settings, shared by every request.
+pub(crate) struct Config {
+    pub(super) store: Arc<dyn Store>,
+    pub(super) biz: Cow<'static, str>,
+    pub(crate) header: HeaderName,
+    pub(crate) body_field: Option<String>,
+    pub(super) required: bool,
+    pub(super) methods: Vec<Method>,
+    pub(crate) max_key_len: usize,
+    pub(super) max_request_bytes: usize,
+    pub(super) max_response_bytes: usize,
+    pub(super) keep_headers: Vec<HeaderName>,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) canonical_json: bool,
+    pub(super) store_if: fn(StatusCode) -> bool,
+    pub(super) durations: Durations,
+    pub(super) principal: Principal,
+    pub(super) ttl: Duration,
+    pub(super) result_ttl: Option<Duration>,
+    pub(super) lease: Duration,
+    pub(super) heartbeat: Heartbeat,
+    pub(super) wait: Option<Duration>,
+    pub(super) store_timeout: Duration,
+    pub(super) cap: Option<Arc<Cap>>,
+    pub(super) recover: Option<RecoverFn>,
+    /// Transaction mode: how to begin the request's transaction.
+    pub(super) tx: Option<Begin>,
+    pub(super) inflight: Arc<Inflight>,
+}
+
+/// A transaction the layer can begin, lend to the handler and finish.
+pub(crate) trait Lent: IdemTx + 'static {
+    fn as_any(&mut self) -> &mut dyn Any;
+    fn finish(self: Box<Self>, commit: bool) -> BoxFuture<Result<(), IdemError>>;
+}
+
+impl<T: IdemTx + TransitionTx + 'static> Lent for T {
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn finish(self: Box<Self>, commit: bool) -> BoxFuture<Result<(), IdemError>> {
+        if commit {
+            TransitionTx::commit(self)
+        } else {
+            TransitionTx::rollback(self)
+        }
+    }
+}
+
+/// Begins one transaction on the layer's store.
+pub(crate) type Begin = Arc<dyn Fn() -> BoxFuture<Result<Box<dyn Lent>, IdemError>> + Send + Sync>;
+
+/// `begin()` on `store`, erased.
+pub(crate) fn begin_on<S>(store: Arc<S>) -> Begin
+where
+    S: TransactionalStore,
+    S::Tx: TransitionTx + 'static,
+{
+    Arc::new(move || {
+        let store = Arc::clone(&store);
+        Box::pin(async move {
+            let tx = store.begin_tx().await?;
+            Ok(Box::new(tx) as Box<dyn Lent>)
+        })
+    })
+}

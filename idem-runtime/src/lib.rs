@@ -141,11 +141,6 @@ pub use __private::{
     IsMachine, IsResult, JoinableTx, Recovers, Storable, SubjectText, TokenText,
 };
 
-// Named at the root by `ToSqlValue`'s own diagnostic (an unmet `ToSqlValue` says to implement
-// `idem::ToSqlValue`); its place is `state_machine`.
-#[doc(hidden)]
-pub use transition::ToSqlValue;
-
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 #[doc(no_inline)]
 pub use sqlx;

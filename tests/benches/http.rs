@@ -39,7 +39,7 @@ const INSERT: &str = "INSERT INTO orders (item) VALUES ('book')";
 fn tx_router(store: &SqliteStore, layer: bool) -> Router {
     if layer {
         let route = post(|mut tx: LayerTx<SqliteTx>| async move {
-            idem::sqlx::query(INSERT).execute(&mut **tx).await.unwrap();
+            idem::sqlx::query(INSERT).execute(tx.conn()).await.unwrap();
             axum::Json(serde_json::json!({ "order_id": 7 }))
         });
         let layer = IdempotencyLayer::builder_tx(store.clone())

@@ -222,6 +222,7 @@ async fn create_order<T: OrderTx>(
     }
     let no = order_no();
     if let Err(e) = tx
+        .get_mut()
         .insert_order(&no, caller(&headers), &body.item, body.amount)
         .await
     {

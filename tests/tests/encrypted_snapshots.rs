@@ -306,12 +306,12 @@ async fn the_snapshot_limit_is_exact() {
 #[idempotent(biz = "SEALTX", key = "order_no", tx = "tx")]
 async fn pay_in_tx(tx: &mut EncryptedTx<SqliteStore>, order_no: &str) -> Result<Receipt, PayError> {
     sqlx::query("CREATE TABLE IF NOT EXISTS ledger (order_no TEXT NOT NULL)")
-        .execute(&mut **tx)
+        .execute(tx.conn())
         .await
         .map_err(IdemError::store)?;
     sqlx::query("INSERT INTO ledger (order_no) VALUES (?1)")
         .bind(order_no)
-        .execute(&mut **tx)
+        .execute(tx.conn())
         .await
         .map_err(IdemError::store)?;
     Ok(Receipt {

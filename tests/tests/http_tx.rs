@@ -52,7 +52,10 @@ async fn create<T: Orders>(
     body: String,
 ) -> Response {
     let key = headers["idempotency-key"].to_str().unwrap().to_owned();
-    tx.insert_order(&app.table, &key, "handler").await.unwrap();
+    tx.get_mut()
+        .insert_order(&app.table, &key, "handler")
+        .await
+        .unwrap();
     match body.as_str() {
         "fail" => return (StatusCode::INTERNAL_SERVER_ERROR, "warehouse down").into_response(),
         "refuse" => return (StatusCode::UNPROCESSABLE_ENTITY, "bad order").into_response(),
@@ -370,7 +373,7 @@ mod readme_handler {
         let inserted = idem::sqlx::query("INSERT INTO orders (no, item) VALUES (?, ?)")
             .bind(&order.no)
             .bind(&order.item)
-            .execute(&mut **tx) // in the layer's transaction
+            .execute(tx.conn()) // in the layer's transaction
             .await;
         match inserted {
             Ok(_) => (StatusCode::CREATED, Json(order)).into_response(),

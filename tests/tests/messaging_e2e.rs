@@ -208,9 +208,12 @@ async fn create<T: Orders + OutboxConn>(
     body: String,
 ) -> Response {
     let key = headers["idempotency-key"].to_str().unwrap().to_owned();
-    tx.insert_order(&app.orders, &key, "e2e").await.unwrap();
+    tx.get_mut()
+        .insert_order(&app.orders, &key, "e2e")
+        .await
+        .unwrap();
     app.outbox
-        .enqueue(&mut *tx, &app.destination, &key, body.as_bytes())
+        .enqueue(tx.get_mut(), &app.destination, &key, body.as_bytes())
         .await
         .unwrap();
     (StatusCode::CREATED, key).into_response()

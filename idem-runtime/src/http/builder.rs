@@ -483,7 +483,7 @@ impl IdempotencyLayer {
     ///
     /// async fn create(mut tx: LayerTx<SqliteTx>) -> Result<String, String> {
     ///     idem::sqlx::query("INSERT INTO orders (item) VALUES ('tv')")
-    ///         .execute(&mut **tx)
+    ///         .execute(tx.conn())
     ///         .await
     ///         .map_err(|e| e.to_string())?;
     ///     Ok("created".to_owned())

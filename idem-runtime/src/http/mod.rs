@@ -68,7 +68,7 @@
 //! async fn create_order(mut tx: LayerTx<idem::SqliteTx>, item: String) -> Response {
 //!     let inserted = idem::sqlx::query("INSERT INTO orders (item) VALUES (?1)")
 //!         .bind(&item)
-//!         .execute(&mut **tx) // in the layer's transaction
+//!         .execute(tx.conn()) // in the layer's transaction
 //!         .await;
 //!     match inserted {
 //!         Ok(_) => (StatusCode::CREATED, item).into_response(),

@@ -41,9 +41,9 @@ impl Slot {
 
 /// The transaction of a request behind an [`IdempotencyLayer`](super::IdempotencyLayer) in
 /// transaction mode ([`IdempotencyLayer::builder_tx`](super::IdempotencyLayer::builder_tx)): an
-/// axum extractor that derefs to the store's transaction type `T` (`idem::SqliteTx`,
-/// `idem::MySqlTx`, `idem::PgTx`), and through it to the connection for the handler's own
-/// queries. The layer has claimed the request's key in it; once the handler answers, the layer
+/// axum extractor for the store's transaction type `T` (`idem::SqliteTx`, `idem::MySqlTx`,
+/// `idem::PgTx`) that reads as `T` and gives its connection for the handler's own queries
+/// ([`LayerTx::conn`]). The layer has claimed the request's key in it; once the handler answers, the layer
 /// stores the response in it and commits: the handler's writes and the stored response commit
 /// together, or (a 5xx, a response that is not stored, a panic) none of them does.
 ///
@@ -54,7 +54,7 @@ impl Slot {
 ///
 /// async fn create_order(mut tx: LayerTx<SqliteTx>) -> Result<String, String> {
 ///     let id: i64 = idem::sqlx::query_scalar("INSERT INTO orders (item) VALUES ('tv') RETURNING id")
-///         .fetch_one(&mut **tx)
+///         .fetch_one(tx.conn())
 ///         .await
 ///         .map_err(|e| e.to_string())?;
 ///     Ok(format!("order {id}"))
@@ -78,8 +78,21 @@ impl<T> Deref for LayerTx<T> {
     }
 }
 
-impl<T> DerefMut for LayerTx<T> {
-    fn deref_mut(&mut self) -> &mut T {
+impl<T> LayerTx<T> {
+    /// The transaction, for what takes it by `&mut` (a `#[state_transition]`, a `Call` run in it).
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+
+    /// The transaction's connection, for the handler's own queries: `query.execute(tx.conn())`.
+    ///
+    /// `LayerTx` gives it by this method rather than by `DerefMut`: a `DerefMut` to a type only
+    /// known as `T` would make every blanket impl over `DerefMut` in the build (redis's
+    /// `ConnectionLike`, and with it every Redis command) a candidate for its methods.
+    pub fn conn(&mut self) -> &mut T::Target
+    where
+        T: DerefMut,
+    {
         &mut self.0
     }
 }

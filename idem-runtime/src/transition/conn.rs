@@ -170,13 +170,13 @@ macro_rules! sqlx_transition_conn {
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 pub(crate) use sqlx_transition_conn;
 
-/// `Deref`, `TransitionConn` and `TransitionTx` for a transaction that wraps a store's transaction
-/// in its field `tx` (`ShardedTx<S>`, `EncryptedTx<S>`): every call goes to the inner transaction,
-/// so your queries and `#[state_transition]` work on the wrapper as on the store's own
-/// transaction. `attrs` go on the two transition impls.
+/// `Deref`, `conn()`, `TransitionConn` and `TransitionTx` for a transaction that wraps a store's
+/// transaction in its field `tx` (`ShardedTx<S>`, `EncryptedTx<S>`): every call goes to the inner
+/// transaction, so your queries (on `conn()`) and `#[state_transition]` work on the wrapper as on
+/// the store's own transaction. `attrs` go on the two transition impls.
 macro_rules! wrapping_transition_tx {
     ($wrapper:ident $(, #[$attr:meta])*) => {
-        /// Derefs to the inner transaction's connection, for your own queries in it.
+        /// Derefs to the inner transaction's connection, to read it.
         impl<S: $crate::TransactionalStore> std::ops::Deref for $wrapper<S>
         where
             S::Tx: std::ops::Deref,
@@ -188,11 +188,17 @@ macro_rules! wrapping_transition_tx {
             }
         }
 
-        impl<S: $crate::TransactionalStore> std::ops::DerefMut for $wrapper<S>
-        where
-            S::Tx: std::ops::DerefMut,
-        {
-            fn deref_mut(&mut self) -> &mut Self::Target {
+        impl<S: $crate::TransactionalStore> $wrapper<S> {
+            /// The inner transaction's connection, for your own queries in it:
+            /// `query.execute(tx.conn())`.
+            ///
+            /// Given by this method rather than by `DerefMut`: a `DerefMut` to a type only known
+            /// through `S` would make every blanket impl over `DerefMut` in the build (redis's
+            /// `ConnectionLike`, and with it every Redis command) a candidate for its methods.
+            pub fn conn(&mut self) -> &mut <S::Tx as std::ops::Deref>::Target
+            where
+                S::Tx: std::ops::DerefMut,
+            {
                 &mut self.tx
             }
         }

@@ -125,7 +125,7 @@ impl<M> Done<M> {
 }
 
 /// One call of a transition: every step records the outcome, and [`TransitionCall::run`] reports it
-/// once in the `idem` span, the counters (under the machine's name) and `idem::observe`.
+/// once in the `idem` span, the counters (under the machine's name) and `idem::metrics::observe`.
 pub struct TransitionCall<M: 'static> {
     spec: &'static TransitionSpec<M>,
     outcome: Recorded,

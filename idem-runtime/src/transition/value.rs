@@ -30,7 +30,7 @@ pub enum SqlValue<'a> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be bound to a SQL column by `#[state_transition]`",
     label = "not bindable",
-    note = "`key` and `set(…)` values are bound as text, integers, floats, booleans, bytes or NULL: pass such a value (e.g. `x.to_string()`), or implement `idem::ToSqlValue` for `{Self}`"
+    note = "`key` and `set(…)` values are bound as text, integers, floats, booleans, bytes or NULL: pass such a value (e.g. `x.to_string()`), or implement `idem::state_machine::ToSqlValue` for `{Self}`"
 )]
 pub trait ToSqlValue {
     /// The value to bind.

@@ -201,7 +201,7 @@ where
         let table = table.clone();
         async move {
             let key = headers["idempotency-key"].to_str().unwrap().to_owned();
-            tx.insert_order(&table, &key, who).await.unwrap();
+            tx.get_mut().insert_order(&table, &key, who).await.unwrap();
             if hang {
                 say("READY");
                 std::future::pending::<()>().await;

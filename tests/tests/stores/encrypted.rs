@@ -84,7 +84,7 @@ impl TxBackend for Encrypted {
         sqlx::query("INSERT INTO effects (biz, k) VALUES (?1, ?2)")
             .bind(biz)
             .bind(key)
-            .execute(&mut **tx)
+            .execute(tx.conn())
             .await
             .unwrap()
             .last_insert_rowid()

@@ -57,7 +57,7 @@ impl TxBackend for Postgres {
         )))
         .bind(biz)
         .bind(key)
-        .fetch_one(&mut **tx)
+        .fetch_one(tx.conn())
         .await
         .unwrap()
     }

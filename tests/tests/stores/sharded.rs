@@ -74,7 +74,7 @@ impl TxBackend for Sharded {
         sqlx::query("INSERT INTO effects (biz, k) VALUES (?1, ?2)")
             .bind(biz)
             .bind(key)
-            .execute(&mut **tx)
+            .execute(tx.conn())
             .await
             .unwrap()
             .last_insert_rowid()
@@ -171,7 +171,7 @@ async fn a_transaction_joins_only_calls_of_its_shard() {
 async fn pay(tx: &mut ShardedTx<SqliteStore>, order_no: &str) -> Result<i64, IdemError> {
     let row = sqlx::query("INSERT INTO effects (biz, k) VALUES ('SHPAY', ?1)")
         .bind(order_no)
-        .execute(&mut **tx)
+        .execute(tx.conn())
         .await
         .map_err(IdemError::store)?
         .last_insert_rowid();

@@ -101,7 +101,7 @@ impl TxBackend for Sharded {
         )))
         .bind(biz)
         .bind(key)
-        .execute(&mut **tx)
+        .execute(tx.conn())
         .await
         .unwrap()
         .last_insert_id();

@@ -33,7 +33,7 @@ macro_rules! orders {
                 sqlx::query(AssertSqlSafe(insert))
                     .bind(key)
                     .bind(who)
-                    .execute(&mut **self)
+                    .execute(self.conn())
                     .await
                     .map(drop)
                     .map_err(IdemError::store)

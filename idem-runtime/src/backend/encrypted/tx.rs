@@ -11,8 +11,8 @@ use crate::{IdemError, IdemTx, TransactionalStore};
 
 /// A transaction on the inner store's database, from [`EncryptedStore::begin`]: a `tx = "…"` call
 /// in it seals its snapshot and opens the one it replays, like a lease-mode call on the
-/// [`EncryptedStore`]. It derefs to the inner transaction's connection for the business's own
-/// queries; [`EncryptedTx::commit`] and [`EncryptedTx::rollback`] end it.
+/// [`EncryptedStore`]. Its `conn()` is the inner transaction's connection, for the business's
+/// own queries (`query.execute(tx.conn())`); [`EncryptedTx::commit`] and [`EncryptedTx::rollback`] end it.
 pub struct EncryptedTx<S: TransactionalStore> {
     tx: S::Tx,
     store: EncryptedStore<S>,

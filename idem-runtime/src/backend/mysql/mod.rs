@@ -106,7 +106,7 @@ pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
 
 impl MySqlStore {
     /// The DDL of the `idem_record` and `idem_token` tables, of the records' later index (the
-    /// one [`Store::stuck`] reads), and of the column `result_until` and its index, for results
+    /// one [`Store::stuck`](crate::Store::stuck) reads), and of the column `result_until` and its index, for results
     /// kept shorter than their record (each of the last three applied once), in order, as shipped in `migrations/mysql/`; for
     /// services that apply migrations with their own tool.
     /// [`MySqlStore::migrate`] applies them with the store's table names.

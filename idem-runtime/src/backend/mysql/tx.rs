@@ -123,6 +123,14 @@ impl DerefMut for MySqlTx {
     }
 }
 
+impl MySqlTx {
+    /// The connection, for your own queries: `query.execute(tx.conn())` (the same as
+    /// `&mut **tx`, and the same method as on the other transactions idem gives).
+    pub fn conn(&mut self) -> &mut MySqlConnection {
+        &mut **self
+    }
+}
+
 impl std::fmt::Debug for MySqlTx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MySqlTx").finish_non_exhaustive()

@@ -108,7 +108,7 @@ fn lock_timeout_text(timeout: Duration) -> String {
 
 impl PgStore {
     /// The DDL of the records and tokens tables and of the records' later indexes (the one
-    /// [`Store::stuck`] reads: first over every record, then over the PROCESSING ones only, which
+    /// [`Store::stuck`](crate::Store::stuck) reads: first over every record, then over the PROCESSING ones only, which
     /// replaces it; then the column `result_until` and its index, for results kept shorter than
     /// their record), in order, as shipped in `migrations/postgres/` (with the default names
     /// `idem_record` and `idem_token`); for services that apply migrations with their own tool.

@@ -208,6 +208,14 @@ impl DerefMut for PgTx {
     }
 }
 
+impl PgTx {
+    /// The connection, for your own queries: `query.execute(tx.conn())` (the same as
+    /// `&mut **tx`, and the same method as on the other transactions idem gives).
+    pub fn conn(&mut self) -> &mut PgConnection {
+        &mut **self
+    }
+}
+
 impl std::fmt::Debug for PgTx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgTx").finish_non_exhaustive()

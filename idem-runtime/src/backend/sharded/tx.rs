@@ -10,9 +10,9 @@ use crate::{IdemError, IdemTx, TransactionalStore};
 
 /// A transaction on the shard of one key, from [`ShardedStore::begin_for`]. A `tx = "…"` call
 /// claims in it only for a key of this shard (any other is refused before anything is written);
-/// lease-mode calls and the sweeper find the record on the same shard. It derefs to the shard's
-/// connection like the shard's own transaction; [`ShardedTx::into_inner`] gives that transaction
-/// to commit.
+/// lease-mode calls and the sweeper find the record on the same shard. Its `conn()` is the shard's
+/// connection, for your own queries (`query.execute(tx.conn())`); [`ShardedTx::into_inner`] gives
+/// the shard's transaction to commit.
 pub struct ShardedTx<S: TransactionalStore> {
     tx: S::Tx,
     store: ShardedStore<S>,

@@ -86,7 +86,7 @@ pub(crate) fn db_error(e: sqlx::Error) -> IdemError {
 
 impl SqliteStore {
     /// The DDL of the `idem_record` table (its fence, the tokens table and the index
-    /// [`Store::stuck`] reads came later: first over every record, then over the PROCESSING ones
+    /// [`Store::stuck`](crate::Store::stuck) reads came later: first over every record, then over the PROCESSING ones
     /// only, which replaces it; then the column `result_until` and its index, for results kept
     /// shorter than their record), in order, as shipped in `migrations/sqlite/` (with the default
     /// names `idem_record` and `idem_token`); for services that apply migrations with their own

@@ -86,6 +86,14 @@ impl DerefMut for SqliteTx {
     }
 }
 
+impl SqliteTx {
+    /// The connection, for your own queries: `query.execute(tx.conn())` (the same as
+    /// `&mut **tx`, and the same method as on the other transactions idem gives).
+    pub fn conn(&mut self) -> &mut SqliteConnection {
+        &mut **self
+    }
+}
+
 impl std::fmt::Debug for SqliteTx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteTx").finish_non_exhaustive()

@@ -35,7 +35,7 @@ use proc_macro::TokenStream;
 /// | option | required | value | default |
 /// | --- | --- | --- | --- |
 /// | `biz` | yes | string literal: the business action, non-empty, at most 32 bytes (UTF-8, the unit the store counts in), no whitespace. The same key in two `biz` is two records. | |
-/// | `key` | yes | a Rust expression over the fn's parameters, in a string (`key = "req.order_no"`) or bare (`key = req.order_no`); composite keys are tuples: `key = "(req.user_id, req.client_req_id)"` | |
+/// | `key` | yes | a Rust expression over the fn's parameters, in a string (`key = "req.order_no"`) or bare (`key = req.order_no`); composite keys are tuples: `key = "(req.user_id, req.client_req_id)"`. rustc's errors point at it either way; written bare, they also get rustc's suggestions (a misspelled field's similar name), which it cannot make inside a string | |
 /// | `store` | yes, but not with `tx` | a store name registered at start-up (`store = "sqlite"`), or an expression yielding a store (`store = self.store`, `store = STORE`) | |
 /// | `ttl` | no | how long a record is kept: a positive integer and a unit, `ms`, `s`, `m`, `h` or `d` | `"7d"` |
 /// | `result_ttl` | no | how long the result is kept for replay when shorter than `ttl`: from then until `ttl` ends the record is a tombstone, and a repeat gets `IdemError::ResultExpired` (HTTP 410) instead of running the body; at most `ttl` (the default) | `"1d"` |

@@ -96,6 +96,7 @@ pub use net::DEFAULT_CONNECT_TIMEOUT;
 pub use preflight::preflight;
 pub use recovery::{Reconciled, Reconciler};
 pub use registry::{IntoSharedStore, register_store, store, unregister_store};
+pub use store::tx::StoreTx;
 pub use store::{
     Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, StatusCount, Store,
 };

@@ -23,7 +23,7 @@ mod server;
 
 use std::collections::BTreeMap;
 
-use idem::{Call, IdemError, Store, TransactionalStore, TransitionTx};
+use idem::{Call, IdemError, Store, StoreTx, TransactionalStore};
 
 const CALLS: u32 = 50;
 
@@ -72,7 +72,7 @@ async fn lease_calls(store: &dyn Store, biz: &str) {
 async fn tx_calls<S>(store: &S, biz: &str)
 where
     S: TransactionalStore,
-    S::Tx: TransitionTx,
+    S::Tx: StoreTx,
 {
     for i in 0..CALLS {
         let mut tx = store.begin_tx().await.unwrap();

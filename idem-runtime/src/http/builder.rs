@@ -500,7 +500,7 @@ impl IdempotencyLayer {
     pub fn builder_tx<S>(store: S) -> IdempotencyBuilder
     where
         S: crate::TransactionalStore,
-        S::Tx: crate::TransitionTx + 'static,
+        S::Tx: crate::StoreTx + 'static,
     {
         let store = Arc::new(store);
         let mut builder = IdempotencyLayer::builder(Arc::clone(&store));

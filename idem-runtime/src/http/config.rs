@@ -16,7 +16,7 @@ use super::principal::Principal;
 use super::recover::RecoverFn;
 use super::service::BoxFuture;
 use crate::engine::Heartbeat;
-use crate::transition::TransitionTx;
+use crate::store::tx::StoreTx;
 use crate::{IdemError, IdemTx, Store, TransactionalStore};
 
 /// The header a client sends its key in.
@@ -58,16 +58,16 @@ pub(crate) trait Lent: IdemTx + 'static {
     fn finish(self: Box<Self>, commit: bool) -> BoxFuture<Result<(), IdemError>>;
 }
 
-impl<T: IdemTx + TransitionTx + 'static> Lent for T {
+impl<T: IdemTx + StoreTx + 'static> Lent for T {
     fn as_any(&mut self) -> &mut dyn Any {
         self
     }
 
     fn finish(self: Box<Self>, commit: bool) -> BoxFuture<Result<(), IdemError>> {
         if commit {
-            TransitionTx::commit(self)
+            StoreTx::commit(self)
         } else {
-            TransitionTx::rollback(self)
+            StoreTx::rollback(self)
         }
     }
 }
@@ -79,7 +79,7 @@ pub(crate) type Begin = Arc<dyn Fn() -> BoxFuture<Result<Box<dyn Lent>, IdemErro
 pub(crate) fn begin_on<S>(store: Arc<S>) -> Begin
 where
     S: TransactionalStore,
-    S::Tx: TransitionTx + 'static,
+    S::Tx: StoreTx + 'static,
 {
     Arc::new(move || {
         let store = Arc::clone(&store);

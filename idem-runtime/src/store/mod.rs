@@ -18,6 +18,7 @@ mod model_check;
     feature = "redis"
 ))]
 pub(crate) mod order;
+pub(crate) mod tx;
 
 use crate::transition::TransitionTx;
 

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use super::value::SqlValue;
 use crate::IdemError;
 use crate::sql::dialect::Dialect;
+use crate::store::tx::StoreTx;
 
 /// The row read after an update that moved nothing: its state, whether it is already the target
 /// with matching `match` columns, and its version when the machine has one.
@@ -64,22 +65,12 @@ pub trait TransitionConn: Send {
     ) -> Result<Option<StateRow>, IdemError>;
 }
 
-/// A transaction a transition began on its own (`#[state_transition(store = "…")]`): it commits
-/// when the fn succeeds and rolls back otherwise.
-#[async_trait]
-pub trait TransitionTx: TransitionConn {
-    /// Commits.
-    ///
-    /// # Errors
-    /// The database's error, classified.
-    async fn commit(self: Box<Self>) -> Result<(), IdemError>;
+/// A transaction a transition began on its own (`#[state_transition(store = "…")]`): a store's
+/// plain transaction ([`StoreTx`], which commits when the fn succeeds and rolls back otherwise)
+/// that runs the transition's statements ([`TransitionConn`]). Every type that is both is one.
+pub trait TransitionTx: TransitionConn + StoreTx {}
 
-    /// Rolls back.
-    ///
-    /// # Errors
-    /// The database's error, classified.
-    async fn rollback(self: Box<Self>) -> Result<(), IdemError>;
-}
+impl<T: TransitionConn + StoreTx + ?Sized> TransitionTx for T {}
 
 /// `TransitionConn` for one sqlx driver's connection and for its `Transaction` (which runs on that
 /// connection). Called once by each server backend's `transition.rs`, with its own `query` (how
@@ -170,10 +161,10 @@ macro_rules! sqlx_transition_conn {
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 pub(crate) use sqlx_transition_conn;
 
-/// `Deref`, `conn()`, `TransitionConn` and `TransitionTx` for a transaction that wraps a store's
+/// `Deref`, `conn()`, `TransitionConn` and `StoreTx` for a transaction that wraps a store's
 /// transaction in its field `tx` (`ShardedTx<S>`, `EncryptedTx<S>`): every call goes to the inner
 /// transaction, so your queries (on `conn()`) and `#[state_transition]` work on the wrapper as on
-/// the store's own transaction. `attrs` go on the two transition impls.
+/// the store's own transaction. `attrs` go on the `TransitionConn` and `StoreTx` impls.
 macro_rules! wrapping_transition_tx {
     ($wrapper:ident $(, #[$attr:meta])*) => {
         /// Derefs to the inner transaction's connection, to read it.
@@ -236,13 +227,13 @@ macro_rules! wrapping_transition_tx {
         }
 
         /// Commits or rolls back the inner transaction, so code written against
-        /// [`TransitionTx`](crate::TransitionTx) (a transaction it began and ends itself) works on
-        /// the wrapper too.
+        /// [`StoreTx`](crate::StoreTx) (a transaction it began and ends itself) works on the
+        /// wrapper too.
         $(#[$attr])*
         #[async_trait::async_trait]
-        impl<S: $crate::TransactionalStore> $crate::transition::TransitionTx for $wrapper<S>
+        impl<S: $crate::TransactionalStore> $crate::StoreTx for $wrapper<S>
         where
-            S::Tx: $crate::transition::TransitionTx,
+            S::Tx: $crate::StoreTx,
         {
             async fn commit(self: Box<Self>) -> Result<(), $crate::IdemError> {
                 Box::new(self.tx).commit().await

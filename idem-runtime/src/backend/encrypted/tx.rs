@@ -5,8 +5,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::EncryptedStore;
+use crate::store::tx::StoreTx;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
-use crate::transition::TransitionTx;
 use crate::{IdemError, IdemTx, TransactionalStore};
 
 /// A transaction on the inner store's database, from [`EncryptedStore::begin`]: a `tx = "…"` call
@@ -39,7 +39,7 @@ impl<S: TransactionalStore> EncryptedTx<S> {
     /// The inner store's error.
     pub async fn commit(self) -> Result<(), IdemError>
     where
-        S::Tx: TransitionTx,
+        S::Tx: StoreTx,
     {
         Box::new(self.tx).commit().await
     }
@@ -50,7 +50,7 @@ impl<S: TransactionalStore> EncryptedTx<S> {
     /// The inner store's error.
     pub async fn rollback(self) -> Result<(), IdemError>
     where
-        S::Tx: TransitionTx,
+        S::Tx: StoreTx,
     {
         Box::new(self.tx).rollback().await
     }

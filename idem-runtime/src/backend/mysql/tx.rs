@@ -12,8 +12,9 @@ use super::{MySqlStore, db_error};
 use crate::engine::tx::IdemTx;
 use crate::sql::claim::{claim_insert_first, replay_by_read};
 use crate::sql::dialect::{Dialect, Savepoint};
+use crate::store::tx::StoreTx;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
-use crate::transition::{SqlValue, StateRow, TransitionConn, TransitionTx};
+use crate::transition::{SqlValue, StateRow, TransitionConn};
 use crate::{Busy, IdemError};
 
 /// A transaction on a [`MySqlStore`]'s database, begun with [`MySqlStore::begin`].
@@ -127,7 +128,7 @@ impl MySqlTx {
     /// The connection, for your own queries: `query.execute(tx.conn())` (the same as
     /// `&mut **tx`, and the same method as on the other transactions idem gives).
     pub fn conn(&mut self) -> &mut MySqlConnection {
-        &mut **self
+        self
     }
 }
 
@@ -265,7 +266,7 @@ impl TransitionConn for MySqlTx {
 }
 
 #[async_trait]
-impl TransitionTx for MySqlTx {
+impl StoreTx for MySqlTx {
     async fn commit(self: Box<Self>) -> Result<(), IdemError> {
         MySqlTx::commit(*self).await
     }

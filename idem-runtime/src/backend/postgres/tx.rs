@@ -13,8 +13,9 @@ use super::{PgStore, db_error, lock_timeout_text};
 use crate::engine::tx::IdemTx;
 use crate::sql::claim::{claim_insert_first, replay_by_read};
 use crate::sql::dialect::{Dialect, Savepoint};
+use crate::store::tx::StoreTx;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
-use crate::transition::{SqlValue, StateRow, TransitionConn, TransitionTx};
+use crate::transition::{SqlValue, StateRow, TransitionConn};
 use crate::{Busy, IdemError};
 
 /// The isolation level of a transaction begun with [`PgStore::begin_with`].
@@ -212,7 +213,7 @@ impl PgTx {
     /// The connection, for your own queries: `query.execute(tx.conn())` (the same as
     /// `&mut **tx`, and the same method as on the other transactions idem gives).
     pub fn conn(&mut self) -> &mut PgConnection {
-        &mut **self
+        self
     }
 }
 
@@ -375,7 +376,7 @@ impl TransitionConn for PgTx {
 }
 
 #[async_trait]
-impl TransitionTx for PgTx {
+impl StoreTx for PgTx {
     async fn commit(self: Box<Self>) -> Result<(), IdemError> {
         PgTx::commit(*self).await
     }

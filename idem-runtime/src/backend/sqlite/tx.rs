@@ -14,8 +14,9 @@ use crate::IdemError;
 use crate::engine::tx::IdemTx;
 use crate::sql::claim::{claim_insert_first, replay_by_read};
 use crate::sql::dialect::{Dialect, Savepoint};
+use crate::store::tx::StoreTx;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
-use crate::transition::{SqlValue, StateRow, TransitionConn, TransitionTx};
+use crate::transition::{SqlValue, StateRow, TransitionConn};
 
 /// A transaction on a [`SqliteStore`]'s database, begun with [`SqliteStore::begin`]
 /// (`BEGIN IMMEDIATE`).
@@ -90,7 +91,7 @@ impl SqliteTx {
     /// The connection, for your own queries: `query.execute(tx.conn())` (the same as
     /// `&mut **tx`, and the same method as on the other transactions idem gives).
     pub fn conn(&mut self) -> &mut SqliteConnection {
-        &mut **self
+        self
     }
 }
 
@@ -207,7 +208,7 @@ impl TransitionConn for SqliteTx {
 }
 
 #[async_trait]
-impl TransitionTx for SqliteTx {
+impl StoreTx for SqliteTx {
     async fn commit(self: Box<Self>) -> Result<(), IdemError> {
         SqliteTx::commit(*self).await
     }

@@ -30,8 +30,8 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::IdemError;
+use crate::store::tx::TransitionTx;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, StatusCount, Store};
-use crate::transition::TransitionTx;
 
 /// What one entry weighs besides its key, fingerprint and snapshot (its expiry, lengths and the
 /// cache's own bookkeeping), in bytes.

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::store::tx::TransitionTx;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
-use crate::transition::TransitionTx;
 use crate::{IdemError, TokenStore};
 
 mod any;

@@ -71,8 +71,8 @@ use async_trait::async_trait;
 pub use relay::{MAX_BATCH, Relay, RelayBuilder, RelayPass};
 use sql::OutboxSql;
 
+use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
-use crate::transition::Dialect;
 use crate::{BoxError, IdemError};
 
 /// The longest destination and key [`Outbox::enqueue`] takes, in bytes (what MySQL's columns

@@ -1,8 +1,8 @@
 //! The outbox table's statements, per dialect. Times are milliseconds by the database's clock, so
 //! relays on several machines agree on leases and back-off whatever their own clocks say.
 
+use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
-use crate::transition::Dialect;
 
 /// Every statement the outbox and its relay send, for one table in one dialect.
 #[derive(Debug, Clone)]

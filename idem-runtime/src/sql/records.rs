@@ -454,6 +454,7 @@ where
     /// A takeover whose statement returns the new `attempt` and `fence` (`RETURNING`): `query`,
     /// the claim's values bound, then `reset`, the seen fence, status and lease end, and
     /// `keep_steps`. `None` when the record changed since it was read.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) async fn take_returning(
         &mut self,
         query: sqlx::query::Query<'_, DB, DB::Arguments>,

@@ -116,7 +116,7 @@ macro_rules! sql_store {
 
             async fn begin_transition(
                 &self,
-            ) -> Result<Box<dyn $crate::transition::TransitionTx>, $crate::IdemError> {
+            ) -> Result<Box<dyn $crate::store::tx::TransitionTx>, $crate::IdemError> {
                 Ok(Box::new(self.begin().await?))
             }
         }

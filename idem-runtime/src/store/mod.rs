@@ -1,5 +1,7 @@
 //! The store trait every backend implements, what a claim asks and gets, and the records it keeps.
-//! The decision table they share is in `decide.rs`.
+//! The decision table they share is in `decide.rs`; a store's transaction (`StoreTx`, and
+//! `TransitionTx`, the one state transitions run in) in `tx.rs`. The store depends on the SQL
+//! layer's statement surface, never on the engine or on transitions, which build on it.
 
 use std::time::Duration;
 
@@ -20,7 +22,7 @@ mod model_check;
 pub(crate) mod order;
 pub(crate) mod tx;
 
-use crate::transition::TransitionTx;
+use tx::TransitionTx;
 
 /// The state of a dedup record. Ordered as a record's life goes: PROCESSING, SUCCEEDED, FAILED.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

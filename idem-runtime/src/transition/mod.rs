@@ -7,21 +7,20 @@
 
 use std::fmt;
 
-mod conn;
 mod run;
 mod sql;
 mod sqlx_impls;
-mod value;
 
-#[cfg(any(feature = "mysql", feature = "postgres"))]
-pub(crate) use conn::sqlx_transition_conn;
-pub(crate) use conn::wrapping_transition_tx;
-pub use conn::{StateRow, TransitionConn, TransitionTx};
+// Where a transition runs is the statement surface every SQL store's transaction offers
+// (`sql/conn.rs`, `sql/value.rs`) and the store's transaction (`store/tx.rs`); they are named here,
+// where users meet them.
+pub use crate::sql::conn::{StateRow, TransitionConn};
+pub use crate::sql::value::{SqlValue, ToSqlValue};
+pub use crate::store::tx::TransitionTx;
 pub use run::{
     Done, TransitionCall, TransitionGuard, TransitionSpec, TransitionStep, TransitionValues,
 };
 pub use sql::{Dialect, DialectSql, SqlText, TransitionShape, TransitionSql};
-pub use value::{SqlValue, ToSqlValue};
 
 /// A state machine stored in one column of one table, declared with `#[derive(idem::StateMachine)]`.
 ///

@@ -8,15 +8,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tracing::Instrument;
 
-use super::conn::{TransitionConn, TransitionTx};
 use super::sql::{TransitionShape, TransitionSql};
-use super::value::{SqlValue, ToSqlValue};
 use super::{StateMachine, Transition};
 use crate::IdemError;
 use crate::engine::StoreArg;
 use crate::engine::snapshot::ErrType;
 use crate::metrics::{Outcome, report};
+use crate::sql::conn::TransitionConn;
 use crate::sql::dialect::Savepoint;
+use crate::sql::value::{SqlValue, ToSqlValue};
+use crate::store::tx::TransitionTx;
 
 /// One `#[state_transition]` fn: its states, its shape and its statements in every dialect, built
 /// at compile time.

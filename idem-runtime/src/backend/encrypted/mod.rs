@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::store::tx::TransitionTx;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
-use crate::transition::TransitionTx;
 use crate::{IdemError, TransactionalStore};
 pub use envelope::{ENVELOPE_OVERHEAD, Keyring};
 pub use tx::EncryptedTx;

@@ -102,4 +102,4 @@ impl<S: TransactionalStore> IdemTx for EncryptedTx<S> {
 
 // Not offered in the "not a transaction" error, whose list should show the stores' own
 // transactions (and read the same with and without the `encrypt` feature).
-crate::transition::wrapping_transition_tx!(EncryptedTx, #[diagnostic::do_not_recommend]);
+crate::sql::conn::wrapping_transition_tx!(EncryptedTx, #[diagnostic::do_not_recommend]);

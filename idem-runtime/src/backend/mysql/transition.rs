@@ -7,7 +7,7 @@ use sqlx::{MySql, Row};
 use super::db_error;
 use crate::IdemError;
 use crate::sql::dialect::Dialect;
-use crate::transition::SqlValue;
+use crate::sql::value::SqlValue;
 
 /// `sql` with `args` bound in order.
 fn query<'a>(
@@ -31,7 +31,7 @@ fn int_at(row: &MySqlRow, i: usize) -> Result<i64, IdemError> {
 
 // Not listed in the "other types implement" help of a wrong `tx`: the compile errors read the
 // same whichever backends are built.
-crate::transition::sqlx_transition_conn!(
+crate::sql::conn::sqlx_transition_conn!(
     MySqlConnection,
     MySql,
     Dialect::MySQL,

@@ -11,10 +11,11 @@ use sqlx::{MySql, Transaction};
 use super::{MySqlStore, db_error};
 use crate::engine::tx::IdemTx;
 use crate::sql::claim::{claim_insert_first, replay_by_read};
+use crate::sql::conn::{StateRow, TransitionConn};
 use crate::sql::dialect::{Dialect, Savepoint};
+use crate::sql::value::SqlValue;
 use crate::store::tx::StoreTx;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
-use crate::transition::{SqlValue, StateRow, TransitionConn};
 use crate::{Busy, IdemError};
 
 /// A transaction on a [`MySqlStore`]'s database, begun with [`MySqlStore::begin`].

@@ -10,7 +10,7 @@ use sqlx::{Encode, Postgres, Row, Type};
 use super::db_error;
 use crate::IdemError;
 use crate::sql::dialect::Dialect;
-use crate::transition::SqlValue;
+use crate::sql::value::SqlValue;
 
 /// A `NULL` of no declared type (`unknown`): Postgres gives it the type of the column it meets, so
 /// `set(paid_at = "none")` works on a text, integer or timestamp column alike.
@@ -54,7 +54,7 @@ fn int_at(row: &PgRow, i: usize) -> Result<i64, IdemError> {
 
 // Left out of rustc's list of implementors, as every SQL backend's impls are: the list in the
 // "not a transaction" error stays the same whichever backends are built.
-crate::transition::sqlx_transition_conn!(
+crate::sql::conn::sqlx_transition_conn!(
     PgConnection,
     Postgres,
     Dialect::Postgres,

@@ -12,10 +12,11 @@ use super::records::Claiming;
 use super::{PgStore, db_error, lock_timeout_text};
 use crate::engine::tx::IdemTx;
 use crate::sql::claim::{claim_insert_first, replay_by_read};
+use crate::sql::conn::{StateRow, TransitionConn};
 use crate::sql::dialect::{Dialect, Savepoint};
+use crate::sql::value::SqlValue;
 use crate::store::tx::StoreTx;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
-use crate::transition::{SqlValue, StateRow, TransitionConn};
 use crate::{Busy, IdemError};
 
 /// The isolation level of a transaction begun with [`PgStore::begin_with`].

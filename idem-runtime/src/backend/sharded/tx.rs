@@ -92,4 +92,4 @@ impl<S: TransactionalStore> IdemTx for ShardedTx<S> {
 
 // Not offered in the "not a transaction" error, whose list should show the stores' own
 // transactions (a shard's `begin_for` gives this one).
-crate::transition::wrapping_transition_tx!(ShardedTx, #[diagnostic::do_not_recommend]);
+crate::sql::conn::wrapping_transition_tx!(ShardedTx, #[diagnostic::do_not_recommend]);

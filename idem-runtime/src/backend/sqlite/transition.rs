@@ -7,8 +7,9 @@ use sqlx::{Row, Sqlite, Transaction};
 
 use super::db_error;
 use crate::IdemError;
+use crate::sql::conn::{StateRow, TransitionConn};
 use crate::sql::dialect::Dialect;
-use crate::transition::{SqlValue, StateRow, TransitionConn};
+use crate::sql::value::SqlValue;
 
 /// `sql` with `args` bound in order.
 fn query<'a>(

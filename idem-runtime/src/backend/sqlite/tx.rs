@@ -13,10 +13,11 @@ use super::{SqliteStore, db_error};
 use crate::IdemError;
 use crate::engine::tx::IdemTx;
 use crate::sql::claim::{claim_insert_first, replay_by_read};
+use crate::sql::conn::{StateRow, TransitionConn};
 use crate::sql::dialect::{Dialect, Savepoint};
+use crate::sql::value::SqlValue;
 use crate::store::tx::StoreTx;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
-use crate::transition::{SqlValue, StateRow, TransitionConn};
 
 /// A transaction on a [`SqliteStore`]'s database, begun with [`SqliteStore::begin`]
 /// (`BEGIN IMMEDIATE`).

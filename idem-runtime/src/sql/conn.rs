@@ -1,12 +1,13 @@
-//! Where a transition runs: a connection inside a transaction, in whatever dialect its backend
-//! speaks. The runtime hands it the statement for its dialect and the values to bind.
+//! The statements idem generates (a state transition's update and read) run on a connection
+//! inside a transaction, in whatever dialect its backend speaks: the runtime hands it the
+//! statement for its dialect and the values to bind (`value.rs`). Every SQL store's transaction,
+//! sqlx's transactions and connections, and the wrapping stores' transactions offer it.
 
 use async_trait::async_trait;
 
 use super::value::SqlValue;
 use crate::IdemError;
 use crate::sql::dialect::Dialect;
-use crate::store::tx::StoreTx;
 
 /// The row read after an update that moved nothing: its state, whether it is already the target
 /// with matching `match` columns, and its version when the machine has one.
@@ -65,13 +66,6 @@ pub trait TransitionConn: Send {
     ) -> Result<Option<StateRow>, IdemError>;
 }
 
-/// A transaction a transition began on its own (`#[state_transition(store = "…")]`): a store's
-/// plain transaction ([`StoreTx`], which commits when the fn succeeds and rolls back otherwise)
-/// that runs the transition's statements ([`TransitionConn`]). Every type that is both is one.
-pub trait TransitionTx: TransitionConn + StoreTx {}
-
-impl<T: TransitionConn + StoreTx + ?Sized> TransitionTx for T {}
-
 /// `TransitionConn` for one sqlx driver's connection and for its `Transaction` (which runs on that
 /// connection). Called once by each server backend's `transition.rs`, with its own `query` (how
 /// values are bound), `int_at` (how an integer column is read) and `db_error` (how errors are
@@ -83,7 +77,7 @@ macro_rules! sqlx_transition_conn {
     ($conn:ty, $db:ty, $dialect:expr $(, #[$attr:meta])*) => {
         $(#[$attr])*
         #[async_trait::async_trait]
-        impl $crate::transition::TransitionConn for $conn {
+        impl $crate::sql::conn::TransitionConn for $conn {
             fn dialect(&self) -> $crate::sql::dialect::Dialect {
                 $dialect
             }
@@ -91,7 +85,7 @@ macro_rules! sqlx_transition_conn {
             async fn execute(
                 &mut self,
                 sql: &'static str,
-                args: &[$crate::transition::SqlValue<'_>],
+                args: &[$crate::sql::value::SqlValue<'_>],
             ) -> Result<u64, $crate::IdemError> {
                 let done = query(sql, args).execute(self).await.map_err(db_error)?;
                 Ok(done.rows_affected())
@@ -108,9 +102,9 @@ macro_rules! sqlx_transition_conn {
             async fn read_state(
                 &mut self,
                 sql: &'static str,
-                args: &[$crate::transition::SqlValue<'_>],
+                args: &[$crate::sql::value::SqlValue<'_>],
                 versioned: bool,
-            ) -> Result<Option<$crate::transition::StateRow>, $crate::IdemError> {
+            ) -> Result<Option<$crate::sql::conn::StateRow>, $crate::IdemError> {
                 use sqlx::Row as _;
                 let Some(row) = query(sql, args)
                     .fetch_optional(self)
@@ -119,7 +113,7 @@ macro_rules! sqlx_transition_conn {
                 else {
                     return Ok(None);
                 };
-                Ok(Some($crate::transition::StateRow {
+                Ok(Some($crate::sql::conn::StateRow {
                     status: row.try_get(0).map_err(db_error)?,
                     already: int_at(&row, 1)? == 1,
                     version: if versioned { Some(int_at(&row, 2)?) } else { None },
@@ -129,7 +123,7 @@ macro_rules! sqlx_transition_conn {
 
         $(#[$attr])*
         #[async_trait::async_trait]
-        impl $crate::transition::TransitionConn for sqlx::Transaction<'_, $db> {
+        impl $crate::sql::conn::TransitionConn for sqlx::Transaction<'_, $db> {
             fn dialect(&self) -> $crate::sql::dialect::Dialect {
                 $dialect
             }
@@ -137,22 +131,22 @@ macro_rules! sqlx_transition_conn {
             async fn execute(
                 &mut self,
                 sql: &'static str,
-                args: &[$crate::transition::SqlValue<'_>],
+                args: &[$crate::sql::value::SqlValue<'_>],
             ) -> Result<u64, $crate::IdemError> {
-                $crate::transition::TransitionConn::execute(&mut **self, sql, args).await
+                $crate::sql::conn::TransitionConn::execute(&mut **self, sql, args).await
             }
 
             async fn execute_unprepared(&mut self, sql: &str) -> Result<(), $crate::IdemError> {
-                $crate::transition::TransitionConn::execute_unprepared(&mut **self, sql).await
+                $crate::sql::conn::TransitionConn::execute_unprepared(&mut **self, sql).await
             }
 
             async fn read_state(
                 &mut self,
                 sql: &'static str,
-                args: &[$crate::transition::SqlValue<'_>],
+                args: &[$crate::sql::value::SqlValue<'_>],
                 versioned: bool,
-            ) -> Result<Option<$crate::transition::StateRow>, $crate::IdemError> {
-                $crate::transition::TransitionConn::read_state(&mut **self, sql, args, versioned)
+            ) -> Result<Option<$crate::sql::conn::StateRow>, $crate::IdemError> {
+                $crate::sql::conn::TransitionConn::read_state(&mut **self, sql, args, versioned)
                     .await
             }
         }
@@ -196,9 +190,9 @@ macro_rules! wrapping_transition_tx {
 
         $(#[$attr])*
         #[async_trait::async_trait]
-        impl<S: $crate::TransactionalStore> $crate::transition::TransitionConn for $wrapper<S>
+        impl<S: $crate::TransactionalStore> $crate::sql::conn::TransitionConn for $wrapper<S>
         where
-            S::Tx: $crate::transition::TransitionConn,
+            S::Tx: $crate::sql::conn::TransitionConn,
         {
             fn dialect(&self) -> $crate::sql::dialect::Dialect {
                 self.tx.dialect()
@@ -207,7 +201,7 @@ macro_rules! wrapping_transition_tx {
             async fn execute(
                 &mut self,
                 sql: &'static str,
-                args: &[$crate::transition::SqlValue<'_>],
+                args: &[$crate::sql::value::SqlValue<'_>],
             ) -> Result<u64, $crate::IdemError> {
                 self.tx.execute(sql, args).await
             }
@@ -219,9 +213,9 @@ macro_rules! wrapping_transition_tx {
             async fn read_state(
                 &mut self,
                 sql: &'static str,
-                args: &[$crate::transition::SqlValue<'_>],
+                args: &[$crate::sql::value::SqlValue<'_>],
                 versioned: bool,
-            ) -> Result<Option<$crate::transition::StateRow>, $crate::IdemError> {
+            ) -> Result<Option<$crate::sql::conn::StateRow>, $crate::IdemError> {
                 self.tx.read_state(sql, args, versioned).await
             }
         }

@@ -97,7 +97,7 @@ impl Stmt {
     }
 
     /// The statement's text.
-    #[cfg(feature = "postgres")]
+    #[cfg(all(feature = "postgres", any(test, feature = "test-util")))]
     pub(crate) fn as_str(&self) -> &str {
         self.sql.as_str()
     }

@@ -221,9 +221,10 @@ impl PgStore {
         self.lock_timeout
     }
 
-    /// The text of one of the store's statements (`claim`, `claim_locking`, `take`, `complete`,
-    /// `fail`, `renew`, `load`, `sweep`, `stuck`), for a benchmark that sends the same statements
-    /// by hand.
+    /// The text of one of the store's statements (`claim`, `claim_locking`, `take`, `read`,
+    /// `complete`, `fail`, `renew`, `load`, `sweep`, `stuck`), for a benchmark that sends the same
+    /// statements by hand and a test that reads their plans: behind `test-util`, not API.
+    #[cfg(any(test, feature = "test-util"))]
     #[doc(hidden)]
     pub fn __statement(&self, name: &str) -> Option<&str> {
         self.sql.get(name)

@@ -24,6 +24,7 @@ fn clock(off: &str) -> String {
 pub(super) struct Statements {
     /// The claim as one statement without locks: the read, and the insert when there is none (the
     /// own-statements floor of `benches/postgres.rs`; lease mode sends `insert`, then `read`).
+    #[cfg(any(test, feature = "test-util"))]
     pub(super) claim: SqlStr,
     /// Lease mode: the new record alone (`ON CONFLICT DO NOTHING … RETURNING`, no read first).
     pub(super) insert: SqlStr,
@@ -234,6 +235,7 @@ impl Statements {
             clock = clock("$1"),
         );
         Statements {
+            #[cfg(any(test, feature = "test-util"))]
             claim: sql(claim("", None)),
             insert: sql(insert),
             claim_locking: sql(claim(" FOR UPDATE", Some(TRY_KEY_LOCK))),
@@ -257,6 +259,7 @@ impl Statements {
 
 impl Statements {
     /// A statement by name, for the benchmark's hand-written floor.
+    #[cfg(any(test, feature = "test-util"))]
     pub(super) fn get(&self, name: &str) -> Option<&str> {
         let r = &self.records;
         Some(match name {

@@ -396,6 +396,45 @@ async fn redis() {
     );
     assert!(replayed["total"] <= 1.0 + SLACK, "replay: {replayed:?}");
 
+    // A sweep pass costs what it finds, with the 2 × CALLS records above present: no SCAN, and
+    // a few commands (the results index's script: EVALSHA, TIME, ZRANGEBYSCORE; the registry's
+    // SMEMBERS; for each of the 2 stuck indexes the stuck script: EVALSHA, TIME, ZRANGEBYSCORE),
+    // then 4 more per due result (HMGET, ZREM, HDEL, HSET).
+    let sweep = async |due: usize| {
+        let before = counters().await;
+        let swept = idem::Sweeper::new(store.clone(), 500)
+            .sweep_once()
+            .await
+            .unwrap();
+        let after = counters().await;
+        let spent = |name: &str| {
+            let d = after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+            d.saturating_sub(probe.get(name).copied().unwrap_or(0))
+        };
+        assert_eq!(swept, due as u64, "the due results are dropped");
+        (spent("scan"), spent("total"))
+    };
+    let (scans, idle) = sweep(0).await;
+    eprintln!("Redis sweep pass with nothing due: {idle} commands");
+    assert_eq!(scans, 0, "a sweep does not walk the keys");
+    assert!(idle <= 11, "a sweep pass with nothing due: {idle} commands");
+    const DUE: usize = 20;
+    for i in 0..DUE {
+        let value: Result<usize, IdemError> = Call::new("COUNT_RESULT", &format!("r-{i}"))
+            .result_ttl(std::time::Duration::from_millis(30))
+            .run(&store, async move { Ok(i) })
+            .await;
+        assert_eq!(value.unwrap(), i);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let (scans, busy) = sweep(DUE).await;
+    eprintln!("Redis sweep pass with {DUE} due results: {busy} commands");
+    assert_eq!(scans, 0, "a sweep does not walk the keys");
+    assert!(
+        busy <= 14 + 4 * DUE as u64,
+        "a sweep pass with {DUE} due results: {busy} commands"
+    );
+
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}*"))
         .query_async(&mut conn)

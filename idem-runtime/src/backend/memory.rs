@@ -1,6 +1,8 @@
 //! An in-process store: one map behind a mutex. For tests, single-process services and benchmarks.
 
-use std::sync::Mutex;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -67,8 +69,107 @@ impl Entry {
 }
 
 /// Keys come from callers, so the map is seeded per process (hashbrown's default, foldhash).
-type Map<V> = hashbrown::HashMap<String, V>;
-type Records = Map<Map<Entry>>;
+/// Shared keys: the queues below name a record by the same allocation its map holds.
+type Map<V> = hashbrown::HashMap<Arc<str>, V>;
+
+/// A record's place in a queue: when to look at it again.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Due {
+    at: i64,
+    biz: Arc<str>,
+    key: Arc<str>,
+}
+
+/// A min-queue by time: the earliest first.
+type Queue<T> = BinaryHeap<Reverse<T>>;
+
+/// A business type's records, and its PROCESSING ones by lease end: every claim that takes a
+/// record and every renewal queues `(lease end, key)`; an item whose record has moved on (marked,
+/// renewed, gone) is dropped when it comes up. What [`Store::stuck`] and a sweep read, so each
+/// pass costs what it finds, not the number of records.
+struct Biz {
+    name: Arc<str>,
+    records: Map<Entry>,
+    leases: Queue<(i64, Arc<str>)>,
+}
+
+impl Biz {
+    /// Queues the lease of the record `key` that was just taken or renewed, first dropping up to
+    /// two items at the front whose time has come and whose record moved on (so the queue stays
+    /// about as long as the leases of the last lease period, without a sweeper).
+    fn queue_lease(&mut self, key: &Arc<str>, lease_until: i64, now: i64) {
+        for _ in 0..2 {
+            match self.leases.peek() {
+                Some(Reverse((t, k))) if *t <= now && !self.holds_lease(k, *t) => {
+                    self.leases.pop();
+                }
+                _ => break,
+            }
+        }
+        self.leases.push(Reverse((lease_until, Arc::clone(key))));
+    }
+
+    /// Whether the queue's item `(t, key)` is still the record's: PROCESSING with that lease end.
+    fn holds_lease(&self, key: &str, t: i64) -> bool {
+        self.records
+            .get(key)
+            .is_some_and(|e| e.status == Status::Processing && e.lease_until == t)
+    }
+
+    /// Takes the items whose lease ended by `now`, oldest first, until `want` records are stuck
+    /// (PROCESSING under that lease end): those are returned and stay queued, the others are
+    /// dropped.
+    fn stuck(&mut self, now: i64, want: usize) -> Vec<Arc<str>> {
+        let mut stuck: Vec<(i64, Arc<str>)> = Vec::new();
+        while stuck.len() < want {
+            match self.leases.peek() {
+                Some(Reverse((t, _))) if *t <= now => {}
+                _ => break,
+            }
+            let Some(Reverse((t, key))) = self.leases.pop() else {
+                break;
+            };
+            // The same lease queued twice (a renewal to the same millisecond) is one record.
+            if self.holds_lease(&key, t) && stuck.last() != Some(&(t, Arc::clone(&key))) {
+                stuck.push((t, key));
+            }
+        }
+        let keys = stuck.iter().map(|(_, k)| Arc::clone(k)).collect();
+        self.leases.extend(stuck.into_iter().map(Reverse));
+        keys
+    }
+}
+
+/// Everything behind the store's lock.
+#[derive(Default)]
+struct Records {
+    by_biz: Map<Biz>,
+    /// One item per record: the earliest time it can expire; a sweep looks at it then, deletes
+    /// it if it expired, or queues it again at its new expiry.
+    expiries: Queue<Due>,
+    /// One item per success marked with a result ttl, at that time.
+    results: Queue<Due>,
+}
+
+impl Records {
+    fn get(&self, biz: &str, key: &str) -> Option<&Entry> {
+        self.by_biz.get(biz).and_then(|b| b.records.get(key))
+    }
+
+    fn get_mut(&mut self, biz: &str, key: &str) -> Option<&mut Entry> {
+        self.by_biz
+            .get_mut(biz)
+            .and_then(|b| b.records.get_mut(key))
+    }
+
+    /// Pops the front of `queue` if its time has come by `now`.
+    fn due(queue: &mut Queue<Due>, now: i64) -> Option<Due> {
+        match queue.peek() {
+            Some(Reverse(d)) if d.at <= now => queue.pop().map(|Reverse(d)| d),
+            _ => None,
+        }
+    }
+}
 
 /// Keeps records in this process's memory. Its clock is the wall clock read once at creation plus
 /// a monotonic clock since (it never steps back), plus a test clock's offset if given ([`TestClock`](crate::TestClock), feature `test-util`). Records
@@ -157,8 +258,19 @@ impl MemoryStore {
         done: Status,
         change: impl FnOnce(&mut Entry),
     ) -> Result<(), IdemError> {
-        let mut records = self.lock();
-        match records.get_mut(biz).and_then(|m| m.get_mut(key)) {
+        Self::held(&mut self.lock(), biz, key, claim, done, change)
+    }
+
+    /// [`MemoryStore::with_held`] under a lock already taken.
+    fn held(
+        records: &mut Records,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        done: Status,
+        change: impl FnOnce(&mut Entry),
+    ) -> Result<(), IdemError> {
+        match records.get_mut(biz, key) {
             Some(e) if e.fence == claim.fence.get() && e.status == Status::Processing => {
                 change(e);
                 Ok(())
@@ -183,12 +295,26 @@ impl MemoryStore {
         result_ttl: Option<Duration>,
     ) -> Result<(), IdemError> {
         let now = self.now_ms();
-        self.with_held(biz, key, claim, Status::Succeeded, |e| {
+        let result_until = result_ttl.map(|keep| now.saturating_add(millis(keep)));
+        let mut records = self.lock();
+        Self::held(&mut records, biz, key, claim, Status::Succeeded, |e| {
             e.status = Status::Succeeded;
             e.snapshot = Some(snapshot.to_vec());
             e.expire_at = e.expire_at.max(now.saturating_add(millis(ttl)));
-            e.result_until = result_ttl.map(|keep| now.saturating_add(millis(keep)));
-        })
+            e.result_until = result_until;
+        })?;
+        if let Some(at) = result_until
+            && let Some((biz, by_biz)) = records.by_biz.get_key_value(biz)
+            && let Some((key, _)) = by_biz.records.get_key_value(key)
+        {
+            let due = Due {
+                at,
+                biz: Arc::clone(biz),
+                key: Arc::clone(key),
+            };
+            records.results.push(Reverse(due));
+        }
+        Ok(())
     }
 }
 
@@ -218,19 +344,38 @@ impl Store for MemoryStore {
                 result_until: None,
             }
         };
-        let mut records = self.lock();
-        let by_key = match records.get_mut(req.biz) {
-            Some(m) => m,
-            None => records
-                .entry(req.biz.into())
-                .or_insert_with(|| Map::with_capacity(self.capacity)),
+        let mut guard = self.lock();
+        let records = &mut *guard;
+        let biz = match records.by_biz.get_mut(req.biz) {
+            Some(biz) => biz,
+            None => {
+                let name: Arc<str> = req.biz.into();
+                records.by_biz.entry(Arc::clone(&name)).or_insert(Biz {
+                    name,
+                    records: Map::with_capacity(self.capacity),
+                    leases: Queue::new(),
+                })
+            }
         };
-        let entry = match by_key.entry_ref(req.key) {
-            hashbrown::hash_map::EntryRef::Occupied(e) => e.into_mut(),
+        let (key, entry) = match biz.records.entry_ref(req.key) {
+            hashbrown::hash_map::EntryRef::Occupied(e) => {
+                let key = Arc::clone(e.key());
+                (key, e.into_mut())
+            }
             hashbrown::hash_map::EntryRef::Vacant(v) => {
-                let entry = v.insert(fresh(None, true, None));
+                let entry = fresh(None, true, None);
+                let (lease_until, expire_at, claim) =
+                    (entry.lease_until, entry.expire_at, entry.claim());
+                let key: Arc<str> = req.key.into();
+                v.insert_with_key(Arc::clone(&key), entry);
+                records.expiries.push(Reverse(Due {
+                    at: expire_at,
+                    biz: Arc::clone(&biz.name),
+                    key: Arc::clone(&key),
+                }));
+                biz.queue_lease(&key, lease_until, now);
                 return Ok(ClaimOutcome::Acquired {
-                    claim: entry.claim(),
+                    claim,
                     how: Acquired::Fresh,
                 });
             }
@@ -247,10 +392,9 @@ impl Store for MemoryStore {
                     reset,
                     steps,
                 );
-                ClaimOutcome::Acquired {
-                    claim: entry.claim(),
-                    how,
-                }
+                let (claim, lease_until) = (entry.claim(), entry.lease_until);
+                biz.queue_lease(&key, lease_until, now);
+                ClaimOutcome::Acquired { claim, how }
             }
             Decision::Replay => ClaimOutcome::Replay {
                 snapshot: entry.snapshot.as_deref().unwrap_or_default().to_vec(),
@@ -312,45 +456,47 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> Result<(), IdemError> {
         let now = self.now_ms();
-        self.with_held(biz, key, claim, Status::Processing, |e| {
-            e.lease_until = now.saturating_add(millis(lease));
+        let lease_until = now.saturating_add(millis(lease));
+        let mut records = self.lock();
+        Self::held(&mut records, biz, key, claim, Status::Processing, |e| {
+            e.lease_until = lease_until;
             e.expire_at = e.expire_at.max(e.lease_until);
-        })
+        })?;
+        if let Some(by_biz) = records.by_biz.get_mut(biz)
+            && let Some((key, _)) = by_biz.records.get_key_value(key)
+        {
+            let key = Arc::clone(key);
+            by_biz.queue_lease(&key, lease_until, now);
+        }
+        Ok(())
     }
 
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        let records = self.lock();
-        Ok(records
-            .get(biz)
-            .and_then(|m| m.get(key))
-            .map(|e| e.record(biz, key)))
+        Ok(self.lock().get(biz, key).map(|e| e.record(biz, key)))
     }
 
+    /// From the business type's lease queue: a call costs the stuck records it returns and the
+    /// items of records that moved on since (dropped as they come up), not a walk of the records.
     async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
         let now = self.now_ms();
-        let records = self.lock();
-        let Some(by_key) = records.get(biz) else {
+        let mut records = self.lock();
+        let Some(by_biz) = records.by_biz.get_mut(biz) else {
             return Ok(Vec::new());
         };
-        let mut stuck: Vec<(&String, &Entry)> = by_key
+        let keys = by_biz.stuck(now, batch);
+        Ok(keys
             .iter()
-            .filter(|(_, e)| e.status == Status::Processing && e.lease_until <= now)
-            .collect();
-        stuck.sort_by_key(|(_, e)| e.lease_until);
-        Ok(stuck
-            .into_iter()
-            .take(batch)
-            .map(|(key, e)| e.record(biz, key))
+            .filter_map(|key| by_biz.records.get(&**key).map(|e| e.record(biz, key)))
             .collect())
     }
 
     async fn stats(&self) -> Result<Vec<StatusCount>, IdemError> {
         let now = self.now_ms();
         let records = self.lock();
-        Ok(StatusCount::tally(records.iter().flat_map(
-            |(biz, by_key)| {
-                by_key.values().map(|e| StatusCount {
-                    biz: biz.clone(),
+        Ok(StatusCount::tally(records.by_biz.iter().flat_map(
+            |(biz, by_biz)| {
+                by_biz.records.values().map(|e| StatusCount {
+                    biz: biz.to_string(),
                     origin: e
                         .fingerprint
                         .as_deref()
@@ -364,40 +510,179 @@ impl Store for MemoryStore {
         )))
     }
 
+    /// From the expiry and result queues: a call costs the records whose time came (deleted,
+    /// shrunk, or queued again at a later expiry), then, once it did less than a batch of either,
+    /// the lease items whose time came (the stuck records stay, the rest are dropped). Never a
+    /// walk of the records.
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
         let now = self.now_ms();
-        let mut records = self.lock();
+        let mut guard = self.lock();
+        let records = &mut *guard;
         let mut deleted = 0usize;
-        for by_key in records.values_mut() {
-            if deleted == batch {
+        while deleted < batch {
+            let Some(due) = Records::due(&mut records.expiries, now) else {
                 break;
-            }
-            let expired: Vec<String> = by_key
-                .iter()
-                .filter(|(_, e)| e.state().is_expired(now))
-                .map(|(k, _)| k.clone())
-                .take(batch - deleted)
-                .collect();
-            for k in expired {
-                by_key.remove(&k);
+            };
+            let Some(by_biz) = records.by_biz.get_mut(&*due.biz) else {
+                continue;
+            };
+            let Some(e) = by_biz.records.get(&*due.key) else {
+                continue;
+            };
+            if e.state().is_expired(now) {
+                by_biz.records.remove(&*due.key);
                 deleted += 1;
+                if by_biz.records.is_empty() {
+                    records.by_biz.remove(&*due.biz);
+                }
+            } else {
+                // Not yet: the earliest it can expire, later than now (its TTL, or the end of
+                // the live lease that holds it past its TTL).
+                let at = if e.expire_at > now {
+                    e.expire_at
+                } else {
+                    e.lease_until
+                };
+                records.expiries.push(Reverse(Due { at, ..due }));
             }
         }
-        records.retain(|_, m| !m.is_empty());
         // Results past their result ttl: dropped, the records kept as tombstones.
         let mut shrunk = 0usize;
-        for e in records.values_mut().flat_map(|m| m.values_mut()) {
-            if shrunk == batch {
+        while shrunk < batch {
+            let Some(due) = Records::due(&mut records.results, now) else {
                 break;
-            }
-            if e.result_until
-                .is_some_and(|t| t != RESULT_DROPPED && t <= now)
+            };
+            if let Some(e) = records.get_mut(&due.biz, &due.key)
+                && e.status == Status::Succeeded
+                && e.result_until == Some(due.at)
             {
                 e.snapshot = None;
                 e.result_until = Some(RESULT_DROPPED);
                 shrunk += 1;
             }
         }
+        if deleted < batch && shrunk < batch {
+            // The pass is ending (a sweeper calls again while a batch is full): the lease items
+            // of records that moved on go.
+            for by_biz in records.by_biz.values_mut() {
+                by_biz.stuck(now, usize::MAX);
+            }
+        }
         Ok((deleted + shrunk) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::MemoryStore;
+    use crate::TestClock;
+    use crate::store::{ClaimOutcome, ClaimRequest, Store};
+
+    fn req<'a>(biz: &'a str, key: &'a str, ttl: Duration) -> ClaimRequest<'a> {
+        ClaimRequest {
+            biz,
+            key,
+            fingerprint: None,
+            lease: Duration::from_secs(10),
+            ttl,
+        }
+    }
+
+    async fn done(store: &MemoryStore, biz: &str, key: &str, ttl: Duration) {
+        let ClaimOutcome::Acquired { claim, .. } = store.claim(&req(biz, key, ttl)).await.unwrap()
+        else {
+            panic!("{key}: not acquired");
+        };
+        store.complete(biz, key, &claim, b"ok", ttl).await.unwrap();
+    }
+
+    /// A sweep takes the records whose time came and leaves the others where they are queued:
+    /// one expiry item per record, none popped early.
+    #[tokio::test]
+    async fn a_sweep_takes_only_what_is_due() {
+        let clock = TestClock::new();
+        let store = MemoryStore::new().with_test_clock(clock.clone());
+        for i in 0..1000 {
+            done(&store, "B", &format!("live-{i}"), Duration::from_secs(3600)).await;
+        }
+        for i in 0..10 {
+            done(&store, "B", &format!("due-{i}"), Duration::from_secs(30)).await;
+        }
+        assert_eq!(store.lock().expiries.len(), 1010);
+        clock.advance(Duration::from_secs(31));
+        assert_eq!(store.sweep_expired(4).await.unwrap(), 4);
+        assert_eq!(store.sweep_expired(100).await.unwrap(), 6);
+        let records = store.lock();
+        assert_eq!(records.expiries.len(), 1000);
+        assert_eq!(records.by_biz["B"].records.len(), 1000);
+        assert!(records.get("B", "due-0").is_none());
+        assert!(records.get("B", "live-0").is_some());
+    }
+
+    /// Every acquisition queues its lease; without a sweeper or a reconciler the queue still
+    /// stays about as long as the leases of one lease period, not one item per acquisition.
+    #[tokio::test]
+    async fn the_lease_queue_stays_short_without_a_sweeper() {
+        let clock = TestClock::new();
+        let store = MemoryStore::new().with_test_clock(clock.clone());
+        for _ in 0..1000 {
+            let ClaimOutcome::Acquired { claim, .. } = store
+                .claim(&req("B", "k", Duration::from_secs(3600)))
+                .await
+                .unwrap()
+            else {
+                panic!("not acquired");
+            };
+            store.fail("B", "k", &claim).await.unwrap();
+            clock.advance(Duration::from_secs(11));
+        }
+        let leases = store.lock().by_biz["B"].leases.len();
+        assert!(leases <= 3, "{leases} lease items for one record");
+    }
+
+    /// The stuck list reads the lease queue: a renewal moves a record later, a mark takes it
+    /// out, and the queue keeps the stuck ones for the next pass.
+    #[tokio::test]
+    async fn stuck_records_come_from_the_lease_queue() {
+        let clock = TestClock::new();
+        let store = MemoryStore::new().with_test_clock(clock.clone());
+        let ttl = Duration::from_secs(3600);
+        let mut claims = Vec::new();
+        for key in ["a", "b", "c"] {
+            let ClaimOutcome::Acquired { claim, .. } =
+                store.claim(&req("B", key, ttl)).await.unwrap()
+            else {
+                panic!("{key}: not acquired");
+            };
+            claims.push(claim);
+            clock.advance(Duration::from_millis(5));
+        }
+        store
+            .complete("B", "b", &claims[1], b"ok", ttl)
+            .await
+            .unwrap();
+        clock.advance(Duration::from_secs(11));
+        store
+            .renew("B", "a", &claims[0], Duration::from_secs(10))
+            .await
+            .unwrap();
+        let keys = |v: Vec<crate::store::Record>| v.into_iter().map(|r| r.key).collect::<Vec<_>>();
+        assert_eq!(keys(store.stuck("B", 10).await.unwrap()), ["c"]);
+        assert_eq!(
+            keys(store.stuck("B", 10).await.unwrap()),
+            ["c"],
+            "still stuck"
+        );
+        clock.advance(Duration::from_secs(11));
+        assert_eq!(keys(store.stuck("B", 10).await.unwrap()), ["c", "a"]);
+        assert_eq!(keys(store.stuck("B", 1).await.unwrap()), ["c"]);
+        store.sweep_expired(10).await.unwrap();
+        assert_eq!(
+            store.lock().by_biz["B"].leases.len(),
+            2,
+            "the sweep keeps the stuck"
+        );
     }
 }

@@ -322,6 +322,180 @@ mod stuck_index {
     }
 }
 
+/// The results index (`<prefix>results`, record keys by when their result is dropped) and the
+/// registry of stuck indexes (`<prefix>indexes`): what a sweep reads on one server instead of
+/// walking the keys. The test clock is never moved here, so a sweep takes the path production
+/// takes (no walk): results are made due by a short result ttl on Redis's own clock.
+mod sweep_indexes {
+    use std::time::Duration;
+
+    use idem::{ClaimOutcome, ClaimRequest, RedisStore, Status, Store};
+    use redis::aio::MultiplexedConnection;
+
+    use super::contract::server;
+
+    const TTL: Duration = Duration::from_secs(3600);
+
+    struct Subject {
+        store: RedisStore,
+        prefix: String,
+        raw: MultiplexedConnection,
+    }
+
+    impl Subject {
+        fn record(&self, key: &str) -> String {
+            format!("{}{{3:KEP:{key}}}", self.prefix)
+        }
+
+        async fn score(&self, key: &str) -> Option<f64> {
+            redis::cmd("ZSCORE")
+                .arg(format!("{}results", self.prefix))
+                .arg(self.record(key))
+                .query_async(&mut self.raw.clone())
+                .await
+                .unwrap()
+        }
+
+        /// A success under `key`, its result kept `keep` (or as long as the record).
+        async fn done(&self, key: &str, keep: Option<Duration>) {
+            let req = ClaimRequest {
+                biz: "KEP",
+                key,
+                fingerprint: None,
+                lease: Duration::from_secs(10),
+                ttl: TTL,
+            };
+            let ClaimOutcome::Acquired { claim, .. } = self.store.claim(&req).await.unwrap() else {
+                panic!("{key}: not acquired");
+            };
+            match keep {
+                Some(keep) => self
+                    .store
+                    .complete_keeping("KEP", key, &claim, b"result", TTL, keep)
+                    .await
+                    .unwrap(),
+                None => self
+                    .store
+                    .complete("KEP", key, &claim, b"result", TTL)
+                    .await
+                    .unwrap(),
+            }
+        }
+    }
+
+    async fn subject() -> Option<Subject> {
+        let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+        let store = server::reach("Redis", &url, RedisStore::connect(&url)).await?;
+        let raw = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let prefix = format!("{}:", server::unique("idemr"));
+        Some(Subject {
+            store: store.with_prefix(&prefix).unwrap(),
+            prefix,
+            raw,
+        })
+    }
+
+    #[tokio::test]
+    async fn due_results_come_from_the_index_a_batch_at_a_time() {
+        let Some(s) = subject().await else {
+            return;
+        };
+        let short = Duration::from_millis(50);
+        for i in 0..5 {
+            s.done(&format!("due-{i}"), Some(short)).await;
+        }
+        s.done("later", Some(Duration::from_secs(600))).await;
+        s.done("kept", None).await;
+        for i in 0..5 {
+            assert!(
+                s.score(&format!("due-{i}")).await.is_some(),
+                "due-{i} is indexed"
+            );
+        }
+        let later = s
+            .score("later")
+            .await
+            .expect("a later result is indexed too");
+        let rx = s
+            .store
+            .load("KEP", "later")
+            .await
+            .unwrap()
+            .unwrap()
+            .result_until_ms;
+        assert_eq!(Some(later as i64), rx, "scored by its result expiry");
+        assert_eq!(
+            s.score("kept").await,
+            None,
+            "a result kept with its record is not"
+        );
+
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        assert_eq!(s.store.sweep_expired(2).await.unwrap(), 2);
+        assert_eq!(s.store.sweep_expired(2).await.unwrap(), 2);
+        assert_eq!(s.store.sweep_expired(2).await.unwrap(), 1);
+        assert_eq!(s.store.sweep_expired(2).await.unwrap(), 0);
+        for i in 0..5 {
+            let key = format!("due-{i}");
+            let r = s.store.load("KEP", &key).await.unwrap().unwrap();
+            assert_eq!(r.status, Status::Succeeded, "{key} stays, a tombstone");
+            assert_eq!(r.snapshot, None, "{key}: its result is dropped");
+            assert_eq!(s.score(&key).await, None, "{key} left the index");
+        }
+        for key in ["later", "kept"] {
+            let r = s.store.load("KEP", key).await.unwrap().unwrap();
+            assert_eq!(
+                r.snapshot.as_deref(),
+                Some(&b"result"[..]),
+                "{key} keeps its result"
+            );
+        }
+        assert!(s.score("later").await.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_member_whose_record_is_gone_is_dropped_and_not_counted() {
+        let Some(s) = subject().await else {
+            return;
+        };
+        s.done("gone", Some(Duration::from_millis(20))).await;
+        s.done("here", Some(Duration::from_millis(20))).await;
+        let _: i64 = redis::cmd("DEL")
+            .arg(s.record("gone"))
+            .query_async(&mut s.raw.clone())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        assert_eq!(s.store.sweep_expired(10).await.unwrap(), 1);
+        assert_eq!(s.score("gone").await, None);
+        assert_eq!(s.score("here").await, None);
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(s.record("gone"))
+            .query_async(&mut s.raw.clone())
+            .await
+            .unwrap();
+        assert_eq!(exists, 0, "the sweep does not bring a record back");
+    }
+
+    #[tokio::test]
+    async fn a_claim_lists_its_stuck_index_in_the_registry() {
+        let Some(s) = subject().await else {
+            return;
+        };
+        s.done("a", None).await;
+        let indexes: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(format!("{}indexes", s.prefix))
+            .query_async(&mut s.raw.clone())
+            .await
+            .unwrap();
+        assert_eq!(indexes, [format!("{}stuck:3:KEP", s.prefix)]);
+    }
+}
+
 /// Without a test clock a replay is a plain `HMGET`, decided by the key's own expiry: on the real
 /// clock a success replays until its ttl passes and runs again after (the key is gone then, and
 /// Redis never returns a key past its expiry), with no test clock to move it.

@@ -343,16 +343,6 @@ impl Conn {
         }
     }
 
-    /// Every key matching `pattern`: SCAN on the server, or on every primary of a cluster.
-    pub(super) async fn scan_keys(&self, pattern: &str) -> RedisResult<Vec<String>> {
-        let mut scan = self.scan(pattern).await?;
-        let mut keys = Vec::new();
-        while let Some(batch) = scan.next(self).await? {
-            keys.extend(batch);
-        }
-        Ok(keys)
-    }
-
     /// A SCAN for `pattern` to walk one reply (about 1,000 keys) at a time with [`Scan::next`]:
     /// on the server, or on every primary of a cluster in turn.
     pub(super) async fn scan(&self, pattern: &str) -> RedisResult<Scan> {

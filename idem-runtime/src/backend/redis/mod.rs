@@ -137,14 +137,23 @@ fn check_redis_limits(limits: &Limits) -> Result<(), IdemError> {
 /// # Ok(()) }
 /// ```
 ///
-/// Records expire by themselves (no sweeper needed). Durability is Redis's: see
+/// Records expire by themselves (no sweeper needed for them). Durability is Redis's: see
 /// `docs/RELIABILITY.md` for what a restart or a failover loses.
 ///
 /// [`Store::stuck`] (the reconciler's list) reads a sorted set per business type,
 /// `<prefix>stuck:<n>:<biz>`, holding the PROCESSING records by lease end; every claim, mark,
 /// renewal and sweep keeps it in the same script (one more command in each). A record Redis
 /// expires by itself while PROCESSING leaves its member behind until a `stuck` pass (or
-/// [`Store::sweep_expired`]) meets it and drops it.
+/// [`Store::sweep_expired`]) meets it and drops it. The prefix's stuck indexes are listed in a
+/// set, `<prefix>indexes` (added to once per index and process, before its first claim), so a
+/// sweep finds them without walking the keys.
+///
+/// A success marked with a result ttl ([`Call::result_ttl`](crate::Call::result_ttl)) enters a
+/// sorted set `<prefix>results` scored by when its result is dropped; [`Store::sweep_expired`]
+/// takes the due ones from there. A sweep pass costs what it finds (the due results, the stuck
+/// and stale index members), never a walk of the keys. Results marked with a result ttl by an
+/// earlier idem, without that set, are not in it: each is dropped when a claim meets it (the claim already
+/// answers [`ClaimOutcome::ResultGone`]) or with its record when Redis expires it.
 #[derive(Clone)]
 pub struct RedisStore {
     records: Arc<Records>,
@@ -192,6 +201,8 @@ impl RedisStore {
                 prefix: "idem:".to_owned(),
                 acks: None,
                 order: Arc::default(),
+                registered: Default::default(),
+                walk: Default::default(),
             }),
         })
     }
@@ -253,6 +264,8 @@ impl RedisStore {
 
     fn with(self, change: impl FnOnce(&mut Records)) -> Self {
         let mut records = (*self.records).clone();
+        // A sweep's walk under way belongs to the store it was started on (its prefix).
+        records.walk = Default::default();
         change(&mut records);
         RedisStore {
             records: Arc::new(records),
@@ -302,7 +315,10 @@ impl Store for RedisStore {
     ) -> Result<(), IdemError> {
         let (ttl, kept) = (millis(ttl).to_string(), millis(result_ttl).to_string());
         let extra: [&[u8]; 3] = [snapshot, ttl.as_bytes(), kept.as_bytes()];
-        self.records.held(&COMPLETE, biz, key, claim, &extra).await
+        let results = self.records.results();
+        self.records
+            .held_with(&COMPLETE, biz, key, claim, &extra, results.as_deref())
+            .await
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
@@ -338,6 +354,9 @@ impl Store for RedisStore {
         self.records.load(biz, key).await
     }
 
+    /// The results index's due members, then the registered stuck indexes' stale members: no
+    /// SCAN (records expire by Redis's own `PEXPIREAT`). Under a test clock that moved, also a walk
+    /// of the keys for the records past their expiry by the store's clock that Redis still keeps.
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
         self.records.sweep(batch).await
     }

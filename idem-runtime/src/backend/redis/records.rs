@@ -2,12 +2,13 @@
 //! (`scripts.rs`) sent as EVALSHA, a record read whole (`HMGET`), and how their replies are read
 //! (the claim's plain read is in `read.rs`).
 
-use std::sync::{Arc, LazyLock};
+use std::collections::HashSet;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use redis::{Script, Value};
 
-use super::conn::Conn;
+use super::conn::{Conn, Scan};
 use super::stuck::{biz_of, stuck_key};
 use super::{record_key, redis_error, scripts};
 use crate::IdemError;
@@ -22,6 +23,15 @@ pub(super) static FAIL: LazyLock<Script> = LazyLock::new(|| Script::new(scripts:
 pub(super) static SAVE_STEPS: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SAVE_STEPS));
 pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RENEW));
 static SWEEP: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SWEEP));
+static SHRINK: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SHRINK));
+
+/// How many members of the results index one run of the shrink script walks besides the results
+/// it drops (members whose record was claimed again, or expired): it blocks the server while it
+/// runs.
+const STALE_PER_RUN: u64 = 1000;
+
+/// A walk of the keys under way: the SCAN, and the keys of its last reply not yet looked at.
+pub(super) type Walk = (Scan, Vec<String>);
 
 /// What the two Redis stores share.
 #[derive(Clone)]
@@ -35,6 +45,13 @@ pub(super) struct Records {
     /// Which step a claim sends first (`store/order.rs`): the claim script, or (on one server) a
     /// plain `HMGET` with `TIME`.
     pub(super) order: Arc<ClaimOrder>,
+    /// The stuck indexes this process has listed in its prefix's registry (`<prefix>indexes`, a
+    /// set of index keys a sweep trims), so each is added once per process, before its first
+    /// claim.
+    pub(super) registered: Arc<Mutex<HashSet<String>>>,
+    /// A sweep's walk of the keys (on a cluster, or under a test clock that moved) that stopped at
+    /// its batch: the next sweep goes on from there instead of starting over.
+    pub(super) walk: Arc<tokio::sync::Mutex<Option<Walk>>>,
 }
 
 pub(super) fn int(v: &Value, what: &str) -> Result<i64, IdemError> {
@@ -120,6 +137,48 @@ impl Records {
         }
     }
 
+    /// The results index, on one server: a sorted set `<prefix>results` of the record keys
+    /// marked with a result ttl, scored by when their result is dropped. After the prefix a
+    /// record key has `{`, a token key `tok:` and a stuck index `stuck:`, so it meets none of
+    /// them. None on a cluster (it would lie in another slot than the records).
+    pub(super) fn results(&self) -> Option<String> {
+        match self.conn {
+            Conn::Single(_) => Some(format!("{}results", self.prefix)),
+            Conn::Cluster(_) => None,
+        }
+    }
+
+    /// The registry of the prefix's stuck indexes: a set `<prefix>indexes` of their keys.
+    fn registry(&self) -> String {
+        format!("{}indexes", self.prefix)
+    }
+
+    /// Lists `index` in the registry, once per process, before the first claim that can put a
+    /// record in it.
+    async fn register(&self, index: &str) -> Result<(), IdemError> {
+        let known = |r: &Self| {
+            r.registered
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(index)
+        };
+        if known(self) {
+            return Ok(());
+        }
+        let mut conn = self.conn.clone();
+        let _: i64 = redis::cmd("SADD")
+            .arg(self.registry())
+            .arg(index)
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        self.registered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(index.to_owned());
+        Ok(())
+    }
+
     /// With [`RedisStore::with_replica_acks`]: waits until the configured number of replicas
     /// acknowledged every write this connection made so far (the one to `key` included), and
     /// fails as unavailable when fewer did in time.
@@ -161,6 +220,9 @@ impl Records {
         let mut conn = self.conn.clone();
         let record = self.key(req.biz, req.key);
         let index = self.index(req.biz);
+        if let Some(index) = &index {
+            self.register(index).await?;
+        }
         let mut invocation = CLAIM.key(&record);
         if let Some(index) = &index {
             invocation.key(index);
@@ -243,12 +305,28 @@ impl Records {
         claim: &Claim,
         extra: &[&[u8]],
     ) -> Result<(), IdemError> {
+        self.held_with(script, biz, key, claim, extra, None).await
+    }
+
+    /// [`Records::held`] with a third key after the stuck index (on one server).
+    pub(super) async fn held_with(
+        &self,
+        script: &Script,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        extra: &[&[u8]],
+        third: Option<&str>,
+    ) -> Result<(), IdemError> {
         let mut conn = self.conn.clone();
         let record = self.key(biz, key);
         let index = self.index(biz);
         let mut invocation = script.key(&record);
         if let Some(index) = &index {
             invocation.key(index);
+            if let Some(third) = third {
+                invocation.key(third);
+            }
         }
         // The same decimal text as `to_string()`, written straight into the command.
         invocation.arg(claim.fence.get());
@@ -280,50 +358,119 @@ impl Records {
         record_of(biz, key, &fields)
     }
 
-    /// Deletes at most `batch` records expired by the store's clock (and their index members),
-    /// then drops the stale members of every stuck index (records Redis expired by itself). Redis
-    /// expires records by itself (`PEXPIREAT` at the end of their TTL or lease, whichever is
-    /// later); this scans for the ones a test clock ran past, so it is for tests, not for
-    /// production use.
+    /// A sweep's work, in proportion to what it finds: at most `batch` results past their result
+    /// ttl dropped, and (on a cluster, or under a test clock that moved) at most `batch` records
+    /// expired by the store's clock deleted.
+    ///
+    /// On one server, Redis deletes every record by itself when it expires (`PEXPIREAT` at the
+    /// end of its TTL or lease, whichever is later, which is the store clock's expiry), so there
+    /// is nothing to walk for: the results to drop come from the results index, and the stuck
+    /// indexes listed in the registry lose the members of records Redis expired (as the
+    /// reconciler's walk drops them). A test clock that moved ahead of Redis's puts records past
+    /// their expiry that Redis still keeps: then, and on a cluster (where an index would lie in
+    /// another slot than its records), the sweep walks the keys with SCAN, one reply at a time,
+    /// going on from where the last sweep stopped.
     pub(super) async fn sweep(&self, batch: usize) -> Result<u64, IdemError> {
-        let mut deleted = 0u64;
-        let pattern = format!("{}*", self.prefix);
-        let keys = self.conn.scan_keys(&pattern).await.map_err(redis_error)?;
-        let mut indexes = Vec::new();
-        for key in &keys {
-            let Some(rest) = key.strip_prefix(&self.prefix) else {
-                continue;
-            };
-            if !rest.starts_with('{') {
-                // A stuck index of this prefix: `stuck:` and a digit (a prefix that merely begins
-                // with this one has a letter or `{` there).
-                if matches!(self.conn, Conn::Single(_))
-                    && rest
-                        .strip_prefix("stuck:")
-                        .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
-                {
-                    indexes.push(key);
+        let batch = u64::try_from(batch).unwrap_or(u64::MAX).min(1 << 31);
+        match self.conn {
+            Conn::Single(_) => {
+                let dropped = self.shrink(batch).await?;
+                let deleted = if self.offset.ms() != 0 {
+                    self.walk_keys(batch).await?
+                } else {
+                    0
+                };
+                if dropped < batch && deleted < batch {
+                    // The pass is ending (a sweeper calls again while a batch is full).
+                    self.trim_registered().await?;
                 }
-                continue;
+                Ok(dropped + deleted)
             }
-            if deleted as usize >= batch {
-                continue;
-            }
+            Conn::Cluster(_) => self.walk_keys(batch).await,
+        }
+    }
+
+    /// Drops at most `want` results whose result ttl passed, from the results index.
+    async fn shrink(&self, want: u64) -> Result<u64, IdemError> {
+        let Some(results) = self.results() else {
+            return Ok(0);
+        };
+        let mut dropped = 0u64;
+        while dropped < want {
             let mut conn = self.conn.clone();
-            let mut invocation = SWEEP.key(key);
-            if let Some(index) = biz_of(&self.prefix, key).and_then(|biz| self.index(biz)) {
-                invocation.key(index);
-            }
-            let gone: i64 = invocation
+            let left = want - dropped;
+            let reply: Vec<i64> = SHRINK
+                .key(&results)
+                .arg(left)
+                .arg(left + STALE_PER_RUN)
                 .arg(self.offset.ms())
                 .invoke_async(&mut conn)
                 .await
                 .map_err(redis_error)?;
-            deleted += gone as u64;
+            let [d, more] = reply[..] else {
+                return Err(IdemError::store("unexpected reply from the shrink script"));
+            };
+            dropped += u64::try_from(d).unwrap_or(0);
+            if more == 0 {
+                break;
+            }
         }
-        for index in indexes {
+        Ok(dropped)
+    }
+
+    /// Trims every stuck index in the prefix's registry.
+    async fn trim_registered(&self) -> Result<(), IdemError> {
+        let mut conn = self.conn.clone();
+        let indexes: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.registry())
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        for index in &indexes {
             self.trim(index).await?;
         }
-        Ok(deleted)
+        Ok(())
+    }
+
+    /// Walks the record keys with SCAN, one reply at a time, running the sweep script on each,
+    /// until `batch` of them changed (where the next call goes on, the reply's rest first) or
+    /// every key was walked.
+    async fn walk_keys(&self, batch: u64) -> Result<u64, IdemError> {
+        let mut walk = self.walk.lock().await;
+        let (mut scan, mut keys) = match walk.take() {
+            Some(walk) => walk,
+            // Record keys only: `<prefix>{…` (see `stats`).
+            None => (
+                self.conn
+                    .scan(&format!("{}{{*", self.prefix))
+                    .await
+                    .map_err(redis_error)?,
+                Vec::new(),
+            ),
+        };
+        let mut changed = 0u64;
+        loop {
+            while let Some(key) = keys.pop() {
+                let mut conn = self.conn.clone();
+                let mut invocation = SWEEP.key(&key);
+                if let Some(index) = biz_of(&self.prefix, &key).and_then(|biz| self.index(biz)) {
+                    invocation.key(index);
+                }
+                let gone: i64 = invocation
+                    .arg(self.offset.ms())
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(redis_error)?;
+                changed += u64::try_from(gone).unwrap_or(0);
+                if changed >= batch {
+                    *walk = Some((scan, keys));
+                    return Ok(changed);
+                }
+            }
+            match scan.next(&self.conn).await.map_err(redis_error)? {
+                Some(next) => keys = next,
+                None => return Ok(changed),
+            }
+        }
     }
 }

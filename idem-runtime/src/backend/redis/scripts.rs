@@ -90,12 +90,14 @@ return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover', true)
 "#
 );
 
-/// `KEYS[1]` the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: fence, result, ttl
-/// ms, result ttl ms (`""`: the result is kept as long as the record), offset. 1 when the record
-/// was PROCESSING under the fence
+/// `KEYS[1]` the record, `KEYS[2]` its stuck index and, with a result ttl, `KEYS[3]` the results
+/// index (neither on a cluster); ARGV: fence, result, ttl ms, result ttl ms (`""`: the result is
+/// kept as long as the record), offset. 1 when the record was PROCESSING under the fence
 /// (or is already SUCCEEDED under it: a mark sent again after a lost reply, which changes nothing).
 /// The mark moves `ex` to at least now + ttl, and the key's expiry with it, so a body slower than
-/// its ttl still leaves a live success, and takes the record out of the index.
+/// its ttl still leaves a live success, and takes the record out of the stuck index. A result
+/// kept for less than its record enters the results index, scored by `rx`, where [`SHRINK`] finds
+/// it when that time comes.
 pub const COMPLETE: &str = concat!(
     prelude!(),
     r#"
@@ -105,7 +107,11 @@ if rec[1] == 'SUCCEEDED' then return 1 end
 if rec[1] ~= 'PROCESSING' then return 0 end
 local ex = math.max(tonumber(rec[4]), now + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 's', 'SUCCEEDED', 'r', ARGV[2], 'ex', num(ex))
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'rx', num(now + tonumber(ARGV[4]))) end
+if ARGV[4] ~= '' then
+  local rx = num(now + tonumber(ARGV[4]))
+  redis.call('HSET', KEYS[1], 'rx', rx)
+  if KEYS[3] then redis.call('ZADD', KEYS[3], rx, KEYS[1]) end
+end
 redis.call('PEXPIREAT', KEYS[1], num(math.max(ex, tonumber(rec[3])) - offset))
 if KEYS[2] then redis.call('ZREM', KEYS[2], KEYS[1]) end
 return 1
@@ -155,7 +161,9 @@ return 1
 /// KEYS[1] the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: offset. Deletes the
 /// record if it expired by the store clock (TTL passed and no live lease): Redis expires keys by
 /// itself, this only matters when a test clock runs ahead. Drops the result of a success whose
-/// result ttl passed (the record stays, a tombstone). 1 when it deleted or dropped anything.
+/// result ttl passed (the record stays, a tombstone). 1 when it deleted or dropped anything. What
+/// a sweep runs on each key it walks: on a cluster, and on one server only under a test clock
+/// that moved (otherwise [`SHRINK`] does a sweep's work from its index).
 pub(super) const SWEEP: &str = concat!(
     prelude!(),
     r#"
@@ -228,5 +236,42 @@ end
 out[1] = 1
 out[2] = kept
 return out
+"#
+);
+
+/// KEYS[1] the results index of one server (`<prefix>results`: a sorted set of record keys scored
+/// by their `rx`, written by [`COMPLETE`]); ARGV: want, budget, offset. Walks the members whose
+/// result expiry has come, oldest first, at most `budget` of them, and drops the result of each
+/// record still SUCCEEDED under that expiry (the record stays, a tombstone with `rx` 0), at most
+/// `want` of them. Every member walked leaves the index, but for one whose record was marked
+/// again with a later expiry, which moves to it. The members are record keys: this script runs on
+/// one server only, never on a cluster.
+///
+/// Returns `{dropped, more}`: `more` 1 when it stopped at `want` or at the budget (there may be
+/// more members whose time has come).
+pub(super) const SHRINK: &str = concat!(
+    prelude!(),
+    r#"
+local want, budget = tonumber(ARGV[1]), tonumber(ARGV[2])
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', num(now), 'LIMIT', 0, num(budget))
+local dropped = 0
+for i, m in ipairs(members) do
+  if dropped == want then return {dropped, 1} end
+  local rec = redis.call('HMGET', m, 's', 'rx', 'r')
+  local rx = tonumber(rec[2])
+  if rx and rx > now then
+    redis.call('ZADD', KEYS[1], num(rx), m)
+  else
+    redis.call('ZREM', KEYS[1], m)
+    if rec[1] == 'SUCCEEDED' and rx and rx > 0 then
+      if rec[3] then redis.call('HDEL', m, 'r') end
+      redis.call('HSET', m, 'rx', '0')
+      dropped = dropped + 1
+    end
+  end
+end
+local more = 0
+if #members == budget then more = 1 end
+return {dropped, more}
 "#
 );

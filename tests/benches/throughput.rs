@@ -103,6 +103,107 @@ async fn by_floor(map: &DedupMap, k: u64) -> Result<u64, IdemError> {
     Ok(value)
 }
 
+/// The memory store's restated floor: a hand-written in-process dedup table that keeps the
+/// contract's minimum and nothing more: a record has a status, a fence (one more per claim of
+/// the key, never repeated), a lease end and an expiry, read against a clock on every call (the
+/// wall clock at start plus a monotonic clock since, as the memory store reads it). A first
+/// execution claims under the lock (a missing or expired record, or a FAILED one, or a PROCESSING
+/// one whose lease ended), runs the body, encodes its value as JSON and marks the record under the
+/// lock only if its fence is still the claim's; a replay finds a live SUCCEEDED record and decodes
+/// its JSON. No span, metric, fingerprint, key validation, envelope, heartbeat or recovery points.
+struct LeasedMap {
+    slots: std::sync::Mutex<std::collections::HashMap<String, Leased>>,
+    epoch: Instant,
+    epoch_ms: i64,
+}
+
+struct Leased {
+    done: bool,
+    fence: u64,
+    lease_until: i64,
+    expire_at: i64,
+    json: Vec<u8>,
+}
+
+impl Default for LeasedMap {
+    fn default() -> Self {
+        LeasedMap {
+            slots: Default::default(),
+            epoch: Instant::now(),
+            epoch_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64,
+        }
+    }
+}
+
+impl LeasedMap {
+    fn now_ms(&self) -> i64 {
+        self.epoch_ms + self.epoch.elapsed().as_millis() as i64
+    }
+}
+
+async fn by_restated(map: &LeasedMap, k: u64) -> Result<u64, IdemError> {
+    const LEASE_MS: i64 = 30_000;
+    const TTL_MS: i64 = 86_400_000;
+    let key = k.to_string();
+    let fence = {
+        let now = map.now_ms();
+        let mut slots = map.slots.lock().unwrap();
+        match slots.get_mut(&key) {
+            Some(r) if r.expire_at > now || r.lease_until > now => {
+                if r.done {
+                    return Ok(serde_json::from_slice(&r.json).unwrap());
+                }
+                if r.lease_until > now {
+                    return Err(IdemError::InProgress {
+                        retry_after: Duration::from_millis((r.lease_until - now) as u64),
+                    });
+                }
+                r.fence += 1;
+                r.lease_until = now + LEASE_MS;
+                r.expire_at = r.expire_at.max(r.lease_until);
+                r.fence
+            }
+            Some(r) => {
+                r.fence += 1;
+                r.done = false;
+                r.lease_until = now + LEASE_MS;
+                r.expire_at = now + TTL_MS;
+                r.json.clear();
+                r.fence
+            }
+            None => {
+                slots.insert(
+                    key.clone(),
+                    Leased {
+                        done: false,
+                        fence: 1,
+                        lease_until: now + LEASE_MS,
+                        expire_at: now + TTL_MS,
+                        json: Vec::new(),
+                    },
+                );
+                1
+            }
+        }
+    };
+    let value = async { black_box(k) }.await;
+    let json = serde_json::to_vec(&value).unwrap();
+    let now = map.now_ms();
+    let mut slots = map.slots.lock().unwrap();
+    match slots.get_mut(&key) {
+        Some(r) if r.fence == fence && !r.done => {
+            r.done = true;
+            r.json = json;
+            r.expire_at = r.expire_at.max(now + TTL_MS);
+            Ok(value)
+        }
+        _ => Err(IdemError::LeaseLost { attempt: 1 }),
+    }
+}
+
 /// The raw loop: one connection, the statements of a hand-written dedup table, no idem. Returns
 /// (INSERT + UPDATE per key, one SELECT per key) in calls/s.
 async fn raw_sqlite(path: std::path::PathBuf, calls: u64) -> (f64, f64) {
@@ -204,7 +305,7 @@ fn main() {
     println!("idem throughput (one core, median of rounds; scale {scale}; {allocator})\n");
     println!("{:<44} {:>14}", "scenario", "calls/s");
 
-    // IDEM_BENCH_ONLY=macro|named|hand|hand-nobeat|floor: one loop of 100k first executions, for
+    // IDEM_BENCH_ONLY=macro|named|hand|hand-nobeat|floor|restated: one loop of 100k first executions, for
     // instruction counting under `valgrind --tool=callgrind` (`…-replay`: 100k calls on 1,024 keys);
     // IDEM_BENCH_ONLY=sqlite: the SQLite rows only (`sqlite-idem`, `sqlite-raw`: one side, for callgrind).
     let only = std::env::var("IDEM_BENCH_ONLY").ok();
@@ -236,6 +337,7 @@ fn main() {
         rt.block_on(async {
             let store = MemoryStore::new();
             let floor = DedupMap::default();
+            let restated = LeasedMap::default();
             idem::register_store("bench_mem", MemoryStore::new());
             // `…-replay`: the same loop on 1,024 keys, so all but the first 1,024 calls replay.
             let (only, keys) = match only.strip_suffix("-replay") {
@@ -249,6 +351,7 @@ fn main() {
                     "named" => via_macro_named(k).await.unwrap(),
                     "hand-nobeat" => by_hand_no_heartbeat(&store, k).await.unwrap(),
                     "floor" => by_floor(&floor, k).await.unwrap(),
+                    "restated" => by_restated(&restated, k).await.unwrap(),
                     _ => by_hand(&store, k).await.unwrap(),
                 };
             }
@@ -335,6 +438,52 @@ fn main() {
             println!(
                 "{:<44} {:>14.3}",
                 "ratio memory replay / floor",
+                median(replay_ratio)
+            );
+
+            // Against the restated floor (`by_restated`: the contract's minimum of expiry, lease
+            // and fence), the same way.
+            let (mut first_ratio, mut replay_ratio) = (Vec::new(), Vec::new());
+            let (mut restated_first, mut restated_replay) = (Vec::new(), Vec::new());
+            for round in 0..rounds * 2 {
+                let time_restated = async || {
+                    let map = LeasedMap::default();
+                    first_then_replays(calls, async |k| by_restated(&map, k).await.unwrap()).await
+                };
+                let time_idem = async || {
+                    let store = MemoryStore::new();
+                    first_then_replays(calls, async |k| via_macro(&store, k).await.unwrap()).await
+                };
+                let (i, f) = if round % 2 == 0 {
+                    let i = time_idem().await;
+                    (i, time_restated().await)
+                } else {
+                    let f = time_restated().await;
+                    (time_idem().await, f)
+                };
+                first_ratio.push(i.0 / f.0);
+                replay_ratio.push(i.1 / f.1);
+                restated_first.push(f.0);
+                restated_replay.push(f.1);
+            }
+            println!(
+                "{:<44} {:>14.0}",
+                "restated floor: first execution",
+                median(restated_first)
+            );
+            println!(
+                "{:<44} {:>14.0}",
+                "restated floor: replay",
+                median(restated_replay)
+            );
+            println!(
+                "{:<44} {:>14.3}",
+                "ratio #[idempotent] first / restated floor",
+                median(first_ratio)
+            );
+            println!(
+                "{:<44} {:>14.3}",
+                "ratio #[idempotent] replay / restated floor",
                 median(replay_ratio)
             );
 

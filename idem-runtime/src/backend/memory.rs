@@ -30,7 +30,12 @@ struct Entry {
     /// Until when a SUCCEEDED record's result is replayed (`RESULT_DROPPED` once swept); `None`:
     /// as long as the record.
     result_until: Option<i64>,
+    /// Its place in its business type's `processing` list while PROCESSING, else `NO_SLOT`.
+    slot: u32,
 }
+
+/// The `slot` of a record that is not PROCESSING.
+const NO_SLOT: u32 = u32::MAX;
 
 impl Entry {
     fn state(&self) -> RecordState<'_> {
@@ -69,105 +74,105 @@ impl Entry {
 }
 
 /// Keys come from callers, so the map is seeded per process (hashbrown's default, foldhash).
-/// Shared keys: the queues below name a record by the same allocation its map holds.
+/// Shared keys: the queues and the lease index below name a record by the allocation its map holds.
 type Map<V> = hashbrown::HashMap<Arc<str>, V>;
 
-/// A record's place in a queue: when to look at it again.
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Due {
-    at: i64,
-    biz: Arc<str>,
-    key: Arc<str>,
-}
+/// A min-queue of `(time, key)`: the earliest first.
+type Queue = BinaryHeap<Reverse<(i64, Arc<str>)>>;
 
-/// A min-queue by time: the earliest first.
-type Queue<T> = BinaryHeap<Reverse<T>>;
-
-/// A business type's records, and its PROCESSING ones by lease end: every claim that takes a
-/// record and every renewal queues `(lease end, key)`; an item whose record has moved on (marked,
-/// renewed, gone) is dropped when it comes up. What [`Store::stuck`] and a sweep read, so each
-/// pass costs what it finds, not the number of records.
+/// A business type's records, and what its background passes read, so that each costs what it
+/// finds, not the number of records:
+/// - `expiries`: one item per record, the earliest time it can expire; a sweep looks at the
+///   record then, and deletes it or queues it again at its new expiry;
+/// - `results`: one item per success marked with a result ttl, at that time;
+/// - `processing`: the keys of its PROCESSING records, exactly, each record knowing its place
+///   (a record enters when a claim takes it; a mark, a failure or a deletion takes it out, the
+///   last key moving into its place): what [`Store::stuck`] reads, so a stuck list costs the
+///   records in flight and stuck, not all of them.
 struct Biz {
-    name: Arc<str>,
     records: Map<Entry>,
-    leases: Queue<(i64, Arc<str>)>,
+    expiries: Queue,
+    results: Queue,
+    processing: Vec<Arc<str>>,
 }
 
 impl Biz {
-    /// Queues the lease of the record `key` that was just taken or renewed, first dropping up to
-    /// two items at the front whose time has come and whose record moved on (so the queue stays
-    /// about as long as the leases of the last lease period, without a sweeper).
-    fn queue_lease(&mut self, key: &Arc<str>, lease_until: i64, now: i64) {
-        for _ in 0..2 {
-            match self.leases.peek() {
-                Some(Reverse((t, k))) if *t <= now && !self.holds_lease(k, *t) => {
-                    self.leases.pop();
-                }
-                _ => break,
-            }
+    fn new(capacity: usize) -> Self {
+        Biz {
+            records: Map::with_capacity(capacity),
+            expiries: Queue::new(),
+            results: Queue::new(),
+            processing: Vec::new(),
         }
-        self.leases.push(Reverse((lease_until, Arc::clone(key))));
     }
 
-    /// Whether the queue's item `(t, key)` is still the record's: PROCESSING with that lease end.
-    fn holds_lease(&self, key: &str, t: i64) -> bool {
-        self.records
-            .get(key)
-            .is_some_and(|e| e.status == Status::Processing && e.lease_until == t)
-    }
-
-    /// Takes the items whose lease ended by `now`, oldest first, until `want` records are stuck
-    /// (PROCESSING under that lease end): those are returned and stay queued, the others are
-    /// dropped.
-    fn stuck(&mut self, now: i64, want: usize) -> Vec<Arc<str>> {
-        let mut stuck: Vec<(i64, Arc<str>)> = Vec::new();
-        while stuck.len() < want {
-            match self.leases.peek() {
-                Some(Reverse((t, _))) if *t <= now => {}
-                _ => break,
-            }
-            let Some(Reverse((t, key))) = self.leases.pop() else {
-                break;
-            };
-            // The same lease queued twice (a renewal to the same millisecond) is one record.
-            if self.holds_lease(&key, t) && stuck.last() != Some(&(t, Arc::clone(&key))) {
-                stuck.push((t, key));
-            }
+    /// Takes the record at `slot` out of the `processing` list: the last key moves into its place.
+    fn leave(&mut self, slot: u32) {
+        let i = slot as usize;
+        self.processing.swap_remove(i);
+        if let Some(moved) = self.processing.get(i)
+            && let Some(e) = self.records.get_mut(&**moved)
+        {
+            e.slot = slot;
         }
-        let keys = stuck.iter().map(|(_, k)| Arc::clone(k)).collect();
-        self.leases.extend(stuck.into_iter().map(Reverse));
-        keys
-    }
-}
-
-/// Everything behind the store's lock.
-#[derive(Default)]
-struct Records {
-    by_biz: Map<Biz>,
-    /// One item per record: the earliest time it can expire; a sweep looks at it then, deletes
-    /// it if it expired, or queues it again at its new expiry.
-    expiries: Queue<Due>,
-    /// One item per success marked with a result ttl, at that time.
-    results: Queue<Due>,
-}
-
-impl Records {
-    fn get(&self, biz: &str, key: &str) -> Option<&Entry> {
-        self.by_biz.get(biz).and_then(|b| b.records.get(key))
-    }
-
-    fn get_mut(&mut self, biz: &str, key: &str) -> Option<&mut Entry> {
-        self.by_biz
-            .get_mut(biz)
-            .and_then(|b| b.records.get_mut(key))
     }
 
     /// Pops the front of `queue` if its time has come by `now`.
-    fn due(queue: &mut Queue<Due>, now: i64) -> Option<Due> {
+    fn due(queue: &mut Queue, now: i64) -> Option<(i64, Arc<str>)> {
         match queue.peek() {
-            Some(Reverse(d)) if d.at <= now => queue.pop().map(|Reverse(d)| d),
+            Some(Reverse((at, _))) if *at <= now => queue.pop().map(|Reverse(item)| item),
             _ => None,
         }
+    }
+
+    /// Deletes at most `batch` of its records that expired by `now`.
+    fn sweep(&mut self, now: i64, batch: usize) -> usize {
+        let mut deleted = 0;
+        while deleted < batch {
+            let Some((_, key)) = Self::due(&mut self.expiries, now) else {
+                break;
+            };
+            let Some(e) = self.records.get(&*key) else {
+                continue;
+            };
+            if e.state().is_expired(now) {
+                let slot = e.slot;
+                self.records.remove(&*key);
+                if slot != NO_SLOT {
+                    self.leave(slot);
+                }
+                deleted += 1;
+            } else {
+                // Not yet: the earliest it can expire, later than now (its TTL, or the end of
+                // the live lease that holds it past its TTL).
+                let at = if e.expire_at > now {
+                    e.expire_at
+                } else {
+                    e.lease_until
+                };
+                self.expiries.push(Reverse((at, key)));
+            }
+        }
+        deleted
+    }
+
+    /// Drops the results of at most `batch` successes whose result ttl passed by `now`.
+    fn shrink(&mut self, now: i64, batch: usize) -> usize {
+        let mut shrunk = 0;
+        while shrunk < batch {
+            let Some((at, key)) = Self::due(&mut self.results, now) else {
+                break;
+            };
+            if let Some(e) = self.records.get_mut(&*key)
+                && e.status == Status::Succeeded
+                && e.result_until == Some(at)
+            {
+                e.snapshot = None;
+                e.result_until = Some(RESULT_DROPPED);
+                shrunk += 1;
+            }
+        }
+        shrunk
     }
 }
 
@@ -175,7 +180,7 @@ impl Records {
 /// a monotonic clock since (it never steps back), plus a test clock's offset if given ([`TestClock`](crate::TestClock), feature `test-util`). Records
 /// are lost when the process ends.
 pub struct MemoryStore {
-    records: Mutex<Records>,
+    records: Mutex<Map<Biz>>,
     epoch: Instant,
     epoch_us: i64,
     offset: ClockOffset,
@@ -196,7 +201,7 @@ impl MemoryStore {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
         MemoryStore {
-            records: Mutex::new(Records::default()),
+            records: Mutex::new(Map::default()),
             epoch: Instant::now(),
             epoch_us,
             offset: ClockOffset::default(),
@@ -242,44 +247,45 @@ impl MemoryStore {
         self.now_us().div_euclid(1000)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Records> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Map<Biz>> {
         // A panic while holding the lock cannot leave an entry half-updated (every update is a
         // single assignment), so a poisoned lock is still consistent.
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs `change` on the record if it is PROCESSING under `claim`'s fence; a record already
-    /// `done` under it (the same mark again) is left as it is.
-    fn with_held(
-        &self,
+    /// `done` under it (the same mark again) is left as it is. A record that leaves PROCESSING
+    /// leaves the business type's `processing` set. Returns the business type's records and the
+    /// record's key, for what the caller queues.
+    fn held<'r>(
+        records: &'r mut Map<Biz>,
         biz: &str,
         key: &str,
         claim: &Claim,
         done: Status,
         change: impl FnOnce(&mut Entry),
-    ) -> Result<(), IdemError> {
-        Self::held(&mut self.lock(), biz, key, claim, done, change)
-    }
-
-    /// [`MemoryStore::with_held`] under a lock already taken.
-    fn held(
-        records: &mut Records,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        done: Status,
-        change: impl FnOnce(&mut Entry),
-    ) -> Result<(), IdemError> {
-        match records.get_mut(biz, key) {
-            Some(e) if e.fence == claim.fence.get() && e.status == Status::Processing => {
-                change(e);
-                Ok(())
-            }
-            Some(e) if e.fence == claim.fence.get() && e.status == done => Ok(()),
-            _ => Err(IdemError::LeaseLost {
-                attempt: claim.attempt,
-            }),
+    ) -> Result<Option<(&'r mut Biz, Arc<str>)>, IdemError> {
+        let lost = || IdemError::LeaseLost {
+            attempt: claim.attempt,
+        };
+        let by_biz = records.get_mut(biz).ok_or_else(lost)?;
+        let (k, e) = by_biz.records.get_key_value_mut(key).ok_or_else(lost)?;
+        if e.fence != claim.fence.get() {
+            return Err(lost());
         }
+        if e.status == done && done != Status::Processing {
+            return Ok(None);
+        }
+        if e.status != Status::Processing {
+            return Err(lost());
+        }
+        change(e);
+        let key = Arc::clone(k);
+        if e.status != Status::Processing && e.slot != NO_SLOT {
+            let slot = std::mem::replace(&mut e.slot, NO_SLOT);
+            by_biz.leave(slot);
+        }
+        Ok(Some((by_biz, key)))
     }
 }
 
@@ -297,22 +303,14 @@ impl MemoryStore {
         let now = self.now_ms();
         let result_until = result_ttl.map(|keep| now.saturating_add(millis(keep)));
         let mut records = self.lock();
-        Self::held(&mut records, biz, key, claim, Status::Succeeded, |e| {
+        let held = Self::held(&mut records, biz, key, claim, Status::Succeeded, |e| {
             e.status = Status::Succeeded;
             e.snapshot = Some(snapshot.to_vec());
             e.expire_at = e.expire_at.max(now.saturating_add(millis(ttl)));
             e.result_until = result_until;
         })?;
-        if let Some(at) = result_until
-            && let Some((biz, by_biz)) = records.by_biz.get_key_value(biz)
-            && let Some((key, _)) = by_biz.records.get_key_value(key)
-        {
-            let due = Due {
-                at,
-                biz: Arc::clone(biz),
-                key: Arc::clone(key),
-            };
-            records.results.push(Reverse(due));
+        if let (Some(at), Some((by_biz, key))) = (result_until, held) {
+            by_biz.results.push(Reverse((at, key)));
         }
         Ok(())
     }
@@ -342,20 +340,15 @@ impl Store for MemoryStore {
                 lease_until: t.lease_until_ms,
                 expire_at: t.expire_at_ms,
                 result_until: None,
+                slot: NO_SLOT,
             }
         };
-        let mut guard = self.lock();
-        let records = &mut *guard;
-        let biz = match records.by_biz.get_mut(req.biz) {
+        let mut records = self.lock();
+        let biz = match records.get_mut(req.biz) {
             Some(biz) => biz,
-            None => {
-                let name: Arc<str> = req.biz.into();
-                records.by_biz.entry(Arc::clone(&name)).or_insert(Biz {
-                    name,
-                    records: Map::with_capacity(self.capacity),
-                    leases: Queue::new(),
-                })
-            }
+            None => records
+                .entry(Arc::from(req.biz))
+                .or_insert_with(|| Biz::new(self.capacity)),
         };
         let (key, entry) = match biz.records.entry_ref(req.key) {
             hashbrown::hash_map::EntryRef::Occupied(e) => {
@@ -363,17 +356,13 @@ impl Store for MemoryStore {
                 (key, e.into_mut())
             }
             hashbrown::hash_map::EntryRef::Vacant(v) => {
-                let entry = fresh(None, true, None);
-                let (lease_until, expire_at, claim) =
-                    (entry.lease_until, entry.expire_at, entry.claim());
+                let mut entry = fresh(None, true, None);
+                entry.slot = u32::try_from(biz.processing.len()).unwrap_or(NO_SLOT);
+                let (expire_at, claim) = (entry.expire_at, entry.claim());
                 let key: Arc<str> = req.key.into();
                 v.insert_with_key(Arc::clone(&key), entry);
-                records.expiries.push(Reverse(Due {
-                    at: expire_at,
-                    biz: Arc::clone(&biz.name),
-                    key: Arc::clone(&key),
-                }));
-                biz.queue_lease(&key, lease_until, now);
+                biz.expiries.push(Reverse((expire_at, Arc::clone(&key))));
+                biz.processing.push(key);
                 return Ok(ClaimOutcome::Acquired {
                     claim,
                     how: Acquired::Fresh,
@@ -387,14 +376,23 @@ impl Store for MemoryStore {
                 } else {
                     None
                 };
+                let slot = match entry.slot {
+                    NO_SLOT => {
+                        biz.processing.push(key);
+                        u32::try_from(biz.processing.len() - 1).unwrap_or(NO_SLOT)
+                    }
+                    slot => slot,
+                };
                 *entry = fresh(
                     Some((entry.attempt, entry.fence, entry.expire_at)),
                     reset,
                     steps,
                 );
-                let (claim, lease_until) = (entry.claim(), entry.lease_until);
-                biz.queue_lease(&key, lease_until, now);
-                ClaimOutcome::Acquired { claim, how }
+                entry.slot = slot;
+                ClaimOutcome::Acquired {
+                    claim: entry.claim(),
+                    how,
+                }
             }
             Decision::Replay => ClaimOutcome::Replay {
                 snapshot: entry.snapshot.as_deref().unwrap_or_default().to_vec(),
@@ -431,9 +429,10 @@ impl Store for MemoryStore {
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
-        self.with_held(biz, key, claim, Status::Failed, |e| {
+        Self::held(&mut self.lock(), biz, key, claim, Status::Failed, |e| {
             e.status = Status::Failed;
         })
+        .map(drop)
     }
 
     async fn save_steps(
@@ -443,9 +442,10 @@ impl Store for MemoryStore {
         claim: &Claim,
         steps: &[u8],
     ) -> Result<(), IdemError> {
-        self.with_held(biz, key, claim, Status::Processing, |e| {
+        Self::held(&mut self.lock(), biz, key, claim, Status::Processing, |e| {
             e.snapshot = Some(steps.to_vec());
         })
+        .map(drop)
     }
 
     async fn renew(
@@ -455,45 +455,54 @@ impl Store for MemoryStore {
         claim: &Claim,
         lease: Duration,
     ) -> Result<(), IdemError> {
-        let now = self.now_ms();
-        let lease_until = now.saturating_add(millis(lease));
-        let mut records = self.lock();
-        Self::held(&mut records, biz, key, claim, Status::Processing, |e| {
+        let lease_until = self.now_ms().saturating_add(millis(lease));
+        Self::held(&mut self.lock(), biz, key, claim, Status::Processing, |e| {
             e.lease_until = lease_until;
             e.expire_at = e.expire_at.max(e.lease_until);
-        })?;
-        if let Some(by_biz) = records.by_biz.get_mut(biz)
-            && let Some((key, _)) = by_biz.records.get_key_value(key)
-        {
-            let key = Arc::clone(key);
-            by_biz.queue_lease(&key, lease_until, now);
-        }
-        Ok(())
+        })
+        .map(drop)
     }
 
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        Ok(self.lock().get(biz, key).map(|e| e.record(biz, key)))
+        let records = self.lock();
+        Ok(records
+            .get(biz)
+            .and_then(|b| b.records.get(key))
+            .map(|e| e.record(biz, key)))
     }
 
-    /// From the business type's lease queue: a call costs the stuck records it returns and the
-    /// items of records that moved on since (dropped as they come up), not a walk of the records.
+    /// From the business type's PROCESSING records: a call costs the records in flight and
+    /// stuck, not a walk of all of them.
     async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
         let now = self.now_ms();
-        let mut records = self.lock();
-        let Some(by_biz) = records.by_biz.get_mut(biz) else {
+        let records = self.lock();
+        let Some(by_biz) = records.get(biz) else {
             return Ok(Vec::new());
         };
-        let keys = by_biz.stuck(now, batch);
-        Ok(keys
+        let mut stuck: Vec<(i64, &str, &Entry)> = by_biz
+            .processing
             .iter()
-            .filter_map(|key| by_biz.records.get(&**key).map(|e| e.record(biz, key)))
+            .filter_map(|key| {
+                let e = by_biz.records.get(&**key)?;
+                (e.status == Status::Processing && e.lease_until <= now).then_some((
+                    e.lease_until,
+                    &**key,
+                    e,
+                ))
+            })
+            .collect();
+        stuck.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        Ok(stuck
+            .into_iter()
+            .take(batch)
+            .map(|(_, key, e)| e.record(biz, key))
             .collect())
     }
 
     async fn stats(&self) -> Result<Vec<StatusCount>, IdemError> {
         let now = self.now_ms();
         let records = self.lock();
-        Ok(StatusCount::tally(records.by_biz.iter().flat_map(
+        Ok(StatusCount::tally(records.iter().flat_map(
             |(biz, by_biz)| {
                 by_biz.records.values().map(|e| StatusCount {
                     biz: biz.to_string(),
@@ -510,64 +519,17 @@ impl Store for MemoryStore {
         )))
     }
 
-    /// From the expiry and result queues: a call costs the records whose time came (deleted,
-    /// shrunk, or queued again at a later expiry), then, once it did less than a batch of either,
-    /// the lease items whose time came (the stuck records stay, the rest are dropped). Never a
-    /// walk of the records.
+    /// From each business type's expiry and result queues: a call costs the records whose time
+    /// came (deleted, shrunk, or queued again at a later expiry), never a walk of the records.
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
         let now = self.now_ms();
-        let mut guard = self.lock();
-        let records = &mut *guard;
-        let mut deleted = 0usize;
-        while deleted < batch {
-            let Some(due) = Records::due(&mut records.expiries, now) else {
-                break;
-            };
-            let Some(by_biz) = records.by_biz.get_mut(&*due.biz) else {
-                continue;
-            };
-            let Some(e) = by_biz.records.get(&*due.key) else {
-                continue;
-            };
-            if e.state().is_expired(now) {
-                by_biz.records.remove(&*due.key);
-                deleted += 1;
-                if by_biz.records.is_empty() {
-                    records.by_biz.remove(&*due.biz);
-                }
-            } else {
-                // Not yet: the earliest it can expire, later than now (its TTL, or the end of
-                // the live lease that holds it past its TTL).
-                let at = if e.expire_at > now {
-                    e.expire_at
-                } else {
-                    e.lease_until
-                };
-                records.expiries.push(Reverse(Due { at, ..due }));
-            }
+        let mut records = self.lock();
+        let (mut deleted, mut shrunk) = (0usize, 0usize);
+        for by_biz in records.values_mut() {
+            deleted += by_biz.sweep(now, batch - deleted);
+            shrunk += by_biz.shrink(now, batch - shrunk);
         }
-        // Results past their result ttl: dropped, the records kept as tombstones.
-        let mut shrunk = 0usize;
-        while shrunk < batch {
-            let Some(due) = Records::due(&mut records.results, now) else {
-                break;
-            };
-            if let Some(e) = records.get_mut(&due.biz, &due.key)
-                && e.status == Status::Succeeded
-                && e.result_until == Some(due.at)
-            {
-                e.snapshot = None;
-                e.result_until = Some(RESULT_DROPPED);
-                shrunk += 1;
-            }
-        }
-        if deleted < batch && shrunk < batch {
-            // The pass is ending (a sweeper calls again while a batch is full): the lease items
-            // of records that moved on go.
-            for by_biz in records.by_biz.values_mut() {
-                by_biz.stuck(now, usize::MAX);
-            }
-        }
+        records.retain(|_, b| !b.records.is_empty());
         Ok((deleted + shrunk) as u64)
     }
 }
@@ -598,6 +560,60 @@ mod tests {
         store.complete(biz, key, &claim, b"ok", ttl).await.unwrap();
     }
 
+    /// Every PROCESSING record is in its business type's `processing` list at its own slot, and
+    /// nothing else is.
+    fn check_slots(store: &MemoryStore) {
+        for by_biz in store.lock().values() {
+            for (i, key) in by_biz.processing.iter().enumerate() {
+                let e = &by_biz.records[&**key];
+                assert_eq!(e.status, super::Status::Processing, "{key}");
+                assert_eq!(e.slot as usize, i, "{key}");
+            }
+            let processing = by_biz
+                .records
+                .values()
+                .filter(|e| e.status == super::Status::Processing)
+                .count();
+            assert_eq!(processing, by_biz.processing.len());
+        }
+    }
+
+    /// Claims, marks, failures, takeovers and sweeps interleaved over many keys keep the slots.
+    #[tokio::test]
+    async fn slots_follow_every_change() {
+        let clock = TestClock::new();
+        let store = MemoryStore::new().with_test_clock(clock.clone());
+        let ttl = Duration::from_secs(60);
+        let mut held = Vec::new();
+        for round in 0..20u32 {
+            for k in 0..50u32 {
+                let key = format!("k-{}", (k * 7 + round) % 60);
+                if let ClaimOutcome::Acquired { claim, .. } =
+                    store.claim(&req("B", &key, ttl)).await.unwrap()
+                {
+                    held.push((key, claim));
+                }
+            }
+            // Finish some in an order other than they came: the last slot moves each time.
+            let mut i = 0;
+            held.retain(|_| {
+                i += 1;
+                i % 3 == 0
+            });
+            for (n, (key, claim)) in held.drain(..).enumerate() {
+                if n % 2 == 0 {
+                    let _ = store.complete("B", &key, &claim, b"ok", ttl).await;
+                } else {
+                    let _ = store.fail("B", &key, &claim).await;
+                }
+            }
+            check_slots(&store);
+            clock.advance(Duration::from_secs(11 + u64::from(round % 3) * 30));
+            store.sweep_expired(7).await.unwrap();
+            check_slots(&store);
+        }
+    }
+
     /// A sweep takes the records whose time came and leaves the others where they are queued:
     /// one expiry item per record, none popped early.
     #[tokio::test]
@@ -610,42 +626,50 @@ mod tests {
         for i in 0..10 {
             done(&store, "B", &format!("due-{i}"), Duration::from_secs(30)).await;
         }
-        assert_eq!(store.lock().expiries.len(), 1010);
+        assert_eq!(store.lock()["B"].expiries.len(), 1010);
         clock.advance(Duration::from_secs(31));
         assert_eq!(store.sweep_expired(4).await.unwrap(), 4);
         assert_eq!(store.sweep_expired(100).await.unwrap(), 6);
         let records = store.lock();
-        assert_eq!(records.expiries.len(), 1000);
-        assert_eq!(records.by_biz["B"].records.len(), 1000);
-        assert!(records.get("B", "due-0").is_none());
-        assert!(records.get("B", "live-0").is_some());
+        assert_eq!(records["B"].expiries.len(), 1000);
+        assert_eq!(records["B"].records.len(), 1000);
+        assert!(!records["B"].records.contains_key("due-0"));
+        assert!(records["B"].records.contains_key("live-0"));
     }
 
-    /// Every acquisition queues its lease; without a sweeper or a reconciler the queue still
-    /// stays about as long as the leases of one lease period, not one item per acquisition.
+    /// The `processing` set holds the PROCESSING records and nothing else: a failure and a mark
+    /// take a record out, a takeover keeps it in once.
     #[tokio::test]
-    async fn the_lease_queue_stays_short_without_a_sweeper() {
+    async fn the_processing_set_holds_only_processing_records() {
         let clock = TestClock::new();
         let store = MemoryStore::new().with_test_clock(clock.clone());
-        for _ in 0..1000 {
-            let ClaimOutcome::Acquired { claim, .. } = store
-                .claim(&req("B", "k", Duration::from_secs(3600)))
-                .await
-                .unwrap()
+        let ttl = Duration::from_secs(3600);
+        for _ in 0..100 {
+            let ClaimOutcome::Acquired { claim, .. } =
+                store.claim(&req("B", "k", ttl)).await.unwrap()
             else {
                 panic!("not acquired");
             };
+            assert_eq!(store.lock()["B"].processing.len(), 1);
             store.fail("B", "k", &claim).await.unwrap();
-            clock.advance(Duration::from_secs(11));
+            assert_eq!(store.lock()["B"].processing.len(), 0);
         }
-        let leases = store.lock().by_biz["B"].leases.len();
-        assert!(leases <= 3, "{leases} lease items for one record");
+        // A takeover moves the record's entry; a mark takes it out.
+        store.claim(&req("B", "k", ttl)).await.unwrap();
+        clock.advance(Duration::from_secs(11));
+        let ClaimOutcome::Acquired { claim, .. } = store.claim(&req("B", "k", ttl)).await.unwrap()
+        else {
+            panic!("not taken over");
+        };
+        assert_eq!(store.lock()["B"].processing.len(), 1);
+        store.complete("B", "k", &claim, b"ok", ttl).await.unwrap();
+        assert_eq!(store.lock()["B"].processing.len(), 0);
     }
 
-    /// The stuck list reads the lease queue: a renewal moves a record later, a mark takes it
-    /// out, and the queue keeps the stuck ones for the next pass.
+    /// The stuck list reads the `processing` set: a renewal moves a record later, a mark takes it
+    /// out, and the stuck ones stay for the next pass.
     #[tokio::test]
-    async fn stuck_records_come_from_the_lease_queue() {
+    async fn stuck_records_come_from_the_processing_set() {
         let clock = TestClock::new();
         let store = MemoryStore::new().with_test_clock(clock.clone());
         let ttl = Duration::from_secs(3600);
@@ -680,7 +704,7 @@ mod tests {
         assert_eq!(keys(store.stuck("B", 1).await.unwrap()), ["c"]);
         store.sweep_expired(10).await.unwrap();
         assert_eq!(
-            store.lock().by_biz["B"].leases.len(),
+            store.lock()["B"].processing.len(),
             2,
             "the sweep keeps the stuck"
         );

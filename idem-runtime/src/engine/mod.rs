@@ -17,8 +17,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::Instrument;
-
 #[cfg(feature = "axum")]
 pub(crate) use call::Heartbeat;
 pub(crate) use call::check_durations;
@@ -340,7 +338,7 @@ where
     RF: Future<Output = Result<Option<T>, E>>,
 {
     let span = call_span(&call.biz);
-    async move {
+    let call = async move {
         let biz = call.biz();
         let refuse = |e: IdemError, outcome: Outcome| {
             report_error(biz, outcome, 0, &e);
@@ -358,7 +356,8 @@ where
         let timeout = call.store_timeout_in_force();
         let kept = call.result_kept();
         let claimed_at = tokio::time::Instant::now();
-        let (claim, how, answered) = match claim(store, &req, call.wait, timeout, claimed_at).await {
+        let (claim, how, answered) = match claim(store, &req, call.wait, timeout, claimed_at).await
+        {
             Ok((ClaimOutcome::Acquired { claim, how }, answered)) => (claim, how, answered),
             Ok((ClaimOutcome::Replay { snapshot }, _)) => {
                 let (result, outcome) = replayed(ok, &snapshot);
@@ -436,9 +435,8 @@ where
                 match holder
                     .finish(|| match kept {
                         None => store.complete(req.biz, req.key, &claim, &snapshot, req.ttl),
-                        Some(kept) => store.complete_keeping(
-                            req.biz, req.key, &claim, &snapshot, req.ttl, kept,
-                        ),
+                        Some(kept) => store
+                            .complete_keeping(req.biz, req.key, &claim, &snapshot, req.ttl, kept),
                     })
                     .await
                     .map_err(|e| e.during("mark"))
@@ -482,9 +480,46 @@ where
         };
         report(biz, outcome, attempt);
         result
+    };
+    in_span(span, call).await
+}
+
+pin_project_lite::pin_project! {
+    /// A call's future in its span, entered on every poll as `tracing::Instrumented` does, or
+    /// bare when the span is disabled (no subscriber takes it): then the call pays nothing for it,
+    /// not even entering and leaving a span that is not there.
+    pub(crate) struct InSpan<F> {
+        #[pin]
+        fut: F,
+        span: Option<tracing::Span>,
     }
-    .instrument(span)
-    .await
+}
+
+impl<F: Future> Future for InSpan<F> {
+    type Output = F::Output;
+
+    #[inline]
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        match this.span {
+            Some(span) => {
+                let _entered = span.enter();
+                this.fut.poll(cx)
+            }
+            None => this.fut.poll(cx),
+        }
+    }
+}
+
+/// `fut` inside `span` ([`InSpan`]).
+pub(crate) fn in_span<F: Future>(span: tracing::Span, fut: F) -> InSpan<F> {
+    InSpan {
+        fut,
+        span: (!span.is_disabled()).then_some(span),
+    }
 }
 
 /// Runs a call on a named or given store (what `#[idempotent]` expands to).

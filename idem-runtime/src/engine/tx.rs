@@ -130,9 +130,9 @@ fn call_span(call: &Call) -> CallSpan {
     CallSpan(super::call_span(call.biz()))
 }
 
-/// Runs `fut` inside `span`.
+/// Runs `fut` inside `span` (bare when the span is disabled).
 fn in_span<F: Future>(span: CallSpan, fut: F) -> impl Future<Output = F::Output> {
-    tracing::Instrument::instrument(fut, span.0)
+    super::in_span(span.0, fut)
 }
 
 /// Claims inside the caller's transaction (a savepoint).

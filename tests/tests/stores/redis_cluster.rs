@@ -45,6 +45,7 @@ async fn the_contract_holds_on_a_three_master_cluster() {
     .await;
 
     ten_thousand_keys_over_every_slot(&base).await;
+    due_results_come_from_the_slots_indexes(&cluster, &base).await;
     waiting_for_replicas_asks_the_keys_primary(&cluster, &base).await;
     a_node_restart_without_persistence_loses_its_records(&cluster, &base).await;
 }
@@ -72,6 +73,76 @@ async fn ten_thousand_keys_over_every_slot(store: &RedisClusterStore) {
         .collect();
     for task in tasks {
         task.await.unwrap();
+    }
+}
+
+/// A success marked with a result ttl enters the results index of its own slot
+/// (`<prefix>results{<tag>}`), listed in `<prefix>results-indexes`; a sweep drops the due results
+/// from those indexes. No test clock moves here, so the sweep walks no keys: only the indexes can
+/// have found them.
+async fn due_results_come_from_the_slots_indexes(cluster: &Cluster, store: &RedisClusterStore) {
+    use idem::{ClaimOutcome, ClaimRequest};
+    // SCANs served by all the nodes, from each node's own counters.
+    let scans = async || {
+        let mut total = 0u64;
+        for url in cluster.urls() {
+            let client = redis::Client::open(url.as_str()).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            total += info
+                .lines()
+                .find_map(|l| l.strip_prefix("cmdstat_scan:calls="))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |n| n.parse::<u64>().unwrap());
+        }
+        total
+    };
+    let prefix = format!("{}:", server::unique("idemr"));
+    let store = store.clone().with_prefix(&prefix).unwrap();
+    let ttl = Duration::from_secs(3600);
+    for k in 0..30 {
+        let key = format!("r-{k}");
+        let req = ClaimRequest {
+            biz: "KEEP",
+            key: &key,
+            fingerprint: None,
+            lease: Duration::from_secs(10),
+            ttl,
+        };
+        let ClaimOutcome::Acquired { claim, .. } = store.claim(&req).await.unwrap() else {
+            panic!("{key}: not acquired");
+        };
+        store
+            .complete_keeping(
+                "KEEP",
+                &key,
+                &claim,
+                b"result",
+                ttl,
+                Duration::from_millis(50),
+            )
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let before = scans().await;
+    assert_eq!(store.sweep_expired(1000).await.unwrap(), 30);
+    assert_eq!(store.sweep_expired(1000).await.unwrap(), 0);
+    assert_eq!(scans().await, before, "a sweep walks no keys");
+    for k in 0..30 {
+        let key = format!("r-{k}");
+        let record = store.load("KEEP", &key).await.unwrap().unwrap();
+        assert_eq!(record.snapshot, None, "{key}: its result is dropped");
+        let again: Result<u32, IdemError> =
+            Call::new("KEEP", &key).run(&store, async { Ok(1) }).await;
+        assert!(
+            matches!(again, Err(IdemError::ResultExpired)),
+            "{key}: a tombstone, {again:?}"
+        );
     }
 }
 

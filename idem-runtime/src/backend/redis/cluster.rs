@@ -164,9 +164,9 @@ impl Store for RedisClusterStore {
         self.0.load(biz, key).await
     }
 
-    /// A walk of every primary's record keys (SCAN, one reply at a time, going on where the last
-    /// sweep stopped at its batch), dropping the results past their result ttl: on a cluster an
-    /// index of them would lie in another slot than the records. Records expire by Redis's own
+    /// The results past their result ttl, dropped from the results index of each hash slot in use
+    /// (`<prefix>results{<tag>}`, a tag in the records' own slot, so the mark's script touches one
+    /// slot; listed in `<prefix>results-indexes`): no SCAN. Records expire by Redis's own
     /// `PEXPIREAT`; a cluster with no result ttl in use needs no sweeper.
     async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
         self.0.sweep_expired(batch).await

@@ -12,6 +12,7 @@ mod error;
 mod read;
 mod records;
 pub(crate) mod scripts;
+mod slots;
 mod stats;
 mod stuck;
 mod tokens;
@@ -315,9 +316,10 @@ impl Store for RedisStore {
     ) -> Result<(), IdemError> {
         let (ttl, kept) = (millis(ttl).to_string(), millis(result_ttl).to_string());
         let extra: [&[u8]; 3] = [snapshot, ttl.as_bytes(), kept.as_bytes()];
-        let results = self.records.results();
+        let results = self.records.results_for(&self.records.key(biz, key));
+        self.records.listed(&results).await?;
         self.records
-            .held_with(&COMPLETE, biz, key, claim, &extra, results.as_deref())
+            .held_with(&COMPLETE, biz, key, claim, &extra, Some(&results))
             .await
     }
 

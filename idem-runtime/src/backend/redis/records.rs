@@ -9,6 +9,7 @@ use std::time::Duration;
 use redis::{Script, Value};
 
 use super::conn::{Conn, Scan};
+use super::slots::{slot, slot_tag};
 use super::stuck::{biz_of, stuck_key};
 use super::{record_key, redis_error, scripts};
 use crate::IdemError;
@@ -137,14 +138,20 @@ impl Records {
         }
     }
 
-    /// The results index, on one server: a sorted set `<prefix>results` of the record keys
-    /// marked with a result ttl, scored by when their result is dropped. After the prefix a
-    /// record key has `{`, a token key `tok:` and a stuck index `stuck:`, so it meets none of
-    /// them. None on a cluster (it would lie in another slot than the records).
-    pub(super) fn results(&self) -> Option<String> {
+    /// The results index that `record`'s success enters when it is marked with a result ttl: a
+    /// sorted set of record keys scored by when their result is dropped. On one server one per
+    /// prefix, `<prefix>results`; on a cluster one per hash slot, `<prefix>results{<tag>}` with a
+    /// tag that lies in the record's slot (`slots.rs`), so the mark's script touches one slot.
+    /// After the prefix a record key has `{`, a token key `tok:` and a stuck index `stuck:`, so
+    /// it meets none of them.
+    pub(super) fn results_for(&self, record: &str) -> String {
         match self.conn {
-            Conn::Single(_) => Some(format!("{}results", self.prefix)),
-            Conn::Cluster(_) => None,
+            Conn::Single(_) => format!("{}results", self.prefix),
+            Conn::Cluster(_) => format!(
+                "{}results{{{}}}",
+                self.prefix,
+                slot_tag(slot(record.as_bytes()))
+            ),
         }
     }
 
@@ -153,29 +160,49 @@ impl Records {
         format!("{}indexes", self.prefix)
     }
 
-    /// Lists `index` in the registry, once per process, before the first claim that can put a
-    /// record in it.
+    /// On a cluster, the registry of the prefix's results indexes (one per slot in use): a set
+    /// `<prefix>results-indexes` of their keys.
+    fn results_registry(&self) -> String {
+        format!("{}results-indexes", self.prefix)
+    }
+
+    /// Lists the stuck index `index` in the registry, once per process, before the first claim
+    /// that can put a record in it.
     async fn register(&self, index: &str) -> Result<(), IdemError> {
+        self.register_in(&self.registry(), index).await
+    }
+
+    /// On a cluster, lists the results index `results` in its registry, once per process, before
+    /// the first mark that can put a record in it (on one server there is one, found by name).
+    pub(super) async fn listed(&self, results: &str) -> Result<(), IdemError> {
+        match self.conn {
+            Conn::Single(_) => Ok(()),
+            Conn::Cluster(_) => self.register_in(&self.results_registry(), results).await,
+        }
+    }
+
+    /// Adds `member` to the set `registry`, once per process.
+    async fn register_in(&self, registry: &str, member: &str) -> Result<(), IdemError> {
         let known = |r: &Self| {
             r.registered
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .contains(index)
+                .contains(member)
         };
         if known(self) {
             return Ok(());
         }
         let mut conn = self.conn.clone();
         let _: i64 = redis::cmd("SADD")
-            .arg(self.registry())
-            .arg(index)
+            .arg(registry)
+            .arg(member)
             .query_async(&mut conn)
             .await
             .map_err(redis_error)?;
         self.registered
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(index.to_owned());
+            .insert(member.to_owned());
         Ok(())
     }
 
@@ -308,7 +335,7 @@ impl Records {
         self.held_with(script, biz, key, claim, extra, None).await
     }
 
-    /// [`Records::held`] with a third key after the stuck index (on one server).
+    /// [`Records::held`] with one more key after the record's stuck index (if any).
     pub(super) async fn held_with(
         &self,
         script: &Script,
@@ -324,9 +351,9 @@ impl Records {
         let mut invocation = script.key(&record);
         if let Some(index) = &index {
             invocation.key(index);
-            if let Some(third) = third {
-                invocation.key(third);
-            }
+        }
+        if let Some(third) = third {
+            invocation.key(third);
         }
         // The same decimal text as `to_string()`, written straight into the command.
         invocation.arg(claim.fence.get());
@@ -359,48 +386,57 @@ impl Records {
     }
 
     /// A sweep's work, in proportion to what it finds: at most `batch` results past their result
-    /// ttl dropped, and (on a cluster, or under a test clock that moved) at most `batch` records
-    /// expired by the store's clock deleted.
+    /// ttl dropped, and (under a test clock that moved) at most `batch` records expired by the
+    /// store's clock deleted.
     ///
-    /// On one server, Redis deletes every record by itself when it expires (`PEXPIREAT` at the
-    /// end of its TTL or lease, whichever is later, which is the store clock's expiry), so there
-    /// is nothing to walk for: the results to drop come from the results index, and the stuck
-    /// indexes listed in the registry lose the members of records Redis expired (as the
-    /// reconciler's walk drops them). A test clock that moved ahead of Redis's puts records past
-    /// their expiry that Redis still keeps: then, and on a cluster (where an index would lie in
-    /// another slot than its records), the sweep walks the keys with SCAN, one reply at a time,
-    /// going on from where the last sweep stopped.
+    /// Redis deletes every record by itself when it expires (`PEXPIREAT` at the end of its TTL or
+    /// lease, whichever is later, which is the store clock's expiry), so there is nothing to walk
+    /// for: the results to drop come from the results indexes (one on a server, one per slot in
+    /// use on a cluster, listed in a registry), and on one server the stuck indexes listed in the
+    /// registry lose the members of records Redis expired (as the reconciler's walk drops them). A
+    /// test clock that moved ahead of Redis's puts records past their expiry that Redis still
+    /// keeps: then the sweep also walks the keys with SCAN, one reply at a time, going on from
+    /// where the last sweep stopped.
     pub(super) async fn sweep(&self, batch: usize) -> Result<u64, IdemError> {
         let batch = u64::try_from(batch).unwrap_or(u64::MAX).min(1 << 31);
-        match self.conn {
-            Conn::Single(_) => {
-                let dropped = self.shrink(batch).await?;
-                let deleted = if self.offset.ms() != 0 {
-                    self.walk_keys(batch).await?
-                } else {
-                    0
-                };
-                if dropped < batch && deleted < batch {
-                    // The pass is ending (a sweeper calls again while a batch is full).
-                    self.trim_registered().await?;
-                }
-                Ok(dropped + deleted)
+        let indexes = match self.conn {
+            Conn::Single(_) => vec![format!("{}results", self.prefix)],
+            Conn::Cluster(_) => {
+                let mut conn = self.conn.clone();
+                redis::cmd("SMEMBERS")
+                    .arg(self.results_registry())
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(redis_error)?
             }
-            Conn::Cluster(_) => self.walk_keys(batch).await,
+        };
+        let mut dropped = 0u64;
+        for index in &indexes {
+            if dropped >= batch {
+                break;
+            }
+            dropped += self.shrink(index, batch - dropped).await?;
         }
+        let deleted = if self.offset.ms() != 0 {
+            self.walk_keys(batch).await?
+        } else {
+            0
+        };
+        if dropped < batch && deleted < batch && matches!(self.conn, Conn::Single(_)) {
+            // The pass is ending (a sweeper calls again while a batch is full).
+            self.trim_registered().await?;
+        }
+        Ok(dropped + deleted)
     }
 
-    /// Drops at most `want` results whose result ttl passed, from the results index.
-    async fn shrink(&self, want: u64) -> Result<u64, IdemError> {
-        let Some(results) = self.results() else {
-            return Ok(0);
-        };
+    /// Drops at most `want` results whose result ttl passed, from the results index `results`.
+    async fn shrink(&self, results: &str, want: u64) -> Result<u64, IdemError> {
         let mut dropped = 0u64;
         while dropped < want {
             let mut conn = self.conn.clone();
             let left = want - dropped;
             let reply: Vec<i64> = SHRINK
-                .key(&results)
+                .key(results)
                 .arg(left)
                 .arg(left + STALE_PER_RUN)
                 .arg(self.offset.ms())

@@ -90,9 +90,10 @@ return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover', true)
 "#
 );
 
-/// `KEYS[1]` the record, `KEYS[2]` its stuck index and, with a result ttl, `KEYS[3]` the results
-/// index (neither on a cluster); ARGV: fence, result, ttl ms, result ttl ms (`""`: the result is
-/// kept as long as the record), offset. 1 when the record was PROCESSING under the fence
+/// `KEYS[1]` the record, then its stuck index (one server only), then with a result ttl the results
+/// index of its slot (`[record, stuck, results]` on one server, `[record, results]` on a cluster);
+/// ARGV: fence, result, ttl ms, result ttl ms (`""`: the result is kept as long as the record),
+/// offset. 1 when the record was PROCESSING under the fence
 /// (or is already SUCCEEDED under it: a mark sent again after a lost reply, which changes nothing).
 /// The mark moves `ex` to at least now + ttl, and the key's expiry with it, so a body slower than
 /// its ttl still leaves a live success, and takes the record out of the stuck index. A result
@@ -101,6 +102,9 @@ return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover', true)
 pub const COMPLETE: &str = concat!(
     prelude!(),
     r#"
+local results, stuck
+if ARGV[4] ~= '' and #KEYS >= 2 then results = KEYS[#KEYS] end
+if #KEYS == 3 or (#KEYS == 2 and not results) then stuck = KEYS[2] end
 local rec = redis.call('HMGET', KEYS[1], 's', 'f', 'lu', 'ex')
 if rec[2] ~= ARGV[1] then return 0 end
 if rec[1] == 'SUCCEEDED' then return 1 end
@@ -110,10 +114,10 @@ redis.call('HSET', KEYS[1], 's', 'SUCCEEDED', 'r', ARGV[2], 'ex', num(ex))
 if ARGV[4] ~= '' then
   local rx = num(now + tonumber(ARGV[4]))
   redis.call('HSET', KEYS[1], 'rx', rx)
-  if KEYS[3] then redis.call('ZADD', KEYS[3], rx, KEYS[1]) end
+  if results then redis.call('ZADD', results, rx, KEYS[1]) end
 end
 redis.call('PEXPIREAT', KEYS[1], num(math.max(ex, tonumber(rec[3])) - offset))
-if KEYS[2] then redis.call('ZREM', KEYS[2], KEYS[1]) end
+if stuck then redis.call('ZREM', stuck, KEYS[1]) end
 return 1
 "#
 );
@@ -239,13 +243,13 @@ return out
 "#
 );
 
-/// KEYS[1] the results index of one server (`<prefix>results`: a sorted set of record keys scored
-/// by their `rx`, written by [`COMPLETE`]); ARGV: want, budget, offset. Walks the members whose
-/// result expiry has come, oldest first, at most `budget` of them, and drops the result of each
-/// record still SUCCEEDED under that expiry (the record stays, a tombstone with `rx` 0), at most
-/// `want` of them. Every member walked leaves the index, but for one whose record was marked
-/// again with a later expiry, which moves to it. The members are record keys: this script runs on
-/// one server only, never on a cluster.
+/// KEYS[1] a results index (`<prefix>results` on one server, `<prefix>results{<tag>}` per slot on
+/// a cluster: a sorted set of record keys scored by their `rx`, written by [`COMPLETE`]); ARGV:
+/// want, budget, offset. Walks the members whose result expiry has come, oldest first, at most
+/// `budget` of them, and drops the result of each record still SUCCEEDED under that expiry (the
+/// record stays, a tombstone with `rx` 0), at most `want` of them. Every member walked leaves the
+/// index, but for one whose record was marked again with a later expiry, which moves to it. The
+/// members are record keys, in the index's slot on a cluster.
 ///
 /// Returns `{dropped, more}`: `more` 1 when it stopped at `want` or at the budget (there may be
 /// more members whose time has come).

@@ -58,6 +58,29 @@ fn states(now: i64) -> [(&'static str, &'static str, i64, i64); 5] {
     ]
 }
 
+/// The statements that fill a layout's `table` with [`states`], the success's result written as
+/// `blob` (the backend's literal of the bytes), with a `fence` column or without.
+fn fill(table: &str, fence: bool, blob: &str) -> Vec<String> {
+    let (fence_column, fence_value) = if fence { (", fence", ", 1") } else { ("", "") };
+    states(now_ms())
+        .into_iter()
+        .map(|(key, status, lease, expire)| {
+            let result = if status == "SUCCEEDED" { blob } else { "NULL" };
+            format!(
+                "INSERT INTO {table} (biz_type, idem_key, status, attempt{fence_column}, \
+                 fingerprint, result, lease_until, created_at, updated_at, expire_at) \
+                 VALUES ('{BIZ}', '{key}', '{status}', 1{fence_value}, NULL, {result}, {lease}, \
+                 0, 0, {expire})"
+            )
+        })
+        .collect()
+}
+
+/// The bytes as hexadecimal digits, for a backend's literal.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn request(key: &str) -> ClaimRequest<'_> {
     ClaimRequest {
         biz: BIZ,
@@ -143,23 +166,11 @@ mod sqlite {
                     .unwrap();
             }
             // The fence column came with the second migration.
-            let fence = if k >= 2 { ", fence" } else { "" };
-            let fence_value = if k >= 2 { ", 1" } else { "" };
-            for (key, status, lease, expire) in states(now_ms()) {
-                sqlx::query(AssertSqlSafe(format!(
-                    "INSERT INTO idem_record (biz_type, idem_key, status, attempt{fence}, \
-                     fingerprint, result, lease_until, created_at, updated_at, expire_at) \
-                     VALUES (?1, ?2, ?3, 1{fence_value}, NULL, ?4, ?5, 0, 0, ?6)"
-                )))
-                .bind(BIZ)
-                .bind(key)
-                .bind(status)
-                .bind((status == "SUCCEEDED").then_some(snapshot.as_slice()))
-                .bind(lease)
-                .bind(expire)
-                .execute(store.pool())
-                .await
-                .unwrap();
+            for insert in fill("idem_record", k >= 2, &format!("X'{}'", hex(&snapshot))) {
+                sqlx::query(AssertSqlSafe(insert))
+                    .execute(store.pool())
+                    .await
+                    .unwrap();
             }
             store.migrate().await.unwrap();
             store.migrate().await.unwrap();
@@ -207,21 +218,12 @@ mod postgres {
                 .await
                 .unwrap();
             drop(conn);
-            for (key, status, lease, expire) in states(now_ms()) {
-                sqlx::query(AssertSqlSafe(format!(
-                    "INSERT INTO {schema}.idem_record (biz_type, idem_key, status, attempt, fence, \
-                     fingerprint, result, lease_until, created_at, updated_at, expire_at) \
-                     VALUES ($1, $2, $3, 1, 1, NULL, $4, $5, 0, 0, $6)"
-                )))
-                .bind(BIZ)
-                .bind(key)
-                .bind(status)
-                .bind((status == "SUCCEEDED").then_some(snapshot.as_slice()))
-                .bind(lease)
-                .bind(expire)
-                .execute(&pool)
-                .await
-                .unwrap();
+            let table = format!("{schema}.idem_record");
+            for insert in fill(&table, true, &format!("'\\x{}'::bytea", hex(&snapshot))) {
+                sqlx::query(AssertSqlSafe(insert))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
             }
             let store = PgStore::connect(&url)
                 .await
@@ -293,21 +295,12 @@ mod mariadb {
                 .unwrap();
             // Closed, not handed back: its default database is the layout's now.
             drop(conn.detach());
-            for (key, status, lease, expire) in states(now_ms()) {
-                sqlx::query(AssertSqlSafe(format!(
-                    "INSERT INTO {db}.idem_record (biz_type, idem_key, status, attempt, fence, \
-                     fingerprint, result, lease_until, created_at, updated_at, expire_at) \
-                     VALUES (?, ?, ?, 1, 1, NULL, ?, ?, 0, 0, ?)"
-                )))
-                .bind(BIZ)
-                .bind(key)
-                .bind(status)
-                .bind((status == "SUCCEEDED").then_some(snapshot.as_slice()))
-                .bind(lease)
-                .bind(expire)
-                .execute(&pool)
-                .await
-                .unwrap();
+            let table = format!("{db}.idem_record");
+            for insert in fill(&table, true, &format!("X'{}'", hex(&snapshot))) {
+                sqlx::query(AssertSqlSafe(insert))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
             }
             let store = MySqlStore::connect(&url)
                 .await

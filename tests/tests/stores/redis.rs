@@ -83,16 +83,16 @@ mod stuck_index {
     const LEASE: Duration = Duration::from_secs(10);
     const TTL: Duration = Duration::from_secs(3600);
 
-    struct Subject {
-        store: RedisStore,
-        clock: TestClock,
-        prefix: String,
-        raw: MultiplexedConnection,
+    pub(super) struct Subject {
+        pub(super) store: RedisStore,
+        pub(super) clock: TestClock,
+        pub(super) prefix: String,
+        pub(super) raw: MultiplexedConnection,
     }
 
     impl Subject {
         /// The record key and the stuck index idem uses (`record_key`, `stuck_key`).
-        fn record(&self, biz: &str, key: &str) -> String {
+        pub(super) fn record(&self, biz: &str, key: &str) -> String {
             format!("{}{{{}:{biz}:{key}}}", self.prefix, biz.len())
         }
 
@@ -151,7 +151,7 @@ mod stuck_index {
         }
     }
 
-    async fn subject() -> Option<Subject> {
+    pub(super) async fn subject() -> Option<Subject> {
         let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
         let store = server::reach("Redis", &url, RedisStore::connect(&url)).await?;
         let raw = redis::Client::open(url.as_str())
@@ -329,74 +329,45 @@ mod stuck_index {
 mod sweep_indexes {
     use std::time::Duration;
 
-    use idem::{ClaimOutcome, ClaimRequest, RedisStore, Status, Store};
-    use redis::aio::MultiplexedConnection;
+    use idem::{ClaimOutcome, ClaimRequest, Status, Store};
 
-    use super::contract::server;
+    use super::stuck_index::{Subject, subject};
 
     const TTL: Duration = Duration::from_secs(3600);
 
-    struct Subject {
-        store: RedisStore,
-        prefix: String,
-        raw: MultiplexedConnection,
-    }
-
-    impl Subject {
-        fn record(&self, key: &str) -> String {
-            format!("{}{{3:KEP:{key}}}", self.prefix)
-        }
-
-        async fn score(&self, key: &str) -> Option<f64> {
-            redis::cmd("ZSCORE")
-                .arg(format!("{}results", self.prefix))
-                .arg(self.record(key))
-                .query_async(&mut self.raw.clone())
-                .await
-                .unwrap()
-        }
-
-        /// A success under `key`, its result kept `keep` (or as long as the record).
-        async fn done(&self, key: &str, keep: Option<Duration>) {
-            let req = ClaimRequest {
-                biz: "KEP",
-                key,
-                fingerprint: None,
-                lease: Duration::from_secs(10),
-                ttl: TTL,
-            };
-            let ClaimOutcome::Acquired { claim, .. } = self.store.claim(&req).await.unwrap() else {
-                panic!("{key}: not acquired");
-            };
-            match keep {
-                Some(keep) => self
-                    .store
-                    .complete_keeping("KEP", key, &claim, b"result", TTL, keep)
-                    .await
-                    .unwrap(),
-                None => self
-                    .store
-                    .complete("KEP", key, &claim, b"result", TTL)
-                    .await
-                    .unwrap(),
-            }
-        }
-    }
-
-    async fn subject() -> Option<Subject> {
-        let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
-        let store = server::reach("Redis", &url, RedisStore::connect(&url)).await?;
-        let raw = redis::Client::open(url.as_str())
-            .unwrap()
-            .get_multiplexed_async_connection()
+    async fn score(s: &Subject, key: &str) -> Option<f64> {
+        redis::cmd("ZSCORE")
+            .arg(format!("{}results", s.prefix))
+            .arg(s.record("KEP", key))
+            .query_async(&mut s.raw.clone())
             .await
-            .unwrap();
-        let prefix = format!("{}:", server::unique("idemr"));
-        Some(Subject {
-            store: store.with_prefix(&prefix).unwrap(),
-            prefix,
-            raw,
-        })
+            .unwrap()
+    }
+
+    /// A success under `key`, its result kept `keep` (or as long as the record).
+    async fn done(s: &Subject, key: &str, keep: Option<Duration>) {
+        let req = ClaimRequest {
+            biz: "KEP",
+            key,
+            fingerprint: None,
+            lease: Duration::from_secs(10),
+            ttl: TTL,
+        };
+        let ClaimOutcome::Acquired { claim, .. } = s.store.claim(&req).await.unwrap() else {
+            panic!("{key}: not acquired");
+        };
+        match keep {
+            Some(keep) => s
+                .store
+                .complete_keeping("KEP", key, &claim, b"result", TTL, keep)
+                .await
+                .unwrap(),
+            None => s
+                .store
+                .complete("KEP", key, &claim, b"result", TTL)
+                .await
+                .unwrap(),
+        }
     }
 
     #[tokio::test]
@@ -406,18 +377,17 @@ mod sweep_indexes {
         };
         let short = Duration::from_millis(50);
         for i in 0..5 {
-            s.done(&format!("due-{i}"), Some(short)).await;
+            done(&s, &format!("due-{i}"), Some(short)).await;
         }
-        s.done("later", Some(Duration::from_secs(600))).await;
-        s.done("kept", None).await;
+        done(&s, "later", Some(Duration::from_secs(600))).await;
+        done(&s, "kept", None).await;
         for i in 0..5 {
             assert!(
-                s.score(&format!("due-{i}")).await.is_some(),
+                score(&s, &format!("due-{i}")).await.is_some(),
                 "due-{i} is indexed"
             );
         }
-        let later = s
-            .score("later")
+        let later = score(&s, "later")
             .await
             .expect("a later result is indexed too");
         let rx = s
@@ -429,7 +399,7 @@ mod sweep_indexes {
             .result_until_ms;
         assert_eq!(Some(later as i64), rx, "scored by its result expiry");
         assert_eq!(
-            s.score("kept").await,
+            score(&s, "kept").await,
             None,
             "a result kept with its record is not"
         );
@@ -444,7 +414,7 @@ mod sweep_indexes {
             let r = s.store.load("KEP", &key).await.unwrap().unwrap();
             assert_eq!(r.status, Status::Succeeded, "{key} stays, a tombstone");
             assert_eq!(r.snapshot, None, "{key}: its result is dropped");
-            assert_eq!(s.score(&key).await, None, "{key} left the index");
+            assert_eq!(score(&s, &key).await, None, "{key} left the index");
         }
         for key in ["later", "kept"] {
             let r = s.store.load("KEP", key).await.unwrap().unwrap();
@@ -454,7 +424,7 @@ mod sweep_indexes {
                 "{key} keeps its result"
             );
         }
-        assert!(s.score("later").await.is_some());
+        assert!(score(&s, "later").await.is_some());
     }
 
     #[tokio::test]
@@ -462,19 +432,19 @@ mod sweep_indexes {
         let Some(s) = subject().await else {
             return;
         };
-        s.done("gone", Some(Duration::from_millis(20))).await;
-        s.done("here", Some(Duration::from_millis(20))).await;
+        done(&s, "gone", Some(Duration::from_millis(20))).await;
+        done(&s, "here", Some(Duration::from_millis(20))).await;
         let _: i64 = redis::cmd("DEL")
-            .arg(s.record("gone"))
+            .arg(s.record("KEP", "gone"))
             .query_async(&mut s.raw.clone())
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(80)).await;
         assert_eq!(s.store.sweep_expired(10).await.unwrap(), 1);
-        assert_eq!(s.score("gone").await, None);
-        assert_eq!(s.score("here").await, None);
+        assert_eq!(score(&s, "gone").await, None);
+        assert_eq!(score(&s, "here").await, None);
         let exists: i64 = redis::cmd("EXISTS")
-            .arg(s.record("gone"))
+            .arg(s.record("KEP", "gone"))
             .query_async(&mut s.raw.clone())
             .await
             .unwrap();
@@ -486,7 +456,7 @@ mod sweep_indexes {
         let Some(s) = subject().await else {
             return;
         };
-        s.done("a", None).await;
+        done(&s, "a", None).await;
         let indexes: Vec<String> = redis::cmd("SMEMBERS")
             .arg(format!("{}indexes", s.prefix))
             .query_async(&mut s.raw.clone())

@@ -97,8 +97,8 @@ return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover', true)
 /// (or is already SUCCEEDED under it: a mark sent again after a lost reply, which changes nothing).
 /// The mark moves `ex` to at least now + ttl, and the key's expiry with it, so a body slower than
 /// its ttl still leaves a live success, and takes the record out of the stuck index. A result
-/// kept for less than its record enters the results index, scored by `rx`, where [`SHRINK`] finds
-/// it when that time comes.
+/// kept for less than its record enters the results index, scored by `rx`, where the shrink
+/// script finds it when that time comes.
 pub const COMPLETE: &str = concat!(
     prelude!(),
     r#"

@@ -146,8 +146,8 @@ fn check_redis_limits(limits: &Limits) -> Result<(), IdemError> {
 /// renewal and sweep keeps it in the same script (one more command in each). A record Redis
 /// expires by itself while PROCESSING leaves its member behind until a `stuck` pass (or
 /// [`Store::sweep_expired`]) meets it and drops it. The prefix's stuck indexes are listed in a
-/// set, `<prefix>indexes` (added to once per index and process, before its first claim), so a
-/// sweep finds them without walking the keys.
+/// set, `<prefix>indexes` (added to by the claim script of each process's first claim under the
+/// business type), so a sweep finds them without walking the keys.
 ///
 /// A success marked with a result ttl ([`Call::result_ttl`](crate::Call::result_ttl)) enters a
 /// sorted set `<prefix>results` scored by when its result is dropped; [`Store::sweep_expired`]
@@ -317,10 +317,11 @@ impl Store for RedisStore {
         let (ttl, kept) = (millis(ttl).to_string(), millis(result_ttl).to_string());
         let extra: [&[u8]; 3] = [snapshot, ttl.as_bytes(), kept.as_bytes()];
         let results = self.records.results_for(&self.records.key(biz, key));
-        self.records.listed(&results).await?;
         self.records
             .held_with(&COMPLETE, biz, key, claim, &extra, Some(&results))
-            .await
+            .await?;
+        self.records.listed(&results).await;
+        Ok(())
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {

@@ -166,44 +166,42 @@ impl Records {
         format!("{}results-indexes", self.prefix)
     }
 
-    /// Lists the stuck index `index` in the registry, once per process, before the first claim
-    /// that can put a record in it.
-    async fn register(&self, index: &str) -> Result<(), IdemError> {
-        self.register_in(&self.registry(), index).await
+    /// Whether this process has listed `member` in its registry already.
+    fn is_registered(&self, member: &str) -> bool {
+        self.registered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(member)
     }
 
-    /// On a cluster, lists the results index `results` in its registry, once per process, before
-    /// the first mark that can put a record in it (on one server there is one, found by name).
-    pub(super) async fn listed(&self, results: &str) -> Result<(), IdemError> {
-        match self.conn {
-            Conn::Single(_) => Ok(()),
-            Conn::Cluster(_) => self.register_in(&self.results_registry(), results).await,
-        }
-    }
-
-    /// Adds `member` to the set `registry`, once per process.
-    async fn register_in(&self, registry: &str, member: &str) -> Result<(), IdemError> {
-        let known = |r: &Self| {
-            r.registered
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(member)
-        };
-        if known(self) {
-            return Ok(());
-        }
-        let mut conn = self.conn.clone();
-        let _: i64 = redis::cmd("SADD")
-            .arg(registry)
-            .arg(member)
-            .query_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
+    fn mark_registered(&self, member: &str) {
         self.registered
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(member.to_owned());
-        Ok(())
+    }
+
+    /// On a cluster, lists the results index `results` in its registry, once per process, after
+    /// a mark put a record in it (on one server there is one, found by name). A registry that
+    /// cannot be written is logged, not the mark's error: the mark landed, and the next one
+    /// tries again; until then that slot's due results are dropped when a claim meets them or
+    /// with their records.
+    pub(super) async fn listed(&self, results: &str) {
+        if matches!(self.conn, Conn::Single(_)) || self.is_registered(results) {
+            return;
+        }
+        let mut conn = self.conn.clone();
+        let added: redis::RedisResult<i64> = redis::cmd("SADD")
+            .arg(self.results_registry())
+            .arg(results)
+            .query_async(&mut conn)
+            .await;
+        match added {
+            Ok(_) => self.mark_registered(results),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list a results index for the sweeper; the next mark tries again")
+            }
+        }
     }
 
     /// With [`RedisStore::with_replica_acks`]: waits until the configured number of replicas
@@ -247,12 +245,18 @@ impl Records {
         let mut conn = self.conn.clone();
         let record = self.key(req.biz, req.key);
         let index = self.index(req.biz);
-        if let Some(index) = &index {
-            self.register(index).await?;
-        }
+        // The first claim of this process under the business type also lists its stuck index in
+        // the registry, in the same script (no command of its own, no failure of its own).
+        let registry = index
+            .as_deref()
+            .filter(|index| !self.is_registered(index))
+            .map(|_| self.registry());
         let mut invocation = CLAIM.key(&record);
         if let Some(index) = &index {
             invocation.key(index);
+            if let Some(registry) = &registry {
+                invocation.key(registry);
+            }
         }
         let mut reply: Vec<Value> = invocation
             .arg(req.fingerprint.unwrap_or(""))
@@ -262,6 +266,9 @@ impl Records {
             .invoke_async(&mut conn)
             .await
             .map_err(redis_error)?;
+        if let (Some(index), Some(_)) = (&index, &registry) {
+            self.mark_registered(index);
+        }
         // The script's tag: one letter.
         let tag = match reply.first().map(bytes) {
             Some(&[letter]) => letter,

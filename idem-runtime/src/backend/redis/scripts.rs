@@ -33,7 +33,9 @@ local now = math.floor(now_us / 1000)
     };
 }
 
-/// `KEYS[1]` the record, `KEYS[2]` its stuck index (none on a cluster); ARGV: fingerprint (`""`
+/// `KEYS[1]` the record, `KEYS[2]` its stuck index (none on a cluster) and, on a process's first
+/// claim under the business type, `KEYS[3]` the registry of stuck indexes (`<prefix>indexes`),
+/// which the stuck index joins; ARGV: fingerprint (`""`
 /// for none; two are the same request when their digests, the text after the last space, are
 /// equal), lease ms, ttl ms, offset ms.
 /// Returns `{'A', attempt, fence, how}` (attempt and fence as integer replies: no formatting),
@@ -47,6 +49,7 @@ pub const CLAIM: &str = concat!(
     prelude!(),
     r#"
 local fp, lease, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+if KEYS[3] then redis.call('SADD', KEYS[3], KEYS[2]) end
 local function digest(x) return string.match(x, '[^ ]*$') end
 local rec = redis.call('HMGET', KEYS[1], 's', 'a', 'f', 'fp', 'lu', 'ex', 'r', 'rx')
 local function acquire(attempt, fence, expire, how, keep)

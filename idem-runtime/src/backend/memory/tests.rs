@@ -1,0 +1,174 @@
+//! The memory store's queues and processing list: what a pass reads, and that every change keeps
+//! them.
+
+use std::time::Duration;
+
+use super::MemoryStore;
+use crate::TestClock;
+use crate::store::{ClaimOutcome, ClaimRequest, Store};
+
+fn req<'a>(biz: &'a str, key: &'a str, ttl: Duration) -> ClaimRequest<'a> {
+    ClaimRequest {
+        biz,
+        key,
+        fingerprint: None,
+        lease: Duration::from_secs(10),
+        ttl,
+    }
+}
+
+async fn done(store: &MemoryStore, biz: &str, key: &str, ttl: Duration) {
+    let ClaimOutcome::Acquired { claim, .. } = store.claim(&req(biz, key, ttl)).await.unwrap()
+    else {
+        panic!("{key}: not acquired");
+    };
+    store.complete(biz, key, &claim, b"ok", ttl).await.unwrap();
+}
+
+/// Every PROCESSING record is in its business type's `processing` list at its own slot, and
+/// nothing else is.
+fn check_slots(store: &MemoryStore) {
+    for by_biz in store.lock().values() {
+        for (i, key) in by_biz.processing.iter().enumerate() {
+            let e = &by_biz.records[&**key];
+            assert_eq!(e.status, super::Status::Processing, "{key}");
+            assert_eq!(e.slot as usize, i, "{key}");
+        }
+        let processing = by_biz
+            .records
+            .values()
+            .filter(|e| e.status == super::Status::Processing)
+            .count();
+        assert_eq!(processing, by_biz.processing.len());
+    }
+}
+
+/// Claims, marks, failures, takeovers and sweeps interleaved over many keys keep the slots.
+#[tokio::test]
+async fn slots_follow_every_change() {
+    let clock = TestClock::new();
+    let store = MemoryStore::new().with_test_clock(clock.clone());
+    let ttl = Duration::from_secs(60);
+    let mut held = Vec::new();
+    for round in 0..20u32 {
+        for k in 0..50u32 {
+            let key = format!("k-{}", (k * 7 + round) % 60);
+            if let ClaimOutcome::Acquired { claim, .. } =
+                store.claim(&req("B", &key, ttl)).await.unwrap()
+            {
+                held.push((key, claim));
+            }
+        }
+        // Finish some in an order other than they came: the last slot moves each time.
+        let mut i = 0;
+        held.retain(|_| {
+            i += 1;
+            i % 3 == 0
+        });
+        for (n, (key, claim)) in held.drain(..).enumerate() {
+            if n % 2 == 0 {
+                let _ = store.complete("B", &key, &claim, b"ok", ttl).await;
+            } else {
+                let _ = store.fail("B", &key, &claim).await;
+            }
+        }
+        check_slots(&store);
+        clock.advance(Duration::from_secs(11 + u64::from(round % 3) * 30));
+        store.sweep_expired(7).await.unwrap();
+        check_slots(&store);
+    }
+}
+
+/// A sweep takes the records whose time came and leaves the others where they are queued:
+/// one expiry item per record, none popped early.
+#[tokio::test]
+async fn a_sweep_takes_only_what_is_due() {
+    let clock = TestClock::new();
+    let store = MemoryStore::new().with_test_clock(clock.clone());
+    for i in 0..1000 {
+        done(&store, "B", &format!("live-{i}"), Duration::from_secs(3600)).await;
+    }
+    for i in 0..10 {
+        done(&store, "B", &format!("due-{i}"), Duration::from_secs(30)).await;
+    }
+    assert_eq!(store.lock()["B"].expiries.len(), 1010);
+    clock.advance(Duration::from_secs(31));
+    assert_eq!(store.sweep_expired(4).await.unwrap(), 4);
+    assert_eq!(store.sweep_expired(100).await.unwrap(), 6);
+    let records = store.lock();
+    assert_eq!(records["B"].expiries.len(), 1000);
+    assert_eq!(records["B"].records.len(), 1000);
+    assert!(!records["B"].records.contains_key("due-0"));
+    assert!(records["B"].records.contains_key("live-0"));
+}
+
+/// The `processing` set holds the PROCESSING records and nothing else: a failure and a mark
+/// take a record out, a takeover keeps it in once.
+#[tokio::test]
+async fn the_processing_set_holds_only_processing_records() {
+    let clock = TestClock::new();
+    let store = MemoryStore::new().with_test_clock(clock.clone());
+    let ttl = Duration::from_secs(3600);
+    for _ in 0..100 {
+        let ClaimOutcome::Acquired { claim, .. } = store.claim(&req("B", "k", ttl)).await.unwrap()
+        else {
+            panic!("not acquired");
+        };
+        assert_eq!(store.lock()["B"].processing.len(), 1);
+        store.fail("B", "k", &claim).await.unwrap();
+        assert_eq!(store.lock()["B"].processing.len(), 0);
+    }
+    // A takeover moves the record's entry; a mark takes it out.
+    store.claim(&req("B", "k", ttl)).await.unwrap();
+    clock.advance(Duration::from_secs(11));
+    let ClaimOutcome::Acquired { claim, .. } = store.claim(&req("B", "k", ttl)).await.unwrap()
+    else {
+        panic!("not taken over");
+    };
+    assert_eq!(store.lock()["B"].processing.len(), 1);
+    store.complete("B", "k", &claim, b"ok", ttl).await.unwrap();
+    assert_eq!(store.lock()["B"].processing.len(), 0);
+}
+
+/// The stuck list reads the `processing` set: a renewal moves a record later, a mark takes it
+/// out, and the stuck ones stay for the next pass.
+#[tokio::test]
+async fn stuck_records_come_from_the_processing_set() {
+    let clock = TestClock::new();
+    let store = MemoryStore::new().with_test_clock(clock.clone());
+    let ttl = Duration::from_secs(3600);
+    let mut claims = Vec::new();
+    for key in ["a", "b", "c"] {
+        let ClaimOutcome::Acquired { claim, .. } = store.claim(&req("B", key, ttl)).await.unwrap()
+        else {
+            panic!("{key}: not acquired");
+        };
+        claims.push(claim);
+        clock.advance(Duration::from_millis(5));
+    }
+    store
+        .complete("B", "b", &claims[1], b"ok", ttl)
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(11));
+    store
+        .renew("B", "a", &claims[0], Duration::from_secs(10))
+        .await
+        .unwrap();
+    let keys = |v: Vec<crate::store::Record>| v.into_iter().map(|r| r.key).collect::<Vec<_>>();
+    assert_eq!(keys(store.stuck("B", 10).await.unwrap()), ["c"]);
+    assert_eq!(
+        keys(store.stuck("B", 10).await.unwrap()),
+        ["c"],
+        "still stuck"
+    );
+    clock.advance(Duration::from_secs(11));
+    assert_eq!(keys(store.stuck("B", 10).await.unwrap()), ["c", "a"]);
+    assert_eq!(keys(store.stuck("B", 1).await.unwrap()), ["c"]);
+    store.sweep_expired(10).await.unwrap();
+    assert_eq!(
+        store.lock()["B"].processing.len(),
+        2,
+        "the sweep keeps the stuck"
+    );
+}

@@ -46,12 +46,13 @@ pub(super) struct Records {
     /// Which step a claim sends first (`store/order.rs`): the claim script, or (on one server) a
     /// plain `HMGET` with `TIME`.
     pub(super) order: Arc<ClaimOrder>,
-    /// The stuck indexes this process has listed in its prefix's registry (`<prefix>indexes`, a
-    /// set of index keys a sweep trims), so each is added once per process, before its first
-    /// claim.
+    /// The indexes this process has listed in its prefix's registries (the stuck indexes in
+    /// `<prefix>indexes`, by the claim script of its first claim under their business type; on a
+    /// cluster the results indexes in `<prefix>results-indexes`), so each is added once per
+    /// process.
     pub(super) registered: Arc<Mutex<HashSet<String>>>,
-    /// A sweep's walk of the keys (on a cluster, or under a test clock that moved) that stopped at
-    /// its batch: the next sweep goes on from there instead of starting over.
+    /// A sweep's walk of the keys (under a test clock that moved) that stopped at its batch: the
+    /// next sweep goes on from there instead of starting over.
     pub(super) walk: Arc<tokio::sync::Mutex<Option<Walk>>>,
 }
 

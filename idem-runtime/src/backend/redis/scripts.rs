@@ -169,8 +169,8 @@ return 1
 /// record if it expired by the store clock (TTL passed and no live lease): Redis expires keys by
 /// itself, this only matters when a test clock runs ahead. Drops the result of a success whose
 /// result ttl passed (the record stays, a tombstone). 1 when it deleted or dropped anything. What
-/// a sweep runs on each key it walks: on a cluster, and on one server only under a test clock
-/// that moved (otherwise [`SHRINK`] does a sweep's work from its index).
+/// a sweep runs on each key it walks, which it does only under a test clock that moved (otherwise
+/// [`SHRINK`] does a sweep's work from the results indexes).
 pub(super) const SWEEP: &str = concat!(
     prelude!(),
     r#"

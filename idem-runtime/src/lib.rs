@@ -86,7 +86,8 @@ pub use engine::retry::{RestartsTransaction, retry_transaction};
 pub use engine::steps::{MAX_STEP_NAME_LEN, MAX_STEPS, step, step_key};
 pub use engine::tx::{IdemTx, TransactionalStore};
 pub use engine::{
-    Call, DEFAULT_LEASE, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, Recovering, with_store_timeout,
+    Batch, Call, Claimed, ClaimedRecovering, DEFAULT_LEASE, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL,
+    Recovering, with_store_timeout,
 };
 pub use error::{BoxError, Busy, DecryptFailure, IdemError};
 pub use fingerprint::fingerprint;
@@ -98,7 +99,8 @@ pub use recovery::{Reconciled, Reconciler};
 pub use registry::{IntoSharedStore, register_store, store, unregister_store};
 pub use store::tx::StoreTx;
 pub use store::{
-    Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status, StatusCount, Store,
+    Acquired, BatchClaim, BatchItem, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, MAX_BATCH,
+    Record, Status, StatusCount, Store,
 };
 pub use sweeper::Sweeper;
 pub use tokens::{MAX_SUBJECT_LEN, MemoryTokens, TokenStore, register_tokens, tokens};

@@ -302,6 +302,47 @@ impl<S: Store> Store for CachedStore<S> {
         Ok(outcome)
     }
 
+    /// The items this process saw succeed answered here; the rest in one batch claim on the
+    /// inner store.
+    async fn claim_batch(
+        &self,
+        batch: &crate::store::BatchClaim<'_>,
+    ) -> Result<Vec<ClaimOutcome>, IdemError> {
+        batch.check()?;
+        let mut outcomes: Vec<Option<ClaimOutcome>> =
+            batch.requests().map(|req| self.cached(&req)).collect();
+        let (at, rest): (Vec<usize>, Vec<crate::store::BatchItem<'_>>) = outcomes
+            .iter()
+            .zip(batch.items)
+            .enumerate()
+            .filter(|(_, (cached, _))| cached.is_none())
+            .map(|(i, (_, item))| (i, *item))
+            .unzip();
+        if !rest.is_empty() {
+            let part = crate::store::BatchClaim {
+                items: &rest,
+                ..*batch
+            };
+            let claimed = self.inner.claim_batch(&part).await?;
+            for ((i, outcome), req) in at.into_iter().zip(claimed).zip(part.requests()) {
+                if let ClaimOutcome::Acquired { claim, .. } = &outcome {
+                    self.shared.pending.insert(
+                        slot(req.biz, req.key),
+                        Pending {
+                            fence: claim.fence.get(),
+                            fingerprint: req.fingerprint.map(Arc::from),
+                        },
+                    );
+                }
+                outcomes[i] = Some(outcome);
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.ok_or_else(|| IdemError::store("the store answered a batch claim short")))
+            .collect()
+    }
+
     async fn complete(
         &self,
         biz: &str,

@@ -348,6 +348,13 @@ impl Store for AnyStore {
         self.store.claim(req).await
     }
 
+    async fn claim_batch(
+        &self,
+        batch: &crate::store::BatchClaim<'_>,
+    ) -> Result<Vec<ClaimOutcome>, IdemError> {
+        self.store.claim_batch(batch).await
+    }
+
     async fn complete(
         &self,
         biz: &str,

@@ -347,6 +347,7 @@ impl Call {
             OkType::new(),
             ErrType::new(),
             None::<NoRecover<T, E>>,
+            None,
             body,
         )
     }
@@ -415,6 +416,7 @@ impl<R> Recovering<R> {
             OkType::new(),
             ErrType::new(),
             Some(self.recover),
+            None,
             body,
         )
     }

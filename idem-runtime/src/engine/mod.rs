@@ -5,6 +5,7 @@
 //! running body which claim it holds. Every mode ends a call through [`report`], so every call
 //! gets the same span, counters and report.
 
+mod batch;
 mod call;
 pub(crate) mod current;
 mod holder;
@@ -17,6 +18,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use batch::Prefetched;
+pub use batch::{Batch, Claimed, ClaimedRecovering};
 #[cfg(feature = "axum")]
 pub(crate) use call::Heartbeat;
 pub(crate) use call::check_durations;
@@ -330,6 +333,7 @@ pub(crate) async fn execute<T, E, F, R, RF>(
     ok: OkType<T>,
     err: ErrType<E>,
     recover: Option<R>,
+    prefetched: Option<Prefetched>,
     body: F,
 ) -> Result<T, E>
 where
@@ -355,9 +359,20 @@ where
         };
         let timeout = call.store_timeout_in_force();
         let kept = call.result_kept();
-        let claimed_at = tokio::time::Instant::now();
-        let (claim, how, answered) = match claim(store, &req, call.wait, timeout, claimed_at).await
-        {
+        let mut claimed_at = tokio::time::Instant::now();
+        let claimed = match prefetched {
+            // Decided by a batch claim (a waiting call claims again while it is in progress):
+            // the lease is counted from when that claim was sent, and checked as of now.
+            Some(p)
+                if !(call.wait.is_some()
+                    && matches!(p.outcome, ClaimOutcome::InProgress { .. })) =>
+            {
+                claimed_at = p.sent;
+                Ok((p.outcome, tokio::time::Instant::now()))
+            }
+            _ => claim(store, &req, call.wait, timeout, claimed_at).await,
+        };
+        let (claim, how, answered) = match claimed {
             Ok((ClaimOutcome::Acquired { claim, how }, answered)) => (claim, how, answered),
             Ok((ClaimOutcome::Replay { snapshot }, _)) => {
                 let (result, outcome) = replayed(ok, &snapshot);
@@ -545,6 +560,7 @@ where
         ok,
         err,
         None::<NoRecover<T, E>>,
+        None,
         body,
     )
 }
@@ -570,5 +586,5 @@ where
     R: FnOnce() -> RF + 'a,
     RF: Future<Output = Result<Option<T>, E>> + 'a,
 {
-    execute(store.resolve(), call, ok, err, Some(recover), body)
+    execute(store.resolve(), call, ok, err, Some(recover), None, body)
 }

@@ -53,6 +53,32 @@ pub(crate) trait CasRecords {
         req: &ClaimRequest<'_>,
     ) -> Result<(bool, Option<SeenRecord>), IdemError>;
 
+    /// Inserts a new PROCESSING record for each of `reqs` (distinct keys of one business type,
+    /// one lease and ttl) that has none, in one statement: for each, its claim if this statement
+    /// inserted its record. `None` when the database cannot say which it inserted (MySQL refuses
+    /// the whole statement when one key exists): nothing was inserted then. The default inserts
+    /// nothing and says so.
+    async fn insert_many(
+        &mut self,
+        reqs: &[ClaimRequest<'_>],
+    ) -> Result<Option<Vec<Option<Claim>>>, IdemError> {
+        let _ = reqs;
+        Ok(None)
+    }
+
+    /// Reads the records of `reqs` (as [`CasRecords::read`] reads one), in one statement where the
+    /// database allows: for each, its record or `None`. The default reads them one by one.
+    async fn read_many(
+        &mut self,
+        reqs: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Option<SeenRecord>>, IdemError> {
+        let mut seen = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            seen.push(self.read(req).await?);
+        }
+        Ok(seen)
+    }
+
     /// Takes `seen` over if it is unchanged (same fence, status and lease end): a new fence, a new
     /// lease, and an expiry that covers the lease (a new life when `reset`); the saved steps (in
     /// `result`) are kept when `keep_steps`, else cleared. `None` when the record changed since it
@@ -194,4 +220,102 @@ async fn claim_in_order<C: CasRecords>(
     Ok(ClaimOutcome::InProgress {
         retry_after: std::time::Duration::from_millis(10),
     })
+}
+
+/// The claim protocol for many keys at once (a batch claim in lease mode): the insert of every new
+/// key and the read of every existing one in one statement each, the first step chosen by `order`
+/// as for one key; each record read is decided by the table, and a takeover or a retry takes its
+/// record with its own compare-and-set. A key whose record changed between the statements (a race)
+/// is claimed on its own. `order` learns every outcome.
+pub(crate) async fn claim_many<C: CasRecords>(
+    records: &mut C,
+    reqs: &[ClaimRequest<'_>],
+    order: &ClaimOrder,
+) -> Result<Vec<ClaimOutcome>, IdemError> {
+    let mut out: Vec<Option<ClaimOutcome>> = vec![None; reqs.len()];
+    let mut inserted_first = false;
+    if !order.read_first() {
+        inserted_first = insert_new(
+            records,
+            reqs,
+            &(0..reqs.len()).collect::<Vec<_>>(),
+            &mut out,
+        )
+        .await?;
+    }
+    let pending: Vec<usize> = (0..reqs.len()).filter(|&i| out[i].is_none()).collect();
+    if !pending.is_empty() {
+        let asked: Vec<ClaimRequest<'_>> = pending.iter().map(|&i| reqs[i]).collect();
+        let seen = records.read_many(&asked).await?;
+        let mut missing = Vec::new();
+        for (&i, seen) in pending.iter().zip(seen) {
+            match seen {
+                None => missing.push(i),
+                Some(seen) => out[i] = decide_seen(records, &reqs[i], seen).await?,
+            }
+        }
+        // Keys the insert did not try (a read first), or that vanished since (swept).
+        if !missing.is_empty() && !inserted_first {
+            insert_new(records, reqs, &missing, &mut out).await?;
+        }
+    }
+    let mut outcomes = Vec::with_capacity(reqs.len());
+    for (req, decided) in reqs.iter().zip(out) {
+        let outcome = match decided {
+            Some(outcome) => outcome,
+            None => claim_in_order(records, req, false).await?,
+        };
+        order.observe(&outcome);
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
+}
+
+/// Inserts the keys of `reqs` at `at` in one statement; the ones inserted are acquired in `out`.
+/// Whether the statement could say which it inserted.
+async fn insert_new<C: CasRecords>(
+    records: &mut C,
+    reqs: &[ClaimRequest<'_>],
+    at: &[usize],
+    out: &mut [Option<ClaimOutcome>],
+) -> Result<bool, IdemError> {
+    let asked: Vec<ClaimRequest<'_>> = at.iter().map(|&i| reqs[i]).collect();
+    let Some(claims) = records.insert_many(&asked).await? else {
+        return Ok(false);
+    };
+    for (&i, claim) in at.iter().zip(claims) {
+        if let Some(claim) = claim {
+            out[i] = Some(ClaimOutcome::Acquired {
+                claim,
+                how: Acquired::Fresh,
+            });
+        }
+    }
+    Ok(true)
+}
+
+/// The decision for a record read by a batch claim: `None` when a take lost its race (the key is
+/// then claimed on its own).
+async fn decide_seen<C: CasRecords>(
+    records: &mut C,
+    req: &ClaimRequest<'_>,
+    seen: SeenRecord,
+) -> Result<Option<ClaimOutcome>, IdemError> {
+    Ok(Some(match decided(&seen, req) {
+        Decision::Take { how, reset } => {
+            let keep = keeps_steps(reset, seen.fingerprint.as_deref(), req.fingerprint);
+            match records.take(req, &seen, reset, keep).await? {
+                Some(claim) => ClaimOutcome::Acquired { claim, how },
+                None => return Ok(None),
+            }
+        }
+        Decision::Replay => ClaimOutcome::Replay {
+            snapshot: seen.snapshot.unwrap_or_default(),
+        },
+        Decision::ResultGone => ClaimOutcome::ResultGone,
+        Decision::Mismatch => ClaimOutcome::Mismatch,
+        Decision::InProgress(ms) => ClaimOutcome::InProgress {
+            retry_after: duration_ms(ms),
+        },
+    }))
 }

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use crate::IdemError;
 use crate::key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN};
 
+pub(crate) mod batch;
 pub(crate) mod decide;
 #[cfg(test)]
 mod model_check;
@@ -22,6 +23,7 @@ mod model_check;
 pub(crate) mod order;
 pub(crate) mod tx;
 
+pub use batch::{BatchClaim, BatchItem, MAX_BATCH};
 use tx::TransitionTx;
 
 /// The state of a dedup record. Ordered as a record's life goes: PROCESSING, SUCCEEDED, FAILED.
@@ -385,6 +387,30 @@ pub trait Store: Send + Sync + 'static {
     /// [`IdemError::StoreBusy`] when it is contended, [`IdemError::StoreSchema`] when its table is
     /// missing, [`IdemError::Store`] for any other backend error. Nothing is claimed then.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError>;
+
+    /// Claims every item of `batch` as [`Store::claim`] claims one, each decided by the same
+    /// table, in order: one round trip on the stores of this crate where the database allows it
+    /// (one script on Redis, one per hash slot on a cluster, one statement on Postgres and MySQL
+    /// while every key is new, one more for the keys that exist; one transaction on SQLite; one
+    /// lock on the memory store). The outcomes come in the items' order. Each claim acquired is
+    /// then finished on its own (`complete`, `fail`, `release`), so a failed item frees only its
+    /// own key.
+    ///
+    /// The default claims the items one by one.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a batch [`BatchClaim::check`] refuses (nothing is
+    /// claimed); backend errors as for [`Store::claim`]. After a backend error some items may have
+    /// been claimed without being handed out: each stays PROCESSING until its lease ends and is
+    /// then taken over, as a claim whose holder died.
+    async fn claim_batch(&self, batch: &BatchClaim<'_>) -> Result<Vec<ClaimOutcome>, IdemError> {
+        batch.check()?;
+        let mut outcomes = Vec::with_capacity(batch.items.len());
+        for req in batch.requests() {
+            outcomes.push(self.claim(&req).await?);
+        }
+        Ok(outcomes)
+    }
 
     /// Marks the record SUCCEEDED with `snapshot`, only if it is still PROCESSING under `claim`'s
     /// fence, and moves its expiry to at least now + `ttl` by the store's clock. Marking again a

@@ -30,7 +30,9 @@ pub async fn the_decision_table_holds_when_claims_read_first(s: Subject) {
         a_takeover_racing_a_late_complete_has_one_winner,
         a_contended_takeover_runs_the_business_once,
         a_burst_with_failing_bodies_executes_each_key_once,
-        a_repeat_after_its_result_ttl_is_refused_until_the_ttl_ends
+        a_repeat_after_its_result_ttl_is_refused_until_the_ttl_ends,
+        a_batch_claim_decides_each_key_as_a_claim_would,
+        a_batch_of_new_keys_is_claimed_then_replayed
     );
     turned_to_read_first(&*s.store).await;
     burst_executes_each_key_once(again(&s), 8, 16).await;

@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod bad_input;
+pub mod batch;
 pub mod body_failures;
 pub mod decisions;
 pub mod edges;
@@ -40,6 +41,11 @@ pub use admin::{
 pub use bad_input::{
     bad_biz_is_refused, bad_keys_are_refused_before_anything_is_written,
     unfingerprintable_payload_is_refused, unstorable_results_keep_the_claim,
+};
+#[allow(unused_imports)]
+pub use batch::{
+    a_batch_claim_decides_each_key_as_a_claim_would, a_batch_marks_each_key_on_its_own,
+    a_batch_of_new_keys_is_claimed_then_replayed, batches_run_each_key_once_under_a_barrier,
 };
 #[allow(unused_imports)]
 pub use body_failures::{
@@ -329,6 +335,10 @@ macro_rules! with_contract_cases {
             stuck_all_lists_ended_leases_across_business_types,
             a_repeat_after_its_result_ttl_is_refused_until_the_ttl_ends,
             a_result_ttl_is_checked_and_the_default_keeps_the_result,
+            a_batch_claim_decides_each_key_as_a_claim_would,
+            a_batch_of_new_keys_is_claimed_then_replayed,
+            a_batch_marks_each_key_on_its_own,
+            batches_run_each_key_once_under_a_barrier,
         );
     };
 }

@@ -209,6 +209,18 @@ impl<S: Store> Store for EncryptedStore<S> {
         self.open_outcome(req, outcome)
     }
 
+    async fn claim_batch(
+        &self,
+        batch: &crate::store::BatchClaim<'_>,
+    ) -> Result<Vec<ClaimOutcome>, IdemError> {
+        let outcomes = self.inner.store.claim_batch(batch).await?;
+        batch
+            .requests()
+            .zip(outcomes)
+            .map(|(req, outcome)| self.open_outcome(&req, outcome))
+            .collect()
+    }
+
     async fn complete(
         &self,
         biz: &str,

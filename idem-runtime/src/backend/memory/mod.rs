@@ -10,8 +10,8 @@ use crate::IdemError;
 use crate::clock::ClockOffset;
 use crate::store::decide::{Decision, decide, duration_ms, millis, taken};
 use crate::store::{
-    Acquired, Claim, ClaimOutcome, ClaimRequest, Limits, Record, Status, StatusCount, Store,
-    keeps_steps,
+    Acquired, BatchClaim, Claim, ClaimOutcome, ClaimRequest, Limits, Record, Status, StatusCount,
+    Store, keeps_steps,
 };
 
 mod records;
@@ -134,6 +134,92 @@ impl MemoryStore {
 }
 
 impl MemoryStore {
+    /// The claim decision for `req` on `records` (the store's map, locked by the caller) at
+    /// `now_us`: what `claim` does for one key and `claim_batch` for each of its keys, under one
+    /// lock.
+    #[inline]
+    fn claim_in(
+        &self,
+        records: &mut Map<Biz>,
+        req: &ClaimRequest<'_>,
+        now_us: i64,
+    ) -> ClaimOutcome {
+        let now = now_us.div_euclid(1000);
+        let fresh = |old: Option<(u32, u64, i64)>, reset: bool, steps: Option<Vec<u8>>| {
+            let t = taken(old, reset, now_us, req.lease, req.ttl);
+            Entry {
+                status: Status::Processing,
+                attempt: t.attempt,
+                fence: t.fence,
+                fingerprint: req.fingerprint.map(Into::into),
+                snapshot: steps,
+                lease_until: t.lease_until_ms,
+                expire_at: t.expire_at_ms,
+                result_until: None,
+                slot: NO_SLOT,
+            }
+        };
+        let biz = match records.get_mut(req.biz) {
+            Some(biz) => biz,
+            None => records
+                .entry(Arc::from(req.biz))
+                .or_insert_with(|| Biz::new(self.capacity)),
+        };
+        let (key, entry) = match biz.records.entry_ref(req.key) {
+            hashbrown::hash_map::EntryRef::Occupied(e) => {
+                let key = Arc::clone(e.key());
+                (key, e.into_mut())
+            }
+            hashbrown::hash_map::EntryRef::Vacant(v) => {
+                let mut entry = fresh(None, true, None);
+                entry.slot = u32::try_from(biz.processing.len()).unwrap_or(NO_SLOT);
+                let (expire_at, claim) = (entry.expire_at, entry.claim());
+                let key: Arc<str> = req.key.into();
+                v.insert_with_key(Arc::clone(&key), entry);
+                biz.expiries.push(Reverse((expire_at, Arc::clone(&key))));
+                biz.processing.push(key);
+                return ClaimOutcome::Acquired {
+                    claim,
+                    how: Acquired::Fresh,
+                };
+            }
+        };
+        match decide(&entry.state(), req.fingerprint, now) {
+            Decision::Take { how, reset } => {
+                let steps = if keeps_steps(reset, entry.fingerprint.as_deref(), req.fingerprint) {
+                    entry.snapshot.take()
+                } else {
+                    None
+                };
+                let slot = match entry.slot {
+                    NO_SLOT => {
+                        biz.processing.push(key);
+                        u32::try_from(biz.processing.len() - 1).unwrap_or(NO_SLOT)
+                    }
+                    slot => slot,
+                };
+                *entry = fresh(
+                    Some((entry.attempt, entry.fence, entry.expire_at)),
+                    reset,
+                    steps,
+                );
+                entry.slot = slot;
+                ClaimOutcome::Acquired {
+                    claim: entry.claim(),
+                    how,
+                }
+            }
+            Decision::Replay => ClaimOutcome::Replay {
+                snapshot: entry.snapshot.as_deref().unwrap_or_default().to_vec(),
+            },
+            Decision::ResultGone => ClaimOutcome::ResultGone,
+            Decision::Mismatch => ClaimOutcome::Mismatch,
+            Decision::InProgress(ms) => ClaimOutcome::InProgress {
+                retry_after: duration_ms(ms),
+            },
+        }
+    }
+
     /// The mark of success, the result kept `result_ttl` (or as long as the record).
     fn mark_succeeded(
         &self,
@@ -172,81 +258,18 @@ impl Store for MemoryStore {
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         let now_us = self.now_us();
-        let now = now_us.div_euclid(1000);
-        let fresh = |old: Option<(u32, u64, i64)>, reset: bool, steps: Option<Vec<u8>>| {
-            let t = taken(old, reset, now_us, req.lease, req.ttl);
-            Entry {
-                status: Status::Processing,
-                attempt: t.attempt,
-                fence: t.fence,
-                fingerprint: req.fingerprint.map(Into::into),
-                snapshot: steps,
-                lease_until: t.lease_until_ms,
-                expire_at: t.expire_at_ms,
-                result_until: None,
-                slot: NO_SLOT,
-            }
-        };
+        Ok(self.claim_in(&mut self.lock(), req, now_us))
+    }
+
+    /// Every key under one lock, at one clock reading.
+    async fn claim_batch(&self, batch: &BatchClaim<'_>) -> Result<Vec<ClaimOutcome>, IdemError> {
+        batch.check()?;
+        let now_us = self.now_us();
         let mut records = self.lock();
-        let biz = match records.get_mut(req.biz) {
-            Some(biz) => biz,
-            None => records
-                .entry(Arc::from(req.biz))
-                .or_insert_with(|| Biz::new(self.capacity)),
-        };
-        let (key, entry) = match biz.records.entry_ref(req.key) {
-            hashbrown::hash_map::EntryRef::Occupied(e) => {
-                let key = Arc::clone(e.key());
-                (key, e.into_mut())
-            }
-            hashbrown::hash_map::EntryRef::Vacant(v) => {
-                let mut entry = fresh(None, true, None);
-                entry.slot = u32::try_from(biz.processing.len()).unwrap_or(NO_SLOT);
-                let (expire_at, claim) = (entry.expire_at, entry.claim());
-                let key: Arc<str> = req.key.into();
-                v.insert_with_key(Arc::clone(&key), entry);
-                biz.expiries.push(Reverse((expire_at, Arc::clone(&key))));
-                biz.processing.push(key);
-                return Ok(ClaimOutcome::Acquired {
-                    claim,
-                    how: Acquired::Fresh,
-                });
-            }
-        };
-        Ok(match decide(&entry.state(), req.fingerprint, now) {
-            Decision::Take { how, reset } => {
-                let steps = if keeps_steps(reset, entry.fingerprint.as_deref(), req.fingerprint) {
-                    entry.snapshot.take()
-                } else {
-                    None
-                };
-                let slot = match entry.slot {
-                    NO_SLOT => {
-                        biz.processing.push(key);
-                        u32::try_from(biz.processing.len() - 1).unwrap_or(NO_SLOT)
-                    }
-                    slot => slot,
-                };
-                *entry = fresh(
-                    Some((entry.attempt, entry.fence, entry.expire_at)),
-                    reset,
-                    steps,
-                );
-                entry.slot = slot;
-                ClaimOutcome::Acquired {
-                    claim: entry.claim(),
-                    how,
-                }
-            }
-            Decision::Replay => ClaimOutcome::Replay {
-                snapshot: entry.snapshot.as_deref().unwrap_or_default().to_vec(),
-            },
-            Decision::ResultGone => ClaimOutcome::ResultGone,
-            Decision::Mismatch => ClaimOutcome::Mismatch,
-            Decision::InProgress(ms) => ClaimOutcome::InProgress {
-                retry_after: duration_ms(ms),
-            },
-        })
+        Ok(batch
+            .requests()
+            .map(|req| self.claim_in(&mut records, &req, now_us))
+            .collect())
     }
 
     async fn complete(

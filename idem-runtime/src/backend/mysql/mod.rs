@@ -39,7 +39,7 @@ use sqlx::{AssertSqlSafe, MySql};
 
 use crate::IdemError;
 use crate::clock::ClockOffset;
-use crate::sql::claim::claim_by_cas;
+use crate::sql::claim::{claim_by_cas, claim_many};
 use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::records::RecordConn;
 use crate::sql::table::TableName;
@@ -352,6 +352,20 @@ crate::sql::store::sql_store!(MySqlStore, "mysql", {
                     done => return done,
                 }
             }
+        })
+        .await
+    }
+
+    /// One multi-row insert while every key is new (and, once repeats prevail, one read of them
+    /// all first); the keys that exist are read in one more.
+    async fn claim_batch(
+        &self,
+        batch: &crate::store::BatchClaim<'_>,
+    ) -> Result<Vec<ClaimOutcome>, IdemError> {
+        batch.check()?;
+        let reqs: Vec<ClaimRequest<'_>> = batch.requests().collect();
+        self.with_conn(async |conn| {
+            claim_many(&mut self.claims(conn, false), &reqs, &self.order).await
         })
         .await
     }

@@ -77,23 +77,17 @@ impl<'c> Claims<'c> {
         self
     }
 
-    /// The insert statement with its values written in: strings as hexadecimal literals (only
-    /// `[0-9A-F]` between the quotes, whatever the bytes), numbers as decimals. The statement's text
-    /// has no `?` but its parameters' (its quoted parts are `'PROCESSING'`, a date, and a validated
-    /// table name), so each `?` is replaced in order.
+    /// The insert statement with its values written in: strings as hexadecimal literals ([`hex`]),
+    /// numbers as decimals. The statement's text has no `?` but its parameters' (its quoted parts
+    /// are `'PROCESSING'`, a date, and a validated table name), so each `?` is replaced in order.
     fn insert_text(&self, req: &ClaimRequest<'_>) -> String {
-        fn hex(s: &str) -> String {
-            use std::fmt::Write;
-            let mut out = String::with_capacity(s.len() * 2 + 3);
-            out.push_str("X'");
-            for b in s.bytes() {
-                let _ = write!(out, "{b:02X}");
-            }
-            out.push('\'');
-            out
-        }
+        fill(&self.sql.insert, &self.insert_values(req))
+    }
+
+    /// What the insert's `?`s stand for, in order, as literals.
+    fn insert_values(&self, req: &ClaimRequest<'_>) -> [String; 10] {
         let off = self.records.offset().to_string();
-        let values = [
+        [
             hex(req.biz),
             hex(req.key),
             off.clone(),
@@ -107,14 +101,7 @@ impl<'c> Claims<'c> {
             off.clone(),
             off,
             millis(req.ttl).to_string(),
-        ];
-        let mut parts = self.sql.insert.split('?');
-        let mut text = parts.next().unwrap_or_default().to_owned();
-        for (value, part) in values.iter().zip(parts) {
-            text.push_str(value);
-            text.push_str(part);
-        }
-        text
+        ]
     }
 
     /// Reads the record after its insert was refused (a current read in tx mode), or with `plain`
@@ -132,7 +119,105 @@ impl<'c> Claims<'c> {
     }
 }
 
+/// `s` as a hexadecimal string literal (only `[0-9A-F]` between the quotes, whatever the bytes).
+fn hex(s: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(s.len() * 2 + 3);
+    out.push_str("X'");
+    for b in s.bytes() {
+        let _ = write!(out, "{b:02X}");
+    }
+    out.push('\'');
+    out
+}
+
+/// `template` with each `?` replaced by the next of `values`.
+fn fill(template: &str, values: &[String]) -> String {
+    let mut parts = template.split('?');
+    let mut text = parts.next().unwrap_or_default().to_owned();
+    for (value, part) in values.iter().zip(parts) {
+        text.push_str(value);
+        text.push_str(part);
+    }
+    text
+}
+
 impl CasRecords for Claims<'_> {
+    /// One multi-row `INSERT` as text (no statement to prepare for each batch size). A key that
+    /// exists refuses the whole statement (1062; InnoDB rolls the statement back): `None`. Every
+    /// row of one statement reads the same clock, so each inserted record's fence is the one
+    /// `LAST_INSERT_ID` returns.
+    async fn insert_many(
+        &mut self,
+        reqs: &[ClaimRequest<'_>],
+    ) -> Result<Option<Vec<Option<Claim>>>, IdemError> {
+        if reqs.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
+        let (head, row) = self
+            .sql
+            .insert
+            .split_once("VALUES ")
+            .ok_or_else(|| IdemError::store("the insert statement has no VALUES"))?;
+        let mut text = format!("{head}VALUES ");
+        // In key order, as every batch inserts: two batches with keys in common lock them in
+        // the same order, so they wait for each other rather than deadlock.
+        let mut sorted: Vec<&ClaimRequest<'_>> = reqs.iter().collect();
+        sorted.sort_unstable_by_key(|r| r.key);
+        for (i, req) in sorted.into_iter().enumerate() {
+            if i > 0 {
+                text.push_str(", ");
+            }
+            text.push_str(&fill(row, &self.insert_values(req)));
+        }
+        match sqlx::raw_sql(AssertSqlSafe(text))
+            .execute(self.records.conn())
+            .await
+        {
+            Ok(done) => {
+                let claim = Claim {
+                    attempt: 1,
+                    fence: Fence::new(done.last_insert_id()),
+                };
+                Ok(Some(reqs.iter().map(|_| Some(claim)).collect()))
+            }
+            Err(e) if error_number(&e) == Some(1062) => Ok(None),
+            Err(e) => Err(db_error(e)),
+        }
+    }
+
+    /// One `SELECT … IN (…)` as text.
+    async fn read_many(
+        &mut self,
+        reqs: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Option<SeenRecord>>, IdemError> {
+        let Some(first) = reqs.first() else {
+            return Ok(Vec::new());
+        };
+        let mut text = fill(&self.sql.read_many, &[self.records.offset().to_string()]);
+        text.push_str(&hex(first.biz));
+        text.push_str(" AND idem_key IN (");
+        for (i, req) in reqs.iter().enumerate() {
+            if i > 0 {
+                text.push_str(", ");
+            }
+            text.push_str(&hex(req.key));
+        }
+        text.push(')');
+        let rows = sqlx::raw_sql(AssertSqlSafe(text))
+            .fetch_all(self.records.conn())
+            .await
+            .map_err(db_error)?;
+        let mut found = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            found.insert(
+                MySql::text(row, "idem_key")?,
+                RecordConn::<MySql>::seen(row)?,
+            );
+        }
+        Ok(reqs.iter().map(|r| found.remove(r.key)).collect())
+    }
+
     async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
         self.read_row(req, true).await
     }

@@ -55,6 +55,9 @@ pub(crate) struct Statements {
     /// concurrent duplicates reading it do not deadlock each other (`FOR UPDATE` would: each holds
     /// the shared lock the other's exclusive lock waits for). The plain read is `records.read`.
     pub(super) read_locking: Stmt,
+    /// A batch claim's plain read of many keys, sent as text: the part before the keys'
+    /// list (its one `?` the clock offset), each row with its `idem_key`.
+    pub(super) read_many: String,
     /// ?reset ?off ?fp ?keep_steps ?reset ?off ?reset ?off ?ttl ?off ?lease ?off ?lease ?off
     /// ?biz ?key ?fence ?status ?lease_until
     pub(super) take: Arc<str>,
@@ -81,6 +84,10 @@ impl Statements {
             )
             .into(),
             read_locking: Stmt::new(format!("{read} LOCK IN SHARE MODE"), READ),
+            read_many: format!(
+                "SELECT idem_key, {COLUMNS}, {now} AS now_ms FROM {t} WHERE biz_type = ",
+                now = now_ms!()
+            ),
             // Assignments run left to right; each reads only its own column's old value. The
             // saved steps of an unfinished record (in `result`) stay when the take keeps them.
             take: format!(

@@ -24,7 +24,7 @@ use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, SqlSafeStr};
 
 use crate::clock::ClockOffset;
-use crate::sql::claim::claim_by_cas;
+use crate::sql::claim::{claim_by_cas, claim_many};
 use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::records::RecordConn;
 use crate::sql::table::TableName;
@@ -331,6 +331,20 @@ crate::sql::store::sql_store!(PgStore, "postgres", {
             })
             .await;
         self.lock_timed_out(outcome)
+    }
+
+    /// One statement inserts every new key (and, once repeats prevail, one reads them all
+    /// first); the keys that exist are read in one more.
+    async fn claim_batch(
+        &self,
+        batch: &crate::store::BatchClaim<'_>,
+    ) -> Result<Vec<ClaimOutcome>, IdemError> {
+        batch.check()?;
+        let reqs: Vec<ClaimRequest<'_>> = batch.requests().collect();
+        self.with_conn(async |conn| {
+            claim_many(&mut self.claims(conn, Claiming::Lease), &reqs, &self.order).await
+        })
+        .await
     }
 });
 

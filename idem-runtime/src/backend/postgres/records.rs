@@ -176,6 +176,72 @@ impl CasRecords for Claims<'_> {
         Ok((inserted, Some(RecordConn::<Postgres>::seen(&row)?)))
     }
 
+    async fn insert_many(
+        &mut self,
+        reqs: &[ClaimRequest<'_>],
+    ) -> Result<Option<Vec<Option<Claim>>>, IdemError> {
+        let Some(first) = reqs.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        // In key order, as every batch inserts: two batches with keys in common lock them in
+        // the same order, so they wait for each other rather than deadlock.
+        let mut sorted: Vec<&ClaimRequest<'_>> = reqs.iter().collect();
+        sorted.sort_unstable_by_key(|r| r.key);
+        let keys: Vec<&str> = sorted.iter().map(|r| r.key).collect();
+        let fingerprints: Vec<Option<&str>> = sorted.iter().map(|r| r.fingerprint).collect();
+        let rows = sqlx::query(self.sql.insert_many.clone())
+            .bind(first.biz)
+            .bind(&keys)
+            .bind(&fingerprints)
+            .bind(millis(first.lease))
+            .bind(millis(first.ttl))
+            .bind(self.records.offset())
+            .fetch_all(self.records.conn())
+            .await
+            .map_err(db_error)?;
+        let mut inserted = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let key: String = row.try_get("idem_key").map_err(db_error)?;
+            let claim = Claim {
+                attempt: Postgres::attempt(row)?,
+                fence: crate::store::Fence::new(Postgres::fence(row)?),
+            };
+            inserted.insert(key, claim);
+        }
+        Ok(Some(reqs.iter().map(|r| inserted.remove(r.key)).collect()))
+    }
+
+    async fn read_many(
+        &mut self,
+        reqs: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Option<SeenRecord>>, IdemError> {
+        let Some(first) = reqs.first() else {
+            return Ok(Vec::new());
+        };
+        // A key Postgres cannot hold (NUL) was never stored: not asked.
+        let keys: Vec<&str> = reqs
+            .iter()
+            .map(|r| r.key)
+            .filter(|k| Postgres::holds(k))
+            .collect();
+        if !Postgres::holds(first.biz) || keys.is_empty() {
+            return Ok(reqs.iter().map(|_| None).collect());
+        }
+        let rows = sqlx::query(self.sql.read_many.clone())
+            .bind(first.biz)
+            .bind(&keys)
+            .bind(self.records.offset())
+            .fetch_all(self.records.conn())
+            .await
+            .map_err(db_error)?;
+        let mut found = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let key: String = row.try_get("idem_key").map_err(db_error)?;
+            found.insert(key, RecordConn::<Postgres>::seen(row)?);
+        }
+        Ok(reqs.iter().map(|r| found.remove(r.key)).collect())
+    }
+
     async fn take(
         &mut self,
         req: &ClaimRequest<'_>,

@@ -36,6 +36,11 @@ pub(super) struct Statements {
     /// (bounded by `lock_timeout`), then claims as `claim_locking` does.
     pub(super) claim_waiting: SqlStr,
     pub(super) take: SqlStr,
+    /// A batch claim's insert: a new record for each key that has none, the ones inserted
+    /// returned with their fence.
+    pub(super) insert_many: SqlStr,
+    /// A batch claim's plain read of many keys, each row with its `idem_key`.
+    pub(super) read_many: SqlStr,
     /// What the record layer sends (`sql/records.rs`), placeholders numbered as it expects.
     pub(super) records: RecordStatements,
 }
@@ -117,6 +122,23 @@ impl Statements {
              FROM ({clock}) AS c ON CONFLICT (biz_type, idem_key) DO NOTHING \
              RETURNING attempt, fence",
             clock = clock("$6"),
+        );
+        // $1 biz, $2 keys, $3 their fingerprints (NULL: none), $4 lease ms, $5 ttl ms, $6 clock
+        // offset ms: the new records, one statement for the batch (the clock read once).
+        let insert_many = format!(
+            "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, \
+             lease_until, created_at, updated_at, expire_at) \
+             SELECT $1, u.k, 'PROCESSING', 1, c.us, u.f, NULL, c.n + $4, c.n, c.n, c.n + $5 \
+             FROM UNNEST($2::text[], $3::text[]) AS u(k, f), ({clock}) AS c \
+             ON CONFLICT (biz_type, idem_key) DO NOTHING \
+             RETURNING idem_key, attempt, fence",
+            clock = clock("$6"),
+        );
+        // $1 biz, $2 keys, $3 offset.
+        let read_many = format!(
+            "SELECT idem_key, {COLUMNS}, c.n AS now_ms FROM {t}, ({clock}) AS c \
+             WHERE biz_type = $1 AND idem_key = ANY($2::text[])",
+            clock = clock("$3"),
         );
         // $1 biz, $2 key, $3 fingerprint, $4 lease ms, $5 ttl ms, $6 offset, $7 reset,
         // $8 seen fence, $9 seen status, $10 seen lease end, $11 keep the saved steps (`result`
@@ -241,6 +263,8 @@ impl Statements {
             claim_locking: sql(claim(" FOR UPDATE", Some(TRY_KEY_LOCK))),
             claim_waiting: sql(claim(" FOR UPDATE", Some(WAIT_KEY_LOCK))),
             take: sql(take),
+            insert_many: sql(insert_many),
+            read_many: sql(read_many),
             records: RecordStatements {
                 complete: Stmt::new(complete, numbered::COMPLETE),
                 fail: Stmt::new(fail, numbered::FAIL),

@@ -111,6 +111,13 @@ impl Store for RedisClusterStore {
         self.0.claim(req).await
     }
 
+    async fn claim_batch(
+        &self,
+        batch: &crate::store::BatchClaim<'_>,
+    ) -> Result<Vec<ClaimOutcome>, IdemError> {
+        self.0.claim_batch(batch).await
+    }
+
     async fn complete(
         &self,
         biz: &str,

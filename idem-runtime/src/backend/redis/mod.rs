@@ -291,6 +291,19 @@ impl Store for RedisStore {
         self.records.claim(req).await
     }
 
+    /// One script for every key (one per hash slot on a cluster).
+    async fn claim_batch(
+        &self,
+        batch: &crate::store::BatchClaim<'_>,
+    ) -> Result<Vec<ClaimOutcome>, IdemError> {
+        batch.check()?;
+        let outcomes = self.records.claim_many(batch).await;
+        if let Ok(outcomes) = &outcomes {
+            outcomes.iter().for_each(|o| self.records.order.observe(o));
+        }
+        outcomes
+    }
+
     async fn complete(
         &self,
         biz: &str,

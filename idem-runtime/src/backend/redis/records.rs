@@ -19,6 +19,7 @@ use crate::store::order::ClaimOrder;
 use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status};
 
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLAIM));
+static CLAIM_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLAIM_MANY));
 pub(super) static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLETE));
 pub(super) static FAIL: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::FAIL));
 pub(super) static SAVE_STEPS: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SAVE_STEPS));
@@ -67,6 +68,50 @@ pub(super) fn int(v: &Value, what: &str) -> Result<i64, IdemError> {
             .parse()
             .map_err(|_| IdemError::store(format!("{what} is not a number in the store"))),
         _ => Err(IdemError::store(format!("{what} is missing in the store"))),
+    }
+}
+
+/// The outcome a claim script's reply (`{'A', attempt, fence, how}`, `{'R', result}`, `{'G'}`,
+/// `{'M'}`, `{'P', ms}`) says; the reply is ours, so a stored result moves out of it uncopied.
+fn claim_reply(reply: &mut [Value]) -> Result<ClaimOutcome, IdemError> {
+    // The script's tag: one letter.
+    let tag = match reply.first().map(bytes) {
+        Some(&[letter]) => letter,
+        _ => 0,
+    };
+    match (tag, &mut *reply) {
+        (b'A', [_, attempt, fence, how]) => {
+            let attempt = u32::try_from(int(attempt, "attempt")?)
+                .map_err(|_| IdemError::store("attempt out of range"))?;
+            let fence = u64::try_from(int(fence, "fence")?)
+                .map_err(|_| IdemError::store("fence out of range"))?;
+            let how = match bytes(how) {
+                b"retry" => Acquired::RetryAfterFailure,
+                b"takeover" => Acquired::TakeOver,
+                _ => Acquired::Fresh,
+            };
+            Ok(ClaimOutcome::Acquired {
+                claim: Claim {
+                    attempt,
+                    fence: Fence::new(fence),
+                },
+                how,
+            })
+        }
+        (b'R', [_, result]) => Ok(ClaimOutcome::Replay {
+            snapshot: match std::mem::replace(result, Value::Nil) {
+                Value::BulkString(b) => b,
+                _ => Vec::new(),
+            },
+        }),
+        (b'G', _) => Ok(ClaimOutcome::ResultGone),
+        (b'M', _) => Ok(ClaimOutcome::Mismatch),
+        (b'P', [_, left]) => Ok(ClaimOutcome::InProgress {
+            retry_after: Duration::from_millis(u64::try_from(int(left, "lease")?).unwrap_or(0)),
+        }),
+        _ => Err(IdemError::store(format!(
+            "unexpected reply from the claim script: {reply:?}"
+        ))),
     }
 }
 
@@ -270,65 +315,150 @@ impl Records {
         if let (Some(index), Some(_)) = (&index, &registry) {
             self.mark_registered(index);
         }
-        // The script's tag: one letter.
-        let tag = match reply.first().map(bytes) {
-            Some(&[letter]) => letter,
-            _ => 0,
-        };
-        match (tag, reply.as_mut_slice()) {
-            (b'A', [_, attempt, fence, how]) => {
-                let attempt = u32::try_from(int(attempt, "attempt")?)
-                    .map_err(|_| IdemError::store("attempt out of range"))?;
-                let fence = u64::try_from(int(fence, "fence")?)
-                    .map_err(|_| IdemError::store("fence out of range"))?;
-                let how = match bytes(how) {
-                    b"retry" => Acquired::RetryAfterFailure,
-                    b"takeover" => Acquired::TakeOver,
-                    _ => Acquired::Fresh,
-                };
-                // A claim the replicas did not get is refused: the body must not run on a claim
-                // a failover can forget. It is released (FAILED under its own fence: the body did
-                // not run), so a retry once the replicas answer is not told "in progress".
-                if let Err(e) = self.replicated(&record).await {
-                    let mut conn = self.conn.clone();
-                    let mut release = FAIL.key(&record);
-                    if let Some(index) = &index {
-                        release.key(index);
-                    }
-                    let released: Result<i64, _> = release
-                        .arg(fence)
-                        .arg(self.offset.ms())
-                        .invoke_async(&mut conn)
-                        .await;
-                    if let Err(release) = released {
-                        tracing::warn!(error = %release, "could not release a claim the replicas did not acknowledge; it is taken over when its lease ends");
-                    }
-                    return Err(e);
-                }
-                Ok(ClaimOutcome::Acquired {
-                    claim: Claim {
-                        attempt,
-                        fence: Fence::new(fence),
-                    },
-                    how,
-                })
+        let outcome = claim_reply(&mut reply)?;
+        if let ClaimOutcome::Acquired { claim, .. } = &outcome {
+            // A claim the replicas did not get is refused: the body must not run on a claim a
+            // failover can forget. It is released (FAILED under its own fence: the body did not
+            // run), so a retry once the replicas answer is not told "in progress".
+            if let Err(e) = self.replicated(&record).await {
+                self.release_unreplicated(&record, index.as_deref(), claim)
+                    .await;
+                return Err(e);
             }
-            // The reply is ours: the stored result moves out of it, uncopied.
-            (b'R', [_, result]) => Ok(ClaimOutcome::Replay {
-                snapshot: match std::mem::replace(result, Value::Nil) {
-                    Value::BulkString(b) => b,
-                    _ => Vec::new(),
-                },
-            }),
-            (b'G', _) => Ok(ClaimOutcome::ResultGone),
-            (b'M', _) => Ok(ClaimOutcome::Mismatch),
-            (b'P', [_, left]) => Ok(ClaimOutcome::InProgress {
-                retry_after: Duration::from_millis(u64::try_from(int(left, "lease")?).unwrap_or(0)),
-            }),
-            _ => Err(IdemError::store(format!(
-                "unexpected reply from the claim script: {reply:?}"
-            ))),
         }
+        Ok(outcome)
+    }
+
+    /// Releases a claim the replicas did not acknowledge (FAILED under its own fence); a release
+    /// that fails is logged, and the claim is taken over when its lease ends.
+    async fn release_unreplicated(&self, record: &str, index: Option<&str>, claim: &Claim) {
+        let mut conn = self.conn.clone();
+        let mut release = FAIL.key(record);
+        if let Some(index) = index {
+            release.key(index);
+        }
+        let released: Result<i64, _> = release
+            .arg(claim.fence.get())
+            .arg(self.offset.ms())
+            .invoke_async(&mut conn)
+            .await;
+        if let Err(release) = released {
+            tracing::warn!(error = %release, "could not release a claim the replicas did not acknowledge; it is taken over when its lease ends");
+        }
+    }
+
+    /// Claims every item of `batch`: on one server one script for all of them; on a cluster one
+    /// per hash slot the records live in, sent at once.
+    pub(super) async fn claim_many(
+        &self,
+        batch: &crate::store::BatchClaim<'_>,
+    ) -> Result<Vec<ClaimOutcome>, IdemError> {
+        let records: Vec<String> = batch
+            .items
+            .iter()
+            .map(|item| self.key(batch.biz, item.key))
+            .collect();
+        let groups: Vec<Vec<usize>> = match self.conn {
+            Conn::Single(_) => vec![(0..records.len()).collect()],
+            Conn::Cluster(_) => {
+                let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+                for (i, record) in records.iter().enumerate() {
+                    by_slot.entry(slot(record.as_bytes())).or_default().push(i);
+                }
+                by_slot.into_values().collect()
+            }
+        };
+        let index = self.index(batch.biz);
+        let claims = groups.iter().filter(|g| !g.is_empty()).map(|group| {
+            let (records, index) = (&records, index.as_deref());
+            async move {
+                let outcomes = self.claim_group(batch, records, group, index).await?;
+                Ok::<_, IdemError>(group.iter().copied().zip(outcomes).collect::<Vec<_>>())
+            }
+        });
+        let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; records.len()];
+        let mut failed = None;
+        for part in futures_util::future::join_all(claims).await {
+            match part {
+                Ok(part) => part.into_iter().for_each(|(i, o)| outcomes[i] = Some(o)),
+                Err(e) => failed = Some(e),
+            }
+        }
+        let acquired: Vec<(usize, Claim)> = outcomes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, o)| match o {
+                Some(ClaimOutcome::Acquired { claim, .. }) => Some((i, *claim)),
+                _ => None,
+            })
+            .collect();
+        // The claims made are released when the batch fails (another slot's script failed, or the
+        // replicas did not acknowledge them), so none is left held by no one.
+        let failed = match (failed, acquired.first()) {
+            (Some(e), _) => Some(e),
+            (None, Some(&(i, _))) => self.replicated(&records[i]).await.err(),
+            (None, None) => None,
+        };
+        if let Some(e) = failed {
+            for (i, claim) in &acquired {
+                self.release_unreplicated(&records[*i], index.as_deref(), claim)
+                    .await;
+            }
+            return Err(e);
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.ok_or_else(|| IdemError::store("the batch claim script answered short")))
+            .collect()
+    }
+
+    /// The batch claim script on the records at `group` (one hash slot on a cluster).
+    async fn claim_group(
+        &self,
+        batch: &crate::store::BatchClaim<'_>,
+        records: &[String],
+        group: &[usize],
+        index: Option<&str>,
+    ) -> Result<Vec<ClaimOutcome>, IdemError> {
+        let mut conn = self.conn.clone();
+        let registry = index
+            .filter(|index| !self.is_registered(index))
+            .map(|_| self.registry());
+        let mut invocation = CLAIM_MANY.prepare_invoke();
+        for &i in group {
+            invocation.key(&records[i]);
+        }
+        if let Some(index) = index {
+            invocation.key(index);
+            if let Some(registry) = &registry {
+                invocation.key(registry);
+            }
+        }
+        invocation.arg(group.len());
+        for &i in group {
+            invocation.arg(batch.items[i].fingerprint.unwrap_or(""));
+        }
+        let replies: Vec<Vec<Value>> = invocation
+            .arg(millis(batch.lease))
+            .arg(millis(batch.ttl))
+            .arg(self.offset.ms())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        if let (Some(index), Some(_)) = (index, &registry) {
+            self.mark_registered(index);
+        }
+        if replies.len() != group.len() {
+            return Err(IdemError::store(format!(
+                "the batch claim script answered {} claims for {}",
+                replies.len(),
+                group.len()
+            )));
+        }
+        replies
+            .into_iter()
+            .map(|mut r| claim_reply(&mut r))
+            .collect()
     }
 
     /// Runs a script that changes the record only under `claim`'s fence.

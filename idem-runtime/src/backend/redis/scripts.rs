@@ -33,63 +33,94 @@ local now = math.floor(now_us / 1000)
     };
 }
 
+/// The claim of one record as a Lua function, `claim(key, index, fp, lease, ttl)`: the record's
+/// key, its stuck index (`nil` on a cluster), the fingerprint (`""` for none; two are the same
+/// request when their digests, the text after the last space, are equal), lease and ttl in ms.
+/// Returns `{'A', attempt, fence, how}` (attempt and fence as integer replies: no formatting),
+/// `{'R', result}`, `{'G'}` (a tombstone: its result is no longer kept, and is dropped now if it
+/// was still there), `{'M'}` or `{'P', ms left}`. `r` holds the result of a SUCCEEDED record and
+/// the saved steps of an unfinished one: a takeover, and a retry of the same payload, keep the
+/// steps; a new life deletes `r`. A new record has no `r` to delete, so the `HDEL` runs only when
+/// there is one: each `redis.call` is a command Redis dispatches. A claim that takes the record
+/// puts it in the index with its new lease end (`ZADD` adds or moves it).
+macro_rules! claim_fn {
+    () => {
+        r#"
+local function digest(x) return string.match(x, '[^ ]*$') end
+local function claim(key, index, fp, lease, ttl)
+  local rec = redis.call('HMGET', key, 's', 'a', 'f', 'fp', 'lu', 'ex', 'r', 'rx')
+  local function acquire(attempt, fence, expire, how, keep)
+    local lu = now + lease
+    redis.call('HSET', key, 's', 'PROCESSING', 'a', num(attempt), 'f', num(fence), 'fp', fp,
+      'lu', num(lu), 'ex', num(expire))
+    if rec[7] and not keep then redis.call('HDEL', key, 'r') end
+    if rec[8] then redis.call('HDEL', key, 'rx') end
+    redis.call('PEXPIREAT', key, num(math.max(expire, lu) - offset))
+    if index then redis.call('ZADD', index, num(lu), key) end
+    return {'A', attempt, fence, how}
+  end
+  local s = rec[1]
+  if not s then
+    return acquire(1, now_us, now + ttl, 'fresh')
+  end
+  local a, f, lu, ex = tonumber(rec[2]), tonumber(rec[3]), tonumber(rec[5]), tonumber(rec[6])
+  local fence = math.max(f + 1, now_us)
+  local live = (s == 'PROCESSING' and lu > now)
+  if ex <= now and not live then
+    return acquire(1, fence, now + ttl, 'fresh')
+  end
+  local same = (not rec[4] or rec[4] == '' or fp == '' or digest(rec[4]) == digest(fp))
+  if s == 'FAILED' then
+    return acquire(a + 1, fence, math.max(ex, now + lease), 'retry', same)
+  end
+  if s == 'SUCCEEDED' then
+    if not same then return {'M'} end
+    if rec[8] and tonumber(rec[8]) <= now then
+      if rec[7] then
+        redis.call('HDEL', key, 'r')
+        redis.call('HSET', key, 'rx', '0')
+      end
+      return {'G'}
+    end
+    return {'R', rec[7] or ''}
+  end
+  if not same then return {'M'} end
+  if lu > now then return {'P', num(lu - now)} end
+  return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover', true)
+end
+"#
+    };
+}
+
 /// `KEYS[1]` the record, `KEYS[2]` its stuck index (none on a cluster) and, on a process's first
 /// claim under the business type, `KEYS[3]` the registry of stuck indexes (`<prefix>indexes`),
-/// which the stuck index joins; ARGV: fingerprint (`""`
-/// for none; two are the same request when their digests, the text after the last space, are
-/// equal), lease ms, ttl ms, offset ms.
-/// Returns `{'A', attempt, fence, how}` (attempt and fence as integer replies: no formatting),
-/// `{'R', result}`, `{'G'}` (a tombstone: its result is no longer kept, and is dropped now if
-/// it was still there), `{'M'}` or `{'P', ms left}`. `r` holds the result of a SUCCEEDED record and the
-/// saved steps of an unfinished one: a takeover, and a retry of the same payload, keep the steps;
-/// a new life deletes `r`. A new record has no `r` to delete, so the `HDEL` runs only when there is
-/// one: each `redis.call` is a command Redis dispatches. A claim that takes the record puts it in
-/// the index with its new lease end (`ZADD` adds or moves it).
+/// which the stuck index joins; ARGV: fingerprint, lease ms, ttl ms, offset ms. The reply is
+/// `claim`'s ([`claim_fn`]).
 pub const CLAIM: &str = concat!(
     prelude!(),
+    claim_fn!(),
     r#"
-local fp, lease, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 if KEYS[3] then redis.call('SADD', KEYS[3], KEYS[2]) end
-local function digest(x) return string.match(x, '[^ ]*$') end
-local rec = redis.call('HMGET', KEYS[1], 's', 'a', 'f', 'fp', 'lu', 'ex', 'r', 'rx')
-local function acquire(attempt, fence, expire, how, keep)
-  local lu = now + lease
-  redis.call('HSET', KEYS[1], 's', 'PROCESSING', 'a', num(attempt), 'f', num(fence), 'fp', fp,
-    'lu', num(lu), 'ex', num(expire))
-  if rec[7] and not keep then redis.call('HDEL', KEYS[1], 'r') end
-  if rec[8] then redis.call('HDEL', KEYS[1], 'rx') end
-  redis.call('PEXPIREAT', KEYS[1], num(math.max(expire, lu) - offset))
-  if KEYS[2] then redis.call('ZADD', KEYS[2], num(lu), KEYS[1]) end
-  return {'A', attempt, fence, how}
-end
-local s = rec[1]
-if not s then
-  return acquire(1, now_us, now + ttl, 'fresh')
-end
-local a, f, lu, ex = tonumber(rec[2]), tonumber(rec[3]), tonumber(rec[5]), tonumber(rec[6])
-local fence = math.max(f + 1, now_us)
-local live = (s == 'PROCESSING' and lu > now)
-if ex <= now and not live then
-  return acquire(1, fence, now + ttl, 'fresh')
-end
-local same = (not rec[4] or rec[4] == '' or fp == '' or digest(rec[4]) == digest(fp))
-if s == 'FAILED' then
-  return acquire(a + 1, fence, math.max(ex, now + lease), 'retry', same)
-end
-if s == 'SUCCEEDED' then
-  if not same then return {'M'} end
-  if rec[8] and tonumber(rec[8]) <= now then
-    if rec[7] then
-      redis.call('HDEL', KEYS[1], 'r')
-      redis.call('HSET', KEYS[1], 'rx', '0')
-    end
-    return {'G'}
-  end
-  return {'R', rec[7] or ''}
-end
-if not same then return {'M'} end
-if lu > now then return {'P', num(lu - now)} end
-return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover', true)
+return claim(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
+"#
+);
+
+/// A batch claim: `KEYS[1..n]` the records (distinct, one hash slot on a cluster), then on one
+/// server their business type's stuck index and, on a process's first claim under it, the
+/// registry; ARGV: `n`, the `n` fingerprints, lease ms, ttl ms, offset ms. Each record is
+/// claimed as [`CLAIM`] claims one, in order, at one clock reading; the reply is the list of
+/// their replies.
+pub(super) const CLAIM_MANY: &str = concat!(
+    prelude!(),
+    claim_fn!(),
+    r#"
+local n = tonumber(ARGV[1])
+local lease, ttl = tonumber(ARGV[n + 2]), tonumber(ARGV[n + 3])
+local index = KEYS[n + 1]
+if KEYS[n + 2] then redis.call('SADD', KEYS[n + 2], index) end
+local out = {}
+for i = 1, n do out[i] = claim(KEYS[i], index, ARGV[i + 1], lease, ttl) end
+return out
 "#
 );
 

@@ -154,6 +154,41 @@ impl<S: Store> Store for ShardedStore<S> {
         self.shard_of(req.biz, req.key).claim(req).await
     }
 
+    /// One batch claim per shard the items live on, sent at once.
+    async fn claim_batch(
+        &self,
+        batch: &crate::store::BatchClaim<'_>,
+    ) -> Result<Vec<ClaimOutcome>, IdemError> {
+        batch.check()?;
+        let shards = self.inner.shards.len();
+        let mut per_shard: Vec<(Vec<usize>, Vec<crate::store::BatchItem<'_>>)> =
+            vec![(Vec::new(), Vec::new()); shards];
+        for (i, item) in batch.items.iter().enumerate() {
+            let (at, items) = &mut per_shard[self.shard_index(batch.biz, item.key)];
+            at.push(i);
+            items.push(*item);
+        }
+        let claims = per_shard
+            .iter()
+            .enumerate()
+            .filter(|(_, (at, _))| !at.is_empty())
+            .map(|(shard, (at, items))| async move {
+                let part = crate::store::BatchClaim { items, ..*batch };
+                let outcomes = self.inner.shards[shard].claim_batch(&part).await?;
+                Ok::<_, IdemError>(at.iter().copied().zip(outcomes).collect::<Vec<_>>())
+            });
+        let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; batch.items.len()];
+        for part in futures_util::future::join_all(claims).await {
+            for (i, outcome) in part? {
+                outcomes[i] = Some(outcome);
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.ok_or_else(|| IdemError::store("a shard answered a batch claim short")))
+            .collect()
+    }
+
     async fn complete(
         &self,
         biz: &str,

@@ -345,24 +345,53 @@ impl crate::TransactionalStore for SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// The claim of `req` on `conn`. While new keys prevail, the insert alone (two statements,
+    /// not the claim's three); when the key exists, or repeats prevail, the claim protocol (a plain
+    /// read first, then the claim statement, which reads before it inserts).
+    async fn claim_on(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, IdemError> {
+        let mut records = Claims::new(self.records(conn), &self.sql);
+        if !self.order.read_first()
+            && let Some(seen) = records.insert_new(req).await?
+        {
+            let outcome = ClaimOutcome::Acquired {
+                claim: seen.claim(),
+                how: Acquired::Fresh,
+            };
+            self.order.observe(&outcome);
+            return Ok(outcome);
+        }
+        claim_by_cas(&mut records, req, &self.order).await
+    }
+}
+
 crate::sql::store::sql_store!(SqliteStore, "sqlite", {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        // While new keys prevail, the insert alone (two statements, not the claim's three); when
-        // the key exists, or repeats prevail, the claim protocol (a plain read first, then the
-        // claim statement, which reads before it inserts).
+        self.with_conn(async |conn| self.claim_on(conn, req).await)
+            .await
+    }
+
+    /// Every key in one write transaction (`BEGIN IMMEDIATE`): one commit for the batch, and
+    /// nothing claimed when any claim fails.
+    async fn claim_batch(
+        &self,
+        batch: &crate::store::BatchClaim<'_>,
+    ) -> Result<Vec<ClaimOutcome>, IdemError> {
+        batch.check()?;
         self.with_conn(async |conn| {
-            let mut records = Claims::new(self.records(conn), &self.sql);
-            if !self.order.read_first()
-                && let Some(seen) = records.insert_new(req).await?
-            {
-                let outcome = ClaimOutcome::Acquired {
-                    claim: seen.claim(),
-                    how: Acquired::Fresh,
-                };
-                self.order.observe(&outcome);
-                return Ok(outcome);
+            let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE")
+                .await
+                .map_err(db_error)?;
+            let mut outcomes = Vec::with_capacity(batch.items.len());
+            for req in batch.requests() {
+                outcomes.push(self.claim_on(&mut tx, &req).await?);
             }
-            claim_by_cas(&mut records, req, &self.order).await
+            tx.commit().await.map_err(db_error)?;
+            Ok(outcomes)
         })
         .await
     }

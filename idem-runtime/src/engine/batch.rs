@@ -1,0 +1,321 @@
+//! Batches: many calls claimed in one round trip per store, each then run on its own as a lease
+//! mode call whose claim is already decided (the rest of the engine path is [`execute`]'s, so
+//! holding, heartbeats, steps, recover fns and marks are the same as a single call's).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+
+use super::snapshot::{ErrType, OkType};
+use super::{Call, NoRecover, STORE_TIMEOUT, StoreHandle, execute, retry_transient};
+use crate::IdemError;
+use crate::store::{BatchClaim, BatchItem, ClaimOutcome, MAX_BATCH, Store};
+
+/// A claim decided by a batch: what the store answered and when the claim was sent (the lease
+/// is counted from then).
+#[derive(Debug)]
+pub(crate) struct Prefetched {
+    pub(crate) outcome: ClaimOutcome,
+    pub(crate) sent: Instant,
+}
+
+/// Many [`Call`]s claimed at once: the keys of one business type (with one lease and ttl) go to
+/// the store in one [`Store::claim_batch`] (one round trip on every store of this crate, see
+/// there), instead of one claim per call. What a broker consumer does with the messages of one
+/// fetch.
+///
+/// [`Batch::claim`] hands back one [`Claimed`] per call, in order; running it runs the body only
+/// if its claim was acquired, exactly as [`Call::run`] would have: a repeat replays the stored
+/// result, one in progress elsewhere is refused, and each claim acquired is marked on its own, so
+/// a body that fails frees only its own key.
+///
+/// ```
+/// # use idem_runtime as idem;
+/// # async fn demo(store: &idem::MemoryStore) -> Result<(), idem::IdemError> {
+/// use idem::{Batch, Call};
+///
+/// let orders = ["ORD-1", "ORD-2", "ORD-1"]; // a duplicate inside the batch
+/// let claimed = Batch::new(orders.iter().map(|no| Call::new("SHIP", no))).claim(store).await;
+/// let mut shipped = Vec::new();
+/// for (claimed, no) in claimed.into_iter().zip(orders) {
+///     let shipment: Result<String, idem::IdemError> =
+///         claimed.run(async { Ok(format!("shipment of {no}")) }).await;
+///     shipped.push(shipment?);
+/// }
+/// // The second ORD-1 was claimed after the first was decided, and ran after its mark: a replay.
+/// assert_eq!(shipped, ["shipment of ORD-1", "shipment of ORD-2", "shipment of ORD-1"]);
+/// # Ok(()) }
+/// ```
+///
+/// - **Calls**: any number. Calls of one business type, lease and ttl share a claim of at most
+///   [`MAX_BATCH`] keys; a longer batch, or one that mixes them, is sent as several.
+/// - **A key twice** in one batch: its second call is claimed in a second round, after the
+///   first's claim, so it is in progress while the first runs (or replays its result once the
+///   first is marked, if it is run after it). Run them in order.
+/// - **Run every claim acquired** (or [`release`](Claimed::release) it): a claim dropped unrun
+///   holds its key until its lease ends, as one whose holder died. Its lease runs from the batch
+///   claim: a call run after its lease's safe part renews it first (fenced) and runs only if it
+///   is still its own.
+/// - **When the batch claim fails** (the store unreachable past the store timeout of the first
+///   call), each call claims on its own when it runs, with the usual retries; a backend error
+///   after part of the batch was claimed leaves those keys held until their lease ends.
+/// - Lease mode only: a transaction-mode call claims inside its own transaction.
+#[derive(Debug, Default)]
+#[must_use = "a batch does nothing until it is claimed"]
+pub struct Batch {
+    calls: Vec<Call>,
+}
+
+impl Batch {
+    /// A batch of `calls`, in the order their [`Claimed`] come back.
+    pub fn new(calls: impl IntoIterator<Item = Call>) -> Self {
+        Batch {
+            calls: calls.into_iter().collect(),
+        }
+    }
+
+    /// How many calls the batch holds.
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Whether the batch holds no call.
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Claims every call's key on `store`: one [`Store::claim_batch`] per business type, lease and
+    /// ttl (of at most [`MAX_BATCH`] keys), and one more round for each repeat of a key. Returns
+    /// the calls in order, each with its claim decided. A call the store would refuse (a bad key, a
+    /// ttl out of range) is not sent: running it gives its error.
+    pub async fn claim(self, store: &dyn Store) -> Vec<Claimed<'_>> {
+        let mut decided: Vec<Option<Prefetched>> = self.calls.iter().map(|_| None).collect();
+        for (rounds, timeout) in plan(&self.calls, store) {
+            for round in rounds {
+                for chunk in round.chunks(MAX_BATCH) {
+                    claim_chunk(store, &self.calls, chunk, timeout, &mut decided).await;
+                }
+            }
+        }
+        self.calls
+            .into_iter()
+            .zip(decided)
+            .map(|(call, prefetched)| Claimed {
+                call,
+                store,
+                prefetched,
+            })
+            .collect()
+    }
+}
+
+/// The calls' indexes grouped by business type, lease and ttl (in order of first appearance), each
+/// group in rounds (a key's `n`th call in round `n`), with the store timeout of the group's first
+/// call. Calls the store refuses are in none.
+fn plan(calls: &[Call], store: &dyn Store) -> Vec<(Vec<Vec<usize>>, Duration)> {
+    let mut groups: Vec<(Vec<Vec<usize>>, Duration)> = Vec::new();
+    let mut group_of: HashMap<(&str, Duration, Duration), usize> = HashMap::new();
+    let mut seen: HashMap<(usize, &str), usize> = HashMap::new();
+    for (i, call) in calls.iter().enumerate() {
+        let Ok(req) = call.request(store) else {
+            continue;
+        };
+        let g = *group_of
+            .entry((call.biz(), req.lease, req.ttl))
+            .or_insert_with(|| {
+                groups.push((Vec::new(), call.store_timeout_in_force()));
+                groups.len() - 1
+            });
+        let round = seen.entry((g, call.key())).or_insert(0);
+        let rounds = &mut groups[g].0;
+        if rounds.len() <= *round {
+            rounds.push(Vec::new());
+        }
+        rounds[*round].push(i);
+        *round += 1;
+    }
+    groups
+}
+
+/// Claims the calls at `chunk` (distinct keys of one group) in one batch claim, and keeps what the
+/// store decided for each; a claim that fails leaves them undecided (each claims when it runs).
+async fn claim_chunk(
+    store: &dyn Store,
+    calls: &[Call],
+    chunk: &[usize],
+    timeout: Duration,
+    decided: &mut [Option<Prefetched>],
+) {
+    let reqs: Vec<_> = chunk
+        .iter()
+        .filter_map(|&i| calls[i].request(store).ok())
+        .collect();
+    let (Some(first), true) = (reqs.first(), reqs.len() == chunk.len()) else {
+        return;
+    };
+    let items: Vec<BatchItem<'_>> = reqs
+        .iter()
+        .map(|r| BatchItem {
+            key: r.key,
+            fingerprint: r.fingerprint,
+        })
+        .collect();
+    let batch = BatchClaim {
+        biz: first.biz,
+        items: &items,
+        lease: first.lease,
+        ttl: first.ttl,
+    };
+    let sent = Instant::now();
+    let claimed = retry_transient(super::after(timeout), STORE_TIMEOUT, || {
+        store.claim_batch(&batch)
+    })
+    .await;
+    match claimed {
+        Ok(outcomes) if outcomes.len() == chunk.len() => {
+            for (&i, outcome) in chunk.iter().zip(outcomes) {
+                decided[i] = Some(Prefetched { outcome, sent });
+            }
+        }
+        Ok(outcomes) => tracing::warn!(
+            asked = chunk.len(),
+            answered = outcomes.len(),
+            "a batch claim answered for another number of keys; each call claims on its own"
+        ),
+        Err(e) => tracing::warn!(
+            keys = chunk.len(),
+            error = %e,
+            "a batch claim failed; each call claims on its own when it runs"
+        ),
+    }
+}
+
+/// One call of a [`Batch`], its claim decided: run it (or release it) as the batch docs say.
+#[must_use = "a claim acquired and not run holds its key until its lease ends"]
+pub struct Claimed<'s> {
+    call: Call,
+    store: &'s dyn Store,
+    prefetched: Option<Prefetched>,
+}
+
+impl std::fmt::Debug for Claimed<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claimed")
+            .field("call", &self.call)
+            .field("store", &self.store.backend())
+            .field("outcome", &self.outcome())
+            .finish()
+    }
+}
+
+impl<'s> Claimed<'s> {
+    /// The call.
+    pub fn call(&self) -> &Call {
+        &self.call
+    }
+
+    /// What the batch claim decided for this call: `None` when it was not sent (the store refuses
+    /// the call) or the batch claim failed; the call then claims on its own when it runs.
+    pub fn outcome(&self) -> Option<&ClaimOutcome> {
+        self.prefetched.as_ref().map(|p| &p.outcome)
+    }
+
+    /// Whether running the call runs its body: its claim was acquired (or is still to be made).
+    pub fn runs_body(&self) -> bool {
+        matches!(self.outcome(), None | Some(ClaimOutcome::Acquired { .. }))
+    }
+
+    /// Runs `body` if the call's claim was acquired, as [`Call::run`] does after its claim;
+    /// otherwise answers as `Call::run` answers a repeat (the stored result, or the refusal).
+    ///
+    /// # Errors
+    /// As [`Call::run`].
+    #[inline]
+    pub fn run<T, E, F>(self, body: F) -> impl Future<Output = Result<T, E>> + 's
+    where
+        T: Serialize + DeserializeOwned + 's,
+        E: From<IdemError> + 's,
+        F: Future<Output = Result<T, E>> + 's,
+    {
+        execute(
+            Ok(StoreHandle::Borrowed(self.store)),
+            self.call,
+            OkType::new(),
+            ErrType::new(),
+            None::<NoRecover<T, E>>,
+            self.prefetched,
+            body,
+        )
+    }
+
+    /// The call with a recover fn, asked first when the claim took over one whose holder did not
+    /// finish: see [`Call::recover`].
+    pub fn recover<R>(self, recover: R) -> ClaimedRecovering<'s, R> {
+        ClaimedRecovering {
+            claimed: self,
+            recover,
+        }
+    }
+
+    /// Gives the claim up without running the body, when it was acquired: the record stays
+    /// PROCESSING with its lease ended, so the next call takes it over at once (as
+    /// [`Store::release`]). Nothing is sent for a call whose claim was not acquired.
+    ///
+    /// # Errors
+    /// As [`Store::release`]; the claim is then taken over once its lease ends.
+    pub async fn release(self) -> Result<(), IdemError> {
+        match self.prefetched {
+            Some(Prefetched {
+                outcome: ClaimOutcome::Acquired { claim, .. },
+                ..
+            }) => {
+                self.store
+                    .release(self.call.biz(), self.call.key(), &claim)
+                    .await
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A [`Claimed`] call with a recover fn: see [`Claimed::recover`].
+#[derive(Debug)]
+#[must_use = "a claim acquired and not run holds its key until its lease ends"]
+pub struct ClaimedRecovering<'s, R> {
+    claimed: Claimed<'s>,
+    recover: R,
+}
+
+impl<'s, R> ClaimedRecovering<'s, R> {
+    /// As [`Claimed::run`], asking the recover fn first after a takeover.
+    ///
+    /// # Errors
+    /// As [`Call::run`], plus the recover fn's own error.
+    #[inline]
+    pub fn run<T, E, F, RF>(self, body: F) -> impl Future<Output = Result<T, E>> + 's
+    where
+        T: Serialize + DeserializeOwned + 's,
+        E: From<IdemError> + 's,
+        F: Future<Output = Result<T, E>> + 's,
+        R: FnOnce() -> RF + 's,
+        RF: Future<Output = Result<Option<T>, E>> + 's,
+    {
+        let Claimed {
+            call,
+            store,
+            prefetched,
+        } = self.claimed;
+        execute(
+            Ok(StoreHandle::Borrowed(store)),
+            call,
+            OkType::new(),
+            ErrType::new(),
+            Some(self.recover),
+            prefetched,
+            body,
+        )
+    }
+}

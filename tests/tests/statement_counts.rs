@@ -23,9 +23,18 @@ mod server;
 
 use std::collections::BTreeMap;
 
-use idem::{Call, IdemError, Store, StoreTx, TransactionalStore};
+use idem::{
+    BatchClaim, BatchItem, Call, ClaimOutcome, IdemError, Store, StoreTx, TransactionalStore,
+};
 
 const CALLS: u32 = 50;
+
+/// Batch claims: `BATCHES` batches of `BATCH` keys each, measured per batch.
+const BATCH: usize = 25;
+const BATCHES: u32 = 20;
+
+/// What other sessions may add to a global counter over one batch (its claim and its 25 marks).
+const BATCH_SLACK: f64 = 0.5;
 
 /// What other sessions may add to a global counter while a figure is measured (a ping of another
 /// pool now and then): a tenth of a statement per call. A statement more per call is ten times that.
@@ -98,6 +107,62 @@ async fn first_then_replay(
         let before = counters().await;
         calls("COUNT").await;
         figures.push(per_call(&before, &counters().await, probe));
+    }
+    let replayed = figures.pop().expect("two figures");
+    (figures.pop().expect("two figures"), replayed)
+}
+
+/// Claims `BATCHES` batches of `BATCH` keys `b-<n>-<i>` with `Store::claim_batch`, and marks every
+/// claim acquired: new keys the first time, replays after.
+async fn batch_claims(store: &dyn Store, biz: &str) {
+    for b in 0..BATCHES {
+        let keys: Vec<String> = (0..BATCH).map(|i| format!("b-{b}-{i}")).collect();
+        let items: Vec<BatchItem<'_>> = keys
+            .iter()
+            .map(|key| BatchItem {
+                key,
+                fingerprint: None,
+            })
+            .collect();
+        let batch = BatchClaim {
+            biz,
+            items: &items,
+            lease: std::time::Duration::from_secs(30),
+            ttl: std::time::Duration::from_secs(3600),
+        };
+        for (key, outcome) in keys.iter().zip(store.claim_batch(&batch).await.unwrap()) {
+            match outcome {
+                ClaimOutcome::Acquired { claim, .. } => store
+                    .complete(biz, key, &claim, b"1", batch.ttl)
+                    .await
+                    .unwrap(),
+                ClaimOutcome::Replay { snapshot } => assert_eq!(snapshot, b"1"),
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+    }
+}
+
+/// The per-batch figures of [`batch_claims`] on new keys, then on the same keys again, each after
+/// the same kind on another business type (so the claim order settled), less the marks of a first
+/// batch (one per key, `marks` of the named counter each).
+async fn batch_figures(
+    counters: impl AsyncFn() -> BTreeMap<String, u64>,
+    store: &dyn Store,
+    probe: &BTreeMap<String, u64>,
+) -> (BTreeMap<String, f64>, BTreeMap<String, f64>) {
+    let mut figures = Vec::new();
+    for _ in 0..2 {
+        batch_claims(store, "BATCH_WARM").await;
+        let before = counters().await;
+        batch_claims(store, "BATCH").await;
+        let after = counters().await;
+        figures.push(
+            per_call(&before, &after, probe)
+                .into_iter()
+                .map(|(name, per_call)| (name, per_call * f64::from(CALLS) / f64::from(BATCHES)))
+                .collect(),
+        );
     }
     let replayed = figures.pop().expect("two figures");
     (figures.pop().expect("two figures"), replayed)
@@ -181,6 +246,21 @@ async fn mariadb() {
     assert!(
         replayed["Com_admin_commands"] <= PINGS,
         "replay: {replayed:?}"
+    );
+
+    // A batch of new keys: one multi-row insert, then a mark per key; a batch of repeats: one
+    // read of every key.
+    let (batch_first, batch_replayed) = batch_figures(&counters, &store, &probe).await;
+    eprintln!(
+        "MariaDB per batch claim of {BATCH} keys: first {batch_first:?}, replay {batch_replayed:?}"
+    );
+    assert!(
+        batch_first["Questions"] <= 1.0 + BATCH as f64 + BATCH_SLACK,
+        "first batch: {batch_first:?}"
+    );
+    assert!(
+        batch_replayed["Questions"] <= 1.0 + BATCH_SLACK,
+        "replayed batch: {batch_replayed:?}"
     );
 
     let (tx_first, tx_replayed) =
@@ -290,6 +370,25 @@ async fn postgres() {
     // replay one read of the result.
     assert!(first["total"] <= 2.0 + SLACK, "first execution: {first:?}");
     assert!(replayed["total"] <= 1.0 + SLACK, "replay: {replayed:?}");
+
+    // A batch of new keys: one insert of them all, then a mark per key; a batch of repeats: one
+    // read of every key.
+    let (batch_first, batch_replayed) = batch_figures(&counters, &store, &probe).await;
+    eprintln!(
+        "Postgres per batch claim of {BATCH} keys: first {batch_first:?}, replay {batch_replayed:?}"
+    );
+    assert!(
+        batch_first["total"] <= 1.0 + BATCH as f64 + BATCH_SLACK,
+        "first batch: {batch_first:?}"
+    );
+    assert!(
+        batch_first.get("INSERT").copied().unwrap_or(0.0) <= 1.0 + BATCH_SLACK,
+        "first batch: {batch_first:?}"
+    );
+    assert!(
+        batch_replayed["total"] <= 1.0 + BATCH_SLACK,
+        "replayed batch: {batch_replayed:?}"
+    );
 
     let (tx_first, tx_replayed) =
         first_then_replay(&counters, async |biz| tx_calls(&store, biz).await, &probe).await;
@@ -433,6 +532,27 @@ async fn redis() {
     assert!(
         busy <= 14 + 4 * DUE as u64,
         "a sweep pass with {DUE} due results: {busy} commands"
+    );
+
+    // A batch is one script (its claims: TIME, then HMGET, HSET, PEXPIREAT and the index's ZADD
+    // per new key; HMGET per repeat), and a new key's mark one more each.
+    let (batch_first, batch_replayed) = batch_figures(&counters, &store, &probe).await;
+    eprintln!(
+        "Redis per batch claim of {BATCH} keys: first {:?}, replay {:?}",
+        nonzero(&batch_first),
+        nonzero(&batch_replayed)
+    );
+    assert!(
+        batch_first["evalsha"] <= 1.0 + BATCH as f64 + BATCH_SLACK,
+        "first batch: {batch_first:?}"
+    );
+    assert!(
+        batch_replayed["evalsha"] <= 1.0 + BATCH_SLACK,
+        "replayed batch: {batch_replayed:?}"
+    );
+    assert!(
+        batch_replayed["total"] <= 2.0 + BATCH as f64 + BATCH_SLACK,
+        "replayed batch: {batch_replayed:?}"
     );
 
     let keys: Vec<String> = redis::cmd("KEYS")

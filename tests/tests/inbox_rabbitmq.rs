@@ -249,3 +249,110 @@ async fn without_an_idem_record_the_quorum_queues_delivery_count_limits_the_atte
     })
     .await;
 }
+
+/// Consumes `queue` with a prefetch of `size`, handling what the prefetch holds as one batch
+/// (`Inbox::handle_batch`: one batch claim), until `terminal` deliveries were acked or
+/// dead-lettered (bounded by 30 s); each delivery settled by `amqp::settle`.
+async fn consume_batches(
+    channel: &Channel,
+    queue: &str,
+    orders: &Arc<Orders>,
+    inbox: &Inbox,
+    terminal: usize,
+    size: u16,
+) -> (Seen, usize) {
+    channel
+        .basic_qos(size, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let tag = server::unique("idem-inbox");
+    let mut deliveries = channel
+        .basic_consume(
+            queue.into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut seen = Seen::default();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (mut done, mut batches) = (0, 0);
+    while done < terminal {
+        let first = tokio::time::timeout_at(deadline, deliveries.next())
+            .await
+            .unwrap_or_else(|_| panic!("{done} of {terminal} settled after 30 s: {seen:#?}"))
+            .expect("the consumer was cancelled")
+            .unwrap();
+        // What the prefetch holds now, up to `size`.
+        let mut batch = vec![first];
+        while batch.len() < usize::from(size) {
+            match tokio::time::timeout(Duration::from_millis(20), deliveries.next()).await {
+                Ok(Some(delivery)) => batch.push(delivery.unwrap()),
+                _ => break,
+            }
+        }
+        batches += 1;
+        let handed: Vec<(&[u8], Option<u32>)> = batch
+            .iter()
+            .map(|d| (&d.data[..], amqp::delivered(d)))
+            .collect();
+        let handled = orders.handle_batch(inbox, &handed).await;
+        for (delivery, handled) in batch.iter().zip(handled) {
+            let id = delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.as_str().to_owned())
+                .unwrap_or_default();
+            if !matches!(handled.verdict, Verdict::Requeue { .. }) {
+                done += 1;
+            }
+            amqp::settle(delivery, &handled.verdict).await.unwrap();
+            seen.0.push((id, handled.outcome, handled.verdict));
+        }
+    }
+    channel
+        .basic_cancel(tag.as_str().into(), Default::default())
+        .await
+        .unwrap();
+    (seen, batches)
+}
+
+/// The same traffic with a prefetch of 8, each prefetch's deliveries handled with one batch
+/// claim: every verdict holds as with one delivery at a time, each good order shipped once, the
+/// dead letters exactly the poison and the order out of attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetched_batches_are_claimed_at_once_and_every_verdict_holds() {
+    on_fresh_queue("idem_inbox_batch", |channel, queue| async move {
+        let orders = Orders::new().await;
+        inbox_orders::plant(&orders, &queue);
+        let msgs = inbox_orders::traffic(&queue);
+        publish(&channel, &queue, &msgs).await;
+        let (seen, batches) = consume_batches(
+            &channel,
+            &queue,
+            &orders,
+            &inbox_orders::inbox(),
+            msgs.len(),
+            8,
+        )
+        .await;
+        assert!(
+            batches < msgs.len(),
+            "{batches} batches for {} messages",
+            msgs.len()
+        );
+        inbox_orders::assert_settled(&orders, &queue, &seen).await;
+        assert_eq!(
+            drain_ids(&channel, &amqp::dead_letter_queue(&queue), 2).await,
+            [format!("{queue}-BAD-m1"), format!("{queue}-POISON-m1")],
+            "the dead-letter queue holds exactly the poison and the order out of attempts"
+        );
+        assert!(
+            drain_ids(&channel, &queue, 0).await.is_empty(),
+            "nothing left in the work queue"
+        );
+    })
+    .await;
+}

@@ -2,7 +2,7 @@
 //! mode call whose claim is already decided (the rest of the engine path is [`execute`]'s, so
 //! holding, heartbeats, steps, recover fns and marks are the same as a single call's).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -45,16 +45,16 @@ pub(crate) struct Prefetched {
 ///         claimed.run(async { Ok(format!("shipment of {no}")) }).await;
 ///     shipped.push(shipment?);
 /// }
-/// // The second ORD-1 was claimed after the first was decided, and ran after its mark: a replay.
+/// // The second ORD-1 claims when it runs, after the first was marked: a replay.
 /// assert_eq!(shipped, ["shipment of ORD-1", "shipment of ORD-2", "shipment of ORD-1"]);
 /// # Ok(()) }
 /// ```
 ///
 /// - **Calls**: any number. Calls of one business type, lease and ttl share a claim of at most
 ///   [`MAX_BATCH`] keys; a longer batch, or one that mixes them, is sent as several.
-/// - **A key twice** in one batch: its second call is claimed in a second round, after the
-///   first's claim, so it is in progress while the first runs (or replays its result once the
-///   first is marked, if it is run after it). Run them in order.
+/// - **A key twice** in one batch: only its first call is in the batch claim; a repeat claims on
+///   its own when it runs, so run in order it replays the first's answer (or, if the first
+///   failed, retries).
 /// - **Run every claim acquired** (or [`release`](Claimed::release) it): a claim dropped unrun
 ///   holds its key until its lease ends, as one whose holder died. Its lease runs from the batch
 ///   claim: a call run after its lease's safe part renews it first (fenced) and runs only if it
@@ -88,16 +88,14 @@ impl Batch {
     }
 
     /// Claims every call's key on `store`: one [`Store::claim_batch`] per business type, lease and
-    /// ttl (of at most [`MAX_BATCH`] keys), and one more round for each repeat of a key. Returns
-    /// the calls in order, each with its claim decided. A call the store would refuse (a bad key, a
-    /// ttl out of range) is not sent: running it gives its error.
+    /// ttl (of at most [`MAX_BATCH`] keys). Returns the calls in order, each with its claim
+    /// decided, but a key's repeats, which claim when they run, and a call the store would refuse
+    /// (a bad key, a ttl out of range), which gives its error when it runs.
     pub async fn claim(self, store: &dyn Store) -> Vec<Claimed<'_>> {
         let mut decided: Vec<Option<Prefetched>> = self.calls.iter().map(|_| None).collect();
-        for (rounds, timeout) in plan(&self.calls, store) {
-            for round in rounds {
-                for chunk in round.chunks(MAX_BATCH) {
-                    claim_chunk(store, &self.calls, chunk, timeout, &mut decided).await;
-                }
+        for (firsts, timeout) in plan(&self.calls, store) {
+            for chunk in firsts.chunks(MAX_BATCH) {
+                claim_chunk(store, &self.calls, chunk, timeout, &mut decided).await;
             }
         }
         self.calls
@@ -112,30 +110,27 @@ impl Batch {
     }
 }
 
-/// The calls' indexes grouped by business type, lease and ttl (in order of first appearance), each
-/// group in rounds (a key's `n`th call in round `n`), with the store timeout of the group's first
-/// call. Calls the store refuses are in none.
-fn plan(calls: &[Call], store: &dyn Store) -> Vec<(Vec<Vec<usize>>, Duration)> {
-    let mut groups: Vec<(Vec<Vec<usize>>, Duration)> = Vec::new();
+/// The indexes of each key's first call, grouped by business type, lease and ttl (in order of
+/// first appearance), with the store timeout of the group's first call. A key's repeats, and
+/// calls the store refuses, are in none.
+fn plan(calls: &[Call], store: &dyn Store) -> Vec<(Vec<usize>, Duration)> {
+    let mut groups: Vec<(Vec<usize>, Duration)> = Vec::new();
     let mut group_of: HashMap<(&str, Duration, Duration), usize> = HashMap::new();
-    let mut seen: HashMap<(usize, &str), usize> = HashMap::new();
+    let mut seen: HashSet<(&str, &str)> = HashSet::new();
     for (i, call) in calls.iter().enumerate() {
         let Ok(req) = call.request(store) else {
             continue;
         };
+        if !seen.insert((call.biz(), call.key())) {
+            continue;
+        }
         let g = *group_of
             .entry((call.biz(), req.lease, req.ttl))
             .or_insert_with(|| {
                 groups.push((Vec::new(), call.store_timeout_in_force()));
                 groups.len() - 1
             });
-        let round = seen.entry((g, call.key())).or_insert(0);
-        let rounds = &mut groups[g].0;
-        if rounds.len() <= *round {
-            rounds.push(Vec::new());
-        }
-        rounds[*round].push(i);
-        *round += 1;
+        groups[g].0.push(i);
     }
     groups
 }
@@ -217,8 +212,9 @@ impl<'s> Claimed<'s> {
         &self.call
     }
 
-    /// What the batch claim decided for this call: `None` when it was not sent (the store refuses
-    /// the call) or the batch claim failed; the call then claims on its own when it runs.
+    /// What the batch claim decided for this call: `None` when it was not sent (a key's repeat;
+    /// a call the store refuses) or the batch claim failed; the call then claims on its own when
+    /// it runs.
     pub fn outcome(&self) -> Option<&ClaimOutcome> {
         self.prefetched.as_ref().map(|p| &p.outcome)
     }

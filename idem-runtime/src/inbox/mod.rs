@@ -97,8 +97,11 @@ pub mod jetstream;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::IdemError;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
 use crate::metrics::Outcome;
+use crate::{Batch, Call, IdemError, Store};
 
 /// The most attempts [`InboxBuilder::max_attempts`] takes.
 pub const MAX_ATTEMPTS: u32 = 1_000;
@@ -135,6 +138,30 @@ pub struct Handled<T, E> {
     pub attempts: u32,
     /// The handler's answer; `None` when the payload could not be read.
     pub result: Option<Result<T, E>>,
+}
+
+/// One message of a batch for [`Inbox::handle_batch`]: the call its handler makes (keyed by the
+/// message's business key, with its fingerprint, lease and ttl), the broker's delivery count, and
+/// the message itself, which the body gets.
+#[derive(Debug)]
+pub struct BatchMessage<M> {
+    /// The idempotent call for this message.
+    pub call: Call,
+    /// The broker's delivery count, when it keeps one (1 for a first delivery).
+    pub delivered: Option<u32>,
+    /// The message, handed to the body.
+    pub message: M,
+}
+
+impl<M> BatchMessage<M> {
+    /// A message of a batch.
+    pub fn new(call: Call, delivered: Option<u32>, message: M) -> Self {
+        BatchMessage {
+            call,
+            delivered,
+            message,
+        }
+    }
 }
 
 /// How a consumer maps handler outcomes to verdicts; see the [module docs](self).
@@ -296,6 +323,70 @@ impl Inbox {
             attempts,
             result: Some(result),
         }
+    }
+
+    /// Handles the messages of one broker batch (a JetStream fetch, the deliveries a RabbitMQ
+    /// prefetch holds) with one batch claim ([`Batch`]: one round trip to `store` for every key
+    /// of a business type) instead of one claim per message, then runs `body` for each message
+    /// whose claim was acquired, one after the other in the batch's order, and says what to tell
+    /// the broker about each, as [`handle`](Self::handle) would have: a duplicate (inside the
+    /// batch or of an earlier one) replays and is acked, a key in progress elsewhere is requeued,
+    /// a body that fails is requeued or dead-lettered by its own attempts, and frees only its own
+    /// key. The verdicts come in the messages' order.
+    ///
+    /// Lease mode: `body` is the business itself (what an `#[idempotent]` fn's body does), run
+    /// under the claim each message's [`Call`] made; a handler that needs its writes in the
+    /// claim's transaction, or a recover fn, is handled one message at a time with `handle`. A
+    /// message whose payload cannot be read is not part of the batch: answer it with
+    /// [`unreadable`](Self::unreadable).
+    ///
+    /// ```
+    /// # use idem_runtime as idem;
+    /// # async fn demo() -> Result<(), idem::IdemError> {
+    /// use idem::inbox::{BatchMessage, Inbox, Verdict};
+    /// use idem::{Call, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let inbox = Inbox::builder().build()?;
+    /// // Three deliveries, the third a duplicate of the first under another message id.
+    /// let orders = ["ORD-1", "ORD-2", "ORD-1"];
+    /// let batch = orders
+    ///     .iter()
+    ///     .map(|no| BatchMessage::new(Call::new("SHIP", no).fingerprint(no), Some(1), *no));
+    /// let handled = inbox
+    ///     .handle_batch(&store, batch, |no: &str| async move {
+    ///         Ok::<_, idem::IdemError>(format!("shipped {no}"))
+    ///     })
+    ///     .await;
+    /// assert!(handled.iter().all(|h| h.verdict == Verdict::Ack));
+    /// # Ok(()) }
+    /// ```
+    pub async fn handle_batch<M, T, E, B, F>(
+        &self,
+        store: &dyn Store,
+        messages: impl IntoIterator<Item = BatchMessage<M>>,
+        mut body: B,
+    ) -> Vec<Handled<T, E>>
+    where
+        B: FnMut(M) -> F,
+        F: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<IdemError> + std::fmt::Display,
+    {
+        let (calls, rest): (Vec<Call>, Vec<(Option<u32>, M)>) = messages
+            .into_iter()
+            .map(|m| (m.call, (m.delivered, m.message)))
+            .unzip();
+        let batch = Batch::new(calls);
+        let claimed = match self.store_timeout {
+            Some(timeout) => crate::engine::with_store_timeout(timeout, batch.claim(store)).await,
+            None => batch.claim(store).await,
+        };
+        let mut handled = Vec::with_capacity(rest.len());
+        for (claimed, (delivered, message)) in claimed.into_iter().zip(rest) {
+            handled.push(self.handle(delivered, claimed.run(body(message))).await);
+        }
+        handled
     }
 
     /// [`handle`](Self::handle) for a JSON payload: decodes it as `M` and hands it to

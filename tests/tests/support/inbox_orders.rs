@@ -7,10 +7,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
+use idem::inbox::BatchMessage;
 use idem::inbox::{Handled, Inbox, Verdict};
 use idem::metrics::Outcome;
 use idem::sqlx::{self, SqlitePool};
-use idem::{IdemError, MemoryStore, idempotent};
+use idem::{Call, IdemError, MemoryStore, idempotent};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -104,6 +105,16 @@ impl Orders {
         fingerprint = "msg"
     )]
     pub async fn ship(&self, msg: &OrderMsg) -> Result<u32, ShipError> {
+        self.ship_once(msg).await
+    }
+
+    /// The call [`Orders::ship`] makes, for a batch: the same business type, key and fingerprint.
+    pub fn ship_call(msg: &OrderMsg) -> Call {
+        Call::new("INBOX", &msg.order_no).fingerprint(msg)
+    }
+
+    /// The business of [`Orders::ship`], without its claim.
+    pub async fn ship_once(&self, msg: &OrderMsg) -> Result<u32, ShipError> {
         sqlx::query("INSERT INTO attempts (order_no) VALUES (?1)")
             .bind(&msg.order_no)
             .execute(&self.db)
@@ -163,6 +174,45 @@ impl Orders {
                 orders.ship(&msg).await
             })
             .await
+    }
+}
+
+impl Orders {
+    /// The deliveries of one broker batch (payload, delivery count) through
+    /// `Inbox::handle_batch`, on the store `ship` uses: one verdict per delivery, in order; a
+    /// payload that is no order is answered as unreadable.
+    pub async fn handle_batch(
+        self: &Arc<Self>,
+        inbox: &Inbox,
+        deliveries: &[(&[u8], Option<u32>)],
+    ) -> Vec<Handled<u32, ShipError>> {
+        let mut handled: Vec<Option<Handled<u32, ShipError>>> = Vec::new();
+        let mut batch = Vec::new();
+        let mut at = Vec::new();
+        for (i, (payload, delivered)) in deliveries.iter().enumerate() {
+            match serde_json::from_slice::<OrderMsg>(payload) {
+                Ok(msg) => {
+                    at.push(i);
+                    batch.push(BatchMessage::new(Orders::ship_call(&msg), *delivered, msg));
+                    handled.push(None);
+                }
+                Err(e) => handled.push(Some(inbox.unreadable(*delivered, &e))),
+            }
+        }
+        let store = idem::store("inbox").unwrap();
+        let done = inbox
+            .handle_batch(&*store, batch, |msg: OrderMsg| {
+                let orders = self.clone();
+                async move { orders.ship_once(&msg).await }
+            })
+            .await;
+        for (i, h) in at.into_iter().zip(done) {
+            handled[i] = Some(h);
+        }
+        handled
+            .into_iter()
+            .map(|h| h.expect("every delivery handled"))
+            .collect()
     }
 }
 

@@ -23,6 +23,12 @@
 //! - `inbox-amqp-dup`, `inbox-nats-dup`: the same with 12 % of the `N` messages duplicates (an order
 //!   number already sent, another message id, a few messages later). `idem` acks them as replays
 //!   (counted and checked: one row per order); `plain` does not deduplicate and ships them again.
+//! - `inbox-amqp-batch`, `inbox-nats-batch`: the `-dup` traffic (12 % duplicates) taken in
+//!   batches of up to 64 (what the prefetch of 64 holds; a JetStream `fetch` of 64), each message's
+//!   row in an SQLite transaction of its own (begin, insert, commit), then acked. `plain` handles
+//!   the messages of a batch one by one, as above. `idem` hands each batch to
+//!   `Inbox::handle_batch` (lease mode on the same SQLite file: one batch claim for the batch, the
+//!   row's transaction as the body, a mark per message), then settles each verdict.
 //! - `outbox-amqp`, `outbox-nats`: an SQLite outbox (`Outbox::migrate`) with `N` committed rows
 //!   (distinct keys), published to a durable classic queue / a JetStream stream in memory. `idem`
 //!   runs `Relay::run_once` (default batch of 100) until all are sent, with `AmqpPublisher` /
@@ -42,14 +48,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self as js, message::PublishMessage};
+use futures_util::FutureExt;
 use futures_util::StreamExt;
-use idem::inbox::{Inbox, Verdict, amqp as amqp_inbox, jetstream as js_inbox};
+use idem::inbox::{BatchMessage, Inbox, Verdict, amqp as amqp_inbox, jetstream as js_inbox};
 use idem::metrics::Outcome;
 use idem::outbox::amqp::AmqpPublisher;
 use idem::outbox::jetstream::{JetStreamPublisher, KEY_HEADER};
 use idem::outbox::{Outbox, Relay};
 use idem::sqlx::{self, SqlitePool};
-use idem::{IdemError, SqliteStore, SqliteTx, idempotent};
+use idem::{Call, IdemError, SqliteStore, SqliteTx, idempotent};
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -119,6 +126,46 @@ async fn ship_plain(pool: &SqlitePool, payload: &[u8]) -> i64 {
     tx.commit().await.unwrap();
     id
 }
+
+/// A batch's business: the order's row in a transaction of its own (what the plain loop does),
+/// run under the claim `Inbox::handle_batch` made.
+async fn ship_row(pool: &SqlitePool, msg: &OrderMsg) -> Result<i64, ShipError> {
+    let mut tx = pool.begin().await?;
+    let id = sqlx::query(INSERT)
+        .bind(&msg.order_no)
+        .bind(&msg.sku)
+        .bind(msg.qty)
+        .execute(&mut *tx)
+        .await?
+        .last_insert_rowid();
+    tx.commit().await?;
+    Ok(id)
+}
+
+/// The messages of one batch (payload, delivery count) through `Inbox::handle_batch`: one
+/// verdict per message, in order.
+async fn handle_batch(
+    inbox: &Inbox,
+    store: &SqliteStore,
+    deliveries: &[(&[u8], Option<u32>)],
+) -> Vec<idem::inbox::Handled<i64, ShipError>> {
+    let batch = deliveries.iter().map(|(payload, delivered)| {
+        let msg: OrderMsg = serde_json::from_slice(payload).expect("an order");
+        BatchMessage::new(
+            Call::new("BENCH_BATCH", &msg.order_no).fingerprint(&msg),
+            *delivered,
+            msg,
+        )
+    });
+    inbox
+        .handle_batch(store, batch, |msg: OrderMsg| async move {
+            ship_row(store.pool(), &msg).await
+        })
+        .await
+}
+
+/// The size of one batch: the RabbitMQ prefetch, the JetStream fetch.
+const BATCH: usize = 64;
 
 /// A name no other run of this process (or a concurrent one) uses.
 fn unique(prefix: &str) -> String {
@@ -237,7 +284,7 @@ async fn check_inbox(pool: &SqlitePool, who: Who, n: usize, distinct: usize, v: 
     }
 }
 
-async fn inbox_amqp(conn: &Connection, who: Who, n: usize, dup_pct: usize) -> Run {
+async fn inbox_amqp(conn: &Connection, who: Who, n: usize, dup_pct: usize, batched: bool) -> Run {
     let (msgs, distinct) = traffic(n, dup_pct);
     let queue = unique("idem_bench_inbox");
     let channel = conn.create_channel().await.unwrap();
@@ -287,7 +334,45 @@ async fn inbox_amqp(conn: &Connection, who: Who, n: usize, dup_pct: usize) -> Ru
         )
         .await
         .unwrap();
-    for _ in 0..n {
+    let mut left = n;
+    while batched && left > 0 {
+        let first = tokio::time::timeout_at((t + RUN_LIMIT).into(), deliveries.next())
+            .await
+            .expect("the run finishes in time")
+            .expect("the consumer was cancelled")
+            .unwrap();
+        // What the prefetch holds now, up to a batch.
+        let mut batch = vec![first];
+        while batch.len() < BATCH.min(left) {
+            match deliveries.next().now_or_never() {
+                Some(Some(delivery)) => batch.push(delivery.unwrap()),
+                _ => break,
+            }
+        }
+        left -= batch.len();
+        match who {
+            Who::Plain => {
+                for delivery in &batch {
+                    ship_plain(store.pool(), &delivery.data).await;
+                    delivery.ack(BasicAckOptions::default()).await.unwrap();
+                }
+            }
+            Who::Idem => {
+                let handed: Vec<(&[u8], Option<u32>)> = batch
+                    .iter()
+                    .map(|d| (&d.data[..], amqp_inbox::delivered(d)))
+                    .collect();
+                let handled = handle_batch(&inbox, &store, &handed).await;
+                for (delivery, handled) in batch.iter().zip(handled) {
+                    amqp_inbox::settle(delivery, &handled.verdict)
+                        .await
+                        .unwrap();
+                    verdicts.count(&handled.verdict, handled.outcome);
+                }
+            }
+        }
+    }
+    for _ in 0..if batched { 0 } else { n } {
         let delivery = tokio::time::timeout_at((t + RUN_LIMIT).into(), deliveries.next())
             .await
             .expect("the run finishes in time")
@@ -326,7 +411,7 @@ async fn inbox_amqp(conn: &Connection, who: Who, n: usize, dup_pct: usize) -> Ru
             .unwrap();
     }
     let _ = channel.close(200, "done".into()).await;
-    store.pool().close().await;
+    store.close().await;
     drop(dir);
     Run {
         rate: n as f64 / elapsed.as_secs_f64(),
@@ -334,7 +419,7 @@ async fn inbox_amqp(conn: &Connection, who: Who, n: usize, dup_pct: usize) -> Ru
     }
 }
 
-async fn inbox_nats(ctx: &js::Context, who: Who, n: usize, dup_pct: usize) -> Run {
+async fn inbox_nats(ctx: &js::Context, who: Who, n: usize, dup_pct: usize, batched: bool) -> Run {
     let (msgs, distinct) = traffic(n, dup_pct);
     let name = unique("idem_bench_inbox");
     let subject = format!("{name}.orders");
@@ -377,8 +462,42 @@ async fn inbox_nats(ctx: &js::Context, who: Who, n: usize, dup_pct: usize) -> Ru
     let inbox = Inbox::builder().build().unwrap();
     let mut verdicts = Verdicts::default();
     let t = Instant::now();
+    let mut left = n;
+    while batched && left > 0 {
+        assert!(t.elapsed() < RUN_LIMIT, "the run finishes in time");
+        let mut fetched = consumer
+            .fetch()
+            .max_messages(BATCH)
+            .messages()
+            .await
+            .unwrap();
+        let mut batch = Vec::with_capacity(BATCH);
+        while let Some(msg) = fetched.next().await {
+            batch.push(msg.unwrap());
+        }
+        left -= batch.len();
+        match who {
+            Who::Plain => {
+                for msg in &batch {
+                    ship_plain(store.pool(), &msg.payload).await;
+                    msg.double_ack().await.unwrap();
+                }
+            }
+            Who::Idem => {
+                let handed: Vec<(&[u8], Option<u32>)> = batch
+                    .iter()
+                    .map(|m| (&m.payload[..], js_inbox::delivered(m)))
+                    .collect();
+                let handled = handle_batch(&inbox, &store, &handed).await;
+                for (msg, handled) in batch.iter().zip(handled) {
+                    js_inbox::settle(msg, &handled.verdict, None).await.unwrap();
+                    verdicts.count(&handled.verdict, handled.outcome);
+                }
+            }
+        }
+    }
     let mut messages = consumer.messages().await.unwrap();
-    for _ in 0..n {
+    for _ in 0..if batched { 0 } else { n } {
         let msg = tokio::time::timeout_at((t + RUN_LIMIT).into(), messages.next())
             .await
             .expect("the run finishes in time")
@@ -408,7 +527,7 @@ async fn inbox_nats(ctx: &js::Context, who: Who, n: usize, dup_pct: usize) -> Ru
     drop(messages);
     check_inbox(store.pool(), who, n, distinct, &verdicts).await;
     ctx.delete_stream(&name).await.unwrap();
-    store.pool().close().await;
+    store.close().await;
     drop(dir);
     Run {
         rate: n as f64 / elapsed.as_secs_f64(),
@@ -619,6 +738,7 @@ async fn outbox(broker: Broker<'_>, who: Who, n: usize) -> Run {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Inbox { dup_pct: usize },
+    InboxBatch { dup_pct: usize },
     Outbox,
 }
 
@@ -634,7 +754,7 @@ struct Workload {
     kind: Kind,
 }
 
-const WORKLOADS: [Workload; 6] = [
+const WORKLOADS: [Workload; 8] = [
     Workload {
         name: "inbox-amqp",
         on: On::Rabbit,
@@ -656,6 +776,16 @@ const WORKLOADS: [Workload; 6] = [
         kind: Kind::Inbox { dup_pct: 12 },
     },
     Workload {
+        name: "inbox-amqp-batch",
+        on: On::Rabbit,
+        kind: Kind::InboxBatch { dup_pct: 12 },
+    },
+    Workload {
+        name: "inbox-nats-batch",
+        on: On::Nats,
+        kind: Kind::InboxBatch { dup_pct: 12 },
+    },
+    Workload {
         name: "outbox-amqp",
         on: On::Rabbit,
         kind: Kind::Outbox,
@@ -673,14 +803,14 @@ impl Workload {
             return true;
         }
         let side = match self.kind {
-            Kind::Inbox { .. } => "inbox",
+            Kind::Inbox { .. } | Kind::InboxBatch { .. } => "inbox",
             Kind::Outbox => "outbox",
         };
         let broker = match self.on {
             On::Rabbit => "rabbitmq",
             On::Nats => "nats",
         };
-        let dup = matches!(self.kind, Kind::Inbox { dup_pct } if dup_pct > 0);
+        let dup = matches!(self.kind, Kind::Inbox { dup_pct } | Kind::InboxBatch { dup_pct } if dup_pct > 0);
         // Every kind of token given must match: `outbox,nats` is the outbox on NATS.
         let sides: Vec<_> = only
             .iter()
@@ -710,9 +840,17 @@ impl Workload {
     ) -> Run {
         match (self.kind, self.on) {
             (Kind::Inbox { dup_pct }, On::Rabbit) => {
-                inbox_amqp(amqp.unwrap(), who, n, dup_pct).await
+                inbox_amqp(amqp.unwrap(), who, n, dup_pct, false).await
             }
-            (Kind::Inbox { dup_pct }, On::Nats) => inbox_nats(nats.unwrap(), who, n, dup_pct).await,
+            (Kind::Inbox { dup_pct }, On::Nats) => {
+                inbox_nats(nats.unwrap(), who, n, dup_pct, false).await
+            }
+            (Kind::InboxBatch { dup_pct }, On::Rabbit) => {
+                inbox_amqp(amqp.unwrap(), who, n, dup_pct, true).await
+            }
+            (Kind::InboxBatch { dup_pct }, On::Nats) => {
+                inbox_nats(nats.unwrap(), who, n, dup_pct, true).await
+            }
             (Kind::Outbox, On::Rabbit) => outbox(Broker::Amqp(amqp.unwrap()), who, n).await,
             (Kind::Outbox, On::Nats) => outbox(Broker::Nats(nats.unwrap()), who, n).await,
         }
@@ -876,7 +1014,7 @@ async fn bench() {
         println!("messages/s plain {} {:.0}", w.name, f.plain());
         println!("messages/s idem {} {:.0}", w.name, f.idem());
         println!("ratio idem / plain {} {:.3}", w.name, f.ratio());
-        if let Kind::Inbox { dup_pct } = w.kind
+        if let Kind::Inbox { dup_pct } | Kind::InboxBatch { dup_pct } = w.kind
             && dup_pct > 0
         {
             let dups = n * dup_pct / 100;

@@ -29,7 +29,7 @@ use tokio::sync::Mutex;
 
 use crate::IdemError;
 use crate::clock::ClockOffset;
-use crate::sql::claim::claim_by_cas;
+use crate::sql::claim::{claim_by_cas, claim_many};
 use crate::sql::dialect::Dialect;
 use crate::sql::records::RecordConn;
 use crate::sql::table::TableName;
@@ -276,7 +276,20 @@ impl SqliteStore {
         self
     }
 
-    /// The pool, for the application's own queries.
+    /// Closes the store: gives back the connection it keeps for its own statements, then closes
+    /// the pool, waiting for the connections the application still holds (as
+    /// [`SqlitePool::close`]). Close a store with this rather than with its pool's `close`, which
+    /// would wait for the store's own connection as long as the store lives. Calls made after it
+    /// fail as [`IdemError::StoreUnavailable`].
+    pub async fn close(&self) {
+        if let Some(own) = &self.own {
+            own.lock().await.take();
+        }
+        self.pool.close().await;
+    }
+
+    /// The pool, for the application's own queries. Close the store with
+    /// [`SqliteStore::close`].
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
@@ -375,23 +388,17 @@ crate::sql::store::sql_store!(SqliteStore, "sqlite", {
             .await
     }
 
-    /// Every key in one write transaction (`BEGIN IMMEDIATE`): one commit for the batch, and
-    /// nothing claimed when any claim fails.
+    /// One statement inserts every new key (and, once repeats prevail, one reads them all
+    /// first); the keys that exist are read in one more.
     async fn claim_batch(
         &self,
         batch: &crate::store::BatchClaim<'_>,
     ) -> Result<Vec<ClaimOutcome>, IdemError> {
         batch.check()?;
+        let reqs: Vec<ClaimRequest<'_>> = batch.requests().collect();
         self.with_conn(async |conn| {
-            let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE")
-                .await
-                .map_err(db_error)?;
-            let mut outcomes = Vec::with_capacity(batch.items.len());
-            for req in batch.requests() {
-                outcomes.push(self.claim_on(&mut tx, &req).await?);
-            }
-            tx.commit().await.map_err(db_error)?;
-            Ok(outcomes)
+            let mut records = Claims::new(self.records(conn), &self.sql);
+            claim_many(&mut records, &reqs, &self.order).await
         })
         .await
     }
@@ -401,6 +408,35 @@ crate::sql::store::sql_store!(SqliteStore, "sqlite", {
 mod tests {
     use super::*;
     use crate::store::Store;
+
+    #[tokio::test]
+    async fn close_gives_back_the_stores_own_connection() {
+        let path = std::env::temp_dir().join(format!("idem-close-{}.db", std::process::id()));
+        let store = SqliteStore::open(&path).await.unwrap();
+        store.migrate().await.unwrap();
+        let req = ClaimRequest {
+            biz: "B",
+            key: "k",
+            fingerprint: None,
+            lease: std::time::Duration::from_secs(5),
+            ttl: std::time::Duration::from_secs(60),
+        };
+        // The claim takes the store's own connection; closing must not wait for it.
+        assert!(matches!(
+            store.claim(&req).await.unwrap(),
+            ClaimOutcome::Acquired { .. }
+        ));
+        tokio::time::timeout(std::time::Duration::from_secs(5), store.close())
+            .await
+            .expect("close returns while the store lives");
+        assert!(matches!(
+            store.claim(&req).await,
+            Err(IdemError::StoreUnavailable { .. })
+        ));
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+    }
 
     #[test]
     fn statements_name_the_table() {

@@ -137,6 +137,70 @@ impl CasRecords for Claims<'_> {
         self.records.read(req).await
     }
 
+    /// One `INSERT … SELECT … FROM json_each(…) … RETURNING idem_key`: every new record has the
+    /// same fence, the clock bound.
+    async fn insert_many(
+        &mut self,
+        reqs: &[ClaimRequest<'_>],
+    ) -> Result<Option<Vec<Option<Claim>>>, IdemError> {
+        let Some(first) = reqs.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        let items: Vec<(&str, Option<&str>)> =
+            reqs.iter().map(|r| (r.key, r.fingerprint)).collect();
+        let items = serde_json::to_string(&items).map_err(IdemError::store)?;
+        let now = self.now();
+        let rows = query(&self.sql.insert_many)
+            .bind(first.biz)
+            .bind(items)
+            .bind(None::<i64>)
+            .bind(millis(first.lease))
+            .bind(millis(first.ttl))
+            .bind(now.ms)
+            .bind(now.us)
+            .fetch_all(self.records.conn())
+            .await
+            .map_err(db_error)?;
+        let mut inserted = std::collections::HashSet::with_capacity(rows.len());
+        for row in &rows {
+            inserted.insert(row.try_get::<String, _>("idem_key").map_err(db_error)?);
+        }
+        let claim = Claim {
+            attempt: 1,
+            fence: crate::store::Fence::new(u64::try_from(now.us).unwrap_or(0)),
+        };
+        Ok(Some(
+            reqs.iter()
+                .map(|r| inserted.contains(r.key).then_some(claim))
+                .collect(),
+        ))
+    }
+
+    /// One `SELECT … WHERE idem_key IN (SELECT value FROM json_each(…))`.
+    async fn read_many(
+        &mut self,
+        reqs: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Option<SeenRecord>>, IdemError> {
+        let Some(first) = reqs.first() else {
+            return Ok(Vec::new());
+        };
+        let keys: Vec<&str> = reqs.iter().map(|r| r.key).collect();
+        let keys = serde_json::to_string(&keys).map_err(IdemError::store)?;
+        let rows = query(&self.sql.read_many)
+            .bind(first.biz)
+            .bind(keys)
+            .bind(self.now().ms)
+            .fetch_all(self.records.conn())
+            .await
+            .map_err(db_error)?;
+        let mut found = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let key: String = row.try_get("idem_key").map_err(db_error)?;
+            found.insert(key, RecordConn::<Sqlite>::seen(row)?);
+        }
+        Ok(reqs.iter().map(|r| found.remove(r.key)).collect())
+    }
+
     async fn insert_or_read(
         &mut self,
         req: &ClaimRequest<'_>,

@@ -49,6 +49,23 @@ const CLAIM: &str = concat!(
 /// A new record's insert alone (no read before it), for a claim sent while new keys prevail
 /// (`store/order.rs`): see `insert_new`.
 const INSERT_NEW: &str = insert_new!();
+/// ?1 biz, ?2 the keys and fingerprints as a JSON array of `[key, fingerprint or null]`, ?4 lease
+/// ms, ?5 ttl ms, ?6 now ms, ?7 now µs (every new record's fence): a batch claim's insert of every
+/// key that has no record, in one statement, returning the keys it inserted. (`WHERE true` tells
+/// SQLite's parser that `ON CONFLICT` belongs to the insert, not to a join.)
+const INSERT_MANY: &str = concat!(
+    "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, ",
+    "lease_until, created_at, updated_at, expire_at) ",
+    "SELECT ?1, json_extract(j.value, '$[0]'), 'PROCESSING', 1, ?7, json_extract(j.value, '$[1]'), ",
+    "NULL, ?6 + ?4, ?6, ?6, ?6 + ?5 FROM json_each(?2) AS j WHERE true ",
+    "ON CONFLICT (biz_type, idem_key) DO NOTHING RETURNING idem_key"
+);
+/// ?1 biz, ?2 the keys as a JSON array, ?3 now ms: a batch claim's plain read of many keys.
+const READ_MANY: &str = concat!(
+    "SELECT idem_key, ",
+    record_columns!(),
+    "?3 AS now_ms FROM {t} WHERE biz_type = ?1 AND idem_key IN (SELECT value FROM json_each(?2))"
+);
 /// ?1–?7 as for `insert_new`, then ?8 reset, ?9 seen fence, ?10 seen status, ?11 seen lease
 /// end, ?12 keep the saved steps (`result` of an unfinished record). The new fence is one more
 /// than the last, or the clock when that is later.
@@ -132,6 +149,8 @@ pub(super) struct Statements {
     pub(super) claim: Arc<str>,
     pub(super) insert_new: Arc<str>,
     pub(super) take: Arc<str>,
+    pub(super) insert_many: Arc<str>,
+    pub(super) read_many: Arc<str>,
     /// What the record layer sends (`sql/records.rs`), placeholders numbered as it expects.
     pub(super) records: RecordStatements,
 }
@@ -145,6 +164,8 @@ impl Statements {
             claim: named(CLAIM),
             insert_new: named(INSERT_NEW),
             take: named(TAKE),
+            insert_many: named(INSERT_MANY),
+            read_many: named(READ_MANY),
             records: RecordStatements {
                 complete: Stmt::new(text(COMPLETE), numbered::COMPLETE),
                 fail: Stmt::new(text(FAIL), numbered::FAIL),

@@ -343,6 +343,26 @@ impl<S: Store> Store for CachedStore<S> {
             .collect()
     }
 
+    /// One batch of marks on the inner store; each success is remembered as `complete`'s is.
+    async fn complete_batch(
+        &self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        let sent = Instant::now();
+        let answers = self.inner.complete_batch(biz, marks, ttl).await?;
+        Ok(marks
+            .iter()
+            .zip(answers)
+            .map(|(m, done)| {
+                let kept = m.result_ttl.unwrap_or(ttl).min(ttl);
+                let until = sent + kept.min(self.shared.max_age);
+                self.remember(biz, m.key, &m.claim, m.snapshot, until, done)
+            })
+            .collect())
+    }
+
     async fn complete(
         &self,
         biz: &str,

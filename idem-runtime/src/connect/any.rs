@@ -355,6 +355,15 @@ impl Store for AnyStore {
         self.store.claim_batch(batch).await
     }
 
+    async fn complete_batch(
+        &self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        self.store.complete_batch(biz, marks, ttl).await
+    }
+
     async fn complete(
         &self,
         biz: &str,

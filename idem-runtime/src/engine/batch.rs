@@ -3,6 +3,7 @@
 //! holding, heartbeats, steps, recover fns and marks are the same as a single call's).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -12,7 +13,8 @@ use tokio::time::Instant;
 use super::snapshot::{ErrType, OkType};
 use super::{Call, NoRecover, STORE_TIMEOUT, StoreHandle, execute, retry_transient};
 use crate::IdemError;
-use crate::store::{BatchClaim, BatchItem, ClaimOutcome, MAX_BATCH, Store};
+use crate::metrics::Outcome;
+use crate::store::{BatchClaim, BatchItem, BatchMark, Claim, ClaimOutcome, MAX_BATCH, Store};
 
 /// A claim decided by a batch: what the store answered and when the claim was sent (the lease
 /// is counted from then).
@@ -20,6 +22,134 @@ use crate::store::{BatchClaim, BatchItem, ClaimOutcome, MAX_BATCH, Store};
 pub(crate) struct Prefetched {
     pub(crate) outcome: ClaimOutcome,
     pub(crate) sent: Instant,
+}
+
+/// What a call run as part of a batch brings to the engine: its claim, when the batch made it,
+/// and where its mark goes when the batch sends the marks together.
+pub(crate) struct BatchPart {
+    pub(crate) prefetched: Option<Prefetched>,
+    pub(crate) defer: Option<Deferred>,
+}
+
+/// A success whose mark the batch sends with the others' (`Inbox::handle_batch`): the call
+/// returns its value once the body ran, and is reported once its mark landed.
+#[derive(Debug)]
+pub(crate) struct PendingMark {
+    pub(crate) biz: String,
+    pub(crate) key: String,
+    pub(crate) claim: Claim,
+    pub(crate) snapshot: Vec<u8>,
+    pub(crate) ttl: Duration,
+    pub(crate) result_ttl: Option<Duration>,
+    /// The outcome to report once the mark landed.
+    pub(crate) done: Outcome,
+    /// When the claim's lease was last sent, and how long it is.
+    pub(crate) lease_sent: Instant,
+    pub(crate) lease: Duration,
+}
+
+/// The marks a batch holds back, each with the index of its call in the batch.
+pub(crate) type MarkSink = Arc<Mutex<Vec<(usize, PendingMark)>>>;
+
+/// Where one call's mark goes: the batch's sink, under the call's index.
+pub(crate) struct Deferred {
+    sink: MarkSink,
+    index: usize,
+}
+
+impl Deferred {
+    pub(crate) fn push(self, mark: PendingMark) {
+        self.sink
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((self.index, mark));
+    }
+}
+
+/// Sends the marks held back in `sink`, emptying it: one [`Store::complete_batch`] per business
+/// type and ttl (of at most [`MAX_BATCH`]), tried again on transient errors within `timeout`;
+/// when a batch fails, each of its marks is sent on its own, tried until its lease's safe part
+/// ends (as a single call's mark is). Each call is reported (its outcome, or `LeaseLost` /
+/// `MarkFailed`) and answered by its index: the outcome and attempt, or why its mark did not land.
+pub(crate) async fn flush_marks(
+    store: &dyn Store,
+    sink: &MarkSink,
+    timeout: Duration,
+) -> Vec<(usize, Result<(Outcome, u32), IdemError>)> {
+    let pending = std::mem::take(&mut *sink.lock().unwrap_or_else(|p| p.into_inner()));
+    // Marks of one business type and ttl, with their calls' indexes.
+    type Group = ((String, Duration), Vec<(usize, PendingMark)>);
+    let mut groups: Vec<Group> = Vec::new();
+    for (i, mark) in pending {
+        let group = (mark.biz.clone(), mark.ttl);
+        match groups
+            .iter_mut()
+            .find(|(g, marks)| *g == group && marks.len() < MAX_BATCH)
+        {
+            Some((_, marks)) => marks.push((i, mark)),
+            None => groups.push((group, vec![(i, mark)])),
+        }
+    }
+    let mut answers = Vec::new();
+    for ((biz, ttl), marks) in groups {
+        let batch: Vec<BatchMark<'_>> = marks
+            .iter()
+            .map(|(_, m)| BatchMark {
+                key: &m.key,
+                claim: m.claim,
+                snapshot: &m.snapshot,
+                result_ttl: m.result_ttl,
+            })
+            .collect();
+        let sent = retry_transient(super::after(timeout), STORE_TIMEOUT, || {
+            store.complete_batch(&biz, &batch, ttl)
+        })
+        .await;
+        let landed: Vec<Result<(), IdemError>> = match sent {
+            Ok(landed) if landed.len() == marks.len() => landed,
+            failed => {
+                if let Err(e) = &failed {
+                    tracing::warn!(marks = marks.len(), error = %e, "a batch of marks failed; each is sent on its own");
+                }
+                let mut landed = Vec::with_capacity(marks.len());
+                for (_, m) in &marks {
+                    landed.push(mark_alone(store, m).await);
+                }
+                landed
+            }
+        };
+        for ((i, m), landed) in marks.into_iter().zip(landed) {
+            let attempt = m.claim.attempt;
+            answers.push(match landed {
+                Ok(()) => {
+                    super::report(&biz, m.done, attempt);
+                    (i, Ok((m.done, attempt)))
+                }
+                Err(e) => {
+                    let outcome = match e {
+                        IdemError::LeaseLost { .. } => Outcome::LeaseLost,
+                        _ => Outcome::MarkFailed,
+                    };
+                    tracing::error!(attempt, error = %e, "idempotent call ran but its mark did not land");
+                    super::report_error(&biz, outcome, attempt, &e);
+                    (i, Err(e))
+                }
+            });
+        }
+    }
+    answers
+}
+
+/// One held-back mark sent on its own, tried again on transient errors until its lease's safe
+/// part ends.
+async fn mark_alone(store: &dyn Store, m: &PendingMark) -> Result<(), IdemError> {
+    let margin = (m.lease / 10).min(Duration::from_secs(1));
+    let until = (m.lease_sent + m.lease).checked_sub(margin);
+    retry_transient(until, "the claim's lease", || match m.result_ttl {
+        None => store.complete(&m.biz, &m.key, &m.claim, &m.snapshot, m.ttl),
+        Some(kept) => store.complete_keeping(&m.biz, &m.key, &m.claim, &m.snapshot, m.ttl, kept),
+    })
+    .await
 }
 
 /// Many [`Call`]s claimed at once: the keys of one business type (with one lease and ttl) go to
@@ -105,6 +235,7 @@ impl Batch {
                 call,
                 store,
                 prefetched,
+                defer: None,
             })
             .collect()
     }
@@ -194,6 +325,7 @@ pub struct Claimed<'s> {
     call: Call,
     store: &'s dyn Store,
     prefetched: Option<Prefetched>,
+    defer: Option<Deferred>,
 }
 
 impl std::fmt::Debug for Claimed<'_> {
@@ -210,6 +342,21 @@ impl<'s> Claimed<'s> {
     /// The call.
     pub fn call(&self) -> &Call {
         &self.call
+    }
+
+    /// The same call, its mark of success held back in `sink` under `index` (the batch sends
+    /// them together with [`flush_marks`]).
+    pub(crate) fn deferring(mut self, sink: &MarkSink, index: usize) -> Self {
+        self.defer = Some(Deferred {
+            sink: sink.clone(),
+            index,
+        });
+        self
+    }
+
+    /// This call's part of the batch, for the engine.
+    fn part(prefetched: Option<Prefetched>, defer: Option<Deferred>) -> Option<BatchPart> {
+        Some(BatchPart { prefetched, defer })
     }
 
     /// What the batch claim decided for this call: `None` when it was not sent (a key's repeat;
@@ -242,7 +389,7 @@ impl<'s> Claimed<'s> {
             OkType::new(),
             ErrType::new(),
             None::<NoRecover<T, E>>,
-            self.prefetched,
+            Self::part(self.prefetched, self.defer),
             body,
         )
     }
@@ -303,6 +450,7 @@ impl<'s, R> ClaimedRecovering<'s, R> {
             call,
             store,
             prefetched,
+            defer,
         } = self.claimed;
         execute(
             Ok(StoreHandle::Borrowed(store)),
@@ -310,7 +458,7 @@ impl<'s, R> ClaimedRecovering<'s, R> {
             OkType::new(),
             ErrType::new(),
             Some(self.recover),
-            prefetched,
+            Claimed::part(prefetched, defer),
             body,
         )
     }

@@ -227,6 +227,11 @@ impl<'a> Holder<'a> {
         Ok(())
     }
 
+    /// When the claim's lease was last sent (claimed or renewed), by this process's clock.
+    pub(crate) fn lease_sent(&self) -> Instant {
+        self.last_beat
+    }
+
     /// How long the claim stays safely ours: until the lease ends less the margin; `None` once
     /// that moment has passed.
     fn time_left(&self) -> Option<Duration> {

@@ -18,8 +18,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use batch::Prefetched;
 pub use batch::{Batch, Claimed, ClaimedRecovering};
+use batch::{BatchPart, PendingMark};
+pub(crate) use batch::{MarkSink, flush_marks};
 #[cfg(feature = "axum")]
 pub(crate) use call::Heartbeat;
 pub(crate) use call::check_durations;
@@ -333,7 +334,7 @@ pub(crate) async fn execute<T, E, F, R, RF>(
     ok: OkType<T>,
     err: ErrType<E>,
     recover: Option<R>,
-    prefetched: Option<Prefetched>,
+    part: Option<BatchPart>,
     body: F,
 ) -> Result<T, E>
 where
@@ -360,6 +361,10 @@ where
         let timeout = call.store_timeout_in_force();
         let kept = call.result_kept();
         let mut claimed_at = tokio::time::Instant::now();
+        let (prefetched, defer) = match part {
+            Some(part) => (part.prefetched, part.defer),
+            None => (None, None),
+        };
         let claimed = match prefetched {
             // Decided by a batch claim (a waiting call claims again while it is in progress):
             // the lease is counted from when that claim was sent, and checked as of now.
@@ -447,6 +452,24 @@ where
             Ok(value) => {
                 let limit = store.limits().max_snapshot_len;
                 let (snapshot, result, done) = encoded(ok, err, value, limit, ran);
+                if let Some(defer) = defer
+                    && result.is_ok()
+                {
+                    // The batch sends this mark with the others' and reports the call once it
+                    // landed (`Inbox::handle_batch`).
+                    defer.push(PendingMark {
+                        biz: biz.to_owned(),
+                        key: req.key.to_owned(),
+                        claim,
+                        snapshot,
+                        ttl: req.ttl,
+                        result_ttl: kept,
+                        done,
+                        lease_sent: holder.lease_sent(),
+                        lease: req.lease,
+                    });
+                    return result;
+                }
                 match holder
                     .finish(|| match kept {
                         None => store.complete(req.biz, req.key, &claim, &snapshot, req.ttl),

@@ -334,6 +334,12 @@ impl Inbox {
     /// a body that fails is requeued or dead-lettered by its own attempts, and frees only its own
     /// key. The verdicts come in the messages' order.
     ///
+    /// The successes' marks go together too ([`Store::complete_batch`]): after the last body, or
+    /// earlier when a message repeats a key whose mark is held back, or when the oldest held-back
+    /// mark's lease is a third gone. A message is acked only once its mark landed; one whose mark
+    /// did not (another attempt took its key over, or the store failed past its lease) is
+    /// requeued, and its key is decided by the next delivery.
+    ///
     /// Lease mode: `body` is the business itself (what an `#[idempotent]` fn's body does), run
     /// under the claim each message's [`Call`] made; a handler that needs its writes in the
     /// claim's transaction, or a recover fn, is handled one message at a time with `handle`. A
@@ -382,11 +388,65 @@ impl Inbox {
             Some(timeout) => crate::engine::with_store_timeout(timeout, batch.claim(store)).await,
             None => batch.claim(store).await,
         };
+        let sink = crate::engine::MarkSink::default();
         let mut handled = Vec::with_capacity(rest.len());
-        for (claimed, (delivered, message)) in claimed.into_iter().zip(rest) {
-            handled.push(self.handle(delivered, claimed.run(body(message))).await);
+        for (i, (claimed, (delivered, message))) in claimed.into_iter().zip(rest).enumerate() {
+            let repeats_held_back = {
+                let held = sink.lock().unwrap_or_else(|p| p.into_inner());
+                let call = claimed.call();
+                let oldest_due = held
+                    .iter()
+                    .any(|(_, m)| m.lease_sent + m.lease / 3 <= tokio::time::Instant::now());
+                oldest_due
+                    || held
+                        .iter()
+                        .any(|(_, m)| m.key == call.key() && m.biz == call.biz())
+            };
+            if repeats_held_back {
+                self.flush_marks(store, &sink, &mut handled).await;
+            }
+            let run = claimed.deferring(&sink, i).run(body(message));
+            handled.push(self.handle(delivered, run).await);
         }
+        self.flush_marks(store, &sink, &mut handled).await;
         handled
+    }
+
+    /// Sends the marks `handle_batch` held back and completes the answers of their messages:
+    /// acked with the call's outcome once the mark landed, requeued (as a busy key) when it did
+    /// not.
+    async fn flush_marks<T, E>(
+        &self,
+        store: &dyn Store,
+        sink: &crate::engine::MarkSink,
+        handled: &mut [Handled<T, E>],
+    ) where
+        E: From<IdemError>,
+    {
+        let timeout = self
+            .store_timeout
+            .unwrap_or(crate::engine::DEFAULT_STORE_TIMEOUT);
+        for (i, landed) in crate::engine::flush_marks(store, sink, timeout).await {
+            let Some(h) = handled.get_mut(i) else {
+                continue;
+            };
+            match landed {
+                Ok((outcome, attempt)) => {
+                    h.outcome = Some(outcome);
+                    h.attempts = h.attempts.max(attempt);
+                }
+                Err(e) => {
+                    h.outcome = Some(match e {
+                        IdemError::LeaseLost { .. } => Outcome::LeaseLost,
+                        _ => Outcome::MarkFailed,
+                    });
+                    h.verdict = Verdict::Requeue {
+                        delay: self.busy_delay,
+                    };
+                    h.result = Some(Err(E::from(e)));
+                }
+            }
+        }
     }
 
     /// [`handle`](Self::handle) for a JSON payload: decodes it as `M` and hands it to
@@ -597,6 +657,69 @@ mod tests {
             panic!("an unreadable payload is a dead letter");
         };
         assert!(reason.starts_with("unreadable payload: "), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn a_batch_acks_a_message_once_its_mark_landed_and_requeues_one_whose_claim_was_lost() {
+        use crate::store::{ClaimOutcome, ClaimRequest, Status, Store};
+        use crate::{Call, MemoryStore, TestClock};
+        let clock = TestClock::new();
+        let store = MemoryStore::new().with_test_clock(clock.clone());
+        let inbox = inbox();
+        let lease = Duration::from_secs(5);
+        let call = |key: &str| Call::new("SHIP", key).lease(lease);
+        let batch = ["a", "b", "a"]
+            .into_iter()
+            .map(|k| BatchMessage::new(call(k), Some(1), k.to_owned()));
+        let store_ref = &store;
+        let (clock_ref, runs) = (&clock, std::cell::Cell::new(0));
+        let handled = inbox
+            .handle_batch(&store, batch, |key: String| {
+                let runs = &runs;
+                async move {
+                    runs.set(runs.get() + 1);
+                    if key == "b" {
+                        // While b's mark is held back, its lease ends and another attempt takes
+                        // the key over.
+                        clock_ref.advance(Duration::from_secs(10));
+                        let req = ClaimRequest {
+                            biz: "SHIP",
+                            key: "b",
+                            fingerprint: None,
+                            lease,
+                            ttl: crate::DEFAULT_TTL,
+                        };
+                        assert!(matches!(
+                            store_ref.claim(&req).await?,
+                            ClaimOutcome::Acquired { .. }
+                        ));
+                    }
+                    Ok::<_, IdemError>(format!("shipped {key}"))
+                }
+            })
+            .await;
+        assert_eq!(runs.get(), 2, "a's repeat replays, b runs once");
+        assert_eq!(handled[0].verdict, Verdict::Ack);
+        assert_eq!(handled[0].outcome, Some(Outcome::Executed));
+        assert_eq!(
+            handled[2].outcome,
+            Some(Outcome::Replayed),
+            "the repeat of a is run after a's mark was sent"
+        );
+        assert_eq!(
+            handled[2].result.as_ref().unwrap().as_ref().unwrap(),
+            "shipped a"
+        );
+        assert_eq!(handled[1].outcome, Some(Outcome::LeaseLost));
+        assert!(matches!(handled[1].verdict, Verdict::Requeue { .. }));
+        assert!(matches!(
+            handled[1].result,
+            Some(Err(IdemError::LeaseLost { .. }))
+        ));
+        let b = store.load("SHIP", "b").await.unwrap().unwrap();
+        assert_eq!((b.status, b.attempt), (Status::Processing, 2));
+        let a = store.load("SHIP", "a").await.unwrap().unwrap();
+        assert_eq!(a.status, Status::Succeeded);
     }
 
     #[tokio::test]

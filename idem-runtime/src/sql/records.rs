@@ -97,10 +97,43 @@ impl Stmt {
     }
 
     /// The statement's text.
-    #[cfg(all(feature = "postgres", any(test, feature = "test-util")))]
     pub(crate) fn as_str(&self) -> &str {
         self.sql.as_str()
     }
+
+    /// The values its placeholders ask for, in order.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn params(&self) -> &'static [Param] {
+        self.params
+    }
+}
+
+/// `bytes` as upper-case hexadecimal digits (what SQLite's `unhex` and MySQL's `X'…'` read).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn hex_digits(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02X}");
+    }
+    out
+}
+
+/// The answers of a batch of marks from the keys the statement marked: each mark whose key is
+/// not among them lost its claim.
+pub(crate) fn marked(
+    marks: &[crate::store::BatchMark<'_>],
+    done: &std::collections::HashSet<String>,
+) -> Vec<Result<(), IdemError>> {
+    marks
+        .iter()
+        .map(|m| match done.contains(m.key) {
+            true => Ok(()),
+            false => Err(IdemError::LeaseLost {
+                attempt: m.claim.attempt,
+            }),
+        })
+        .collect()
 }
 
 /// The record statements of one table, in its dialect.

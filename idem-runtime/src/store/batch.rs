@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::ClaimRequest;
+use super::{Claim, ClaimRequest};
 use crate::IdemError;
 
 /// The most keys one [`BatchClaim`] holds. [`crate::Batch`] splits a longer batch into claims of
@@ -84,6 +84,40 @@ impl<'a> BatchClaim<'a> {
         }
         Ok(())
     }
+}
+
+/// One mark of a batch ([`Store::complete_batch`](super::Store::complete_batch)): the record held
+/// under `claim`, its result, and how long the result is kept.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchMark<'a> {
+    /// Idempotency key.
+    pub key: &'a str,
+    /// The claim that holds the record.
+    pub claim: Claim,
+    /// The result snapshot.
+    pub snapshot: &'a [u8],
+    /// How long the result is kept (as [`Store::complete_keeping`](super::Store::complete_keeping));
+    /// `None`: as long as the record.
+    pub result_ttl: Option<Duration>,
+}
+
+/// Refuses marks no store makes in one batch: more than [`MAX_BATCH`], or a key given twice.
+pub(crate) fn check_marks(marks: &[BatchMark<'_>]) -> Result<(), IdemError> {
+    if marks.len() > MAX_BATCH {
+        return Err(IdemError::InvalidOptions {
+            reason: format!(
+                "a batch of marks holds at most {MAX_BATCH} keys, this one {}",
+                marks.len()
+            ),
+        });
+    }
+    let mut seen = HashSet::with_capacity(marks.len());
+    if marks.iter().any(|m| !seen.insert(m.key)) {
+        return Err(IdemError::InvalidOptions {
+            reason: "a batch of marks names each key once".to_owned(),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

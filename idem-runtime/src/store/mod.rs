@@ -23,7 +23,7 @@ mod model_check;
 pub(crate) mod order;
 pub(crate) mod tx;
 
-pub use batch::{BatchClaim, BatchItem, MAX_BATCH};
+pub use batch::{BatchClaim, BatchItem, BatchMark, MAX_BATCH};
 use tx::TransitionTx;
 
 /// The state of a dedup record. Ordered as a record's life goes: PROCESSING, SUCCEEDED, FAILED.
@@ -455,6 +455,45 @@ pub trait Store: Send + Sync + 'static {
             backend: self.backend(),
             what: "keeping a result for less than its record (result_ttl)",
         })
+    }
+
+    /// Marks every item of `marks` (records of `biz`, each key once, at most [`MAX_BATCH`])
+    /// SUCCEEDED as [`Store::complete`] (or, with a result ttl, [`Store::complete_keeping`]) marks
+    /// one, each under its own claim's fence: one round trip on the stores of this crate (one
+    /// statement on SQLite and Postgres, one script on Redis and one per hash slot on a cluster,
+    /// one lock on the memory store; MySQL sends its statements in one round trip). Returns each
+    /// mark's own answer, in order: a record another attempt took over is
+    /// [`IdemError::LeaseLost`] and the others are marked all the same.
+    ///
+    /// The default marks them one by one.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for more than [`MAX_BATCH`] marks or a key twice (nothing is
+    /// marked); backend errors as for [`Store::claim`]: then any of the marks may have landed, and
+    /// sending them again is safe (a mark sent again succeeds).
+    async fn complete_batch(
+        &self,
+        biz: &str,
+        marks: &[BatchMark<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        batch::check_marks(marks)?;
+        let mut answers = Vec::with_capacity(marks.len());
+        for m in marks {
+            let answer = match m.result_ttl {
+                None => self.complete(biz, m.key, &m.claim, m.snapshot, ttl).await,
+                Some(kept) => {
+                    self.complete_keeping(biz, m.key, &m.claim, m.snapshot, ttl, kept)
+                        .await
+                }
+            };
+            match answer {
+                Err(e @ IdemError::LeaseLost { .. }) => answers.push(Err(e)),
+                Err(e) => return Err(e),
+                Ok(()) => answers.push(Ok(())),
+            }
+        }
+        Ok(answers)
     }
 
     /// Marks the record FAILED (a retry may run), only if it is still PROCESSING under `claim`'s

@@ -388,3 +388,72 @@ pub async fn batches_run_each_key_once_under_a_barrier(s: Subject) {
         "each key's business ran exactly once"
     );
 }
+
+/// `Store::complete_batch`: each mark under its own fence, in one batch; a record another attempt
+/// took over is `LeaseLost` and the others are marked all the same; marking again succeeds; a
+/// result ttl is kept per mark.
+pub async fn a_batch_of_marks_marks_each_under_its_own_fence(s: Subject) {
+    use idem::BatchMark;
+    let (store, clock, biz) = (s.store, s.clock, biz("batch_marks_fence"));
+    let (lost, _) = acquire(&*store, &req(&biz, "lost", secs(2))).await;
+    clock.advance(secs(5));
+    let (taken, how) = acquire(&*store, &req(&biz, "lost", secs(30))).await;
+    assert_eq!(how, Acquired::TakeOver);
+    let mut claims = Vec::new();
+    for key in ["a", "b", "c"] {
+        claims.push(acquire(&*store, &req(&biz, key, secs(30))).await.0);
+    }
+    let mark = |key, claim, snapshot, result_ttl| BatchMark {
+        key,
+        claim,
+        snapshot,
+        result_ttl,
+    };
+    let marks = [
+        mark("a", claims[0], &b"A"[..], None),
+        mark("lost", lost, &b"late"[..], None),
+        mark("b", claims[1], &b"B"[..], Some(secs(60))),
+        mark("c", claims[2], &b""[..], None),
+    ];
+    let answers = store.complete_batch(&biz, &marks, TTL).await.unwrap();
+    assert_eq!(answers.len(), 4);
+    assert!(
+        answers[0].is_ok() && answers[2].is_ok() && answers[3].is_ok(),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(answers[1], Err(IdemError::LeaseLost { attempt: 1 })),
+        "{:?}",
+        answers[1]
+    );
+    for (key, snapshot) in [("a", &b"A"[..]), ("b", b"B"), ("c", b"")] {
+        let rec = store.load(&biz, key).await.unwrap().unwrap();
+        assert_eq!(
+            (rec.status, rec.snapshot.as_deref()),
+            (Status::Succeeded, Some(snapshot)),
+            "{key}"
+        );
+        assert_eq!(rec.result_until_ms.is_some(), key == "b", "{key}: {rec:?}");
+    }
+    let rec = store.load(&biz, "lost").await.unwrap().unwrap();
+    assert_eq!((rec.status, rec.fence), (Status::Processing, taken.fence));
+    // Sent again (a reply lost): each counts as held and changes nothing.
+    let again = store.complete_batch(&biz, &marks[..1], TTL).await.unwrap();
+    assert!(again[0].is_ok());
+    assert!(matches!(
+        store.claim(&req(&biz, "a", secs(30))).await.unwrap(),
+        ClaimOutcome::Replay { snapshot } if snapshot == b"A"
+    ));
+    let twice = [marks[0], marks[0]];
+    assert!(matches!(
+        store.complete_batch(&biz, &twice, TTL).await,
+        Err(IdemError::InvalidOptions { .. })
+    ));
+    assert!(
+        store
+            .complete_batch(&biz, &[], TTL)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

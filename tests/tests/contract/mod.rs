@@ -45,7 +45,8 @@ pub use bad_input::{
 #[allow(unused_imports)]
 pub use batch::{
     a_batch_claim_decides_each_key_as_a_claim_would, a_batch_marks_each_key_on_its_own,
-    a_batch_of_new_keys_is_claimed_then_replayed, batches_run_each_key_once_under_a_barrier,
+    a_batch_of_marks_marks_each_under_its_own_fence, a_batch_of_new_keys_is_claimed_then_replayed,
+    batches_run_each_key_once_under_a_barrier,
 };
 #[allow(unused_imports)]
 pub use body_failures::{
@@ -338,6 +339,7 @@ macro_rules! with_contract_cases {
             a_batch_claim_decides_each_key_as_a_claim_would,
             a_batch_of_new_keys_is_claimed_then_replayed,
             a_batch_marks_each_key_on_its_own,
+            a_batch_of_marks_marks_each_under_its_own_fence,
             batches_run_each_key_once_under_a_barrier,
         );
     };

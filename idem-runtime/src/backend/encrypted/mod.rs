@@ -221,6 +221,28 @@ impl<S: Store> Store for EncryptedStore<S> {
             .collect()
     }
 
+    /// Each result sealed under its own key, then one batch of marks on the inner store.
+    async fn complete_batch(
+        &self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        let sealed = marks
+            .iter()
+            .map(|m| self.inner.keyring.seal(biz, m.key, m.snapshot))
+            .collect::<Result<Vec<_>, _>>()?;
+        let marks: Vec<crate::store::BatchMark<'_>> = marks
+            .iter()
+            .zip(&sealed)
+            .map(|(m, sealed)| crate::store::BatchMark {
+                snapshot: sealed,
+                ..*m
+            })
+            .collect();
+        self.inner.store.complete_batch(biz, &marks, ttl).await
+    }
+
     async fn complete(
         &self,
         biz: &str,

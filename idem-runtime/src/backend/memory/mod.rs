@@ -10,8 +10,8 @@ use crate::IdemError;
 use crate::clock::ClockOffset;
 use crate::store::decide::{Decision, decide, duration_ms, millis, taken};
 use crate::store::{
-    Acquired, BatchClaim, Claim, ClaimOutcome, ClaimRequest, Limits, Record, Status, StatusCount,
-    Store, keeps_steps,
+    Acquired, BatchClaim, BatchMark, Claim, ClaimOutcome, ClaimRequest, Limits, Record, Status,
+    StatusCount, Store, keeps_steps,
 };
 
 mod records;
@@ -231,9 +231,32 @@ impl MemoryStore {
         result_ttl: Option<Duration>,
     ) -> Result<(), IdemError> {
         let now = self.now_ms();
+        Self::mark_in(
+            &mut self.lock(),
+            now,
+            biz,
+            key,
+            claim,
+            snapshot,
+            ttl,
+            result_ttl,
+        )
+    }
+
+    /// [`MemoryStore::mark_succeeded`] on `records` (locked by the caller) at `now` (ms).
+    #[allow(clippy::too_many_arguments)]
+    fn mark_in(
+        records: &mut Map<Biz>,
+        now: i64,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Option<Duration>,
+    ) -> Result<(), IdemError> {
         let result_until = result_ttl.map(|keep| now.saturating_add(millis(keep)));
-        let mut records = self.lock();
-        let held = Self::held(&mut records, biz, key, claim, Status::Succeeded, |e| {
+        let held = Self::held(records, biz, key, claim, Status::Succeeded, |e| {
             e.status = Status::Succeeded;
             e.snapshot = Some(snapshot.to_vec());
             e.expire_at = e.expire_at.max(now.saturating_add(millis(ttl)));
@@ -269,6 +292,33 @@ impl Store for MemoryStore {
         Ok(batch
             .requests()
             .map(|req| self.claim_in(&mut records, &req, now_us))
+            .collect())
+    }
+
+    /// Every mark under one lock, at one clock reading.
+    async fn complete_batch(
+        &self,
+        biz: &str,
+        marks: &[BatchMark<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        crate::store::batch::check_marks(marks)?;
+        let now = self.now_ms();
+        let mut records = self.lock();
+        Ok(marks
+            .iter()
+            .map(|m| {
+                Self::mark_in(
+                    &mut records,
+                    now,
+                    biz,
+                    m.key,
+                    &m.claim,
+                    m.snapshot,
+                    ttl,
+                    m.result_ttl,
+                )
+            })
             .collect())
     }
 

@@ -356,6 +356,25 @@ crate::sql::store::sql_store!(MySqlStore, "mysql", {
         .await
     }
 
+    /// Every mark's statement in one round trip.
+    async fn complete_batch(
+        &self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: std::time::Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        crate::store::batch::check_marks(marks)?;
+        if marks.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.with_conn(async |conn| {
+            self.claims(conn, false)
+                .complete_many(biz, marks, ttl)
+                .await
+        })
+        .await
+    }
+
     /// One multi-row insert while every key is new (and, once repeats prevail, one read of them
     /// all first); the keys that exist are read in one more.
     async fn claim_batch(

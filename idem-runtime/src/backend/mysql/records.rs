@@ -121,14 +121,12 @@ impl<'c> Claims<'c> {
 
 /// `s` as a hexadecimal string literal (only `[0-9A-F]` between the quotes, whatever the bytes).
 fn hex(s: &str) -> String {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(s.len() * 2 + 3);
-    out.push_str("X'");
-    for b in s.bytes() {
-        let _ = write!(out, "{b:02X}");
-    }
-    out.push('\'');
-    out
+    blob(s.as_bytes())
+}
+
+/// `bytes` as a hexadecimal literal.
+fn blob(bytes: &[u8]) -> String {
+    format!("X'{}'", crate::sql::records::hex_digits(bytes))
 }
 
 /// `template` with each `?` replaced by the next of `values`.
@@ -140,6 +138,67 @@ fn fill(template: &str, values: &[String]) -> String {
         text.push_str(part);
     }
     text
+}
+
+impl Claims<'_> {
+    /// A batch of marks: each mark's statement (the record layer's `complete`) with its values
+    /// written in as literals, all sent in one round trip; each statement's matched rows say
+    /// whether its claim still held.
+    pub(super) async fn complete_many(
+        &mut self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: std::time::Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        use crate::sql::records::Param;
+        use futures_util::TryStreamExt;
+        let stmt = &self.sql.records.complete;
+        let off = self.records.offset().to_string();
+        let mut text = String::new();
+        for m in marks {
+            let values: Vec<String> = stmt
+                .params()
+                .iter()
+                .map(|p| match p {
+                    Param::Biz => hex(biz),
+                    Param::Key => hex(m.key),
+                    Param::Fence => m.claim.fence.get().to_string(),
+                    Param::Blob => blob(m.snapshot),
+                    Param::Ttl => millis(ttl).to_string(),
+                    Param::ResultTtl => m
+                        .result_ttl
+                        .map_or_else(|| "NULL".to_owned(), |kept| millis(kept).to_string()),
+                    Param::Clock => off.clone(),
+                    Param::Lease | Param::Batch => "NULL".to_owned(),
+                })
+                .collect();
+            text.push_str(&fill(stmt.as_str(), &values));
+            text.push_str(";\n");
+        }
+        let done: Vec<u64> = sqlx::raw_sql(AssertSqlSafe(text))
+            .execute_many(self.records.conn())
+            .map_ok(|done| done.rows_affected())
+            .try_collect()
+            .await
+            .map_err(db_error)?;
+        if done.len() != marks.len() {
+            return Err(IdemError::store(format!(
+                "{} answers to {} marks sent at once",
+                done.len(),
+                marks.len()
+            )));
+        }
+        Ok(marks
+            .iter()
+            .zip(done)
+            .map(|(m, rows)| match rows {
+                1 => Ok(()),
+                _ => Err(IdemError::LeaseLost {
+                    attempt: m.claim.attempt,
+                }),
+            })
+            .collect())
+    }
 }
 
 impl CasRecords for Claims<'_> {

@@ -333,6 +333,25 @@ crate::sql::store::sql_store!(PgStore, "postgres", {
         self.lock_timed_out(outcome)
     }
 
+    /// One statement for every mark.
+    async fn complete_batch(
+        &self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: std::time::Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        crate::store::batch::check_marks(marks)?;
+        if marks.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.with_conn(async |conn| {
+            self.claims(conn, Claiming::Lease)
+                .complete_many(biz, marks, ttl)
+                .await
+        })
+        .await
+    }
+
     /// One statement inserts every new key (and, once repeats prevail, one reads them all
     /// first); the keys that exist are read in one more.
     async fn claim_batch(

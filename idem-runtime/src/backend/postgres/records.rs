@@ -141,6 +141,40 @@ impl Claims<'_> {
     }
 }
 
+impl Claims<'_> {
+    /// A batch of marks in one statement.
+    pub(super) async fn complete_many(
+        &mut self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: std::time::Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        let keys: Vec<&str> = marks.iter().map(|m| m.key).collect();
+        let fences: Vec<i64> = marks
+            .iter()
+            .map(|m| i64::try_from(m.claim.fence.get()).unwrap_or(i64::MAX))
+            .collect();
+        let results: Vec<&[u8]> = marks.iter().map(|m| m.snapshot).collect();
+        let kept: Vec<Option<i64>> = marks.iter().map(|m| m.result_ttl.map(millis)).collect();
+        let rows = sqlx::query(self.sql.complete_many.clone())
+            .bind(biz)
+            .bind(&keys)
+            .bind(&fences)
+            .bind(&results)
+            .bind(&kept)
+            .bind(millis(ttl))
+            .bind(self.records.offset())
+            .fetch_all(self.records.conn())
+            .await
+            .map_err(db_error)?;
+        let mut done = std::collections::HashSet::with_capacity(rows.len());
+        for row in &rows {
+            done.insert(row.try_get::<String, _>("idem_key").map_err(db_error)?);
+        }
+        Ok(crate::sql::records::marked(marks, &done))
+    }
+}
+
 impl CasRecords for Claims<'_> {
     async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
         self.records.read(req).await

@@ -41,6 +41,8 @@ pub(super) struct Statements {
     pub(super) insert_many: SqlStr,
     /// A batch claim's plain read of many keys, each row with its `idem_key`.
     pub(super) read_many: SqlStr,
+    /// A batch of marks, each under its own fence, returning the keys marked.
+    pub(super) complete_many: SqlStr,
     /// What the record layer sends (`sql/records.rs`), placeholders numbered as it expects.
     pub(super) records: RecordStatements,
 }
@@ -133,6 +135,22 @@ impl Statements {
              ON CONFLICT (biz_type, idem_key) DO NOTHING \
              RETURNING idem_key, attempt, fence",
             clock = clock("$6"),
+        );
+        // $1 biz, $2 keys, $3 fences, $4 results, $5 result ttls ms (NULL: kept as long as the
+        // record), $6 ttl ms, $7 offset: a batch of marks, each as `complete` marks one under its
+        // own fence, returning the keys it marked.
+        let complete_many = format!(
+            "WITH c AS ({clock}) \
+             UPDATE {t} AS x SET result = CASE WHEN x.status = 'PROCESSING' THEN m.r ELSE x.result END, \
+             expire_at = CASE WHEN x.status = 'PROCESSING' \
+             THEN GREATEST(x.expire_at, c.n + $6) ELSE x.expire_at END, \
+             result_until = CASE WHEN x.status = 'PROCESSING' THEN c.n + m.rt ELSE x.result_until END, \
+             status = 'SUCCEEDED', updated_at = c.n \
+             FROM c, UNNEST($2::text[], $3::bigint[], $4::bytea[], $5::bigint[]) AS m(k, f, r, rt) \
+             WHERE x.biz_type = $1 AND x.idem_key = m.k AND x.fence = m.f \
+             AND x.status IN ('PROCESSING', 'SUCCEEDED') \
+             RETURNING x.idem_key",
+            clock = clock("$7"),
         );
         // $1 biz, $2 keys, $3 offset.
         let read_many = format!(
@@ -265,6 +283,7 @@ impl Statements {
             take: sql(take),
             insert_many: sql(insert_many),
             read_many: sql(read_many),
+            complete_many: sql(complete_many),
             records: RecordStatements {
                 complete: Stmt::new(complete, numbered::COMPLETE),
                 fail: Stmt::new(fail, numbered::FAIL),

@@ -118,6 +118,15 @@ impl Store for RedisClusterStore {
         self.0.claim_batch(batch).await
     }
 
+    async fn complete_batch(
+        &self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        self.0.complete_batch(biz, marks, ttl).await
+    }
+
     async fn complete(
         &self,
         biz: &str,

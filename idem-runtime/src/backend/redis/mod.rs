@@ -304,6 +304,16 @@ impl Store for RedisStore {
         outcomes
     }
 
+    async fn complete_batch(
+        &self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        crate::store::batch::check_marks(marks)?;
+        self.records.complete_many(biz, marks, ttl).await
+    }
+
     async fn complete(
         &self,
         biz: &str,

@@ -20,6 +20,7 @@ use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, R
 
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLAIM));
 static CLAIM_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLAIM_MANY));
+static COMPLETE_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLETE_MANY));
 pub(super) static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLETE));
 pub(super) static FAIL: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::FAIL));
 pub(super) static SAVE_STEPS: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SAVE_STEPS));
@@ -347,6 +348,97 @@ impl Records {
         }
     }
 
+    /// The indexes of `records` grouped by the script that may touch them together: all of them on
+    /// one server, one group per hash slot on a cluster.
+    fn by_slot(&self, records: &[String]) -> Vec<Vec<usize>> {
+        match self.conn {
+            Conn::Single(_) => vec![(0..records.len()).collect()],
+            Conn::Cluster(_) => {
+                let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+                for (i, record) in records.iter().enumerate() {
+                    by_slot.entry(slot(record.as_bytes())).or_default().push(i);
+                }
+                by_slot.into_values().collect()
+            }
+        }
+    }
+
+    /// Marks every item of `marks` (records of `biz`): on one server one script for all of them; on
+    /// a cluster one per hash slot, sent at once. Then, with replica acks, one `WAIT`.
+    pub(super) async fn complete_many(
+        &self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        let records: Vec<String> = marks.iter().map(|m| self.key(biz, m.key)).collect();
+        let groups = self.by_slot(&records);
+        let index = self.index(biz);
+        let sends = groups.iter().filter(|g| !g.is_empty()).map(|group| {
+            let (records, index) = (&records, index.as_deref());
+            async move {
+                let results = group
+                    .iter()
+                    .any(|&i| marks[i].result_ttl.is_some())
+                    .then(|| self.results_for(&records[group[0]]));
+                let mut conn = self.conn.clone();
+                let mut invocation = COMPLETE_MANY.prepare_invoke();
+                for &i in group {
+                    invocation.key(&records[i]);
+                }
+                if let Some(index) = index {
+                    invocation.key(index);
+                }
+                if let Some(results) = &results {
+                    invocation.key(results);
+                }
+                invocation
+                    .arg(group.len())
+                    .arg(if index.is_some() { "1" } else { "0" })
+                    .arg(if results.is_some() { "1" } else { "0" })
+                    .arg(millis(ttl));
+                for &i in group {
+                    let m = &marks[i];
+                    invocation.arg(m.claim.fence.get()).arg(m.snapshot).arg(
+                        m.result_ttl
+                            .map(|kept| millis(kept).to_string())
+                            .unwrap_or_default(),
+                    );
+                }
+                let done: Vec<i64> = invocation
+                    .arg(self.offset.ms())
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(redis_error)?;
+                if let Some(results) = &results {
+                    self.listed(results).await;
+                }
+                if done.len() != group.len() {
+                    return Err(IdemError::store("the batch mark script answered short"));
+                }
+                Ok::<_, IdemError>(group.iter().copied().zip(done).collect::<Vec<_>>())
+            }
+        });
+        let mut answers: Vec<Option<Result<(), IdemError>>> = marks.iter().map(|_| None).collect();
+        for part in futures_util::future::join_all(sends).await {
+            for (i, done) in part? {
+                answers[i] = Some(match done {
+                    1 => Ok(()),
+                    _ => Err(IdemError::LeaseLost {
+                        attempt: marks[i].claim.attempt,
+                    }),
+                });
+            }
+        }
+        if let Some(first) = records.first() {
+            self.replicated(first).await?;
+        }
+        answers
+            .into_iter()
+            .map(|a| a.ok_or_else(|| IdemError::store("the batch mark script answered short")))
+            .collect()
+    }
+
     /// Claims every item of `batch`: on one server one script for all of them; on a cluster one
     /// per hash slot the records live in, sent at once.
     pub(super) async fn claim_many(
@@ -358,16 +450,7 @@ impl Records {
             .iter()
             .map(|item| self.key(batch.biz, item.key))
             .collect();
-        let groups: Vec<Vec<usize>> = match self.conn {
-            Conn::Single(_) => vec![(0..records.len()).collect()],
-            Conn::Cluster(_) => {
-                let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
-                for (i, record) in records.iter().enumerate() {
-                    by_slot.entry(slot(record.as_bytes())).or_default().push(i);
-                }
-                by_slot.into_values().collect()
-            }
-        };
+        let groups = self.by_slot(&records);
         let index = self.index(batch.biz);
         let claims = groups.iter().filter(|g| !g.is_empty()).map(|group| {
             let (records, index) = (&records, index.as_deref());

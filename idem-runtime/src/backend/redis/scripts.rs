@@ -124,6 +124,32 @@ return out
 "#
 );
 
+/// The mark of one record as a Lua function, `complete(key, stuck, results, fence, result, ttl,
+/// rttl)`: [`COMPLETE`]'s work on `key`, with its stuck index and results index (`nil` for
+/// none).
+macro_rules! complete_fn {
+    () => {
+        r#"
+local function complete(key, stuck, results, fence, result, ttl, rttl)
+  local rec = redis.call('HMGET', key, 's', 'f', 'lu', 'ex')
+  if rec[2] ~= fence then return 0 end
+  if rec[1] == 'SUCCEEDED' then return 1 end
+  if rec[1] ~= 'PROCESSING' then return 0 end
+  local ex = math.max(tonumber(rec[4]), now + tonumber(ttl))
+  redis.call('HSET', key, 's', 'SUCCEEDED', 'r', result, 'ex', num(ex))
+  if rttl ~= '' then
+    local rx = num(now + tonumber(rttl))
+    redis.call('HSET', key, 'rx', rx)
+    if results then redis.call('ZADD', results, rx, key) end
+  end
+  redis.call('PEXPIREAT', key, num(math.max(ex, tonumber(rec[3])) - offset))
+  if stuck then redis.call('ZREM', stuck, key) end
+  return 1
+end
+"#
+    };
+}
+
 /// `KEYS[1]` the record, then its stuck index (one server only), then with a result ttl the results
 /// index of its slot (`[record, stuck, results]` on one server, `[record, results]` on a cluster);
 /// ARGV: fence, result, ttl ms, result ttl ms (`""`: the result is kept as long as the record),
@@ -135,24 +161,34 @@ return out
 /// script finds it when that time comes.
 pub const COMPLETE: &str = concat!(
     prelude!(),
+    complete_fn!(),
     r#"
 local results, stuck
 if ARGV[4] ~= '' and #KEYS >= 2 then results = KEYS[#KEYS] end
 if #KEYS == 3 or (#KEYS == 2 and not results) then stuck = KEYS[2] end
-local rec = redis.call('HMGET', KEYS[1], 's', 'f', 'lu', 'ex')
-if rec[2] ~= ARGV[1] then return 0 end
-if rec[1] == 'SUCCEEDED' then return 1 end
-if rec[1] ~= 'PROCESSING' then return 0 end
-local ex = math.max(tonumber(rec[4]), now + tonumber(ARGV[3]))
-redis.call('HSET', KEYS[1], 's', 'SUCCEEDED', 'r', ARGV[2], 'ex', num(ex))
-if ARGV[4] ~= '' then
-  local rx = num(now + tonumber(ARGV[4]))
-  redis.call('HSET', KEYS[1], 'rx', rx)
-  if results then redis.call('ZADD', results, rx, KEYS[1]) end
+return complete(KEYS[1], stuck, results, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+"#
+);
+
+/// A batch of marks: `KEYS[1..n]` the records (distinct, one hash slot on a cluster), then the
+/// stuck index of their business type (one server) when ARGV[2] is `1`, then their results index
+/// when ARGV[3] is `1`; ARGV: `n`, those two flags, ttl ms, then per record its fence, result and
+/// result ttl ms (`""`: kept as long as the record), then the offset. Each record is marked as
+/// [`COMPLETE`] marks one, at one clock reading; the reply is the list of their answers (1 or 0).
+pub(super) const COMPLETE_MANY: &str = concat!(
+    prelude!(),
+    complete_fn!(),
+    r#"
+local n = tonumber(ARGV[1])
+local k, stuck, results = n, nil, nil
+if ARGV[2] == '1' then k = k + 1; stuck = KEYS[k] end
+if ARGV[3] == '1' then k = k + 1; results = KEYS[k] end
+local out = {}
+for i = 1, n do
+  local a = 4 + (i - 1) * 3
+  out[i] = complete(KEYS[i], stuck, results, ARGV[a + 1], ARGV[a + 2], ARGV[4], ARGV[a + 3])
 end
-redis.call('PEXPIREAT', KEYS[1], num(math.max(ex, tonumber(rec[3])) - offset))
-if stuck then redis.call('ZREM', stuck, KEYS[1]) end
-return 1
+return out
 "#
 );
 

@@ -189,6 +189,43 @@ impl<S: Store> Store for ShardedStore<S> {
             .collect()
     }
 
+    /// One batch of marks per shard the records live on, sent at once.
+    async fn complete_batch(
+        &self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        crate::store::batch::check_marks(marks)?;
+        let mut per_shard: Vec<(Vec<usize>, Vec<crate::store::BatchMark<'_>>)> =
+            vec![(Vec::new(), Vec::new()); self.inner.shards.len()];
+        for (i, m) in marks.iter().enumerate() {
+            let (at, part) = &mut per_shard[self.shard_index(biz, m.key)];
+            at.push(i);
+            part.push(*m);
+        }
+        let sends = per_shard
+            .iter()
+            .enumerate()
+            .filter(|(_, (at, _))| !at.is_empty())
+            .map(|(shard, (at, part))| async move {
+                let answers = self.inner.shards[shard]
+                    .complete_batch(biz, part, ttl)
+                    .await?;
+                Ok::<_, IdemError>(at.iter().copied().zip(answers).collect::<Vec<_>>())
+            });
+        let mut answers: Vec<Option<Result<(), IdemError>>> = marks.iter().map(|_| None).collect();
+        for part in futures_util::future::join_all(sends).await {
+            for (i, answer) in part? {
+                answers[i] = Some(answer);
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.ok_or_else(|| IdemError::store("a shard answered a batch of marks short")))
+            .collect()
+    }
+
     async fn complete(
         &self,
         biz: &str,

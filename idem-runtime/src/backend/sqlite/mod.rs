@@ -388,6 +388,25 @@ crate::sql::store::sql_store!(SqliteStore, "sqlite", {
             .await
     }
 
+    /// One statement for every mark.
+    async fn complete_batch(
+        &self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: std::time::Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        crate::store::batch::check_marks(marks)?;
+        if marks.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.with_conn(async |conn| {
+            Claims::new(self.records(conn), &self.sql)
+                .complete_many(biz, marks, ttl)
+                .await
+        })
+        .await
+    }
+
     /// One statement inserts every new key (and, once repeats prevail, one reads them all
     /// first); the keys that exist are read in one more.
     async fn claim_batch(

@@ -132,6 +132,42 @@ fn inserted(req: &ClaimRequest<'_>, now: Now) -> SeenRecord {
     }
 }
 
+impl Claims<'_> {
+    /// A batch of marks in one statement (`COMPLETE_MANY`).
+    pub(super) async fn complete_many(
+        &mut self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: std::time::Duration,
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        let items: Vec<(&str, u64, String, Option<i64>)> = marks
+            .iter()
+            .map(|m| {
+                (
+                    m.key,
+                    m.claim.fence.get(),
+                    crate::sql::records::hex_digits(m.snapshot),
+                    m.result_ttl.map(millis),
+                )
+            })
+            .collect();
+        let items = serde_json::to_string(&items).map_err(IdemError::store)?;
+        let rows = query(&self.sql.complete_many)
+            .bind(biz)
+            .bind(millis(ttl))
+            .bind(self.now().ms)
+            .bind(items)
+            .fetch_all(self.records.conn())
+            .await
+            .map_err(db_error)?;
+        let mut done = std::collections::HashSet::with_capacity(rows.len());
+        for row in &rows {
+            done.insert(row.try_get::<String, _>("idem_key").map_err(db_error)?);
+        }
+        Ok(crate::sql::records::marked(marks, &done))
+    }
+}
+
 impl CasRecords for Claims<'_> {
     async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
         self.records.read(req).await

@@ -60,6 +60,19 @@ const INSERT_MANY: &str = concat!(
     "NULL, ?6 + ?4, ?6, ?6, ?6 + ?5 FROM json_each(?2) AS j WHERE true ",
     "ON CONFLICT (biz_type, idem_key) DO NOTHING RETURNING idem_key"
 );
+/// ?1 biz, ?2 ttl ms, ?3 now ms, ?4 the marks as a JSON array of `[key, fence, result in hex,
+/// result ttl ms or null]`: a batch of marks in one statement, each as `COMPLETE` marks one under
+/// its own fence, returning the keys it marked.
+const COMPLETE_MANY: &str = concat!(
+    "UPDATE {t} SET result = CASE WHEN status = 'PROCESSING' THEN unhex(m.r) ELSE result END, ",
+    "expire_at = CASE WHEN status = 'PROCESSING' THEN max(expire_at, ?3 + ?2) ELSE expire_at END, ",
+    "result_until = CASE WHEN status = 'PROCESSING' THEN ?3 + m.rt ELSE result_until END, ",
+    "status = 'SUCCEEDED', updated_at = ?3 ",
+    "FROM (SELECT json_extract(value, '$[0]') AS k, json_extract(value, '$[1]') AS f, ",
+    "json_extract(value, '$[2]') AS r, json_extract(value, '$[3]') AS rt FROM json_each(?4)) AS m ",
+    "WHERE biz_type = ?1 AND idem_key = m.k AND fence = m.f ",
+    "AND status IN ('PROCESSING', 'SUCCEEDED') RETURNING idem_key"
+);
 /// ?1 biz, ?2 the keys as a JSON array, ?3 now ms: a batch claim's plain read of many keys.
 const READ_MANY: &str = concat!(
     "SELECT idem_key, ",
@@ -151,6 +164,7 @@ pub(super) struct Statements {
     pub(super) take: Arc<str>,
     pub(super) insert_many: Arc<str>,
     pub(super) read_many: Arc<str>,
+    pub(super) complete_many: Arc<str>,
     /// What the record layer sends (`sql/records.rs`), placeholders numbered as it expects.
     pub(super) records: RecordStatements,
 }
@@ -166,6 +180,7 @@ impl Statements {
             take: named(TAKE),
             insert_many: named(INSERT_MANY),
             read_many: named(READ_MANY),
+            complete_many: named(COMPLETE_MANY),
             records: RecordStatements {
                 complete: Stmt::new(text(COMPLETE), numbered::COMPLETE),
                 fail: Stmt::new(text(FAIL), numbered::FAIL),

@@ -25,10 +25,10 @@
 //!   (counted and checked: one row per order); `plain` does not deduplicate and ships them again.
 //! - `inbox-amqp-batch`, `inbox-nats-batch`: the `-dup` traffic (12 % duplicates) taken in
 //!   batches of up to 64 (what the prefetch of 64 holds; a JetStream `fetch` of 64), each message's
-//!   row in an SQLite transaction of its own (begin, insert, commit), then acked. `plain` handles
-//!   the messages of a batch one by one, as above. `idem` hands each batch to
-//!   `Inbox::handle_batch` (lease mode on the same SQLite file: one batch claim for the batch, the
-//!   row's transaction as the body, a mark per message), then settles each verdict.
+//!   row in an SQLite transaction of its own (begin, insert, commit), then the batch's acks sent
+//!   together. `plain` ships the messages of a batch one by one. `idem` hands each batch to
+//!   `Inbox::handle_batch` (lease mode on the same SQLite file: one batch claim, the row's
+//!   transaction as each body, the marks sent together), then settles the verdicts together.
 //! - `outbox-amqp`, `outbox-nats`: an SQLite outbox (`Outbox::migrate`) with `N` committed rows
 //!   (distinct keys), published to a durable classic queue / a JetStream stream in memory. `idem`
 //!   runs `Relay::run_once` (default batch of 100) until all are sent, with `AmqpPublisher` /
@@ -354,7 +354,12 @@ async fn inbox_amqp(conn: &Connection, who: Who, n: usize, dup_pct: usize, batch
             Who::Plain => {
                 for delivery in &batch {
                     ship_plain(store.pool(), &delivery.data).await;
-                    delivery.ack(BasicAckOptions::default()).await.unwrap();
+                }
+                let acks = batch
+                    .iter()
+                    .map(|delivery| delivery.ack(BasicAckOptions::default()));
+                for acked in futures_util::future::join_all(acks).await {
+                    acked.unwrap();
                 }
             }
             Who::Idem => {
@@ -363,11 +368,15 @@ async fn inbox_amqp(conn: &Connection, who: Who, n: usize, dup_pct: usize, batch
                     .map(|d| (&d.data[..], amqp_inbox::delivered(d)))
                     .collect();
                 let handled = handle_batch(&inbox, &store, &handed).await;
-                for (delivery, handled) in batch.iter().zip(handled) {
-                    amqp_inbox::settle(delivery, &handled.verdict)
-                        .await
-                        .unwrap();
+                for handled in &handled {
                     verdicts.count(&handled.verdict, handled.outcome);
+                }
+                let settles = batch
+                    .iter()
+                    .zip(&handled)
+                    .map(|(delivery, handled)| amqp_inbox::settle(delivery, &handled.verdict));
+                for settled in futures_util::future::join_all(settles).await {
+                    settled.unwrap();
                 }
             }
         }
@@ -480,7 +489,10 @@ async fn inbox_nats(ctx: &js::Context, who: Who, n: usize, dup_pct: usize, batch
             Who::Plain => {
                 for msg in &batch {
                     ship_plain(store.pool(), &msg.payload).await;
-                    msg.double_ack().await.unwrap();
+                }
+                let acks = batch.iter().map(|msg| msg.double_ack());
+                for acked in futures_util::future::join_all(acks).await {
+                    acked.unwrap();
                 }
             }
             Who::Idem => {
@@ -489,9 +501,15 @@ async fn inbox_nats(ctx: &js::Context, who: Who, n: usize, dup_pct: usize, batch
                     .map(|m| (&m.payload[..], js_inbox::delivered(m)))
                     .collect();
                 let handled = handle_batch(&inbox, &store, &handed).await;
-                for (msg, handled) in batch.iter().zip(handled) {
-                    js_inbox::settle(msg, &handled.verdict, None).await.unwrap();
+                for handled in &handled {
                     verdicts.count(&handled.verdict, handled.outcome);
+                }
+                let settles = batch
+                    .iter()
+                    .zip(&handled)
+                    .map(|(msg, handled)| js_inbox::settle(msg, &handled.verdict, None));
+                for settled in futures_util::future::join_all(settles).await {
+                    settled.unwrap();
                 }
             }
         }

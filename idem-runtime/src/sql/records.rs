@@ -97,6 +97,10 @@ impl Stmt {
     }
 
     /// The statement's text.
+    #[cfg(any(
+        feature = "mysql",
+        all(feature = "postgres", any(test, feature = "test-util"))
+    ))]
     pub(crate) fn as_str(&self) -> &str {
         self.sql.as_str()
     }

@@ -23,8 +23,8 @@
 //! - `inbox-amqp-dup`, `inbox-nats-dup`: the same with 12 % of the `N` messages duplicates (an order
 //!   number already sent, another message id, a few messages later). `idem` acks them as replays
 //!   (counted and checked: one row per order); `plain` does not deduplicate and ships them again.
-//! - `inbox-amqp-batch`, `inbox-nats-batch`: the `-dup` traffic (12 % duplicates) taken in
-//!   batches of up to 64 (what the prefetch of 64 holds; a JetStream `fetch` of 64), each message's
+//! - `inbox-amqp-batch`, `inbox-nats-batch` (and `…-batch-dup`, 12 % duplicates): the same
+//!   traffic taken in batches of up to 64 (what the prefetch of 64 holds; a JetStream `fetch` of 64), each message's
 //!   row in an SQLite transaction of its own (begin, insert, commit), then the batch's acks sent
 //!   together. `plain` ships the messages of a batch one by one. `idem` hands each batch to
 //!   `Inbox::handle_batch` (lease mode on the same SQLite file: one batch claim, the row's
@@ -772,7 +772,7 @@ struct Workload {
     kind: Kind,
 }
 
-const WORKLOADS: [Workload; 8] = [
+const WORKLOADS: [Workload; 10] = [
     Workload {
         name: "inbox-amqp",
         on: On::Rabbit,
@@ -796,10 +796,20 @@ const WORKLOADS: [Workload; 8] = [
     Workload {
         name: "inbox-amqp-batch",
         on: On::Rabbit,
+        kind: Kind::InboxBatch { dup_pct: 0 },
+    },
+    Workload {
+        name: "inbox-amqp-batch-dup",
+        on: On::Rabbit,
         kind: Kind::InboxBatch { dup_pct: 12 },
     },
     Workload {
         name: "inbox-nats-batch",
+        on: On::Nats,
+        kind: Kind::InboxBatch { dup_pct: 0 },
+    },
+    Workload {
+        name: "inbox-nats-batch-dup",
         on: On::Nats,
         kind: Kind::InboxBatch { dup_pct: 12 },
     },

@@ -334,11 +334,15 @@ impl Inbox {
     /// a body that fails is requeued or dead-lettered by its own attempts, and frees only its own
     /// key. The verdicts come in the messages' order.
     ///
-    /// The successes' marks go together too ([`Store::complete_batch`]): after the last body, or
-    /// earlier when a message repeats a key whose mark is held back, or when the oldest held-back
-    /// mark's lease is a third gone. A message is acked only once its mark landed; one whose mark
-    /// did not (another attempt took its key over, or the store failed past its lease) is
-    /// requeued, and its key is decided by the next delivery.
+    /// A message that repeats a key of the batch runs after the others, with the other repeats
+    /// (one more batch claim for them), once its key's earlier message is marked: it replays that
+    /// answer. Messages of one key keep their order; messages of different keys may not.
+    ///
+    /// The successes' marks go together too ([`Store::complete_batch`]): after the last body of
+    /// each round, or earlier when the oldest held-back mark's lease is a third gone. A message
+    /// is acked only once its mark landed; one whose mark did not (another attempt took its key
+    /// over, or the store failed past its lease) is requeued, and its key is decided by the next
+    /// delivery.
     ///
     /// Lease mode: `body` is the business itself (what an `#[idempotent]` fn's body does), run
     /// under the claim each message's [`Call`] made; a handler that needs its writes in the
@@ -379,37 +383,55 @@ impl Inbox {
         T: Serialize + DeserializeOwned,
         E: From<IdemError> + std::fmt::Display,
     {
-        let (calls, rest): (Vec<Call>, Vec<(Option<u32>, M)>) = messages
-            .into_iter()
-            .map(|m| (m.call, (m.delivered, m.message)))
-            .unzip();
-        let batch = Batch::new(calls);
-        let claimed = match self.store_timeout {
-            Some(timeout) => crate::engine::with_store_timeout(timeout, batch.claim(store)).await,
-            None => batch.claim(store).await,
-        };
+        // Round r holds each key's r-th message: a repeat runs in the round after its key's
+        // earlier message, whose mark has landed by then.
+        let mut rounds: Vec<Vec<(usize, BatchMessage<M>)>> = Vec::new();
+        let mut seen: std::collections::HashMap<(String, String), usize> = Default::default();
+        let mut count = 0;
+        for (i, m) in messages.into_iter().enumerate() {
+            let round = seen
+                .entry((m.call.biz().to_owned(), m.call.key().to_owned()))
+                .or_insert(0);
+            if rounds.len() <= *round {
+                rounds.push(Vec::new());
+            }
+            rounds[*round].push((i, m));
+            *round += 1;
+            count = i + 1;
+        }
+        let mut handled: Vec<Option<Handled<T, E>>> = (0..count).map(|_| None).collect();
         let sink = crate::engine::MarkSink::default();
-        let mut handled = Vec::with_capacity(rest.len());
-        for (i, (claimed, (delivered, message))) in claimed.into_iter().zip(rest).enumerate() {
-            let repeats_held_back = {
-                let held = sink.lock().unwrap_or_else(|p| p.into_inner());
-                let call = claimed.call();
-                let oldest_due = held
+        for round in rounds {
+            let (calls, rest): (Vec<Call>, Vec<(usize, Option<u32>, M)>) = round
+                .into_iter()
+                .map(|(i, m)| (m.call, (i, m.delivered, m.message)))
+                .unzip();
+            let batch = Batch::new(calls);
+            let claimed = match self.store_timeout {
+                Some(timeout) => {
+                    crate::engine::with_store_timeout(timeout, batch.claim(store)).await
+                }
+                None => batch.claim(store).await,
+            };
+            for (claimed, (i, delivered, message)) in claimed.into_iter().zip(rest) {
+                // A held-back mark whose lease is a third gone is sent before more bodies run.
+                let due = sink
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
                     .iter()
                     .any(|(_, m)| m.lease_sent + m.lease / 3 <= tokio::time::Instant::now());
-                oldest_due
-                    || held
-                        .iter()
-                        .any(|(_, m)| m.key == call.key() && m.biz == call.biz())
-            };
-            if repeats_held_back {
-                self.flush_marks(store, &sink, &mut handled).await;
+                if due {
+                    self.flush_marks(store, &sink, &mut handled).await;
+                }
+                let run = claimed.deferring(&sink, i).run(body(message));
+                handled[i] = Some(self.handle(delivered, run).await);
             }
-            let run = claimed.deferring(&sink, i).run(body(message));
-            handled.push(self.handle(delivered, run).await);
+            self.flush_marks(store, &sink, &mut handled).await;
         }
-        self.flush_marks(store, &sink, &mut handled).await;
         handled
+            .into_iter()
+            .map(|h| h.expect("every message of the batch is handled"))
+            .collect()
     }
 
     /// Sends the marks `handle_batch` held back and completes the answers of their messages:
@@ -419,7 +441,7 @@ impl Inbox {
         &self,
         store: &dyn Store,
         sink: &crate::engine::MarkSink,
-        handled: &mut [Handled<T, E>],
+        handled: &mut [Option<Handled<T, E>>],
     ) where
         E: From<IdemError>,
     {
@@ -427,7 +449,7 @@ impl Inbox {
             .store_timeout
             .unwrap_or(crate::engine::DEFAULT_STORE_TIMEOUT);
         for (i, landed) in crate::engine::flush_marks(store, sink, timeout).await {
-            let Some(h) = handled.get_mut(i) else {
+            let Some(Some(h)) = handled.get_mut(i) else {
                 continue;
             };
             match landed {

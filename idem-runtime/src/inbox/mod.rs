@@ -53,6 +53,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! **Batches.** A broker that delivers in batches (a JetStream fetch, what a RabbitMQ prefetch
+//! holds) is handled a batch at a time with [`Inbox::handle_batch`]: one batch claim for the
+//! batch's keys and one batch of marks for its successes, each message's verdict as above.
+//!
 //! The adapters settle a verdict on a real broker: [`amqp`] (feature `rabbitmq`: `declare_queue`
 //! makes a quorum queue with a `<queue>.dead` dead-letter queue; ack, nack with requeue after the
 //! delay, reject to the dead letters) and [`jetstream`] (feature `nats`: ack, nak with the delay,
@@ -402,10 +406,12 @@ impl Inbox {
         let mut handled: Vec<Option<Handled<T, E>>> = (0..count).map(|_| None).collect();
         let sink = crate::engine::MarkSink::default();
         for round in rounds {
-            let (calls, rest): (Vec<Call>, Vec<(usize, Option<u32>, M)>) = round
-                .into_iter()
-                .map(|(i, m)| (m.call, (i, m.delivered, m.message)))
-                .unzip();
+            let mut calls = Vec::with_capacity(round.len());
+            let mut rest = Vec::with_capacity(round.len());
+            for (i, m) in round {
+                calls.push(m.call);
+                rest.push((i, m.delivered, m.message));
+            }
             let batch = Batch::new(calls);
             let claimed = match self.store_timeout {
                 Some(timeout) => {

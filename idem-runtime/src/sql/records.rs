@@ -125,6 +125,7 @@ pub(crate) fn hex_digits(bytes: &[u8]) -> String {
 
 /// The answers of a batch of marks from the keys the statement marked: each mark whose key is
 /// not among them lost its claim.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn marked(
     marks: &[crate::store::BatchMark<'_>],
     done: &std::collections::HashSet<String>,

@@ -95,7 +95,7 @@ end
 /// `KEYS[1]` the record, `KEYS[2]` its stuck index (none on a cluster) and, on a process's first
 /// claim under the business type, `KEYS[3]` the registry of stuck indexes (`<prefix>indexes`),
 /// which the stuck index joins; ARGV: fingerprint, lease ms, ttl ms, offset ms. The reply is
-/// `claim`'s ([`claim_fn`]).
+/// `claim`'s (`claim_fn!`, above).
 pub const CLAIM: &str = concat!(
     prelude!(),
     claim_fn!(),

@@ -119,6 +119,15 @@ async fn publish(fresh: &Fresh, msgs: &[(String, Vec<u8>)]) {
     }
 }
 
+/// A message's `Nats-Msg-Id` (empty when it has none).
+fn message_id(msg: &jetstream::Message) -> String {
+    msg.headers
+        .as_ref()
+        .and_then(|h| h.get("Nats-Msg-Id"))
+        .map(|id| id.to_string())
+        .unwrap_or_default()
+}
+
 /// Pulls until `terminal` deliveries were acked or dead-lettered (bounded by 30 s), each through
 /// the inbox and settled by `jetstream::settle`.
 async fn consume(fresh: &Fresh, orders: &Arc<Orders>, inbox: &Inbox, terminal: usize) -> Seen {
@@ -133,12 +142,7 @@ async fn consume(fresh: &Fresh, orders: &Arc<Orders>, inbox: &Inbox, terminal: u
             .unwrap_or_else(|_| panic!("{done} of {terminal} settled after 30 s: {seen:#?}"))
             .expect("the consumer closed")
             .unwrap();
-        let id = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("Nats-Msg-Id"))
-            .map(|id| id.to_string())
-            .unwrap_or_default();
+        let id = message_id(&msg);
         let handled = orders
             .handle(inbox, &msg.payload, js_inbox::delivered(&msg))
             .await;
@@ -304,12 +308,7 @@ async fn consume_batches(
             .collect();
         let handled = orders.handle_batch(inbox, &deliveries).await;
         for (msg, handled) in msgs.iter().zip(handled) {
-            let id = msg
-                .headers
-                .as_ref()
-                .and_then(|h| h.get("Nats-Msg-Id"))
-                .map(|id| id.to_string())
-                .unwrap_or_default();
+            let id = message_id(msg);
             if !matches!(handled.verdict, Verdict::Requeue { .. }) {
                 done += 1;
             }

@@ -74,6 +74,39 @@ async fn publish(channel: &Channel, queue: &str, msgs: &[(String, Vec<u8>)]) {
     }
 }
 
+/// A consumer of `queue` with a prefetch of `prefetch`, and its tag.
+async fn start_consumer(
+    channel: &Channel,
+    queue: &str,
+    prefetch: u16,
+) -> (String, lapin::Consumer) {
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let tag = server::unique("idem-inbox");
+    let deliveries = channel
+        .basic_consume(
+            queue.into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    (tag, deliveries)
+}
+
+/// A delivery's message id (empty when it has none).
+fn message_id(delivery: &lapin::message::Delivery) -> String {
+    delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|id| id.as_str().to_owned())
+        .unwrap_or_default()
+}
+
 /// Consumes `queue` until `terminal` deliveries were acked or dead-lettered (bounded by 30 s),
 /// each through the inbox and settled by `amqp::settle`.
 async fn consume(
@@ -83,20 +116,7 @@ async fn consume(
     inbox: &Inbox,
     terminal: usize,
 ) -> Seen {
-    channel
-        .basic_qos(4, BasicQosOptions::default())
-        .await
-        .unwrap();
-    let tag = server::unique("idem-inbox");
-    let mut deliveries = channel
-        .basic_consume(
-            queue.into(),
-            tag.as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let (tag, mut deliveries) = start_consumer(channel, queue, 4).await;
     let mut seen = Seen::default();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let mut done = 0;
@@ -106,12 +126,7 @@ async fn consume(
             .unwrap_or_else(|_| panic!("{done} of {terminal} settled after 30 s: {seen:#?}"))
             .expect("the consumer was cancelled")
             .unwrap();
-        let id = delivery
-            .properties
-            .message_id()
-            .as_ref()
-            .map(|id| id.as_str().to_owned())
-            .unwrap_or_default();
+        let id = message_id(&delivery);
         let handled = orders
             .handle(inbox, &delivery.data, amqp::delivered(&delivery))
             .await;
@@ -139,14 +154,7 @@ async fn drain_ids(channel: &Channel, queue: &str, expect: usize) -> Vec<String>
             .unwrap()
         {
             Some(got) => {
-                ids.push(
-                    got.delivery
-                        .properties
-                        .message_id()
-                        .as_ref()
-                        .map(|id| id.as_str().to_owned())
-                        .unwrap_or_default(),
-                );
+                ids.push(message_id(&got.delivery));
                 got.delivery.ack(BasicAckOptions::default()).await.unwrap();
             }
             None if ids.len() >= expect || tokio::time::Instant::now() > deadline => break,
@@ -261,20 +269,7 @@ async fn consume_batches(
     terminal: usize,
     size: u16,
 ) -> (Seen, usize) {
-    channel
-        .basic_qos(size, BasicQosOptions::default())
-        .await
-        .unwrap();
-    let tag = server::unique("idem-inbox");
-    let mut deliveries = channel
-        .basic_consume(
-            queue.into(),
-            tag.as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let (tag, mut deliveries) = start_consumer(channel, queue, size).await;
     let mut seen = Seen::default();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let (mut done, mut batches) = (0, 0);
@@ -299,12 +294,7 @@ async fn consume_batches(
             .collect();
         let handled = orders.handle_batch(inbox, &handed).await;
         for (delivery, handled) in batch.iter().zip(handled) {
-            let id = delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|id| id.as_str().to_owned())
-                .unwrap_or_default();
+            let id = message_id(delivery);
             if !matches!(handled.verdict, Verdict::Requeue { .. }) {
                 done += 1;
             }

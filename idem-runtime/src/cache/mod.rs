@@ -337,10 +337,7 @@ impl<S: Store> Store for CachedStore<S> {
                 outcomes[i] = Some(outcome);
             }
         }
-        outcomes
-            .into_iter()
-            .map(|o| o.ok_or_else(|| IdemError::store("the store answered a batch claim short")))
-            .collect()
+        crate::store::batch::all_answered(outcomes, "the store")
     }
 
     /// One batch of marks on the inner store; each success is remembered as `complete`'s is.

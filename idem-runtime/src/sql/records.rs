@@ -123,24 +123,6 @@ pub(crate) fn hex_digits(bytes: &[u8]) -> String {
     out
 }
 
-/// The answers of a batch of marks from the keys the statement marked: each mark whose key is
-/// not among them lost its claim.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn marked(
-    marks: &[crate::store::BatchMark<'_>],
-    done: &std::collections::HashSet<String>,
-) -> Vec<Result<(), IdemError>> {
-    marks
-        .iter()
-        .map(|m| match done.contains(m.key) {
-            true => Ok(()),
-            false => Err(IdemError::LeaseLost {
-                attempt: m.claim.attempt,
-            }),
-        })
-        .collect()
-}
-
 /// The record statements of one table, in its dialect.
 #[derive(Debug, Clone)]
 pub(crate) struct RecordStatements {
@@ -539,6 +521,41 @@ where
     }
 
     /// The claim's view of a row with the columns of the claim or the read, and `now_ms`.
+    /// What rows read for many keys (each with its `idem_key`) say of each of `reqs`, in order:
+    /// its record, or `None`.
+    pub(crate) fn seen_by_key(
+        rows: &[DB::Row],
+        reqs: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Option<SeenRecord>>, IdemError> {
+        let mut found = std::collections::HashMap::with_capacity(rows.len());
+        for row in rows {
+            found.insert(DB::text(row, "idem_key")?, Self::seen(row)?);
+        }
+        Ok(reqs.iter().map(|r| found.remove(r.key)).collect())
+    }
+
+    /// The answers of a batch of marks whose statement returned the `idem_key` of each record it
+    /// marked: each mark whose key is not among them lost its claim.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn marked(
+        rows: &[DB::Row],
+        marks: &[crate::store::BatchMark<'_>],
+    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
+        let mut done = std::collections::HashSet::with_capacity(rows.len());
+        for row in rows {
+            done.insert(DB::text(row, "idem_key")?);
+        }
+        Ok(marks
+            .iter()
+            .map(|m| match done.contains(m.key) {
+                true => Ok(()),
+                false => Err(IdemError::LeaseLost {
+                    attempt: m.claim.attempt,
+                }),
+            })
+            .collect())
+    }
+
     pub(crate) fn seen(row: &DB::Row) -> Result<SeenRecord, IdemError> {
         Ok(SeenRecord {
             status: Status::parse(row.try_get("status").map_err(DB::error)?)?,

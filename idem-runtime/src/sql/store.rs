@@ -3,10 +3,12 @@
 //! way, its `claim` (the insert step, lock waits and deadlock retries differ per database).
 
 /// `impl Store for $store`: `backend()` is `$backend`; the items in braces (at least `claim`)
-/// are the store's own; the rest go through the record layer. The store provides a
-/// `limits: Limits` field and the methods `with_conn` (runs work on a warm or pooled
-/// connection), `records(conn)` (its [`RecordConn`](super::records::RecordConn) on that
-/// connection) and `begin()` (its transaction, where state transitions run).
+/// are the store's own; the rest go through the record layer. The store provides the fields
+/// `limits: Limits` and `order` (its [`ClaimOrder`](crate::store::order::ClaimOrder)) and the
+/// methods `with_conn` (runs work on a warm or pooled connection), `records(conn)` (its
+/// [`RecordConn`](super::records::RecordConn) on that connection), `lease_claims(conn)` (its
+/// claim steps in lease mode, with a `complete_many` for batches of marks) and `begin()` (its
+/// transaction, where state transitions run).
 macro_rules! sql_store {
     ($store:ty, $backend:literal, { $($own:tt)* }) => {
         #[async_trait::async_trait]
@@ -20,6 +22,38 @@ macro_rules! sql_store {
             }
 
             $($own)*
+
+            /// One statement inserts every new key (and, once repeats prevail, one reads them
+            /// all first); the keys that exist are read in one more.
+            async fn claim_batch(
+                &self,
+                batch: &$crate::store::BatchClaim<'_>,
+            ) -> Result<Vec<$crate::store::ClaimOutcome>, $crate::IdemError> {
+                batch.check()?;
+                let reqs: Vec<$crate::store::ClaimRequest<'_>> = batch.requests().collect();
+                self.with_conn(async |conn| {
+                    $crate::sql::claim::claim_many(&mut self.lease_claims(conn), &reqs, &self.order)
+                        .await
+                })
+                .await
+            }
+
+            /// Every mark in one round trip.
+            async fn complete_batch(
+                &self,
+                biz: &str,
+                marks: &[$crate::store::BatchMark<'_>],
+                ttl: ::std::time::Duration,
+            ) -> Result<Vec<Result<(), $crate::IdemError>>, $crate::IdemError> {
+                $crate::store::batch::check_marks(marks)?;
+                if marks.is_empty() {
+                    return Ok(Vec::new());
+                }
+                self.with_conn(async |conn| {
+                    self.lease_claims(conn).complete_many(biz, marks, ttl).await
+                })
+                .await
+            }
 
             async fn complete(
                 &self,

@@ -101,6 +101,15 @@ pub struct BatchMark<'a> {
     pub result_ttl: Option<Duration>,
 }
 
+/// The answers of a batch gathered from its parts (shards, hash slots, the items a cache did not
+/// answer), in order; an error naming `whose` when a part left an item unanswered.
+pub(crate) fn all_answered<T>(answers: Vec<Option<T>>, whose: &str) -> Result<Vec<T>, IdemError> {
+    answers
+        .into_iter()
+        .map(|a| a.ok_or_else(|| IdemError::store(format!("{whose} answered a batch short"))))
+        .collect()
+}
+
 /// Refuses marks no store makes in one batch: more than [`MAX_BATCH`], or a key given twice.
 pub(crate) fn check_marks(marks: &[BatchMark<'_>]) -> Result<(), IdemError> {
     if marks.len() > MAX_BATCH {

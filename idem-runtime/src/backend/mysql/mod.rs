@@ -39,7 +39,7 @@ use sqlx::{AssertSqlSafe, MySql};
 
 use crate::IdemError;
 use crate::clock::ClockOffset;
-use crate::sql::claim::{claim_by_cas, claim_many};
+use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::records::RecordConn;
 use crate::sql::table::TableName;
@@ -311,6 +311,11 @@ impl MySqlStore {
     fn claims<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection, locking: bool) -> Claims<'c> {
         Claims::new(self.records(conn), &self.sql, locking)
     }
+
+    /// The claim's steps in lease mode on `conn` (batch claims and marks).
+    fn lease_claims<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection) -> Claims<'c> {
+        self.claims(conn, false)
+    }
 }
 
 fn lock_wait_secs(d: Duration) -> u64 {
@@ -352,39 +357,6 @@ crate::sql::store::sql_store!(MySqlStore, "mysql", {
                     done => return done,
                 }
             }
-        })
-        .await
-    }
-
-    /// Every mark's statement in one round trip.
-    async fn complete_batch(
-        &self,
-        biz: &str,
-        marks: &[crate::store::BatchMark<'_>],
-        ttl: std::time::Duration,
-    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
-        crate::store::batch::check_marks(marks)?;
-        if marks.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.with_conn(async |conn| {
-            self.claims(conn, false)
-                .complete_many(biz, marks, ttl)
-                .await
-        })
-        .await
-    }
-
-    /// One multi-row insert while every key is new (and, once repeats prevail, one read of them
-    /// all first); the keys that exist are read in one more.
-    async fn claim_batch(
-        &self,
-        batch: &crate::store::BatchClaim<'_>,
-    ) -> Result<Vec<ClaimOutcome>, IdemError> {
-        batch.check()?;
-        let reqs: Vec<ClaimRequest<'_>> = batch.requests().collect();
-        self.with_conn(async |conn| {
-            claim_many(&mut self.claims(conn, false), &reqs, &self.order).await
         })
         .await
     }

@@ -267,14 +267,7 @@ impl CasRecords for Claims<'_> {
             .fetch_all(self.records.conn())
             .await
             .map_err(db_error)?;
-        let mut found = std::collections::HashMap::with_capacity(rows.len());
-        for row in &rows {
-            found.insert(
-                MySql::text(row, "idem_key")?,
-                RecordConn::<MySql>::seen(row)?,
-            );
-        }
-        Ok(reqs.iter().map(|r| found.remove(r.key)).collect())
+        RecordConn::<MySql>::seen_by_key(&rows, reqs)
     }
 
     async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {

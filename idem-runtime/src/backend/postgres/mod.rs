@@ -24,7 +24,7 @@ use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, SqlSafeStr};
 
 use crate::clock::ClockOffset;
-use crate::sql::claim::{claim_by_cas, claim_many};
+use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::records::RecordConn;
 use crate::sql::table::TableName;
@@ -289,6 +289,11 @@ impl PgStore {
         Claims::new(self.records(conn), &self.sql, claiming)
     }
 
+    /// The claim's steps in lease mode on `conn` (batch claims and marks).
+    fn lease_claims<'c>(&'c self, conn: &'c mut sqlx::PgConnection) -> Claims<'c> {
+        self.claims(conn, Claiming::Lease)
+    }
+
     /// Runs `work` on one of the store's warm connections, or one from the pool.
     async fn with_conn<R>(
         &self,
@@ -331,39 +336,6 @@ crate::sql::store::sql_store!(PgStore, "postgres", {
             })
             .await;
         self.lock_timed_out(outcome)
-    }
-
-    /// One statement for every mark.
-    async fn complete_batch(
-        &self,
-        biz: &str,
-        marks: &[crate::store::BatchMark<'_>],
-        ttl: std::time::Duration,
-    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
-        crate::store::batch::check_marks(marks)?;
-        if marks.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.with_conn(async |conn| {
-            self.claims(conn, Claiming::Lease)
-                .complete_many(biz, marks, ttl)
-                .await
-        })
-        .await
-    }
-
-    /// One statement inserts every new key (and, once repeats prevail, one reads them all
-    /// first); the keys that exist are read in one more.
-    async fn claim_batch(
-        &self,
-        batch: &crate::store::BatchClaim<'_>,
-    ) -> Result<Vec<ClaimOutcome>, IdemError> {
-        batch.check()?;
-        let reqs: Vec<ClaimRequest<'_>> = batch.requests().collect();
-        self.with_conn(async |conn| {
-            claim_many(&mut self.claims(conn, Claiming::Lease), &reqs, &self.order).await
-        })
-        .await
     }
 });
 

@@ -433,10 +433,7 @@ impl Records {
         if let Some(first) = records.first() {
             self.replicated(first).await?;
         }
-        answers
-            .into_iter()
-            .map(|a| a.ok_or_else(|| IdemError::store("the batch mark script answered short")))
-            .collect()
+        crate::store::batch::all_answered(answers, "the batch mark script")
     }
 
     /// Claims every item of `batch`: on one server one script for all of them; on a cluster one
@@ -489,10 +486,7 @@ impl Records {
             }
             return Err(e);
         }
-        outcomes
-            .into_iter()
-            .map(|o| o.ok_or_else(|| IdemError::store("the batch claim script answered short")))
-            .collect()
+        crate::store::batch::all_answered(outcomes, "the batch claim script")
     }
 
     /// The batch claim script on the records at `group` (one hash slot on a cluster).

@@ -183,10 +183,7 @@ impl<S: Store> Store for ShardedStore<S> {
                 outcomes[i] = Some(outcome);
             }
         }
-        outcomes
-            .into_iter()
-            .map(|o| o.ok_or_else(|| IdemError::store("a shard answered a batch claim short")))
-            .collect()
+        crate::store::batch::all_answered(outcomes, "a shard")
     }
 
     /// One batch of marks per shard the records live on, sent at once.
@@ -220,10 +217,7 @@ impl<S: Store> Store for ShardedStore<S> {
                 answers[i] = Some(answer);
             }
         }
-        answers
-            .into_iter()
-            .map(|a| a.ok_or_else(|| IdemError::store("a shard answered a batch of marks short")))
-            .collect()
+        crate::store::batch::all_answered(answers, "a shard")
     }
 
     async fn complete(

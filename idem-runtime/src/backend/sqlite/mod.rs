@@ -29,7 +29,7 @@ use tokio::sync::Mutex;
 
 use crate::IdemError;
 use crate::clock::ClockOffset;
-use crate::sql::claim::{claim_by_cas, claim_many};
+use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::Dialect;
 use crate::sql::records::RecordConn;
 use crate::sql::table::TableName;
@@ -359,6 +359,11 @@ impl crate::TransactionalStore for SqliteStore {
 }
 
 impl SqliteStore {
+    /// The claim's steps on `conn` (batch claims and marks).
+    fn lease_claims<'c>(&'c self, conn: &'c mut SqliteConnection) -> Claims<'c> {
+        Claims::new(self.records(conn), &self.sql)
+    }
+
     /// The claim of `req` on `conn`. While new keys prevail, the insert alone (two statements,
     /// not the claim's three); when the key exists, or repeats prevail, the claim protocol (a plain
     /// read first, then the claim statement, which reads before it inserts).
@@ -386,40 +391,6 @@ crate::sql::store::sql_store!(SqliteStore, "sqlite", {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         self.with_conn(async |conn| self.claim_on(conn, req).await)
             .await
-    }
-
-    /// One statement for every mark.
-    async fn complete_batch(
-        &self,
-        biz: &str,
-        marks: &[crate::store::BatchMark<'_>],
-        ttl: std::time::Duration,
-    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
-        crate::store::batch::check_marks(marks)?;
-        if marks.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.with_conn(async |conn| {
-            Claims::new(self.records(conn), &self.sql)
-                .complete_many(biz, marks, ttl)
-                .await
-        })
-        .await
-    }
-
-    /// One statement inserts every new key (and, once repeats prevail, one reads them all
-    /// first); the keys that exist are read in one more.
-    async fn claim_batch(
-        &self,
-        batch: &crate::store::BatchClaim<'_>,
-    ) -> Result<Vec<ClaimOutcome>, IdemError> {
-        batch.check()?;
-        let reqs: Vec<ClaimRequest<'_>> = batch.requests().collect();
-        self.with_conn(async |conn| {
-            let mut records = Claims::new(self.records(conn), &self.sql);
-            claim_many(&mut records, &reqs, &self.order).await
-        })
-        .await
     }
 });
 

@@ -160,11 +160,7 @@ impl Claims<'_> {
             .fetch_all(self.records.conn())
             .await
             .map_err(db_error)?;
-        let mut done = std::collections::HashSet::with_capacity(rows.len());
-        for row in &rows {
-            done.insert(row.try_get::<String, _>("idem_key").map_err(db_error)?);
-        }
-        Ok(crate::sql::records::marked(marks, &done))
+        RecordConn::<Sqlite>::marked(&rows, marks)
     }
 }
 
@@ -229,12 +225,7 @@ impl CasRecords for Claims<'_> {
             .fetch_all(self.records.conn())
             .await
             .map_err(db_error)?;
-        let mut found = std::collections::HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let key: String = row.try_get("idem_key").map_err(db_error)?;
-            found.insert(key, RecordConn::<Sqlite>::seen(row)?);
-        }
-        Ok(reqs.iter().map(|r| found.remove(r.key)).collect())
+        RecordConn::<Sqlite>::seen_by_key(&rows, reqs)
     }
 
     async fn insert_or_read(

@@ -346,7 +346,12 @@ impl Inbox {
     /// each round, or earlier when the oldest held-back mark's lease is a third gone. A message
     /// is acked only once its mark landed; one whose mark did not (another attempt took its key
     /// over, or the store failed past its lease) is requeued, and its key is decided by the next
-    /// delivery.
+    /// delivery. A consumer that dies after its bodies ran and before their marks landed leaves
+    /// those keys PROCESSING, as a single call that died before its mark does: once the leases
+    /// end, the next delivery takes each over and runs its body again, so the window is a round's
+    /// bodies instead of one body's. A body whose effect must not repeat keeps it in
+    /// [`step`](crate::step)s, or is handled with `handle` and a recover fn, or in transaction
+    /// mode.
     ///
     /// Lease mode: `body` is the business itself (what an `#[idempotent]` fn's body does), run
     /// under the claim each message's [`Call`] made; a handler that needs its writes in the

@@ -10,6 +10,10 @@
 //!   The same through `#[idempotent(recover = …)]` (SQLite, 10 trials), and through the HTTP
 //!   layer: a service killed after its handler's effect, restarted on the same records (4 trials
 //!   per store, half with the layer's `recover`).
+//! - SIGKILL while a consumer holds a batch (`Inbox::handle_batch`, 6 keys per store): right after
+//!   its batch claim, and after every body's effect with the batch's marks held back. Nothing is
+//!   marked done; until the leases end another batch is told "in progress"; then two batches
+//!   released together take each key over once (batch.rs).
 //! - SIGKILL between two recovery points (`idem::step`), 10 trials per store: a 3-step body dies
 //!   after step two; the takeover gets steps one and two from the record and runs step three only,
 //!   and each step's downstream key (`idem::step_key`) is the same in both attempts, checked by a
@@ -110,6 +114,11 @@ enum Act {
     Stall,
     /// One whole call: print `RESULT <outcome> <value>`.
     Once,
+    /// A batch of keys through `Inbox::handle_batch`: says READY after every body wrote its
+    /// effect, before the batch's marks are sent, and waits to be killed.
+    BatchAfterBodies,
+    /// The same batch, saying READY in its first body before any effect (its claims made).
+    BatchBeforeBodies,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -350,6 +359,8 @@ async fn child() {
             ),
             _ => unreachable!("tx trials run on SQL stores"),
         },
+        Act::BatchAfterBodies => batch::hold_a_batch(&spec, false).await,
+        Act::BatchBeforeBodies => batch::hold_a_batch(&spec, true).await,
         Act::Once => {
             let store = open(&spec.backend).await;
             let effects = effects_pool(&spec.effects).await;
@@ -673,6 +684,7 @@ fn libfaketime() -> Option<String> {
 }
 
 mod attribute;
+mod batch;
 mod lease;
 mod mid_transaction;
 #[cfg(feature = "axum")]

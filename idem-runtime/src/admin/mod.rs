@@ -318,16 +318,8 @@ async fn act(
 /// [`IdemError::NotSupported`] for a store that cannot count or list them (a Redis Cluster has
 /// no stuck index); the store's errors.
 pub async fn stuck_all(store: &dyn Store, batch: usize) -> Result<Vec<Record>, IdemError> {
-    let mut bizes: Vec<String> = store
-        .stats()
-        .await?
-        .into_iter()
-        .filter(|c| c.status == Status::Processing)
-        .map(|c| c.biz)
-        .collect();
-    bizes.dedup();
     let mut stuck = Vec::new();
-    for biz in bizes {
+    for biz in store.processing_biz_types().await? {
         stuck.extend(store.stuck(&biz, batch).await?);
     }
     stuck.sort_by_key(|r| r.lease_until_ms);

@@ -340,6 +340,10 @@ impl<S: Store> Store for CachedStore<S> {
         crate::store::batch::all_answered(outcomes, "the store")
     }
 
+    async fn processing_biz_types(&self) -> Result<Vec<String>, IdemError> {
+        self.inner.processing_biz_types().await
+    }
+
     /// One batch of marks on the inner store; each success is remembered as `complete`'s is.
     async fn complete_batch(
         &self,

@@ -355,6 +355,10 @@ impl Store for AnyStore {
         self.store.claim_batch(batch).await
     }
 
+    async fn processing_biz_types(&self) -> Result<Vec<String>, IdemError> {
+        self.store.processing_biz_types().await
+    }
+
     async fn complete_batch(
         &self,
         biz: &str,

@@ -142,6 +142,8 @@ pub(crate) struct RecordStatements {
     pub(crate) stuck: Stmt,
     /// Records per business type, origin and status (`n`), and the tombstones among them (`gone`).
     pub(crate) stats: Stmt,
+    /// The business types with PROCESSING records, `biz_type` (the stuck index's range).
+    pub(crate) processing_biz: Stmt,
     /// Deletes a batch of expired records.
     pub(crate) sweep: Stmt,
     /// Drops a batch of results past their result ttl, keeping the records as tombstones.
@@ -439,6 +441,20 @@ where
         rows.iter()
             .map(|row| Self::record(row, biz, DB::text(row, "idem_key")?))
             .collect()
+    }
+
+    pub(crate) async fn processing_biz_types(&mut self) -> Result<Vec<String>, IdemError> {
+        let rows = self
+            .query(&self.sql.processing_biz, &Args::default())
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(DB::error)?;
+        let mut bizes = rows
+            .iter()
+            .map(|row| DB::text(row, "biz_type"))
+            .collect::<Result<Vec<_>, _>>()?;
+        bizes.sort_unstable();
+        Ok(bizes)
     }
 
     pub(crate) async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError> {

@@ -143,6 +143,11 @@ macro_rules! sql_store {
                     .await
             }
 
+            async fn processing_biz_types(&self) -> Result<Vec<String>, $crate::IdemError> {
+                self.with_conn(async |conn| self.records(conn).processing_biz_types().await)
+                    .await
+            }
+
             async fn stats(&self) -> Result<Vec<$crate::store::StatusCount>, $crate::IdemError> {
                 self.with_conn(async |conn| self.records(conn).stats().await)
                     .await

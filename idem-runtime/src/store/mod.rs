@@ -583,6 +583,28 @@ pub trait Store: Send + Sync + 'static {
         })
     }
 
+    /// The business types that have PROCESSING records (stuck or not), sorted: where
+    /// [`crate::admin::stuck_all`] looks for stuck records. Read from the index the reconciler
+    /// reads (the SQL stores' index of PROCESSING records, one Redis server's registry of stuck
+    /// indexes, the memory store's PROCESSING lists), so it costs what is in flight, not the
+    /// store's size. A store may list one whose PROCESSING records have all finished since; on
+    /// one Redis server a business type is listed once a process of this version has claimed
+    /// under it. The default reads them from [`Store::stats`].
+    ///
+    /// # Errors
+    /// As [`Store::stats`].
+    async fn processing_biz_types(&self) -> Result<Vec<String>, IdemError> {
+        let mut bizes: Vec<String> = self
+            .stats()
+            .await?
+            .into_iter()
+            .filter(|c| c.status == Status::Processing)
+            .map(|c| c.biz)
+            .collect();
+        bizes.dedup();
+        Ok(bizes)
+    }
+
     /// Counts the records per business type and status, sorted by business type then status (see
     /// [`StatusCount::tally`]): what an operator reads first (`idem stats`, [`crate::admin`]).
     /// Records whose TTL passed but that no sweep deleted yet are counted under their status (a

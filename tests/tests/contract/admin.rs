@@ -559,4 +559,13 @@ pub async fn stuck_all_lists_ended_leases_across_business_types(s: Subject) {
         mine(admin::stuck_all(&*store, 1000).await.unwrap()),
         [(a.clone(), "x".to_owned()), (b.clone(), "y".to_owned())]
     );
+    // Where stuck_all looked: every business type with PROCESSING records, sorted, and none
+    // that never had one.
+    let listed = store.processing_biz_types().await.unwrap();
+    assert!(listed.contains(&a) && listed.contains(&b), "{listed:?}");
+    assert!(!listed.contains(&biz("stuck_all_never")), "{listed:?}");
+    assert!(
+        listed.windows(2).all(|w| w[0] < w[1]),
+        "sorted, once each: {listed:?}"
+    );
 }

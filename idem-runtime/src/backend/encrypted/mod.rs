@@ -221,6 +221,10 @@ impl<S: Store> Store for EncryptedStore<S> {
             .collect()
     }
 
+    async fn processing_biz_types(&self) -> Result<Vec<String>, IdemError> {
+        self.inner.store.processing_biz_types().await
+    }
+
     /// Each result sealed under its own key, then one batch of marks on the inner store.
     async fn complete_batch(
         &self,

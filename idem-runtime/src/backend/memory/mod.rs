@@ -295,6 +295,18 @@ impl Store for MemoryStore {
             .collect())
     }
 
+    /// The business types whose PROCESSING lists are not empty.
+    async fn processing_biz_types(&self) -> Result<Vec<String>, IdemError> {
+        let records = self.lock();
+        let mut bizes: Vec<String> = records
+            .iter()
+            .filter(|(_, biz)| !biz.processing.is_empty())
+            .map(|(name, _)| name.to_string())
+            .collect();
+        bizes.sort_unstable();
+        Ok(bizes)
+    }
+
     /// Every mark under one lock, at one clock reading.
     async fn complete_batch(
         &self,

@@ -188,6 +188,13 @@ impl Statements {
                 // keeps before its digest) and status (expired ones not yet swept included), and
                 // `gone`, the tombstones among them (their result ttl passed): a scan of the table
                 // (an operator's query).
+                // The business types with PROCESSING records: the stuck index
+                // `(biz_type, status, lease_until)` read a business type at a time (a loose index
+                // scan), not the table.
+                processing_biz: Stmt::new(
+                    format!("SELECT DISTINCT biz_type FROM {t} WHERE status = 'PROCESSING'"),
+                    &[],
+                ),
                 stats: Stmt::new(
                     format!(
                         "SELECT biz_type, CASE WHEN LOCATE(' ', fingerprint) > 0 THEN \

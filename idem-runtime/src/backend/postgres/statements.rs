@@ -292,6 +292,12 @@ impl Statements {
                 read: Stmt::new(read, numbered::READ),
                 load: Stmt::new(load, numbered::LOAD),
                 stuck: Stmt::new(stuck, numbered::STUCK),
+                // The business types with PROCESSING records: the partial index
+                // `<table>_processing`, which holds only them, not the table.
+                processing_biz: Stmt::new(
+                    format!("SELECT DISTINCT biz_type FROM {t} WHERE status = 'PROCESSING'"),
+                    &[],
+                ),
                 stats: Stmt::new(stats, numbered::STATS),
                 sweep: Stmt::new(sweep, numbered::SWEEP),
                 shrink: Stmt::new(shrink, numbered::SHRINK),

@@ -304,6 +304,10 @@ impl Store for RedisStore {
         outcomes
     }
 
+    async fn processing_biz_types(&self) -> Result<Vec<String>, IdemError> {
+        self.records.processing_biz_types().await
+    }
+
     async fn complete_batch(
         &self,
         biz: &str,

@@ -203,7 +203,7 @@ impl Records {
     }
 
     /// The registry of the prefix's stuck indexes: a set `<prefix>indexes` of their keys.
-    fn registry(&self) -> String {
+    pub(super) fn registry(&self) -> String {
         format!("{}indexes", self.prefix)
     }
 

@@ -66,7 +66,39 @@ struct Walked {
     found: Vec<Value>,
 }
 
+/// The business type whose stuck index is `index` (a member of the registry), if it is one.
+fn biz_of_index<'k>(prefix: &str, index: &'k str) -> Option<&'k str> {
+    let rest = index.strip_prefix(prefix)?.strip_prefix("stuck:")?;
+    let (len, biz) = rest.split_once(':')?;
+    (len.parse::<usize>().ok()? == biz.len()).then_some(biz)
+}
+
 impl Records {
+    /// The business types whose stuck indexes the registry lists (one server; a cluster has no
+    /// stuck index).
+    pub(super) async fn processing_biz_types(&self) -> Result<Vec<String>, IdemError> {
+        if self.index("").is_none() {
+            return Err(IdemError::NotSupported {
+                backend: "redis-cluster",
+                what: "listing stuck records (the reconciler)",
+            });
+        }
+        let mut conn = self.conn.clone();
+        let indexes: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.registry())
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        let mut bizes: Vec<String> = indexes
+            .iter()
+            .filter_map(|index| biz_of_index(&self.prefix, index))
+            .map(str::to_owned)
+            .collect();
+        bizes.sort_unstable();
+        bizes.dedup();
+        Ok(bizes)
+    }
+
     /// Lists at most `batch` stuck records of `biz`, oldest lease first: one run of the stuck
     /// script on `biz`'s index (no SCAN), again when it stopped at its budget of stale members.
     pub(super) async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {

@@ -186,6 +186,17 @@ impl<S: Store> Store for ShardedStore<S> {
         crate::store::batch::all_answered(outcomes, "a shard")
     }
 
+    /// Every shard's, together.
+    async fn processing_biz_types(&self) -> Result<Vec<String>, IdemError> {
+        let mut bizes = Vec::new();
+        for shard in &self.inner.shards {
+            bizes.extend(shard.processing_biz_types().await?);
+        }
+        bizes.sort_unstable();
+        bizes.dedup();
+        Ok(bizes)
+    }
+
     /// One batch of marks per shard the records live on, sent at once.
     async fn complete_batch(
         &self,

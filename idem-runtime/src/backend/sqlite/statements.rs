@@ -136,6 +136,9 @@ const LOAD: &str = concat!(
 const STUCK: &str = "SELECT idem_key, status, attempt, fence, fingerprint, result, lease_until, \
     expire_at, result_until FROM {t} WHERE biz_type = ?1 AND status = 'PROCESSING' AND lease_until <= ?2 \
     ORDER BY lease_until LIMIT ?3";
+/// The business types with PROCESSING records: the partial index `<table>_processing`, which holds
+/// only them (the `status` term a literal, as in `STUCK`), not the table.
+const PROCESSING_BIZ: &str = "SELECT DISTINCT biz_type FROM {t} WHERE status = 'PROCESSING'";
 /// ?1 now ms. Records per business type and status (expired ones not yet swept included), and
 /// the tombstones among them (`gone`: their result ttl passed): a scan of the table (an
 /// operator's query; no index is kept for it).
@@ -192,6 +195,7 @@ impl Statements {
                 read: Stmt::new(text(READ), numbered::READ),
                 load: Stmt::new(text(LOAD), numbered::LOAD),
                 stuck: Stmt::new(text(STUCK), numbered::STUCK),
+                processing_biz: Stmt::new(text(PROCESSING_BIZ), &[]),
                 stats: Stmt::new(text(STATS), numbered::STATS),
                 sweep: Stmt::new(text(SWEEP), numbered::SWEEP),
                 shrink: Stmt::new(text(SHRINK), numbered::SHRINK),

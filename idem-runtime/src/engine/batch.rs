@@ -355,8 +355,8 @@ impl<'s> Claimed<'s> {
     }
 
     /// This call's part of the batch, for the engine.
-    fn part(prefetched: Option<Prefetched>, defer: Option<Deferred>) -> Option<BatchPart> {
-        Some(BatchPart { prefetched, defer })
+    fn part(prefetched: Option<Prefetched>, defer: Option<Deferred>) -> Option<Box<BatchPart>> {
+        Some(Box::new(BatchPart { prefetched, defer }))
     }
 
     /// What the batch claim decided for this call: `None` when it was not sent (a key's repeat;

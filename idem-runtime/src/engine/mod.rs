@@ -334,7 +334,7 @@ pub(crate) async fn execute<T, E, F, R, RF>(
     ok: OkType<T>,
     err: ErrType<E>,
     recover: Option<R>,
-    part: Option<BatchPart>,
+    part: Option<Box<BatchPart>>,
     body: F,
 ) -> Result<T, E>
 where
@@ -361,8 +361,12 @@ where
         let timeout = call.store_timeout_in_force();
         let kept = call.result_kept();
         let mut claimed_at = tokio::time::Instant::now();
+        // Boxed: a call outside a batch carries one word for it, not the claim's outcome.
         let (prefetched, defer) = match part {
-            Some(part) => (part.prefetched, part.defer),
+            Some(part) => {
+                let BatchPart { prefetched, defer } = *part;
+                (prefetched, defer)
+            }
             None => (None, None),
         };
         let claimed = match prefetched {

@@ -101,6 +101,7 @@ impl MemoryStore {
     /// `done` under it (the same mark again) is left as it is. A record that leaves PROCESSING
     /// leaves the business type's `processing` set. Returns the business type's records and the
     /// record's key, for what the caller queues.
+    #[inline]
     fn held<'r>(
         records: &'r mut Map<Biz>,
         biz: &str,
@@ -137,7 +138,7 @@ impl MemoryStore {
     /// The claim decision for `req` on `records` (the store's map, locked by the caller) at
     /// `now_us`: what `claim` does for one key and `claim_batch` for each of its keys, under one
     /// lock.
-    #[inline]
+    #[inline(always)]
     fn claim_in(
         &self,
         records: &mut Map<Biz>,
@@ -245,6 +246,7 @@ impl MemoryStore {
 
     /// [`MemoryStore::mark_succeeded`] on `records` (locked by the caller) at `now` (ms).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn mark_in(
         records: &mut Map<Biz>,
         now: i64,

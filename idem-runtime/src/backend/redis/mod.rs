@@ -6,6 +6,7 @@
 //! `idem:stuck:<n>:<biz>` (see `stuck_key`), indexes the PROCESSING records by lease end for
 //! [`Store::stuck`]; a cluster keeps none. Errors are sorted into classes in `error.rs`.
 
+mod batch;
 mod cluster;
 mod conn;
 mod error;

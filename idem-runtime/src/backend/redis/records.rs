@@ -19,8 +19,6 @@ use crate::store::order::ClaimOrder;
 use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, Record, Status};
 
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLAIM));
-static CLAIM_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLAIM_MANY));
-static COMPLETE_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLETE_MANY));
 pub(super) static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLETE));
 pub(super) static FAIL: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::FAIL));
 pub(super) static SAVE_STEPS: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SAVE_STEPS));
@@ -74,7 +72,7 @@ pub(super) fn int(v: &Value, what: &str) -> Result<i64, IdemError> {
 
 /// The outcome a claim script's reply (`{'A', attempt, fence, how}`, `{'R', result}`, `{'G'}`,
 /// `{'M'}`, `{'P', ms}`) says; the reply is ours, so a stored result moves out of it uncopied.
-fn claim_reply(reply: &mut [Value]) -> Result<ClaimOutcome, IdemError> {
+pub(super) fn claim_reply(reply: &mut [Value]) -> Result<ClaimOutcome, IdemError> {
     // The script's tag: one letter.
     let tag = match reply.first().map(bytes) {
         Some(&[letter]) => letter,
@@ -214,14 +212,14 @@ impl Records {
     }
 
     /// Whether this process has listed `member` in its registry already.
-    fn is_registered(&self, member: &str) -> bool {
+    pub(super) fn is_registered(&self, member: &str) -> bool {
         self.registered
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains(member)
     }
 
-    fn mark_registered(&self, member: &str) {
+    pub(super) fn mark_registered(&self, member: &str) {
         self.registered
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -332,7 +330,12 @@ impl Records {
 
     /// Releases a claim the replicas did not acknowledge (FAILED under its own fence); a release
     /// that fails is logged, and the claim is taken over when its lease ends.
-    async fn release_unreplicated(&self, record: &str, index: Option<&str>, claim: &Claim) {
+    pub(super) async fn release_unreplicated(
+        &self,
+        record: &str,
+        index: Option<&str>,
+        claim: &Claim,
+    ) {
         let mut conn = self.conn.clone();
         let mut release = FAIL.key(record);
         if let Some(index) = index {
@@ -346,196 +349,6 @@ impl Records {
         if let Err(release) = released {
             tracing::warn!(error = %release, "could not release a claim the replicas did not acknowledge; it is taken over when its lease ends");
         }
-    }
-
-    /// The indexes of `records` grouped by the script that may touch them together: all of them on
-    /// one server, one group per hash slot on a cluster.
-    fn by_slot(&self, records: &[String]) -> Vec<Vec<usize>> {
-        match self.conn {
-            Conn::Single(_) => vec![(0..records.len()).collect()],
-            Conn::Cluster(_) => {
-                let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
-                for (i, record) in records.iter().enumerate() {
-                    by_slot.entry(slot(record.as_bytes())).or_default().push(i);
-                }
-                by_slot.into_values().collect()
-            }
-        }
-    }
-
-    /// Marks every item of `marks` (records of `biz`): on one server one script for all of them; on
-    /// a cluster one per hash slot, sent at once. Then, with replica acks, one `WAIT`.
-    pub(super) async fn complete_many(
-        &self,
-        biz: &str,
-        marks: &[crate::store::BatchMark<'_>],
-        ttl: Duration,
-    ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
-        let records: Vec<String> = marks.iter().map(|m| self.key(biz, m.key)).collect();
-        let groups = self.by_slot(&records);
-        let index = self.index(biz);
-        let sends = groups.iter().filter(|g| !g.is_empty()).map(|group| {
-            let (records, index) = (&records, index.as_deref());
-            async move {
-                let results = group
-                    .iter()
-                    .any(|&i| marks[i].result_ttl.is_some())
-                    .then(|| self.results_for(&records[group[0]]));
-                let mut conn = self.conn.clone();
-                let mut invocation = COMPLETE_MANY.prepare_invoke();
-                for &i in group {
-                    invocation.key(&records[i]);
-                }
-                if let Some(index) = index {
-                    invocation.key(index);
-                }
-                if let Some(results) = &results {
-                    invocation.key(results);
-                }
-                invocation
-                    .arg(group.len())
-                    .arg(if index.is_some() { "1" } else { "0" })
-                    .arg(if results.is_some() { "1" } else { "0" })
-                    .arg(millis(ttl));
-                for &i in group {
-                    let m = &marks[i];
-                    invocation.arg(m.claim.fence.get()).arg(m.snapshot).arg(
-                        m.result_ttl
-                            .map(|kept| millis(kept).to_string())
-                            .unwrap_or_default(),
-                    );
-                }
-                let done: Vec<i64> = invocation
-                    .arg(self.offset.ms())
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(redis_error)?;
-                if let Some(results) = &results {
-                    self.listed(results).await;
-                }
-                if done.len() != group.len() {
-                    return Err(IdemError::store("the batch mark script answered short"));
-                }
-                Ok::<_, IdemError>(group.iter().copied().zip(done).collect::<Vec<_>>())
-            }
-        });
-        let mut answers: Vec<Option<Result<(), IdemError>>> = marks.iter().map(|_| None).collect();
-        for part in futures_util::future::join_all(sends).await {
-            for (i, done) in part? {
-                answers[i] = Some(match done {
-                    1 => Ok(()),
-                    _ => Err(IdemError::LeaseLost {
-                        attempt: marks[i].claim.attempt,
-                    }),
-                });
-            }
-        }
-        if let Some(first) = records.first() {
-            self.replicated(first).await?;
-        }
-        crate::store::batch::all_answered(answers, "the batch mark script")
-    }
-
-    /// Claims every item of `batch`: on one server one script for all of them; on a cluster one
-    /// per hash slot the records live in, sent at once.
-    pub(super) async fn claim_many(
-        &self,
-        batch: &crate::store::BatchClaim<'_>,
-    ) -> Result<Vec<ClaimOutcome>, IdemError> {
-        let records: Vec<String> = batch
-            .items
-            .iter()
-            .map(|item| self.key(batch.biz, item.key))
-            .collect();
-        let groups = self.by_slot(&records);
-        let index = self.index(batch.biz);
-        let claims = groups.iter().filter(|g| !g.is_empty()).map(|group| {
-            let (records, index) = (&records, index.as_deref());
-            async move {
-                let outcomes = self.claim_group(batch, records, group, index).await?;
-                Ok::<_, IdemError>(group.iter().copied().zip(outcomes).collect::<Vec<_>>())
-            }
-        });
-        let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; records.len()];
-        let mut failed = None;
-        for part in futures_util::future::join_all(claims).await {
-            match part {
-                Ok(part) => part.into_iter().for_each(|(i, o)| outcomes[i] = Some(o)),
-                Err(e) => failed = Some(e),
-            }
-        }
-        let acquired: Vec<(usize, Claim)> = outcomes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, o)| match o {
-                Some(ClaimOutcome::Acquired { claim, .. }) => Some((i, *claim)),
-                _ => None,
-            })
-            .collect();
-        // The claims made are released when the batch fails (another slot's script failed, or the
-        // replicas did not acknowledge them), so none is left held by no one.
-        let failed = match (failed, acquired.first()) {
-            (Some(e), _) => Some(e),
-            (None, Some(&(i, _))) => self.replicated(&records[i]).await.err(),
-            (None, None) => None,
-        };
-        if let Some(e) = failed {
-            for (i, claim) in &acquired {
-                self.release_unreplicated(&records[*i], index.as_deref(), claim)
-                    .await;
-            }
-            return Err(e);
-        }
-        crate::store::batch::all_answered(outcomes, "the batch claim script")
-    }
-
-    /// The batch claim script on the records at `group` (one hash slot on a cluster).
-    async fn claim_group(
-        &self,
-        batch: &crate::store::BatchClaim<'_>,
-        records: &[String],
-        group: &[usize],
-        index: Option<&str>,
-    ) -> Result<Vec<ClaimOutcome>, IdemError> {
-        let mut conn = self.conn.clone();
-        let registry = index
-            .filter(|index| !self.is_registered(index))
-            .map(|_| self.registry());
-        let mut invocation = CLAIM_MANY.prepare_invoke();
-        for &i in group {
-            invocation.key(&records[i]);
-        }
-        if let Some(index) = index {
-            invocation.key(index);
-            if let Some(registry) = &registry {
-                invocation.key(registry);
-            }
-        }
-        invocation.arg(group.len());
-        for &i in group {
-            invocation.arg(batch.items[i].fingerprint.unwrap_or(""));
-        }
-        let replies: Vec<Vec<Value>> = invocation
-            .arg(millis(batch.lease))
-            .arg(millis(batch.ttl))
-            .arg(self.offset.ms())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        if let (Some(index), Some(_)) = (index, &registry) {
-            self.mark_registered(index);
-        }
-        if replies.len() != group.len() {
-            return Err(IdemError::store(format!(
-                "the batch claim script answered {} claims for {}",
-                replies.len(),
-                group.len()
-            )));
-        }
-        replies
-            .into_iter()
-            .map(|mut r| claim_reply(&mut r))
-            .collect()
     }
 
     /// Runs a script that changes the record only under `claim`'s fence.

@@ -69,8 +69,9 @@ impl Deferred {
 /// Sends the marks held back in `sink`, emptying it: one [`Store::complete_batch`] per business
 /// type and ttl (of at most [`MAX_BATCH`]), tried again on transient errors within `timeout`;
 /// when a batch fails, each of its marks is sent on its own, tried until its lease's safe part
-/// ends (as a single call's mark is). Each call is reported (its outcome, or `LeaseLost` /
-/// `MarkFailed`) and answered by its index: the outcome and attempt, or why its mark did not land.
+/// ends or the store timeout runs out (as a single call's mark is). Each call is reported (its
+/// outcome, or `LeaseLost` / `MarkFailed`) and answered by its index: the outcome and attempt, or
+/// why its mark did not land.
 pub(crate) async fn flush_marks(
     store: &dyn Store,
     sink: &MarkSink,
@@ -113,7 +114,7 @@ pub(crate) async fn flush_marks(
                 }
                 let mut landed = Vec::with_capacity(marks.len());
                 for (_, m) in &marks {
-                    landed.push(mark_alone(store, m).await);
+                    landed.push(mark_alone(store, m, timeout).await);
                 }
                 landed
             }
@@ -141,11 +142,20 @@ pub(crate) async fn flush_marks(
 }
 
 /// One held-back mark sent on its own, tried again on transient errors until its lease's safe
-/// part ends.
-async fn mark_alone(store: &dyn Store, m: &PendingMark) -> Result<(), IdemError> {
+/// part ends or `timeout` (the store timeout) runs out, whichever comes first: a store gone
+/// silent holds it no longer than a single call's mark.
+async fn mark_alone(
+    store: &dyn Store,
+    m: &PendingMark,
+    timeout: Duration,
+) -> Result<(), IdemError> {
     let margin = (m.lease / 10).min(Duration::from_secs(1));
-    let until = (m.lease_sent + m.lease).checked_sub(margin);
-    retry_transient(until, "the claim's lease", || match m.result_ttl {
+    let safe_end = (m.lease_sent + m.lease).checked_sub(margin);
+    let until = match (safe_end, super::after(timeout)) {
+        (Some(safe_end), Some(give_up)) => Some(safe_end.min(give_up)),
+        (safe_end, give_up) => give_up.or(safe_end),
+    };
+    retry_transient(until, STORE_TIMEOUT, || match m.result_ttl {
         None => store.complete(&m.biz, &m.key, &m.claim, &m.snapshot, m.ttl),
         Some(kept) => store.complete_keeping(&m.biz, &m.key, &m.claim, &m.snapshot, m.ttl, kept),
     })

@@ -17,7 +17,7 @@
 //! - `replay`: the same keys again, already SUCCEEDED: while repeats prevail (idem's claim order),
 //!   one read of the stored result by primary key, then decoding: 1 round trip;
 //! - `tx`: a new key per call in transaction mode, in a transaction of its own: `BEGIN; SAVEPOINT`
-//!   (one round trip while new keys prevail), the claim (which takes the key's advisory lock), the
+//!   (one round trip while new keys prevail), the claim (an insert under the key's advisory lock), the
 //!   mark, `COMMIT` (which releases the savepoint): 5 statements in 4 round trips;
 //! - `tx-replay`: the same keys again in transaction mode: `BEGIN`, one read, `COMMIT` (3 round
 //!   trips). (`statement_counts.rs` holds these counts.)
@@ -99,9 +99,9 @@ impl Contender for Idem {
 struct Floor {
     pool: PgPool,
     claim: &'static str,
-    claim_locking: &'static str,
+    insert_locking: &'static str,
     complete: &'static str,
-    lock_timeout: &'static str,
+    read: &'static str,
     lease_ms: i64,
     ttl_ms: i64,
 }
@@ -125,7 +125,7 @@ impl Floor {
             .fetch_one(&mut *conn)
             .await
             .unwrap();
-        if row.get::<bool, _>("inserted") {
+        if row.try_get::<bool, _>("inserted").unwrap_or(true) {
             (Some(row.get("fence")), None)
         } else {
             assert_eq!(row.get::<&str, _>("status"), "SUCCEEDED");
@@ -141,6 +141,7 @@ impl Floor {
             .bind(serde_json::to_vec(r).unwrap())
             .bind(self.ttl_ms)
             .bind(0i64)
+            .bind(None::<i64>)
             .execute(&mut *conn)
             .await
             .unwrap();
@@ -165,39 +166,32 @@ impl Contender for Floor {
                 None => serde_json::from_slice(&stored.unwrap()).unwrap(),
             };
         }
-        let mut tx = self.pool.begin().await.unwrap();
-        let old: String = sqlx::raw_sql(AssertSqlSafe(format!(
-            "SAVEPOINT bench; SHOW lock_timeout; SET LOCAL lock_timeout = '{}'",
-            self.lock_timeout
-        )))
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap()[0]
-            .get(0);
-        let (fence, stored) = self.claim(&mut tx, self.claim_locking, k).await;
-        let r = match fence {
-            Some(fence) => {
-                sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-                    .bind(old)
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap();
-                let r = receipt(k);
-                self.complete(&mut tx, k, fence, &r).await;
-                sqlx::raw_sql("RELEASE SAVEPOINT bench")
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap();
-                r
-            }
-            None => {
-                sqlx::raw_sql("ROLLBACK TO SAVEPOINT bench; RELEASE SAVEPOINT bench")
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap();
-                serde_json::from_slice(&stored.unwrap()).unwrap()
-            }
-        };
+        if w == 3 {
+            // Repeats prevail: a plain read before any savepoint, as the store's claim does.
+            let mut tx = self.pool.begin().await.unwrap();
+            let row = sqlx::query(self.read)
+                .bind(BIZ)
+                .bind(k.to_string())
+                .bind(0i64)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            assert_eq!(row.get::<&str, _>("status"), "SUCCEEDED");
+            let stored: Vec<u8> = row.get("result");
+            tx.commit().await.unwrap();
+            return serde_json::from_slice(&stored).unwrap();
+        }
+        // New keys prevail: the savepoint opened in BEGIN's round trip, the insert under the
+        // key's advisory lock, taken at once, the mark, COMMIT.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN; SAVEPOINT bench")
+            .await
+            .unwrap();
+        let (fence, _) = self.claim(&mut tx, self.insert_locking, k).await;
+        let r = receipt(k);
+        self.complete(&mut tx, k, fence.expect("a new key"), &r)
+            .await;
         tx.commit().await.unwrap();
         r
     }
@@ -456,9 +450,9 @@ async fn measure(
     let floor = Floor {
         pool: floor_store.pool().clone(),
         claim: text("claim"),
-        claim_locking: text("claim_locking"),
+        insert_locking: text("insert_locking"),
         complete: text("complete"),
-        lock_timeout: "3000ms",
+        read: text("read"),
         lease_ms: idem::DEFAULT_LEASE.as_millis() as i64,
         ttl_ms: TTL.as_millis() as i64,
     };

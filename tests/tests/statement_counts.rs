@@ -520,7 +520,16 @@ async fn redis() {
         assert_eq!(swept, due as u64, "the due results are dropped");
         (spent("scan"), spent("total"))
     };
-    let (scans, idle) = sweep(0).await;
+    // The counters are the server's: another client's commands during a pass land in them too,
+    // so an idle pass is measured up to three times and the least taken.
+    let (mut scans, mut idle) = sweep(0).await;
+    for _ in 0..2 {
+        if scans == 0 && idle <= 11 {
+            break;
+        }
+        let (s, i) = sweep(0).await;
+        (scans, idle) = (scans.min(s), idle.min(i));
+    }
     eprintln!("Redis sweep pass with nothing due: {idle} commands");
     assert_eq!(scans, 0, "a sweep does not walk the keys");
     assert!(idle <= 11, "a sweep pass with nothing due: {idle} commands");

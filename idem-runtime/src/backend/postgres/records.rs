@@ -6,8 +6,9 @@
 //! statement reads it, never the transaction's start time) plus the test clock's offset, and binds
 //! every value. A new key's claim is one statement: in lease mode the insert alone (`INSERT … ON
 //! CONFLICT DO NOTHING … RETURNING`, a plain read after it only when the key exists); in
-//! transaction mode one statement reads the record and, only when there is none, inserts it the
-//! same way. `DO NOTHING` means a concurrent insert of the same key never raises 23505, which would
+//! transaction mode the same insert under the key's advisory lock, then, only when it inserted
+//! nothing, one statement that reads the record with a row lock and inserts it when there is none.
+//! `DO NOTHING` means a concurrent insert of the same key never raises 23505, which would
 //! abort the caller's transaction.
 
 use sqlx::postgres::{PgArguments, PgQueryResult, PgRow};
@@ -115,29 +116,39 @@ impl Claims<'_> {
         &mut self,
         req: &ClaimRequest<'_>,
     ) -> Result<(bool, Option<SeenRecord>), IdemError> {
+        match self.inserted(&self.sql.insert.clone(), req).await? {
+            Some(seen) => Ok((true, Some(seen))),
+            // The key exists (or was deleted since: then the protocol inserts again).
+            None => Ok((false, self.records.read(req).await?)),
+        }
+    }
+
+    /// `sql` (`insert` or `insert_locking`): the new record's claim, or `None` when it inserted
+    /// nothing.
+    async fn inserted(
+        &mut self,
+        sql: &SqlStr,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<SeenRecord>, IdemError> {
         let offset = self.records.offset();
-        let row = claim_query(&self.sql.insert, req, offset)
+        let row = claim_query(sql, req, offset)
             .fetch_optional(self.records.conn())
             .await
             .map_err(db_error)?;
         let Some(row) = row else {
-            // The key exists (or was deleted since: then the protocol inserts again).
-            return Ok((false, self.records.read(req).await?));
+            return Ok(None);
         };
-        Ok((
-            true,
-            Some(SeenRecord {
-                status: Status::Processing,
-                attempt: Postgres::attempt(&row)?,
-                fence: Postgres::fence(&row)?,
-                fingerprint: None,
-                snapshot: None,
-                lease_until_ms: 0,
-                expire_at_ms: 0,
-                result_until_ms: None,
-                now_ms: 0,
-            }),
-        ))
+        Ok(Some(SeenRecord {
+            status: Status::Processing,
+            attempt: Postgres::attempt(&row)?,
+            fence: Postgres::fence(&row)?,
+            fingerprint: None,
+            snapshot: None,
+            lease_until_ms: 0,
+            expire_at_ms: 0,
+            result_until_ms: None,
+            now_ms: 0,
+        }))
     }
 }
 
@@ -182,7 +193,16 @@ impl CasRecords for Claims<'_> {
     ) -> Result<(bool, Option<SeenRecord>), IdemError> {
         let sql = match self.claiming {
             Claiming::Lease => return self.insert_then_read(req).await,
-            Claiming::Tx => &self.sql.claim_locking,
+            Claiming::Tx => {
+                // A new key, the common case while new keys prevail: the plain insert under the
+                // key's lock. Nothing inserted: the full claim below reads the record (or finds the
+                // lock another transaction's; this transaction may hold it already, which a second
+                // try grants again).
+                if let Some(seen) = self.inserted(&self.sql.insert_locking.clone(), req).await? {
+                    return Ok((true, Some(seen)));
+                }
+                &self.sql.claim_locking
+            }
             Claiming::TxWaiting => &self.sql.claim_waiting,
         };
         let offset = self.records.offset();

@@ -28,6 +28,10 @@ pub(super) struct Statements {
     pub(super) claim: SqlStr,
     /// Lease mode: the new record alone (`ON CONFLICT DO NOTHING … RETURNING`, no read first).
     pub(super) insert: SqlStr,
+    /// Transaction mode while new keys prevail: `insert` under the key's advisory lock, taken only
+    /// if no other transaction holds it. No row back: the key exists, or the lock is another
+    /// transaction's; `claim_locking` then says which.
+    pub(super) insert_locking: SqlStr,
     /// Transaction mode, first: the key's advisory lock if no other transaction holds it (a
     /// claimant's transaction holds it to its end), then the claim with the read locking the row
     /// (`FOR UPDATE`: a current read, never the transaction's old snapshot).
@@ -56,6 +60,8 @@ fn sql(text: String) -> SqlStr {
 /// (`got` false) another transaction claims the key, and waiting on its row is what the caller's
 /// `lock_timeout` must bound. `{key}` is [`advisory_key`].
 const TRY_KEY_LOCK: &str = "SELECT pg_try_advisory_xact_lock({key}) AS got";
+/// [`TRY_KEY_LOCK`]'s call alone, as a filter.
+const TRY_KEY_LOCK_CALL: &str = "pg_try_advisory_xact_lock({key})";
 /// [`TRY_KEY_LOCK`], waiting for the lock (bounded by `lock_timeout`).
 const WAIT_KEY_LOCK: &str = "SELECT TRUE AS got FROM (SELECT pg_advisory_xact_lock({key})) AS l";
 
@@ -124,6 +130,19 @@ impl Statements {
              FROM ({clock}) AS c ON CONFLICT (biz_type, idem_key) DO NOTHING \
              RETURNING attempt, fence",
             clock = clock("$6"),
+        );
+        // The same under the key's advisory lock, tried before the row is: a row kept by the
+        // filter is one whose lock this transaction holds, so the insert never waits for another
+        // claimant's transaction (that is what `claim_waiting` bounds).
+        let insert_locking = format!(
+            "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, \
+             lease_until, created_at, updated_at, expire_at) \
+             SELECT $1, $2, 'PROCESSING', 1, c.us, $3, NULL, c.n + $4, c.n, c.n, c.n + $5 \
+             FROM ({clock}) AS c WHERE {lock} \
+             ON CONFLICT (biz_type, idem_key) DO NOTHING \
+             RETURNING attempt, fence",
+            clock = clock("$6"),
+            lock = TRY_KEY_LOCK_CALL.replace("{key}", &advisory_key(table)),
         );
         // $1 biz, $2 keys, $3 their fingerprints (NULL: none), $4 lease ms, $5 ttl ms, $6 clock
         // offset ms: the new records, one statement for the batch (the clock read once).
@@ -278,6 +297,7 @@ impl Statements {
             #[cfg(any(test, feature = "test-util"))]
             claim: sql(claim("", None)),
             insert: sql(insert),
+            insert_locking: sql(insert_locking),
             claim_locking: sql(claim(" FOR UPDATE", Some(TRY_KEY_LOCK))),
             claim_waiting: sql(claim(" FOR UPDATE", Some(WAIT_KEY_LOCK))),
             take: sql(take),
@@ -314,6 +334,7 @@ impl Statements {
         Some(match name {
             "claim" => self.claim.as_str(),
             "insert" => self.insert.as_str(),
+            "insert_locking" => self.insert_locking.as_str(),
             "claim_locking" => self.claim_locking.as_str(),
             "claim_waiting" => self.claim_waiting.as_str(),
             "take" => self.take.as_str(),

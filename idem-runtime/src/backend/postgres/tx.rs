@@ -53,10 +53,12 @@ impl PgIsolation {
 /// records, [`PgStore::begin`] opens the savepoint of the transaction's first claim in the round
 /// trip of its `BEGIN`, and it serves that claim when nothing ran on the connection between them
 /// (anything run through it, a read included, makes the claim open a savepoint of its own, so the
-/// claim's undo never takes back the caller's own writes). The statement is the key's transaction-level advisory lock
-/// (`pg_try_advisory_xact_lock` on a hash of the table, business type and key, held to the
-/// transaction's end), a locking read of the record (`FOR UPDATE`: the current row, not the
-/// transaction's snapshot) and, when there is none, an insert that skips on a conflict. A
+/// claim's undo never takes back the caller's own writes). The claim takes the key's
+/// transaction-level advisory lock (`pg_try_advisory_xact_lock` on a hash of the table, business
+/// type and key, held to the transaction's end). A new key is one statement: the insert (skipping
+/// on a conflict) of a row kept only if that lock was free. When it inserts nothing, a second
+/// statement takes the lock again, reads the record with a locking read (`FOR UPDATE`: the current
+/// row, not the transaction's snapshot) and, when there is none, inserts it the same way. A
 /// concurrent duplicate finds the lock taken and waits for the claimant's transaction at most the
 /// store's lock timeout (`SET LOCAL lock_timeout` around that claim, the caller's own setting
 /// restored after it), then answers `InProgress`; once the claimant committed it replays. A claim

@@ -530,12 +530,51 @@ async fn round_trips_per_call_are_what_the_docs_say() {
     let before = statements(&store).await;
     in_tx("b").await;
     let replay = statements(&store).await - before - 1;
-    // `SET SESSION innodb_lock_wait_timeout = 2; BEGIN` (two statements, one round trip),
-    // `SAVEPOINT …; INSERT …` (one round trip), mark or read, COMMIT: 6 statements in 4 round
-    // trips (the savepoint is released by the commit). Here the store's claims write first: a
-    // repeat is the refused insert and a read; once repeats prevail it is one read
-    // (`statement_counts.rs`).
-    assert_eq!((first, replay), (6, 6), "tx mode: new key, repeat");
+    // `BEGIN` (the lock wait was set on the session when it connected), `SAVEPOINT …; INSERT …`
+    // (one round trip), mark or read, COMMIT: 5 statements in 4 round trips (the savepoint is
+    // released by the commit). Here the store's claims write first: a repeat is the refused
+    // insert and a read; once repeats prevail it is one read (`statement_counts.rs`).
+    assert_eq!((first, replay), (5, 5), "tx mode: new key, repeat");
+}
+
+/// The lock wait in force inside a transaction `begin` opened.
+async fn lock_wait_in_tx(store: &MySqlStore) -> u64 {
+    let mut tx = store.begin().await.unwrap();
+    let (secs,): (u64,) = sqlx::query_as("SELECT @@SESSION.innodb_lock_wait_timeout")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    secs
+}
+
+/// A transaction waits the store's lock wait, however the store was made: `connect_with` sets it
+/// on each session as it connects (and `begin` sends no `SET`), `with_lock_wait` after it and a
+/// pool given to `from_pool` get it from `begin`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_waits_the_stores_lock_wait_however_it_was_made() {
+    let url = url();
+    let Some(made) = server::reach(
+        "MySQL",
+        &url,
+        MySqlStore::connect_with(&url, 2, Duration::from_secs(3)),
+    )
+    .await
+    else {
+        return;
+    };
+    assert_eq!(lock_wait_in_tx(&made).await, 3, "set when each session connected");
+    let changed = made.clone().with_lock_wait(Duration::from_secs(7));
+    assert_eq!(lock_wait_in_tx(&changed).await, 7, "with_lock_wait after connecting");
+    assert_eq!(lock_wait_in_tx(&made).await, 3, "the first store's again");
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    let given = MySqlStore::from_pool(pool.clone());
+    assert_eq!(lock_wait_in_tx(&given).await, 2, "the default, on a pool of the caller's");
+    pool.close().await;
 }
 
 /// A duplicate behind a transaction that holds the key and has not committed: the wait is bounded

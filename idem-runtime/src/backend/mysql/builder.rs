@@ -117,6 +117,7 @@ impl MySqlStoreBuilder {
         let pool = crate::net::within_connect("MySQL", &server, self.connect_timeout, pool).await?;
         let mut store = MySqlStore::from_pool(pool);
         store.lock_wait_secs = secs;
+        store.sessions_lock_wait = Some(secs);
         Ok(store)
     }
 }

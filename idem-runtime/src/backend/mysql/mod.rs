@@ -84,6 +84,10 @@ pub struct MySqlStore {
     table: TableName,
     token_table: TableName,
     lock_wait_secs: u64,
+    /// The lock wait every session of the pool got when it connected, when the store made the
+    /// pool (`None` on a pool given to [`MySqlStore::from_pool`]): while it is the store's,
+    /// [`MySqlStore::begin`] need not set it again.
+    sessions_lock_wait: Option<u64>,
     sql: Statements,
     /// Which step a claim sends first (`store/order.rs`).
     order: Arc<ClaimOrder>,
@@ -169,6 +173,7 @@ impl MySqlStore {
             table,
             token_table,
             lock_wait_secs: lock_wait_secs(DEFAULT_LOCK_WAIT),
+            sessions_lock_wait: None,
         }
     }
 
@@ -256,9 +261,13 @@ impl MySqlStore {
     }
 
     /// Begins a transaction for `tx = "…"` calls and state transitions, with the store's lock wait
-    /// set on its session (one round trip: `SET SESSION innodb_lock_wait_timeout = n; BEGIN`). The
-    /// transaction carries this store: a `tx = "…"` call claims in this store's table by
-    /// construction.
+    /// on its session. A store that made its pool ([`MySqlStore::connect`], the builder) set that
+    /// on every session when it connected, and sends a plain `BEGIN`; on a pool given to
+    /// [`MySqlStore::from_pool`], or after [`MySqlStore::with_lock_wait`] changed it, `begin`
+    /// sets it in the same round trip (`SET SESSION innodb_lock_wait_timeout = n; BEGIN`). A
+    /// `SET SESSION innodb_lock_wait_timeout` of your own stays on its connection after it goes
+    /// back to the pool, as every session setting does. The transaction carries this store: a
+    /// `tx = "…"` call claims in this store's table by construction.
     ///
     /// # Errors
     /// [`IdemError::StoreUnavailable`] when no connection can be had, or when the server does not
@@ -272,12 +281,18 @@ impl MySqlStore {
         let open = ready
             .as_ref()
             .map_or_else(String::new, |ready| format!("; {}", ready.open()));
+        let set = if self.sessions_lock_wait == Some(self.lock_wait_secs) {
+            String::new()
+        } else {
+            format!(
+                "SET SESSION innodb_lock_wait_timeout = {}; ",
+                self.lock_wait_secs
+            )
+        };
         let tx = crate::engine::tx_step(
             crate::engine::TxStep::Begin,
-            self.pool.begin_with(AssertSqlSafe(format!(
-                "SET SESSION innodb_lock_wait_timeout = {}; BEGIN{open}",
-                self.lock_wait_secs
-            ))),
+            self.pool
+                .begin_with(AssertSqlSafe(format!("{set}BEGIN{open}"))),
             db_error,
         )
         .await?;

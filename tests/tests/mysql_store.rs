@@ -563,9 +563,17 @@ async fn a_transaction_waits_the_stores_lock_wait_however_it_was_made() {
     else {
         return;
     };
-    assert_eq!(lock_wait_in_tx(&made).await, 3, "set when each session connected");
+    assert_eq!(
+        lock_wait_in_tx(&made).await,
+        3,
+        "set when each session connected"
+    );
     let changed = made.clone().with_lock_wait(Duration::from_secs(7));
-    assert_eq!(lock_wait_in_tx(&changed).await, 7, "with_lock_wait after connecting");
+    assert_eq!(
+        lock_wait_in_tx(&changed).await,
+        7,
+        "with_lock_wait after connecting"
+    );
     assert_eq!(lock_wait_in_tx(&made).await, 3, "the first store's again");
     let pool = sqlx::mysql::MySqlPoolOptions::new()
         .max_connections(1)
@@ -573,7 +581,11 @@ async fn a_transaction_waits_the_stores_lock_wait_however_it_was_made() {
         .await
         .unwrap();
     let given = MySqlStore::from_pool(pool.clone());
-    assert_eq!(lock_wait_in_tx(&given).await, 2, "the default, on a pool of the caller's");
+    assert_eq!(
+        lock_wait_in_tx(&given).await,
+        2,
+        "the default, on a pool of the caller's"
+    );
     pool.close().await;
 }
 

@@ -30,6 +30,22 @@ pub(crate) struct SeenRecord {
 }
 
 impl SeenRecord {
+    /// The record a claim's insert just wrote, as far as the claim needs it: PROCESSING under
+    /// `attempt` and `fence` (the times are not read back).
+    pub(crate) fn inserted(attempt: u32, fence: u64) -> Self {
+        SeenRecord {
+            status: Status::Processing,
+            attempt,
+            fence,
+            fingerprint: None,
+            snapshot: None,
+            lease_until_ms: 0,
+            expire_at_ms: 0,
+            result_until_ms: None,
+            now_ms: 0,
+        }
+    }
+
     pub(crate) fn claim(&self) -> Claim {
         Claim {
             attempt: self.attempt,

@@ -18,7 +18,7 @@ use crate::sql::claim::{CasRecords, SeenRecord};
 use crate::sql::dialect::Dialect;
 use crate::sql::records::{RecordConn, RecordDb};
 use crate::store::decide::millis;
-use crate::store::{Claim, ClaimRequest, Fence, Status};
+use crate::store::{Claim, ClaimRequest, Fence};
 
 impl RecordDb for MySql {
     const DIALECT: Dialect = Dialect::MySQL;
@@ -305,20 +305,7 @@ impl CasRecords for Claims<'_> {
             }
         };
         match inserted {
-            Ok(done) => Ok((
-                true,
-                Some(SeenRecord {
-                    status: Status::Processing,
-                    attempt: 1,
-                    fence: done.last_insert_id(),
-                    fingerprint: None,
-                    snapshot: None,
-                    lease_until_ms: 0,
-                    expire_at_ms: 0,
-                    result_until_ms: None,
-                    now_ms: 0,
-                }),
-            )),
+            Ok(done) => Ok((true, Some(SeenRecord::inserted(1, done.last_insert_id())))),
             // ER_DUP_ENTRY: the record exists (and InnoDB holds a shared lock on it for us).
             Err(e) if error_number(&e) == Some(1062) => {
                 Ok((false, self.read_row(req, false).await?))

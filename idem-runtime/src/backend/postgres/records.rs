@@ -20,7 +20,7 @@ use crate::sql::claim::{CasRecords, SeenRecord};
 use crate::sql::dialect::Dialect;
 use crate::sql::records::{RecordConn, RecordDb, in_range};
 use crate::store::decide::millis;
-use crate::store::{Claim, ClaimRequest, Status};
+use crate::store::{Claim, ClaimRequest};
 use crate::{Busy, IdemError};
 
 impl RecordDb for Postgres {
@@ -138,17 +138,10 @@ impl Claims<'_> {
         let Some(row) = row else {
             return Ok(None);
         };
-        Ok(Some(SeenRecord {
-            status: Status::Processing,
-            attempt: Postgres::attempt(&row)?,
-            fence: Postgres::fence(&row)?,
-            fingerprint: None,
-            snapshot: None,
-            lease_until_ms: 0,
-            expire_at_ms: 0,
-            result_until_ms: None,
-            now_ms: 0,
-        }))
+        Ok(Some(SeenRecord::inserted(
+            Postgres::attempt(&row)?,
+            Postgres::fence(&row)?,
+        )))
     }
 }
 

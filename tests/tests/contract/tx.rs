@@ -476,6 +476,30 @@ pub async fn a_result_kept_shorter_than_its_key_in_a_transaction<B: TxBackend>(b
     assert_eq!(b.effects(&biz, "k").await, 1);
 }
 
+/// A key claimed, run and marked in a transaction, then called again in the same transaction:
+/// the repeat meets the transaction's own uncommitted success (on Postgres under an advisory lock
+/// the transaction already holds, on MySQL its own row lock) and replays it without running the
+/// body; after the commit a repeat replays the same. Run with the store's claims inserting first,
+/// so the repeat's claim starts with the insert.
+pub async fn a_repeat_in_the_same_transaction_replays<B: TxBackend>(b: Arc<B>) {
+    let biz = biz("tx_again");
+    let key = "k";
+    super::turned_to_write_first(&*b.store()).await;
+    let mut tx = b.begin_for(&biz, key).await;
+    let first = run::<B>(&mut tx, call(&biz, key), &biz, key, false)
+        .await
+        .unwrap();
+    let again = run::<B>(&mut tx, call(&biz, key), &biz, key, false).await;
+    B::commit(tx).await;
+    assert_eq!(again.unwrap(), first, "the repeat replays the first answer");
+    assert_eq!(b.effects(&biz, key).await, 1, "the body ran once");
+    let mut tx = b.begin_for(&biz, key).await;
+    let later = run::<B>(&mut tx, call(&biz, key), &biz, key, false).await;
+    B::commit(tx).await;
+    assert_eq!(later.unwrap(), first, "and so does one after the commit");
+    assert_eq!(b.effects(&biz, key).await, 1);
+}
+
 /// The transaction cases once the store's claims read first (a live success is then answered by
 /// one plain read, before any savepoint).
 pub async fn transactions_hold_when_claims_read_first<B: TxBackend>(b: Arc<B>) {
@@ -493,7 +517,8 @@ pub async fn transactions_hold_when_claims_read_first<B: TxBackend>(b: Arc<B>) {
         payload_mismatch_in_a_transaction_writes_nothing,
         lease_and_transaction_modes_see_each_other,
         calls_in_one_transaction_keep_each_others_writes,
-        a_result_kept_shorter_than_its_key_in_a_transaction
+        a_result_kept_shorter_than_its_key_in_a_transaction,
+        a_repeat_in_the_same_transaction_replays
     );
 }
 
@@ -517,6 +542,7 @@ macro_rules! tx_contract_suite {
             a_failed_call_keeps_the_callers_earlier_writes,
             transactions_hold_when_claims_read_first,
             a_result_kept_shorter_than_its_key_in_a_transaction,
+            a_repeat_in_the_same_transaction_replays,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {$(

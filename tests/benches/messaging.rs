@@ -164,6 +164,47 @@ async fn handle_batch(
         .await
 }
 
+/// One broker batch through `who`: the plain loop ships each message, idem hands the batch to
+/// `Inbox::handle_batch`; then every delivery is settled by its verdict (the plain loop's all
+/// acked), the settles sent together. `read` gives a delivery's payload and delivery count,
+/// `settle` is the adapter's own.
+async fn run_batch<'b, D, S, E>(
+    who: Who,
+    inbox: &Inbox,
+    store: &SqliteStore,
+    verdicts: &mut Verdicts,
+    batch: &'b [D],
+    read: impl Fn(&'b D) -> (&'b [u8], Option<u32>),
+    settle: impl Fn(&'b D, Verdict) -> S,
+) where
+    S: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Debug,
+{
+    let settled: Vec<Verdict> = match who {
+        Who::Plain => {
+            for delivery in batch {
+                ship_plain(store.pool(), read(delivery).0).await;
+            }
+            vec![Verdict::Ack; batch.len()]
+        }
+        Who::Idem => {
+            let handed: Vec<(&[u8], Option<u32>)> = batch.iter().map(&read).collect();
+            let handled = handle_batch(inbox, store, &handed).await;
+            handled
+                .into_iter()
+                .map(|handled| {
+                    verdicts.count(&handled.verdict, handled.outcome);
+                    handled.verdict
+                })
+                .collect()
+        }
+    };
+    let settles = batch.iter().zip(settled).map(|(d, v)| settle(d, v));
+    for settled in futures_util::future::join_all(settles).await {
+        settled.unwrap();
+    }
+}
+
 /// The size of one batch: the RabbitMQ prefetch, the JetStream fetch.
 const BATCH: usize = 64;
 
@@ -350,36 +391,16 @@ async fn inbox_amqp(conn: &Connection, who: Who, n: usize, dup_pct: usize, batch
             }
         }
         left -= batch.len();
-        match who {
-            Who::Plain => {
-                for delivery in &batch {
-                    ship_plain(store.pool(), &delivery.data).await;
-                }
-                let acks = batch
-                    .iter()
-                    .map(|delivery| delivery.ack(BasicAckOptions::default()));
-                for acked in futures_util::future::join_all(acks).await {
-                    acked.unwrap();
-                }
-            }
-            Who::Idem => {
-                let handed: Vec<(&[u8], Option<u32>)> = batch
-                    .iter()
-                    .map(|d| (&d.data[..], amqp_inbox::delivered(d)))
-                    .collect();
-                let handled = handle_batch(&inbox, &store, &handed).await;
-                for handled in &handled {
-                    verdicts.count(&handled.verdict, handled.outcome);
-                }
-                let settles = batch
-                    .iter()
-                    .zip(&handled)
-                    .map(|(delivery, handled)| amqp_inbox::settle(delivery, &handled.verdict));
-                for settled in futures_util::future::join_all(settles).await {
-                    settled.unwrap();
-                }
-            }
-        }
+        run_batch(
+            who,
+            &inbox,
+            &store,
+            &mut verdicts,
+            &batch,
+            |d| (&d.data[..], amqp_inbox::delivered(d)),
+            |d, v| async move { amqp_inbox::settle(d, &v).await },
+        )
+        .await;
     }
     for _ in 0..if batched { 0 } else { n } {
         let delivery = tokio::time::timeout_at((t + RUN_LIMIT).into(), deliveries.next())
@@ -485,34 +506,16 @@ async fn inbox_nats(ctx: &js::Context, who: Who, n: usize, dup_pct: usize, batch
             batch.push(msg.unwrap());
         }
         left -= batch.len();
-        match who {
-            Who::Plain => {
-                for msg in &batch {
-                    ship_plain(store.pool(), &msg.payload).await;
-                }
-                let acks = batch.iter().map(|msg| msg.double_ack());
-                for acked in futures_util::future::join_all(acks).await {
-                    acked.unwrap();
-                }
-            }
-            Who::Idem => {
-                let handed: Vec<(&[u8], Option<u32>)> = batch
-                    .iter()
-                    .map(|m| (&m.payload[..], js_inbox::delivered(m)))
-                    .collect();
-                let handled = handle_batch(&inbox, &store, &handed).await;
-                for handled in &handled {
-                    verdicts.count(&handled.verdict, handled.outcome);
-                }
-                let settles = batch
-                    .iter()
-                    .zip(&handled)
-                    .map(|(msg, handled)| js_inbox::settle(msg, &handled.verdict, None));
-                for settled in futures_util::future::join_all(settles).await {
-                    settled.unwrap();
-                }
-            }
-        }
+        run_batch(
+            who,
+            &inbox,
+            &store,
+            &mut verdicts,
+            &batch,
+            |m| (&m.payload[..], js_inbox::delivered(m)),
+            |m, v| async move { js_inbox::settle(m, &v, None).await },
+        )
+        .await;
     }
     let mut messages = consumer.messages().await.unwrap();
     for _ in 0..if batched { 0 } else { n } {

@@ -116,7 +116,8 @@ impl Claims<'_> {
         &mut self,
         req: &ClaimRequest<'_>,
     ) -> Result<(bool, Option<SeenRecord>), IdemError> {
-        match self.inserted(&self.sql.insert.clone(), req).await? {
+        let sql = self.sql;
+        match self.inserted(&sql.insert, req).await? {
             Some(seen) => Ok((true, Some(seen))),
             // The key exists (or was deleted since: then the protocol inserts again).
             None => Ok((false, self.records.read(req).await?)),
@@ -191,10 +192,11 @@ impl CasRecords for Claims<'_> {
                 // key's lock. Nothing inserted: the full claim below reads the record (or finds the
                 // lock another transaction's; this transaction may hold it already, which a second
                 // try grants again).
-                if let Some(seen) = self.inserted(&self.sql.insert_locking.clone(), req).await? {
+                let statements = self.sql;
+                if let Some(seen) = self.inserted(&statements.insert_locking, req).await? {
                     return Ok((true, Some(seen)));
                 }
-                &self.sql.claim_locking
+                &statements.claim_locking
             }
             Claiming::TxWaiting => &self.sql.claim_waiting,
         };

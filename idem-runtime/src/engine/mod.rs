@@ -80,19 +80,22 @@ impl<'a> StoreArg<'a> {
 /// The `idem` span of one call: `biz`, then `outcome` and `attempt` once it ends. Never the key or
 /// the result: keys come from clients and results may be private (tests/tests/observability.rs).
 ///
-/// No span at all while no subscriber takes `INFO`: a disabled span still carries its metadata
-/// (for the `log` records of tracing's `log` feature, which sqlx turns on), and entering, leaving
-/// and recording it cost a replay on the memory store about a sixth of its instructions.
-pub(crate) fn call_span(biz: &str) -> tracing::Span {
+/// No span at all (`None`) while no subscriber takes `INFO`: a disabled span still carries its
+/// metadata (for the `log` records of tracing's `log` feature, which sqlx turns on), and entering,
+/// leaving and recording it cost a replay on the memory store about a sixth of its instructions;
+/// even an empty `Span` costs its drop.
+#[inline]
+pub(crate) fn call_span(biz: &str) -> Option<tracing::Span> {
     if !tracing::level_enabled!(tracing::Level::INFO) {
-        return tracing::Span::none();
+        return None;
     }
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "idem",
         biz = %biz,
         outcome = tracing::field::Empty,
         attempt = tracing::field::Empty
-    )
+    );
+    (!span.is_disabled()).then_some(span)
 }
 
 /// Whether a span is a call's own ([`call_span`]).
@@ -149,10 +152,20 @@ async fn claim(
     let deadline = wait.map(|w| started + w);
     let mut pause = Duration::from_millis(5);
     loop {
-        let until = started.checked_add(timeout);
-        let outcome = retry_transient(until, STORE_TIMEOUT, || store.claim(req)).await;
-        let now = tokio::time::Instant::now();
-        metrics::claim_latency(req.biz, store.backend(), now - started);
+        let (outcome, now) = match store.claim_now(req) {
+            // Decided in this process without waiting: it came back when it was asked. A
+            // transient error (none of this crate's stores gives one here) is tried again as
+            // any claim is.
+            Some(outcome) if !matches!(&outcome, Err(e) if e.is_transient_store_error()) => {
+                (outcome, started)
+            }
+            _ => {
+                let until = started.checked_add(timeout);
+                let outcome = retry_transient(until, STORE_TIMEOUT, || store.claim(req)).await;
+                (outcome, tokio::time::Instant::now())
+            }
+        };
+        metrics::claim_latency(req.biz, store.backend(), || now - started);
         let outcome = outcome.map_err(|e| e.during("claim"))?;
         let ClaimOutcome::InProgress { retry_after } = outcome else {
             return Ok((outcome, now));
@@ -207,7 +220,31 @@ pub(crate) type NoRecover<T, E> = fn() -> std::future::Ready<Result<Option<T>, E
 /// happened: `Some(value)` is stored as the success (under the new claim's fence) and returned, and
 /// the body does not run; `None` runs the body; an error releases the claim (the record stays
 /// PROCESSING with its lease ended, so the next call asks again) and is the call's answer.
-pub(crate) async fn execute<T, E, F, R, RF>(
+///
+/// The call's span is made here, when the call is, and the call runs in it (bare when no
+/// subscriber takes it): one future, not one inside another.
+pub(crate) fn execute<T, E, F, R, RF>(
+    store: Result<StoreHandle<'_>, IdemError>,
+    call: Call,
+    ok: OkType<T>,
+    err: ErrType<E>,
+    recover: Option<R>,
+    part: Option<Box<BatchPart>>,
+    body: F,
+) -> InSpan<impl Future<Output = Result<T, E>>>
+where
+    F: Future<Output = Result<T, E>>,
+    R: FnOnce() -> RF,
+    RF: Future<Output = Result<Option<T>, E>>,
+{
+    in_span(
+        call_span(&call.biz),
+        execute_bare(store, call, ok, err, recover, part, body),
+    )
+}
+
+/// [`execute`] without its span.
+async fn execute_bare<T, E, F, R, RF>(
     store: Result<StoreHandle<'_>, IdemError>,
     call: Call,
     ok: OkType<T>,
@@ -221,8 +258,7 @@ where
     R: FnOnce() -> RF,
     RF: Future<Output = Result<Option<T>, E>>,
 {
-    let span = call_span(&call.biz);
-    let call = async move {
+    {
         let biz = call.biz();
         let refuse = |e: IdemError, outcome: Outcome| {
             report_error(biz, outcome, 0, &e);
@@ -237,9 +273,7 @@ where
             Ok(req) => req,
             Err(e) => return refuse(e, Outcome::Rejected),
         };
-        let timeout = call.store_timeout_in_force();
         let kept = call.result_kept();
-        let mut claimed_at = tokio::time::Instant::now();
         // Boxed: a call outside a batch carries one word for it, not the claim's outcome.
         let (prefetched, defer) = match part {
             Some(part) => {
@@ -248,21 +282,43 @@ where
             }
             None => (None, None),
         };
-        let claimed = match prefetched {
+        let waits_out = |outcome: &ClaimOutcome| {
+            call.wait.is_some() && matches!(outcome, ClaimOutcome::InProgress { .. })
+        };
+        // The outcome, and when the claim was sent and came back by this process's clock (the
+        // holder counts its lease from the first and checks it as of the second); `None` for a
+        // claim decided at once in this process, whose times are read only if it is ours.
+        let (claimed, times) = match prefetched {
             // Decided by a batch claim (a waiting call claims again while it is in progress):
             // the lease is counted from when that claim was sent, and checked as of now.
-            Some(p)
-                if !(call.wait.is_some()
-                    && matches!(p.outcome, ClaimOutcome::InProgress { .. })) =>
-            {
-                claimed_at = p.sent;
-                Ok((p.outcome, tokio::time::Instant::now()))
+            Some(p) if !waits_out(&p.outcome) => {
+                (Ok(p.outcome), Some((p.sent, tokio::time::Instant::now())))
             }
-            _ => claim(store, &req, call.wait, timeout, claimed_at).await,
+            _ => match store.claim_now(&req) {
+                Some(Ok(outcome)) if !waits_out(&outcome) => {
+                    if metrics::ENABLED {
+                        metrics::claim_latency(biz, store.backend(), || Duration::ZERO);
+                    }
+                    (Ok(outcome), None)
+                }
+                Some(Err(e)) if !e.is_transient_store_error() => (Err(e.during("claim")), None),
+                _ => {
+                    let sent = tokio::time::Instant::now();
+                    let timeout = call.store_timeout_in_force();
+                    match claim(store, &req, call.wait, timeout, sent).await {
+                        Ok((outcome, answered)) => (Ok(outcome), Some((sent, answered))),
+                        Err(e) => (Err(e), None),
+                    }
+                }
+            },
         };
-        let (claim, how, answered) = match claimed {
-            Ok((ClaimOutcome::Acquired { claim, how }, answered)) => (claim, how, answered),
-            Ok((ClaimOutcome::Replay { snapshot }, _)) => {
+        let (claim, how, claimed_at, answered) = match claimed {
+            Ok(ClaimOutcome::Acquired { claim, how }) => match times {
+                Some((sent, answered)) => (claim, how, sent, Some(answered)),
+                // Decided at once: it came back when it was asked, with its whole lease left.
+                None => (claim, how, tokio::time::Instant::now(), None),
+            },
+            Ok(ClaimOutcome::Replay { snapshot }) => {
                 let (result, outcome) = replayed(ok, &snapshot);
                 match &result {
                     Ok(_) => report(biz, outcome, 0),
@@ -270,13 +326,13 @@ where
                 }
                 return result.map_err(|e| err.from_idem(e));
             }
-            Ok((ClaimOutcome::Mismatch, _)) => {
+            Ok(ClaimOutcome::Mismatch) => {
                 return refuse(IdemError::PayloadMismatch, Outcome::Mismatch);
             }
-            Ok((ClaimOutcome::ResultGone, _)) => {
+            Ok(ClaimOutcome::ResultGone) => {
                 return refuse(IdemError::ResultExpired, Outcome::ResultExpired);
             }
-            Ok((ClaimOutcome::InProgress { retry_after }, _)) => {
+            Ok(ClaimOutcome::InProgress { retry_after }) => {
                 return refuse(IdemError::InProgress { retry_after }, Outcome::InProgress);
             }
             Err(e) => return refuse(e, Outcome::Rejected),
@@ -290,6 +346,7 @@ where
             call.key.clone(),
             Some(Steps::new(how == Acquired::Fresh)),
         ));
+        let timeout = call.store_timeout_in_force();
         let mut holder = Holder::new(
             store,
             &req,
@@ -300,7 +357,9 @@ where
             claimed_at,
         );
         let attempt = claim.attempt;
-        if let Err(e) = holder.confirm_at(answered).await {
+        if let Some(answered) = answered
+            && let Err(e) = holder.confirm_at(answered).await
+        {
             // The claim came back too late to be sure it is still ours: nothing runs.
             let outcome = match e {
                 IdemError::LeaseLost { .. } => Outcome::LeaseLost,
@@ -353,15 +412,26 @@ where
                     });
                     return result;
                 }
-                match holder
-                    .finish(|| match kept {
-                        None => store.complete(req.biz, req.key, &claim, &snapshot, req.ttl),
-                        Some(kept) => store
-                            .complete_keeping(req.biz, req.key, &claim, &snapshot, req.ttl, kept),
-                    })
-                    .await
-                    .map_err(|e| e.during("mark"))
+                let marked = match store
+                    .complete_now(req.biz, req.key, &claim, &snapshot, req.ttl, kept)
                 {
+                    // Done in this process; a transient error (none of this crate's stores
+                    // gives one here) is tried again as any mark is.
+                    Some(done) if !matches!(&done, Err(e) if e.is_transient_store_error()) => done,
+                    _ => {
+                        holder
+                            .finish(|| match kept {
+                                None => {
+                                    store.complete(req.biz, req.key, &claim, &snapshot, req.ttl)
+                                }
+                                Some(kept) => store.complete_keeping(
+                                    req.biz, req.key, &claim, &snapshot, req.ttl, kept,
+                                ),
+                            })
+                            .await
+                    }
+                };
+                match marked.map_err(|e| e.during("mark")) {
                     Ok(()) => (result, done),
                     Err(e @ IdemError::LeaseLost { .. }) => {
                         tracing::error!(
@@ -401,8 +471,7 @@ where
         };
         report(biz, outcome, attempt);
         result
-    };
-    in_span(span, call).await
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -435,12 +504,10 @@ impl<F: Future> Future for InSpan<F> {
     }
 }
 
-/// `fut` inside `span` ([`InSpan`]).
-pub(crate) fn in_span<F: Future>(span: tracing::Span, fut: F) -> InSpan<F> {
-    InSpan {
-        fut,
-        span: (!span.is_disabled()).then_some(span),
-    }
+/// `fut` inside `span` ([`InSpan`]; bare for `None`, as [`call_span`] gives when disabled).
+#[inline]
+pub(crate) fn in_span<F: Future>(span: Option<tracing::Span>, fut: F) -> InSpan<F> {
+    InSpan { fut, span }
 }
 
 /// Runs a call on a named or given store (what `#[idempotent]` expands to).

@@ -123,7 +123,7 @@ enum TxClaim<T> {
 }
 
 /// The span a transactional call runs in: claim, body and mark, as a lease-mode call's.
-struct CallSpan(tracing::Span);
+struct CallSpan(Option<tracing::Span>);
 
 /// The span of `call`.
 fn call_span(call: &Call) -> CallSpan {
@@ -150,11 +150,13 @@ where
     };
     let outcome = match call.request(tx.store()) {
         Ok(req) => {
-            let started = std::time::Instant::now();
+            let started = crate::metrics::ENABLED.then(std::time::Instant::now);
             let outcome = super::bounded(call.store_timeout_in_force(), tx.claim(&req))
                 .await
                 .map_err(|e| e.during("claim"));
-            crate::metrics::claim_latency(req.biz, tx.store().backend(), started.elapsed());
+            if let Some(started) = started {
+                crate::metrics::claim_latency(req.biz, tx.store().backend(), || started.elapsed());
+            }
             outcome
         }
         Err(e) => Err(e),

@@ -13,6 +13,10 @@ use std::sync::atomic::AtomicPtr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, RwLock};
 
+/// Whether this build exports through the `metrics` facade (feature `metrics`): without it, what
+/// only an exporter reads (a claim's latency) is not even measured.
+pub(crate) const ENABLED: bool = cfg!(feature = "metrics");
+
 /// How one idempotent call (or state transition) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -315,16 +319,21 @@ fn export_call(biz: &Biz, outcome: Outcome) {
 
 pub mod names;
 
-/// Records one claim's latency (feature `metrics`; nothing without it).
+/// Records one claim's latency, `elapsed` (feature `metrics`; without it nothing, not even the
+/// clock read `elapsed` would make).
 #[cfg(not(feature = "metrics"))]
 #[inline(always)]
-pub(crate) fn claim_latency(_: &str, _: &'static str, _: std::time::Duration) {}
+pub(crate) fn claim_latency(_: &str, _: &'static str, _: impl FnOnce() -> std::time::Duration) {}
 
 /// Records one claim's latency.
 #[cfg(feature = "metrics")]
-pub(crate) fn claim_latency(biz: &str, store: &'static str, elapsed: std::time::Duration) {
+pub(crate) fn claim_latency(
+    biz: &str,
+    store: &'static str,
+    elapsed: impl FnOnce() -> std::time::Duration,
+) {
     let biz = biz_entry(biz);
-    let seconds = elapsed.as_secs_f64();
+    let seconds = elapsed().as_secs_f64();
     match STORES.iter().position(|s| *s == store) {
         Some(i) => biz.exported().claims[i]
             .get_or_init(

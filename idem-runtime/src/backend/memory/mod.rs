@@ -286,6 +286,27 @@ impl Store for MemoryStore {
         Ok(self.claim_in(&mut self.lock(), req, now_us))
     }
 
+    /// Always: the claim is a map look-up under the lock.
+    #[inline]
+    fn claim_now(&self, req: &ClaimRequest<'_>) -> Option<Result<ClaimOutcome, IdemError>> {
+        let now_us = self.now_us();
+        Some(Ok(self.claim_in(&mut self.lock(), req, now_us)))
+    }
+
+    /// Always: the mark is a map update under the lock.
+    #[inline]
+    fn complete_now(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Option<Duration>,
+    ) -> Option<Result<(), IdemError>> {
+        Some(self.mark_succeeded(biz, key, claim, snapshot, ttl, result_ttl))
+    }
+
     /// Every key under one lock, at one clock reading.
     async fn claim_batch(&self, batch: &BatchClaim<'_>) -> Result<Vec<ClaimOutcome>, IdemError> {
         batch.check()?;

@@ -172,3 +172,65 @@ async fn stuck_records_come_from_the_processing_set() {
         "the sweep keeps the stuck"
     );
 }
+
+/// What the engine asks at once (`claim_now`, `complete_now`) is what a store-level caller gets
+/// from `claim` and `complete`: each step of a key's life, asked both ways on two stores, answers
+/// the same and leaves the same record.
+#[tokio::test]
+async fn answering_at_once_is_answering_through_the_future() {
+    let ttl = Duration::from_secs(60);
+    let (now, later) = (MemoryStore::new(), MemoryStore::new());
+    let r = req("PAY", "k", ttl);
+    let (a, b) = (
+        now.claim_now(&r).unwrap().unwrap(),
+        later.claim(&r).await.unwrap(),
+    );
+    let (
+        ClaimOutcome::Acquired { claim: ca, how: ha },
+        ClaimOutcome::Acquired { claim: cb, how: hb },
+    ) = (a, b)
+    else {
+        panic!("a new key is not acquired both ways");
+    };
+    assert_eq!((ca.attempt, ha), (cb.attempt, hb));
+    let (a, b) = (
+        now.claim_now(&r).unwrap().unwrap(),
+        later.claim(&r).await.unwrap(),
+    );
+    assert!(matches!(a, ClaimOutcome::InProgress { .. }), "{a:?}");
+    assert!(matches!(b, ClaimOutcome::InProgress { .. }), "{b:?}");
+    now.complete_now("PAY", "k", &ca, b"ok", ttl, None)
+        .unwrap()
+        .unwrap();
+    later.complete("PAY", "k", &cb, b"ok", ttl).await.unwrap();
+    for store in [&now, &later] {
+        let record = store.load("PAY", "k").await.unwrap().expect("kept");
+        assert_eq!(record.status, super::Status::Succeeded);
+        assert_eq!(record.snapshot.as_deref(), Some(&b"ok"[..]));
+    }
+    let (a, b) = (
+        now.claim_now(&r).unwrap().unwrap(),
+        later.claim(&r).await.unwrap(),
+    );
+    let (ClaimOutcome::Replay { snapshot: sa }, ClaimOutcome::Replay { snapshot: sb }) = (a, b)
+    else {
+        panic!("a finished key does not replay both ways");
+    };
+    assert_eq!((sa.as_slice(), sb.as_slice()), (&b"ok"[..], &b"ok"[..]));
+    // A mark under a fence that is not the record's is refused both ways.
+    let stale = crate::store::Claim {
+        attempt: ca.attempt,
+        fence: crate::store::Fence::new(ca.fence.get() + 1),
+    };
+    assert!(matches!(
+        now.complete_now("PAY", "k", &stale, b"no", ttl, Some(ttl / 2))
+            .unwrap(),
+        Err(crate::IdemError::LeaseLost { .. })
+    ));
+    assert!(matches!(
+        later
+            .complete_keeping("PAY", "k", &stale, b"no", ttl, ttl / 2)
+            .await,
+        Err(crate::IdemError::LeaseLost { .. })
+    ));
+}

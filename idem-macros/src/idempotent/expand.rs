@@ -142,7 +142,7 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     )
 }
 
-/// `Call::new(biz, &key).ttl(..).lease(..)` plus the optional parts.
+/// `Call::new(biz, &key).ttl(..).lease(..)` plus the optional parts, marked checked.
 fn call(spec: &Spec, private: &TokenStream) -> TokenStream {
     let biz = &spec.biz;
     let key = &spec.key;
@@ -192,7 +192,8 @@ fn call(spec: &Spec, private: &TokenStream) -> TokenStream {
             quote_spanned!(*span=> .store_timeout(::core::time::Duration::from_millis(#timeout))),
         );
     }
-    call
+    // Every duration above is a literal this macro checked: the call skips checking them again.
+    quote!(#private::checked(#call))
 }
 
 /// A composite key `(req.user_id, req.client_req_id)` as a tuple of references, `(&(..), &(..))`:

@@ -112,6 +112,9 @@ pub struct Call {
     pub(crate) result_ttl: Option<Duration>,
     /// Set by [`Call::store_timeout`]; else the surrounding inbox's, or the default.
     store_timeout: Option<Duration>,
+    /// Whether the durations were checked already (by `#[idempotent]`, when it compiled); a
+    /// builder method that sets one clears it.
+    checked: bool,
 }
 
 /// When a lease-mode call renews its lease while the body runs.
@@ -160,12 +163,14 @@ impl Call {
             heartbeat: Heartbeat::Default,
             result_ttl: None,
             store_timeout: None,
+            checked: false,
         }
     }
 
     /// How long the record lives.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
+        self.checked = false;
         self
     }
 
@@ -196,18 +201,21 @@ impl Call {
     /// ```
     pub fn result_ttl(mut self, result_ttl: Duration) -> Self {
         self.result_ttl = Some(result_ttl);
+        self.checked = false;
         self
     }
 
     /// How long a claim protects itself before another attempt may take it over.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self.checked = false;
         self
     }
 
     /// Wait up to `max` for an in-progress call to finish (then replay it) instead of refusing at once.
     pub fn wait(mut self, max: Duration) -> Self {
         self.wait = Some(max);
+        self.checked = false;
         self
     }
 
@@ -227,6 +235,7 @@ impl Call {
     /// takes when no `recover` can look the effect up.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.store_timeout = Some(timeout);
+        self.checked = false;
         self
     }
 
@@ -238,6 +247,7 @@ impl Call {
     /// [`IdemError::LeaseLost`].
     pub fn heartbeat(mut self, every: Duration) -> Self {
         self.heartbeat = Heartbeat::Every(every);
+        self.checked = false;
         self
     }
 
@@ -246,6 +256,7 @@ impl Call {
     /// to show what the heartbeat prevents.
     pub fn no_heartbeat(mut self) -> Self {
         self.heartbeat = Heartbeat::Off;
+        self.checked = false;
         self
     }
 
@@ -315,6 +326,13 @@ impl Call {
         self
     }
 
+    /// The same call, its durations marked as checked: what `#[idempotent]` does with the call
+    /// it built from literals it checked when it compiled.
+    pub(crate) fn checked(mut self) -> Self {
+        self.checked = true;
+        self
+    }
+
     /// The business type.
     pub fn biz(&self) -> &str {
         &self.biz
@@ -356,13 +374,15 @@ impl Call {
         let limits = store.limits();
         key::validate_biz(&self.biz, limits.max_biz_len)?;
         key::validate_key(&self.key, limits.max_key_len)?;
-        check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
-        if let Some(kept) = self.result_ttl {
-            check_result_ttl(kept, self.ttl)?;
-        }
-        if let Some(timeout) = self.store_timeout {
-            // One from an inbox was checked when it was built.
-            check_store_timeout(timeout)?;
+        if !self.checked {
+            check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
+            if let Some(kept) = self.result_ttl {
+                check_result_ttl(kept, self.ttl)?;
+            }
+            if let Some(timeout) = self.store_timeout {
+                // One from an inbox was checked when it was built.
+                check_store_timeout(timeout)?;
+            }
         }
         let fingerprint = match &self.fingerprint {
             None => None,

@@ -11,6 +11,13 @@ pub use inventory;
 mod checks;
 pub use checks::*;
 
+/// `call`, built by `#[idempotent]` from durations it checked when it compiled: they are not
+/// checked again on every call.
+#[inline]
+pub fn checked(call: Call) -> Call {
+    call.checked()
+}
+
 // Submit tokens: one entry point that spends the token and runs the body.
 mod consume_token;
 pub use consume_token::{TokenStoreArg, consume_token};

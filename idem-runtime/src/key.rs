@@ -166,7 +166,16 @@ pub const DEFAULT_MAX_BIZ_LEN: usize = 32;
 ///
 /// # Errors
 /// [`IdemError::InvalidKey`] saying what is wrong.
+#[inline]
 pub fn validate_key(key: &str, max_len: usize) -> Result<(), IdemError> {
+    // The usual key, at once: in length, a printable ASCII byte (so not only whitespace), no NUL.
+    let bytes = key.as_bytes();
+    if (1..=max_len).contains(&bytes.len())
+        && bytes.iter().any(u8::is_ascii_graphic)
+        && !bytes.contains(&0)
+    {
+        return Ok(());
+    }
     let reason = if key.is_empty() {
         "the key is empty".to_owned()
     } else if key.chars().all(char::is_whitespace) {
@@ -188,6 +197,7 @@ pub fn validate_key(key: &str, max_len: usize) -> Result<(), IdemError> {
 ///
 /// # Errors
 /// [`IdemError::InvalidBiz`] saying what is wrong.
+#[inline]
 pub fn validate_biz(biz: &str, max_len: usize) -> Result<(), IdemError> {
     let reason = if biz.is_empty() {
         "it is empty".to_owned()

@@ -246,7 +246,7 @@ where
 /// [`execute`] without its span.
 async fn execute_bare<T, E, F, R, RF>(
     store: Result<StoreHandle<'_>, IdemError>,
-    call: Call,
+    mut call: Call,
     ok: OkType<T>,
     err: ErrType<E>,
     recover: Option<R>,
@@ -259,7 +259,7 @@ where
     RF: Future<Output = Result<Option<T>, E>>,
 {
     {
-        let biz = call.biz();
+        let biz: &str = &call.biz;
         let refuse = |e: IdemError, outcome: Outcome| {
             report_error(biz, outcome, 0, &e);
             Err(err.from_idem(e))
@@ -341,17 +341,30 @@ where
         // expires and a later attempt takes over; nothing ever claims a success that did not happen.
         // What the body's task knows of its call (for its steps): made only once the body may
         // run, so a replay allocates nothing for it.
+        // The call's key moves into it (the call keeps no other use for it), and the request
+        // reads it there.
+        let fingerprint = match &call.fingerprint {
+            Some(Ok(fp)) => Some(fp.as_str()),
+            _ => None,
+        };
         let scope = Arc::new(CallScope::new(
             call.biz.clone(),
-            call.key.clone(),
+            std::mem::take(&mut call.key),
             Some(Steps::new(how == Acquired::Fresh)),
         ));
+        let req = ClaimRequest {
+            biz,
+            key: &scope.key,
+            fingerprint,
+            lease: call.lease,
+            ttl: call.ttl,
+        };
         let timeout = call.store_timeout_in_force();
         let mut holder = Holder::new(
             store,
             &req,
             claim,
-            scope,
+            Arc::clone(&scope),
             call.heartbeat_every(),
             timeout,
             claimed_at,
@@ -393,7 +406,7 @@ where
         let (result, outcome) = match out {
             Ok(value) => {
                 let limit = store.limits().max_snapshot_len;
-                let (snapshot, result, done) = encoded(ok, err, value, limit, ran);
+                let (mut snapshot, result, done) = encoded(ok, err, value, limit, ran);
                 if let Some(defer) = defer
                     && result.is_ok()
                 {
@@ -412,9 +425,14 @@ where
                     });
                     return result;
                 }
-                let marked = match store
-                    .complete_now(req.biz, req.key, &claim, &snapshot, req.ttl, kept)
-                {
+                let marked = match store.complete_now(
+                    req.biz,
+                    req.key,
+                    &claim,
+                    &mut snapshot,
+                    req.ttl,
+                    kept,
+                ) {
                     // Done in this process; a transient error (none of this crate's stores
                     // gives one here) is tried again as any mark is.
                     Some(done) if !matches!(&done, Err(e) if e.is_transient_store_error()) => done,

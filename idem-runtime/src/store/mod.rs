@@ -393,14 +393,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// [`Store::complete`] (with a `result_ttl`, [`Store::complete_keeping`]) done at once, by a
     /// store that holds its records in this process, as [`Store::claim_now`]: a store that
-    /// answers here answers exactly as those would. The default, `None`, sends the mark through
-    /// them.
+    /// answers here answers exactly as those would. The store may take the snapshot's bytes
+    /// (leaving `snapshot` empty) when the mark lands, instead of copying them; it leaves them
+    /// otherwise. The default, `None`, sends the mark through `complete`.
     fn complete_now(
         &self,
         biz: &str,
         key: &str,
         claim: &Claim,
-        snapshot: &[u8],
+        snapshot: &mut Vec<u8>,
         ttl: Duration,
         result_ttl: Option<Duration>,
     ) -> Option<Result<(), IdemError>> {

@@ -221,13 +221,14 @@ impl MemoryStore {
         }
     }
 
-    /// The mark of success, the result kept `result_ttl` (or as long as the record).
+    /// The mark of success, the result kept `result_ttl` (or as long as the record); `snapshot`
+    /// gives the bytes to keep, called only when the mark lands.
     fn mark_succeeded(
         &self,
         biz: &str,
         key: &str,
         claim: &Claim,
-        snapshot: &[u8],
+        snapshot: impl FnOnce() -> Vec<u8>,
         ttl: Duration,
         result_ttl: Option<Duration>,
     ) -> Result<(), IdemError> {
@@ -253,14 +254,14 @@ impl MemoryStore {
         biz: &str,
         key: &str,
         claim: &Claim,
-        snapshot: &[u8],
+        snapshot: impl FnOnce() -> Vec<u8>,
         ttl: Duration,
         result_ttl: Option<Duration>,
     ) -> Result<(), IdemError> {
         let result_until = result_ttl.map(|keep| now.saturating_add(millis(keep)));
         let held = Self::held(records, biz, key, claim, Status::Succeeded, |e| {
             e.status = Status::Succeeded;
-            e.snapshot = Some(snapshot.to_vec());
+            e.snapshot = Some(snapshot());
             e.expire_at = e.expire_at.max(now.saturating_add(millis(ttl)));
             e.result_until = result_until;
         })?;
@@ -293,18 +294,19 @@ impl Store for MemoryStore {
         Some(Ok(self.claim_in(&mut self.lock(), req, now_us)))
     }
 
-    /// Always: the mark is a map update under the lock.
+    /// Always: the mark is a map update under the lock, which keeps the snapshot's bytes.
     #[inline]
     fn complete_now(
         &self,
         biz: &str,
         key: &str,
         claim: &Claim,
-        snapshot: &[u8],
+        snapshot: &mut Vec<u8>,
         ttl: Duration,
         result_ttl: Option<Duration>,
     ) -> Option<Result<(), IdemError>> {
-        Some(self.mark_succeeded(biz, key, claim, snapshot, ttl, result_ttl))
+        let keep = || std::mem::take(snapshot);
+        Some(self.mark_succeeded(biz, key, claim, keep, ttl, result_ttl))
     }
 
     /// Every key under one lock, at one clock reading.
@@ -349,7 +351,7 @@ impl Store for MemoryStore {
                     biz,
                     m.key,
                     &m.claim,
-                    m.snapshot,
+                    || m.snapshot.to_vec(),
                     ttl,
                     m.result_ttl,
                 )
@@ -365,7 +367,7 @@ impl Store for MemoryStore {
         snapshot: &[u8],
         ttl: Duration,
     ) -> Result<(), IdemError> {
-        self.mark_succeeded(biz, key, claim, snapshot, ttl, None)
+        self.mark_succeeded(biz, key, claim, || snapshot.to_vec(), ttl, None)
     }
 
     async fn complete_keeping(
@@ -377,7 +379,7 @@ impl Store for MemoryStore {
         ttl: Duration,
         result_ttl: Duration,
     ) -> Result<(), IdemError> {
-        self.mark_succeeded(biz, key, claim, snapshot, ttl, Some(result_ttl))
+        self.mark_succeeded(biz, key, claim, || snapshot.to_vec(), ttl, Some(result_ttl))
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {

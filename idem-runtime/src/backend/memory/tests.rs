@@ -199,9 +199,11 @@ async fn answering_at_once_is_answering_through_the_future() {
     );
     assert!(matches!(a, ClaimOutcome::InProgress { .. }), "{a:?}");
     assert!(matches!(b, ClaimOutcome::InProgress { .. }), "{b:?}");
-    now.complete_now("PAY", "k", &ca, b"ok", ttl, None)
+    let mut bytes = b"ok".to_vec();
+    now.complete_now("PAY", "k", &ca, &mut bytes, ttl, None)
         .unwrap()
         .unwrap();
+    assert!(bytes.is_empty(), "the store keeps the bytes it was given");
     later.complete("PAY", "k", &cb, b"ok", ttl).await.unwrap();
     for store in [&now, &later] {
         let record = store.load("PAY", "k").await.unwrap().expect("kept");
@@ -223,7 +225,7 @@ async fn answering_at_once_is_answering_through_the_future() {
         fence: crate::store::Fence::new(ca.fence.get() + 1),
     };
     assert!(matches!(
-        now.complete_now("PAY", "k", &stale, b"no", ttl, Some(ttl / 2))
+        now.complete_now("PAY", "k", &stale, &mut b"no".to_vec(), ttl, Some(ttl / 2))
             .unwrap(),
         Err(crate::IdemError::LeaseLost { .. })
     ));
@@ -233,4 +235,7 @@ async fn answering_at_once_is_answering_through_the_future() {
             .await,
         Err(crate::IdemError::LeaseLost { .. })
     ));
+    let mut refused = b"no".to_vec();
+    let _ = now.complete_now("PAY", "k", &stale, &mut refused, ttl, None);
+    assert_eq!(refused, b"no", "a mark that did not land leaves its bytes");
 }

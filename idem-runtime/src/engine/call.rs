@@ -16,6 +16,8 @@ use crate::{IdemError, IdemKey, Store, duration, fingerprint, key};
 pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Default lease: 30 seconds.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// A third of [`DEFAULT_LEASE`]: the default heartbeat's period for it.
+const DEFAULT_LEASE_THIRD: Duration = Duration::from_secs(10);
 /// Default bound on each of a call's store steps (its claim, a replay's read, a renewal, its
 /// mark): 10 seconds. See [`Call::store_timeout`].
 pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -134,6 +136,8 @@ impl Heartbeat {
     /// under 3 ms), the given period, or never.
     pub(crate) fn every(self, lease: Duration) -> Option<Duration> {
         match self {
+            // The default lease's third without a division.
+            Heartbeat::Default if lease == DEFAULT_LEASE => Some(DEFAULT_LEASE_THIRD),
             Heartbeat::Default => Some(lease / 3).filter(|d| *d >= Duration::from_millis(1)),
             Heartbeat::Every(every) => Some(every),
             Heartbeat::Off => None,
@@ -596,4 +600,26 @@ pub(crate) fn check_durations(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_heartbeat_is_a_third_of_the_lease() {
+        assert_eq!(DEFAULT_LEASE_THIRD, DEFAULT_LEASE / 3);
+        for lease in [
+            DEFAULT_LEASE,
+            Duration::from_secs(31),
+            Duration::from_millis(3),
+        ] {
+            assert_eq!(
+                Heartbeat::Default.every(lease),
+                Some(lease / 3),
+                "{lease:?}"
+            );
+        }
+        assert_eq!(Heartbeat::Default.every(Duration::from_millis(2)), None);
+    }
 }

@@ -25,12 +25,14 @@ use crate::store::{Claim, ClaimRequest, Status, Store};
 /// The part of the lease a mark leaves unused: a tenth of it, at most 1 s. A mark sent later could
 /// land after another attempt took the record over.
 fn margin(lease: Duration) -> Duration {
-    (lease / 10).min(Duration::from_secs(1))
+    const MOST: Duration = Duration::from_secs(1);
+    // No division for a lease of 10 s or more (the default is 30 s).
+    if lease >= MOST * 10 { MOST } else { lease / 10 }
 }
 
 /// When a lease sent at `sent` stops protecting a mark: its end less [`margin`].
 fn safe_until(sent: Instant, lease: Duration) -> Option<Instant> {
-    (sent + lease).checked_sub(margin(lease))
+    sent.checked_add(lease - margin(lease))
 }
 
 /// The holder of one claim: its store, its record, and when its lease ends by this process's
@@ -80,14 +82,14 @@ impl<'a> Holder<'a> {
     /// Runs the body as the holder of the claim (see [`current::current_claim`]), renewing the
     /// lease every heartbeat while it runs, and reading and saving its steps when they ask.
     pub(crate) async fn run<F: Future>(&mut self, body: F) -> F::Output {
-        let call = self.call.clone();
-        let mut body = pin!(current::scope(self.claim, call.clone(), body));
+        let mut body = pin!(current::scope(self.claim, self.call.clone(), body));
         // A body that is done at its first poll (no I/O, a cache hit) needs no heartbeat timer:
         // arming and dropping one costs more than many such bodies.
         let first = std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll(cx))).await;
         if let Poll::Ready(out) = first {
             return out;
         }
+        let call = self.call.clone();
         let steps = call.steps.as_ref();
         loop {
             let next_beat = self.heartbeat.map(|every| self.last_beat + every);
@@ -360,5 +362,10 @@ mod tests {
         );
         assert_eq!(margin(Duration::from_secs(20)), Duration::from_secs(1));
         assert_eq!(margin(Duration::from_millis(1)), Duration::from_micros(100));
+        assert_eq!(margin(Duration::from_secs(10)), Duration::from_secs(1));
+        assert_eq!(
+            margin(Duration::from_millis(9_990)),
+            Duration::from_millis(999)
+        );
     }
 }

@@ -37,9 +37,12 @@ pub(crate) struct Steps {
 }
 
 struct State {
-    /// The saved log; `None` until it was read back (a takeover or a retry: the record may hold the
-    /// steps of an earlier attempt). A fresh record starts with an empty log.
+    /// The saved log; `None` while it is empty and nothing was read back (a fresh record starts
+    /// with none, and makes it at its first step: a call without steps never makes one).
     log: Option<Log>,
+    /// Whether the log still has to be read back (a takeover or a retry: the record may hold the
+    /// steps of an earlier attempt).
+    unread: bool,
     /// What steps asked for, in order.
     asks: Vec<Ask>,
 }
@@ -58,7 +61,8 @@ impl Steps {
     pub(crate) fn new(fresh: bool) -> Self {
         Steps {
             state: Mutex::new(State {
-                log: fresh.then(Log::new),
+                log: None,
+                unread: !fresh,
                 asks: Vec::new(),
             }),
             wake: Notify::new(),
@@ -85,12 +89,16 @@ impl Steps {
     /// The asks since the last call, and whether the log still has to be read.
     pub(crate) fn take_asks(&self) -> (Vec<Ask>, bool) {
         let mut state = self.lock();
-        (std::mem::take(&mut state.asks), state.log.is_none())
+        (std::mem::take(&mut state.asks), state.unread)
     }
 
     /// Sets the log read back from the record.
     pub(crate) fn set_log(&self, log: Log) {
-        self.lock().log.get_or_insert(log);
+        let mut state = self.lock();
+        if state.unread {
+            state.log = Some(log);
+            state.unread = false;
+        }
     }
 
     /// The log as it is saved.
@@ -254,9 +262,11 @@ where
             format!("the step ran, but its result cannot be encoded to be saved: {e}"),
         )
     })?;
-    if let Some(log) = steps.lock().log.as_mut() {
-        log.insert(name.to_owned(), json);
-    }
+    steps
+        .lock()
+        .log
+        .get_or_insert_with(Log::new)
+        .insert(name.to_owned(), json);
     match steps.ask(Some(name.to_owned())).await {
         Ok(()) => Ok(value),
         Err(e @ (IdemError::LeaseLost { .. } | IdemError::Step { .. })) => Err(e.into()),

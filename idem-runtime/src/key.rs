@@ -256,6 +256,20 @@ mod tests {
             );
         }
         assert!(validate_key(&"x".repeat(129), 128).is_err());
+        for len in [1, 31, 32, 33, 100] {
+            let mut with_nul = "x".repeat(len);
+            with_nul.push('\0');
+            assert!(validate_key(&with_nul, 128).is_err(), "NUL at {len}");
+            assert!(validate_key(&" ".repeat(len), 128).is_err(), "{len} spaces");
+            assert!(
+                validate_key(&format!("{} x", " ".repeat(len)), 128).is_ok(),
+                "{len}"
+            );
+            assert!(
+                validate_key(&"\u{3000}".repeat(len.min(40)), 128).is_err(),
+                "ideographic spaces"
+            );
+        }
         assert!(validate_key(&"x".repeat(128), 128).is_ok());
         assert!(validate_key("'; DROP TABLE idem_record; --", 128).is_ok());
     }

@@ -305,7 +305,13 @@ impl Store for MemoryStore {
         ttl: Duration,
         result_ttl: Option<Duration>,
     ) -> Option<Result<(), IdemError>> {
-        let keep = || std::mem::take(snapshot);
+        // The bytes themselves when their buffer has little to spare (no more than an
+        // allocator's size class rounds a copy up to), else a copy at their length: a record
+        // keeps no spare capacity of the encoder's.
+        let keep = || match snapshot.capacity() - snapshot.len() {
+            0..=16 => std::mem::take(snapshot),
+            _ => snapshot.as_slice().to_vec(),
+        };
         Some(self.mark_succeeded(biz, key, claim, keep, ttl, result_ttl))
     }
 

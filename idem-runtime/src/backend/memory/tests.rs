@@ -235,6 +235,22 @@ async fn answering_at_once_is_answering_through_the_future() {
             .await,
         Err(crate::IdemError::LeaseLost { .. })
     ));
+    // A buffer with much to spare is copied at its length, not kept with its spare capacity.
+    let roomy_req = req("PAY", "roomy", ttl);
+    let Some(Ok(ClaimOutcome::Acquired { claim, .. })) = now.claim_now(&roomy_req) else {
+        panic!("a new key is not acquired");
+    };
+    let mut roomy = Vec::with_capacity(64);
+    roomy.extend_from_slice(b"ok");
+    now.complete_now("PAY", "roomy", &claim, &mut roomy, ttl, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(roomy, b"ok", "copied, not taken");
+    {
+        let records = now.lock();
+        let kept = records["PAY"].records["roomy"].snapshot.as_ref().unwrap();
+        assert_eq!((kept.as_slice(), kept.capacity()), (&b"ok"[..], 2));
+    }
     let mut refused = b"no".to_vec();
     let _ = now.complete_now("PAY", "k", &stale, &mut refused, ttl, None);
     assert_eq!(refused, b"no", "a mark that did not land leaves its bytes");

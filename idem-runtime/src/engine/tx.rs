@@ -115,6 +115,10 @@ struct TxGuard {
 }
 
 /// What a transactional claim found.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "made once per call and taken apart at once; boxing the guard would cost every call an allocation"
+)]
 enum TxClaim<T> {
     /// Run the body (with `tx_body`); finish with `tx_finish`.
     Run(TxGuard),

@@ -29,9 +29,9 @@ fn expands_the_lease_mode() {
         "# [doc = r\" Pays.\"] # [inline] pub async fn pay (req : & PayReq) -> Result < Receipt , PayError > { # ! [allow (unused)]",
         "let __idem_ok = < Receipt as :: idem :: __private :: Storable > :: proof () ;",
         "let __idem_err = < PayError as :: idem :: __private :: CarriesIdemError > :: proof () ;",
-        "let __idem_call = :: idem :: __private :: Call :: new (\"PAY\" , & (req . order_no)) \
+        "let __idem_call = :: idem :: __private :: checked (:: idem :: __private :: Call :: new (\"PAY\" , & (req . order_no)) \
          . ttl (:: core :: time :: Duration :: from_millis (604800000u64)) \
-         . lease (:: core :: time :: Duration :: from_millis (30000u64)) ;",
+         . lease (:: core :: time :: Duration :: from_millis (30000u64))) ;",
         ":: idem :: __private :: run :: < Receipt , PayError , _ > (:: idem :: __private :: StoreArg :: Named (\"sqlite\") , __idem_call , __idem_ok , __idem_err , async {",
         "let __idem_fake_return : Result < Receipt , PayError > = loop { } ; return __idem_fake_return ;",
         "Ok (Receipt) }) . await }",
@@ -69,7 +69,8 @@ fn expands_options_and_a_given_store() {
     for expected in [
         "use renamed :: __private :: { AsStore as _ , AsStoreRef as _ } ;",
         "renamed :: __private :: Call :: new (\"PAY\" , & ((& (req . a) , & (req . b) ,)))",
-        ". fingerprint (& (req)) . wait (:: core :: time :: Duration :: from_millis (5000u64)) ;",
+        ". fingerprint (& (req)) . wait (:: core :: time :: Duration :: from_millis (5000u64))) ;",
+        "let __idem_call = renamed :: __private :: checked (renamed :: __private :: Call :: new",
         "renamed :: __private :: StoreArg :: Given ((& (self . store)) . as_idem_store ())",
     ] {
         assert!(out.contains(expected), "missing `{expected}` in\n{out}");

@@ -124,8 +124,16 @@ impl MemoryStore {
         if e.status != Status::Processing {
             return Err(lost());
         }
+        let could_expire = e.earliest_expiry();
         change(e);
         let key = Arc::clone(k);
+        // Sooner than the expiry queue has it (a lease released or shortened, a failure or a
+        // mark that ends a lease holding the record past its TTL): queued again at the new time,
+        // so a sweep then finds it.
+        let expires = e.earliest_expiry();
+        if expires < could_expire {
+            by_biz.expiries.push(Reverse((expires, Arc::clone(&key))));
+        }
         if e.status != Status::Processing && e.slot != NO_SLOT {
             let slot = std::mem::replace(&mut e.slot, NO_SLOT);
             by_biz.leave(slot);

@@ -56,6 +56,15 @@ impl Entry {
         }
     }
 
+    /// The earliest time it can expire: its TTL, or the end of a live lease that holds it past
+    /// its TTL (only a PROCESSING record's lease holds it).
+    pub(super) fn earliest_expiry(&self) -> i64 {
+        match self.status {
+            Status::Processing => self.expire_at.max(self.lease_until),
+            _ => self.expire_at,
+        }
+    }
+
     pub(super) fn claim(&self) -> Claim {
         Claim {
             attempt: self.attempt,
@@ -120,9 +129,17 @@ impl Biz {
     pub(super) fn sweep(&mut self, now: i64, batch: usize) -> usize {
         let mut deleted = 0;
         while deleted < batch {
-            let Some((_, key)) = Self::due(&mut self.expiries, now) else {
+            let Some((at, key)) = Self::due(&mut self.expiries, now) else {
                 break;
             };
+            // The same record queued twice at the same time (queued again sooner, then both
+            // queued again at its expiry): one item is enough.
+            while let Some(Reverse((next, next_key))) = self.expiries.peek()
+                && *next == at
+                && **next_key == *key
+            {
+                self.expiries.pop();
+            }
             let Some(e) = self.records.get(&*key) else {
                 continue;
             };
@@ -136,12 +153,7 @@ impl Biz {
             } else {
                 // Not yet: the earliest it can expire, later than now (its TTL, or the end of
                 // the live lease that holds it past its TTL).
-                let at = if e.expire_at > now {
-                    e.expire_at
-                } else {
-                    e.lease_until
-                };
-                self.expiries.push(Reverse((at, key)));
+                self.expiries.push(Reverse((e.earliest_expiry(), key)));
             }
         }
         deleted

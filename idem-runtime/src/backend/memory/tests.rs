@@ -255,3 +255,72 @@ async fn answering_at_once_is_answering_through_the_future() {
     let _ = now.complete_now("PAY", "k", &stale, &mut refused, ttl, None);
     assert_eq!(refused, b"no", "a mark that did not land leaves its bytes");
 }
+
+/// A lease that held a record past its TTL, then ended sooner than the queue had it (released,
+/// failed, or shortened by a renewal): the next sweep deletes the record, and the queue keeps one
+/// item per record.
+#[tokio::test]
+async fn a_lease_ended_early_is_swept_when_it_ends() {
+    let (lease, ttl) = (Duration::from_secs(40), Duration::from_secs(15));
+    for end in ["release", "fail", "renew"] {
+        let clock = TestClock::new();
+        let store = MemoryStore::new().with_test_clock(clock.clone());
+        let r = ClaimRequest {
+            lease,
+            ..req("B", "k", ttl)
+        };
+        let ClaimOutcome::Acquired { claim, .. } = store.claim(&r).await.unwrap() else {
+            panic!("{end}: not acquired");
+        };
+        clock.advance(Duration::from_secs(16));
+        // Past its TTL, held by its lease: not swept, queued again at the lease's end.
+        assert_eq!(store.sweep_expired(100).await.unwrap(), 0, "{end}");
+        match end {
+            "release" => store.release("B", "k", &claim).await.unwrap(),
+            "fail" => store.fail("B", "k", &claim).await.unwrap(),
+            _ => store
+                .renew("B", "k", &claim, Duration::from_secs(1))
+                .await
+                .unwrap(),
+        }
+        if end == "renew" {
+            assert_eq!(store.sweep_expired(100).await.unwrap(), 0, "{end}");
+            clock.advance(Duration::from_secs(1));
+        }
+        assert_eq!(store.sweep_expired(100).await.unwrap(), 1, "{end}");
+        assert!(store.load("B", "k").await.unwrap().is_none(), "{end}");
+        // Its business type went with it, queue and all.
+        assert!(store.lock().get("B").is_none(), "{end}");
+    }
+    // Queued twice at the same time, a record is looked at once and queued again once.
+    let clock = TestClock::new();
+    let store = MemoryStore::new().with_test_clock(clock.clone());
+    let r = ClaimRequest {
+        lease,
+        ..req("B", "k", ttl)
+    };
+    let ClaimOutcome::Acquired { claim, .. } = store.claim(&r).await.unwrap() else {
+        panic!("not acquired");
+    };
+    clock.advance(Duration::from_secs(16));
+    assert_eq!(store.sweep_expired(100).await.unwrap(), 0);
+    store
+        .renew("B", "k", &claim, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(store.lock()["B"].expiries.len(), 2);
+    clock.advance(Duration::from_secs(1));
+    store
+        .renew("B", "k", &claim, Duration::from_secs(30))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(store.sweep_expired(100).await.unwrap(), 0);
+    assert_eq!(
+        store.lock()["B"].expiries.len(),
+        2,
+        "the old item and the one queued again"
+    );
+    clock.advance(Duration::from_secs(40));
+    assert_eq!(store.sweep_expired(100).await.unwrap(), 1);
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use crate::TestClock;
-use crate::store::{ClaimOutcome, ClaimRequest, Store};
+use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
 
 fn req<'a>(biz: &'a str, key: &'a str, ttl: Duration) -> ClaimRequest<'a> {
     ClaimRequest {
@@ -261,20 +261,24 @@ async fn answering_at_once_is_answering_through_the_future() {
 /// item per record.
 #[tokio::test]
 async fn a_lease_ended_early_is_swept_when_it_ends() {
-    let (lease, ttl) = (Duration::from_secs(40), Duration::from_secs(15));
-    for end in ["release", "fail", "renew"] {
+    /// A record claimed with a 40 s lease and a 15 s TTL, 16 s later: past its TTL, held by its
+    /// lease, so not swept, and queued again at the lease's end.
+    async fn held_past_its_ttl() -> (TestClock, MemoryStore, Claim) {
         let clock = TestClock::new();
         let store = MemoryStore::new().with_test_clock(clock.clone());
         let r = ClaimRequest {
-            lease,
-            ..req("B", "k", ttl)
+            lease: Duration::from_secs(40),
+            ..req("B", "k", Duration::from_secs(15))
         };
         let ClaimOutcome::Acquired { claim, .. } = store.claim(&r).await.unwrap() else {
-            panic!("{end}: not acquired");
+            panic!("not acquired");
         };
         clock.advance(Duration::from_secs(16));
-        // Past its TTL, held by its lease: not swept, queued again at the lease's end.
-        assert_eq!(store.sweep_expired(100).await.unwrap(), 0, "{end}");
+        assert_eq!(store.sweep_expired(100).await.unwrap(), 0);
+        (clock, store, claim)
+    }
+    for end in ["release", "fail", "renew"] {
+        let (clock, store, claim) = held_past_its_ttl().await;
         match end {
             "release" => store.release("B", "k", &claim).await.unwrap(),
             "fail" => store.fail("B", "k", &claim).await.unwrap(),
@@ -293,17 +297,7 @@ async fn a_lease_ended_early_is_swept_when_it_ends() {
         assert!(store.lock().get("B").is_none(), "{end}");
     }
     // Queued twice at the same time, a record is looked at once and queued again once.
-    let clock = TestClock::new();
-    let store = MemoryStore::new().with_test_clock(clock.clone());
-    let r = ClaimRequest {
-        lease,
-        ..req("B", "k", ttl)
-    };
-    let ClaimOutcome::Acquired { claim, .. } = store.claim(&r).await.unwrap() else {
-        panic!("not acquired");
-    };
-    clock.advance(Duration::from_secs(16));
-    assert_eq!(store.sweep_expired(100).await.unwrap(), 0);
+    let (clock, store, claim) = held_past_its_ttl().await;
     store
         .renew("B", "k", &claim, Duration::from_secs(2))
         .await

@@ -10,7 +10,10 @@ use serde::de::DeserializeOwned;
 use super::snapshot::{ErrType, OkType};
 use super::{NoRecover, StoreHandle, execute};
 use crate::store::ClaimRequest;
-use crate::{IdemError, IdemKey, Store, duration, fingerprint, key};
+use crate::{IdemError, IdemKey, Store, fingerprint, key};
+
+mod checks;
+pub(crate) use checks::{check_durations, check_result_ttl, check_store_timeout};
 
 /// Default record lifetime: 7 days.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -529,119 +532,5 @@ fn ambient_store_timeout() -> Duration {
         .unwrap_or(DEFAULT_STORE_TIMEOUT)
 }
 
-/// The range of a store timeout: 1 ms ..= [`MAX_DURATION`](crate::MAX_DURATION).
-pub(crate) fn check_store_timeout(timeout: Duration) -> Result<(), IdemError> {
-    if timeout == DEFAULT_STORE_TIMEOUT {
-        return Ok(());
-    }
-    duration::check(
-        "the store timeout",
-        timeout,
-        Duration::from_millis(1),
-        "shorter than 1 ms: no store could answer in time",
-    )
-}
-
-/// The range of a result ttl: 1 ms ..= the call's ttl.
-pub(crate) fn check_result_ttl(result_ttl: Duration, ttl: Duration) -> Result<(), IdemError> {
-    duration::check(
-        "the result ttl",
-        result_ttl,
-        Duration::from_millis(1),
-        "shorter than 1 ms, the stores' unit of time: the result would be gone before a repeat \
-         could read it",
-    )?;
-    if result_ttl > ttl {
-        return Err(IdemError::InvalidOptions {
-            reason: format!(
-                "the result ttl {result_ttl:?} is longer than the ttl {ttl:?}: a result cannot \
-                 outlive its record (make the ttl at least as long)"
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// The ranges of a call's durations, checked before anything is written (the same for `Call`,
-/// `#[idempotent]`, whose literals the macro has checked already, and the HTTP layer's `build()`):
-/// the lease 1 ms ..= [`MAX_DURATION`](crate::MAX_DURATION), the ttl longer than the lease and at
-/// most the maximum, a wait 0 ..= the maximum, a heartbeat of at least 1 ms and shorter than the lease.
-pub(crate) fn check_durations(
-    ttl: Duration,
-    lease: Duration,
-    wait: Option<Duration>,
-    heartbeat: Option<Duration>,
-) -> Result<(), IdemError> {
-    if (ttl, lease, wait, heartbeat) == (DEFAULT_TTL, DEFAULT_LEASE, None, None) {
-        return Ok(());
-    }
-    duration::check(
-        "the lease",
-        lease,
-        Duration::from_millis(1),
-        "shorter than 1 ms, the stores' unit of time: the claim would expire before the body starts",
-    )?;
-    duration::check_max("the ttl", ttl)?;
-    if ttl <= lease {
-        return Err(IdemError::InvalidOptions {
-            reason: format!("ttl {ttl:?} must be longer than the lease {lease:?}"),
-        });
-    }
-    if let Some(wait) = wait {
-        duration::check_max("the wait", wait)?;
-    }
-    if let Some(every) = heartbeat
-        && (every < Duration::from_millis(1) || every >= lease)
-    {
-        return Err(IdemError::InvalidOptions {
-            reason: format!(
-                "the heartbeat {every:?} must be at least 1 ms and shorter than the lease {lease:?} (a third of it is usual)"
-            ),
-        });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_default_heartbeat_is_a_third_of_the_lease() {
-        assert_eq!(DEFAULT_LEASE_THIRD, DEFAULT_LEASE / 3);
-        for lease in [
-            DEFAULT_LEASE,
-            Duration::from_secs(31),
-            Duration::from_millis(3),
-        ] {
-            assert_eq!(
-                Heartbeat::Default.every(lease),
-                Some(lease / 3),
-                "{lease:?}"
-            );
-        }
-        assert_eq!(Heartbeat::Default.every(Duration::from_millis(2)), None);
-    }
-
-    /// A call marked checked (as `#[idempotent]` marks the call it built from literals it checked)
-    /// skips the duration checks; a builder method after the mark checks them again.
-    #[test]
-    fn a_duration_set_after_the_checked_mark_is_checked() {
-        let store = crate::MemoryStore::new();
-        let invalid =
-            |call: Call| matches!(call.request(&store), Err(IdemError::InvalidOptions { .. }));
-        let zero = Duration::ZERO;
-        assert!(invalid(Call::new("PAY", "k").lease(zero)));
-        assert!(invalid(Call::new("PAY", "k").checked().lease(zero)));
-        assert!(invalid(Call::new("PAY", "k").checked().heartbeat(zero)));
-        assert!(invalid(Call::new("PAY", "k").checked().result_ttl(zero)));
-        assert!(invalid(Call::new("PAY", "k").checked().store_timeout(zero)));
-        assert!(invalid(Call::new("PAY", "k").checked().ttl(DEFAULT_LEASE)));
-        assert!(!invalid(Call::new("PAY", "k").checked()));
-        // Still checked after the mark: the business type and the key.
-        assert!(matches!(
-            Call::new("PAY", "").checked().request(&store),
-            Err(IdemError::InvalidKey { .. })
-        ));
-    }
-}
+mod tests;

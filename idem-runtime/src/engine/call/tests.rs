@@ -1,0 +1,42 @@
+//! `Call`'s own tests: the default heartbeat, and the checked mark `#[idempotent]` sets.
+
+use super::*;
+
+#[test]
+fn the_default_heartbeat_is_a_third_of_the_lease() {
+    assert_eq!(DEFAULT_LEASE_THIRD, DEFAULT_LEASE / 3);
+    for lease in [
+        DEFAULT_LEASE,
+        Duration::from_secs(31),
+        Duration::from_millis(3),
+    ] {
+        assert_eq!(
+            Heartbeat::Default.every(lease),
+            Some(lease / 3),
+            "{lease:?}"
+        );
+    }
+    assert_eq!(Heartbeat::Default.every(Duration::from_millis(2)), None);
+}
+
+/// A call marked checked (as `#[idempotent]` marks the call it built from literals it checked)
+/// skips the duration checks; a builder method after the mark checks them again.
+#[test]
+fn a_duration_set_after_the_checked_mark_is_checked() {
+    let store = crate::MemoryStore::new();
+    let invalid =
+        |call: Call| matches!(call.request(&store), Err(IdemError::InvalidOptions { .. }));
+    let zero = Duration::ZERO;
+    assert!(invalid(Call::new("PAY", "k").lease(zero)));
+    assert!(invalid(Call::new("PAY", "k").checked().lease(zero)));
+    assert!(invalid(Call::new("PAY", "k").checked().heartbeat(zero)));
+    assert!(invalid(Call::new("PAY", "k").checked().result_ttl(zero)));
+    assert!(invalid(Call::new("PAY", "k").checked().store_timeout(zero)));
+    assert!(invalid(Call::new("PAY", "k").checked().ttl(DEFAULT_LEASE)));
+    assert!(!invalid(Call::new("PAY", "k").checked()));
+    // Still checked after the mark: the business type and the key.
+    assert!(matches!(
+        Call::new("PAY", "").checked().request(&store),
+        Err(IdemError::InvalidKey { .. })
+    ));
+}

@@ -152,19 +152,9 @@ async fn claim(
     let deadline = wait.map(|w| started + w);
     let mut pause = Duration::from_millis(5);
     loop {
-        let (outcome, now) = match store.claim_now(req) {
-            // Decided in this process without waiting: it came back when it was asked. A
-            // transient error (none of this crate's stores gives one here) is tried again as
-            // any claim is.
-            Some(outcome) if !matches!(&outcome, Err(e) if e.is_transient_store_error()) => {
-                (outcome, started)
-            }
-            _ => {
-                let until = started.checked_add(timeout);
-                let outcome = retry_transient(until, STORE_TIMEOUT, || store.claim(req)).await;
-                (outcome, tokio::time::Instant::now())
-            }
-        };
+        let until = started.checked_add(timeout);
+        let outcome = retry_transient(until, STORE_TIMEOUT, || store.claim(req)).await;
+        let now = tokio::time::Instant::now();
         metrics::claim_latency(req.biz, store.backend(), || now - started);
         let outcome = outcome.map_err(|e| e.during("claim"))?;
         let ClaimOutcome::InProgress { retry_after } = outcome else {
@@ -258,181 +248,176 @@ where
     R: FnOnce() -> RF,
     RF: Future<Output = Result<Option<T>, E>>,
 {
-    {
-        let biz: &str = &call.biz;
-        let refuse = |e: IdemError, outcome: Outcome| {
-            report_error(biz, outcome, 0, &e);
-            Err(err.from_idem(e))
-        };
-        let handle = match store {
-            Ok(handle) => handle,
-            Err(e) => return refuse(e, Outcome::Rejected),
-        };
-        let store = handle.get();
-        let req = match call.request(store) {
-            Ok(req) => req,
-            Err(e) => return refuse(e, Outcome::Rejected),
-        };
-        let kept = call.result_kept();
-        // Boxed: a call outside a batch carries one word for it, not the claim's outcome.
-        let (prefetched, defer) = match part {
-            Some(part) => {
-                let BatchPart { prefetched, defer } = *part;
-                (prefetched, defer)
-            }
-            None => (None, None),
-        };
-        let waits_out = |outcome: &ClaimOutcome| {
-            call.wait.is_some() && matches!(outcome, ClaimOutcome::InProgress { .. })
-        };
-        // The outcome, and when the claim was sent and came back by this process's clock (the
-        // holder counts its lease from the first and checks it as of the second); `None` for a
-        // claim decided at once in this process, whose times are read only if it is ours.
-        let (claimed, times) = match prefetched {
-            // Decided by a batch claim (a waiting call claims again while it is in progress):
-            // the lease is counted from when that claim was sent, and checked as of now.
-            Some(p) if !waits_out(&p.outcome) => {
-                (Ok(p.outcome), Some((p.sent, tokio::time::Instant::now())))
-            }
-            _ => match store.claim_now(&req) {
-                Some(Ok(outcome)) if !waits_out(&outcome) => {
-                    if metrics::ENABLED {
-                        metrics::claim_latency(biz, store.backend(), || Duration::ZERO);
-                    }
-                    (Ok(outcome), None)
-                }
-                Some(Err(e)) if !e.is_transient_store_error() => (Err(e.during("claim")), None),
-                _ => {
-                    let sent = tokio::time::Instant::now();
-                    let timeout = call.store_timeout_in_force();
-                    match claim(store, &req, call.wait, timeout, sent).await {
-                        Ok((outcome, answered)) => (Ok(outcome), Some((sent, answered))),
-                        Err(e) => (Err(e), None),
-                    }
-                }
-            },
-        };
-        let (claim, how, claimed_at, answered) = match claimed {
-            Ok(ClaimOutcome::Acquired { claim, how }) => match times {
-                Some((sent, answered)) => (claim, how, sent, Some(answered)),
-                // Decided at once: it came back when it was asked, with its whole lease left.
-                None => (claim, how, tokio::time::Instant::now(), None),
-            },
-            Ok(ClaimOutcome::Replay { snapshot }) => {
-                let (result, outcome) = replayed(ok, &snapshot);
-                match &result {
-                    Ok(_) => report(biz, outcome, 0),
-                    Err(e) => report_error(biz, outcome, 0, e),
-                }
-                return result.map_err(|e| err.from_idem(e));
-            }
-            Ok(ClaimOutcome::Mismatch) => {
-                return refuse(IdemError::PayloadMismatch, Outcome::Mismatch);
-            }
-            Ok(ClaimOutcome::ResultGone) => {
-                return refuse(IdemError::ResultExpired, Outcome::ResultExpired);
-            }
-            Ok(ClaimOutcome::InProgress { retry_after }) => {
-                return refuse(IdemError::InProgress { retry_after }, Outcome::InProgress);
-            }
-            Err(e) => return refuse(e, Outcome::Rejected),
-        };
-        // From here the claim is ours. A panic or a dropped future leaves it PROCESSING: the lease
-        // expires and a later attempt takes over; nothing ever claims a success that did not happen.
-        // What the body's task knows of its call (for its steps): made only once the body may
-        // run, so a replay allocates nothing for it.
-        // The call's key moves into it (the call keeps no other use for it), and the request
-        // reads it there.
-        let fingerprint = match &call.fingerprint {
-            Some(Ok(fp)) => Some(fp.as_str()),
-            _ => None,
-        };
-        let scope = Arc::new(CallScope::new(
-            call.biz.clone(),
-            std::mem::take(&mut call.key),
-            Some(Steps::new(how == Acquired::Fresh)),
-        ));
-        let req = ClaimRequest {
-            biz,
-            key: &scope.key,
-            fingerprint,
-            lease: call.lease,
-            ttl: call.ttl,
-        };
-        let timeout = call.store_timeout_in_force();
-        let mut holder = Holder::new(
-            store,
-            &req,
-            claim,
-            Arc::clone(&scope),
-            call.heartbeat_every(),
-            timeout,
-            claimed_at,
-        );
-        let attempt = claim.attempt;
-        if let Some(answered) = answered
-            && let Err(e) = holder.confirm_at(answered).await
-        {
-            // The claim came back too late to be sure it is still ours: nothing runs.
-            let outcome = match e {
-                IdemError::LeaseLost { .. } => Outcome::LeaseLost,
-                _ => Outcome::Rejected,
-            };
-            tracing::warn!(attempt, error = %e, "the claim came back after its lease; nothing ran");
-            report_error(biz, outcome, attempt, &e);
-            return Err(err.from_idem(e));
+    let biz: &str = &call.biz;
+    let refuse = |e: IdemError, outcome: Outcome| {
+        report_error(biz, outcome, 0, &e);
+        Err(err.from_idem(e))
+    };
+    let handle = match store {
+        Ok(handle) => handle,
+        Err(e) => return refuse(e, Outcome::Rejected),
+    };
+    let store = handle.get();
+    let req = match call.request(store) {
+        Ok(req) => req,
+        Err(e) => return refuse(e, Outcome::Rejected),
+    };
+    let kept = call.result_kept();
+    // Boxed: a call outside a batch carries one word for it, not the claim's outcome.
+    let (prefetched, defer) = match part {
+        Some(part) => {
+            let BatchPart { prefetched, defer } = *part;
+            (prefetched, defer)
         }
-        let recovered = match recover {
-            Some(recover) if how == Acquired::TakeOver => match holder.run(recover()).await {
-                Ok(found) => found,
-                Err(recover_err) => {
-                    if let Err(e) = holder
-                        .finish(|| store.release(req.biz, req.key, &claim))
-                        .await
-                        .map_err(|e| e.during("release"))
-                    {
-                        tracing::warn!(attempt, error = %e, "could not release the claim after recover failed; it is taken over once its lease ends");
-                    }
-                    report(biz, Outcome::RecoverFailed, attempt);
-                    return Err(recover_err);
+        None => (None, None),
+    };
+    let waits_out = |outcome: &ClaimOutcome| {
+        call.wait.is_some() && matches!(outcome, ClaimOutcome::InProgress { .. })
+    };
+    // The outcome, and when the claim was sent and came back by this process's clock (the
+    // holder counts its lease from the first and checks it as of the second); `None` for a
+    // claim decided at once in this process, whose times are read only if it is ours.
+    let (claimed, times) = match prefetched {
+        // Decided by a batch claim (a waiting call claims again while it is in progress):
+        // the lease is counted from when that claim was sent, and checked as of now.
+        Some(p) if !waits_out(&p.outcome) => {
+            (Ok(p.outcome), Some((p.sent, tokio::time::Instant::now())))
+        }
+        _ => match store.claim_now(&req) {
+            Some(Ok(outcome)) if !waits_out(&outcome) => {
+                if metrics::ENABLED {
+                    metrics::claim_latency(biz, store.backend(), || Duration::ZERO);
                 }
-            },
-            _ => None,
+                (Ok(outcome), None)
+            }
+            Some(Err(e)) if !e.is_transient_store_error() => (Err(e.during("claim")), None),
+            // A store to wait for, a transient error, or a holder in progress that this call
+            // waits out: the claim loop, with its retries, timeout and back-off.
+            _ => {
+                let sent = tokio::time::Instant::now();
+                let timeout = call.store_timeout_in_force();
+                match claim(store, &req, call.wait, timeout, sent).await {
+                    Ok((outcome, answered)) => (Ok(outcome), Some((sent, answered))),
+                    Err(e) => (Err(e), None),
+                }
+            }
+        },
+    };
+    let (claim, how, claimed_at, answered) = match claimed {
+        Ok(ClaimOutcome::Acquired { claim, how }) => match times {
+            Some((sent, answered)) => (claim, how, sent, Some(answered)),
+            // Decided at once: it came back when it was asked, with its whole lease left.
+            None => (claim, how, tokio::time::Instant::now(), None),
+        },
+        Ok(ClaimOutcome::Replay { snapshot }) => {
+            let (result, outcome) = replayed(ok, &snapshot);
+            match &result {
+                Ok(_) => report(biz, outcome, 0),
+                Err(e) => report_error(biz, outcome, 0, e),
+            }
+            return result.map_err(|e| err.from_idem(e));
+        }
+        Ok(ClaimOutcome::Mismatch) => {
+            return refuse(IdemError::PayloadMismatch, Outcome::Mismatch);
+        }
+        Ok(ClaimOutcome::ResultGone) => {
+            return refuse(IdemError::ResultExpired, Outcome::ResultExpired);
+        }
+        Ok(ClaimOutcome::InProgress { retry_after }) => {
+            return refuse(IdemError::InProgress { retry_after }, Outcome::InProgress);
+        }
+        Err(e) => return refuse(e, Outcome::Rejected),
+    };
+    // From here the claim is ours. A panic or a dropped future leaves it PROCESSING: the lease
+    // expires and a later attempt takes over; nothing ever claims a success that did not happen.
+    // What the body's task knows of its call (for its steps): made only once the body may
+    // run, so a replay allocates nothing for it.
+    // The call's key moves into it (the call keeps no other use for it), and the request
+    // reads it there.
+    let fingerprint = match &call.fingerprint {
+        Some(Ok(fp)) => Some(fp.as_str()),
+        _ => None,
+    };
+    let scope = Arc::new(CallScope::new(
+        call.biz.clone(),
+        std::mem::take(&mut call.key),
+        Some(Steps::new(how == Acquired::Fresh)),
+    ));
+    let req = ClaimRequest {
+        biz,
+        key: &scope.key,
+        fingerprint,
+        lease: call.lease,
+        ttl: call.ttl,
+    };
+    let timeout = call.store_timeout_in_force();
+    let mut holder = Holder::new(
+        store,
+        &req,
+        claim,
+        Arc::clone(&scope),
+        call.heartbeat_every(),
+        timeout,
+        claimed_at,
+    );
+    let attempt = claim.attempt;
+    if let Some(answered) = answered
+        && let Err(e) = holder.confirm_at(answered).await
+    {
+        // The claim came back too late to be sure it is still ours: nothing runs.
+        let outcome = match e {
+            IdemError::LeaseLost { .. } => Outcome::LeaseLost,
+            _ => Outcome::Rejected,
         };
-        let (out, ran) = match recovered {
-            Some(value) => (Ok(value), Outcome::Recovered),
-            None => (holder.run(body).await, acquired_outcome(how)),
-        };
-        let (result, outcome) = match out {
-            Ok(value) => {
-                let limit = store.limits().max_snapshot_len;
-                let (mut snapshot, result, done) = encoded(ok, err, value, limit, ran);
-                if let Some(defer) = defer
-                    && result.is_ok()
+        tracing::warn!(attempt, error = %e, "the claim came back after its lease; nothing ran");
+        report_error(biz, outcome, attempt, &e);
+        return Err(err.from_idem(e));
+    }
+    let recovered = match recover {
+        Some(recover) if how == Acquired::TakeOver => match holder.run(recover()).await {
+            Ok(found) => found,
+            Err(recover_err) => {
+                if let Err(e) = holder
+                    .finish(|| store.release(req.biz, req.key, &claim))
+                    .await
+                    .map_err(|e| e.during("release"))
                 {
-                    // The batch sends this mark with the others' and reports the call once it
-                    // landed (`Inbox::handle_batch`).
-                    defer.push(PendingMark {
-                        biz: biz.to_owned(),
-                        key: req.key.to_owned(),
-                        claim,
-                        snapshot,
-                        ttl: req.ttl,
-                        result_ttl: kept,
-                        done,
-                        lease_sent: holder.lease_sent(),
-                        lease: req.lease,
-                    });
-                    return result;
+                    tracing::warn!(attempt, error = %e, "could not release the claim after recover failed; it is taken over once its lease ends");
                 }
-                let marked = match store.complete_now(
-                    req.biz,
-                    req.key,
-                    &claim,
-                    &mut snapshot,
-                    req.ttl,
-                    kept,
-                ) {
+                report(biz, Outcome::RecoverFailed, attempt);
+                return Err(recover_err);
+            }
+        },
+        _ => None,
+    };
+    let (out, ran) = match recovered {
+        Some(value) => (Ok(value), Outcome::Recovered),
+        None => (holder.run(body).await, acquired_outcome(how)),
+    };
+    let (result, outcome) = match out {
+        Ok(value) => {
+            let limit = store.limits().max_snapshot_len;
+            let (mut snapshot, result, done) = encoded(ok, err, value, limit, ran);
+            if let Some(defer) = defer
+                && result.is_ok()
+            {
+                // The batch sends this mark with the others' and reports the call once it
+                // landed (`Inbox::handle_batch`).
+                defer.push(PendingMark {
+                    biz: biz.to_owned(),
+                    key: req.key.to_owned(),
+                    claim,
+                    snapshot,
+                    ttl: req.ttl,
+                    result_ttl: kept,
+                    done,
+                    lease_sent: holder.lease_sent(),
+                    lease: req.lease,
+                });
+                return result;
+            }
+            let marked =
+                match store.complete_now(req.biz, req.key, &claim, &mut snapshot, req.ttl, kept) {
                     // Done in this process; a transient error (none of this crate's stores
                     // gives one here) is tried again as any mark is.
                     Some(done) if !matches!(&done, Err(e) if e.is_transient_store_error()) => done,
@@ -449,47 +434,46 @@ where
                             .await
                     }
                 };
-                match marked.map_err(|e| e.during("mark")) {
-                    Ok(()) => (result, done),
-                    Err(e @ IdemError::LeaseLost { .. }) => {
-                        tracing::error!(
-                            attempt,
-                            "idempotent call finished after its claim was taken over; result dropped"
-                        );
-                        (Err(err.from_idem(e)), Outcome::LeaseLost)
-                    }
-                    Err(e) => {
-                        // The business ran but could not be marked while the lease was live: the
-                        // claim stays PROCESSING and protects the key until its lease expires,
-                        // then the body may run again (or recover finds its effect).
-                        tracing::error!(attempt, error = %e, "idempotent call ran but could not be marked done within its lease");
-                        (Err(err.from_idem(e)), Outcome::MarkFailed)
-                    }
+            match marked.map_err(|e| e.during("mark")) {
+                Ok(()) => (result, done),
+                Err(e @ IdemError::LeaseLost { .. }) => {
+                    tracing::error!(
+                        attempt,
+                        "idempotent call finished after its claim was taken over; result dropped"
+                    );
+                    (Err(err.from_idem(e)), Outcome::LeaseLost)
+                }
+                Err(e) => {
+                    // The business ran but could not be marked while the lease was live: the
+                    // claim stays PROCESSING and protects the key until its lease expires,
+                    // then the body may run again (or recover finds its effect).
+                    tracing::error!(attempt, error = %e, "idempotent call ran but could not be marked done within its lease");
+                    (Err(err.from_idem(e)), Outcome::MarkFailed)
                 }
             }
-            Err(body_err) => {
-                match holder
-                    .finish(|| store.fail(req.biz, req.key, &claim))
-                    .await
-                    .map_err(|e| e.during("mark"))
-                {
-                    Ok(()) => {}
-                    Err(IdemError::LeaseLost { .. }) => tracing::warn!(
-                        attempt,
-                        "failed idempotent call lost its claim; the newer attempt is untouched"
-                    ),
-                    Err(e) => tracing::warn!(
-                        attempt,
-                        error = %e,
-                        "could not mark the call FAILED; a retry may run once its lease expires"
-                    ),
-                }
-                (Err(body_err), Outcome::Failed)
+        }
+        Err(body_err) => {
+            match holder
+                .finish(|| store.fail(req.biz, req.key, &claim))
+                .await
+                .map_err(|e| e.during("mark"))
+            {
+                Ok(()) => {}
+                Err(IdemError::LeaseLost { .. }) => tracing::warn!(
+                    attempt,
+                    "failed idempotent call lost its claim; the newer attempt is untouched"
+                ),
+                Err(e) => tracing::warn!(
+                    attempt,
+                    error = %e,
+                    "could not mark the call FAILED; a retry may run once its lease expires"
+                ),
             }
-        };
-        report(biz, outcome, attempt);
-        result
-    }
+            (Err(body_err), Outcome::Failed)
+        }
+    };
+    report(biz, outcome, attempt);
+    result
 }
 
 pin_project_lite::pin_project! {

@@ -40,6 +40,8 @@ pub(crate) mod duration;
 mod engine;
 mod error;
 mod fingerprint;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 #[cfg(feature = "axum")]
 pub mod http;
 pub mod inbox;

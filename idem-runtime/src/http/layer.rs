@@ -2,6 +2,7 @@
 //! configuration is in `builder.rs` and `config.rs`, the handler's run in `handler.rs`,
 //! transaction mode in `tx.rs`).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -13,9 +14,9 @@ use tower::{Layer, Service};
 
 use super::config::Config;
 use super::drain::Drain;
-use super::handler::{Flow, kept, refusal, run_handler};
+use super::handler::{Flow, Http, Wire, kept, lease_answer};
 use super::key;
-use super::problem::{self, problem};
+use super::problem::problem;
 use super::recover::RecoverRequest;
 use super::service::{BoxFuture, take_ready};
 use super::stored::Stored;
@@ -57,7 +58,7 @@ use crate::{Call, IdemError};
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer {
-    pub(super) cfg: Arc<Config>,
+    pub(crate) cfg: Arc<Config>,
 }
 
 impl IdempotencyLayer {
@@ -256,39 +257,99 @@ where
             ));
         }
     };
-    let record_key = key::record_key(principal.as_deref(), &key);
+    let recover = cfg.recover.as_ref().map(|recover| {
+        let asked = RecoverRequest {
+            key: key.clone(),
+            principal: principal.clone(),
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            headers: parts.headers.clone(),
+            body: body.clone(),
+        };
+        let cfg = &*cfg;
+        let store_limit = cfg.store.limits().max_snapshot_len;
+        move || async move {
+            let Some(response) = recover(asked).await.map_err(Flow::Recover)? else {
+                return Ok(None);
+            };
+            let (head, body) = response.into_parts();
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|e| Flow::Recover(e.into()))?
+                .to_bytes();
+            if head.status.is_server_error() {
+                return Err(Flow::Recover(
+                    format!("the recover fn answered {}", head.status).into(),
+                ));
+            }
+            let stored = Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers);
+            Ok(Some(kept(
+                stored,
+                bytes.len(),
+                cfg.max_response_bytes,
+                store_limit,
+            )))
+        }
+    });
     let route = route_of(&parts);
-    let fingerprint = key::with_origin(&route, &key::fingerprint(&cfg, &parts, &body));
+    let keyed = Keyed {
+        record_key: key::record_key(principal.as_deref(), &key),
+        fingerprint: key::with_origin(&route, &key::fingerprint(&cfg, &parts, &body)),
+        principal: principal.as_deref(),
+        route,
+    };
+    let req = Request::from_parts(parts, Body::from(body));
+    serve_keyed(&Http, &cfg, inner, req, keyed, recover).await
+}
+
+/// A request the layer has the key of: whose it is, the record it claims, and what it is for.
+pub(crate) struct Keyed<'a> {
+    pub(crate) principal: Option<&'a str>,
+    /// The record's key: the caller and the client's key, hashed.
+    pub(crate) record_key: String,
+    /// The route (axum's template, or the gRPC method), for the durations and the record's origin.
+    pub(crate) route: String,
+    /// The request's fingerprint, with its route before it.
+    pub(crate) fingerprint: String,
+}
+
+/// What both layers do once a request has its key: the caller's cap, the call, the handler run
+/// in transaction mode or lease mode (with `recover` asked first on a takeover), and the answer in
+/// `wire`'s terms.
+pub(crate) async fn serve_keyed<W, S, B, R, RF>(
+    wire: &W,
+    cfg: &Config,
+    mut inner: S,
+    req: Request<Body>,
+    keyed: Keyed<'_>,
+    recover: Option<R>,
+) -> Result<Response<Body>, S::Error>
+where
+    W: Wire,
+    S: Service<Request<Body>, Response = Response<B>> + Send,
+    S::Future: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<crate::BoxError>,
+    R: FnOnce() -> RF + Send,
+    RF: Future<Output = Result<Option<W::Stored>, Flow<S::Error>>> + Send,
+{
+    let Keyed {
+        principal,
+        record_key,
+        route,
+        fingerprint,
+    } = keyed;
     let reservation = match &cfg.cap {
         None => None,
-        Some(cap) => match cap.reserve(key::principal_id(principal.as_deref())) {
+        Some(cap) => match cap.reserve(key::principal_id(principal)) {
             Ok(slot) => Some(slot),
             // Over the cap, a repeat of a request that has a record still goes through (to its
             // replay, or its retry): the cap bounds new records, not retries.
             Err(_) if matches!(cfg.store.load(&cfg.biz, &record_key).await, Ok(Some(_))) => None,
-            Err(wait) => {
-                return Ok(problem::retry_after(
-                    problem(
-                        StatusCode::TOO_MANY_REQUESTS,
-                        "too-many-keys",
-                        "Too many idempotency keys",
-                        "this caller made more idempotent requests in this window than the service allows; retry after the time in Retry-After",
-                    ),
-                    wait,
-                ));
-            }
+            Err(wait) => return Ok(wire.too_many_keys(wait)),
         },
     };
-    let recover_parts = match cfg.recover {
-        Some(_) => (
-            parts.method.clone(),
-            parts.uri.clone(),
-            parts.headers.clone(),
-            body.clone(),
-        ),
-        None => Default::default(),
-    };
-    let req = Request::from_parts(parts, Body::from(body));
     let mut call = Call::new(cfg.biz.clone(), &record_key)
         .fingerprint_hash(fingerprint)
         .ttl(cfg.ttl)
@@ -302,7 +363,7 @@ where
         call = call.wait(max);
     }
     if let Some(begin) = &cfg.tx {
-        let answer = Box::pin(tx::in_tx(&cfg, begin, call, inner, req, &route)).await;
+        let answer = Box::pin(tx::in_tx(wire, cfg, begin, call, inner, req, &route)).await;
         if let Some(slot) = reservation
             && !matches!(answer, Ok(Ran::Yes(_)))
         {
@@ -314,84 +375,21 @@ where
     let mut ran = false;
     let handler = async {
         ran = true;
-        let (response, stored) = run_handler(&cfg, &mut inner, req, &route)
+        let (response, stored) = wire
+            .run(cfg, &mut inner, req, &route)
             .await
             .map_err(Flow::Inner)?;
         live = Some(response);
         stored.ok_or(Flow::NotStored)
     };
-    let store_limit = cfg.store.limits().max_snapshot_len;
-    let result: Result<Stored, Flow<S::Error>> = match &cfg.recover {
+    let result: Result<W::Stored, Flow<S::Error>> = match recover {
         // Boxed: the engine's future is kilobytes, and the request's future is moved into its task
-        // (and polled through axum's layers) whole.
+        // (and polled through the server's layers) whole.
         None => Box::pin(call.run(&*cfg.store, handler)).await,
-        Some(recover) => {
-            let asked = RecoverRequest {
-                key: key.clone(),
-                principal: principal.as_deref().map(str::to_owned),
-                method: recover_parts.0,
-                uri: recover_parts.1,
-                headers: recover_parts.2,
-                body: recover_parts.3,
-            };
-            let cfg = &*cfg;
-            let recovering = call.recover(|| async move {
-                let Some(response) = recover(asked).await.map_err(Flow::Recover)? else {
-                    return Ok(None);
-                };
-                let (head, body) = response.into_parts();
-                let bytes = body
-                    .collect()
-                    .await
-                    .map_err(|e| Flow::Recover(e.into()))?
-                    .to_bytes();
-                if head.status.is_server_error() {
-                    return Err(Flow::Recover(
-                        format!("the recover fn answered {}", head.status).into(),
-                    ));
-                }
-                let stored = Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers);
-                Ok(Some(kept(
-                    stored,
-                    bytes.len(),
-                    cfg.max_response_bytes,
-                    store_limit,
-                )))
-            });
-            Box::pin(recovering.run(&*cfg.store, handler)).await
-        }
+        Some(recover) => Box::pin(call.recover(recover).run(&*cfg.store, handler)).await,
     };
     if !ran && let Some(slot) = reservation {
         slot.refund();
     }
-    match (result, live) {
-        (Err(Flow::Inner(e)), _) => Err(e),
-        // The handler ran for this request: its client gets its response, whatever became of the
-        // record (stored, not stored, or another attempt's by now).
-        (Ok(_) | Err(Flow::NotStored), Some(response)) => Ok(response),
-        (Err(Flow::Idem(e)), Some(response)) => {
-            tracing::warn!(error = %e, "the handler ran but its response could not be recorded");
-            Ok(response)
-        }
-        (Ok(stored), None) => Ok(stored.replay()),
-        (Err(Flow::Idem(e)), None) => Ok(refusal(&cfg, &route, &e)),
-        (Err(Flow::Recover(e)), _) => {
-            tracing::warn!(error = %e, "the recover fn could not tell whether the request's action happened; answering 503");
-            Ok(problem::retry_after(
-                problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "recover-failed",
-                    "Try again",
-                    "whether this request was already processed could not be checked; nothing was run, retry after the time in Retry-After",
-                ),
-                std::time::Duration::from_secs(1),
-            ))
-        }
-        (Err(Flow::NotStored), None) => Ok(problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "Internal error",
-            "the request could not be processed",
-        )),
-    }
+    lease_answer(wire, cfg, &route, result, live)
 }

@@ -246,19 +246,19 @@
 
 mod builder;
 mod cap;
-mod config;
+pub(crate) mod config;
 mod drain;
-mod handler;
+pub(crate) mod handler;
 mod hint;
-mod key;
-mod layer;
+pub(crate) mod key;
+pub(crate) mod layer;
 mod principal;
 mod problem;
 mod recover;
-mod service;
-mod stored;
+pub(crate) mod service;
+pub(crate) mod stored;
 mod tokens;
-mod tx;
+pub(crate) mod tx;
 
 pub use builder::{IdempotencyBuilder, stored_by_default};
 pub use config::IDEMPOTENCY_KEY;

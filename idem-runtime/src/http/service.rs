@@ -2,7 +2,7 @@
 //! serve a request with, and the single-line headers they read.
 
 /// What the layers' services return.
-pub(super) type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+pub(crate) type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// The one line of a header that must be sent once: `Ok(None)` when it is absent, `Err(lines)`
 /// when the request has several lines of it. Several lines of a field are one comma-joined value
@@ -22,7 +22,7 @@ pub(super) fn single_header<'a>(
 
 /// The inner service that was polled ready, to serve this request; a fresh clone takes its place
 /// and waits for the next.
-pub(super) fn take_ready<S: Clone>(slot: &mut S) -> S {
+pub(crate) fn take_ready<S: Clone>(slot: &mut S) -> S {
     let fresh = slot.clone();
     std::mem::replace(slot, fresh)
 }

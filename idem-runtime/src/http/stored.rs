@@ -70,7 +70,7 @@ pub(crate) struct Stored {
 
 /// Bytes as text when they are UTF-8 (most API bodies), else base64.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-enum StoredBytes {
+pub(crate) enum StoredBytes {
     #[serde(rename = "t")]
     Text(String),
     #[serde(rename = "b")]
@@ -78,14 +78,14 @@ enum StoredBytes {
 }
 
 impl StoredBytes {
-    fn of(bytes: &[u8]) -> Self {
+    pub(crate) fn of(bytes: &[u8]) -> Self {
         match std::str::from_utf8(bytes) {
             Ok(text) => StoredBytes::Text(text.to_owned()),
             Err(_) => StoredBytes::Base64(B64.encode(bytes)),
         }
     }
 
-    fn bytes(&self) -> Option<Vec<u8>> {
+    pub(crate) fn bytes(&self) -> Option<Vec<u8>> {
         match self {
             StoredBytes::Text(text) => Some(text.clone().into_bytes()),
             StoredBytes::Base64(b64) => B64.decode(b64).ok(),

@@ -16,9 +16,8 @@ use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use tower::Service;
 
 use super::config::{Begin, Config, Lent};
-use super::handler::{Flow, refusal, run_handler};
-use super::problem::{self, problem};
-use super::stored::Stored;
+use super::handler::{Flow, Wire};
+use super::problem::problem;
 use crate::{Call, IdemError, IdemTx};
 
 /// Where the handler finds the request's transaction (a request extension), and the layer takes
@@ -105,53 +104,63 @@ impl<T> std::fmt::Debug for LayerTx<T> {
     }
 }
 
-impl<S: Send + Sync, T: IdemTx + Sync + 'static> FromRequestParts<S> for LayerTx<T> {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let refuse = |detail: String| {
-            tracing::error!(%detail, "the idempotency layer is misconfigured for this route");
-            problem(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "layer-misconfigured",
-                "Idempotency layer misconfigured",
-                &detail,
-            )
-            .into_response()
-        };
-        let Some(slot) = parts.extensions.get::<Slot>().cloned() else {
-            return Err(refuse(format!(
+impl<T: IdemTx + Sync + 'static> LayerTx<T> {
+    /// The transaction in `slot` (a request's extension), once the handler before has let it go;
+    /// else why the route is misconfigured, for the service's log and the client's answer.
+    pub(crate) async fn lend(slot: Option<Slot>, layer: &str) -> Result<Self, String> {
+        let Some(slot) = slot else {
+            return Err(format!(
                 "the handler takes a `LayerTx<{}>`, but no transaction-mode idempotency layer \
-                 covers this request: put the route behind an `IdempotencyLayer` built with \
-                 `builder_tx` (a layer built with `builder` runs in lease mode and has no \
-                 transaction), and make sure the layer covers the request's method",
+                 covers this request: put it behind {layer} built with `builder_tx` (a layer \
+                 built with `builder` runs in lease mode and has no transaction), and make sure \
+                 the layer covers the request",
                 std::any::type_name::<T>()
-            )));
+            ));
         };
         let guard: OwnedMutexGuard<Option<Box<dyn Lent>>> = slot.0.lock_owned().await;
         OwnedMutexGuard::try_map(guard, |tx| tx.as_mut()?.as_any().downcast_mut::<T>())
             .map(LayerTx)
             .map_err(|_| {
-                refuse(format!(
+                format!(
                     "the handler takes a `LayerTx<{}>`, but the layer's store begins another \
                      kind of transaction: take `LayerTx` of the transaction type of the store \
                      given to `builder_tx` (`SqliteTx` for a `SqliteStore`, `MySqlTx` for a \
                      `MySqlStore`, `PgTx` for a `PgStore`)",
                     std::any::type_name::<T>()
-                ))
+                )
+            })
+    }
+}
+
+impl<S: Send + Sync, T: IdemTx + Sync + 'static> FromRequestParts<S> for LayerTx<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let slot = parts.extensions.get::<Slot>().cloned();
+        LayerTx::lend(slot, "an `IdempotencyLayer`")
+            .await
+            .map_err(|detail| {
+                tracing::error!(%detail, "the idempotency layer is misconfigured for this route");
+                problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "layer-misconfigured",
+                    "Idempotency layer misconfigured",
+                    &detail,
+                )
+                .into_response()
             })
     }
 }
 
 /// What a transaction-mode request came to: whether its handler ran (a cap slot is refunded
 /// otherwise).
-pub(super) enum Ran {
+pub(crate) enum Ran {
     Yes(Response<Body>),
     No(Response<Body>),
 }
 
 impl Ran {
-    pub(super) fn into_response(self) -> Response<Body> {
+    pub(crate) fn into_response(self) -> Response<Body> {
         match self {
             Ran::Yes(r) | Ran::No(r) => r,
         }
@@ -159,8 +168,10 @@ impl Ran {
 }
 
 /// Transaction mode: begin, claim in the transaction, run the handler with it, then store the
-/// response and commit, or roll everything back when the response is not stored.
-pub(super) async fn in_tx<S, B>(
+/// response and commit, or roll everything back when the response is not stored; `wire` says it
+/// in HTTP's or gRPC's terms.
+pub(crate) async fn in_tx<W, S, B>(
+    wire: &W,
     cfg: &Config,
     begin: &Begin,
     call: Call,
@@ -169,6 +180,7 @@ pub(super) async fn in_tx<S, B>(
     route: &str,
 ) -> Result<Ran, S::Error>
 where
+    W: Wire,
     S: Service<Request<Body>, Response = Response<B>> + Send,
     S::Future: Send,
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -184,18 +196,18 @@ where
     };
     let tx = match bounded(timeout, begin()).await {
         Ok(tx) => tx,
-        Err(e) => return Ok(Ran::No(problem::from_idem(&e))),
+        Err(e) => return Ok(Ran::No(wire.error(&e))),
     };
     // Whether the handler ran (a replay or a refusal runs nothing), and its own response.
     let mut ran = false;
     let mut live: Option<Response<Body>> = None;
-    let (ok, err) = (OkType::<Stored>::new(), ErrType::<Flow<S::Error>>::new());
+    let (ok, err) = (OkType::<W::Stored>::new(), ErrType::<Flow<S::Error>>::new());
     let (ran_ref, live_ref, inner_ref) = (&mut ran, &mut live, &mut inner);
     let (tx, result) = crate::engine::tx::run_tx(call, ok, err, tx, move |tx| async move {
         *ran_ref = true;
         let slot = Slot::new(tx);
         req.extensions_mut().insert(slot.clone());
-        let answer = run_handler(cfg, inner_ref, req, route).await;
+        let answer = wire.run(cfg, inner_ref, req, route).await;
         let outcome = match answer {
             Err(e) => Err(Flow::Inner(e)),
             Ok((response, stored)) => {
@@ -211,15 +223,15 @@ where
         tracing::error!(
             "the handler kept the request's transaction past its answer; nothing is committed"
         );
-        return Ok(Ran::Yes(internal()));
+        return Ok(Ran::Yes(wire.internal()));
     };
     if !ran {
         // Nothing ran: a stored response to replay, or a refusal.
         rollback(tx).await;
         return Ok(Ran::No(match result {
-            Ok(stored) => stored.replay(),
-            Err(Flow::Idem(e)) => refusal(cfg, route, &e),
-            Err(_) => internal(),
+            Ok(stored) => wire.replay(&stored),
+            Err(Flow::Idem(e)) => wire.refusal(cfg, route, &e),
+            Err(_) => wire.internal(),
         }));
     }
     match (result, live) {
@@ -229,7 +241,7 @@ where
                 Ok(()) => Ok(Ran::Yes(live)),
                 Err(e) => {
                     tracing::error!(error = %e, "the request's transaction did not commit; its writes and its record are gone");
-                    Ok(Ran::Yes(problem::from_idem(&e)))
+                    Ok(Ran::Yes(wire.error(&e)))
                 }
             }
         }
@@ -243,21 +255,11 @@ where
         }
         (Err(Flow::Idem(e)), _) => {
             rollback(tx).await;
-            Ok(Ran::Yes(problem::from_idem(&e)))
+            Ok(Ran::Yes(wire.error(&e)))
         }
         _ => {
             rollback(tx).await;
-            Ok(Ran::Yes(internal()))
+            Ok(Ran::Yes(wire.internal()))
         }
     }
-}
-
-/// The `500` of a request that failed in a way its client cannot act on.
-fn internal() -> Response<Body> {
-    problem(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal",
-        "Internal error",
-        "the request could not be processed",
-    )
 }

@@ -9,7 +9,8 @@
 //!   takeover runs the body again, as documented for lease mode alone.
 //!   The same through `#[idempotent(recover = …)]` (SQLite, 10 trials), and through the HTTP
 //!   layer: a service killed after its handler's effect, restarted on the same records (4 trials
-//!   per store, half with the layer's `recover`).
+//!   per store, half with the layer's `recover`); the same through the gRPC layer with a tonic
+//!   client (grpc.rs).
 //! - SIGKILL while a consumer holds a batch (`Inbox::handle_batch`, 6 keys per store): right after
 //!   its batch claim, and after every body's effect with the batch's marks held back. Nothing is
 //!   marked done; until the leases end another batch is told "in progress"; then two batches
@@ -20,7 +21,8 @@
 //!   fake external API (the effects table) that counts calls per key.
 //! - A service with the layer in transaction mode SIGKILLed mid-handler (its order inserted through
 //!   the layer's transaction, not committed), 3 trials per SQL store: no order and no record are
-//!   left, and the retry at a restarted service runs at once and creates exactly one.
+//!   left, and the retry at a restarted service runs at once and creates exactly one; the same
+//!   through the gRPC layer.
 //! - SIGKILL mid-transaction (tx mode), 100 trials: the claim and the business write die with the
 //!   transaction: no record, no effect, and the next caller runs at once.
 //! - SIGSTOP past the lease: a paused holder (heartbeat and all) is taken over; resumed, it gets
@@ -37,6 +39,9 @@
 
 #[path = "../contract/mod.rs"]
 mod contract;
+#[cfg(feature = "grpc")]
+#[path = "../support/grpc_shop.rs"]
+mod grpc_shop;
 #[cfg(feature = "mysql")]
 #[path = "../support/mysql_leftovers.rs"]
 mod mysql_leftovers;
@@ -103,6 +108,13 @@ enum Act {
     /// Serves the Idempotency-Key layer on the site's store (says `LISTEN <port>`); its handler
     /// writes the effect, says READY and waits to be killed.
     ServeHttp,
+    /// Serves the gRPC layer on the site's store (says `LISTEN <port>`); its `Create` writes the
+    /// effect, says READY and waits to be killed.
+    ServeGrpc,
+    /// Serves the gRPC layer in transaction mode on the site's SQL store (says `LISTEN <port>`);
+    /// its `Create` inserts the order through the layer's transaction, says READY and waits to be
+    /// killed.
+    ServeGrpcTx,
     /// Tx mode: claim and write the effect in a transaction, say READY, wait to be killed.
     HoldTx,
     /// Serves the layer in transaction mode on the site's SQL store (says `LISTEN <port>`); its
@@ -326,6 +338,14 @@ async fn child() {
         }
         #[cfg(not(feature = "axum"))]
         Act::ServeHttpTx => unreachable!("the HTTP trial needs the `axum` feature"),
+        #[cfg(feature = "grpc")]
+        Act::ServeGrpc => grpc::serve_effect_child(&spec).await,
+        #[cfg(feature = "grpc")]
+        Act::ServeGrpcTx => grpc::serve_tx_child(&spec).await,
+        #[cfg(not(feature = "grpc"))]
+        Act::ServeGrpc | Act::ServeGrpcTx => {
+            unreachable!("the gRPC trials need the `grpc` feature")
+        }
         Act::HoldTx => match &spec.backend {
             Backend::Sqlite { path } => {
                 let store = SqliteStore::open(path).await.unwrap();
@@ -685,6 +705,8 @@ fn libfaketime() -> Option<String> {
 
 mod attribute;
 mod batch;
+#[cfg(feature = "grpc")]
+mod grpc;
 mod lease;
 mod mid_transaction;
 #[cfg(feature = "axum")]

@@ -177,7 +177,7 @@ pub(super) async fn tx_service(backend: &Backend, who: &'static str, hang: bool)
 
 /// The handler's order table in the store's database.
 #[cfg(feature = "axum")]
-fn orders_table(backend: &Backend) -> String {
+pub(super) fn orders_table(backend: &Backend) -> String {
     match backend {
         Backend::Postgres { table, .. } | Backend::MySql { table, .. } => format!("{table}_orders"),
         _ => "orders".to_owned(),
@@ -217,7 +217,7 @@ where
 /// Runs `sql` (one statement, binding `key` when it has a placeholder) on the site's SQL
 /// database; the first column of its row, if any.
 #[cfg(feature = "axum")]
-async fn on_db(backend: &Backend, sql: String, key: Option<&str>) -> Option<i64> {
+pub(super) async fn on_db(backend: &Backend, sql: String, key: Option<&str>) -> Option<i64> {
     macro_rules! run {
         ($pool:expr) => {{
             let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));

@@ -35,7 +35,8 @@ pub use idem_runtime::sqlx;
 /// - [`transitions`](_guide::transitions): state machines, `#[state_transition]`.
 /// - [`stores`](_guide::stores): choosing, configuring and observing a store.
 ///
-/// Elsewhere: the HTTP layer is `idem::http` (feature `axum`), broker consumers and producers are
+/// Elsewhere: the HTTP layer is `idem::http` (feature `axum`), the tonic gRPC layer `idem::grpc`
+/// (feature `grpc`), broker consumers and producers are
 /// [`inbox`] and `idem::outbox` (a SQL feature), operator actions are [`admin`], what a call does
 /// with each record it finds is on [`Call`], and the metrics are [`metrics::names`]. In the
 /// repository, `docs/OPERATING.md` covers the `idem` CLI and `docs/STORM.md` the retry-storm tool.

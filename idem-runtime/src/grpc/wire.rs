@@ -18,7 +18,7 @@ use tower::Service;
 use super::config::GrpcConfig;
 use crate::IdemError;
 use crate::http::config::Config;
-use crate::http::handler::{Wire, kept_fits};
+use crate::http::handler::{HandlerRun, Wire, kept_fits};
 use crate::http::stored::{StoredBytes, never_kept};
 
 /// The metadata key every replayed response carries, with the value `true` (HTTP's
@@ -254,7 +254,7 @@ impl Wire for Grpc<'_> {
         inner: &mut S,
         req: Request<Body>,
         route: &str,
-    ) -> impl Future<Output = Result<(Response<Body>, Option<GrpcStored>), S::Error>> + Send
+    ) -> impl Future<Output = Result<HandlerRun<GrpcStored>, S::Error>> + Send
     where
         S: Service<Request<Body>, Response = Response<B>> + Send,
         S::Future: Send,

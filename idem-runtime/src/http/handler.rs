@@ -73,6 +73,10 @@ pub(crate) fn hinted(cfg: &Config, route: &str, e: &IdemError) -> Option<IdemErr
     }
 }
 
+/// A handler's run: its response for its own client, and what the record keeps of it (`None`
+/// when it is not stored).
+pub(crate) type HandlerRun<Stored> = (Response<Body>, Option<Stored>);
+
 /// What the layer's flow (claim, run, store, replay, refuse) says and keeps in one protocol's
 /// terms: HTTP's responses and problems here, gRPC's messages and statuses in `crate::grpc`.
 pub(crate) trait Wire: Sync {
@@ -87,7 +91,7 @@ pub(crate) trait Wire: Sync {
         inner: &mut S,
         req: Request<Body>,
         route: &str,
-    ) -> impl Future<Output = Result<(Response<Body>, Option<Self::Stored>), S::Error>> + Send
+    ) -> impl Future<Output = Result<HandlerRun<Self::Stored>, S::Error>> + Send
     where
         S: Service<Request<Body>, Response = Response<B>> + Send,
         S::Future: Send,
@@ -129,7 +133,7 @@ impl Wire for Http {
         inner: &mut S,
         req: Request<Body>,
         route: &str,
-    ) -> impl Future<Output = Result<(Response<Body>, Option<Stored>), S::Error>> + Send
+    ) -> impl Future<Output = Result<HandlerRun<Stored>, S::Error>> + Send
     where
         S: Service<Request<Body>, Response = Response<B>> + Send,
         S::Future: Send,

@@ -157,6 +157,7 @@ fn order(item: &str) -> CreateOrder {
     CreateOrder {
         item: item.to_owned(),
         qty: 1,
+        request_id: String::new(),
     }
 }
 
@@ -281,6 +282,52 @@ async fn the_same_key_with_another_message_is_refused() {
         .unwrap();
     assert!(!replayed(&bob));
     assert_eq!(bob.into_inner().by, "bob");
+    assert_eq!(shop.rows().await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_read_from_the_message_dedups_calls_without_the_entry() {
+    use prost::Message;
+    let (store, _dir) = sqlite_store().await;
+    let shop = Shop::new().await;
+    let layer = layer(&store)
+        .key_from(|_, message| CreateOrder::decode(message).ok().map(|m| m.request_id))
+        .max_key_len(16)
+        .build()
+        .unwrap();
+    let addr = serve(layer, shop.clone()).await;
+    let mut client = client(addr).await;
+    let with_id = |id: &str| CreateOrder {
+        request_id: id.to_owned(),
+        ..order("tv")
+    };
+    let first = client
+        .create(as_user(Request::new(with_id("r-1")), "alice"))
+        .await
+        .unwrap();
+    let again = client
+        .create(as_user(Request::new(with_id("r-1")), "alice"))
+        .await
+        .unwrap();
+    assert!(!replayed(&first) && replayed(&again));
+    assert_eq!(shop.rows().await, 1);
+    // The entry wins over the message's id; an empty id is no key; a long one is refused.
+    let entry = client
+        .create(as_user(keyed(with_id("r-1"), "other"), "alice"))
+        .await
+        .unwrap();
+    assert!(!replayed(&entry));
+    assert_eq!(shop.rows().await, 2);
+    let status = client
+        .create(as_user(Request::new(with_id("")), "alice"))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&status), "MISSING_KEY");
+    let status = client
+        .create(as_user(Request::new(with_id(&"r".repeat(17))), "alice"))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&status), "INVALID_KEY");
     assert_eq!(shop.rows().await, 2);
 }
 

@@ -26,6 +26,7 @@ pub struct GrpcLayerBuilder {
     fingerprint_metadata: Vec<String>,
     store_if: fn(Code) -> bool,
     recover: Option<super::config::RecoverFn>,
+    key_from: Option<super::config::KeyFn>,
 }
 
 impl GrpcLayerBuilder {
@@ -37,6 +38,7 @@ impl GrpcLayerBuilder {
             fingerprint_metadata: Vec::new(),
             store_if: stored_by_default,
             recover: None,
+            key_from: None,
         }
     }
 
@@ -66,6 +68,20 @@ impl GrpcLayerBuilder {
     /// `Server::builder().layer(…)` order), or read it from metadata with [`Principal::header`].
     pub fn principal(mut self, principal: Principal) -> Self {
         self.shared = self.shared.principal(principal);
+        self
+    }
+
+    /// Where the key comes from when a call has no `idempotency-key` metadata entry: `f` gets the
+    /// call's metadata and its request message's bytes (as sent) and answers the key, such as a
+    /// field of the message:
+    /// `.key_from(|_, message| CreateOrder::decode(message).ok().map(|m| m.request_id))`. An
+    /// empty key is no key; a key over [`max_key_len`](Self::max_key_len) is `INVALID_ARGUMENT`.
+    /// The entry, when present, wins.
+    pub fn key_from<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&http::HeaderMap, &[u8]) -> Option<String> + Send + Sync + 'static,
+    {
+        self.key_from = Some(Arc::new(f));
         self
     }
 
@@ -230,6 +246,7 @@ impl GrpcLayerBuilder {
         Ok(GrpcLayer {
             cfg,
             grpc: Arc::new(GrpcConfig {
+                key_from: self.key_from,
                 methods,
                 store_if: self.store_if,
                 recover: self.recover,

@@ -35,8 +35,13 @@ type Found = Pin<Box<dyn Future<Output = Result<Option<Bytes>, BoxError>> + Send
 /// A recover fn, boxed.
 pub(super) type RecoverFn = Arc<dyn Fn(GrpcRecoverRequest) -> Found + Send + Sync>;
 
+/// A key read from a call without an `idempotency-key` entry: its metadata and message bytes.
+pub(super) type KeyFn = Arc<dyn Fn(&HeaderMap, &[u8]) -> Option<String> + Send + Sync>;
+
 /// The gRPC layer's own settings.
 pub(crate) struct GrpcConfig {
+    /// Where the key comes from when the call has no `idempotency-key` entry.
+    pub(super) key_from: Option<KeyFn>,
     /// The methods covered (`/package.Service/Method`); other calls pass through.
     pub(super) methods: Vec<String>,
     pub(super) store_if: fn(Code) -> bool,

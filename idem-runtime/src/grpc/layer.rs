@@ -184,7 +184,15 @@ where
             return Ok(status(Code::InvalidArgument, "NOT_UNARY", &detail, None));
         }
     };
-    let key = match key::client_key(cfg, &parts, &body) {
+    let from_message = |key: Option<String>| match (key, &grpc.key_from) {
+        (Some(key), _) => Ok(Some(key)),
+        (None, Some(f)) => match f(&parts.headers, &message).filter(|k| !k.is_empty()) {
+            Some(key) if key.len() > cfg.max_key_len => Err(key::KeyError::TooLong(key.len())),
+            key => Ok(key),
+        },
+        (None, None) => Ok(None),
+    };
+    let key = match key::client_key(cfg, &parts, &body).and_then(from_message) {
         Ok(Some(key)) => key,
         Ok(None) if !cfg.required => {
             let req = Request::from_parts(parts, Body::from(body));

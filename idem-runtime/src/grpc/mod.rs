@@ -1,7 +1,8 @@
 //! gRPC (feature `grpc`): a tower layer for tonic servers ([`GrpcLayer`]) with the HTTP layer's
 //! idempotency semantics for unary calls.
 //!
-//! The client sends its key in the request metadata `idempotency-key`. The first call with a key
+//! The client sends its key in the request metadata `idempotency-key` (or, with
+//! [`GrpcLayerBuilder::key_from`], the layer reads it from the message). The first call with a key
 //! runs the handler; its response (initial metadata, message, status and trailing metadata) is
 //! stored, and every repeat gets it again with the metadata entry `idempotent-replayed: true`
 //! ([`REPLAYED_METADATA`]). The layer works on the HTTP/2 exchange, below the codec, so it serves

@@ -146,6 +146,7 @@ fn create() -> CreateOrder {
     CreateOrder {
         item: "tv".to_owned(),
         qty: 1,
+        request_id: String::new(),
     }
 }
 

@@ -11,6 +11,9 @@ pub struct CreateOrder {
     pub item: String,
     #[prost(uint32, tag = "2")]
     pub qty: u32,
+    /// The client's id for this order, for a layer that reads the key from the message.
+    #[prost(string, tag = "3")]
+    pub request_id: String,
 }
 
 /// `shop.LookupOrder`: the order with `id`.

@@ -100,6 +100,11 @@
 //! response message from what the handler wrote (`Ok(Some(bytes))`), `Ok(None)` to run it, or an
 //! error for `UNAVAILABLE` (`RECOVER_FAILED`).
 //!
+//! **Finding a call's record.** As the HTTP layer's, each record is kept under a hash of the
+//! caller and the key, with the method's path before the fingerprint's digest: `idem inspect GRPC
+//! order-77 --principal alice` (`--http` for a layer without a principal) finds the record of
+//! the key `order-77` sent by `alice`; `idem stuck` and `idem stats` show the method.
+//!
 //! # Defaults
 //!
 //! As the HTTP layer's (24 hours' ttl, a 30 s lease with its heartbeat, 255-byte keys, 1 MiB

@@ -86,17 +86,17 @@
 //! broker afterwards (queue empty, nothing pending or awaiting an ack, exactly the refused
 //! messages among the dead letters).
 //!
-//! **Kafka** has no adapter and is untested here (no Kafka broker runs where idem is tested).
-//! The key choice is the same: the business key in the payload; when a payload carries none,
-//! `topic/partition/offset` identifies a record exactly (a producer's resend gets a new offset,
-//! so that key dedups redeliveries only, not resends). Commit the offset after an
-//! [`Verdict::Ack`]; for [`Verdict::DeadLetter`] produce the record to a dead-letter topic, then
-//! commit; for [`Verdict::Requeue`] do not commit (seek back to the offset).
+//! **Kafka** (feature `kafka`): `kafka::KafkaSettler` commits the offset after an ack, pauses the
+//! partition and seeks it back to a requeued message after its delay (order per key holds), and
+//! produces a dead letter to a topic of its own before committing; tested against a
+//! Kafka-compatible broker (tansu) in `tests/tests/inbox_kafka.rs`.
 
 #[cfg(feature = "rabbitmq")]
 pub mod amqp;
 #[cfg(feature = "nats")]
 pub mod jetstream;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 
 use std::future::Future;
 use std::time::Duration;

@@ -46,7 +46,9 @@
 //! [`Outbox::migrate`] creates it, [`Outbox::ddl`] shows it. Publishers for RabbitMQ
 //! ([`amqp::AmqpPublisher`], feature `rabbitmq`: publisher confirms, persistent, the message id)
 //! and NATS JetStream ([`jetstream::JetStreamPublisher`], feature `nats`: the stream's ack,
-//! `Nats-Msg-Id`).
+//! `Nats-Msg-Id`) and Kafka (`kafka::KafkaPublisher`, feature `kafka`: the row's key as the
+//! record's key, so order per key holds through its partition; the id in a header; an idempotent
+//! producer; the broker's acknowledgement).
 //!
 //! In the repository, on the real brokers and databases: `tests/tests/outbox.rs` (commit and
 //! rollback, order per key under failures, two relays racing over one table on SQLite, MariaDB and
@@ -61,6 +63,8 @@
 pub mod amqp;
 #[cfg(feature = "nats")]
 pub mod jetstream;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 mod relay;
 mod sql;
 

@@ -1,0 +1,297 @@
+//! The inbox on Kafka (`rdkafka`, feature `kafka`): a consumer group's messages through the
+//! inbox, each [`Verdict`] settled the Kafka way by a [`KafkaSettler`].
+//!
+//! Kafka has no per-message ack: a consumer commits the offset it has reached in each partition.
+//! So:
+//!
+//! - [`Verdict::Ack`] commits the message's offset (the next one to read), once the handler's
+//!   record is final: a consumer killed between the two leaves the offset uncommitted, the
+//!   message comes again (to this consumer or, after a rebalance, another), and the inbox
+//!   replays the record instead of running the handler twice.
+//! - [`Verdict::Requeue`] does not commit: the settler pauses the message's partition and, after
+//!   the delay, seeks it back to the message and resumes it, so the message is read again and
+//!   order per key (per partition) holds. The partition waits meanwhile (the other partitions do
+//!   not); the inbox's attempt limit ([`InboxBuilder::max_attempts`](super::InboxBuilder::max_attempts))
+//!   bounds how long, since past it the message is dead-lettered and the partition moves on. A
+//!   retry topic would free the partition but break the order of a key's messages, which the
+//!   inbox's handlers rely on (an order's creation before its cancellation).
+//! - [`Verdict::DeadLetter`] produces a copy to the dead-letter topic (the key, the payload, the
+//!   headers, and [`REASON_HEADER`] and [`ORIGIN_HEADER`]), waits for the broker's
+//!   acknowledgement, then commits. Without a dead-letter topic it commits only (the log has the
+//!   reason).
+//!
+//! Kafka keeps no delivery count, so the settler counts the deliveries of each message in this
+//! process ([`KafkaSettler::admit`] gives the number to [`Inbox::handle`](super::Inbox::handle));
+//! in lease mode the record's own attempt number counts across processes as well.
+//!
+//! The key is the business key in the payload, as on every broker; when a payload carries none,
+//! [`offset_key`] (`topic/partition/offset`) names a record exactly (a producer's resend gets a
+//! new offset, so that key deduplicates redeliveries only).
+//!
+//! ```no_run
+//! # use idem_runtime as idem;
+//! # async fn demo(inbox: idem::inbox::Inbox) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use std::sync::Arc;
+//!
+//! use futures_util::StreamExt;
+//! use idem::inbox::kafka::{self, KafkaSettler};
+//! use rdkafka::consumer::{Consumer, StreamConsumer};
+//!
+//! let consumer: StreamConsumer = kafka::consumer_config("127.0.0.1:9092", "shipping").create()?;
+//! consumer.subscribe(&["orders"])?;
+//! let consumer = Arc::new(consumer);
+//! let producer = rdkafka::ClientConfig::new().set("bootstrap.servers", "127.0.0.1:9092").create()?;
+//! let settler = KafkaSettler::new(Arc::clone(&consumer)).dead_letters("orders.dead", producer);
+//! let mut messages = consumer.stream();
+//! while let Some(message) = messages.next().await {
+//!     let message = message?;
+//!     // `None`: a message fetched before its partition was rewound; it comes again.
+//!     let Some(delivered) = settler.admit(&message) else { continue };
+//!     let payload = rdkafka::Message::payload(&message).unwrap_or_default();
+//!     let handled = inbox
+//!         .handle_json(payload, Some(delivered), |order: serde_json::Value| async move {
+//!             Ok::<_, idem::IdemError>(order) // an #[idempotent] fn keyed by the order number
+//!         })
+//!         .await;
+//!     settler.settle(&message, &handled.verdict).await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! The broker these adapters are tested against is tansu, a Kafka-compatible broker, not Apache
+//! Kafka: consumer groups, offset commits, pause, seek, headers and the idempotent producer are
+//! what the tests use, and what a Kafka broker of version 0.11 or later also has.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::consumer::{
+    CommitMode, Consumer, ConsumerContext, DefaultConsumerContext, StreamConsumer,
+};
+use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+
+use super::Verdict;
+use crate::BoxError;
+
+/// The header a dead letter carries its reason in.
+pub const REASON_HEADER: &str = "idem-dead-letter-reason";
+
+/// The header a dead letter names its original in: `topic/partition/offset`.
+pub const ORIGIN_HEADER: &str = "idem-origin";
+
+/// The most messages whose deliveries a settler counts at once; past it the counts restart (the
+/// record's own attempt number still counts in lease mode).
+const MAX_COUNTED: usize = 100_000;
+
+/// `topic/partition/offset`: the key of a message whose payload carries no business key.
+pub fn offset_key<M: Message>(message: &M) -> String {
+    format!(
+        "{}/{}/{}",
+        message.topic(),
+        message.partition(),
+        message.offset()
+    )
+}
+
+/// A consumer's configuration as the settler needs it: `bootstrap_servers`, the consumer group
+/// `group`, offsets committed by the settler only (`enable.auto.commit=false`), a new group
+/// reading from the earliest offset. Add your own settings, then `.create()`.
+pub fn consumer_config(bootstrap_servers: &str, group: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap_servers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest");
+    config
+}
+
+type Partition = (String, i32);
+
+#[derive(Default)]
+struct State {
+    /// Partitions paused for a requeued message, until the seek back to it is done: a message
+    /// of theirs fetched before the pause is not handled (the seek brings it back in order).
+    rewinding: HashMap<Partition, i64>,
+    /// Deliveries of each message `(topic, partition, offset)` in this process.
+    deliveries: HashMap<(String, i32, i64), u32>,
+}
+
+/// Settles the inbox's verdicts on a consumer group's consumer (see [the module](self)).
+pub struct KafkaSettler<C: ConsumerContext + 'static = DefaultConsumerContext> {
+    consumer: Arc<StreamConsumer<C>>,
+    dead_letters: Option<(String, FutureProducer)>,
+    state: Arc<Mutex<State>>,
+    timeout: Duration,
+}
+
+impl<C: ConsumerContext + 'static> KafkaSettler<C> {
+    /// A settler for `consumer` (made with `enable.auto.commit=false`:
+    /// [`consumer_config`]); dead letters are only committed until
+    /// [`dead_letters`](Self::dead_letters).
+    pub fn new(consumer: Arc<StreamConsumer<C>>) -> Self {
+        KafkaSettler {
+            consumer,
+            dead_letters: None,
+            state: Arc::default(),
+            timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Dead letters are produced to `topic` by `producer` before their offset is committed.
+    pub fn dead_letters(mut self, topic: impl Into<String>, producer: FutureProducer) -> Self {
+        self.dead_letters = Some((topic.into(), producer));
+        self
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether to handle `message`, and which delivery of it this is (1 for the first in this
+    /// process): `None` for a message of a partition being rewound to a requeued message, which
+    /// was fetched before the rewind and comes again after it; skip it.
+    pub fn admit<M: Message>(&self, message: &M) -> Option<u32> {
+        let mut state = self.state();
+        let partition = (message.topic().to_owned(), message.partition());
+        if state.rewinding.contains_key(&partition) {
+            return None;
+        }
+        if state.deliveries.len() >= MAX_COUNTED {
+            state.deliveries.clear();
+        }
+        let count = state
+            .deliveries
+            .entry((partition.0, partition.1, message.offset()))
+            .or_insert(0);
+        *count += 1;
+        Some(*count)
+    }
+
+    /// Tells Kafka the verdict: see [the module](self).
+    ///
+    /// # Errors
+    /// The commit's or the dead letter's error (the message then comes again: after a restart or
+    /// a rebalance, from the last committed offset).
+    pub async fn settle(
+        &self,
+        message: &BorrowedMessage<'_>,
+        verdict: &Verdict,
+    ) -> Result<(), BoxError> {
+        match verdict {
+            Verdict::Ack => self.commit(message),
+            Verdict::DeadLetter { reason } => {
+                match &self.dead_letters {
+                    Some((topic, producer)) => {
+                        self.dead_letter(message, reason, topic, producer).await?;
+                    }
+                    None => tracing::warn!(
+                        origin = %offset_key(message),
+                        %reason,
+                        "dead letter dropped: the settler has no dead-letter topic"
+                    ),
+                }
+                self.commit(message)
+            }
+            Verdict::Requeue { delay } => self.rewind(message, *delay),
+        }
+    }
+
+    fn commit(&self, message: &BorrowedMessage<'_>) -> Result<(), BoxError> {
+        self.state().deliveries.remove(&(
+            message.topic().to_owned(),
+            message.partition(),
+            message.offset(),
+        ));
+        self.consumer.commit_message(message, CommitMode::Async)?;
+        Ok(())
+    }
+
+    async fn dead_letter(
+        &self,
+        message: &BorrowedMessage<'_>,
+        reason: &str,
+        topic: &str,
+        producer: &FutureProducer,
+    ) -> Result<(), BoxError> {
+        let mut headers = OwnedHeaders::new();
+        if let Some(original) = message.headers() {
+            for header in original.iter() {
+                if header.key != REASON_HEADER && header.key != ORIGIN_HEADER {
+                    headers = headers.insert(header);
+                }
+            }
+        }
+        let reason = reason.replace(['\r', '\n'], " ");
+        let origin = offset_key(message);
+        let headers = headers
+            .insert(Header {
+                key: REASON_HEADER,
+                value: Some(&reason),
+            })
+            .insert(Header {
+                key: ORIGIN_HEADER,
+                value: Some(&origin),
+            });
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
+        if let Some(key) = message.key() {
+            record = record.key(key);
+        }
+        if let Some(payload) = message.payload() {
+            record = record.payload(payload);
+        }
+        producer
+            .send(record, self.timeout)
+            .await
+            .map(drop)
+            .map_err(|(e, _)| format!("the dead letter of {origin} was not taken: {e}").into())
+    }
+
+    /// Pauses the message's partition, then after `delay` seeks it back to the message and
+    /// resumes it.
+    fn rewind(&self, message: &BorrowedMessage<'_>, delay: Duration) -> Result<(), BoxError> {
+        let (topic, partition, offset) = (
+            message.topic().to_owned(),
+            message.partition(),
+            message.offset(),
+        );
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&topic, partition);
+        self.consumer.pause(&list)?;
+        self.state()
+            .rewinding
+            .insert((topic.clone(), partition), offset);
+        let (consumer, state, timeout) = (
+            Arc::clone(&self.consumer),
+            Arc::clone(&self.state),
+            self.timeout,
+        );
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            // Off the runtime's threads: librdkafka's seek waits for the broker.
+            let _ = tokio::task::spawn_blocking(move || {
+                // The seek drops what was fetched of the partition before it, so from here on
+                // the partition's messages are the rewound ones: admit them, then resume.
+                let seek = consumer.seek(&topic, partition, Offset::Offset(offset), timeout);
+                state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .rewinding
+                    .remove(&(topic.clone(), partition));
+                let resumed = consumer.resume(&list);
+                if let Err(e) = seek.map_err(|e| e.to_string()).and(resumed.map_err(|e| e.to_string())) {
+                    // The partition was revoked meanwhile: its next owner reads from the last
+                    // committed offset, at or before this message.
+                    tracing::warn!(%topic, partition, offset, error = %e, "could not rewind the partition to a requeued message");
+                }
+            })
+            .await;
+        });
+        Ok(())
+    }
+}

@@ -4,7 +4,9 @@
 //! own. A storm of 2,000 orders with 12 % duplicate requests runs while the relay and the consumer
 //! are each killed and restarted at random points (at least 10 times: the task is aborted where it
 //! stands and its broker connection dropped with it, as a dead process's would be), plus poison
-//! messages sent straight to the broker. Over MariaDB and Postgres, on RabbitMQ and JetStream.
+//! messages sent straight to the broker. Over MariaDB and Postgres, on RabbitMQ and JetStream;
+//! over Postgres on Kafka (tansu, a Kafka-compatible broker: the consumer in a consumer group,
+//! rejoining it after each kill).
 //!
 //! The audit is the consumer's own `shipments` table (exactly one row per order), the service's
 //! `orders` table (one per order), the outbox (nothing unsent), the broker (nothing left to
@@ -27,6 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures_util::StreamExt;
 use idem::http::{IdempotencyLayer, LayerTx, Principal};
+use idem::inbox::kafka::KafkaSettler;
 use idem::inbox::{Inbox, amqp, jetstream};
 use idem::outbox::{Outbox, OutboxConn, OutboxPool, Publisher, Relay};
 use idem::sqlx::{self, AssertSqlSafe};
@@ -36,6 +39,12 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::message::Headers;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 use tx_orders::Orders;
@@ -241,11 +250,91 @@ where
 /// The broker side of one run.
 #[derive(Clone)]
 enum Broker {
-    Rabbit { url: String, queue: String },
-    Nats { url: String, stream: String },
+    Rabbit {
+        url: String,
+        queue: String,
+    },
+    Nats {
+        url: String,
+        stream: String,
+    },
+    /// Work on `topic` (3 partitions), dead letters on `<topic>.dead`, consumer group `shipping`.
+    Kafka {
+        brokers: String,
+        topic: String,
+    },
+}
+
+const KAFKA_PARTITIONS: i32 = 3;
+const KAFKA_GROUP: &str = "shipping";
+
+fn kafka_admin(brokers: &str) -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap()
+}
+
+/// The distinct messages in Kafka dead-letter topic `dead`, by their origin header: without
+/// transactions a dead letter is produced at least once (a consumer killed after producing it and
+/// before committing its original produces it again when the original comes back), and the origin
+/// (`topic/partition/offset`) tells the copies of one apart from another.
+fn kafka_dead_origins(reader: &BaseConsumer, dead: &str) -> u64 {
+    let timeout = Duration::from_secs(5);
+    let (_, end) = reader.fetch_watermarks(dead, 0, timeout).unwrap();
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(dead, 0, Offset::Beginning)
+        .unwrap();
+    reader.assign(&list).unwrap();
+    let mut origins = std::collections::HashSet::new();
+    let mut next = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while next < end {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dead letters not read in 10 s"
+        );
+        let Some(Ok(message)) = reader.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        next = message.offset() + 1;
+        let origin = message
+            .headers()
+            .and_then(|h| {
+                h.iter()
+                    .find(|h| h.key == idem::inbox::kafka::ORIGIN_HEADER)
+            })
+            .and_then(|h| h.value)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default();
+        origins.insert(origin);
+    }
+    origins.len() as u64
 }
 
 impl Broker {
+    async fn kafka() -> Option<Broker> {
+        let brokers = server::url("IDEM_KAFKA_URL", "127.0.0.1:9092");
+        let topic = server::unique("idem_e2e");
+        let dead = format!("{topic}.dead");
+        let admin = kafka_admin(&brokers);
+        let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(5)));
+        let topics = [
+            NewTopic::new(&topic, KAFKA_PARTITIONS, TopicReplication::Fixed(1)),
+            NewTopic::new(&dead, 1, TopicReplication::Fixed(1)),
+        ];
+        let created = async {
+            match admin.create_topics(&topics, &options).await {
+                Ok(results) => results
+                    .into_iter()
+                    .try_for_each(|r| r.map(drop).map_err(|(topic, e)| format!("{topic}: {e}"))),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        server::reach("Kafka", &brokers, created).await?;
+        Some(Broker::Kafka { brokers, topic })
+    }
+
     async fn rabbit() -> Option<Broker> {
         let url = server::url("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
         let conn = server::reach(
@@ -302,6 +391,7 @@ impl Broker {
         match self {
             Broker::Rabbit { queue, .. } => queue.clone(),
             Broker::Nats { stream, .. } => format!("{stream}.orders"),
+            Broker::Kafka { topic, .. } => topic.clone(),
         }
     }
 
@@ -328,6 +418,9 @@ impl Broker {
                     Arc::new(idem::outbox::jetstream::JetStreamPublisher::new(js::new(
                         client,
                     )))
+                }
+                Broker::Kafka { brokers, .. } => {
+                    Arc::new(idem::outbox::kafka::KafkaPublisher::connect(brokers).unwrap())
                 }
             };
             let relay = Relay::builder(pool, publisher)
@@ -444,6 +537,47 @@ impl Broker {
                     }
                     drop(ctx);
                 }
+                Broker::Kafka { brokers, topic } => {
+                    let consumer: StreamConsumer =
+                        idem::inbox::kafka::consumer_config(brokers, KAFKA_GROUP)
+                            .set("session.timeout.ms", "6000")
+                            .set("heartbeat.interval.ms", "500")
+                            .set("fetch.wait.max.ms", "50")
+                            .create()
+                            .unwrap();
+                    consumer.subscribe(&[topic]).unwrap();
+                    let consumer = Arc::new(consumer);
+                    let producer: FutureProducer = ClientConfig::new()
+                        .set("bootstrap.servers", brokers)
+                        .create()
+                        .unwrap();
+                    let settler = KafkaSettler::new(Arc::clone(&consumer))
+                        .dead_letters(format!("{topic}.dead"), producer);
+                    let work = async {
+                        let mut messages = consumer.stream();
+                        while let Some(message) = messages.next().await {
+                            let Ok(message) = message else { continue };
+                            let Some(delivered) = settler.admit(&message) else {
+                                continue;
+                            };
+                            let (db, table) = (db.clone(), shipments.clone());
+                            let handled = inbox
+                                .handle_json(
+                                    message.payload().unwrap_or_default(),
+                                    Some(delivered),
+                                    |m: OrderCreated| async move { db.ship(&table, m).await },
+                                )
+                                .await;
+                            if settler.settle(&message, &handled.verdict).await.is_err() {
+                                return;
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        () = work => {}
+                        _ = kill => {}
+                    }
+                }
             }
         })
     }
@@ -474,6 +608,18 @@ impl Broker {
                     ctx.publish(format!("{stream}.orders"), payload.into_bytes().into())
                         .await
                         .unwrap()
+                        .await
+                        .unwrap();
+                }
+                Broker::Kafka { brokers, topic } => {
+                    let producer: FutureProducer = ClientConfig::new()
+                        .set("bootstrap.servers", brokers)
+                        .create()
+                        .unwrap();
+                    let key = format!("poison-{i}");
+                    let record = FutureRecord::to(topic).key(&key).payload(&payload);
+                    producer
+                        .send(record, Duration::from_secs(10))
                         .await
                         .unwrap();
                 }
@@ -526,6 +672,34 @@ impl Broker {
                 let mut dead = ctx.get_stream(format!("{stream}_DEAD")).await.unwrap();
                 (open, dead.info().await.unwrap().state.messages)
             }
+            // Uncommitted: each partition's end less the group's committed offset.
+            Broker::Kafka { brokers, topic } => {
+                let (brokers, topic) = (brokers.clone(), topic.clone());
+                tokio::task::spawn_blocking(move || {
+                    let timeout = Duration::from_secs(5);
+                    let reader: BaseConsumer =
+                        idem::inbox::kafka::consumer_config(&brokers, KAFKA_GROUP)
+                            .create()
+                            .unwrap();
+                    let mut list = TopicPartitionList::new();
+                    for p in 0..KAFKA_PARTITIONS {
+                        list.add_partition(&topic, p);
+                    }
+                    let committed = reader.committed_offsets(list, timeout).unwrap();
+                    let mut open = 0;
+                    for p in 0..KAFKA_PARTITIONS {
+                        let (_, end) = reader.fetch_watermarks(&topic, p, timeout).unwrap();
+                        let at = match committed.find_partition(&topic, p).map(|e| e.offset()) {
+                            Some(Offset::Offset(at)) => at,
+                            _ => 0,
+                        };
+                        open += u64::try_from(end - at).unwrap_or(0);
+                    }
+                    (open, kafka_dead_origins(&reader, &format!("{topic}.dead")))
+                })
+                .await
+                .unwrap()
+            }
         }
     }
 
@@ -547,6 +721,12 @@ impl Broker {
                 let ctx = js::new(async_nats::connect(url).await.unwrap());
                 let _ = ctx.delete_stream(stream).await;
                 let _ = ctx.delete_stream(format!("{stream}_DEAD")).await;
+            }
+            Broker::Kafka { brokers, topic } => {
+                let dead = format!("{topic}.dead");
+                let _ = kafka_admin(brokers)
+                    .delete_topics(&[topic.as_str(), dead.as_str()], &AdminOptions::new())
+                    .await;
             }
         }
     }
@@ -757,4 +937,9 @@ async fn postgres_and_rabbitmq_ship_each_order_once_through_kills() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_and_jetstream_ship_each_order_once_through_kills() {
     run(Db::postgres().await, Broker::nats().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_and_kafka_ship_each_order_once_through_kills() {
+    run(Db::postgres().await, Broker::kafka().await).await;
 }

@@ -18,7 +18,10 @@
 //! - [`Verdict::DeadLetter`] produces a copy to the dead-letter topic (the key, the payload, the
 //!   headers, and [`REASON_HEADER`] and [`ORIGIN_HEADER`]), waits for the broker's
 //!   acknowledgement, then commits. Without a dead-letter topic it commits only (the log has the
-//!   reason).
+//!   reason). A consumer that dies between the two produces the dead letter again when the
+//!   message comes back: dead letters are at least once, and [`ORIGIN_HEADER`] tells two copies
+//!   of one apart from two dead letters. (Kafka transactions would make the copy and the commit
+//!   one; the broker these adapters are tested against has none.)
 //!
 //! Kafka keeps no delivery count, so the settler counts the deliveries of each message in this
 //! process ([`KafkaSettler::admit`] gives the number to [`Inbox::handle`](super::Inbox::handle));

@@ -580,39 +580,18 @@ async fn build_refuses_what_cannot_work() {
         GrpcLayer::builder(store.clone()).method(CREATE),
         "principal",
     );
-    refused(
+    // A layer that covers a method for a caller, and one setting out of range.
+    let covered = || {
         GrpcLayer::builder(store.clone())
             .principal(principal())
             .method(CREATE)
-            .fingerprint_metadata("Not A Key"),
-        "metadata key",
-    );
+    };
+    refused(covered().fingerprint_metadata("Not A Key"), "metadata key");
+    refused(covered().fingerprint_metadata("trace-bin"), "-bin");
+    refused(covered().lease(Duration::ZERO), "lease");
+    refused(covered().max_key_len(0), "above zero");
     refused(
-        GrpcLayer::builder(store.clone())
-            .principal(principal())
-            .method(CREATE)
-            .fingerprint_metadata("trace-bin"),
-        "-bin",
-    );
-    refused(
-        GrpcLayer::builder(store.clone())
-            .principal(principal())
-            .method(CREATE)
-            .lease(Duration::ZERO),
-        "lease",
-    );
-    refused(
-        GrpcLayer::builder(store.clone())
-            .principal(principal())
-            .method(CREATE)
-            .max_key_len(0),
-        "above zero",
-    );
-    refused(
-        GrpcLayer::builder(store.clone())
-            .principal(principal())
-            .method(CREATE)
-            .cap_per_principal(0, Duration::from_secs(1)),
+        covered().cap_per_principal(0, Duration::from_secs(1)),
         "cap of 0",
     );
     let recovering = async |_: idem::grpc::GrpcRecoverRequest| Ok(None);

@@ -8,6 +8,8 @@
 #[path = "support/inbox_orders.rs"]
 #[allow(dead_code)] // the batch helpers: this consumer settles one message at a time
 mod inbox_orders;
+#[path = "support/kafka.rs"]
+mod kafka;
 #[path = "contract/server.rs"]
 #[allow(dead_code)]
 mod server;
@@ -20,8 +22,7 @@ use idem::inbox::kafka::{self as kafka_inbox, KafkaSettler};
 use idem::inbox::{Inbox, Verdict};
 use idem::metrics::Outcome;
 use inbox_orders::{OrderMsg, Orders, Seen};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use kafka::brokers;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -30,10 +31,6 @@ use rdkafka::{ClientConfig, Message, Offset};
 /// The header the tests name each published message by.
 const MSG_ID: &str = "test-message-id";
 const PARTITIONS: i32 = 3;
-
-fn brokers() -> String {
-    server::url("IDEM_KAFKA_URL", "127.0.0.1:9092")
-}
 
 /// A test's topics: work on `<name>` (3 partitions), dead letters on `<name>.dead`.
 struct Fresh {
@@ -47,13 +44,7 @@ impl Fresh {
     }
 
     fn consumer(&self, group: &str) -> Arc<StreamConsumer> {
-        let consumer: StreamConsumer = kafka_inbox::consumer_config(&brokers(), group)
-            .set("session.timeout.ms", "6000")
-            .set("heartbeat.interval.ms", "500")
-            // The broker answers an empty fetch after this long, not when a message arrives.
-            .set("fetch.wait.max.ms", "50")
-            .create()
-            .unwrap();
+        let consumer: StreamConsumer = kafka::consumer_config(&brokers(), group).create().unwrap();
         consumer.subscribe(&[&self.name]).unwrap();
         Arc::new(consumer)
     }
@@ -61,13 +52,6 @@ impl Fresh {
     fn settler(&self, consumer: &Arc<StreamConsumer>) -> KafkaSettler {
         KafkaSettler::new(Arc::clone(consumer)).dead_letters(self.dead(), self.producer.clone())
     }
-}
-
-fn admin() -> AdminClient<DefaultClientContext> {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap()
 }
 
 /// Fresh topics, deleted after `body`, also when it panicked. Skips when the broker is
@@ -78,22 +62,9 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let name = server::unique(prefix);
-    let admin = admin();
-    let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(5)));
-    let dead = format!("{name}.dead");
-    let topics = [
-        NewTopic::new(&name, PARTITIONS, TopicReplication::Fixed(1)),
-        NewTopic::new(&dead, 1, TopicReplication::Fixed(1)),
-    ];
-    let created = async {
-        match admin.create_topics(&topics, &options).await {
-            Ok(results) => results
-                .into_iter()
-                .try_for_each(|r| r.map(drop).map_err(|(topic, e)| format!("{topic}: {e}"))),
-            Err(e) => Err(e.to_string()),
-        }
-    };
-    if server::reach("Kafka", &brokers(), created).await.is_none() {
+    let url = brokers();
+    let created = kafka::create_with_dead(&url, &name, PARTITIONS);
+    if server::reach("Kafka", &url, created).await.is_none() {
         return;
     }
     let producer: FutureProducer = ClientConfig::new()
@@ -106,9 +77,7 @@ where
         producer,
     }))
     .await;
-    let _ = admin
-        .delete_topics(&[name.as_str(), dead.as_str()], &options)
-        .await;
+    kafka::delete_with_dead(&brokers(), &name).await;
     if let Err(e) = ran {
         std::panic::resume_unwind(e.into_panic());
     }
@@ -247,7 +216,7 @@ async fn assert_all_committed(fresh: &Fresh, consumer: &StreamConsumer) {
 /// (bounded by 20 s) and then 1 s more, so an extra one is seen.
 async fn dead_letters(fresh: &Fresh, expected: usize) -> Vec<(String, String, String)> {
     let consumer: StreamConsumer =
-        kafka_inbox::consumer_config(&brokers(), &server::unique("dead-reader"))
+        kafka::consumer_config(&brokers(), &server::unique("dead-reader"))
             .create()
             .unwrap();
     consumer.subscribe(&[&fresh.dead()]).unwrap();

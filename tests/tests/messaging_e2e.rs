@@ -12,6 +12,8 @@
 //! `orders` table (one per order), the outbox (nothing unsent), the broker (nothing left to
 //! deliver or unacked) and the dead letters (exactly the poison).
 
+#[path = "support/kafka.rs"]
+mod kafka;
 #[path = "contract/server.rs"]
 #[allow(dead_code)]
 mod server;
@@ -39,8 +41,6 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::message::Headers;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -268,13 +268,6 @@ enum Broker {
 const KAFKA_PARTITIONS: i32 = 3;
 const KAFKA_GROUP: &str = "shipping";
 
-fn kafka_admin(brokers: &str) -> AdminClient<DefaultClientContext> {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .unwrap()
-}
-
 /// The distinct messages in Kafka dead-letter topic `dead`, by their origin header: without
 /// transactions a dead letter is produced at least once (a consumer killed after producing it and
 /// before committing its original produces it again when the original comes back), and the origin
@@ -314,23 +307,9 @@ fn kafka_dead_origins(reader: &BaseConsumer, dead: &str) -> u64 {
 
 impl Broker {
     async fn kafka() -> Option<Broker> {
-        let brokers = server::url("IDEM_KAFKA_URL", "127.0.0.1:9092");
+        let brokers = kafka::brokers();
         let topic = server::unique("idem_e2e");
-        let dead = format!("{topic}.dead");
-        let admin = kafka_admin(&brokers);
-        let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(5)));
-        let topics = [
-            NewTopic::new(&topic, KAFKA_PARTITIONS, TopicReplication::Fixed(1)),
-            NewTopic::new(&dead, 1, TopicReplication::Fixed(1)),
-        ];
-        let created = async {
-            match admin.create_topics(&topics, &options).await {
-                Ok(results) => results
-                    .into_iter()
-                    .try_for_each(|r| r.map(drop).map_err(|(topic, e)| format!("{topic}: {e}"))),
-                Err(e) => Err(e.to_string()),
-            }
-        };
+        let created = kafka::create_with_dead(&brokers, &topic, KAFKA_PARTITIONS);
         server::reach("Kafka", &brokers, created).await?;
         Some(Broker::Kafka { brokers, topic })
     }
@@ -538,13 +517,9 @@ impl Broker {
                     drop(ctx);
                 }
                 Broker::Kafka { brokers, topic } => {
-                    let consumer: StreamConsumer =
-                        idem::inbox::kafka::consumer_config(brokers, KAFKA_GROUP)
-                            .set("session.timeout.ms", "6000")
-                            .set("heartbeat.interval.ms", "500")
-                            .set("fetch.wait.max.ms", "50")
-                            .create()
-                            .unwrap();
+                    let consumer: StreamConsumer = kafka::consumer_config(brokers, KAFKA_GROUP)
+                        .create()
+                        .unwrap();
                     consumer.subscribe(&[topic]).unwrap();
                     let consumer = Arc::new(consumer);
                     let producer: FutureProducer = ClientConfig::new()
@@ -722,12 +697,7 @@ impl Broker {
                 let _ = ctx.delete_stream(stream).await;
                 let _ = ctx.delete_stream(format!("{stream}_DEAD")).await;
             }
-            Broker::Kafka { brokers, topic } => {
-                let dead = format!("{topic}.dead");
-                let _ = kafka_admin(brokers)
-                    .delete_topics(&[topic.as_str(), dead.as_str()], &AdminOptions::new())
-                    .await;
-            }
+            Broker::Kafka { brokers, topic } => kafka::delete_with_dead(brokers, topic).await,
         }
     }
 }

@@ -39,17 +39,13 @@ impl GrpcLayer {
     /// [`IdemError::StoreSchema`] when its table is missing (run the store's `migrate()`), other
     /// store errors as they come.
     pub async fn check(&self) -> Result<(), IdemError> {
-        self.cfg
-            .store
-            .load(&self.cfg.biz, "idem-start-up-check")
-            .await
-            .map(drop)
+        self.cfg.check().await
     }
 
     /// A handle that waits, at shutdown, for the handlers this layer is running (they run on
     /// tasks of their own, so a client that goes away does not cancel them): see [`Drain`].
     pub fn drain(&self) -> Drain {
-        Drain(Arc::clone(&self.cfg.inflight))
+        self.cfg.drain()
     }
 }
 
@@ -107,22 +103,15 @@ where
         let (cfg, grpc) = (Arc::clone(&self.cfg), Arc::clone(&self.grpc));
         // On its own task: a client that goes away (its deadline passed, a proxy timed out) does
         // not cancel the handler, so its response is stored and the retry replays it.
-        let running = cfg.inflight.start();
-        let task = tokio::spawn(async move {
-            let _running = running;
-            handle(&cfg, &grpc, inner, req).await
-        });
-        Box::pin(async move {
-            match task.await {
-                Ok(response) => response,
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                Err(_) => Ok(status(
-                    Code::Unavailable,
-                    "SHUTTING_DOWN",
-                    "the service is shutting down",
-                    None,
-                )),
-            }
+        let inflight = Arc::clone(&cfg.inflight);
+        let work = async move { handle(&cfg, &grpc, inner, req).await };
+        inflight.on_own_task(work, || {
+            Ok(status(
+                Code::Unavailable,
+                "SHUTTING_DOWN",
+                "the service is shutting down",
+                None,
+            ))
         })
     }
 }

@@ -52,6 +52,21 @@ pub(crate) struct Config {
     pub(crate) inflight: Arc<Inflight>,
 }
 
+impl Config {
+    /// One read of a record (no write): the store answers and is set up.
+    pub(crate) async fn check(&self) -> Result<(), IdemError> {
+        self.store
+            .load(&self.biz, "idem-start-up-check")
+            .await
+            .map(drop)
+    }
+
+    /// The handle that waits for the layer's handler tasks.
+    pub(crate) fn drain(&self) -> super::Drain {
+        super::Drain(Arc::clone(&self.inflight))
+    }
+}
+
 /// A transaction the layer can begin, lend to the handler and finish.
 pub(crate) trait Lent: IdemTx + 'static {
     fn as_any(&mut self) -> &mut dyn Any;

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::service::BoxFuture;
+
 /// How many handler tasks of a layer are running.
 #[derive(Debug, Default)]
 pub(crate) struct Inflight {
@@ -20,6 +22,29 @@ impl Inflight {
     pub(crate) fn start(self: &Arc<Self>) -> Running {
         self.running.fetch_add(1, Ordering::SeqCst);
         Running(Arc::clone(self))
+    }
+
+    /// Runs a layer's `work` on a task of its own, counted while it runs: a client that goes away
+    /// (a gateway or a deadline gave up) does not cancel the handler, so its response is stored
+    /// and the retry replays it. A panic in it is resumed in the caller; a task the runtime
+    /// dropped at shutdown answers `shutting_down()`.
+    pub(crate) fn on_own_task<T: Send + 'static>(
+        self: &Arc<Self>,
+        work: impl Future<Output = T> + Send + 'static,
+        shutting_down: fn() -> T,
+    ) -> BoxFuture<T> {
+        let running = self.start();
+        let task = tokio::spawn(async move {
+            let _running = running;
+            work.await
+        });
+        Box::pin(async move {
+            match task.await {
+                Ok(answer) => answer,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => shutting_down(),
+            }
+        })
     }
 }
 

@@ -71,17 +71,13 @@ impl IdempotencyLayer {
     /// [`IdemError::StoreSchema`] when its table is missing (run the store's `migrate()`), other
     /// store errors as they come.
     pub async fn check(&self) -> Result<(), IdemError> {
-        self.cfg
-            .store
-            .load(&self.cfg.biz, "idem-start-up-check")
-            .await
-            .map(drop)
+        self.cfg.check().await
     }
 
     /// A handle that waits, at shutdown, for the handlers this layer (and every service made
     /// from it) is running: see [`Drain`](super::Drain).
     pub fn drain(&self) -> Drain {
-        Drain(Arc::clone(&self.cfg.inflight))
+        self.cfg.drain()
     }
 }
 
@@ -125,22 +121,14 @@ where
         // On its own task: when the client goes away (a gateway timeout that was really a
         // success), the handler still finishes and its response is stored, so the retry replays
         // it instead of finding a claim that holds the key until its lease expires.
-        let running = cfg.inflight.start();
-        let task = tokio::spawn(async move {
-            let _running = running;
-            handle(cfg, inner, req).await
-        });
-        Box::pin(async move {
-            match task.await {
-                Ok(response) => response,
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                Err(_) => Ok(problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "shutting-down",
-                    "Try again",
-                    "the service is shutting down",
-                )),
-            }
+        let inflight = Arc::clone(&cfg.inflight);
+        inflight.on_own_task(handle(cfg, inner, req), || {
+            Ok(problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting-down",
+                "Try again",
+                "the service is shutting down",
+            ))
         })
     }
 }

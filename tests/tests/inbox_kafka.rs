@@ -23,10 +23,10 @@ use idem::inbox::{Inbox, Verdict};
 use idem::metrics::Outcome;
 use inbox_orders::{OrderMsg, Orders, Seen};
 use kafka::brokers;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, Message, Offset};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 /// The header the tests name each published message by.
 const MSG_ID: &str = "test-message-id";
@@ -39,6 +39,12 @@ struct Fresh {
 }
 
 impl Fresh {
+    /// The test's consumer group (a group of its own: tests run at once, and one group across
+    /// their topics would rebalance them all whenever one test's consumer comes or goes).
+    fn group(&self) -> String {
+        format!("{}-shipping", self.name)
+    }
+
     fn dead(&self) -> String {
         format!("{}.dead", self.name)
     }
@@ -177,39 +183,54 @@ async fn consume_on(
             .push((header(&message, MSG_ID), handled.outcome, handled.verdict));
     }
     drop(messages);
-    assert_all_committed(fresh, &consumer).await;
+    assert_all_committed(fresh).await;
     seen
 }
 
 /// Every partition's committed offset reaches its end (commits are asynchronous: waits up to
 /// 10 s for them to land).
-async fn assert_all_committed(fresh: &Fresh, consumer: &StreamConsumer) {
-    let mut last = String::new();
+async fn assert_all_committed(fresh: &Fresh) {
+    let mut last = Vec::new();
     for _ in 0..100 {
-        let committed = consumer.committed(Duration::from_secs(5)).unwrap();
-        let mut behind = Vec::new();
-        for partition in 0..PARTITIONS {
-            let (_, high) = consumer
-                .fetch_watermarks(&fresh.name, partition, Duration::from_secs(5))
-                .unwrap();
-            let at = committed
-                .find_partition(&fresh.name, partition)
-                .map(|e| e.offset());
-            let at = match at {
-                Some(Offset::Offset(o)) => o,
-                _ => 0,
-            };
-            if at != high {
-                behind.push((partition, at, high));
-            }
-        }
-        if behind.is_empty() {
+        last = behind(fresh, &fresh.group()).await;
+        if last.is_empty() {
             return;
         }
-        last = format!("{behind:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("offsets not committed to the partitions' ends (partition, committed, end): {last}");
+    panic!("offsets not committed to the partitions' ends (partition, committed, end): {last:?}");
+}
+
+/// The partitions of the work topic whose committed offset for `group` is short of their end:
+/// `(partition, committed, end)`, read by a client outside the group.
+async fn behind(fresh: &Fresh, group: &str) -> Vec<(i32, i64, i64)> {
+    let (topic, group) = (fresh.name.clone(), group.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let timeout = Duration::from_secs(5);
+        let reader: BaseConsumer = kafka::consumer_config(&brokers(), &group).create().unwrap();
+        let mut list = TopicPartitionList::new();
+        for partition in 0..PARTITIONS {
+            list.add_partition(&topic, partition);
+        }
+        let committed = reader.committed_offsets(list, timeout).unwrap();
+        let mut behind = Vec::new();
+        for partition in 0..PARTITIONS {
+            let (_, end) = reader.fetch_watermarks(&topic, partition, timeout).unwrap();
+            let at = match committed
+                .find_partition(&topic, partition)
+                .map(|e| e.offset())
+            {
+                Some(Offset::Offset(at)) => at,
+                _ => 0,
+            };
+            if at != end {
+                behind.push((partition, at, end));
+            }
+        }
+        behind
+    })
+    .await
+    .unwrap()
 }
 
 /// `(payload, reason, origin)` of every dead letter, sorted; reads until `expected` arrived
@@ -252,7 +273,7 @@ async fn duplicates_commit_failures_rewind_then_dead_letter_and_poison_dead_lett
         publish(&fresh, &msgs).await;
         let seen = consume(
             &fresh,
-            "shipping",
+            &fresh.group(),
             &orders,
             &inbox_orders::inbox(),
             msgs.len(),
@@ -306,7 +327,7 @@ async fn a_delivery_while_its_key_is_in_progress_is_rewound_with_a_delay_then_re
         let order_no = format!("{}-SLOW", fresh.name);
         // Joined, and the producer's first send (its id from the broker, the topic's metadata)
         // done, before the holder starts: both take longer than it holds.
-        let consumer = joined(&fresh, "shipping").await;
+        let consumer = joined(&fresh, &fresh.group()).await;
         let warm_up = FutureRecord::to(&fresh.name)
             .partition(0)
             .key("warm-up")
@@ -351,7 +372,7 @@ async fn a_consumer_gone_between_its_handler_and_its_commit_is_replayed_by_the_n
         publish(&fresh, &msgs).await;
         let inbox = inbox_orders::inbox();
         {
-            let consumer = fresh.consumer("shipping");
+            let consumer = fresh.consumer(&fresh.group());
             let settler = fresh.settler(&consumer);
             let mut messages = consumer.stream();
             let message = tokio::time::timeout(Duration::from_secs(30), messages.next())
@@ -366,7 +387,7 @@ async fn a_consumer_gone_between_its_handler_and_its_commit_is_replayed_by_the_n
             assert_eq!(handled.outcome, Some(Outcome::Executed));
             // Gone here: no commit; the consumer leaves the group as it is dropped.
         }
-        let seen = consume(&fresh, "shipping", &orders, &inbox, 2).await;
+        let seen = consume(&fresh, &fresh.group(), &orders, &inbox, 2).await;
         let outcomes: Vec<Option<Outcome>> = seen.0.iter().map(|(_, o, _)| *o).collect();
         assert!(
             outcomes.contains(&Some(Outcome::Replayed)),
@@ -374,6 +395,96 @@ async fn a_consumer_gone_between_its_handler_and_its_commit_is_replayed_by_the_n
         );
         let p = |name: &str| format!("{}-{name}", fresh.name);
         assert_eq!(orders.shipped().await, vec![(p("A"), 1), (p("B"), 1)]);
+    })
+    .await;
+}
+
+/// Two consumers of one group: the second joins while the first works, the group rebalances and
+/// partitions move from the first to the second mid-run (what the first had handled and not yet
+/// committed is read again by the second, and replayed). Every order ships once, every partition
+/// ends committed, and both consumers handled messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebalance_mid_run_runs_no_handler_twice_and_loses_nothing() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    on_fresh_topics("idem_kafka_rebalance", |fresh| async move {
+        let orders = Orders::new().await;
+        let n = 240;
+        let msgs: Vec<(String, Vec<u8>)> = (0..n)
+            .map(|i| {
+                let order_no = format!("{}-{i:04}", fresh.name);
+                let payload = serde_json::to_vec(&OrderMsg {
+                    order_no: order_no.clone(),
+                    qty: 1,
+                })
+                .unwrap();
+                (format!("{order_no}-m1"), payload)
+            })
+            .collect();
+        publish(&fresh, &msgs).await;
+        let fresh = Arc::new(fresh);
+        let stop = Arc::new(AtomicBool::new(false));
+        // One consumer: each message through the inbox (10 ms of work each, so the run lasts
+        // while the group rebalances), settled; how many it handled.
+        let start = |handled: Arc<AtomicUsize>| {
+            let (fresh, orders, stop) = (fresh.clone(), orders.clone(), stop.clone());
+            tokio::spawn(async move {
+                let consumer = fresh.consumer(&fresh.group());
+                let settler = fresh.settler(&consumer);
+                let inbox = inbox_orders::inbox();
+                let mut messages = consumer.stream();
+                while !stop.load(Ordering::SeqCst) {
+                    let next = tokio::time::timeout(Duration::from_millis(200), messages.next());
+                    let Ok(Some(Ok(message))) = next.await else {
+                        continue;
+                    };
+                    let Some(delivered) = settler.admit(&message) else {
+                        continue;
+                    };
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    let payload = message.payload().unwrap_or_default();
+                    let done = orders.handle(&inbox, payload, Some(delivered)).await;
+                    settler.settle(&message, &done.verdict).await.unwrap();
+                    handled.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        let (first, second) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let a = start(first.clone());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while first.load(Ordering::SeqCst) < 40 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the first consumer is stuck"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let b = start(second.clone());
+        loop {
+            let shipped = orders.shipped().await.len();
+            if shipped == n && behind(&fresh, &fresh.group()).await.is_empty() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "after 60 s: {shipped} of {n} shipped, behind {:?}",
+                behind(&fresh, &fresh.group()).await
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stop.store(true, Ordering::SeqCst);
+        a.await.unwrap();
+        b.await.unwrap();
+        let shipped = orders.shipped().await;
+        assert_eq!(shipped.len(), n);
+        assert!(
+            shipped.iter().all(|(_, rows)| *rows == 1),
+            "an order shipped twice: {shipped:?}"
+        );
+        let (by_first, by_second) = (first.load(Ordering::SeqCst), second.load(Ordering::SeqCst));
+        assert!(
+            by_first >= 40 && by_second > 0 && by_first + by_second >= n,
+            "both consumers worked: {by_first} + {by_second} for {n} messages"
+        );
     })
     .await;
 }

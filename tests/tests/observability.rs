@@ -58,11 +58,24 @@ async fn call(store: &MemoryStore, key: &str, fail: bool) -> Result<u32, IdemErr
         .await
 }
 
+/// Held by each test while it has a subscriber of its own. tracing keeps one global level filter,
+/// the most any live subscriber wants, and recomputes it as subscribers come and go; two tests
+/// setting theirs at once on two threads can leave it at the other's level, and a test then sees
+/// no span at all (seen once in CI, on a loaded machine).
+static SUBSCRIBED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn subscribed() -> std::sync::MutexGuard<'static, ()> {
+    SUBSCRIBED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Runs `work` to its end on a current-thread runtime, with `subscriber` as this thread's.
 fn under<S>(subscriber: S, work: impl std::future::Future<Output = ()>)
 where
     S: tracing::Subscriber + Send + Sync + 'static,
 {
+    let _alone = subscribed();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -271,6 +284,7 @@ fn no_raw_key_token_or_result_reaches_spans_or_logs() {
         .enable_all()
         .build()
         .unwrap();
+    let _alone = subscribed();
     let tokens: Vec<String> = tracing::subscriber::with_default(subscriber, || {
         rt.block_on(async {
             tracing::trace!(canary = "canary-0b7e", "the layer sees TRACE events");

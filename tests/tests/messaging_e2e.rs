@@ -258,15 +258,16 @@ enum Broker {
         url: String,
         stream: String,
     },
-    /// Work on `topic` (3 partitions), dead letters on `<topic>.dead`, consumer group `shipping`.
+    /// Work on `topic` (3 partitions), dead letters on `<topic>.dead`, consumers in `group` (one
+    /// of this run's own: a broker that outlives runs keeps a group's members and offsets).
     Kafka {
         brokers: String,
         topic: String,
+        group: String,
     },
 }
 
 const KAFKA_PARTITIONS: i32 = 3;
-const KAFKA_GROUP: &str = "shipping";
 
 /// The distinct messages in Kafka dead-letter topic `dead`, by their origin header: without
 /// transactions a dead letter is produced at least once (a consumer killed after producing it and
@@ -311,7 +312,12 @@ impl Broker {
         let topic = server::unique("idem_e2e");
         let created = kafka::create_with_dead(&brokers, &topic, KAFKA_PARTITIONS);
         server::reach("Kafka", &brokers, created).await?;
-        Some(Broker::Kafka { brokers, topic })
+        let group = format!("{topic}-shipping");
+        Some(Broker::Kafka {
+            brokers,
+            topic,
+            group,
+        })
     }
 
     async fn rabbit() -> Option<Broker> {
@@ -516,10 +522,13 @@ impl Broker {
                     }
                     drop(ctx);
                 }
-                Broker::Kafka { brokers, topic } => {
-                    let consumer: StreamConsumer = kafka::consumer_config(brokers, KAFKA_GROUP)
-                        .create()
-                        .unwrap();
+                Broker::Kafka {
+                    brokers,
+                    topic,
+                    group,
+                } => {
+                    let consumer: StreamConsumer =
+                        kafka::consumer_config(brokers, group).create().unwrap();
                     consumer.subscribe(&[topic]).unwrap();
                     let consumer = Arc::new(consumer);
                     let producer: FutureProducer = ClientConfig::new()
@@ -586,7 +595,7 @@ impl Broker {
                         .await
                         .unwrap();
                 }
-                Broker::Kafka { brokers, topic } => {
+                Broker::Kafka { brokers, topic, .. } => {
                     let producer: FutureProducer = ClientConfig::new()
                         .set("bootstrap.servers", brokers)
                         .create()
@@ -648,12 +657,16 @@ impl Broker {
                 (open, dead.info().await.unwrap().state.messages)
             }
             // Uncommitted: each partition's end less the group's committed offset.
-            Broker::Kafka { brokers, topic } => {
-                let (brokers, topic) = (brokers.clone(), topic.clone());
+            Broker::Kafka {
+                brokers,
+                topic,
+                group,
+            } => {
+                let (brokers, topic, group) = (brokers.clone(), topic.clone(), group.clone());
                 tokio::task::spawn_blocking(move || {
                     let timeout = Duration::from_secs(5);
                     let reader: BaseConsumer =
-                        idem::inbox::kafka::consumer_config(&brokers, KAFKA_GROUP)
+                        idem::inbox::kafka::consumer_config(&brokers, &group)
                             .create()
                             .unwrap();
                     let mut list = TopicPartitionList::new();
@@ -697,7 +710,7 @@ impl Broker {
                 let _ = ctx.delete_stream(stream).await;
                 let _ = ctx.delete_stream(format!("{stream}_DEAD")).await;
             }
-            Broker::Kafka { brokers, topic } => kafka::delete_with_dead(brokers, topic).await,
+            Broker::Kafka { brokers, topic, .. } => kafka::delete_with_dead(brokers, topic).await,
         }
     }
 }

@@ -1,11 +1,12 @@
 //! Messages/s through idem's inbox and outbox relay, against the plain client loop, on the local
-//! RabbitMQ (`IDEM_AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`) and NATS JetStream
-//! (`IDEM_NATS_URL`, default `nats://127.0.0.1:4222`).
+//! RabbitMQ (`IDEM_AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`), NATS JetStream
+//! (`IDEM_NATS_URL`, default `nats://127.0.0.1:4222`) and a Kafka-compatible broker
+//! (`IDEM_KAFKA_URL`, default `127.0.0.1:9092`; tansu here).
 //!
 //! ```text
-//! cargo bench -p idem-suite --features rabbitmq,nats,sqlite --bench messaging
-//! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench -p idem-suite --features rabbitmq,nats,sqlite --bench messaging
-//! IDEM_BENCH_ONLY=outbox,nats cargo bench …   # workloads by name, side (inbox, outbox), broker (rabbitmq, nats) or `dup`
+//! cargo bench -p idem-suite --features rabbitmq,nats,kafka,sqlite --bench messaging
+//! IDEM_BENCH_ROUNDS=3 IDEM_BENCH_SCALE=0.2 cargo bench -p idem-suite --features rabbitmq,nats,kafka,sqlite --bench messaging
+//! IDEM_BENCH_ONLY=outbox,nats cargo bench …   # workloads by name, side (inbox, outbox), broker (rabbitmq, nats, kafka) or `dup`
 //! ```
 //!
 //! Workloads, each on a fresh queue or stream and a fresh SQLite file per contender and round
@@ -36,6 +37,14 @@
 //!   properties (message id, key; persistent and mandatory on RabbitMQ) and awaits its confirm
 //!   (RabbitMQ publisher confirm; JetStream publish ack), then marks it sent with an `UPDATE`.
 //!
+//! - `inbox-kafka`, `inbox-kafka-dup`: the traffic pre-filled in a topic of 3 partitions keyed
+//!   by order number, read by a consumer of a group of its own; the clock starts at the first
+//!   message (after the group's join). `plain` ships and commits the offset (async); `idem` hands
+//!   the payload to `Inbox::handle_json` as above and settles with `inbox::kafka::KafkaSettler`
+//!   (the same commit). `outbox-kafka`: the outbox to a topic, `KafkaPublisher` against a plain
+//!   loop producing each row (key, id header, idempotent producer), awaiting its acknowledgement,
+//!   marking it sent.
+//!
 //! Each round runs every workload's two contenders, which goes first alternating from round to
 //! round (and workload to workload); a warm-up run of each, `N / 5` messages, is not counted. The
 //! ratio idem / plain is taken within a round, then the median over rounds (`IDEM_BENCH_ROUNDS`,
@@ -50,10 +59,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::{self as js, message::PublishMessage};
 use futures_util::FutureExt;
 use futures_util::StreamExt;
+use idem::inbox::kafka::{self as kafka_inbox, KafkaSettler};
 use idem::inbox::{BatchMessage, Inbox, Verdict, amqp as amqp_inbox, jetstream as js_inbox};
 use idem::metrics::Outcome;
 use idem::outbox::amqp::AmqpPublisher;
 use idem::outbox::jetstream::{JetStreamPublisher, KEY_HEADER};
+use idem::outbox::kafka::{ID_HEADER, KafkaPublisher};
 use idem::outbox::{Outbox, Relay};
 use idem::sqlx::{self, SqlitePool};
 use idem::{Call, IdemError, SqliteStore, SqliteTx, idempotent};
@@ -63,6 +74,12 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::{Deserialize, Serialize};
 
 /// An order event as published (JSON).
@@ -560,6 +577,146 @@ async fn inbox_nats(ctx: &js::Context, who: Who, n: usize, dup_pct: usize, batch
 enum Broker<'a> {
     Amqp(&'a Connection),
     Nats(&'a js::Context),
+    /// The bootstrap servers.
+    Kafka(&'a str),
+}
+
+fn kafka_admin(brokers: &str) -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap()
+}
+
+async fn kafka_topic(brokers: &str, name: &str) {
+    let results = kafka_admin(brokers)
+        .create_topics(
+            &[NewTopic::new(
+                name,
+                KAFKA_PARTITIONS,
+                TopicReplication::Fixed(1),
+            )],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+    for result in results {
+        result.unwrap();
+    }
+}
+
+async fn kafka_delete(brokers: &str, name: &str) {
+    let _ = kafka_admin(brokers)
+        .delete_topics(&[name], &AdminOptions::new())
+        .await;
+}
+
+/// The messages in `topic`: the sum of its partitions' ends.
+fn kafka_count(brokers: &str, topic: &str) -> i64 {
+    let reader: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    (0..KAFKA_PARTITIONS)
+        .map(|p| {
+            reader
+                .fetch_watermarks(topic, p, Duration::from_secs(5))
+                .unwrap()
+                .1
+        })
+        .sum()
+}
+
+const KAFKA_PARTITIONS: i32 = 3;
+
+/// `inbox-kafka`: the traffic pre-filled in a topic of 3 partitions (keyed by order number), read
+/// by a consumer of a group of its own (`fetch.wait.max.ms` 50). The clock starts at the first
+/// message, after the group's join. `plain` ships and commits each message's offset (async);
+/// `idem` admits it, hands it to `Inbox::handle_json` and settles the verdict with
+/// `KafkaSettler` (the same async commit).
+async fn inbox_kafka(brokers: &str, who: Who, n: usize, dup_pct: usize) -> Run {
+    let (msgs, distinct) = traffic(n, dup_pct);
+    let topic = unique("idem_bench_inbox");
+    kafka_topic(brokers, &topic).await;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    let sends = msgs.iter().map(|(_, payload)| {
+        let msg: OrderMsg = serde_json::from_slice(payload).unwrap();
+        let producer = producer.clone();
+        let (topic, payload) = (topic.clone(), payload.clone());
+        async move {
+            let record = FutureRecord::to(&topic)
+                .key(&msg.order_no)
+                .payload(&payload);
+            producer
+                .send(record, Duration::from_secs(30))
+                .await
+                .unwrap();
+        }
+    });
+    futures_util::future::join_all(sends).await;
+    let (store, dir) = side_db().await;
+    let inbox = Inbox::builder().build().unwrap();
+    let consumer: StreamConsumer = kafka_inbox::consumer_config(brokers, &unique("bench"))
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+        .set("fetch.wait.max.ms", "50")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[&topic]).unwrap();
+    let consumer = std::sync::Arc::new(consumer);
+    let settler = KafkaSettler::new(std::sync::Arc::clone(&consumer));
+    let mut messages = consumer.stream();
+    let mut verdicts = Verdicts::default();
+    let mut t = None;
+    let mut handled_n = 0;
+    while handled_n < n {
+        let message = tokio::time::timeout(RUN_LIMIT, messages.next())
+            .await
+            .expect("the run finishes in time")
+            .expect("the consumer closed")
+            .unwrap();
+        t.get_or_insert_with(Instant::now);
+        let payload = rdkafka::Message::payload(&message).unwrap_or_default();
+        match who {
+            Who::Plain => {
+                ship_plain(store.pool(), payload).await;
+                consumer
+                    .commit_message(&message, CommitMode::Async)
+                    .unwrap();
+            }
+            Who::Idem => {
+                let Some(delivered) = settler.admit(&message) else {
+                    continue;
+                };
+                let handled = inbox
+                    .handle_json(payload, Some(delivered), |msg: OrderMsg| {
+                        ship_idem(&store, msg)
+                    })
+                    .await;
+                settler.settle(&message, &handled.verdict).await.unwrap();
+                verdicts.count(&handled.verdict, handled.outcome);
+            }
+        }
+        handled_n += 1;
+    }
+    let elapsed = t.expect("a message").elapsed();
+    // The consumer leaves before its topic goes: librdkafka crashed (SIGSEGV in its metadata
+    // cache) when a topic a live consumer subscribed to was deleted on tansu 0.6.0.
+    drop(messages);
+    drop(settler);
+    drop(consumer);
+    check_inbox(store.pool(), who, n, distinct, &verdicts).await;
+    kafka_delete(brokers, &topic).await;
+    store.close().await;
+    drop(dir);
+    Run {
+        rate: n as f64 / elapsed.as_secs_f64(),
+        replays: verdicts.replays,
+    }
 }
 
 fn now_ms() -> i64 {
@@ -600,6 +757,10 @@ async fn outbox(broker: Broker<'_>, who: Who, n: usize) -> Run {
             .unwrap();
             format!("{name}.events")
         }
+        Broker::Kafka(brokers) => {
+            kafka_topic(brokers, &name).await;
+            name.clone()
+        }
     };
     let (store, dir) = side_db().await;
     let ob = Outbox::new();
@@ -627,6 +788,11 @@ async fn outbox(broker: Broker<'_>, who: Who, n: usize) -> Run {
                 Broker::Nats(ctx) => Relay::builder(&pool, JetStreamPublisher::new(ctx.clone()))
                     .build()
                     .unwrap(),
+                Broker::Kafka(brokers) => {
+                    Relay::builder(&pool, KafkaPublisher::connect(brokers).unwrap())
+                        .build()
+                        .unwrap()
+                }
             };
             t = Instant::now();
             let mut sent = 0;
@@ -671,6 +837,41 @@ async fn outbox(broker: Broker<'_>, who: Who, n: usize) -> Run {
                         .await
                         .unwrap();
                     assert!(matches!(confirm, Confirmation::Ack(None)), "{confirm:?}");
+                    sqlx::query(MARK)
+                        .bind(now_ms())
+                        .bind(id)
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+        (Who::Plain, Broker::Kafka(brokers)) => {
+            let producer: FutureProducer = ClientConfig::new()
+                .set("bootstrap.servers", brokers)
+                .set("enable.idempotence", "true")
+                .create()
+                .unwrap();
+            t = Instant::now();
+            loop {
+                let due: Vec<(i64, String, String, Vec<u8>)> =
+                    sqlx::query_as(DUE).fetch_all(&pool).await.unwrap();
+                if due.is_empty() {
+                    break;
+                }
+                for (id, destination, key, payload) in due {
+                    let message_id = format!("idem_outbox:{id}");
+                    let record = FutureRecord::to(&destination)
+                        .key(&key)
+                        .payload(&payload)
+                        .headers(OwnedHeaders::new().insert(Header {
+                            key: ID_HEADER,
+                            value: Some(&message_id),
+                        }));
+                    producer
+                        .send(record, Duration::from_secs(30))
+                        .await
+                        .unwrap();
                     sqlx::query(MARK)
                         .bind(now_ms())
                         .bind(id)
@@ -747,6 +948,11 @@ async fn outbox(broker: Broker<'_>, who: Who, n: usize) -> Run {
             assert_eq!(info.state.messages as usize, n, "every row in the stream");
             ctx.delete_stream(&name).await.unwrap();
         }
+        Broker::Kafka(brokers) => {
+            let count = kafka_count(brokers, &name);
+            assert_eq!(count as usize, n, "every row in the topic");
+            kafka_delete(brokers, &name).await;
+        }
     }
     pool.close().await;
     drop(dir);
@@ -767,6 +973,7 @@ enum Kind {
 enum On {
     Rabbit,
     Nats,
+    Kafka,
 }
 
 struct Workload {
@@ -775,7 +982,7 @@ struct Workload {
     kind: Kind,
 }
 
-const WORKLOADS: [Workload; 10] = [
+const WORKLOADS: [Workload; 13] = [
     Workload {
         name: "inbox-amqp",
         on: On::Rabbit,
@@ -826,6 +1033,21 @@ const WORKLOADS: [Workload; 10] = [
         on: On::Nats,
         kind: Kind::Outbox,
     },
+    Workload {
+        name: "inbox-kafka",
+        on: On::Kafka,
+        kind: Kind::Inbox { dup_pct: 0 },
+    },
+    Workload {
+        name: "inbox-kafka-dup",
+        on: On::Kafka,
+        kind: Kind::Inbox { dup_pct: 12 },
+    },
+    Workload {
+        name: "outbox-kafka",
+        on: On::Kafka,
+        kind: Kind::Outbox,
+    },
 ];
 
 impl Workload {
@@ -840,6 +1062,7 @@ impl Workload {
         let broker = match self.on {
             On::Rabbit => "rabbitmq",
             On::Nats => "nats",
+            On::Kafka => "kafka",
         };
         let dup = matches!(self.kind, Kind::Inbox { dup_pct } | Kind::InboxBatch { dup_pct } if dup_pct > 0);
         // Every kind of token given must match: `outbox,nats` is the outbox on NATS.
@@ -849,7 +1072,7 @@ impl Workload {
             .collect();
         let brokers: Vec<_> = only
             .iter()
-            .filter(|t| ["rabbitmq", "nats"].contains(&t.as_str()))
+            .filter(|t| ["rabbitmq", "nats", "kafka"].contains(&t.as_str()))
             .collect();
         let names: Vec<_> = only
             .iter()
@@ -866,10 +1089,16 @@ impl Workload {
         &self,
         amqp: Option<&Connection>,
         nats: Option<&js::Context>,
+        kafka: Option<&str>,
         who: Who,
         n: usize,
     ) -> Run {
         match (self.kind, self.on) {
+            (Kind::Inbox { dup_pct }, On::Kafka) => {
+                inbox_kafka(kafka.unwrap(), who, n, dup_pct).await
+            }
+            (Kind::Outbox, On::Kafka) => outbox(Broker::Kafka(kafka.unwrap()), who, n).await,
+            (Kind::InboxBatch { .. }, On::Kafka) => unreachable!("no batch workload on Kafka"),
             (Kind::Inbox { dup_pct }, On::Rabbit) => {
                 inbox_amqp(amqp.unwrap(), who, n, dup_pct, false).await
             }
@@ -943,6 +1172,7 @@ async fn bench() {
     let amqp_url =
         env("IDEM_AMQP_URL").unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
     let nats_url = env("IDEM_NATS_URL").unwrap_or_else(|| "nats://127.0.0.1:4222".to_owned());
+    let kafka_url = env("IDEM_KAFKA_URL").unwrap_or_else(|| "127.0.0.1:9092".to_owned());
     let scale: f64 = env("IDEM_BENCH_SCALE")
         .and_then(|s| s.parse().ok())
         .unwrap_or(1.0);
@@ -978,11 +1208,21 @@ async fn bench() {
     } else {
         None
     };
+    let kafka = if picked.iter().any(|w| w.on == On::Kafka) {
+        let first = kafka_url.split(',').next().unwrap_or_default().to_owned();
+        let reached = async move { tokio::net::TcpStream::connect(first).await.map(drop) };
+        reach("Kafka", &kafka_url, reached)
+            .await
+            .map(|()| kafka_url.as_str())
+    } else {
+        None
+    };
     let workloads: Vec<&Workload> = picked
         .into_iter()
         .filter(|w| match w.on {
             On::Rabbit => amqp.is_some(),
             On::Nats => nats.is_some(),
+            On::Kafka => kafka.is_some(),
         })
         .collect();
     if workloads.is_empty() {
@@ -997,7 +1237,7 @@ async fn bench() {
     // Warm-up, not counted: connections, the SQLite code paths, the brokers' queues.
     for w in &workloads {
         for who in [Who::Plain, Who::Idem] {
-            w.run(amqp, nats, who, (n / 5).max(50)).await;
+            w.run(amqp, nats, kafka, who, (n / 5).max(50)).await;
         }
     }
 
@@ -1009,11 +1249,11 @@ async fn bench() {
         for (wi, w) in workloads.iter().enumerate() {
             let plain_first = (round + wi) % 2 == 0;
             let (plain, idem) = if plain_first {
-                let p = w.run(amqp, nats, Who::Plain, n).await;
-                (p, w.run(amqp, nats, Who::Idem, n).await)
+                let p = w.run(amqp, nats, kafka, Who::Plain, n).await;
+                (p, w.run(amqp, nats, kafka, Who::Idem, n).await)
             } else {
-                let i = w.run(amqp, nats, Who::Idem, n).await;
-                (w.run(amqp, nats, Who::Plain, n).await, i)
+                let i = w.run(amqp, nats, kafka, Who::Idem, n).await;
+                (w.run(amqp, nats, kafka, Who::Plain, n).await, i)
             };
             eprintln!(
                 "  round {round} {:<15} plain {:>7.0}  idem {:>7.0} msg/s  ratio {:.3} ({} first)",

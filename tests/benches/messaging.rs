@@ -730,6 +730,28 @@ const DUE: &str = "SELECT id, destination, msg_key, payload FROM idem_outbox \
                    WHERE sent_at IS NULL ORDER BY id LIMIT 100";
 const MARK: &str = "UPDATE idem_outbox SET sent_at = ?1 WHERE id = ?2";
 
+/// The plain loop of an outbox: reads the due rows 100 at a time and, for each, `publish(message
+/// id, destination, key, payload)` (which returns once the broker has it), then marks it sent.
+async fn plain_relay(pool: &SqlitePool, mut publish: impl AsyncFnMut(&str, &str, &str, Vec<u8>)) {
+    loop {
+        let due: Vec<(i64, String, String, Vec<u8>)> =
+            sqlx::query_as(DUE).fetch_all(pool).await.unwrap();
+        if due.is_empty() {
+            return;
+        }
+        for (id, destination, key, payload) in due {
+            let message_id = format!("idem_outbox:{id}");
+            publish(&message_id, &destination, &key, payload).await;
+            sqlx::query(MARK)
+                .bind(now_ms())
+                .bind(id)
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+    }
+}
+
 async fn outbox(broker: Broker<'_>, who: Who, n: usize) -> Run {
     let name = unique("idem_bench_outbox");
     let destination = match broker {
@@ -810,41 +832,28 @@ async fn outbox(broker: Broker<'_>, who: Who, n: usize) -> Run {
                 .await
                 .unwrap();
             t = Instant::now();
-            loop {
-                let due: Vec<(i64, String, String, Vec<u8>)> =
-                    sqlx::query_as(DUE).fetch_all(&pool).await.unwrap();
-                if due.is_empty() {
-                    break;
-                }
-                for (id, destination, key, payload) in due {
-                    let message_id = format!("idem_outbox:{id}");
-                    let confirm = channel
-                        .basic_publish(
-                            "".into(),
-                            destination.as_str().into(),
-                            BasicPublishOptions {
-                                mandatory: true,
-                                ..BasicPublishOptions::default()
-                            },
-                            &payload,
-                            BasicProperties::default()
-                                .with_message_id(message_id.as_str().into())
-                                .with_correlation_id(key.as_str().into())
-                                .with_delivery_mode(2),
-                        )
-                        .await
-                        .unwrap()
-                        .await
-                        .unwrap();
-                    assert!(matches!(confirm, Confirmation::Ack(None)), "{confirm:?}");
-                    sqlx::query(MARK)
-                        .bind(now_ms())
-                        .bind(id)
-                        .execute(&pool)
-                        .await
-                        .unwrap();
-                }
-            }
+            plain_relay(&pool, async |message_id, destination, key, payload| {
+                let confirm = channel
+                    .basic_publish(
+                        "".into(),
+                        destination.into(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            ..BasicPublishOptions::default()
+                        },
+                        &payload,
+                        BasicProperties::default()
+                            .with_message_id(message_id.into())
+                            .with_correlation_id(key.into())
+                            .with_delivery_mode(2),
+                    )
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+                assert!(matches!(confirm, Confirmation::Ack(None)), "{confirm:?}");
+            })
+            .await;
         }
         (Who::Plain, Broker::Kafka(brokers)) => {
             let producer: FutureProducer = ClientConfig::new()
@@ -853,60 +862,35 @@ async fn outbox(broker: Broker<'_>, who: Who, n: usize) -> Run {
                 .create()
                 .unwrap();
             t = Instant::now();
-            loop {
-                let due: Vec<(i64, String, String, Vec<u8>)> =
-                    sqlx::query_as(DUE).fetch_all(&pool).await.unwrap();
-                if due.is_empty() {
-                    break;
-                }
-                for (id, destination, key, payload) in due {
-                    let message_id = format!("idem_outbox:{id}");
-                    let record = FutureRecord::to(&destination)
-                        .key(&key)
-                        .payload(&payload)
-                        .headers(OwnedHeaders::new().insert(Header {
-                            key: ID_HEADER,
-                            value: Some(&message_id),
-                        }));
-                    producer
-                        .send(record, Duration::from_secs(30))
-                        .await
-                        .unwrap();
-                    sqlx::query(MARK)
-                        .bind(now_ms())
-                        .bind(id)
-                        .execute(&pool)
-                        .await
-                        .unwrap();
-                }
-            }
+            plain_relay(&pool, async |message_id, destination, key, payload| {
+                let record = FutureRecord::to(destination)
+                    .key(key)
+                    .payload(&payload)
+                    .headers(OwnedHeaders::new().insert(Header {
+                        key: ID_HEADER,
+                        value: Some(message_id),
+                    }));
+                producer
+                    .send(record, Duration::from_secs(30))
+                    .await
+                    .unwrap();
+            })
+            .await;
         }
         (Who::Plain, Broker::Nats(ctx)) => {
             t = Instant::now();
-            loop {
-                let due: Vec<(i64, String, String, Vec<u8>)> =
-                    sqlx::query_as(DUE).fetch_all(&pool).await.unwrap();
-                if due.is_empty() {
-                    break;
-                }
-                for (id, destination, key, payload) in due {
-                    let publish = PublishMessage::build()
-                        .message_id(format!("idem_outbox:{id}"))
-                        .header(KEY_HEADER, key.as_str())
-                        .payload(payload.into());
-                    ctx.send_publish(destination, publish)
-                        .await
-                        .unwrap()
-                        .await
-                        .unwrap();
-                    sqlx::query(MARK)
-                        .bind(now_ms())
-                        .bind(id)
-                        .execute(&pool)
-                        .await
-                        .unwrap();
-                }
-            }
+            plain_relay(&pool, async |message_id, destination, key, payload| {
+                let publish = PublishMessage::build()
+                    .message_id(message_id)
+                    .header(KEY_HEADER, key)
+                    .payload(payload.into());
+                ctx.send_publish(destination.to_owned(), publish)
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+            })
+            .await;
         }
     }
     let elapsed = t.elapsed();

@@ -30,7 +30,7 @@ pub(crate) fn same(a: &str, b: &str) -> bool {
 }
 
 /// The digest of a stored fingerprint: what follows its last space, or all of it.
-fn digest(fingerprint: &str) -> &str {
+pub(crate) fn digest(fingerprint: &str) -> &str {
     fingerprint.rsplit(' ').next().unwrap_or(fingerprint)
 }
 

@@ -487,10 +487,10 @@ async fn redis() {
     );
     // Today: a first execution is two round trips, one script for the claim and one for the
     // mark, which run 12 commands between them (TIME, HMGET, HSET, PEXPIREAT each, and the
-    // reconciler's index: ZADD, then ZREM); a replay is no script, one HMGET (the key's own
-    // expiry says the success is live; with a test clock that moved, TIME goes with it in the same
-    // round trip). `total_commands_processed` counts the commands a script runs as well as the
-    // script.
+    // reconciler's index: ZADD, then ZREM); a replay is no script, one HGET of the success's
+    // digest and result (the key's own expiry says the success is live; with a test clock that
+    // moved, an HMGET of the fields and TIME in one round trip). `total_commands_processed`
+    // counts the commands a script runs as well as the script.
     assert!(
         first["evalsha"] <= 2.0 + SLACK,
         "first execution: {first:?}"
@@ -501,6 +501,7 @@ async fn redis() {
         "replay: {replayed:?}"
     );
     assert!(replayed["total"] <= 1.0 + SLACK, "replay: {replayed:?}");
+    assert!(replayed["hget"] >= 1.0 - SLACK, "replay: {replayed:?}");
 
     // A sweep pass costs what it finds, with the 2 × CALLS records above present: no SCAN, and
     // a few commands (the results index's script: EVALSHA, TIME, ZRANGEBYSCORE; the registry's

@@ -31,7 +31,9 @@ pub(crate) struct SeenRecord {
 
 impl SeenRecord {
     /// The record a claim's insert just wrote, as far as the claim needs it: PROCESSING under
-    /// `attempt` and `fence` (the times are not read back).
+    /// `attempt` and `fence` (the times are not read back). The server stores' (SQLite's claim
+    /// is given the clock and reads its record whole).
+    #[cfg(any(feature = "mysql", feature = "postgres"))]
     pub(crate) fn inserted(attempt: u32, fence: u64) -> Self {
         SeenRecord {
             status: Status::Processing,

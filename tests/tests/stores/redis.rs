@@ -466,7 +466,8 @@ mod sweep_indexes {
     }
 }
 
-/// Without a test clock a replay is a plain `HMGET`, decided by the key's own expiry: on the real
+/// Without a test clock a replay is a plain `HGET` of the success's result, decided by the key's
+/// own expiry: on the real
 /// clock a success replays until its ttl passes and runs again after (the key is gone then, and
 /// Redis never returns a key past its expiry), with no test clock to move it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -507,4 +508,177 @@ async fn a_replay_read_without_the_script_ends_with_the_ttl_on_the_real_clock() 
         "the ttl passed: the body runs again"
     );
     assert_eq!(call().await.unwrap(), 2, "and that success replays");
+}
+
+/// The record's layout: a success kept as long as its record holds its result in `d`, after its
+/// fingerprint's digest, so a replay is one `HGET`; successes marked before that field existed
+/// (their result in `r`) are still replayed and read whole.
+mod record_layout {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use idem::{Call, IdemError, RedisStore, Store};
+
+    use crate::contract::{self, server};
+
+    async fn subject() -> Option<(RedisStore, String, redis::aio::MultiplexedConnection)> {
+        let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+        let store = server::reach("Redis", &url, RedisStore::connect(&url)).await?;
+        let prefix = format!("{}:", server::unique("idemt"));
+        let store = store.with_prefix(&prefix).unwrap();
+        let raw = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        Some((store, prefix, raw))
+    }
+
+    async fn fields(
+        raw: &redis::aio::MultiplexedConnection,
+        key: &str,
+    ) -> std::collections::HashMap<String, Vec<u8>> {
+        redis::cmd("HGETALL")
+            .arg(key)
+            .query_async(&mut raw.clone())
+            .await
+            .unwrap()
+    }
+
+    /// A success marked by the earlier layout (its result in `r`, no `d`), written by hand as that
+    /// version wrote it: repeats replay it (through the claim script: the plain read finds no
+    /// `d`), mismatches are refused, and `load` reads its result.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_success_of_the_earlier_layout_replays_and_loads() {
+        let Some((store, prefix, raw)) = subject().await else {
+            return;
+        };
+        contract::turned_to_read_first(&store).await;
+        let key = format!("{prefix}{{3:OLD:k}}");
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let fp = idem::fingerprint(&"payload").unwrap();
+        let _: () = redis::pipe()
+            .cmd("HSET")
+            .arg(&key)
+            .arg(&[
+                ("s", "SUCCEEDED".to_owned()),
+                ("a", "1".to_owned()),
+                ("f", (now_ms * 1000).to_string()),
+                ("fp", fp.clone()),
+                ("lu", (now_ms - 1000).to_string()),
+                ("ex", (now_ms + 60_000).to_string()),
+                ("r", "{\"Ok\":41}".to_owned()),
+            ])
+            .ignore()
+            .cmd("PEXPIREAT")
+            .arg(&key)
+            .arg(now_ms + 60_000)
+            .ignore()
+            .query_async(&mut raw.clone())
+            .await
+            .unwrap();
+        let runs = AtomicU32::new(0);
+        let call = |payload: &'static str| {
+            Call::new("OLD", "k")
+                .fingerprint(&payload)
+                .run(&store, async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<u32, IdemError>(7)
+                })
+        };
+        for _ in 0..3 {
+            assert_eq!(call("payload").await.unwrap(), 41, "the stored result");
+        }
+        assert!(matches!(
+            call("another").await,
+            Err(IdemError::PayloadMismatch)
+        ));
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
+        let record = store.load("OLD", "k").await.unwrap().unwrap();
+        assert_eq!(record.snapshot.as_deref(), Some(&b"{\"Ok\":41}"[..]));
+        assert_eq!(record.fingerprint.as_deref(), Some(fp.as_str()));
+    }
+
+    /// A success's result goes to `d` after its digest, its saved steps (in `r` while it ran)
+    /// are dropped, and every reader sees the result: the plain read (a replay, and a
+    /// mismatch for another payload), the claim script (a batch), `load`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_success_holds_its_result_after_its_digest_and_drops_its_steps() {
+        let Some((store, prefix, raw)) = subject().await else {
+            return;
+        };
+        contract::turned_to_read_first(&store).await;
+        let runs = AtomicU32::new(0);
+        let call = |payload: &'static str| {
+            Call::new("NEW", "k")
+                .fingerprint(&payload)
+                .run(&store, async {
+                    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    let step: u32 =
+                        idem::step("reserve", async { Ok::<_, IdemError>(n * 10) }).await?;
+                    Ok::<u32, IdemError>(step + 1)
+                })
+        };
+        assert_eq!(call("payload").await.unwrap(), 11);
+        let record = fields(&raw, &format!("{prefix}{{3:NEW:k}}")).await;
+        assert!(!record.contains_key("r"), "the steps went with the success");
+        let fp = idem::fingerprint(&"payload").unwrap();
+        let digest = fp.rsplit(' ').next().unwrap();
+        assert_eq!(
+            record["d"],
+            format!("{digest}\n{{\"Ok\":11}}").into_bytes(),
+            "the digest, a newline, the result"
+        );
+        for _ in 0..3 {
+            assert_eq!(call("payload").await.unwrap(), 11);
+        }
+        assert!(matches!(
+            call("another").await,
+            Err(IdemError::PayloadMismatch)
+        ));
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        let record = store.load("NEW", "k").await.unwrap().unwrap();
+        assert_eq!(record.snapshot.as_deref(), Some(&b"{\"Ok\":11}"[..]));
+        assert_eq!(record.steps, None);
+        // The claim script reads `d` too: a batch claim of the key replays it.
+        let items = [idem::BatchItem {
+            key: "k",
+            fingerprint: Some(fp.as_str()),
+        }];
+        let batch = idem::BatchClaim {
+            biz: "NEW",
+            items: &items,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(60),
+        };
+        let outcomes = store.claim_batch(&batch).await.unwrap();
+        assert!(matches!(
+            outcomes.as_slice(),
+            [idem::ClaimOutcome::Replay { snapshot }] if snapshot == b"{\"Ok\":11}"
+        ));
+    }
+
+    /// A success whose result is kept for less than its record stays in `r` (its tombstone needs
+    /// the clock), and replays through the script.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_result_kept_shorter_than_its_record_stays_in_r() {
+        let Some((store, prefix, raw)) = subject().await else {
+            return;
+        };
+        contract::turned_to_read_first(&store).await;
+        let call = || {
+            Call::new("KEPT", "k")
+                .ttl(Duration::from_secs(60))
+                .result_ttl(Duration::from_secs(30))
+                .run(&store, async { Ok::<u32, IdemError>(5) })
+        };
+        assert_eq!(call().await.unwrap(), 5);
+        let record = fields(&raw, &format!("{prefix}{{4:KEPT:k}}")).await;
+        assert!(!record.contains_key("d"));
+        assert_eq!(record["r"], b"{\"Ok\":5}".to_vec());
+        assert_eq!(call().await.unwrap(), 5);
+    }
 }

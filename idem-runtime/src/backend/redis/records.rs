@@ -11,7 +11,7 @@ use redis::{Script, Value};
 use super::conn::{Conn, Scan};
 use super::slots::{slot, slot_tag};
 use super::stuck::{biz_of, stuck_key};
-use super::{record_key, redis_error, scripts};
+use super::{read, record_key, redis_error, scripts};
 use crate::IdemError;
 use crate::clock::ClockOffset;
 use crate::store::decide::millis;
@@ -132,22 +132,27 @@ pub(super) fn bytes(v: &Value) -> &[u8] {
     }
 }
 
-/// A record from its fields as `HMGET s a f fp lu ex r rx` answers them; `None` when it has no status
-/// (no such record).
+/// A record from its fields as `HMGET s a f fp lu ex r rx d` answers them (`d` may be left out: a
+/// record that is not a success has none); `None` when it has no status (no such record).
 pub(super) fn record_of(
     biz: &str,
     key: &str,
     fields: &[Value],
 ) -> Result<Option<Record>, IdemError> {
-    let [s, a, f, fp, lu, ex, r, rx] = fields else {
+    let (head, d) = match fields {
+        [head @ .., d] if fields.len() == 9 => (head, d),
+        all => (all, &Value::Nil),
+    };
+    let [s, a, f, fp, lu, ex, r, rx] = head else {
         return Err(IdemError::store("HMGET returned an unexpected reply"));
     };
     let Some(status) = text(s) else {
         return Ok(None);
     };
     let status = Status::parse(&status)?;
-    let blob = match r {
-        Value::BulkString(b) => Some(b.clone()),
+    let blob = match (d, r) {
+        (Value::BulkString(done), _) => Some(read::after_digest(done.clone())),
+        (_, Value::BulkString(b)) => Some(b.clone()),
         _ => None,
     };
     let (snapshot, steps) = Record::split_blob(status, blob);
@@ -406,7 +411,7 @@ impl Records {
         let mut conn = self.conn.clone();
         let fields: Vec<Value> = redis::cmd("HMGET")
             .arg(self.key(biz, key))
-            .arg(&["s", "a", "f", "fp", "lu", "ex", "r", "rx"])
+            .arg(&["s", "a", "f", "fp", "lu", "ex", "r", "rx", "d"])
             .query_async(&mut conn)
             .await
             .map_err(redis_error)?;

@@ -3,10 +3,15 @@
 //! the script, never by the client's clock.
 //!
 //! A record is a hash: `s` status, `a` attempt, `f` fence, `fp` fingerprint (`""`: none), `lu`
-//! lease end and `ex` expiry (ms, store clock), `r` result, `rx` (only on a success marked with a
-//! result ttl) until when `r` is replayed: from then the record is a tombstone, and once its `r`
-//! is dropped (by a claim that met it, or a sweep) `rx` is 0. The key expires (`PEXPIREAT`) at the
-//! later of `ex` and `lu`: a live lease is never cut by the TTL. The store clock is Redis time plus
+//! lease end and `ex` expiry (ms, store clock), `r` result (or, until a success, the saved steps),
+//! `rx` (only on a success marked with a result ttl) until when `r` is replayed: from then the
+//! record is a tombstone, and once its `r` is dropped (by a claim that met it, or a sweep) `rx` is
+//! 0. A success kept as long as its record (no result ttl) whose expiry is no earlier than its
+//! lease end holds its result in `d` instead of `r`, after its fingerprint's digest and a newline
+//! (`<digest>\n<result>`, the digest empty for none): such a record is live while its key exists,
+//! so a replay is one `HGET` of `d`, decided without the clock (`read.rs`). Records marked before
+//! `d` existed keep their result in `r`; every script reads either. The key expires (`PEXPIREAT`)
+//! at the later of `ex` and `lu`: a live lease is never cut by the TTL. The store clock is Redis time plus
 //! the test clock's offset (`ARGV` last); the key's real expiry leaves the offset out.
 //!
 //! On one server (not on a cluster) every record that is PROCESSING is also a member of its
@@ -38,23 +43,29 @@ local now = math.floor(now_us / 1000)
 /// request when their digests, the text after the last space, are equal), lease and ttl in ms.
 /// Returns `{'A', attempt, fence, how}` (attempt and fence as integer replies: no formatting),
 /// `{'R', result}`, `{'G'}` (a tombstone: its result is no longer kept, and is dropped now if it
-/// was still there), `{'M'}` or `{'P', ms left}`. `r` holds the result of a SUCCEEDED record and
-/// the saved steps of an unfinished one: a takeover, and a retry of the same payload, keep the
-/// steps; a new life deletes `r`. A new record has no `r` to delete, so the `HDEL` runs only when
+/// was still there), `{'M'}` or `{'P', ms left}`. `r` (or `d`, after its digest: `result_of`)
+/// holds the result of a SUCCEEDED record, `r` the saved steps of an unfinished one: a takeover,
+/// and a retry of the same payload, keep the steps; a new life deletes `r` (and `d`). A new record has no `r` to delete, so the `HDEL` runs only when
 /// there is one: each `redis.call` is a command Redis dispatches. A claim that takes the record
 /// puts it in the index with its new lease end (`ZADD` adds or moves it).
 macro_rules! claim_fn {
     () => {
         r#"
 local function digest(x) return string.match(x, '[^ ]*$') end
+local function result_of(r, d)
+  local i = d and string.find(d, '\n', 1, true)
+  if i then return string.sub(d, i + 1) end
+  return r
+end
 local function claim(key, index, fp, lease, ttl)
-  local rec = redis.call('HMGET', key, 's', 'a', 'f', 'fp', 'lu', 'ex', 'r', 'rx')
+  local rec = redis.call('HMGET', key, 's', 'a', 'f', 'fp', 'lu', 'ex', 'r', 'rx', 'd')
   local function acquire(attempt, fence, expire, how, keep)
     local lu = now + lease
     redis.call('HSET', key, 's', 'PROCESSING', 'a', num(attempt), 'f', num(fence), 'fp', fp,
       'lu', num(lu), 'ex', num(expire))
     if rec[7] and not keep then redis.call('HDEL', key, 'r') end
     if rec[8] then redis.call('HDEL', key, 'rx') end
+    if rec[9] then redis.call('HDEL', key, 'd') end
     redis.call('PEXPIREAT', key, num(math.max(expire, lu) - offset))
     if index then redis.call('ZADD', index, num(lu), key) end
     return {'A', attempt, fence, how}
@@ -82,7 +93,7 @@ local function claim(key, index, fp, lease, ttl)
       end
       return {'G'}
     end
-    return {'R', rec[7] or ''}
+    return {'R', result_of(rec[7], rec[9]) or ''}
   end
   if not same then return {'M'} end
   if lu > now then return {'P', num(lu - now)} end
@@ -126,23 +137,32 @@ return out
 
 /// The mark of one record as a Lua function, `complete(key, stuck, results, fence, result, ttl,
 /// rttl)`: [`COMPLETE`]'s work on `key`, with its stuck index and results index (`nil` for
-/// none).
+/// none). A success kept as long as its record, with its expiry no earlier than its lease end,
+/// puts its result in `d` after its fingerprint's digest (and drops the saved steps in `r`, if
+/// any); any other keeps it in `r`.
 macro_rules! complete_fn {
     () => {
         r#"
 local function complete(key, stuck, results, fence, result, ttl, rttl)
-  local rec = redis.call('HMGET', key, 's', 'f', 'lu', 'ex')
+  local rec = redis.call('HMGET', key, 's', 'f', 'lu', 'ex', 'fp', 'r')
   if rec[2] ~= fence then return 0 end
   if rec[1] == 'SUCCEEDED' then return 1 end
   if rec[1] ~= 'PROCESSING' then return 0 end
+  local lu = tonumber(rec[3])
   local ex = math.max(tonumber(rec[4]), now + tonumber(ttl))
-  redis.call('HSET', key, 's', 'SUCCEEDED', 'r', result, 'ex', num(ex))
+  local dg = string.match(rec[5] or '', '[^ ]*$')
+  if rttl == '' and ex >= lu and not string.find(dg, '\n', 1, true) then
+    redis.call('HSET', key, 's', 'SUCCEEDED', 'd', dg .. '\n' .. result, 'ex', num(ex))
+    if rec[6] then redis.call('HDEL', key, 'r') end
+  else
+    redis.call('HSET', key, 's', 'SUCCEEDED', 'r', result, 'ex', num(ex))
+  end
   if rttl ~= '' then
     local rx = num(now + tonumber(rttl))
     redis.call('HSET', key, 'rx', rx)
     if results then redis.call('ZADD', results, rx, key) end
   end
-  redis.call('PEXPIREAT', key, num(math.max(ex, tonumber(rec[3])) - offset))
+  redis.call('PEXPIREAT', key, num(math.max(ex, lu) - offset))
   if stuck then redis.call('ZREM', stuck, key) end
   return 1
 end

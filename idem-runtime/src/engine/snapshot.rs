@@ -1,6 +1,8 @@
 //! Result snapshots: how a fn's `Ok` value is stored and replayed, and the type proofs the engine
 //! takes instead of bounds of its own.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -25,18 +27,32 @@ enum SnapshotOwned<T> {
 const OK_OPEN: &[u8] = b"{\"Ok\":";
 const OK_CLOSE: u8 = b'}';
 
+/// How long the last snapshot this process encoded was. The next starts with room for that much,
+/// rounded up to the next multiple of 8 (an allocator's smallest size classes are 8 bytes apart, so
+/// the rounding costs no memory of its own), so a fn whose results keep about one size gets a
+/// buffer of about that size: the memory store keeps it as it is (it copies a buffer with more than
+/// 16 bytes to spare, so that no record holds the encoder's spare capacity), and a longer result
+/// grows it as any `Vec` grows.
+static LAST_LEN: AtomicUsize = AtomicUsize::new(56);
+
 /// Serializes a result for storage; `Err` holds the envelope to store instead and the error to return.
 fn encode<T: Serialize>(value: &T, limit: usize) -> Result<Vec<u8>, (Vec<u8>, IdemError)> {
     // The envelope's bytes written around the value: what serializing `SnapshotRef::Ok(value)`
     // writes (a test holds the two equal), without the enum's serializer calls.
-    let mut bytes = Vec::with_capacity(64);
+    let last = LAST_LEN.load(Ordering::Relaxed);
+    let mut bytes = Vec::with_capacity((last + 8) & !7);
     bytes.extend_from_slice(OK_OPEN);
     let written = serde_json::to_writer(&mut bytes, value).map(|()| {
         bytes.push(OK_CLOSE);
         bytes
     });
     let reason = match written {
-        Ok(bytes) if bytes.len() <= limit => return Ok(bytes),
+        Ok(bytes) if bytes.len() <= limit => {
+            if bytes.len() != last {
+                LAST_LEN.store(bytes.len(), Ordering::Relaxed);
+            }
+            return Ok(bytes);
+        }
         Ok(bytes) => format!(
             "the result is {} bytes; the store's snapshot limit is {limit}",
             bytes.len()

@@ -41,6 +41,13 @@ pub trait IdemKey {
         self.write_key(&mut s);
         s
     }
+
+    /// Whether this key's text is a valid key whatever its value, so a call checks only its length
+    /// against the store's limit: an integer's digits and sign are never empty, whitespace or NUL.
+    /// `false` (the text is checked) unless the type says otherwise.
+    fn text_is_always_valid(&self) -> bool {
+        false
+    }
 }
 
 impl IdemKey for str {
@@ -81,6 +88,10 @@ impl<T: IdemKey + ?Sized> IdemKey for &T {
     fn to_key(&self) -> String {
         (**self).to_key()
     }
+
+    fn text_is_always_valid(&self) -> bool {
+        (**self).text_is_always_valid()
+    }
 }
 
 impl<T: IdemKey + ?Sized> IdemKey for Box<T> {
@@ -91,6 +102,10 @@ impl<T: IdemKey + ?Sized> IdemKey for Box<T> {
     fn to_key(&self) -> String {
         (**self).to_key()
     }
+
+    fn text_is_always_valid(&self) -> bool {
+        (**self).text_is_always_valid()
+    }
 }
 
 impl<T: IdemKey + ?Sized> IdemKey for std::sync::Arc<T> {
@@ -100,6 +115,10 @@ impl<T: IdemKey + ?Sized> IdemKey for std::sync::Arc<T> {
 
     fn to_key(&self) -> String {
         (**self).to_key()
+    }
+
+    fn text_is_always_valid(&self) -> bool {
+        (**self).text_is_always_valid()
     }
 }
 
@@ -124,6 +143,10 @@ macro_rules! integer_keys {
 
             fn to_key(&self) -> String {
                 itoa::Buffer::new().format(*self).to_owned()
+            }
+
+            fn text_is_always_valid(&self) -> bool {
+                true
             }
         }
     )*};

@@ -120,6 +120,9 @@ pub struct Call {
     /// Whether the durations were checked already (by `#[idempotent]`, when it compiled); a
     /// builder method that sets one clears it.
     checked: bool,
+    /// Whether the key's text needs no check but its length (an integer's: see
+    /// [`IdemKey::text_is_always_valid`]).
+    plain_key: bool,
 }
 
 /// When a lease-mode call renews its lease while the body runs.
@@ -163,6 +166,7 @@ impl Call {
         Call {
             biz: biz.into(),
             key: key.to_key(),
+            plain_key: key.text_is_always_valid(),
             fingerprint: None,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
@@ -380,7 +384,9 @@ impl Call {
     pub(crate) fn request(&self, store: &dyn Store) -> Result<ClaimRequest<'_>, IdemError> {
         let limits = store.limits();
         key::validate_biz(&self.biz, limits.max_biz_len)?;
-        key::validate_key(&self.key, limits.max_key_len)?;
+        if !self.plain_key || self.key.len() > limits.max_key_len {
+            key::validate_key(&self.key, limits.max_key_len)?;
+        }
         if !self.checked {
             check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
             if let Some(kept) = self.result_ttl {

@@ -40,3 +40,26 @@ fn a_duration_set_after_the_checked_mark_is_checked() {
         Err(IdemError::InvalidKey { .. })
     ));
 }
+
+/// An integer key's text is not checked (it is always digits and a sign), but its length still is:
+/// a store whose keys are shorter than the integer's text refuses it, as it refuses any longer key.
+#[test]
+fn an_integer_key_is_checked_for_its_length_only() {
+    let store = crate::MemoryStore::new()
+        .with_limits(crate::Limits {
+            max_key_len: 5,
+            ..crate::Limits::default()
+        })
+        .unwrap();
+    let refused = |call: Call| matches!(call.request(&store), Err(IdemError::InvalidKey { .. }));
+    assert!(!refused(Call::new("PAY", &12_345u64)));
+    assert!(!refused(Call::new("PAY", &-1234i32)));
+    assert!(refused(Call::new("PAY", &123_456u64)));
+    assert!(refused(Call::new("PAY", &-12_345i64)));
+    assert!(refused(Call::new("PAY", &&Box::new(123_456u32))));
+    assert!(Call::new("PAY", &7u8).plain_key);
+    assert!(Call::new("PAY", &std::sync::Arc::new(7u8)).plain_key);
+    // Text is checked whatever it holds.
+    assert!(!Call::new("PAY", "7").plain_key);
+    assert!(refused(Call::new("PAY", " ")));
+}

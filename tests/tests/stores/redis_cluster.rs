@@ -45,9 +45,62 @@ async fn the_contract_holds_on_a_three_master_cluster() {
     .await;
 
     ten_thousand_keys_over_every_slot(&base).await;
+    replays_are_one_read_on_their_keys_node(&cluster, &base).await;
     due_results_come_from_the_slots_indexes(&cluster, &base).await;
     waiting_for_replicas_asks_the_keys_primary(&cluster, &base).await;
     a_node_restart_without_persistence_loses_its_records(&cluster, &base).await;
+}
+
+/// How many `command`s all the nodes served, from each node's own counters.
+async fn served(cluster: &Cluster, command: &str) -> u64 {
+    let mut total = 0u64;
+    for url in cluster.urls() {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let line = format!("cmdstat_{command}:calls=");
+        total += info
+            .lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse::<u64>().unwrap());
+    }
+    total
+}
+
+/// Once repeats prevail, a replay on a cluster is one `HGET` on its key's node, no script, as on
+/// one server (no test clock moved, so the read needs no `TIME`).
+async fn replays_are_one_read_on_their_keys_node(cluster: &Cluster, store: &RedisClusterStore) {
+    let prefix = format!("{}:", server::unique("idemh"));
+    let store = store.clone().with_prefix(&prefix).unwrap();
+    let keys: Vec<String> = (0..10).map(|k| format!("h-{k}")).collect();
+    for (k, key) in keys.iter().enumerate() {
+        let first: Result<usize, IdemError> = Call::new("HGET", key)
+            .run(&store, async move { Ok(k) })
+            .await;
+        assert_eq!(first.unwrap(), k);
+    }
+    contract::turned_to_read_first(&store).await;
+    let (scripts, reads) = (
+        served(cluster, "evalsha").await,
+        served(cluster, "hget").await,
+    );
+    for (k, key) in keys.iter().enumerate() {
+        let again: Result<usize, IdemError> = Call::new("HGET", key)
+            .run(&store, async { Ok(usize::MAX) })
+            .await;
+        assert_eq!(again.unwrap(), k, "{key}: a replay");
+    }
+    assert_eq!(served(cluster, "evalsha").await, scripts, "no script ran");
+    assert_eq!(
+        served(cluster, "hget").await - reads,
+        10,
+        "one HGET a replay"
+    );
 }
 
 /// 10,000 keys, spread over every slot and so over all three masters: each claim, mark and replay
@@ -83,24 +136,7 @@ async fn ten_thousand_keys_over_every_slot(store: &RedisClusterStore) {
 async fn due_results_come_from_the_slots_indexes(cluster: &Cluster, store: &RedisClusterStore) {
     use idem::{ClaimOutcome, ClaimRequest};
     // SCANs served by all the nodes, from each node's own counters.
-    let scans = async || {
-        let mut total = 0u64;
-        for url in cluster.urls() {
-            let client = redis::Client::open(url.as_str()).unwrap();
-            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            total += info
-                .lines()
-                .find_map(|l| l.strip_prefix("cmdstat_scan:calls="))
-                .and_then(|rest| rest.split(',').next())
-                .map_or(0, |n| n.parse::<u64>().unwrap());
-        }
-        total
-    };
+    let scans = async || served(cluster, "scan").await;
     let prefix = format!("{}:", server::unique("idemr"));
     let store = store.clone().with_prefix(&prefix).unwrap();
     let ttl = Duration::from_secs(3600);

@@ -1,4 +1,5 @@
-//! A claim's plain read on one Redis server: no script for a replay (see `store/order.rs`).
+//! A claim's plain read: no script for a replay (see `store/order.rs`). On one server, and on a
+//! cluster while no test clock moved (the read is then one command on the record's key).
 
 use redis::Value;
 

@@ -25,7 +25,10 @@
 //! here is an integer well under 2^53, exact in a Lua double, and Lua 5.1 formats `%d` as a C `long`,
 //! which costs less than half of `%.0f` (glibc's floating-point printing) inside Redis.
 
-/// The prelude every claim-like script shares: the clock and number formatting.
+/// The prelude every claim-like script shares: the clock and number formatting, and the key's
+/// expiry (the later of `ex` and `lu`, less the offset) from the two numbers and their texts
+/// already formatted for the record: with no offset one of them is the text to send as it is
+/// (each number formatted costs Redis about 0.25 µs).
 macro_rules! prelude {
     () => {
         r#"
@@ -34,6 +37,11 @@ local t = redis.call('TIME')
 local offset = tonumber(ARGV[#ARGV])
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + offset * 1000
 local now = math.floor(now_us / 1000)
+local function key_expiry(ex, exs, lu, lus)
+  if offset ~= 0 then return num(math.max(ex, lu) - offset) end
+  if ex >= lu then return exs end
+  return lus
+end
 "#
     };
 }
@@ -61,13 +69,14 @@ local function claim(key, index, fp, lease, ttl)
   local rec = redis.call('HMGET', key, 's', 'a', 'f', 'fp', 'lu', 'ex', 'r', 'rx', 'd')
   local function acquire(attempt, fence, expire, how, keep)
     local lu = now + lease
+    local lus, exs = num(lu), num(expire)
     redis.call('HSET', key, 's', 'PROCESSING', 'a', num(attempt), 'f', num(fence), 'fp', fp,
-      'lu', num(lu), 'ex', num(expire))
+      'lu', lus, 'ex', exs)
     if rec[7] and not keep then redis.call('HDEL', key, 'r') end
     if rec[8] then redis.call('HDEL', key, 'rx') end
     if rec[9] then redis.call('HDEL', key, 'd') end
-    redis.call('PEXPIREAT', key, num(math.max(expire, lu) - offset))
-    if index then redis.call('ZADD', index, num(lu), key) end
+    redis.call('PEXPIREAT', key, key_expiry(expire, exs, lu, lus))
+    if index then redis.call('ZADD', index, lus, key) end
     return {'A', attempt, fence, how}
   end
   local s = rec[1]
@@ -150,19 +159,20 @@ local function complete(key, stuck, results, fence, result, ttl, rttl)
   if rec[1] ~= 'PROCESSING' then return 0 end
   local lu = tonumber(rec[3])
   local ex = math.max(tonumber(rec[4]), now + tonumber(ttl))
+  local exs = num(ex)
   local dg = string.match(rec[5] or '', '[^ ]*$')
   if rttl == '' and ex >= lu and not string.find(dg, '\n', 1, true) then
-    redis.call('HSET', key, 's', 'SUCCEEDED', 'd', dg .. '\n' .. result, 'ex', num(ex))
+    redis.call('HSET', key, 's', 'SUCCEEDED', 'd', dg .. '\n' .. result, 'ex', exs)
     if rec[6] then redis.call('HDEL', key, 'r') end
   else
-    redis.call('HSET', key, 's', 'SUCCEEDED', 'r', result, 'ex', num(ex))
+    redis.call('HSET', key, 's', 'SUCCEEDED', 'r', result, 'ex', exs)
   end
   if rttl ~= '' then
     local rx = num(now + tonumber(rttl))
     redis.call('HSET', key, 'rx', rx)
     if results then redis.call('ZADD', results, rx, key) end
   end
-  redis.call('PEXPIREAT', key, num(math.max(ex, lu) - offset))
+  redis.call('PEXPIREAT', key, key_expiry(ex, exs, lu, rec[3]))
   if stuck then redis.call('ZREM', stuck, key) end
   return 1
 end

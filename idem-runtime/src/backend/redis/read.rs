@@ -97,20 +97,18 @@ impl Records {
 /// `asked`: a replay of its result, or a mismatch when both have a digest and they differ, as the
 /// decision table says of a SUCCEEDED record. `None` for a `d` without its newline (never
 /// written so): the script decides.
-fn done_outcome(done: Vec<u8>, asked: Option<&str>) -> Option<ClaimOutcome> {
+fn done_outcome(mut done: Vec<u8>, asked: Option<&str>) -> Option<ClaimOutcome> {
     let split = done.iter().position(|&b| b == b'\n')?;
     let stored = &done[..split];
     let differs = match asked.map(fingerprint::digest) {
         Some(asked) => !asked.is_empty() && !stored.is_empty() && asked.as_bytes() != stored,
         None => false,
     };
-    Some(if differs {
-        ClaimOutcome::Mismatch
-    } else {
-        ClaimOutcome::Replay {
-            snapshot: after_digest(done),
-        }
-    })
+    if differs {
+        return Some(ClaimOutcome::Mismatch);
+    }
+    done.drain(..=split);
+    Some(ClaimOutcome::Replay { snapshot: done })
 }
 
 /// The result a `d` holds: its bytes after the first newline (in place: no copy of the result

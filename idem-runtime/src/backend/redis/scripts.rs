@@ -25,7 +25,9 @@
 //! here is an integer well under 2^53, exact in a Lua double, and Lua 5.1 formats `%d` as a C `long`,
 //! which costs less than half of `%.0f` (glibc's floating-point printing) inside Redis.
 
-/// The prelude every claim-like script shares: the clock and number formatting, and the key's
+/// The prelude every claim-like script shares: the clock, number formatting, a fingerprint's digest
+/// (the text after its last space: two fingerprints are the same request when their digests are
+/// equal), and the key's
 /// expiry (the later of `ex` and `lu`, less the offset) from the two numbers and their texts
 /// already formatted for the record: with no offset one of them is the text to send as it is
 /// (each number formatted costs Redis about 0.25 µs).
@@ -33,6 +35,7 @@ macro_rules! prelude {
     () => {
         r#"
 local function num(x) return string.format('%d', x) end
+local function digest(x) return string.match(x, '[^ ]*$') end
 local t = redis.call('TIME')
 local offset = tonumber(ARGV[#ARGV])
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + offset * 1000
@@ -59,7 +62,6 @@ end
 macro_rules! claim_fn {
     () => {
         r#"
-local function digest(x) return string.match(x, '[^ ]*$') end
 local function result_of(r, d)
   local i = d and string.find(d, '\n', 1, true)
   if i then return string.sub(d, i + 1) end
@@ -160,7 +162,7 @@ local function complete(key, stuck, results, fence, result, ttl, rttl)
   local lu = tonumber(rec[3])
   local ex = math.max(tonumber(rec[4]), now + tonumber(ttl))
   local exs = num(ex)
-  local dg = string.match(rec[5] or '', '[^ ]*$')
+  local dg = digest(rec[5] or '')
   if rttl == '' and ex >= lu and not string.find(dg, '\n', 1, true) then
     redis.call('HSET', key, 's', 'SUCCEEDED', 'd', dg .. '\n' .. result, 'ex', exs)
     if rec[6] then redis.call('HDEL', key, 'r') end

@@ -174,9 +174,9 @@ async fn claim(
     }
 }
 
-/// A stored snapshot as the call's answer, and the outcome to count.
-fn replayed<T>(ok: OkType<T>, snapshot: &[u8]) -> (Result<T, IdemError>, Outcome) {
-    match (ok.decode)(snapshot) {
+/// A stored snapshot, decoded, as the call's answer, and the outcome to count.
+fn replayed<T>(decoded: Result<T, IdemError>) -> (Result<T, IdemError>, Outcome) {
+    match decoded {
         Ok(value) => (Ok(value), Outcome::Replayed),
         Err(e @ IdemError::ResultNotStorable { .. }) => (Err(e), Outcome::Unstorable),
         Err(e) => (Err(e), Outcome::Rejected),
@@ -277,13 +277,16 @@ where
     // The outcome, and when the claim was sent and came back by this process's clock (the
     // holder counts its lease from the first and checks it as of the second); `None` for a
     // claim decided at once in this process, whose times are read only if it is ours.
+    // A replay's result lent by a store that holds it (`Store::claim_now_lending`), decoded
+    // where it is kept instead of copied out first.
+    let mut lent: Option<Result<T, IdemError>> = None;
     let (claimed, times) = match prefetched {
         // Decided by a batch claim (a waiting call claims again while it is in progress):
         // the lease is counted from when that claim was sent, and checked as of now.
         Some(p) if !waits_out(&p.outcome) => {
             (Ok(p.outcome), Some((p.sent, tokio::time::Instant::now())))
         }
-        _ => match store.claim_now(&req) {
+        _ => match store.claim_now_lending(&req, &mut |stored| lent = Some((ok.decode)(stored))) {
             Some(Ok(outcome)) if !waits_out(&outcome) => {
                 if metrics::ENABLED {
                     metrics::claim_latency(biz, store.backend(), || Duration::ZERO);
@@ -310,7 +313,7 @@ where
             None => (claim, how, tokio::time::Instant::now(), None),
         },
         Ok(ClaimOutcome::Replay { snapshot }) => {
-            let (result, outcome) = replayed(ok, &snapshot);
+            let (result, outcome) = replayed(lent.unwrap_or_else(|| (ok.decode)(&snapshot)));
             match &result {
                 Ok(_) => report(biz, outcome, 0),
                 Err(e) => report_error(biz, outcome, 0, e),

@@ -168,7 +168,7 @@ where
     match outcome {
         Ok(ClaimOutcome::Acquired { claim, how }) => Ok(TxClaim::Run(TxGuard { call, claim, how })),
         Ok(ClaimOutcome::Replay { snapshot }) => {
-            let (result, outcome) = replayed(ok, &snapshot);
+            let (result, outcome) = replayed((ok.decode)(&snapshot));
             match &result {
                 Ok(_) => report(call.biz(), outcome, 0),
                 Err(e) => report_error(call.biz(), outcome, 0, e),

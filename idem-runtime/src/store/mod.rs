@@ -322,6 +322,23 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// [`Store::claim_now`], with a replay's stored result lent to `replay` where the store holds
+    /// it, instead of copied into the outcome: a store that lends it calls `replay` once with the
+    /// result's bytes and returns [`ClaimOutcome::Replay`] with an empty snapshot; for any other
+    /// outcome it does not call `replay`. The memory store lends a result of up to
+    /// [`MemoryStore::LENT_REPLAY_MAX`](crate::MemoryStore::LENT_REPLAY_MAX) bytes (decoded
+    /// under its lock, as a hand-written map would) and
+    /// copies a longer one, so a large result is not decoded while other calls wait. The
+    /// default lends nothing and answers as [`Store::claim_now`].
+    fn claim_now_lending(
+        &self,
+        req: &ClaimRequest<'_>,
+        replay: &mut dyn FnMut(&[u8]),
+    ) -> Option<Result<ClaimOutcome, IdemError>> {
+        let _ = replay;
+        self.claim_now(req)
+    }
+
     /// Claims every item of `batch` as [`Store::claim`] claims one, each decided by the same
     /// table, in order: one round trip on the stores of this crate where the database allows it
     /// (one script on Redis, one per hash slot on a cluster, one statement on Postgres and MySQL

@@ -20,6 +20,9 @@ mod tests;
 
 use records::{Biz, Entry, Map, NO_SLOT};
 
+/// What a replay's stored result is lent to ([`Store::claim_now_lending`]).
+type Lender<'a> = &'a mut dyn FnMut(&[u8]);
+
 /// Keeps records in this process's memory. Its clock is the wall clock read once at creation plus
 /// a monotonic clock since (it never steps back), plus a test clock's offset if given ([`TestClock`](crate::TestClock), feature `test-util`). Records
 /// are lost when the process ends.
@@ -39,6 +42,12 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
+    /// The longest stored result a replay decodes where the store keeps it, under its lock
+    /// ([`Store::claim_now_lending`]): a result this short decodes in about the time its copy
+    /// would take. A longer one is copied out and decoded after the lock is released, so
+    /// other calls do not wait on its decoding.
+    pub const LENT_REPLAY_MAX: usize = 1024;
+
     /// An empty store with default limits.
     pub fn new() -> Self {
         let epoch_us = SystemTime::now()
@@ -80,11 +89,20 @@ impl MemoryStore {
     }
 
     /// The store's clock in microseconds since the Unix epoch.
+    #[inline]
     fn now_us(&self) -> i64 {
-        let elapsed = i64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(i64::MAX);
-        self.epoch_us
-            .saturating_add(elapsed)
-            .saturating_add(self.offset.ms().saturating_mul(1000))
+        // In 64-bit steps (`as_micros` is a 128-bit product): a process's uptime in whole
+        // seconds fits an i64 many times over, and the sum saturates.
+        let elapsed = self.epoch.elapsed();
+        let elapsed = i64::try_from(elapsed.as_secs())
+            .unwrap_or(i64::MAX)
+            .saturating_mul(1_000_000)
+            .saturating_add(i64::from(elapsed.subsec_micros()));
+        let now = self.epoch_us.saturating_add(elapsed);
+        match self.offset.ms() {
+            0 => now,
+            ms => now.saturating_add(ms.saturating_mul(1000)),
+        }
     }
 
     fn now_ms(&self) -> i64 {
@@ -146,12 +164,16 @@ impl MemoryStore {
     /// The claim decision for `req` on `records` (the store's map, locked by the caller) at
     /// `now_us`: what `claim` does for one key and `claim_batch` for each of its keys, under one
     /// lock.
+    ///
+    /// A replay's result of up to [`MemoryStore::LENT_REPLAY_MAX`] bytes is lent to `lend` if
+    /// given (see [`Store::claim_now_lending`]), else copied into the outcome.
     #[inline(always)]
     fn claim_in(
         &self,
         records: &mut Map<Biz>,
         req: &ClaimRequest<'_>,
         now_us: i64,
+        lend: Option<Lender<'_>>,
     ) -> ClaimOutcome {
         let now = now_us.div_euclid(1000);
         let fresh = |old: Option<(u32, u64, i64)>, reset: bool, steps: Option<Vec<u8>>| {
@@ -174,11 +196,8 @@ impl MemoryStore {
                 .entry(Arc::from(req.biz))
                 .or_insert_with(|| Biz::new(self.capacity)),
         };
-        let (key, entry) = match biz.records.entry_ref(req.key) {
-            hashbrown::hash_map::EntryRef::Occupied(e) => {
-                let key = Arc::clone(e.key());
-                (key, e.into_mut())
-            }
+        let occupied = match biz.records.entry_ref(req.key) {
+            hashbrown::hash_map::EntryRef::Occupied(e) => e,
             hashbrown::hash_map::EntryRef::Vacant(v) => {
                 let mut entry = fresh(None, true, None);
                 entry.slot = u32::try_from(biz.processing.len()).unwrap_or(NO_SLOT);
@@ -193,8 +212,12 @@ impl MemoryStore {
                 };
             }
         };
+        let entry = occupied.get();
         match decide(&entry.state(), req.fingerprint, now) {
             Decision::Take { how, reset } => {
+                // The key's allocation is shared only on a take (the processing list names it).
+                let key = Arc::clone(occupied.key());
+                let entry = occupied.into_mut();
                 let steps = if keeps_steps(reset, entry.fingerprint.as_deref(), req.fingerprint) {
                     entry.snapshot.take()
                 } else {
@@ -218,9 +241,20 @@ impl MemoryStore {
                     how,
                 }
             }
-            Decision::Replay => ClaimOutcome::Replay {
-                snapshot: entry.snapshot.as_deref().unwrap_or_default().to_vec(),
-            },
+            Decision::Replay => {
+                let stored = entry.snapshot.as_deref().unwrap_or_default();
+                match lend {
+                    Some(lend) if stored.len() <= Self::LENT_REPLAY_MAX => {
+                        lend(stored);
+                        ClaimOutcome::Replay {
+                            snapshot: Vec::new(),
+                        }
+                    }
+                    _ => ClaimOutcome::Replay {
+                        snapshot: stored.to_vec(),
+                    },
+                }
+            }
             Decision::ResultGone => ClaimOutcome::ResultGone,
             Decision::Mismatch => ClaimOutcome::Mismatch,
             Decision::InProgress(ms) => ClaimOutcome::InProgress {
@@ -292,14 +326,30 @@ impl Store for MemoryStore {
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         let now_us = self.now_us();
-        Ok(self.claim_in(&mut self.lock(), req, now_us))
+        Ok(self.claim_in(&mut self.lock(), req, now_us, None))
     }
 
     /// Always: the claim is a map look-up under the lock.
     #[inline]
     fn claim_now(&self, req: &ClaimRequest<'_>) -> Option<Result<ClaimOutcome, IdemError>> {
         let now_us = self.now_us();
-        Some(Ok(self.claim_in(&mut self.lock(), req, now_us)))
+        Some(Ok(self.claim_in(&mut self.lock(), req, now_us, None)))
+    }
+
+    /// Always, lending a result of up to [`MemoryStore::LENT_REPLAY_MAX`] bytes.
+    #[inline]
+    fn claim_now_lending(
+        &self,
+        req: &ClaimRequest<'_>,
+        replay: &mut dyn FnMut(&[u8]),
+    ) -> Option<Result<ClaimOutcome, IdemError>> {
+        let now_us = self.now_us();
+        Some(Ok(self.claim_in(
+            &mut self.lock(),
+            req,
+            now_us,
+            Some(replay),
+        )))
     }
 
     /// Always: the mark is a map update under the lock, which keeps the snapshot's bytes.
@@ -330,7 +380,7 @@ impl Store for MemoryStore {
         let mut records = self.lock();
         Ok(batch
             .requests()
-            .map(|req| self.claim_in(&mut records, &req, now_us))
+            .map(|req| self.claim_in(&mut records, &req, now_us, None))
             .collect())
     }
 

@@ -256,6 +256,58 @@ async fn answering_at_once_is_answering_through_the_future() {
     assert_eq!(refused, b"no", "a mark that did not land leaves its bytes");
 }
 
+/// A replay asked with a lender (`claim_now_lending`) lends a result of up to
+/// `LENT_REPLAY_MAX` bytes, once, and copies a longer one into the outcome; no other outcome
+/// lends anything.
+#[tokio::test]
+async fn a_short_result_is_lent_and_a_long_one_copied() {
+    let ttl = Duration::from_secs(60);
+    let store = MemoryStore::new();
+    let cases = [
+        ("short", vec![b'a'; MemoryStore::LENT_REPLAY_MAX]),
+        ("long", vec![b'b'; MemoryStore::LENT_REPLAY_MAX + 1]),
+    ];
+    for (key, result) in &cases {
+        let r = req("PAY", key, ttl);
+        let mut seen = Vec::new();
+        let outcome = store
+            .claim_now_lending(&r, &mut |b| seen.push(b.to_vec()))
+            .unwrap()
+            .unwrap();
+        let ClaimOutcome::Acquired { claim, .. } = outcome else {
+            panic!("{key}: not acquired: {outcome:?}");
+        };
+        assert!(seen.is_empty(), "{key}: a claim lends nothing");
+        let outcome = store
+            .claim_now_lending(&r, &mut |b| seen.push(b.to_vec()))
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(outcome, ClaimOutcome::InProgress { .. }),
+            "{outcome:?}"
+        );
+        assert!(seen.is_empty(), "{key}: a refusal lends nothing");
+        store
+            .complete("PAY", key, &claim, result, ttl)
+            .await
+            .unwrap();
+        let outcome = store
+            .claim_now_lending(&r, &mut |b| seen.push(b.to_vec()))
+            .unwrap()
+            .unwrap();
+        let ClaimOutcome::Replay { snapshot } = outcome else {
+            panic!("{key}: no replay: {outcome:?}");
+        };
+        if result.len() <= MemoryStore::LENT_REPLAY_MAX {
+            assert_eq!(seen, vec![result.clone()], "{key}: lent once");
+            assert!(snapshot.is_empty(), "{key}: and not copied");
+        } else {
+            assert!(seen.is_empty(), "{key}: not lent");
+            assert_eq!(&snapshot, result, "{key}: copied");
+        }
+    }
+}
+
 /// A lease that held a record past its TTL, then ended sooner than the queue had it (released,
 /// failed, or shortened by a renewal): the next sweep deletes the record, and the queue keeps one
 /// item per record.

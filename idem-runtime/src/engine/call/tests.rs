@@ -63,3 +63,48 @@ fn an_integer_key_is_checked_for_its_length_only() {
     assert!(!Call::new("PAY", "7").plain_key);
     assert!(refused(Call::new("PAY", " ")));
 }
+
+/// A replay on the memory store decodes a short result where the store keeps it and a long one
+/// from a copy: both give the first call's value back, and a stored result that does not decode
+/// into the call's type is the same refusal either way.
+#[tokio::test]
+async fn a_replay_gives_the_same_answer_lent_or_copied() {
+    let store = crate::MemoryStore::new();
+    let max = crate::MemoryStore::LENT_REPLAY_MAX;
+    // JSON text of these lengths: the quotes and the envelope around them make "short" stay
+    // under the limit and "long" go over it.
+    for (key, len) in [("short", 16), ("long", max + 1)] {
+        let value = "x".repeat(len);
+        let ran = std::sync::atomic::AtomicUsize::new(0);
+        for _ in 0..2 {
+            let got: Result<String, IdemError> = Call::new("PAY", key)
+                .run(&store, async {
+                    ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok(value.clone())
+                })
+                .await;
+            assert_eq!(got.unwrap(), value, "{key}");
+        }
+        assert_eq!(ran.into_inner(), 1, "{key}: the body ran once");
+        let stored = store
+            .load("PAY", key)
+            .await
+            .unwrap()
+            .unwrap()
+            .snapshot
+            .unwrap();
+        assert_eq!(
+            stored.len() > max,
+            key == "long",
+            "{key}: {} bytes",
+            stored.len()
+        );
+        // The same record asked for another type: a decode error, lent or copied.
+        let wrong: Result<u64, IdemError> =
+            Call::new("PAY", key).run(&store, async { Ok(0) }).await;
+        assert!(
+            matches!(wrong, Err(IdemError::ReplayDecode { .. })),
+            "{key}: {wrong:?}"
+        );
+    }
+}

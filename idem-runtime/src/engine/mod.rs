@@ -213,6 +213,7 @@ pub(crate) type NoRecover<T, E> = fn() -> std::future::Ready<Result<Option<T>, E
 ///
 /// The call's span is made here, when the call is, and the call runs in it (bare when no
 /// subscriber takes it): one future, not one inside another.
+#[inline(always)]
 pub(crate) fn execute<T, E, F, R, RF>(
     store: Result<StoreHandle<'_>, IdemError>,
     call: Call,
@@ -510,7 +511,7 @@ impl<F: Future> Future for InSpan<F> {
 }
 
 /// `fut` inside `span` ([`InSpan`]; bare for `None`, as [`call_span`] gives when disabled).
-#[inline]
+#[inline(always)]
 pub(crate) fn in_span<F: Future>(span: Option<tracing::Span>, fut: F) -> InSpan<F> {
     InSpan { fut, span }
 }

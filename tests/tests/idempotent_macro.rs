@@ -496,3 +496,97 @@ async fn a_result_kept_a_day_refuses_a_late_repeat_for_the_rest_of_the_month() {
         "the body ran once; the late repeat was refused"
     );
 }
+
+/// The side effect of `held_open`: one row per execution, counted apart from idem's own records.
+static OPENED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Holds the body open until `release` is notified, and reports the claim it runs under.
+#[idempotent(biz = "HELD", key = key, store = "macro_mem")]
+async fn held_open(key: &str, release: Arc<tokio::sync::Notify>) -> Result<u64, AppError> {
+    let claim = idem::current_claim().expect("the body runs as the claim's holder");
+    OPENED.lock().unwrap().push(key.to_owned());
+    release.notified().await;
+    Ok(claim.fence.get())
+}
+
+#[idempotent(
+    biz = "HELD",
+    key = key,
+    store = "macro_mem",
+    on_in_progress = "wait(5s)"
+)]
+async fn held_or_wait(key: &str) -> Result<u64, AppError> {
+    OPENED.lock().unwrap().push(key.to_owned());
+    Ok(0)
+}
+
+/// On the memory store `#[idempotent]` claims before the call's future is made (no subscriber
+/// takes its span here): a body still runs as the claim's holder, an in-progress repeat is refused
+/// (or waited out, when the fn says so) and counted, and every caller released at once gets the
+/// one execution's answer or an in-progress refusal; the executions are audited in a table of
+/// their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_decided_at_once_is_held_refused_and_waited_out_as_any_other() {
+    setup();
+    let key = "held-1";
+    let release = Arc::new(tokio::sync::Notify::new());
+    let first = tokio::spawn(held_open(key, release.clone()));
+    while !OPENED.lock().unwrap().iter().any(|k| k == key) {
+        tokio::task::yield_now().await;
+    }
+    let (refused, report) = idem::metrics::observe(held_open(key, release.clone())).await;
+    assert!(
+        matches!(refused, Err(AppError::Idem(IdemError::InProgress { .. }))),
+        "{refused:?}"
+    );
+    assert_eq!(report.unwrap().outcome, Outcome::InProgress);
+    let waiter = tokio::spawn(held_or_wait(key));
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiting repeat waits for the holder"
+    );
+    release.notify_one();
+    let fence = first.await.unwrap().unwrap();
+    assert_eq!(
+        waiter.await.unwrap().unwrap(),
+        fence,
+        "the waiter gets the first answer"
+    );
+
+    // Many callers of one new key released at once: one execution, one answer.
+    let key = "held-2";
+    let barrier = Arc::new(tokio::sync::Barrier::new(32));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let callers: Vec<_> = (0..32)
+        .map(|_| {
+            let (barrier, release) = (barrier.clone(), release.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                held_open(key, release).await
+            })
+        })
+        .collect();
+    while !OPENED.lock().unwrap().iter().any(|k| k == key) {
+        tokio::task::yield_now().await;
+    }
+    release.notify_one();
+    let mut answers = Vec::new();
+    for caller in callers {
+        match caller.await.unwrap() {
+            Ok(fence) => answers.push(fence),
+            Err(AppError::Idem(IdemError::InProgress { .. })) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    let ran = OPENED.lock().unwrap().iter().filter(|k| *k == key).count();
+    assert_eq!(ran, 1, "one execution");
+    // The holder's answer, and the same for every caller that came after it finished; the
+    // callers that came while it ran were told it was in progress.
+    assert!(!answers.is_empty());
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+    let replay = held_open(key, Arc::new(tokio::sync::Notify::new()))
+        .await
+        .unwrap();
+    assert_eq!(replay, answers[0], "a repeat afterwards replays it");
+}

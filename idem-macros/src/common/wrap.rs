@@ -53,11 +53,23 @@ pub(crate) fn engine_call(
     function: TokenStream,
     args: TokenStream,
 ) -> TokenStream {
+    let call = engine_fn_call(anchor, private, function, args);
+    let await_ = quote_spanned!(anchor=> .await);
+    quote!(#call #await_)
+}
+
+/// `<private>::<function>(<args>)`, with the path and the parentheses at `anchor` (see
+/// [`engine_call`]), for an engine call that is not awaited.
+pub(crate) fn engine_fn_call(
+    anchor: Span,
+    private: &TokenStream,
+    function: TokenStream,
+    args: TokenStream,
+) -> TokenStream {
     let path = diag::respan(quote!(#private::#function), anchor);
     let mut args = Group::new(Delimiter::Parenthesis, args);
     args.set_span(anchor);
-    let await_ = quote_spanned!(anchor=> .await);
-    quote!(#path #args #await_)
+    quote!(#path #args)
 }
 
 /// The first token of the return type (`Result` in `-> Result<T, E>`).

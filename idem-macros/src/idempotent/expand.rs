@@ -46,12 +46,28 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
             // type, not at the attribute.
             let anchor = wrap::return_type_anchor(ret);
             let run = match &spec.recover {
-                None => wrap::engine_call(
-                    anchor,
-                    &private,
-                    quote!(run::<#ok_arg, #err_arg, _>),
-                    quote!(#store_arg, __idem_call, __idem_ok, __idem_err, #user_body),
-                ),
+                None => {
+                    // The claim first, at once where the store answers at once: a replay or a
+                    // refusal is the answer, and the call's future is made only to run the body.
+                    let now = wrap::engine_fn_call(
+                        anchor,
+                        &private,
+                        quote!(run_now::<#ok_arg, #err_arg>),
+                        quote!(#store_arg, &__idem_call, __idem_ok, __idem_err),
+                    );
+                    let run = wrap::engine_call(
+                        anchor,
+                        &private,
+                        quote!(run_prepared::<#ok_arg, #err_arg, _>),
+                        quote!(__idem_prepared, __idem_call, __idem_ok, __idem_err, #user_body),
+                    );
+                    quote! {
+                        match #now {
+                            #private::Now::Answered(__idem_answer) => __idem_answer,
+                            #private::Now::Run(__idem_prepared) => #run,
+                        }
+                    }
+                }
                 Some(recover) => {
                     // Spanned at the recover expression: a fn that is not async, returns another
                     // type or another error is reported where `recover` was written. The call is

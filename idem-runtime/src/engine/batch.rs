@@ -400,6 +400,7 @@ impl<'s> Claimed<'s> {
             ErrType::new(),
             None::<NoRecover<T, E>>,
             Self::part(self.prefetched, self.defer),
+            None,
             body,
         )
     }
@@ -469,6 +470,7 @@ impl<'s, R> ClaimedRecovering<'s, R> {
             ErrType::new(),
             Some(self.recover),
             Claimed::part(prefetched, defer),
+            None,
             body,
         )
     }

@@ -108,21 +108,40 @@ pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Call {
     pub(crate) biz: Cow<'static, str>,
     pub(crate) key: String,
-    pub(crate) fingerprint: Option<Result<String, String>>,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
-    pub(crate) wait: Option<Duration>,
-    pub(crate) heartbeat: Heartbeat,
-    /// Set by [`Call::result_ttl`]: how long the result is kept, when shorter than the ttl.
-    pub(crate) result_ttl: Option<Duration>,
-    /// Set by [`Call::store_timeout`]; else the surrounding inbox's, or the default.
-    store_timeout: Option<Duration>,
+    /// The options a call sets only when asked (`None`: every one at its default): on the heap,
+    /// so a call without them is a small value, moved cheaply into the call's future.
+    pub(crate) more: Option<Box<More>>,
     /// Whether the durations were checked already (by `#[idempotent]`, when it compiled); a
     /// builder method that sets one clears it.
     checked: bool,
     /// Whether the key's text needs no check but its length (an integer's: see
     /// [`IdemKey::text_is_always_valid`]).
     plain_key: bool,
+}
+
+/// A [`Call`]'s options that are not always set.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct More {
+    pub(crate) fingerprint: Option<Result<String, String>>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) heartbeat: Heartbeat,
+    /// Set by [`Call::result_ttl`]: how long the result is kept, when shorter than the ttl.
+    pub(crate) result_ttl: Option<Duration>,
+    /// Set by [`Call::store_timeout`]; else the surrounding inbox's, or the default.
+    store_timeout: Option<Duration>,
+}
+
+impl More {
+    /// Every option at its default.
+    const NONE: More = More {
+        fingerprint: None,
+        wait: None,
+        heartbeat: Heartbeat::Default,
+        result_ttl: None,
+        store_timeout: None,
+    };
 }
 
 /// When a lease-mode call renews its lease while the body runs.
@@ -167,18 +186,15 @@ impl Call {
             biz: biz.into(),
             key: key.to_key(),
             plain_key: key.text_is_always_valid(),
-            fingerprint: None,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
-            wait: None,
-            heartbeat: Heartbeat::Default,
-            result_ttl: None,
-            store_timeout: None,
+            more: None,
             checked: false,
         }
     }
 
     /// How long the record lives.
+    #[inline]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self.checked = false;
@@ -210,13 +226,15 @@ impl Call {
     ///     .await?;
     /// # let _ = receipt; Ok(()) }
     /// ```
+    #[inline]
     pub fn result_ttl(mut self, result_ttl: Duration) -> Self {
-        self.result_ttl = Some(result_ttl);
+        self.more_mut().result_ttl = Some(result_ttl);
         self.checked = false;
         self
     }
 
     /// How long a claim protects itself before another attempt may take it over.
+    #[inline]
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self.checked = false;
@@ -224,8 +242,9 @@ impl Call {
     }
 
     /// Wait up to `max` for an in-progress call to finish (then replay it) instead of refusing at once.
+    #[inline]
     pub fn wait(mut self, max: Duration) -> Self {
-        self.wait = Some(max);
+        self.more_mut().wait = Some(max);
         self.checked = false;
         self
     }
@@ -244,8 +263,9 @@ impl Call {
     /// then a repeat takes over (asking `recover` first, if given). A mark keeps trying through a
     /// store restart for as long as this allows, so keep it longer than a restart of your store
     /// takes when no `recover` can look the effect up.
+    #[inline]
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.store_timeout = Some(timeout);
+        self.more_mut().store_timeout = Some(timeout);
         self.checked = false;
         self
     }
@@ -256,8 +276,9 @@ impl Call {
     /// 1 ms and shorter than the lease. A body that hangs keeps renewing, so bound its own waits;
     /// a renewal that finds the claim taken over stops renewing and the call ends with
     /// [`IdemError::LeaseLost`].
+    #[inline]
     pub fn heartbeat(mut self, every: Duration) -> Self {
-        self.heartbeat = Heartbeat::Every(every);
+        self.more_mut().heartbeat = Heartbeat::Every(every);
         self.checked = false;
         self
     }
@@ -265,27 +286,42 @@ impl Call {
     /// Never renews the lease: a body that runs longer than its lease may then be taken over by a
     /// repeat while it still runs, and its effect happen twice. For bodies known to be short, or
     /// to show what the heartbeat prevents.
+    #[inline]
     pub fn no_heartbeat(mut self) -> Self {
-        self.heartbeat = Heartbeat::Off;
+        self.more_mut().heartbeat = Heartbeat::Off;
         self.checked = false;
         self
+    }
+
+    /// The options set beyond the business type, key, ttl and lease.
+    #[inline]
+    pub(crate) fn more(&self) -> &More {
+        self.more.as_deref().unwrap_or(&More::NONE)
+    }
+
+    /// The options, to set one.
+    pub(crate) fn more_mut(&mut self) -> &mut More {
+        self.more.get_or_insert_with(Box::default)
     }
 
     /// The call's store timeout: its own, or that of the inbox whose handler runs it, or
     /// [`DEFAULT_STORE_TIMEOUT`].
     pub(crate) fn store_timeout_in_force(&self) -> Duration {
-        self.store_timeout.unwrap_or_else(ambient_store_timeout)
+        self.more()
+            .store_timeout
+            .unwrap_or_else(ambient_store_timeout)
     }
 
     /// How long the result is kept when that is shorter than the ttl (`None`: as long as the
     /// record), for the mark.
+    #[inline]
     pub(crate) fn result_kept(&self) -> Option<Duration> {
-        self.result_ttl.filter(|kept| *kept < self.ttl)
+        self.more().result_ttl.filter(|kept| *kept < self.ttl)
     }
 
     /// How often this call renews its lease while the body runs, if at all.
     pub(crate) fn heartbeat_every(&self) -> Option<Duration> {
-        self.heartbeat.every(self.lease)
+        self.more().heartbeat.every(self.lease)
     }
 
     /// Asks `recover` before the body runs again for a record that may already have had its
@@ -326,30 +362,33 @@ impl Call {
     /// Fingerprints `payload`: a repeat with the same key and another payload gets
     /// [`IdemError::PayloadMismatch`].
     pub fn fingerprint<P: Serialize + ?Sized>(mut self, payload: &P) -> Self {
-        self.fingerprint = Some(fingerprint::fingerprint(payload));
+        self.more_mut().fingerprint = Some(fingerprint::fingerprint(payload));
         self
     }
 
     /// Sets a fingerprint the caller computed itself (a hash of the request's bytes).
     #[cfg(feature = "axum")]
     pub(crate) fn fingerprint_hash(mut self, hash: String) -> Self {
-        self.fingerprint = Some(Ok(hash));
+        self.more_mut().fingerprint = Some(Ok(hash));
         self
     }
 
     /// The same call, its durations marked as checked: what `#[idempotent]` does with the call
     /// it built from literals it checked when it compiled.
+    #[inline]
     pub(crate) fn checked(mut self) -> Self {
         self.checked = true;
         self
     }
 
     /// The business type.
+    #[inline]
     pub fn biz(&self) -> &str {
         &self.biz
     }
 
     /// The key as stored.
+    #[inline]
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -377,6 +416,7 @@ impl Call {
             ErrType::new(),
             None::<NoRecover<T, E>>,
             None,
+            None,
             body,
         )
     }
@@ -388,16 +428,17 @@ impl Call {
             key::validate_key(&self.key, limits.max_key_len)?;
         }
         if !self.checked {
-            check_durations(self.ttl, self.lease, self.wait, self.heartbeat.given())?;
-            if let Some(kept) = self.result_ttl {
+            let more = self.more();
+            check_durations(self.ttl, self.lease, more.wait, more.heartbeat.given())?;
+            if let Some(kept) = more.result_ttl {
                 check_result_ttl(kept, self.ttl)?;
             }
-            if let Some(timeout) = self.store_timeout {
+            if let Some(timeout) = more.store_timeout {
                 // One from an inbox was checked when it was built.
                 check_store_timeout(timeout)?;
             }
         }
-        let fingerprint = match &self.fingerprint {
+        let fingerprint = match &self.more().fingerprint {
             None => None,
             Some(Ok(fp)) => Some(fp.as_str()),
             Some(Err(reason)) => {
@@ -449,6 +490,7 @@ impl<R> Recovering<R> {
             OkType::new(),
             ErrType::new(),
             Some(self.recover),
+            None,
             None,
             body,
         )

@@ -5,6 +5,7 @@
 //! running body which claim it holds. Every mode ends a call through [`report`], so every call
 //! gets the same span, counters and report.
 
+mod at_once;
 mod batch;
 mod call;
 pub(crate) mod current;
@@ -19,6 +20,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use at_once::{Now, run_now, run_prepared};
 pub use batch::{Batch, Claimed, ClaimedRecovering};
 use batch::{BatchPart, PendingMark};
 pub(crate) use batch::{MarkSink, flush_marks};
@@ -40,7 +42,7 @@ pub(crate) use within::{
 
 use crate::IdemError;
 use crate::metrics::{self, Outcome};
-use crate::store::{Acquired, ClaimOutcome, ClaimRequest, Store};
+use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Store};
 use current::CallScope;
 use holder::Holder;
 use steps::Steps;
@@ -214,6 +216,7 @@ pub(crate) type NoRecover<T, E> = fn() -> std::future::Ready<Result<Option<T>, E
 /// The call's span is made here, when the call is, and the call runs in it (bare when no
 /// subscriber takes it): one future, not one inside another.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn execute<T, E, F, R, RF>(
     store: Result<StoreHandle<'_>, IdemError>,
     call: Call,
@@ -221,6 +224,7 @@ pub(crate) fn execute<T, E, F, R, RF>(
     err: ErrType<E>,
     recover: Option<R>,
     part: Option<Box<BatchPart>>,
+    decided: Option<Decided>,
     body: F,
 ) -> InSpan<impl Future<Output = Result<T, E>>>
 where
@@ -230,11 +234,86 @@ where
 {
     in_span(
         call_span(&call.biz),
-        execute_bare(store, call, ok, err, recover, part, body),
+        execute_bare(store, call, ok, err, recover, part, decided, body),
     )
 }
 
-/// [`execute`] without its span.
+/// A claim a call holds, decided at once before its future was made ([`run_now`]), and when it
+/// came back by this process's clock.
+type Decided = (Claim, Acquired, tokio::time::Instant);
+
+/// A claim's outcome as far as the call goes: its answer (a replay or a refusal, reported), or the
+/// claim it holds and runs under.
+enum Settled<T, E> {
+    Answer(Result<T, E>),
+    Held(Claim, Acquired),
+}
+
+/// Settles `claimed` for the call of `biz`: a replay is decoded (from `lent`, the result a store
+/// lent while it held it, else from the outcome's snapshot), a refusal or an error becomes the
+/// call's error; each is counted and reported. An acquired claim is the call's to hold.
+#[inline(always)]
+fn settle<T, E>(
+    biz: &str,
+    claimed: Result<ClaimOutcome, IdemError>,
+    lent: Option<Result<T, IdemError>>,
+    ok: OkType<T>,
+    err: ErrType<E>,
+) -> Settled<T, E> {
+    let refused = match claimed {
+        Ok(ClaimOutcome::Acquired { claim, how }) => return Settled::Held(claim, how),
+        Ok(ClaimOutcome::Replay { snapshot }) => {
+            let (result, outcome) = replayed(lent.unwrap_or_else(|| (ok.decode)(&snapshot)));
+            match &result {
+                Ok(_) => report(biz, outcome, 0),
+                Err(e) => report_error(biz, outcome, 0, e),
+            }
+            return Settled::Answer(result.map_err(|e| err.from_idem(e)));
+        }
+        Ok(ClaimOutcome::Mismatch) => (IdemError::PayloadMismatch, Outcome::Mismatch),
+        Ok(ClaimOutcome::ResultGone) => (IdemError::ResultExpired, Outcome::ResultExpired),
+        Ok(ClaimOutcome::InProgress { retry_after }) => {
+            (IdemError::InProgress { retry_after }, Outcome::InProgress)
+        }
+        Err(e) => (e, Outcome::Rejected),
+    };
+    Settled::Answer(refuse(biz, refused.0, refused.1, err))
+}
+
+/// `e` as the call's answer, counted and reported as `outcome`.
+fn refuse<T, E>(biz: &str, e: IdemError, outcome: Outcome, err: ErrType<E>) -> Result<T, E> {
+    report_error(biz, outcome, 0, &e);
+    Err(err.from_idem(e))
+}
+
+/// The claim of `req` answered at once by a store that holds its records in this process
+/// ([`Store::claim_now_lending`]), a replay's result decoded into `lent` where the store keeps
+/// it. `None` when the call has to go through the claim loop: a store to wait for, a transient
+/// error, or a holder in progress that this call waits out (`waits`).
+#[inline(always)]
+fn claim_at_once<T>(
+    store: &dyn Store,
+    req: &ClaimRequest<'_>,
+    waits: bool,
+    ok: OkType<T>,
+    lent: &mut Option<Result<T, IdemError>>,
+) -> Option<Result<ClaimOutcome, IdemError>> {
+    match store.claim_now_lending(req, &mut |stored| *lent = Some((ok.decode)(stored))) {
+        Some(Ok(ClaimOutcome::InProgress { .. })) if waits => None,
+        Some(Ok(outcome)) => {
+            if metrics::ENABLED {
+                metrics::claim_latency(req.biz, store.backend(), || Duration::ZERO);
+            }
+            Some(Ok(outcome))
+        }
+        Some(Err(e)) if !e.is_transient_store_error() => Some(Err(e.during("claim"))),
+        _ => None,
+    }
+}
+
+/// [`execute`] without its span. `decided`: the claim this call already holds, decided at once
+/// by [`run_now`] (its request checked then).
+#[allow(clippy::too_many_arguments)]
 async fn execute_bare<T, E, F, R, RF>(
     store: Result<StoreHandle<'_>, IdemError>,
     mut call: Call,
@@ -242,6 +321,7 @@ async fn execute_bare<T, E, F, R, RF>(
     err: ErrType<E>,
     recover: Option<R>,
     part: Option<Box<BatchPart>>,
+    decided: Option<Decided>,
     body: F,
 ) -> Result<T, E>
 where
@@ -250,19 +330,11 @@ where
     RF: Future<Output = Result<Option<T>, E>>,
 {
     let biz: &str = &call.biz;
-    let refuse = |e: IdemError, outcome: Outcome| {
-        report_error(biz, outcome, 0, &e);
-        Err(err.from_idem(e))
-    };
     let handle = match store {
         Ok(handle) => handle,
-        Err(e) => return refuse(e, Outcome::Rejected),
+        Err(e) => return refuse(biz, e, Outcome::Rejected, err),
     };
     let store = handle.get();
-    let req = match call.request(store) {
-        Ok(req) => req,
-        Err(e) => return refuse(e, Outcome::Rejected),
-    };
     let kept = call.result_kept();
     // Boxed: a call outside a batch carries one word for it, not the claim's outcome.
     let (prefetched, defer) = match part {
@@ -272,65 +344,48 @@ where
         }
         None => (None, None),
     };
-    let waits_out = |outcome: &ClaimOutcome| {
-        call.wait.is_some() && matches!(outcome, ClaimOutcome::InProgress { .. })
-    };
-    // The outcome, and when the claim was sent and came back by this process's clock (the
-    // holder counts its lease from the first and checks it as of the second); `None` for a
-    // claim decided at once in this process, whose times are read only if it is ours.
-    // A replay's result lent by a store that holds it (`Store::claim_now_lending`), decoded
-    // where it is kept instead of copied out first.
-    let mut lent: Option<Result<T, IdemError>> = None;
-    let (claimed, times) = match prefetched {
-        // Decided by a batch claim (a waiting call claims again while it is in progress):
-        // the lease is counted from when that claim was sent, and checked as of now.
-        Some(p) if !waits_out(&p.outcome) => {
-            (Ok(p.outcome), Some((p.sent, tokio::time::Instant::now())))
-        }
-        _ => match store.claim_now_lending(&req, &mut |stored| lent = Some((ok.decode)(stored))) {
-            Some(Ok(outcome)) if !waits_out(&outcome) => {
-                if metrics::ENABLED {
-                    metrics::claim_latency(biz, store.backend(), || Duration::ZERO);
+    let (claim, how, claimed_at, answered) = match decided {
+        Some((claim, how, claimed_at)) => (claim, how, claimed_at, None),
+        None => {
+            let req = match call.request(store) {
+                Ok(req) => req,
+                Err(e) => return refuse(biz, e, Outcome::Rejected, err),
+            };
+            let waits = call.more().wait.is_some();
+            // The outcome, and when the claim was sent and came back by this process's clock
+            // (the holder counts its lease from the first and checks it as of the second);
+            // `None` for a claim decided at once in this process, whose times are read only if
+            // it is ours. A replay's result lent by a store that holds it is decoded where it
+            // is kept instead of copied out first.
+            let mut lent: Option<Result<T, IdemError>> = None;
+            let (claimed, times) = match prefetched {
+                // Decided by a batch claim (a waiting call claims again while it is in
+                // progress): the lease is counted from when that claim was sent, and checked as
+                // of now.
+                Some(p) if !(waits && matches!(p.outcome, ClaimOutcome::InProgress { .. })) => {
+                    (Ok(p.outcome), Some((p.sent, tokio::time::Instant::now())))
                 }
-                (Ok(outcome), None)
+                _ => match claim_at_once(store, &req, waits, ok, &mut lent) {
+                    Some(claimed) => (claimed, None),
+                    // The claim loop, with its retries, timeout and back-off.
+                    None => {
+                        let sent = tokio::time::Instant::now();
+                        let timeout = call.store_timeout_in_force();
+                        match claim(store, &req, call.more().wait, timeout, sent).await {
+                            Ok((outcome, answered)) => (Ok(outcome), Some((sent, answered))),
+                            Err(e) => (Err(e), None),
+                        }
+                    }
+                },
+            };
+            match settle(biz, claimed, lent, ok, err) {
+                Settled::Answer(answer) => return answer,
+                Settled::Held(claim, how) => match times {
+                    Some((sent, answered)) => (claim, how, sent, Some(answered)),
+                    None => (claim, how, tokio::time::Instant::now(), None),
+                },
             }
-            Some(Err(e)) if !e.is_transient_store_error() => (Err(e.during("claim")), None),
-            // A store to wait for, a transient error, or a holder in progress that this call
-            // waits out: the claim loop, with its retries, timeout and back-off.
-            _ => {
-                let sent = tokio::time::Instant::now();
-                let timeout = call.store_timeout_in_force();
-                match claim(store, &req, call.wait, timeout, sent).await {
-                    Ok((outcome, answered)) => (Ok(outcome), Some((sent, answered))),
-                    Err(e) => (Err(e), None),
-                }
-            }
-        },
-    };
-    let (claim, how, claimed_at, answered) = match claimed {
-        Ok(ClaimOutcome::Acquired { claim, how }) => match times {
-            Some((sent, answered)) => (claim, how, sent, Some(answered)),
-            // Decided at once: it came back when it was asked, with its whole lease left.
-            None => (claim, how, tokio::time::Instant::now(), None),
-        },
-        Ok(ClaimOutcome::Replay { snapshot }) => {
-            let (result, outcome) = replayed(lent.unwrap_or_else(|| (ok.decode)(&snapshot)));
-            match &result {
-                Ok(_) => report(biz, outcome, 0),
-                Err(e) => report_error(biz, outcome, 0, e),
-            }
-            return result.map_err(|e| err.from_idem(e));
         }
-        Ok(ClaimOutcome::Mismatch) => {
-            return refuse(IdemError::PayloadMismatch, Outcome::Mismatch);
-        }
-        Ok(ClaimOutcome::ResultGone) => {
-            return refuse(IdemError::ResultExpired, Outcome::ResultExpired);
-        }
-        Ok(ClaimOutcome::InProgress { retry_after }) => {
-            return refuse(IdemError::InProgress { retry_after }, Outcome::InProgress);
-        }
-        Err(e) => return refuse(e, Outcome::Rejected),
     };
     // From here the claim is ours. A panic or a dropped future leaves it PROCESSING: the lease
     // expires and a later attempt takes over; nothing ever claims a success that did not happen.
@@ -338,8 +393,8 @@ where
     // run, so a replay allocates nothing for it.
     // The call's key moves into it (the call keeps no other use for it), and the request
     // reads it there.
-    let fingerprint = match &call.fingerprint {
-        Some(Ok(fp)) => Some(fp.as_str()),
+    let fingerprint = match call.more.as_deref().map(|more| &more.fingerprint) {
+        Some(Some(Ok(fp))) => Some(fp.as_str()),
         _ => None,
     };
     let scope = Arc::new(CallScope::new(
@@ -540,6 +595,7 @@ where
         err,
         None::<NoRecover<T, E>>,
         None,
+        None,
         body,
     )
 }
@@ -565,5 +621,14 @@ where
     R: FnOnce() -> RF + 'a,
     RF: Future<Output = Result<Option<T>, E>> + 'a,
 {
-    execute(store.resolve(), call, ok, err, Some(recover), None, body)
+    execute(
+        store.resolve(),
+        call,
+        ok,
+        err,
+        Some(recover),
+        None,
+        None,
+        body,
+    )
 }

@@ -342,7 +342,7 @@ where
         .fingerprint_hash(fingerprint)
         .ttl(cfg.ttl)
         .lease(cfg.lease);
-    call.heartbeat = cfg.heartbeat;
+    call.more_mut().heartbeat = cfg.heartbeat;
     call = call.store_timeout(cfg.store_timeout);
     if let Some(kept) = cfg.result_ttl {
         call = call.result_ttl(kept);

@@ -32,9 +32,11 @@ fn expands_the_lease_mode() {
         "let __idem_call = :: idem :: __private :: checked (:: idem :: __private :: Call :: new (\"PAY\" , & (req . order_no)) \
          . ttl (:: core :: time :: Duration :: from_millis (604800000u64)) \
          . lease (:: core :: time :: Duration :: from_millis (30000u64))) ;",
-        ":: idem :: __private :: run :: < Receipt , PayError , _ > (:: idem :: __private :: StoreArg :: Named (\"sqlite\") , __idem_call , __idem_ok , __idem_err , async {",
+        "match :: idem :: __private :: run_now :: < Receipt , PayError > (:: idem :: __private :: StoreArg :: Named (\"sqlite\") , & __idem_call , __idem_ok , __idem_err) {",
+        ":: idem :: __private :: Now :: Answered (__idem_answer) => __idem_answer ,",
+        ":: idem :: __private :: Now :: Run (__idem_prepared) => :: idem :: __private :: run_prepared :: < Receipt , PayError , _ > (__idem_prepared , __idem_call , __idem_ok , __idem_err , async {",
         "let __idem_fake_return : Result < Receipt , PayError > = loop { } ; return __idem_fake_return ;",
-        "Ok (Receipt) }) . await }",
+        "Ok (Receipt) }) . await , } }",
     ] {
         assert!(out.contains(expected), "missing `{expected}` in\n{out}");
     }
@@ -121,7 +123,8 @@ fn a_result_alias_leaves_its_types_to_the_type_checker() {
         )),
         "{out}"
     );
-    assert!(out.contains("run :: < u64 , _ , _ >"), "{out}");
+    assert!(out.contains("run_now :: < u64 , _ >"), "{out}");
+    assert!(out.contains("run_prepared :: < u64 , _ , _ >"), "{out}");
 }
 
 #[test]

@@ -571,40 +571,12 @@ pub(crate) fn in_span<F: Future>(span: Option<tracing::Span>, fut: F) -> InSpan<
     InSpan { fut, span }
 }
 
-/// Runs a call on a named or given store (what `#[idempotent]` expands to).
-///
-/// # Errors
-/// As [`Call::run`], plus [`IdemError::UnknownStore`] for a name never registered.
-#[inline(always)]
-pub fn run<'a, T, E, F>(
-    store: StoreArg<'a>,
-    call: Call,
-    ok: OkType<T>,
-    err: ErrType<E>,
-    body: F,
-) -> impl Future<Output = Result<T, E>> + 'a
-where
-    T: 'a,
-    E: 'a,
-    F: Future<Output = Result<T, E>> + 'a,
-{
-    execute(
-        store.resolve(),
-        call,
-        ok,
-        err,
-        None::<NoRecover<T, E>>,
-        None,
-        None,
-        body,
-    )
-}
-
 /// Runs a call with a recover fn on a named or given store (what `#[idempotent(recover = …)]`
 /// expands to): see [`Call::recover`].
 ///
 /// # Errors
-/// As [`run`], plus the recover fn's own error.
+/// As [`Call::run`], plus [`IdemError::UnknownStore`] for a name never registered, and the
+/// recover fn's own error.
 #[inline(always)]
 pub fn run_recovering<'a, T, E, F, R, RF>(
     store: StoreArg<'a>,

@@ -4,7 +4,7 @@
 pub use crate::IdemKey;
 pub use crate::engine::snapshot::{ErrType, OkType};
 pub use crate::engine::tx::{IdemTx, run_tx};
-pub use crate::engine::{Call, Now, StoreArg, run, run_now, run_prepared, run_recovering};
+pub use crate::engine::{Call, Now, StoreArg, run_now, run_prepared, run_recovering};
 pub use crate::preflight::StoreUse;
 pub use inventory;
 

@@ -11,6 +11,7 @@ mod call;
 pub(crate) mod current;
 mod holder;
 pub(crate) mod retry;
+mod settle;
 pub(crate) mod snapshot;
 pub(crate) mod steps;
 pub(crate) mod tx;
@@ -45,6 +46,7 @@ use crate::metrics::{self, Outcome};
 use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Store};
 use current::CallScope;
 use holder::Holder;
+use settle::{Settled, claim_at_once, refuse, settle};
 use steps::Steps;
 
 /// Where a call's store comes from.
@@ -241,75 +243,6 @@ where
 /// A claim a call holds, decided at once before its future was made ([`run_now`]), and when it
 /// came back by this process's clock.
 type Decided = (Claim, Acquired, tokio::time::Instant);
-
-/// A claim's outcome as far as the call goes: its answer (a replay or a refusal, reported), or the
-/// claim it holds and runs under.
-enum Settled<T, E> {
-    Answer(Result<T, E>),
-    Held(Claim, Acquired),
-}
-
-/// Settles `claimed` for the call of `biz`: a replay is decoded (from `lent`, the result a store
-/// lent while it held it, else from the outcome's snapshot), a refusal or an error becomes the
-/// call's error; each is counted and reported. An acquired claim is the call's to hold.
-#[inline(always)]
-fn settle<T, E>(
-    biz: &str,
-    claimed: Result<ClaimOutcome, IdemError>,
-    lent: Option<Result<T, IdemError>>,
-    ok: OkType<T>,
-    err: ErrType<E>,
-) -> Settled<T, E> {
-    let refused = match claimed {
-        Ok(ClaimOutcome::Acquired { claim, how }) => return Settled::Held(claim, how),
-        Ok(ClaimOutcome::Replay { snapshot }) => {
-            let (result, outcome) = replayed(lent.unwrap_or_else(|| (ok.decode)(&snapshot)));
-            match &result {
-                Ok(_) => report(biz, outcome, 0),
-                Err(e) => report_error(biz, outcome, 0, e),
-            }
-            return Settled::Answer(result.map_err(|e| err.from_idem(e)));
-        }
-        Ok(ClaimOutcome::Mismatch) => (IdemError::PayloadMismatch, Outcome::Mismatch),
-        Ok(ClaimOutcome::ResultGone) => (IdemError::ResultExpired, Outcome::ResultExpired),
-        Ok(ClaimOutcome::InProgress { retry_after }) => {
-            (IdemError::InProgress { retry_after }, Outcome::InProgress)
-        }
-        Err(e) => (e, Outcome::Rejected),
-    };
-    Settled::Answer(refuse(biz, refused.0, refused.1, err))
-}
-
-/// `e` as the call's answer, counted and reported as `outcome`.
-fn refuse<T, E>(biz: &str, e: IdemError, outcome: Outcome, err: ErrType<E>) -> Result<T, E> {
-    report_error(biz, outcome, 0, &e);
-    Err(err.from_idem(e))
-}
-
-/// The claim of `req` answered at once by a store that holds its records in this process
-/// ([`Store::claim_now_lending`]), a replay's result decoded into `lent` where the store keeps
-/// it. `None` when the call has to go through the claim loop: a store to wait for, a transient
-/// error, or a holder in progress that this call waits out (`waits`).
-#[inline(always)]
-fn claim_at_once<T>(
-    store: &dyn Store,
-    req: &ClaimRequest<'_>,
-    waits: bool,
-    ok: OkType<T>,
-    lent: &mut Option<Result<T, IdemError>>,
-) -> Option<Result<ClaimOutcome, IdemError>> {
-    match store.claim_now_lending(req, &mut |stored| *lent = Some((ok.decode)(stored))) {
-        Some(Ok(ClaimOutcome::InProgress { .. })) if waits => None,
-        Some(Ok(outcome)) => {
-            if metrics::ENABLED {
-                metrics::claim_latency(req.biz, store.backend(), || Duration::ZERO);
-            }
-            Some(Ok(outcome))
-        }
-        Some(Err(e)) if !e.is_transient_store_error() => Some(Err(e.during("claim"))),
-        _ => None,
-    }
-}
 
 /// [`execute`] without its span. `decided`: the claim this call already holds, decided at once
 /// by [`run_now`] (its request checked then).

@@ -322,14 +322,9 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// [`Store::claim_now`], with a replay's stored result lent to `replay` where the store holds
-    /// it, instead of copied into the outcome: a store that lends it calls `replay` once with the
-    /// result's bytes and returns [`ClaimOutcome::Replay`] with an empty snapshot; for any other
-    /// outcome it does not call `replay`. The memory store lends a result of up to
-    /// [`MemoryStore::LENT_REPLAY_MAX`](crate::MemoryStore::LENT_REPLAY_MAX) bytes (decoded
-    /// under its lock, as a hand-written map would) and
-    /// copies a longer one, so a large result is not decoded while other calls wait. The
-    /// default lends nothing and answers as [`Store::claim_now`].
+    /// [`Store::claim_now`], a replay's stored result lent to `replay` (called once; the outcome's
+    /// snapshot is then empty) instead of copied; no other outcome calls it. The default lends
+    /// nothing; the memory store up to [`crate::MemoryStore::LENT_REPLAY_MAX`] bytes.
     fn claim_now_lending(
         &self,
         req: &ClaimRequest<'_>,

@@ -45,28 +45,23 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
             // What the engine call itself reports (outside the checks above) is shown at the return
             // type, not at the attribute.
             let anchor = wrap::return_type_anchor(ret);
-            let run = match &spec.recover {
+            // The claim first, at once where the store answers at once: a replay or a refusal is
+            // the answer, and the call's future is made only to run the body.
+            let now = wrap::engine_fn_call(
+                anchor,
+                &private,
+                quote!(run_now::<#ok_arg, #err_arg>),
+                quote!(#store_arg, &__idem_call, __idem_ok, __idem_err),
+            );
+            let (before, run) = match &spec.recover {
                 None => {
-                    // The claim first, at once where the store answers at once: a replay or a
-                    // refusal is the answer, and the call's future is made only to run the body.
-                    let now = wrap::engine_fn_call(
-                        anchor,
-                        &private,
-                        quote!(run_now::<#ok_arg, #err_arg>),
-                        quote!(#store_arg, &__idem_call, __idem_ok, __idem_err),
-                    );
                     let run = wrap::engine_call(
                         anchor,
                         &private,
                         quote!(run_prepared::<#ok_arg, #err_arg, _>),
                         quote!(__idem_prepared, __idem_call, __idem_ok, __idem_err, #user_body),
                     );
-                    quote! {
-                        match #now {
-                            #private::Now::Answered(__idem_answer) => __idem_answer,
-                            #private::Now::Run(__idem_prepared) => #run,
-                        }
-                    }
+                    (TokenStream::new(), run)
                 }
                 Some(recover) => {
                     // Spanned at the recover expression: a fn that is not async, returns another
@@ -92,13 +87,23 @@ pub(crate) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
                         span,
                         &private,
                         quote!(run_recovering::<#ok_arg, #err_arg, _, _, _>),
-                        quote!(#store_arg, __idem_call, __idem_ok, __idem_err, __idem_recover, #user_body),
+                        quote!(__idem_prepared, __idem_call, __idem_ok, __idem_err, __idem_recover, #user_body),
                     );
                     let recover_fn = quote_spanned!(span=> let __idem_recover = || #check;);
-                    quote!({ #recover_fn #run })
+                    (recover_fn, run)
                 }
             };
-            quote!(#run)
+            let run = quote! {
+                match #now {
+                    #private::Now::Answered(__idem_answer) => __idem_answer,
+                    #private::Now::Run(__idem_prepared) => #run,
+                }
+            };
+            if before.is_empty() {
+                run
+            } else {
+                quote!({ #before #run })
+            }
         }
         Some(tx) => {
             // The parameter is checked once, by `JoinableTx`, spanned at the `tx = "…"` literal

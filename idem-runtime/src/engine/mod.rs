@@ -21,7 +21,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use at_once::{Now, run_now, run_prepared};
+pub use at_once::{Now, run_now, run_prepared, run_recovering};
 pub use batch::{Batch, Claimed, ClaimedRecovering};
 use batch::{BatchPart, PendingMark};
 pub(crate) use batch::{MarkSink, flush_marks};
@@ -502,38 +502,4 @@ impl<F: Future> Future for InSpan<F> {
 #[inline(always)]
 pub(crate) fn in_span<F: Future>(span: Option<tracing::Span>, fut: F) -> InSpan<F> {
     InSpan { fut, span }
-}
-
-/// Runs a call with a recover fn on a named or given store (what `#[idempotent(recover = …)]`
-/// expands to): see [`Call::recover`].
-///
-/// # Errors
-/// As [`Call::run`], plus [`IdemError::UnknownStore`] for a name never registered, and the
-/// recover fn's own error.
-#[inline(always)]
-pub fn run_recovering<'a, T, E, F, R, RF>(
-    store: StoreArg<'a>,
-    call: Call,
-    ok: OkType<T>,
-    err: ErrType<E>,
-    recover: R,
-    body: F,
-) -> impl Future<Output = Result<T, E>> + 'a
-where
-    T: 'a,
-    E: 'a,
-    F: Future<Output = Result<T, E>> + 'a,
-    R: FnOnce() -> RF + 'a,
-    RF: Future<Output = Result<Option<T>, E>> + 'a,
-{
-    execute(
-        store.resolve(),
-        call,
-        ok,
-        err,
-        Some(recover),
-        None,
-        None,
-        body,
-    )
 }

@@ -50,6 +50,39 @@ fn expands_the_lease_mode() {
     );
 }
 
+/// With a recover fn the claim is made first as well; the recover closure goes with the run.
+#[test]
+fn expands_a_recover_fn_after_the_claim_made_first() {
+    let out = expand(
+        quote!(
+            biz = "PAY",
+            key = "req.order_no",
+            store = "mem",
+            recover = "find(&req.order_no)"
+        ),
+        quote! {
+            async fn pay(req: &PayReq) -> Result<Receipt, PayError> {
+                Ok(Receipt)
+            }
+        },
+    );
+    assert_eq!(compile_errors(&out), 0, "{out}");
+    let order = [
+        "let __idem_recover = ||",
+        "match :: idem :: __private :: run_now :: < Receipt , PayError > (:: idem :: __private :: StoreArg :: Named (\"mem\") , & __idem_call , __idem_ok , __idem_err) {",
+        ":: idem :: __private :: Now :: Answered (__idem_answer) => __idem_answer ,",
+        ":: idem :: __private :: Now :: Run (__idem_prepared) => :: idem :: __private :: run_recovering :: < Receipt , PayError , _ , _ , _ > (__idem_prepared , __idem_call , __idem_ok , __idem_err , __idem_recover , async {",
+    ];
+    let at: Vec<usize> = order
+        .iter()
+        .map(|part| {
+            out.find(part)
+                .unwrap_or_else(|| panic!("missing `{part}` in\n{out}"))
+        })
+        .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "out of order: {out}");
+}
+
 #[test]
 fn expands_options_and_a_given_store() {
     let out = expand(

@@ -2,8 +2,8 @@
 //! claims at once (the memory store): a replay or a refusal is the call's answer there and then,
 //! so it builds, moves and drops none of the state a call that runs its body needs (the holder,
 //! the body, the mark). A claim it acquires goes on to [`run_prepared`] ([`run_recovering`] with a
-//! recover fn), which runs the body under it. Every other call (a store to wait for, a claim to wait out, a subscriber that takes the
-//! call's span) goes the engine's usual way, unchanged.
+//! recover fn), which runs the body under it. Every other call (a store to wait for, a claim to
+//! wait out, a subscriber that takes the call's span) goes the engine's usual way, unchanged.
 //!
 //! The attribute calls [`run_now`] where its fn's future is first polled and awaits the prepared
 //! run right after, with no await between: nothing can drop a claim taken here before its call

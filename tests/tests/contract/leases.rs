@@ -442,3 +442,125 @@ pub async fn a_burst_with_failing_bodies_executes_each_key_once(s: Subject) {
         "each key's body ran 3 times: {runs:?}"
     );
 }
+
+/// A record is never gone before the later of its expiry and its lease end, whatever sweeps,
+/// result ttls, saved steps, releases and re-claims happen in between: a lease longer than its
+/// ttl, a takeover, a release, a second takeover (attempt 3, which a recover fn would be asked
+/// about), then a result kept for less than its record. Each sweep runs where the record is past
+/// one of its two times but not the other; only the last one, past both, may delete it.
+pub async fn a_record_outlives_its_expiry_and_lease_through_sweeps_and_reclaims(s: Subject) {
+    let (store, clock, biz) = (s.store, s.clock, biz("outlives"));
+    let sweep = || {
+        let store = store.clone();
+        async move {
+            idem::Sweeper::new(store, 100).sweep_once().await.unwrap();
+        }
+    };
+    let kept = |lease: u64, ttl: u64| ClaimRequest {
+        ttl: secs(ttl),
+        ..req(&biz, "k", secs(lease))
+    };
+    let status = |store: Arc<dyn Store>, biz: String| async move {
+        store
+            .load(&biz, "k")
+            .await
+            .unwrap()
+            .map(|r| (r.status, r.attempt, r.steps))
+    };
+
+    // t=0: lease 10 s, ttl 30 s; a result with a short result ttl on another key beside it.
+    let (first, _) = acquire(&*store, &kept(10, 30)).await;
+    store.save_steps(&biz, "k", &first, b"[1]").await.unwrap();
+    let (_long, _) = acquire(
+        &*store,
+        &ClaimRequest {
+            ttl: secs(15),
+            ..req(&biz, "long", secs(40))
+        },
+    )
+    .await;
+    let other = req(&biz, "other", secs(5));
+    let (done, _) = acquire(&*store, &other).await;
+    store
+        .complete_keeping(&biz, "other", &done, b"{\"Ok\":1}", secs(60), secs(5))
+        .await
+        .unwrap();
+
+    // t=11: the lease ended, the ttl runs to 30: a takeover with a lease (40 s) longer than a ttl
+    // of 15 s; the record now lives to the lease's end (51).
+    clock.advance(secs(11));
+    sweep().await;
+    let second = match store.claim(&kept(40, 15)).await.unwrap() {
+        ClaimOutcome::Acquired { claim, how } => {
+            assert_eq!((claim.attempt, how), (2, Acquired::TakeOver));
+            claim
+        }
+        other => panic!("t=11: expected a takeover, got {other:?}"),
+    };
+    assert_eq!(
+        status(store.clone(), biz.clone()).await,
+        Some((Status::Processing, 2, Some(b"[1]".to_vec()))),
+        "a takeover keeps the saved steps"
+    );
+
+    // t=27: the takeover's lease, and the record with it, live to 51; the key claimed at t=0 with
+    // a lease (40 s) longer than its ttl (15 s) is past its ttl and under its lease. The sweep
+    // spares both; a release ends the lease now and keeps the expiry (51).
+    clock.advance(secs(16));
+    sweep().await;
+    assert!(
+        store.load(&biz, "long").await.unwrap().is_some(),
+        "a lease longer than its ttl keeps its record"
+    );
+    store
+        .save_steps(&biz, "k", &second, b"[1,2]")
+        .await
+        .unwrap();
+    store.release(&biz, "k", &second).await.unwrap();
+    sweep().await;
+    assert_eq!(
+        status(store.clone(), biz.clone()).await,
+        Some((Status::Processing, 2, Some(b"[1,2]".to_vec()))),
+        "a released claim stays until its expiry"
+    );
+
+    // Still t=27: the third attempt is a takeover (a recover fn would be asked), not a new life.
+    let third = match store.claim(&kept(10, 30)).await.unwrap() {
+        ClaimOutcome::Acquired { claim, how } => {
+            assert_eq!((claim.attempt, how), (3, Acquired::TakeOver));
+            claim
+        }
+        other => panic!("t=27: expected the third attempt's takeover, got {other:?}"),
+    };
+    assert!(third.fence > second.fence && second.fence > first.fence);
+    // It finishes with a result kept 5 s of a record kept to at least 57.
+    store
+        .complete_keeping(&biz, "k", &third, b"{\"Ok\":3}", secs(30), secs(5))
+        .await
+        .unwrap();
+
+    // t=33: the result ttl passed: the sweep leaves a tombstone, which refuses the repeat.
+    clock.advance(secs(6));
+    sweep().await;
+    assert!(
+        matches!(
+            store.claim(&kept(10, 30)).await.unwrap(),
+            ClaimOutcome::ResultGone
+        ),
+        "t=33: the record is a tombstone until its expiry"
+    );
+    assert!(status(store.clone(), biz.clone()).await.is_some());
+
+    // t=58: past the expiry and every lease: now, and only now, the record may go.
+    clock.advance(secs(25));
+    sweep().await;
+    assert_eq!(status(store.clone(), biz.clone()).await, None);
+    assert!(store.load(&biz, "long").await.unwrap().is_none());
+    match store.claim(&kept(10, 30)).await.unwrap() {
+        ClaimOutcome::Acquired { claim, how } => {
+            assert_eq!((claim.attempt, how), (1, Acquired::Fresh));
+            assert!(claim.fence > third.fence, "a fence never repeats");
+        }
+        other => panic!("t=58: expected a new life, got {other:?}"),
+    }
+}

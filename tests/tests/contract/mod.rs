@@ -71,10 +71,11 @@ pub use edges::{
 pub use leases::{
     a_burst_with_failing_bodies_executes_each_key_once,
     a_contended_takeover_runs_the_business_once, a_fence_never_repeats_after_a_sweep,
-    a_live_lease_outlives_the_ttl, a_success_outlives_a_body_slower_than_its_ttl,
-    a_sweep_spares_a_record_under_a_live_lease, a_takeover_racing_a_late_complete_has_one_winner,
-    complete_after_a_sweep_is_lease_lost, marking_again_with_the_same_claim_succeeds,
-    renew_extends_a_held_lease,
+    a_live_lease_outlives_the_ttl,
+    a_record_outlives_its_expiry_and_lease_through_sweeps_and_reclaims,
+    a_success_outlives_a_body_slower_than_its_ttl, a_sweep_spares_a_record_under_a_live_lease,
+    a_takeover_racing_a_late_complete_has_one_winner, complete_after_a_sweep_is_lease_lost,
+    marking_again_with_the_same_claim_succeeds, renew_extends_a_held_lease,
 };
 #[allow(unused_imports)]
 pub use reconcile::{
@@ -298,6 +299,7 @@ macro_rules! with_contract_cases {
             waiting_duplicate_gets_the_first_answer,
             a_live_lease_outlives_the_ttl,
             a_sweep_spares_a_record_under_a_live_lease,
+            a_record_outlives_its_expiry_and_lease_through_sweeps_and_reclaims,
             a_success_outlives_a_body_slower_than_its_ttl,
             a_fence_never_repeats_after_a_sweep,
             complete_after_a_sweep_is_lease_lost,

@@ -285,6 +285,19 @@ impl Reference {
         self.last_fence[key] = claim.fence.get();
     }
 
+    /// Whether a mark or a save refused at `now` (`LeaseLost`) may be: the claim no longer `held`,
+    /// or, on Redis, the key deleted by the server at its real expiry (or maybe so), which takes
+    /// no mark; then the record is gone.
+    fn refused(&mut self, key: usize, held: bool, redis: bool, now: At) -> bool {
+        let gone = redis
+            && matches!(&self.recs[key], Some(rec)
+                if rec.deleted_by_redis(now, self.moved) != Some(false));
+        if gone {
+            self.recs[key] = None;
+        }
+        !held || gone
+    }
+
     /// Whether a mark by `claim` that leaves the record `done` is accepted: the record is
     /// PROCESSING under its fence, or already `done` under it (the same mark again).
     fn holds(&self, key: usize, claim: &Claim, done: Status) -> bool {
@@ -389,16 +402,13 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                         model.recs[key].as_mut().unwrap().steps = Some(bytes);
                     }
                     Err(IdemError::LeaseLost { .. }) => {
-                        let gone = redis && gone_from_redis(&model, key, now);
+                        let refused = model.refused(key, held, redis, now);
                         prop_assert!(
-                            !held || gone,
+                            refused,
                             "step {}: {:?} refused a claim that holds",
                             step,
                             op
                         );
-                        if gone {
-                            model.recs[key] = None;
-                        }
                     }
                     Err(e) => prop_assert!(false, "step {}: {:?}: {}", step, op, e),
                 }
@@ -479,17 +489,13 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
                         }
                     }
                     Err(IdemError::LeaseLost { .. }) => {
-                        // A key Redis deleted at its expiry takes no mark.
-                        let gone = redis && gone_from_redis(&model, key, now);
+                        let refused = model.refused(key, held, redis, now);
                         prop_assert!(
-                            !held || gone,
+                            refused,
                             "step {}: {:?} refused a claim that holds",
                             step,
                             op
                         );
-                        if gone {
-                            model.recs[key] = None;
-                        }
                     }
                     Err(e) => prop_assert!(false, "step {}: {}", step, e),
                 }
@@ -626,12 +632,6 @@ async fn run(store: Arc<dyn Store>, clock: TestClock, ops: Vec<Op>) -> Result<()
         }
     }
     Ok(())
-}
-
-/// Whether Redis may have deleted `key`'s record by itself by `now` (its real expiry came, or may
-/// have): then a mark finds no key and is refused.
-fn gone_from_redis(model: &Reference, key: usize, now: At) -> bool {
-    matches!(&model.recs[key], Some(rec) if rec.deleted_by_redis(now, model.moved) != Some(false))
 }
 
 /// The deterministic case behind a failure the Redis store's test once showed under load: the

@@ -4,18 +4,19 @@
 //!
 //! | command | what it does |
 //! |---|---|
-//! | `idem migrate [--print]` | applies the schema ([`idem::AnyStore::migrate`]), or prints the DDL for the URL's backend without connecting ([`idem::migrations`]) |
+//! | `idem migrate [--print] [URL]` | applies the schema ([`idem::AnyStore::migrate`]), or prints the DDL for the URL's backend without connecting ([`idem::migrations`]); the URL here or as `--url` |
 //! | `idem inspect BIZ KEY [--show-result]` | a record's status, attempt, fence, lease end and expiry, fingerprint, sizes, and for an HTTP layer record the method and route it came from; the result with `--show-result` |
-//! | `idem stuck [--biz B] [--limit N]` | PROCESSING records whose lease ended, with the method and route of HTTP layer records ([`idem::admin::stuck_all`]) |
-//! | `idem release BIZ KEY --reason TEXT [--force]` | ends a stuck claim's lease (fenced), so the next call takes it over and asks its recover fn ([`idem::admin::release`]) |
-//! | `idem inspect HTTP KEY --principal P` (or `--http`), the same on `release` | KEY is the `Idempotency-Key` caller P sent to the HTTP layer: the record is found under the layer's hash of both ([`idem::http_record_key`]) |
+//! | `idem stuck [--biz B] [--limit N]` | PROCESSING records whose lease ended, with the method and route of HTTP layer records ([`idem::admin::stuck_all`]); not those under a live lease, which no store lists (`inspect` shows one, `stats` counts them) |
+//! | `idem release BIZ KEY --reason TEXT [--force]` | ends a stuck claim's lease (fenced), so the next call takes it over and asks its recover fn ([`idem::admin::release`]); with `--force` a live one too, and says so |
+//! | `idem inspect HTTP KEY --principal P` (or `--http`), the same on `release` and for `GRPC` | KEY is the `Idempotency-Key` caller P sent to the HTTP (or gRPC) layer: the record is found under the layer's hash of both ([`idem::http_record_key`]) |
 //! | `idem release … --mark-failed` | a fenced move to FAILED instead: the next call runs the body again without asking recover; only when the effect is known not to have happened ([`idem::admin::mark_failed`]) |
 //! | `idem sweep [--batch N] [--tokens]` | deletes expired records (and submit tokens) ([`idem::admin::sweep`]) |
 //! | `idem stats` | records per business type and status, and per method and route for HTTP layer records ([`idem::Store::stats`]) |
 //!
 //! Exit status: `0` done; `1` refused, not found, or lost a race (a `release` that another attempt
 //! beat, a `release` of a success or of a live lease, an `inspect` of an absent key); `2` usage (a
-//! bad flag or value, as clap reports it, or a store URL idem cannot open); `3` a store error (the
+//! bad flag or value, as clap reports it, or a store URL idem cannot open, such as a `postgres://`
+//! URL on another server's port); `3` a store error (the
 //! server is unreachable, the table is missing, the store cannot do what was asked).
 //!
 //! Times are shown as RFC 3339 UTC and relative to this machine's clock ("in 12s", "ended 3m
@@ -26,10 +27,12 @@ use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches as _, Parser, Subcommand};
 use idem::admin::{self, Release, Released};
-use idem::{AnyStore, IdemError, Record, Store};
+use idem::{AnyStore, IdemError, Record, Status, Store};
 
+#[cfg(test)]
+mod printed;
 mod table;
 mod time;
 use table::{stats, table};
@@ -46,7 +49,8 @@ Exit status:
   0  done
   1  refused, not found, or lost a race (release of a success, of a live lease without --force, \
 or beaten by a takeover; inspect of an absent key)
-  2  usage: a bad flag or value, or a store URL idem cannot open
+  2  usage: a bad flag or value, or a store URL idem cannot open (an unknown scheme or option, \
+a server that does not speak the URL's protocol)
   3  store error: unreachable, not migrated, or not supported by the store
 
 Times are RFC 3339 UTC and relative to this machine's clock; the store judges leases by its own.";
@@ -76,6 +80,10 @@ enum Command {
         /// Print the DDL for the URL's backend and tables instead, without connecting
         #[arg(long)]
         print: bool,
+        /// The store URL, here instead of --url (`idem migrate --print URL`); it wins over
+        /// IDEM_STORE_URL, and --url with another URL is refused
+        #[arg(value_name = "URL")]
+        store_url: Option<String>,
     },
     /// Show one record: status, attempt, fence, lease end, expiry, fingerprint, sizes
     Inspect {
@@ -90,6 +98,11 @@ enum Command {
         show_result: bool,
     },
     /// List PROCESSING records whose lease ended, oldest lease first
+    ///
+    /// Records PROCESSING under a lease still running are not listed: no store lists them. A
+    /// record whose holder crashed is listed once its lease ends; until then `idem stats` counts
+    /// it (PROCESSING) and `idem inspect BIZ KEY` shows it, and `idem release BIZ KEY --reason
+    /// TEXT --force` ends its lease early when its holder is known dead.
     Stuck {
         /// Only this business type (default: every business type the store holds)
         #[arg(long)]
@@ -100,6 +113,17 @@ enum Command {
     },
     /// End a stuck PROCESSING record's lease (fenced): the next call takes it over and asks its
     /// recover fn before running the body, so an effect that happened is found, not repeated
+    ///
+    /// Rarely needed: a lease that ends by itself needs no release. The next call with the key
+    /// takes an ended lease over by itself (and asks its recover fn first), and a running
+    /// reconciler resolves it. Release is for not waiting: with --force it ends a lease that still
+    /// runs, when its holder is known dead, so the next call (or the reconciler) recovers the
+    /// record now; with --mark-failed the next call runs the body again without asking recover,
+    /// for an effect known not to have happened.
+    ///
+    /// A holder that is in fact still running is not stopped: once the record is taken over (or
+    /// marked FAILED), its mark is refused by the fence, and unless recover finds its effect, the
+    /// effect may happen twice.
     Release {
         /// Business type
         biz: String,
@@ -110,7 +134,8 @@ enum Command {
         /// Why (1 to 200 bytes, no control characters); logged with the business type and fence
         #[arg(long, value_parser = reason)]
         reason: String,
-        /// Release even while the lease is still running (its holder may still be running)
+        /// Release even while the lease is still running: only when its holder is known dead (if it
+        /// still runs, its mark is refused once the record is taken over)
         #[arg(long)]
         force: bool,
         /// Mark the record FAILED instead: the next call runs the body AGAIN without asking
@@ -165,16 +190,38 @@ impl From<Exit> for ExitCode {
     }
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let Some(url) = cli.url.clone() else {
-        Cli::command()
-            .error(
-                clap::error::ErrorKind::MissingRequiredArgument,
-                "the store URL is missing: give --url URL or set IDEM_STORE_URL",
-            )
-            .exit();
+/// The store URL: `migrate`'s own, else `--url` (or `IDEM_STORE_URL`); `migrate URL` with a
+/// different `--url` on the command line is refused (IDEM_STORE_URL gives way to it).
+fn store_url(cli: &Cli, from_command_line: bool) -> Result<String, clap::Error> {
+    let own = match &cli.command {
+        Command::Migrate { store_url, .. } => store_url.as_ref(),
+        _ => None,
     };
+    match (own, &cli.url) {
+        (Some(own), Some(url)) if from_command_line && own != url => Err(Cli::command().error(
+            clap::error::ErrorKind::ArgumentConflict,
+            "two store URLs: give the URL once, as --url URL or after `migrate`",
+        )),
+        (Some(own), _) => Ok(own.clone()),
+        (None, Some(url)) => Ok(url.clone()),
+        (None, None) => Err(Cli::command().error(
+            clap::error::ErrorKind::MissingRequiredArgument,
+            if matches!(cli.command, Command::Migrate { .. }) {
+                "the store URL is missing: give it after `migrate` (idem migrate --print URL), as \
+                 --url URL, or set IDEM_STORE_URL"
+            } else {
+                "the store URL is missing: give --url URL or set IDEM_STORE_URL"
+            },
+        )),
+    }
+}
+
+fn main() -> ExitCode {
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let from_command_line =
+        matches.value_source("url") == Some(clap::parser::ValueSource::CommandLine);
+    let url = store_url(&cli, from_command_line).unwrap_or_else(|e| e.exit());
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -209,26 +256,61 @@ fn main() -> ExitCode {
 #[derive(Debug, clap::Args)]
 struct LayerKey {
     /// KEY is the Idempotency-Key this caller (the layer's principal, e.g. a user id) sent to the
-    /// HTTP layer: the record is found under the layer's hash of both
+    /// HTTP (or gRPC) layer: the record is found under the layer's hash of both
     #[arg(long)]
     principal: Option<String>,
-    /// KEY is an Idempotency-Key sent to an HTTP layer without a principal
+    /// KEY is an Idempotency-Key sent to an HTTP (or gRPC) layer without a principal
     #[arg(long, conflicts_with = "principal")]
     http: bool,
 }
 
 impl LayerKey {
-    /// The stored key KEY names: itself, or the layer's record key for it.
-    fn record_key(&self, key: &str) -> Result<String, IdemError> {
+    /// The stored key KEY names: itself, or the layer's record key for it, with the line that
+    /// tells which (printed once the record is read: its request says which layer wrote it).
+    fn record_key(&self, key: &str) -> Result<(String, Option<LayerLine>), IdemError> {
         if self.principal.is_none() && !self.http {
-            return Ok(key.to_owned());
+            return Ok((key.to_owned(), None));
         }
         let record = idem::http_record_key(self.principal.as_deref(), key)?;
+        let line = LayerLine {
+            sent: key.to_owned(),
+            principal: self.principal.clone(),
+            record: record.clone(),
+        };
+        Ok((record, Some(line)))
+    }
+}
+
+/// What a layer's client sent and the record key it gives, to print.
+struct LayerLine {
+    sent: String,
+    principal: Option<String>,
+    record: String,
+}
+
+impl LayerLine {
+    /// `HTTP layer key "k" of principal "p": record <hash>`, naming the layer by the record's
+    /// request when it was read, else by the business type's default name.
+    fn print(&self, biz: &str, record: Option<&Record>) {
+        let layer = layer_name(biz, record.and_then(Record::origin));
+        let (sent, record) = (&self.sent, &self.record);
         match &self.principal {
-            Some(p) => println!("HTTP layer key {key:?} of principal {p:?}: record {record}"),
-            None => println!("HTTP layer key {key:?} (no principal): record {record}"),
+            Some(p) => println!("{layer} key {sent:?} of principal {p:?}: record {record}"),
+            None => println!("{layer} key {sent:?} (no principal): record {record}"),
         }
-        Ok(record)
+    }
+}
+
+/// Which layer wrote a record: its request is a gRPC method's path (`/pkg.Service/Method`) or an
+/// HTTP method and route (`POST /orders/{id}`); without one, the layers' default business types
+/// (`GRPC`, `HTTP`) tell it, and any other could be either's.
+fn layer_name(biz: &str, origin: Option<&str>) -> &'static str {
+    match origin {
+        Some(o) if o.starts_with('/') => "gRPC layer",
+        Some(_) => "HTTP layer",
+        None if biz.eq_ignore_ascii_case("GRPC") => "gRPC layer",
+        None if biz.eq_ignore_ascii_case("HTTP") => "HTTP layer",
+        None => "HTTP or gRPC layer",
     }
 }
 
@@ -241,7 +323,7 @@ fn failed(e: &IdemError) -> Exit {
 }
 
 async fn run(command: Command, url: &str) -> Exit {
-    if let Command::Migrate { print: true } = command {
+    if let Command::Migrate { print: true, .. } = command {
         return print_migrations(url);
     }
     let store = match idem::connect(url).await {
@@ -256,7 +338,7 @@ async fn run(command: Command, url: &str) -> Exit {
             layer,
             show_result,
         } => match layer.record_key(&key) {
-            Ok(key) => inspect(&store, &biz, &key, show_result).await,
+            Ok((key, line)) => inspect(&store, &biz, &key, line, show_result).await,
             Err(e) => Err(e),
         },
         Command::Stuck { biz, limit } => stuck(&store, biz.as_deref(), limit).await,
@@ -268,12 +350,12 @@ async fn run(command: Command, url: &str) -> Exit {
             reason,
             force,
         } => match layer.record_key(&key) {
-            Ok(key) => {
+            Ok((key, line)) => {
                 let opts = Release {
                     reason: &reason,
                     force,
                 };
-                release(&store, &biz, &key, opts, mark_failed).await
+                release(&store, &biz, &key, line, opts, mark_failed).await
             }
             Err(e) => Err(e),
         },
@@ -318,9 +400,14 @@ async fn inspect(
     store: &AnyStore,
     biz: &str,
     key: &str,
+    layer: Option<LayerLine>,
     show_result: bool,
 ) -> Result<Exit, IdemError> {
-    let Some(record) = admin::inspect(store, biz, key).await? else {
+    let record = admin::inspect(store, biz, key).await?;
+    if let Some(layer) = &layer {
+        layer.print(biz, record.as_ref());
+    }
+    let Some(record) = record else {
         println!("no record for biz {biz:?} key {key:?}");
         return Ok(Exit::Refused);
     };
@@ -330,11 +417,18 @@ async fn inspect(
     println!("status       {}", record.status.as_str());
     println!("attempt      {}", record.attempt);
     println!("fence        {}", record.fence);
-    println!(
-        "lease until  {} ({})",
-        rfc3339(record.lease_until_ms),
-        relative(record.lease_until_ms, now, "ended")
-    );
+    match record.status {
+        // Only a PROCESSING record is held; a finished one's lease end is a leftover.
+        Status::Processing => println!(
+            "lease until  {} ({})",
+            rfc3339(record.lease_until_ms),
+            relative(record.lease_until_ms, now, "ended")
+        ),
+        _ => println!(
+            "lease        none: a {} record is held by no call",
+            record.status.as_str()
+        ),
+    }
     println!(
         "expires at   {} ({})",
         rfc3339(record.expire_at_ms),
@@ -395,6 +489,7 @@ async fn stuck(store: &AnyStore, biz: Option<&str>, limit: u64) -> Result<Exit, 
     };
     if records.is_empty() {
         println!("no stuck records (PROCESSING past their lease)");
+        println!("{NOT_LISTED}");
         return Ok(Exit::Ok);
     }
     let now = wall_ms();
@@ -433,8 +528,14 @@ async fn stuck(store: &AnyStore, biz: Option<&str>, limit: u64) -> Result<Exit, 
             ""
         }
     );
+    println!("{NOT_LISTED}");
     Ok(Exit::Ok)
 }
+
+/// What `idem stuck` does not list, and where to see it.
+const NOT_LISTED: &str = "not listed: records PROCESSING under a lease still running (a crashed \
+holder's record shows here once its lease ends); `idem stats` counts them, `idem inspect BIZ KEY` \
+shows one";
 
 fn held(r: &Record) -> String {
     format!(
@@ -449,13 +550,32 @@ async fn release(
     store: &AnyStore,
     biz: &str,
     key: &str,
+    layer: Option<LayerLine>,
     opts: Release<'_>,
     mark_failed: bool,
 ) -> Result<Exit, IdemError> {
+    // The lease is judged against this instant, so whether --force overrode a live one is known.
+    let now = wall_ms();
     let done = if mark_failed {
-        admin::mark_failed(store, biz, key, opts).await?
+        admin::mark_failed_at(store, biz, key, opts, now).await?
     } else {
-        admin::release(store, biz, key, opts).await?
+        admin::release_at(store, biz, key, opts, now).await?
+    };
+    if let Some(layer) = &layer {
+        let record = match &done {
+            Released::LeaseEnded { before } | Released::Failed { before } => Some(before),
+            Released::AlreadyFailed { record }
+            | Released::Succeeded { record }
+            | Released::LeaseLive { record, .. } => Some(record),
+            Released::LeaseLost { now } => now.as_ref(),
+            _ => None,
+        };
+        layer.print(biz, record);
+    }
+    // How long the holder's lease still ran when --force ended it, if it did.
+    let overridden = |before: &Record| {
+        let left = before.lease_until_ms.saturating_sub(now);
+        (left > 0).then(|| human(Duration::from_millis(left.unsigned_abs())))
     };
     let exit = if done.released() {
         Exit::Ok
@@ -463,16 +583,34 @@ async fn release(
         Exit::Refused
     };
     match done {
-        Released::LeaseEnded { before } => println!(
-            "released: was {}, its lease ended now; the next call with this key takes it over \
-             and asks its recover fn before running the body (the reconciler can resolve it too)",
-            held(&before)
-        ),
-        Released::Failed { before } => println!(
-            "marked FAILED: was {}; the next call with this key runs the body again WITHOUT \
-             asking recover: if its effect did happen, it happens twice",
-            held(&before)
-        ),
+        Released::LeaseEnded { before } => match overridden(&before) {
+            None => println!(
+                "released: was {}, its lease ended now; the next call with this key takes it over \
+                 and asks its recover fn before running the body (the reconciler can resolve it too)",
+                held(&before)
+            ),
+            Some(left) => println!(
+                "released: was {}, its live lease OVERRIDDEN by --force ({left} left, by this \
+                 machine's clock) and ended now; its holder may still be running: once the next \
+                 call with this key takes it over (asking its recover fn before running the body), \
+                 that holder's mark is refused by the fence",
+                held(&before)
+            ),
+        },
+        Released::Failed { before } => match overridden(&before) {
+            None => println!(
+                "marked FAILED: was {}; the next call with this key runs the body again WITHOUT \
+                 asking recover: if its effect did happen, it happens twice",
+                held(&before)
+            ),
+            Some(left) => println!(
+                "marked FAILED: was {}, its live lease OVERRIDDEN by --force ({left} left, by this \
+                 machine's clock); its holder may still be running: its mark will be refused by \
+                 the fence; the next call with this key runs the body again WITHOUT asking \
+                 recover: if its effect did happen, it happens twice",
+                held(&before)
+            ),
+        },
         Released::AlreadyFailed { record } => println!(
             "already released: the record is {}; the next call runs again; nothing changed",
             held(&record)

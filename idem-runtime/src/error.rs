@@ -26,8 +26,10 @@ pub enum IdemError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The call's options contradict each other (a TTL not longer than the lease): a mistake of the
-    /// service, not of its client (HTTP 500). Nothing was written.
+    /// The call's options contradict each other (a TTL not longer than the lease), or the store is
+    /// misconfigured (a store URL idem cannot open: an unknown scheme, an option the backend does
+    /// not have, a server at its address that does not speak the backend's protocol): a mistake
+    /// of the service, not of its client (HTTP 500), that no retry cures. Nothing was written.
     #[error("invalid idempotency options: {reason}")]
     InvalidOptions {
         /// What is wrong.

@@ -103,13 +103,34 @@ fn unreachable(
 ) -> IdemError {
     let why = match &e {
         sqlx::Error::Io(io) => io_cause(io),
+        // A server answered, in another protocol: the URL names another server's port (MySQL's
+        // 3306, Redis's 6379), which no retry cures.
+        sqlx::Error::Protocol(answer) => {
+            return IdemError::InvalidOptions {
+                reason: format!(
+                    "the {what} URL names a server that is not {what}: a server answered at \
+                     {server}, but not in the {what} protocol ({}); check the URL's host and port \
+                     (Postgres listens on 5432 by default, MySQL and MariaDB on 3306)",
+                    crate::sql::error::without_location(answer)
+                ),
+            };
+        }
         other => other.to_string(),
     };
-    let text = format!("cannot reach {what} at {server}: {why}");
+    let answered = matches!(e, sqlx::Error::Database(_));
     match crate::sql::error::store_error(e, dialect) {
-        IdemError::StoreUnavailable { .. } => IdemError::unavailable(text),
-        IdemError::StoreBusy { reason, .. } => IdemError::busy(reason, text),
-        _ => IdemError::store(text),
+        IdemError::StoreUnavailable { .. } => {
+            IdemError::unavailable(format!("cannot reach {what} at {server}: {why}"))
+        }
+        IdemError::StoreBusy { reason, .. } => {
+            IdemError::busy(reason, format!("cannot reach {what} at {server}: {why}"))
+        }
+        // The server answered and refused (a login, a database): reached, not unreachable, and
+        // said in the server's words without the line of its source sqlx's text ends with.
+        IdemError::Store { source } if answered => IdemError::store(format!(
+            "{what} at {server} answered and refused the connection: {source}"
+        )),
+        _ => IdemError::store(format!("cannot reach {what} at {server}: {why}")),
     }
 }
 

@@ -34,8 +34,25 @@ pub(super) async fn every_command(t: Target) {
     } else {
         assert!(out.stdout.contains("no DDL"), "{out:?}");
     }
-    // migrate: applied, and the store works afterwards.
-    let out = idem(url, &["migrate"]).await;
+    // The URL after `migrate`, as the library's messages print it: the same DDL; --url with
+    // another URL is refused, IDEM_STORE_URL gives way.
+    let printed = out.stdout.clone();
+    let out = idem_bare(&["migrate", "--print", url], None).await;
+    assert_eq!((out.code, &out.stdout), (0, &printed), "{out:?}");
+    let out = idem_bare(&["migrate", "--print", url], Some("memory:")).await;
+    assert_eq!((out.code, &out.stdout), (0, &printed), "{out:?}");
+    let out = idem("memory:", &["migrate", "--print", url]).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("two store URLs"), "{out:?}");
+    let out = idem(url, &["migrate", "--print", url]).await;
+    assert_eq!(
+        (out.code, &out.stdout),
+        (0, &printed),
+        "the same URL twice: {out:?}"
+    );
+
+    // migrate: applied (the URL after `migrate`), and the store works afterwards.
+    let out = idem_bare(&["migrate", url], None).await;
     assert_eq!(out.code, 0, "{out:?}");
     let said = if sql {
         "migrated: "
@@ -119,9 +136,14 @@ pub(super) async fn every_command(t: Target) {
             rec.snapshot.as_ref().unwrap().len()
         ),
         "steps        absent".to_owned(),
+        "lease        none: a SUCCEEDED record is held by no call".to_owned(),
     ] {
         assert!(out.stdout.lines().any(|l| l == line), "{line:?} in {out:?}");
     }
+    assert!(
+        !out.stdout.contains("lease until"),
+        "a finished record's lease is not shown as running: {out:?}"
+    );
     assert!(
         !out.stdout.contains("request "),
         "no route for a record that is not the HTTP layer's: {out:?}"
@@ -157,7 +179,7 @@ pub(super) async fn every_command(t: Target) {
     assert_eq!(out.code, 0, "{out:?}");
     assert!(
         out.stdout.starts_with(&format!(
-            "HTTP layer key \"\\\"order-77\\\"\" of principal \"alice\": record {layer_key}"
+            "HTTP or gRPC layer key \"\\\"order-77\\\"\" of principal \"alice\": record {layer_key}"
         )) && out.stdout.contains("status       SUCCEEDED"),
         "{out:?}"
     );
@@ -193,14 +215,41 @@ pub(super) async fn every_command(t: Target) {
                 .any(|l| l == "fingerprint  present (0123456789ab)"),
         "{out:?}"
     );
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.starts_with("lease until  ") && l.contains("(ended ")),
+        "{out:?}"
+    );
     assert!(!out.stdout.contains("live"), "{out:?}");
     assert_eq!(
-        listed.last(),
-        Some(&"1 stuck record (PROCESSING past their lease)")
+        listed[listed.len() - 2],
+        "1 stuck record (PROCESSING past their lease)"
     );
+    // What is not listed (a record under a live lease, such as b's) is said, with where to see it.
+    for out in [
+        idem(url, &["stuck"]).await,
+        idem(url, &["stuck", "--biz", &b, "--limit", "5"]).await,
+    ] {
+        assert_eq!(out.code, 0, "{out:?}");
+        let last = out.stdout.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("not listed: records PROCESSING under a lease still running")
+                && last.contains("`idem stats`")
+                && last.contains("`idem inspect BIZ KEY`"),
+            "{out:?}"
+        );
+    }
     let out = idem(url, &["stuck", "--biz", &b, "--limit", "5"]).await;
-    assert_eq!(out.code, 0, "{out:?}");
     assert!(out.stdout.starts_with("no stuck records"), "{out:?}");
+    // The live one is seen with inspect: its lease is running.
+    let out = idem(url, &["inspect", &b, "live"]).await;
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.starts_with("lease until  ") && l.contains("(in 9m")),
+        "{out:?}"
+    );
     for bad in ["0", "10001", "x"] {
         let out = idem(url, &["stuck", "--limit", bad]).await;
         assert_eq!(out.code, 2, "{out:?}");
@@ -315,7 +364,9 @@ pub(super) async fn every_command(t: Target) {
     assert_eq!(out.code, 0, "{out:?}");
     assert!(
         out.stdout.starts_with("marked FAILED: was PROCESSING")
-            && out.stdout.contains("WITHOUT asking recover"),
+            && out.stdout.contains("WITHOUT asking recover")
+            && out.stdout.contains("its live lease OVERRIDDEN by --force")
+            && out.stdout.contains("its mark will be refused by the fence"),
         "{out:?}"
     );
     assert_eq!(
@@ -324,6 +375,92 @@ pub(super) async fn every_command(t: Target) {
     );
     let late = store.complete(&b, "live", &live, b"\"late\"", HOUR).await;
     assert!(matches!(late, Err(IdemError::LeaseLost { .. })), "{late:?}");
+    // --force on a live lease (a release): said to have overridden it; the record stays
+    // PROCESSING under its fence, the next call takes it over at once, and the old holder's mark
+    // is then refused.
+    let d = server::unique("CLI_D");
+    let (held, _) = acquire(&store, &req(&d, "live", Duration::from_secs(600), HOUR)).await;
+    let out = idem(
+        url,
+        &[
+            "release",
+            &d,
+            "live",
+            "--reason",
+            "INC-9: pod gone",
+            "--force",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stdout.starts_with(&format!(
+            "released: was PROCESSING (attempt 1, fence {}), its live lease OVERRIDDEN by --force (",
+            held.fence
+        )) && out.stdout.contains("its holder may still be running")
+            && out.stdout.contains("that holder's mark is refused by the fence"),
+        "{out:?}"
+    );
+    let rec = store.load(&d, "live").await.unwrap().unwrap();
+    assert_eq!((rec.status, rec.fence), (Status::Processing, held.fence));
+    let (_, how) = acquire(&store, &req(&d, "live", Duration::from_secs(60), HOUR)).await;
+    assert_eq!(how, Acquired::TakeOver);
+    let late = store.complete(&d, "live", &held, b"\"late\"", HOUR).await;
+    assert!(matches!(late, Err(IdemError::LeaseLost { .. })), "{late:?}");
+    // Without --force on an ended lease: nothing said of an override.
+    let out = idem(url, &["release", &d, "live", "--reason", "INC-9"]).await;
+    assert_eq!(out.code, 1, "the new holder's lease runs: {out:?}");
+    let ended = stuck_record(&store, &d, "ended").await;
+    let out = idem(
+        url,
+        &["release", &d, "ended", "--reason", "INC-9", "--force"],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stdout.starts_with(&format!(
+            "released: was PROCESSING (attempt 1, fence {}), its lease ended now",
+            ended.fence
+        )) && !out.stdout.contains("OVERRIDDEN"),
+        "--force on an ended lease overrides nothing: {out:?}"
+    );
+
+    // A layer's key names the layer by the record's request: a gRPC method's path, an HTTP
+    // method and route; without one, by the default business types.
+    for (biz, fingerprint, layer) in [
+        (d.as_str(), Some("/shop.Orders/Create"), "gRPC layer"),
+        (d.as_str(), Some("POST /orders/{id}"), "HTTP layer"),
+        ("GRPC", None, "gRPC layer"),
+        ("HTTP", None, "HTTP layer"),
+    ] {
+        let sent = server::unique("k");
+        let key = idem::http_record_key(Some("carol"), &sent).unwrap();
+        let fp = fingerprint.map(|route| format!("{route} {}", "0".repeat(64)));
+        let mut r = req(biz, &key, Duration::from_secs(60), HOUR);
+        r.fingerprint = fp.as_deref();
+        let (claim, _) = acquire(&store, &r).await;
+        store.complete(biz, &key, &claim, b"1", HOUR).await.unwrap();
+        for args in [
+            vec!["inspect", biz, &sent, "--principal", "carol"],
+            vec![
+                "release",
+                biz,
+                &sent,
+                "--principal",
+                "carol",
+                "--reason",
+                "x",
+            ],
+        ] {
+            let out = idem(url, &args).await;
+            assert!(
+                out.stdout.starts_with(&format!(
+                    "{layer} key {sent:?} of principal \"carol\": record {key}\n"
+                )),
+                "{args:?}: {out:?}"
+            );
+        }
+    }
 
     // sweep: expired records (and tokens), then none.
     for bad in ["0", "10001"] {

@@ -199,6 +199,20 @@ fn idem_cmd(url: &str, args: &[&str]) -> Command {
     cmd
 }
 
+/// Runs `idem args…` without `--url`, with `IDEM_STORE_URL` set to `env_url` or unset, to its
+/// end (off the async threads).
+async fn idem_bare(args: &[&str], env_url: Option<&str>) -> Ran {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+    match env_url {
+        Some(url) => cmd.env("IDEM_STORE_URL", url),
+        None => cmd.env_remove("IDEM_STORE_URL"),
+    };
+    cmd.args(args);
+    tokio::task::spawn_blocking(move || ran(cmd.output().unwrap()))
+        .await
+        .unwrap()
+}
+
 /// Runs `idem --url URL args…` to its end (off the async threads).
 async fn idem(url: &str, args: &[&str]) -> Ran {
     let mut cmd = idem_cmd(url, args);

@@ -89,3 +89,84 @@ async fn usage_errors_and_the_exit_codes_are_told() {
     assert_eq!(out.code, 3, "{out:?}");
     assert!(out.stderr.contains("does not support"), "{out:?}");
 }
+
+/// The help says when `release` is needed at all, and what `stuck` does not list; `migrate`
+/// takes its URL after it, as the library's messages print it.
+#[tokio::test]
+async fn the_help_says_when_to_release_and_what_stuck_leaves_out() {
+    let out = idem_bare(&["release", "--help"], None).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    for says in [
+        "Rarely needed",
+        "takes an ended lease over by itself",
+        "known dead",
+        "--mark-failed",
+        "refused by the fence",
+    ] {
+        assert!(out.stdout.contains(says), "{says:?} in {out:?}");
+    }
+    let out = idem_bare(&["stuck", "--help"], None).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    for says in [
+        "under a lease still running are not listed",
+        "idem stats",
+        "idem inspect BIZ KEY",
+    ] {
+        assert!(out.stdout.contains(says), "{says:?} in {out:?}");
+    }
+    let out = idem_bare(&["migrate", "--help"], None).await;
+    assert!(out.stdout.contains("[URL]"), "{out:?}");
+    let out = idem_bare(&["migrate", "--print"], None).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("after `migrate`"), "{out:?}");
+    let out = idem_bare(&["migrate", "--print", "memory:"], None).await;
+    assert_eq!(
+        (out.code, out.stdout.contains("no DDL")),
+        (0, true),
+        "{out:?}"
+    );
+}
+
+/// A Postgres URL with another server's port (MariaDB's): a server answered, in another
+/// protocol; a misconfiguration (exit 2), said without "cannot reach" and without the driver's
+/// source location.
+#[tokio::test]
+async fn a_postgres_url_on_the_mariadb_port_is_a_misconfiguration() {
+    let base = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    if server::reach("MariaDB", &base, idem::connect(&base))
+        .await
+        .is_none()
+    {
+        return;
+    }
+    // `mysql://user[:pass]@host[:port]/db`: its host and port.
+    let authority = base.split_once("://").unwrap().1;
+    let authority = authority.split(['/', '?']).next().unwrap();
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let address = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:3306")
+    };
+    let pg = format!("postgres://postgres@{address}/test");
+    let Err(e) = idem::connect(&pg).await else {
+        panic!("{pg} was opened")
+    };
+    assert!(
+        matches!(e, IdemError::InvalidOptions { .. }) && !e.is_retryable(),
+        "{e:?}"
+    );
+    for args in [&["stats"][..], &["migrate"]] {
+        let out = idem(&pg, args).await;
+        assert_eq!(out.code, 2, "{out:?}");
+        assert!(
+            out.stderr.contains(&format!(
+                "a server answered at {address}, but not in the Postgres protocol"
+            )) && out.stderr.contains("not Postgres"),
+            "{out:?}"
+        );
+        for never in ["cannot reach", "sqlx", "establish:13"] {
+            assert!(!out.stderr.contains(never), "{never:?} in {out:?}");
+        }
+    }
+}

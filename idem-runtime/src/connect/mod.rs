@@ -51,8 +51,9 @@ const SCHEMES: &str = "memory:, sqlite:PATH, mysql://, mariadb://, postgres://, 
 ///
 /// # Errors
 /// [`IdemError::InvalidOptions`] for a URL without a known scheme (the error lists them), a scheme
-/// whose feature is off, or an option the backend does not have; the backend's own error when it
-/// cannot be reached.
+/// whose feature is off, an option the backend does not have, or a `postgres://` URL whose server
+/// answers in another protocol (another database's port); the backend's own error when it cannot
+/// be reached.
 pub async fn connect(url: &str) -> Result<AnyStore, IdemError> {
     let (scheme, rest) = url
         .split_once(':')

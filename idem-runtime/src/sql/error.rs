@@ -82,7 +82,41 @@ pub(crate) fn store_error(e: sqlx::Error, dialect: Dialect) -> IdemError {
                 Class::Other => IdemError::store(server),
             }
         }
+        sqlx::Error::Protocol(what) => IdemError::store(format!(
+            "the {} server's answer was not what its protocol says: {}",
+            dialect_name(dialect),
+            without_location(&what)
+        )),
         other => IdemError::store(other),
+    }
+}
+
+/// The server a dialect speaks to, for messages.
+fn dialect_name(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::SQLite => "SQLite",
+        Dialect::MySQL => "MySQL",
+        Dialect::Postgres => "Postgres",
+    }
+}
+
+/// A protocol error's text without the place in sqlx's source it was raised at, which sqlx appends
+/// (`unexpected message: CopyData (sqlx_postgres::connection::establish:130)`): a line of the
+/// driver, not something the user can act on.
+pub(crate) fn without_location(text: &str) -> &str {
+    let located = text
+        .strip_suffix(')')
+        .and_then(|body| body.rsplit_once(" ("))
+        .filter(|(_, place)| {
+            place.rsplit_once(':').is_some_and(|(module, line)| {
+                module.starts_with("sqlx")
+                    && !line.is_empty()
+                    && line.bytes().all(|b| b.is_ascii_digit())
+            })
+        });
+    match located {
+        Some((head, _)) => head,
+        None => text,
     }
 }
 
@@ -237,6 +271,34 @@ mod tests {
                 "Lock wait timeout exceeded; try restarting transaction"
             ),
             Class::Busy(Busy::LockTimeout)
+        );
+    }
+
+    #[test]
+    fn protocol_errors_lose_the_driver_s_source_location() {
+        assert_eq!(
+            without_location(
+                "establish: unexpected message: CopyData (sqlx_postgres::connection::establish:130)"
+            ),
+            "establish: unexpected message: CopyData"
+        );
+        for kept in [
+            "no location",
+            "a note (in parentheses)",
+            "(sqlx_postgres::x:)",
+            "ends (my::module:12)",
+        ] {
+            assert_eq!(without_location(kept), kept);
+        }
+        let e = store_error(
+            sqlx::Error::Protocol("unexpected message: 'Z' (sqlx_postgres::io:7)".to_owned()),
+            Dialect::Postgres,
+        );
+        assert!(matches!(e, IdemError::Store { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "the idempotency store failed: the Postgres server's answer was not what its protocol \
+             says: unexpected message: 'Z'"
         );
     }
 

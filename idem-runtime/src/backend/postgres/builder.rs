@@ -121,7 +121,8 @@ impl PgStoreBuilder {
     ///
     /// # Errors
     /// [`IdemError::InvalidOptions`] for a malformed URL, an acquire timeout out of range or
-    /// limits a column cannot hold (before any connection is opened),
+    /// limits a column cannot hold (before any connection is opened), or a server at the URL's
+    /// address that answers in another protocol than Postgres's (another database's port);
     /// [`IdemError::StoreUnavailable`] when the server cannot be reached.
     pub async fn connect(self, url: &str) -> Result<PgStore, IdemError> {
         check_pg_limits(&self.limits)?;

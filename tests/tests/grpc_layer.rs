@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use grpc_shop::{CREATE, CreateOrder, LookupOrder, Order, WATCH, client, keyed, serve};
 use idem::grpc::{ERROR_DOMAIN, GrpcLayer, GrpcLayerBuilder, REPLAYED_METADATA};
-use idem::http::{LayerTx, Principal};
+use idem::grpc::{LayerTx, Principal};
 use idem::sqlx::{self, SqlitePool};
 use idem::{IdemError, SqliteStore, SqliteTx, Store};
 use tokio::sync::Barrier;

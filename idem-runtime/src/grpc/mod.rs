@@ -12,7 +12,7 @@
 //! # use idem_runtime as idem;
 //! # async fn demo(store: idem::SqliteStore) -> Result<(), Box<dyn std::error::Error>> {
 //! use idem::grpc::GrpcLayer;
-//! use idem::http::Principal;
+//! use idem::grpc::Principal;
 //!
 //! let layer = GrpcLayer::builder(store)
 //!     .method("/shop.Orders/Create")                                     // the unary methods covered
@@ -31,10 +31,20 @@
 //! `tower::ServiceBuilder::new().layer(layer).service(OrdersServer::new(orders))` for one
 //! service. Calls to methods the layer does not name pass through untouched.
 //!
-//! **The caller.** As in the HTTP layer, [`Principal`](crate::http::Principal) is part of each
+//! **The tonic service itself** (`OrdersServer`, its `Orders` trait, the client) is generated at
+//! build time, either from a `.proto` file by `tonic-prost-build` (which needs `protoc` on the
+//! build machine) or, with no `.proto` file and no `protoc`, from a description in Rust by
+//! `tonic-build`'s `tonic_build::manual::Builder`, the messages then being prost structs written by
+//! hand. The repository's tests take the second path: `tests/build.rs` describes `shop.Orders`,
+//! and `tests/tests/support/grpc_shop.rs` holds its messages and includes the generated code. The
+//! gRPC guide (`docs/guide/grpc.md` in the repository; `idem::_guide::grpc` in the docs of the
+//! `idemkit` package) shows both paths with their dependencies (`tonic`, `tonic-prost` and
+//! `prost` 0.14).
+//!
+//! **The caller.** As in the HTTP layer, [`Principal`] is part of each
 //! record's identity: a caller that sends another's key runs its own call and never sees the
-//! other's response. Read it from metadata a gateway sets ([`Principal::header`](crate::http::Principal::header)), or
-//! from an extension your authentication layer inserts ([`Principal::extension`](crate::http::Principal::extension)); that layer must
+//! other's response. Read it from metadata a gateway sets ([`Principal::header`]), or
+//! from an extension your authentication layer inserts ([`Principal::extension`]); that layer must
 //! run before this one (a tonic interceptor inside the service runs after it: make it a tower
 //! layer with `tonic::service::InterceptorLayer`, added before this one).
 //!
@@ -66,7 +76,7 @@
 //! | `UNAVAILABLE` + RetryInfo | `STORE_UNAVAILABLE` | the store failed (in transaction mode also: the transaction could not begin or commit); nothing ran, or nothing of it was kept |
 //! | `UNAVAILABLE` + RetryInfo | `RECOVER_FAILED` | a retry took over a call whose handler died, and the recover fn could not tell whether it had its effect; nothing ran |
 //! | `UNAVAILABLE` | `SHUTTING_DOWN` | the runtime dropped the handler's task at shutdown before it answered |
-//! | `INTERNAL` | `INTERNAL`, `LAYER_MISCONFIGURED` | a fault to fix in the service, logged with its cause (a store never migrated, a handler that kept the transaction past its answer, [`LayerTx::from_grpc`](crate::http::LayerTx::from_grpc) without a transaction-mode layer) |
+//! | `INTERNAL` | `INTERNAL`, `LAYER_MISCONFIGURED` | a fault to fix in the service, logged with its cause (a store never migrated, a handler that kept the transaction past its answer, [`LayerTx::from_grpc`] without a transaction-mode layer) |
 //!
 //! `ABORTED` for a call in progress follows the gRPC status guide (a concurrency conflict, retried
 //! at a higher level); `FAILED_PRECONDITION` for a reused key says the call depends on state (the
@@ -87,7 +97,7 @@
 //!
 //! On SQLite, MySQL / MariaDB and Postgres, [`GrpcLayer::builder_tx`] begins a transaction for each
 //! call with a new key and claims the key in it; the handler joins it with
-//! [`LayerTx::from_grpc`](crate::http::LayerTx::from_grpc)`(&request)`; the stored response and the
+//! [`LayerTx::from_grpc`]`(&request)`; the stored response and the
 //! handler's writes commit together. A status that is not stored, a panic or a process killed
 //! mid-handler roll everything back, so a retry runs at once.
 //!
@@ -126,6 +136,10 @@ mod layer;
 mod tx;
 mod wire;
 
+/// Whose calls a key belongs to, and the transaction a transaction-mode handler writes in
+/// (`LayerTx::from_grpc`): the HTTP layer's types, named here too, so a gRPC service imports what
+/// it uses from `idem::grpc`.
+pub use crate::http::{LayerTx, Principal};
 pub use builder::GrpcLayerBuilder;
 pub use config::GrpcRecoverRequest;
 pub use layer::{GrpcIdempotency, GrpcLayer};

@@ -19,7 +19,7 @@ impl<T: IdemTx + Sync + 'static> LayerTx<T> {
     /// # use idem_runtime as idem;
     /// # struct CreateOrder { item: String }
     /// # struct Order { id: i64 }
-    /// use idem::http::LayerTx;
+    /// use idem::grpc::LayerTx;
     ///
     /// async fn create_order(req: tonic::Request<CreateOrder>) -> Result<tonic::Response<Order>, tonic::Status> {
     ///     let mut tx = LayerTx::<idem::SqliteTx>::from_grpc(&req).await?;

@@ -31,35 +31,100 @@
 //! [`offset_key`] (`topic/partition/offset`) names a record exactly (a producer's resend gets a
 //! new offset, so that key deduplicates redeliveries only).
 //!
+//! **Topics.** Create the work topic and its dead-letter topic before the first consumer or
+//! producer runs: a broker that creates topics on first use (`auto.create.topics.enable`) gives
+//! them its default partition count, and would make the dead-letter topic only when the first
+//! poison message arrives. Order holds per partition, and a requeued message holds its partition
+//! back until its delay passes: more partitions, less waiting behind one message.
+//!
+//! A consumer with its topics and a real handler: it books one parcel per order number, however
+//! often the order is delivered (the handler is a [`Call`](crate::Call) here; an `#[idempotent]`
+//! fn works the same). Besides idem it needs `rdkafka` (0.39, the version idem is built with),
+//! `futures-util` (0.3, for `StreamExt::next`), `serde` and `tokio`.
+//!
 //! ```no_run
 //! # use idem_runtime as idem;
-//! # async fn demo(inbox: idem::inbox::Inbox) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use std::sync::Arc;
 //!
 //! use futures_util::StreamExt;
+//! use idem::inbox::Inbox;
 //! use idem::inbox::kafka::{self, KafkaSettler};
+//! use idem::{Call, IdemError, Store};
+//! use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+//! use rdkafka::client::DefaultClientContext;
 //! use rdkafka::consumer::{Consumer, StreamConsumer};
+//! use rdkafka::producer::FutureProducer;
+//! use rdkafka::types::RDKafkaErrorCode;
+//! use rdkafka::{ClientConfig, Message};
+//! use serde::{Deserialize, Serialize};
 //!
-//! let consumer: StreamConsumer = kafka::consumer_config("127.0.0.1:9092", "shipping").create()?;
-//! consumer.subscribe(&["orders"])?;
-//! let consumer = Arc::new(consumer);
-//! let producer = rdkafka::ClientConfig::new().set("bootstrap.servers", "127.0.0.1:9092").create()?;
-//! let settler = KafkaSettler::new(Arc::clone(&consumer)).dead_letters("orders.dead", producer);
-//! let mut messages = consumer.stream();
-//! while let Some(message) = messages.next().await {
-//!     let message = message?;
-//!     // `None`: a message fetched before its partition was rewound; it comes again.
-//!     let Some(delivered) = settler.admit(&message) else { continue };
-//!     let payload = rdkafka::Message::payload(&message).unwrap_or_default();
-//!     let handled = inbox
-//!         .handle_json(payload, Some(delivered), |order: serde_json::Value| async move {
-//!             Ok::<_, idem::IdemError>(order) // an #[idempotent] fn keyed by the order number
-//!         })
-//!         .await;
-//!     settler.settle(&message, &handled.verdict).await?;
+//! type BoxError = Box<dyn std::error::Error + Send + Sync>;
+//!
+//! /// The event as published: the same order published twice carries the same order number.
+//! #[derive(Serialize, Deserialize)]
+//! struct OrderPlaced {
+//!     order_no: String,
+//!     item: String,
+//!     qty: u32,
 //! }
-//! # Ok(()) }
+//!
+//! /// Books one parcel per order number; another payload under a shipped order is refused
+//! /// (and dead-lettered), an error of the carrier is requeued with back-off.
+//! async fn ship(store: &dyn Store, order: OrderPlaced) -> Result<String, IdemError> {
+//!     Call::new("SHIP", &order.order_no)
+//!         .fingerprint(&order)
+//!         .run(store, async {
+//!             // carrier.book(&order.item, order.qty).await?: runs at most once per order number
+//!             Ok(format!("parcel for {}: {} x{}", order.order_no, order.item, order.qty))
+//!         })
+//!         .await
+//! }
+//!
+//! /// The work topic and its dead-letter topic; one that exists already is left as it is.
+//! async fn create_topics(brokers: &str) -> Result<(), BoxError> {
+//!     let admin: AdminClient<DefaultClientContext> =
+//!         ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+//!     let topics = [
+//!         NewTopic::new("orders", 6, TopicReplication::Fixed(3)),
+//!         NewTopic::new("orders.dead", 1, TopicReplication::Fixed(3)),
+//!     ];
+//!     for created in admin.create_topics(&topics, &AdminOptions::new()).await? {
+//!         match created {
+//!             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+//!             Err((topic, e)) => return Err(format!("cannot create {topic}: {e}").into()),
+//!         }
+//!     }
+//!     Ok(())
+//! }
+//!
+//! async fn consume(store: &dyn Store, inbox: &Inbox, brokers: &str) -> Result<(), BoxError> {
+//!     create_topics(brokers).await?;
+//!     let consumer: StreamConsumer = kafka::consumer_config(brokers, "shipping").create()?;
+//!     consumer.subscribe(&["orders"])?;
+//!     let consumer = Arc::new(consumer);
+//!     let producer: FutureProducer = ClientConfig::new()
+//!         .set("bootstrap.servers", brokers)
+//!         .set("enable.idempotence", "true")
+//!         .create()?;
+//!     let settler = KafkaSettler::new(Arc::clone(&consumer)).dead_letters("orders.dead", producer);
+//!     let mut messages = consumer.stream();
+//!     while let Some(message) = messages.next().await {
+//!         let message = message?;
+//!         // `None`: a message fetched before its partition was rewound; it comes again.
+//!         let Some(delivered) = settler.admit(&message) else { continue };
+//!         let payload = message.payload().unwrap_or_default();
+//!         let handled = inbox
+//!             .handle_json(payload, Some(delivered), |order: OrderPlaced| ship(store, order))
+//!             .await;
+//!         settler.settle(&message, &handled.verdict).await?;
+//!     }
+//!     Ok(())
+//! }
 //! ```
+//!
+//! The same topics from an Apache Kafka installation's tools:
+//! `kafka-topics.sh --bootstrap-server HOST:9092 --create --if-not-exists --topic orders
+//! --partitions 6 --replication-factor 3`, and `orders.dead` with one partition.
 //!
 //! The broker these adapters are tested against is tansu, a Kafka-compatible broker, not Apache
 //! Kafka: consumer groups, offset commits, pause, seek, headers and the idempotent producer are

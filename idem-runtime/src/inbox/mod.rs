@@ -88,8 +88,16 @@
 //!
 //! **Kafka** (feature `kafka`): `kafka::KafkaSettler` commits the offset after an ack, pauses the
 //! partition and seeks it back to a requeued message after its delay (order per key holds), and
-//! produces a dead letter to a topic of its own before committing; tested against a
-//! Kafka-compatible broker (tansu) in `tests/tests/inbox_kafka.rs`.
+//! produces a dead letter to a topic of its own before committing; its module docs have a whole
+//! consumer, the topics' creation included. Tested against a Kafka-compatible broker (tansu) in
+//! `tests/tests/inbox_kafka.rs`.
+//!
+//! **What a consumer adds.** The adapters take the broker clients' types: the consumer depends on
+//! the same major versions as idem (`lapin` 4, `async-nats` 0.51, `rdkafka` 0.39) and on
+//! `futures-util` 0.3 for `StreamExt::next` over the client's deliveries. The messaging guide
+//! (`docs/guide/messaging.md` in the repository; `idem::_guide::messaging` in the docs of the
+//! `idemkit` package) builds a consumer on each broker with its queue, stream or topic, and the
+//! producer side with the outbox.
 
 #[cfg(feature = "rabbitmq")]
 pub mod amqp;

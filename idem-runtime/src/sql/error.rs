@@ -153,8 +153,18 @@ fn classify_mysql(number: u16, message: &str) -> Class {
         // for inactivity (MySQL); 2006 / 2013: server gone / connection lost (the C client's
         // numbers, which proxies pass on; sqlx itself reports a lost connection as an I/O error).
         1040 | 1203 | 1226 | 1053 | 1927 | 4031 | 2006 | 2013 => Class::Unavailable,
+        // A Galera node out of the cluster's primary component (a member just died or joined),
+        // or one still joining: 1047 (`WSREP has not yet prepared node for application use`) and
+        // 1180 at commit (`… Not connected to Primary Component`). The write set was not
+        // replicated, so nothing was written; another node, or this one a moment later, answers.
+        1047 | 1180 if wsrep_not_ready(message) => Class::Unavailable,
         _ => classify(Dialect::MySQL, None, message),
     }
+}
+
+/// Whether a MariaDB message says its Galera node cannot take writes now.
+fn wsrep_not_ready(message: &str) -> bool {
+    message.contains("WSREP") || message.contains("Primary Component")
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -318,5 +328,21 @@ mod tests {
         for other in [1062, 1406, 1142, 1064] {
             assert_eq!(my(other), Class::Other, "{other}");
         }
+        // A Galera node out of the primary component, or still joining (the texts MariaDB sends).
+        for (number, message) in [
+            (1047, "WSREP has not yet prepared node for application use"),
+            (
+                1180,
+                "Error while appending streaming replication fragment(provider status: Not \
+                 connected to Primary Component)",
+            ),
+        ] {
+            assert_eq!(
+                classify_mysql(number, message),
+                Class::Unavailable,
+                "{message}"
+            );
+        }
+        assert_eq!(my(1047), Class::Other, "another 1047 is not Galera's");
     }
 }

@@ -20,9 +20,12 @@ pub use tx::ShardedTx;
 /// and versions of idem: SHA-256 of the business type's length (4 bytes, little-endian), the business
 /// type and the key; its first 8 bytes (big-endian) go through jump consistent hashing (Lamping and
 /// Veach, 2014) to a shard index. So every instance of a service, whatever its build, finds a key on
-/// the same shard; and adding a shard at the end moves only about 1/N of the keys (which then look
-/// absent: add shards when their TTL-bounded history can be given up, or copy it over first). The
-/// order of the shards is part of the routing: keep it.
+/// the same shard; and adding a shard at the end moves only about 1/N of the keys. Those keys
+/// then look absent on their new shard: **a repeat of one of them runs again, and one under a live
+/// lease on its old shard can be claimed a second time on its new one.** So change the list of
+/// shards (its length or its order, which is part of the routing) only when the records of the
+/// keys that move can be given up: no caller left on the old list, and their TTL passed (or their
+/// records copied over first).
 ///
 /// Its limits are the strictest of its shards' ([`ShardedStore::with_limits`] narrows them).
 /// Lease-mode calls route by themselves; a

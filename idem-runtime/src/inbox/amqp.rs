@@ -1,6 +1,10 @@
 //! The inbox on RabbitMQ (`lapin`, feature `rabbitmq`): a queue with a dead-letter queue, the
 //! delivery count, and a [`Verdict`] settled as AMQP wants it.
 //!
+//! The loop below shows the calls; the messaging guide (`docs/guide/messaging.md` in the
+//! repository, `idem::_guide::messaging` in the `idemkit` docs) has a whole consumer with a real
+//! handler, the queue or stream it reads, and the crates it needs.
+//!
 //! ```no_run
 //! # use idem_runtime as idem;
 //! # async fn demo(channel: lapin::Channel, inbox: idem_runtime::inbox::Inbox) -> Result<(), Box<dyn std::error::Error>> {

@@ -1,6 +1,10 @@
 //! The inbox on NATS JetStream (`async-nats`, feature `nats`): the delivery count, and a
 //! [`Verdict`] settled as JetStream wants it, with dead letters copied to a subject of their own.
 //!
+//! The loop below shows the calls; the messaging guide (`docs/guide/messaging.md` in the
+//! repository, `idem::_guide::messaging` in the `idemkit` docs) has a whole consumer with a real
+//! handler, the queue or stream it reads, and the crates it needs.
+//!
 //! ```no_run
 //! # use idem_runtime as idem;
 //! # async fn demo(consumer: async_nats::jetstream::consumer::PullConsumer, inbox: idem_runtime::inbox::Inbox) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {

@@ -20,11 +20,22 @@ impl Cluster {
     /// Starts the nodes and joins them into a cluster; `None` (with one line) when `redis-server`
     /// is not installed, unless IDEM_REQUIRE_SERVICES=1.
     pub fn start() -> Option<Cluster> {
+        Self::start_with(0, &[])
+    }
+
+    /// Three masters and a replica of each (six nodes, the replicas of nodes 0–2 being 3–5 in
+    /// some order: [`Cluster::master_of`]), each with `extra` settings.
+    pub fn start_with_replicas(extra: &[&str]) -> Option<Cluster> {
+        Self::start_with(1, extra)
+    }
+
+    fn start_with(replicas: u16, extra: &[&str]) -> Option<Cluster> {
         if !redis_server::installed() {
             return None;
         }
         let dir = redis_server::scratch_dir("cluster");
-        let nodes: Vec<RedisServer> = redis_server::ports(12_000, 3)
+        let base = if replicas == 0 { 12_000 } else { 13_000 };
+        let nodes: Vec<RedisServer> = redis_server::ports(base, 3 * (1 + replicas))
             .map(|port| {
                 let conf = format!("nodes-{port}.conf");
                 RedisServer::start(
@@ -33,6 +44,7 @@ impl Cluster {
                     &["--cluster-enabled", "yes", "--cluster-config-file", &conf]
                         .into_iter()
                         .chain(["--save", "", "--appendonly", "no"])
+                        .chain(extra.iter().copied())
                         .collect::<Vec<_>>(),
                 )
             })
@@ -44,7 +56,7 @@ impl Cluster {
         let created = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli runs");
         assert!(
@@ -64,6 +76,23 @@ impl Cluster {
                 &["CLUSTER", "INFO"],
             );
         }
+    }
+
+    /// This node's id in the cluster.
+    pub fn id(&self, node: usize) -> String {
+        self.nodes[node].cli(&["CLUSTER", "MYID"]).trim().to_owned()
+    }
+
+    /// The node (by index) `node` replicates, if it is a replica.
+    pub fn master_of(&self, node: usize) -> Option<usize> {
+        let info = self.nodes[node].cli(&["INFO", "replication"]);
+        let port: u16 = info
+            .lines()
+            .find_map(|l| l.strip_prefix("master_port:"))?
+            .trim()
+            .parse()
+            .ok()?;
+        self.nodes.iter().position(|n| n.port == port)
     }
 
     pub fn urls(&self) -> Vec<String> {

@@ -1,0 +1,174 @@
+//! A Redis Cluster with a replica per master (six nodes this test starts, no persistence, a node
+//! timeout of 2 s), under 12 callers: a master is killed (SIGKILL), its replica takes over (Redis
+//! Cluster's own failover), and the dead node, started again, rejoins as the new master's replica.
+//! With `with_replica_acks(1, …)` every claim and mark reached the replica before the call went on,
+//! so the promoted replica has it: every key runs once. Meanwhile the promoted master has no
+//! replica, and writes that must reach one are refused (`StoreUnavailable`) until the dead node is
+//! back. "Runs" is counted in an independent side-effect table, never by idem's counters.
+//! docs/RELIABILITY.md, "Growing and scaling out", gives the figures, and what slot migration adds.
+
+#[path = "support/redis_cluster.rs"]
+mod cluster;
+mod contract;
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use cluster::Cluster;
+use contract::Effects;
+use idem::{Call, IdemError, RedisClusterStore};
+use tokio::sync::Barrier;
+
+/// The calls' answers, for the report.
+#[derive(Default)]
+struct Seen {
+    answered: AtomicU64,
+    retried: AtomicU64,
+    longest_ms: AtomicU64,
+}
+
+/// One call of `key`, tried again on an answer that says so (the cluster failing over, a write
+/// the replica did not acknowledge), for at most 90 s; its body records one side effect.
+async fn call(store: &RedisClusterStore, fx: &Effects, key: &str, seen: &Seen) -> String {
+    let start = Instant::now();
+    loop {
+        let (fx2, key2) = (fx.clone(), key.to_owned());
+        let answer: Result<String, IdemError> = Call::new("RCF", key)
+            .lease(Duration::from_secs(10))
+            .wait(Duration::from_secs(5))
+            .store_timeout(Duration::from_secs(3))
+            .run(store, async move {
+                fx2.record("RCF", &key2).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                Ok(format!("receipt for {key2}"))
+            })
+            .await;
+        match answer {
+            Ok(receipt) => {
+                seen.answered.fetch_add(1, Ordering::Relaxed);
+                seen.longest_ms
+                    .fetch_max(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+                return receipt;
+            }
+            Err(e) if e.is_retryable() => {
+                seen.retried.fetch_add(1, Ordering::Relaxed);
+                assert!(
+                    start.elapsed() < Duration::from_secs(90),
+                    "{key}: no answer within 90 s, last {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{key}: {e:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_killed_under_load_loses_no_acknowledged_call() {
+    let Some(cluster) = Cluster::start_with_replicas(&["--cluster-node-timeout", "2000"]) else {
+        return;
+    };
+    // The masters are nodes 0–2; master 1 dies, and its replica takes over.
+    let to = 1usize;
+    let replica = (3..6)
+        .find(|&n| cluster.master_of(n) == Some(to))
+        .expect("a replica of the receiving master");
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisClusterStore::connect(&urls)
+        .await
+        .unwrap()
+        .with_replica_acks(1, Duration::from_millis(500))
+        .unwrap();
+    let fx = Effects::new().await;
+    let seen = Arc::new(Seen::default());
+
+    // 12 callers over 600 keys, each from another place in them, so every key is called twice
+    // (two callers meet on it) while the slots move and the master dies.
+    let keys: Vec<String> = (0..600).map(|k| format!("m{k}")).collect();
+    let barrier = Arc::new(Barrier::new(13));
+    let mut tasks = Vec::new();
+    for caller in 0..12 {
+        let (store, fx, keys, seen, barrier) = (
+            store.clone(),
+            fx.clone(),
+            keys.clone(),
+            seen.clone(),
+            barrier.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut answers = Vec::new();
+            for k in 0..keys.len() / 6 {
+                let key = &keys[(k + (caller / 2) * 100) % keys.len()];
+                answers.push((key.clone(), call(&store, &fx, key, &seen).await));
+            }
+            answers
+        }));
+    }
+    barrier.wait().await;
+
+    // Kill master 1 once the calls are under way.
+    while seen.answered.load(Ordering::Relaxed) < 150 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let before_kill = seen.answered.load(Ordering::Relaxed);
+    let killed_at = Instant::now();
+    cluster.nodes[to].kill();
+
+    // The replica takes over by itself (the node timeout, then an election).
+    let start = Instant::now();
+    while !cluster.nodes[replica]
+        .cli(&["INFO", "replication"])
+        .contains("role:master")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the replica of the killed master did not take over"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let promoted_after = killed_at.elapsed();
+    // Meanwhile the promoted master has no replica, so writes that must reach one are refused
+    // (`StoreUnavailable`, retried). The operator starts the dead node again: it rejoins as the
+    // replica of the master that took its place (its cluster config survives; its data does not).
+    cluster.nodes[to].start_again();
+    cluster.nodes[to].wait_for(
+        |info| info.contains("role:slave") && info.contains("master_link_status:up"),
+        &["INFO", "replication"],
+    );
+    let replica_back_after = killed_at.elapsed();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.extend(task.await.unwrap());
+    }
+
+    let mut ran_again = Vec::new();
+    for key in &keys {
+        let n = fx.count("RCF", key).await;
+        assert!(n >= 1, "{key} never ran");
+        if n > 1 {
+            ran_again.push(key.clone());
+        }
+    }
+    let mut first: std::collections::HashMap<&str, &str> = Default::default();
+    for (key, receipt) in &answers {
+        assert_eq!(*first.entry(key).or_insert(receipt), receipt.as_str());
+    }
+    eprintln!(
+        "redis cluster failover: {} calls on 600 keys; master killed after {before_kill} \
+         answers, replica promoted {promoted_after:?} later, the dead node back as its replica \
+         after {replica_back_after:?}; {} retried answers, longest call {} ms; keys run more \
+         than once: {ran_again:?}",
+        seen.answered.load(Ordering::Relaxed),
+        seen.retried.load(Ordering::Relaxed),
+        seen.longest_ms.load(Ordering::Relaxed),
+    );
+    assert!(
+        ran_again.is_empty(),
+        "with replica acknowledgements no call runs twice: {ran_again:?}"
+    );
+}

@@ -335,8 +335,21 @@ impl Conn {
         match self {
             Conn::Single(_) => cmd.query_async(&mut self.clone()).await,
             Conn::Cluster(c) => {
-                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                // WAIT counts what was written on the connection it is sent on, so it goes to
+                // the node that took the write. That is the slot's owner, but for a write that a
+                // slot migration redirected (`ASK`) to the receiving master: a script on the
+                // record's key, routed (and redirected) as the write was, names the node.
+                let taken_by: Option<String> =
+                    TAKEN_BY.key(key).invoke_async(&mut c.clone()).await?;
+                let routing = match taken_by.as_deref().and_then(host_port) {
+                    Some((host, port)) => {
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port })
+                    }
+                    None => {
+                        let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route))
+                    }
+                };
                 let value = c.clone().route_command(cmd, routing).await?;
                 redis::from_redis_value(value).map_err(Into::into)
             }
@@ -396,6 +409,32 @@ impl Scan {
     }
 }
 
+/// The address (`ip:port`) of the node a script on `KEYS[1]` runs on, from its own line of
+/// `CLUSTER NODES` (`<id> <ip:port@bus[,hostname]> myself,…`); `nil` where it has none yet.
+static TAKEN_BY: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+for line in string.gmatch(redis.call('CLUSTER', 'NODES'), '[^\n]+') do
+  local addr, flags = string.match(line, '^%S+ (%S+) (%S+)')
+  if flags and string.find(flags, 'myself', 1, true) then
+    return string.match(addr, '^[^@,]+')
+  end
+end
+return nil
+"#,
+    )
+});
+
+/// `host:port` (an IPv6 host in brackets or not) split, when both parts are there.
+fn host_port(addr: &str) -> Option<(String, u16)> {
+    let (host, port) = addr.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return None;
+    }
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
 /// The primaries `CLUSTER NODES` lists that are not failing.
 fn primaries(nodes: &str) -> Vec<SingleNodeRoutingInfo> {
     let mut found = Vec::new();
@@ -448,5 +487,23 @@ impl RouteTo for ClusterConnection {
         let routing = RoutingInfo::SingleNode(node.unwrap_or(SingleNodeRoutingInfo::Random));
         let value = self.route_command(cmd, routing).await?;
         Ok(redis::from_redis_value(value)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_port;
+
+    #[test]
+    fn a_nodes_address_splits_into_host_and_port() {
+        assert_eq!(
+            host_port("127.0.0.1:7000"),
+            Some(("127.0.0.1".into(), 7000))
+        );
+        assert_eq!(host_port("[::1]:7001"), Some(("::1".into(), 7001)));
+        // A node that has not met the others reports no host yet; a port must be a port.
+        assert_eq!(host_port(":7000"), None);
+        assert_eq!(host_port("127.0.0.1:x"), None);
+        assert_eq!(host_port("127.0.0.1"), None);
     }
 }

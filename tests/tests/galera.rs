@@ -7,14 +7,17 @@
 //! independent side-effect table, never by idem's counters. docs/RELIABILITY.md, "Growing and
 //! scaling out", gives the figures.
 
+#[path = "support/callers.rs"]
+mod callers;
 mod contract;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use callers::{Seen, all_answers, answered, ran_again, spawn_callers};
 use contract::Effects;
 use idem::{Call, IdemError, MySqlStore};
 use tokio::sync::Barrier;
@@ -360,78 +363,31 @@ impl Drop for Balancer {
     }
 }
 
-/// What the callers saw, for the report and the checks.
-#[derive(Default)]
-struct Seen {
-    /// Calls answered (each with the first execution's receipt).
-    answered: AtomicU64,
-    /// Answers that said "try again" (in progress past the wait, busy, unavailable) before the
-    /// call was answered.
-    retried: AtomicU64,
-    /// The longest call, retries included (ms).
-    longest_ms: AtomicU64,
-}
-
-/// One call of `key` on `stores[first]`, made as a client would: on an answer that says "try
-/// again" it tries again (on the next client's store), for at most 90 s; its body records one
-/// side effect.
-async fn call(
-    stores: &[MySqlStore],
-    first: usize,
-    fx: &Effects,
-    biz: &str,
-    key: &str,
-    seen: &Seen,
-) -> String {
-    let start = Instant::now();
-    let mut node = first;
-    loop {
-        let (fx2, biz2, key2) = (fx.clone(), biz.to_owned(), key.to_owned());
-        let answer: Result<String, IdemError> = Call::new(biz.to_owned(), key)
-            .lease(Duration::from_secs(10))
-            .wait(Duration::from_secs(5))
-            .store_timeout(Duration::from_secs(2))
-            .run(&stores[node], async move {
-                fx2.record(&biz2, &key2).await;
-                Ok(format!("receipt for {key2} from node {node}"))
-            })
-            .await;
-        match answer {
-            Ok(receipt) => {
-                seen.answered.fetch_add(1, Ordering::Relaxed);
-                seen.longest_ms
-                    .fetch_max(start.elapsed().as_millis() as u64, Ordering::Relaxed);
-                return receipt;
-            }
-            Err(e) if e.is_retryable() => {
-                seen.retried.fetch_add(1, Ordering::Relaxed);
-                assert!(
-                    start.elapsed() < Duration::from_secs(90),
-                    "{key}: no answer within 90 s, last {e:?}"
-                );
-                node = (node + 1) % stores.len();
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("{key} on node {node}: {e:?}"),
+/// One call of `key` by a client whose store is `stores[first]`: its body records one side
+/// effect; on an answer that says "try again" it tries again on the next client's store.
+async fn call(stores: &[MySqlStore], first: usize, fx: &Effects, key: &str, seen: &Seen) -> String {
+    answered(seen, key, |tries| {
+        let node = (first + tries) % stores.len();
+        let (fx, key, store) = (fx.clone(), key.to_owned(), &stores[node]);
+        async move {
+            Call::new("GALERA", &key)
+                .lease(Duration::from_secs(10))
+                .wait(Duration::from_secs(5))
+                .store_timeout(Duration::from_secs(2))
+                .run(store, async {
+                    fx.record("GALERA", &key).await;
+                    Ok::<_, IdemError>(format!("receipt for {key} from node {node}"))
+                })
+                .await
         }
-    }
+    })
+    .await
 }
 
-/// Every key of `biz` ran once, and every caller got that run's receipt.
-async fn once_each(fx: &Effects, biz: &str, keys: &[String], answers: &[(String, String)]) {
-    for key in keys {
-        assert_eq!(
-            fx.count(biz, key).await,
-            1,
-            "{key} ran {} times",
-            fx.count(biz, key).await
-        );
-    }
-    let mut first: std::collections::HashMap<&str, &str> = Default::default();
-    for (key, receipt) in answers {
-        let seen = first.entry(key).or_insert(receipt);
-        assert_eq!(seen, receipt, "{key}: every caller gets the first answer");
-    }
+/// Every key ran once, and every caller got that run's receipt.
+async fn once_each(fx: &Effects, keys: &[String], answers: &[(String, String)]) {
+    let again = ran_again(fx, "GALERA", keys, answers).await;
+    assert!(again.is_empty(), "keys run more than once: {again:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -462,38 +418,26 @@ async fn galera_runs_each_key_once_across_nodes_and_a_node_restart() {
     //    every key in the same order.
     let seen = Arc::new(Seen::default());
     let keys: Vec<String> = (0..40).map(|k| format!("k{k}")).collect();
-    let barrier = Arc::new(Barrier::new(24));
-    let mut tasks = Vec::new();
-    for caller in 0..24 {
-        let (stores, fx, keys, seen, barrier) = (
-            stores.clone(),
-            fx.clone(),
-            keys.clone(),
-            seen.clone(),
-            barrier.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
+    let barrier = Arc::new(Barrier::new(25));
+    let tasks = spawn_callers(24, &barrier, |caller| {
+        let (stores, fx, keys, seen) = (stores.clone(), fx.clone(), keys.clone(), seen.clone());
+        async move {
             let mut answers = Vec::new();
             for key in &keys {
-                let receipt = call(&stores, caller % 3, &fx, "GALERA", key, &seen).await;
+                let receipt = call(&stores, caller % 3, &fx, key, &seen).await;
                 answers.push((key.clone(), receipt));
             }
             answers
-        }));
-    }
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.extend(task.await.unwrap());
-    }
-    once_each(&fx, "GALERA", &keys, &answers).await;
+        }
+    });
+    barrier.wait().await;
+    let answers = all_answers(tasks).await;
+    once_each(&fx, &keys, &answers).await;
     assert_eq!(seen.answered.load(Ordering::Relaxed), 40 * 24);
     eprintln!(
-        "galera: every node at once: {} calls on 40 keys, {} retried answers, longest call {} ms; \
-         {}",
+        "galera: every node at once: {} calls on 40 keys, {}; {}",
         seen.answered.load(Ordering::Relaxed),
-        seen.retried.load(Ordering::Relaxed),
-        seen.longest_ms.load(Ordering::Relaxed),
+        seen.report(),
         galera.conflicts()
     );
 
@@ -502,17 +446,15 @@ async fn galera_runs_each_key_once_across_nodes_and_a_node_restart() {
     let mut answers = Vec::new();
     let keys: Vec<String> = (0..60).map(|k| format!("r{k}")).collect();
     for (k, key) in keys.iter().enumerate() {
-        let first = call(&stores, k % 3, &fx, "GALERA", key, &seen).await;
-        let again = call(&stores, (k + 1) % 3, &fx, "GALERA", key, &seen).await;
+        let first = call(&stores, k % 3, &fx, key, &seen).await;
+        let again = call(&stores, (k + 1) % 3, &fx, key, &seen).await;
         answers.push((key.clone(), first));
         answers.push((key.clone(), again));
     }
-    once_each(&fx, "GALERA", &keys, &answers).await;
+    once_each(&fx, &keys, &answers).await;
     eprintln!(
-        "galera: a repeat on another node right after the mark: 60 keys replayed, {} retried \
-         answers, longest call {} ms",
-        seen.retried.load(Ordering::Relaxed),
-        seen.longest_ms.load(Ordering::Relaxed)
+        "galera: a repeat on another node right after the mark: 60 keys replayed, {}",
+        seen.report()
     );
 
     // 3. Node 2 killed (SIGKILL) while 12 callers (4 a node) call 300 keys, then started again:
@@ -520,27 +462,19 @@ async fn galera_runs_each_key_once_across_nodes_and_a_node_restart() {
     let seen = Arc::new(Seen::default());
     let keys: Vec<String> = (0..600).map(|k| format!("d{k}")).collect();
     let barrier = Arc::new(Barrier::new(13));
-    let mut tasks = Vec::new();
-    for caller in 0..12 {
-        let (stores, fx, keys, seen, barrier) = (
-            stores.clone(),
-            fx.clone(),
-            keys.clone(),
-            seen.clone(),
-            barrier.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
+    let tasks = spawn_callers(12, &barrier, |caller| {
+        let (stores, fx, keys, seen) = (stores.clone(), fx.clone(), keys.clone(), seen.clone());
+        async move {
             let mut answers = Vec::new();
             // Each caller starts at another place in the keys, so keys are contended throughout.
             for k in 0..keys.len() {
                 let key = &keys[(k + caller * 50) % keys.len()];
-                let receipt = call(&stores, caller % 3, &fx, "GALERA", key, &seen).await;
+                let receipt = call(&stores, caller % 3, &fx, key, &seen).await;
                 answers.push((key.clone(), receipt));
             }
             answers
-        }));
-    }
+        }
+    });
     barrier.wait().await;
     while seen.answered.load(Ordering::Relaxed) < 400 {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -557,21 +491,17 @@ async fn galera_runs_each_key_once_across_nodes_and_a_node_restart() {
     .await
     .unwrap();
     health[2].store(true, Ordering::SeqCst);
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.extend(task.await.unwrap());
-    }
-    once_each(&fx, "GALERA", &keys, &answers).await;
+    let answers = all_answers(tasks).await;
+    once_each(&fx, &keys, &answers).await;
     assert!(
         before < 600 * 12,
         "the node was killed while the callers were still calling"
     );
     eprintln!(
-        "galera: node 2 killed after {before} of {} calls and restarted: every key ran once, {} \
-         retried answers, longest call {} ms; {}",
+        "galera: node 2 killed after {before} of {} calls and restarted: every key ran once, {}; \
+         {}",
         600 * 12,
-        seen.retried.load(Ordering::Relaxed),
-        seen.longest_ms.load(Ordering::Relaxed),
+        seen.report(),
         galera.conflicts()
     );
     drop(galera);

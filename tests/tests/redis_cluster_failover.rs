@@ -7,6 +7,8 @@
 //! back. "Runs" is counted in an independent side-effect table, never by idem's counters.
 //! docs/RELIABILITY.md, "Growing and scaling out", gives the figures, and what slot migration adds.
 
+#[path = "support/callers.rs"]
+mod callers;
 #[path = "support/redis_cluster.rs"]
 mod cluster;
 mod contract;
@@ -14,9 +16,10 @@ mod contract;
 mod redis_server;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use callers::{Seen, all_answers, answered, ran_again, spawn_callers};
 use cluster::Cluster;
 use contract::Effects;
 use idem::{Call, IdemError, RedisClusterStore};
@@ -25,51 +28,28 @@ use tokio::sync::Barrier;
 /// One cluster at a time: each test starts six nodes on ports picked from the process id.
 static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The calls' answers, for the report.
-#[derive(Default)]
-struct Seen {
-    answered: AtomicU64,
-    retried: AtomicU64,
-    longest_ms: AtomicU64,
-}
-
 /// One call of `key`, tried again on an answer that says so (the cluster failing over, a write
-/// the replica did not acknowledge), for at most 90 s; its body records one side effect.
+/// the replica did not acknowledge); its body records one side effect.
 async fn call(store: &RedisClusterStore, fx: &Effects, key: &str, seen: &Seen) -> String {
-    let start = Instant::now();
-    loop {
-        let (fx2, key2) = (fx.clone(), key.to_owned());
-        let answer: Result<String, IdemError> = Call::new("RCF", key)
-            .lease(Duration::from_secs(10))
-            .wait(Duration::from_secs(5))
-            // The default store timeout (10 s) outlasts the failover (the node timeout, 2 s, then
-            // an election): a mark sent to the dying master is tried again until the replica
-            // has taken over. With 3 s, a mark gave up before it, and its record, still
-            // PROCESSING, was taken over once its lease ended and the body ran again.
-            .run(store, async move {
-                fx2.record("RCF", &key2).await;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                Ok(format!("receipt for {key2}"))
-            })
-            .await;
-        match answer {
-            Ok(receipt) => {
-                seen.answered.fetch_add(1, Ordering::Relaxed);
-                seen.longest_ms
-                    .fetch_max(start.elapsed().as_millis() as u64, Ordering::Relaxed);
-                return receipt;
-            }
-            Err(e) if e.is_retryable() => {
-                seen.retried.fetch_add(1, Ordering::Relaxed);
-                assert!(
-                    start.elapsed() < Duration::from_secs(90),
-                    "{key}: no answer within 90 s, last {e:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("{key}: {e:?}"),
+    answered(seen, key, |_| {
+        let (fx, key) = (fx.clone(), key.to_owned());
+        async move {
+            Call::new("RCF", &key)
+                .lease(Duration::from_secs(10))
+                .wait(Duration::from_secs(5))
+                // The default store timeout (10 s) outlasts the failover (the node timeout, 2 s,
+                // then an election): a mark sent to the dying master is tried again until the
+                // replica has taken over. With 3 s, a mark gave up before it, and its record,
+                // still PROCESSING, was taken over once its lease ended and the body ran again.
+                .run(store, async {
+                    fx.record("RCF", &key).await;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    Ok::<_, IdemError>(format!("receipt for {key}"))
+                })
+                .await
         }
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,25 +83,17 @@ async fn a_master_killed_under_load_loses_no_acknowledged_call() {
     // (two callers meet on it) while the slots move and the master dies.
     let keys: Vec<String> = (0..600).map(|k| format!("m{k}")).collect();
     let barrier = Arc::new(Barrier::new(13));
-    let mut tasks = Vec::new();
-    for caller in 0..12 {
-        let (store, fx, keys, seen, barrier) = (
-            store.clone(),
-            fx.clone(),
-            keys.clone(),
-            seen.clone(),
-            barrier.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
+    let tasks = spawn_callers(12, &barrier, |caller| {
+        let (store, fx, keys, seen) = (store.clone(), fx.clone(), keys.clone(), seen.clone());
+        async move {
             let mut answers = Vec::new();
             for k in 0..keys.len() / 6 {
                 let key = &keys[(k + (caller / 2) * 100) % keys.len()];
                 answers.push((key.clone(), call(&store, &fx, key, &seen).await));
             }
             answers
-        }));
-    }
+        }
+    });
     barrier.wait().await;
 
     // Kill master 1 once the calls are under way.
@@ -166,31 +138,14 @@ async fn a_master_killed_under_load_loses_no_acknowledged_call() {
         &["INFO", "replication"],
     );
     let replica_back_after = killed_at.elapsed();
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.extend(task.await.unwrap());
-    }
-
-    let mut ran_again = Vec::new();
-    for key in &keys {
-        let n = fx.count("RCF", key).await;
-        assert!(n >= 1, "{key} never ran");
-        if n > 1 {
-            ran_again.push(key.clone());
-        }
-    }
-    let mut first: std::collections::HashMap<&str, &str> = Default::default();
-    for (key, receipt) in &answers {
-        assert_eq!(*first.entry(key).or_insert(receipt), receipt.as_str());
-    }
+    let answers = all_answers(tasks).await;
+    let ran_again = ran_again(&fx, "RCF", &keys, &answers).await;
     eprintln!(
         "redis cluster failover: {} calls on 600 keys; master killed after {before_kill} \
          answers, replica promoted {promoted_after:?} later, the dead node back as its replica \
-         after {replica_back_after:?}; {} retried answers, longest call {} ms; keys run more \
-         than once: {ran_again:?}",
+         after {replica_back_after:?}; {}; keys run more than once: {ran_again:?}",
         seen.answered.load(Ordering::Relaxed),
-        seen.retried.load(Ordering::Relaxed),
-        seen.longest_ms.load(Ordering::Relaxed),
+        seen.report(),
     );
     assert!(
         ran_again.is_empty(),

@@ -118,19 +118,16 @@ fn unreachable(
         other => other.to_string(),
     };
     let answered = matches!(e, sqlx::Error::Database(_));
+    let text = format!("cannot reach {what} at {server}: {why}");
     match crate::sql::error::store_error(e, dialect) {
-        IdemError::StoreUnavailable { .. } => {
-            IdemError::unavailable(format!("cannot reach {what} at {server}: {why}"))
-        }
-        IdemError::StoreBusy { reason, .. } => {
-            IdemError::busy(reason, format!("cannot reach {what} at {server}: {why}"))
-        }
+        IdemError::StoreUnavailable { .. } => IdemError::unavailable(text),
+        IdemError::StoreBusy { reason, .. } => IdemError::busy(reason, text),
         // The server answered and refused (a login, a database): reached, not unreachable, and
         // said in the server's words without the line of its source sqlx's text ends with.
         IdemError::Store { source } if answered => IdemError::store(format!(
             "{what} at {server} answered and refused the connection: {source}"
         )),
-        _ => IdemError::store(format!("cannot reach {what} at {server}: {why}")),
+        _ => IdemError::store(text),
     }
 }
 

@@ -14,6 +14,15 @@ pub enum Dialect {
 }
 
 impl Dialect {
+    /// The server this dialect speaks to, for messages.
+    pub const fn server(self) -> &'static str {
+        match self {
+            Dialect::SQLite => "SQLite",
+            Dialect::MySQL => "MySQL",
+            Dialect::Postgres => "Postgres",
+        }
+    }
+
     /// The character that opens and closes a quoted identifier.
     pub const fn quote(self) -> u8 {
         match self {

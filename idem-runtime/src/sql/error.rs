@@ -84,19 +84,10 @@ pub(crate) fn store_error(e: sqlx::Error, dialect: Dialect) -> IdemError {
         }
         sqlx::Error::Protocol(what) => IdemError::store(format!(
             "the {} server's answer was not what its protocol says: {}",
-            dialect_name(dialect),
+            dialect.server(),
             without_location(&what)
         )),
         other => IdemError::store(other),
-    }
-}
-
-/// The server a dialect speaks to, for messages.
-fn dialect_name(dialect: Dialect) -> &'static str {
-    match dialect {
-        Dialect::SQLite => "SQLite",
-        Dialect::MySQL => "MySQL",
-        Dialect::Postgres => "Postgres",
     }
 }
 

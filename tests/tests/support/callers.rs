@@ -45,7 +45,8 @@ where
     Fut: Future<Output = Result<String, IdemError>>,
 {
     let start = Instant::now();
-    for tries in 0.. {
+    let mut tries = 0;
+    loop {
         match attempt(tries).await {
             Ok(receipt) => {
                 seen.answered.fetch_add(1, Ordering::Relaxed);
@@ -59,12 +60,12 @@ where
                     start.elapsed() < Duration::from_secs(90),
                     "{key}: no answer within 90 s, last {e:?}"
                 );
+                tries += 1;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => panic!("{key}: {e:?}"),
         }
     }
-    unreachable!()
 }
 
 /// Spawns `n` callers, each waiting at `barrier` (which has room for one more: the test's own

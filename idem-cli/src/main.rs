@@ -33,6 +33,7 @@ use idem::{AnyStore, IdemError, Store};
 #[cfg(test)]
 mod printed;
 mod record;
+mod reshard;
 mod table;
 mod time;
 use record::{LayerKey, inspect, release, stuck};
@@ -157,6 +158,30 @@ enum Command {
     },
     /// Count records per business type and status
     Stats,
+    /// Move a sharded store's keys to another list of shards while it serves (grow, shrink,
+    /// replace): --url is the list keys are routed over now, TO_URL the new one
+    ///
+    /// Every process of the service must be given every shard of both lists before the keys
+    /// move (deploy the new list first, or run with --plan-only, then deploy): a process that
+    /// lacks a shard refuses the keys that move to or from it. Run it again after an
+    /// interruption: it goes on from the step the shards hold.
+    Reshard {
+        /// The new list: a sharded URL (sharded:URL|URL|…)
+        #[arg(value_name = "TO_URL", required_unless_present = "status")]
+        to: Option<String>,
+        /// Keys per page of the copy, 1..=1000
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        batch: u64,
+        /// How long to wait after each step for every process to read it: 3s ..= 3600s
+        #[arg(long, default_value = "3s", value_parser = reshard::settle)]
+        settle: Duration,
+        /// Write the planned step only: nothing moves yet
+        #[arg(long)]
+        plan_only: bool,
+        /// Print the layout step the shards hold and change nothing
+        #[arg(long, conflicts_with_all = ["plan_only"])]
+        status: bool,
+    },
 }
 
 /// `--reason`, checked as `idem::admin` checks it, before anything is opened.
@@ -170,7 +195,7 @@ fn reason(text: &str) -> Result<String, String> {
 }
 
 /// How a command ended: its exit status.
-enum Exit {
+pub(crate) enum Exit {
     Ok,
     /// Refused, not found, lost a race.
     Refused,
@@ -233,7 +258,11 @@ fn main() -> ExitCode {
             return Exit::Store.into();
         }
     };
-    let timeout = cli.store_timeout;
+    // A reshard runs as long as its copy and its settle times take.
+    let timeout = match cli.command {
+        Command::Reshard { .. } => Duration::MAX,
+        _ => cli.store_timeout,
+    };
     runtime
         .block_on(async {
             match tokio::time::timeout(timeout, run(cli.command, &url)).await {
@@ -299,6 +328,22 @@ async fn run(command: Command, url: &str) -> Exit {
         },
         Command::Sweep { batch, tokens } => sweep(&store, batch, tokens).await,
         Command::Stats => stats(&store).await,
+        Command::Reshard {
+            to,
+            batch,
+            settle,
+            plan_only,
+            status,
+        } => {
+            let asked = reshard::Asked {
+                to,
+                batch,
+                settle,
+                plan_only,
+                status,
+            };
+            reshard::reshard(&store, asked).await
+        }
     };
     done.unwrap_or_else(|e| failed(&e))
 }
@@ -335,7 +380,7 @@ async fn migrate(store: &AnyStore) -> Result<Exit, IdemError> {
 }
 
 /// A spinner on stderr when it is a terminal, nothing otherwise.
-fn spinner() -> indicatif::ProgressBar {
+pub(crate) fn spinner() -> indicatif::ProgressBar {
     if !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }

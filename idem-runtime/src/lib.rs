@@ -101,8 +101,8 @@ pub use recovery::{Reconciled, Reconciler};
 pub use registry::{IntoSharedStore, register_store, store, unregister_store};
 pub use store::tx::StoreTx;
 pub use store::{
-    Acquired, BatchClaim, BatchItem, BatchMark, Claim, ClaimOutcome, ClaimRequest, Fence, Limits,
-    KeyPage, MAX_BATCH, Record, Status, StatusCount, Store,
+    Acquired, BatchClaim, BatchItem, BatchMark, Claim, ClaimOutcome, ClaimRequest, Fence, KeyPage,
+    Limits, MAX_BATCH, Record, Status, StatusCount, Store,
 };
 pub use sweeper::Sweeper;
 pub use tokens::{MAX_SUBJECT_LEN, MemoryTokens, TokenStore, register_tokens, tokens};
@@ -116,6 +116,16 @@ pub mod encrypted {
     //! crate root.
 
     pub use crate::backend::encrypted::{ENVELOPE_OVERHEAD, EncryptedStore, EncryptedTx, Keyring};
+}
+
+pub mod sharding {
+    //! Growing and shrinking a [`ShardedStore`](crate::ShardedStore) while it serves: the
+    //! [`Reshard`] tool (what `idem reshard` runs), the [`Layout`] steps it writes into the
+    //! shards, and the times a process reads them by.
+
+    pub use crate::backend::sharded::{
+        Layout, Phase, REFRESH_EVERY, Reshard, ReshardProgress, STALE_AFTER,
+    };
 }
 
 pub mod state_machine {

@@ -94,6 +94,14 @@ impl std::fmt::Debug for AnyStore {
 }
 
 impl AnyStore {
+    /// The shards of a `sharded:` store, in the URL's order; `None` for any other.
+    pub fn shards(&self) -> Option<&[AnyStore]> {
+        match &self.backend {
+            Backend::Sharded(shards) => Some(shards),
+            _ => None,
+        }
+    }
+
     /// Creates the store's tables and indexes if they are missing (SQL stores; every shard of a
     /// sharded one); nothing to do for memory and Redis.
     ///

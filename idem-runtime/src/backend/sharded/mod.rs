@@ -2,8 +2,12 @@
 //! of `(biz, key)` picks. Beyond one database: several MySQL or Postgres databases (or engines that
 //! speak their dialects), or several SQLite files.
 
+mod layout;
+mod moving;
+mod reshard;
 mod route;
 mod tx;
+mod view;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +16,12 @@ use async_trait::async_trait;
 
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Store};
 use crate::{IdemError, TransactionalStore};
+pub use layout::{Layout, Phase};
+use moving::Write;
+pub use reshard::{Reshard, ReshardProgress};
 pub use tx::ShardedTx;
+pub use view::{REFRESH_EVERY, STALE_AFTER};
+use view::{Route, View};
 
 /// Records spread over several stores of one kind.
 ///
@@ -56,6 +65,14 @@ pub struct ShardedStore<S> {
 
 struct Inner<S> {
     shards: Vec<S>,
+    /// The layout as this process last read it.
+    view: std::sync::RwLock<Arc<View>>,
+    /// Held by the one call that reads the layout again.
+    refreshing: tokio::sync::Mutex<()>,
+    /// The shards' identities, as far as known.
+    ids: std::sync::Mutex<Vec<Option<String>>>,
+    /// The claims this process holds on two shards (a moving key's, in a dual phase).
+    held: moving::Held,
 }
 
 impl<S> Clone for ShardedStore<S> {
@@ -68,7 +85,8 @@ impl<S> Clone for ShardedStore<S> {
 }
 
 impl<S: Store> ShardedStore<S> {
-    /// A store over `shards`, in this order (the order is part of the routing).
+    /// A store over `shards`, in this order. The order is the routing until a layout is written
+    /// ([`Reshard`]); from then on the layout routes, whatever the order.
     ///
     /// # Errors
     /// [`IdemError::InvalidOptions`] for no shards, or more than 2³¹.
@@ -83,8 +101,15 @@ impl<S: Store> ShardedStore<S> {
             });
         }
         let limits = strictest(&shards);
+        let ids = vec![None; shards.len()];
         Ok(ShardedStore {
-            inner: Arc::new(Inner { shards }),
+            inner: Arc::new(Inner {
+                shards,
+                view: Default::default(),
+                refreshing: Default::default(),
+                ids: std::sync::Mutex::new(ids),
+                held: Default::default(),
+            }),
             limits,
         })
     }
@@ -107,19 +132,35 @@ impl<S: Store> ShardedStore<S> {
         Ok(self)
     }
 
-    /// The shards, in routing order.
+    /// The shards, in the order given.
     pub fn shards(&self) -> &[S] {
         &self.inner.shards
     }
 
-    /// The index of the shard `(biz, key)` lives on.
+    /// The index of the shard `(biz, key)` lives on, by the layout this process last read (no
+    /// reading: a process that has not served a call yet routes by the order of its shards). While
+    /// a reshard moves the key: its old shard until the records are being copied, then its new one.
     pub fn shard_index(&self, biz: &str, key: &str) -> usize {
-        route::shard(biz, key, self.inner.shards.len())
+        let shards = self.inner.shards.len();
+        self.view_now()
+            .home(biz, key, shards)
+            .unwrap_or_else(|| route::shard(biz, key, shards))
     }
 
-    /// The shard `(biz, key)` lives on.
+    /// The shard `(biz, key)` lives on (see [`ShardedStore::shard_index`]).
     pub fn shard_of(&self, biz: &str, key: &str) -> &S {
         &self.inner.shards[self.shard_index(biz, key)]
+    }
+
+    /// The layout step this process last read: `None` when none was written (keys route over
+    /// the shards in the order given).
+    pub fn layout(&self) -> Option<Layout> {
+        self.view_now().layout.clone()
+    }
+
+    /// Where `(biz, key)` goes now, the layout read again if it is due.
+    async fn route_of(&self, biz: &str, key: &str) -> Result<Route, IdemError> {
+        self.view().await?.route(biz, key, self.inner.shards.len())
     }
 }
 
@@ -135,11 +176,23 @@ impl<S: TransactionalStore> ShardedStore<S> {
     /// `biz` and its key as the attribute computes it, e.g. `idem::IdemKey::to_key(&order_no)`).
     ///
     /// # Errors
-    /// The shard's error.
+    /// The shard's error; [`IdemError::StoreUnavailable`] while a reshard moves the key between
+    /// two shards (a transaction lives on one: retry once the move is done).
     pub async fn begin_for(&self, biz: &str, key: &str) -> Result<ShardedTx<S>, IdemError> {
-        let shard = self.shard_index(biz, key);
+        let shard = self.tx_shard(biz, key).await?;
         let tx = self.inner.shards[shard].begin_tx().await?;
         Ok(ShardedTx::new(tx, self.clone(), shard))
+    }
+
+    /// The one shard a transaction for `(biz, key)` may claim on now.
+    pub(crate) async fn tx_shard(&self, biz: &str, key: &str) -> Result<usize, IdemError> {
+        match self.route_of(biz, key).await? {
+            Route::One(s) => Ok(s),
+            Route::Move { .. } => Err(IdemError::unavailable(format!(
+                "({biz}, {key}) is moving between two shards (a reshard is under way): a \
+                 transaction lives on one shard, so it is refused until the move is done"
+            ))),
+        }
     }
 }
 
@@ -154,22 +207,34 @@ impl<S: Store> Store for ShardedStore<S> {
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        self.shard_of(req.biz, req.key).claim(req).await
+        match self.route_of(req.biz, req.key).await? {
+            Route::One(s) => self.inner.shards[s].claim(req).await,
+            Route::Move { a, b, .. } => self.claim_moving(req, a, b).await,
+        }
     }
 
-    /// One batch claim per shard the items live on, sent at once.
+    /// One batch claim per shard the items live on, sent at once (a key a reshard is moving is
+    /// claimed on its own).
     async fn claim_batch(
         &self,
         batch: &crate::store::BatchClaim<'_>,
     ) -> Result<Vec<ClaimOutcome>, IdemError> {
         batch.check()?;
+        let view = self.view().await?;
         let shards = self.inner.shards.len();
+        let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; batch.items.len()];
         let mut per_shard: Vec<(Vec<usize>, Vec<crate::store::BatchItem<'_>>)> =
             vec![(Vec::new(), Vec::new()); shards];
         for (i, item) in batch.items.iter().enumerate() {
-            let (at, items) = &mut per_shard[self.shard_index(batch.biz, item.key)];
-            at.push(i);
-            items.push(*item);
+            match view.route(batch.biz, item.key, shards)? {
+                Route::One(s) => {
+                    per_shard[s].0.push(i);
+                    per_shard[s].1.push(*item);
+                }
+                Route::Move { a, b, .. } => {
+                    outcomes[i] = Some(self.claim_moving(&batch.request(i), a, b).await?);
+                }
+            }
         }
         let claims = per_shard
             .iter()
@@ -180,7 +245,6 @@ impl<S: Store> Store for ShardedStore<S> {
                 let outcomes = self.inner.shards[shard].claim_batch(&part).await?;
                 Ok::<_, IdemError>(at.iter().copied().zip(outcomes).collect::<Vec<_>>())
             });
-        let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; batch.items.len()];
         for part in futures_util::future::join_all(claims).await {
             for (i, outcome) in part? {
                 outcomes[i] = Some(outcome);
@@ -189,12 +253,13 @@ impl<S: Store> Store for ShardedStore<S> {
         crate::store::batch::all_answered(outcomes, "a shard")
     }
 
-    /// Every shard's, together.
+    /// Every shard's, together (the sharded store's own records left out).
     async fn processing_biz_types(&self) -> Result<Vec<String>, IdemError> {
         let mut bizes = Vec::new();
         for shard in &self.inner.shards {
             bizes.extend(shard.processing_biz_types().await?);
         }
+        bizes.retain(|b| !layout::reserved(b));
         bizes.sort_unstable();
         bizes.dedup();
         Ok(bizes)
@@ -208,30 +273,7 @@ impl<S: Store> Store for ShardedStore<S> {
         ttl: Duration,
     ) -> Result<Vec<Result<(), IdemError>>, IdemError> {
         crate::store::batch::check_marks(marks)?;
-        let mut per_shard: Vec<(Vec<usize>, Vec<crate::store::BatchMark<'_>>)> =
-            vec![(Vec::new(), Vec::new()); self.inner.shards.len()];
-        for (i, m) in marks.iter().enumerate() {
-            let (at, part) = &mut per_shard[self.shard_index(biz, m.key)];
-            at.push(i);
-            part.push(*m);
-        }
-        let sends = per_shard
-            .iter()
-            .enumerate()
-            .filter(|(_, (at, _))| !at.is_empty())
-            .map(|(shard, (at, part))| async move {
-                let answers = self.inner.shards[shard]
-                    .complete_batch(biz, part, ttl)
-                    .await?;
-                Ok::<_, IdemError>(at.iter().copied().zip(answers).collect::<Vec<_>>())
-            });
-        let mut answers: Vec<Option<Result<(), IdemError>>> = marks.iter().map(|_| None).collect();
-        for part in futures_util::future::join_all(sends).await {
-            for (i, answer) in part? {
-                answers[i] = Some(answer);
-            }
-        }
-        crate::store::batch::all_answered(answers, "a shard")
+        self.complete_marks(biz, marks, ttl).await
     }
 
     async fn complete(
@@ -242,9 +284,12 @@ impl<S: Store> Store for ShardedStore<S> {
         snapshot: &[u8],
         ttl: Duration,
     ) -> Result<(), IdemError> {
-        self.shard_of(biz, key)
-            .complete(biz, key, claim, snapshot, ttl)
-            .await
+        let write = Write::Complete {
+            snapshot,
+            ttl,
+            result_ttl: None,
+        };
+        self.write(biz, key, claim, write).await
     }
 
     async fn complete_keeping(
@@ -256,13 +301,16 @@ impl<S: Store> Store for ShardedStore<S> {
         ttl: Duration,
         result_ttl: Duration,
     ) -> Result<(), IdemError> {
-        self.shard_of(biz, key)
-            .complete_keeping(biz, key, claim, snapshot, ttl, result_ttl)
-            .await
+        let write = Write::Complete {
+            snapshot,
+            ttl,
+            result_ttl: Some(result_ttl),
+        };
+        self.write(biz, key, claim, write).await
     }
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
-        self.shard_of(biz, key).fail(biz, key, claim).await
+        self.write(biz, key, claim, Write::Fail).await
     }
 
     async fn renew(
@@ -272,7 +320,7 @@ impl<S: Store> Store for ShardedStore<S> {
         claim: &Claim,
         lease: Duration,
     ) -> Result<(), IdemError> {
-        self.shard_of(biz, key).renew(biz, key, claim, lease).await
+        self.write(biz, key, claim, Write::Renew(lease)).await
     }
 
     async fn save_steps(
@@ -282,13 +330,23 @@ impl<S: Store> Store for ShardedStore<S> {
         claim: &Claim,
         steps: &[u8],
     ) -> Result<(), IdemError> {
-        self.shard_of(biz, key)
-            .save_steps(biz, key, claim, steps)
-            .await
+        self.write(biz, key, claim, Write::Steps(steps)).await
     }
 
+    /// The record where the key lives; while a reshard moves it, on its old shard until the
+    /// records are being copied, then on its new shard (or its old one, not copied yet).
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        self.shard_of(biz, key).load(biz, key).await
+        let shards = &self.inner.shards;
+        match self.route_of(biz, key).await? {
+            Route::One(s) => shards[s].load(biz, key).await,
+            Route::Move { a, phase, .. } if phase < Phase::DualNew => {
+                shards[a].load(biz, key).await
+            }
+            Route::Move { a, b, .. } => match shards[b].load(biz, key).await? {
+                Some(r) => Ok(Some(r)),
+                None => shards[a].load(biz, key).await,
+            },
+        }
     }
 
     /// Sweeps the shards in turn, at most `batch` records in all.
@@ -305,7 +363,8 @@ impl<S: Store> Store for ShardedStore<S> {
     }
 
     /// Asks every shard in turn for its `batch` oldest, and keeps the `batch` oldest of them all
-    /// (so the answer is what one store holding every shard's records would give).
+    /// (so the answer is what one store holding every shard's records would give; a key a
+    /// reshard copied is listed once).
     async fn stuck(&self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
         let mut stuck = Vec::new();
         for shard in &self.inner.shards {
@@ -313,16 +372,20 @@ impl<S: Store> Store for ShardedStore<S> {
         }
         // Stable: ties keep their shard's order.
         stuck.sort_by_key(|r| r.lease_until_ms);
+        let mut seen = std::collections::HashSet::new();
+        stuck.retain(|r| seen.insert(r.key.clone()));
         stuck.truncate(batch);
         Ok(stuck)
     }
 
-    /// Every shard's counts, summed.
+    /// Every shard's counts, summed (the sharded store's own records left out; while a reshard
+    /// copies records, a copied one counts on both its shards).
     async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
         let mut counts = Vec::new();
         for shard in &self.inner.shards {
             counts.extend(shard.stats().await?);
         }
+        counts.retain(|c| !layout::reserved(&c.biz));
         Ok(crate::StatusCount::tally(counts))
     }
 }

@@ -24,6 +24,28 @@ impl<S: TransactionalStore> ShardedTx<S> {
         ShardedTx { tx, store, shard }
     }
 
+    /// Refuses `(biz, key)` unless it lives on this transaction's shard now: a claim for a key of
+    /// another shard, or a claim or mark while a reshard moves the key (the mark is checked
+    /// again, so that a transaction begun before a move began cannot commit a record the move's
+    /// copy missed).
+    async fn on_this_shard(
+        store: &ShardedStore<S>,
+        shard: usize,
+        biz: &str,
+        key: &str,
+    ) -> Result<(), IdemError> {
+        let home = store.tx_shard(biz, key).await?;
+        if home != shard {
+            return Err(IdemError::InvalidOptions {
+                reason: format!(
+                    "({biz}, {key}) lives on shard {home}, but this transaction is on shard {shard}: \
+                     begin it with `begin_for(biz, key)` for the key the call claims"
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// The index of the shard this transaction is on.
     pub fn shard(&self) -> usize {
         self.shard
@@ -47,16 +69,7 @@ impl<S: TransactionalStore> IdemTx for ShardedTx<S> {
     }
 
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        let home = self.store.shard_index(req.biz, req.key);
-        if home != self.shard {
-            return Err(IdemError::InvalidOptions {
-                reason: format!(
-                    "({}, {}) lives on shard {home}, but this transaction is on shard {}: begin it \
-                     with `begin_for(biz, key)` for the key the call claims",
-                    req.biz, req.key, self.shard
-                ),
-            });
-        }
+        Self::on_this_shard(&self.store, self.shard, req.biz, req.key).await?;
         self.tx.claim(req).await
     }
 
@@ -68,6 +81,7 @@ impl<S: TransactionalStore> IdemTx for ShardedTx<S> {
         snapshot: &[u8],
         ttl: Duration,
     ) -> Result<(), IdemError> {
+        Self::on_this_shard(&self.store, self.shard, biz, key).await?;
         self.tx.complete(biz, key, claim, snapshot, ttl).await
     }
 
@@ -80,6 +94,7 @@ impl<S: TransactionalStore> IdemTx for ShardedTx<S> {
         ttl: Duration,
         result_ttl: Duration,
     ) -> Result<(), IdemError> {
+        Self::on_this_shard(&self.store, self.shard, biz, key).await?;
         self.tx
             .complete_keeping(biz, key, claim, snapshot, ttl, result_ttl)
             .await

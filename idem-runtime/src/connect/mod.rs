@@ -31,7 +31,7 @@ const SCHEMES: &str = "memory:, sqlite:PATH, mysql://, mariadb://, postgres://, 
 /// | `postgres://…`, `postgresql://…` | `PgStore` (feature `postgres`) |
 /// | `redis://…`, `rediss://…` | `RedisStore` (feature `redis`) |
 /// | `redis+cluster://host:port,host:port` | `RedisClusterStore` on those seed nodes (feature `redis`) |
-/// | `sharded:URL\|URL\|…` | [`ShardedStore`](crate::ShardedStore) over the stores of those URLs, in that order |
+/// | `sharded:URL\|URL\|…` | [`ShardedStore`](crate::ShardedStore) over the stores of those URLs, in that order (to add or remove one, `idem reshard` moves the keys: see [`Reshard`](crate::sharding::Reshard)) |
 ///
 /// Options idem reads from the query, removed before the URL reaches the driver (whose own
 /// options, such as Postgres's `sslmode`, stay): `idem_table=NAME` (SQLite, MySQL, Postgres: the

@@ -6,6 +6,8 @@ mod layout;
 mod moving;
 mod reshard;
 mod route;
+#[cfg(all(test, feature = "sqlite"))]
+mod tests;
 mod tx;
 mod view;
 
@@ -29,12 +31,17 @@ use view::{Route, View};
 /// and versions of idem: SHA-256 of the business type's length (4 bytes, little-endian), the business
 /// type and the key; its first 8 bytes (big-endian) go through jump consistent hashing (Lamping and
 /// Veach, 2014) to a shard index. So every instance of a service, whatever its build, finds a key on
-/// the same shard; and adding a shard at the end moves only about 1/N of the keys. Those keys
-/// then look absent on their new shard: **a repeat of one of them runs again, and one under a live
-/// lease on its old shard can be claimed a second time on its new one.** So change the list of
-/// shards (its length or its order, which is part of the routing) only when the records of the
-/// keys that move can be given up: no caller left on the old list, and their TTL passed (or their
-/// records copied over first).
+/// the same shard; and adding a shard at the end moves only about 1/N of the keys.
+///
+/// The keys that move would look absent on their new shard: **a repeat of one would run again,
+/// and one under a live lease on its old shard could be claimed a second time on its new one.**
+/// So do not change the list by hand: grow, shrink or replace shards with
+/// [`Reshard`](crate::sharding::Reshard) (`idem reshard`), which moves them while the service
+/// serves. It writes a layout into the shards (docs/DESIGN.md, *Resharding*); from then on
+/// every process routes by that layout, whatever the order of its list or the extra shards it was
+/// given, reads it again every [`REFRESH_EVERY`], and refuses
+/// ([`IdemError::StoreUnavailable`]) a key the layout routes to a shard it was not given rather
+/// than routing it elsewhere. With no layout written the list's order is the routing.
 ///
 /// Its limits are the strictest of its shards' ([`ShardedStore::with_limits`] narrows them).
 /// Lease-mode calls route by themselves; a
@@ -311,6 +318,10 @@ impl<S: Store> Store for ShardedStore<S> {
 
     async fn fail(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
         self.write(biz, key, claim, Write::Fail).await
+    }
+
+    async fn release(&self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
+        self.write(biz, key, claim, Write::Release).await
     }
 
     async fn renew(

@@ -61,6 +61,7 @@ pub(crate) enum Write<'a> {
         result_ttl: Option<Duration>,
     },
     Fail,
+    Release,
     Renew(Duration),
     Steps(&'a [u8]),
 }
@@ -68,7 +69,7 @@ pub(crate) enum Write<'a> {
 impl Write<'_> {
     /// Whether the write ends the claim.
     fn ends(self) -> bool {
-        matches!(self, Write::Complete { .. } | Write::Fail)
+        matches!(self, Write::Complete { .. } | Write::Fail | Write::Release)
     }
 
     pub(crate) async fn to<S: Store + ?Sized>(
@@ -94,6 +95,7 @@ impl Write<'_> {
                     .await
             }
             Write::Fail => shard.fail(biz, key, claim).await,
+            Write::Release => shard.release(biz, key, claim).await,
             Write::Renew(lease) => shard.renew(biz, key, claim, lease).await,
             Write::Steps(steps) => shard.save_steps(biz, key, claim, steps).await,
         }

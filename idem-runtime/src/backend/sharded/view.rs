@@ -87,7 +87,7 @@ impl View {
                 IdemError::unavailable(format!(
                     "step {} of the sharded store's layout routes ({biz}, {key}) to the shard \
                      with identity {id}, which this process was not given: give it every shard \
-                     of the layout (`idem reshard --status URL` lists them)",
+                     of the layout (`idem --url <url> reshard --status` lists them)",
                     l.step
                 ))
             })

@@ -75,7 +75,7 @@ struct Inner<S> {
     /// The layout as this process last read it.
     view: std::sync::RwLock<Arc<View>>,
     /// Held by the one call that reads the layout again.
-    refreshing: tokio::sync::Mutex<()>,
+    refreshing: Arc<tokio::sync::Mutex<()>>,
     /// The shards' identities, as far as known.
     ids: std::sync::Mutex<Vec<Option<String>>>,
     /// The claims this process holds on two shards (a moving key's, in a dual phase).
@@ -215,7 +215,16 @@ impl<S: Store> Store for ShardedStore<S> {
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         match self.route_of(req.biz, req.key).await? {
-            Route::One(s) => self.inner.shards[s].claim(req).await,
+            Route::One(s) => {
+                let outcome = self.inner.shards[s].claim(req).await?;
+                if let ClaimOutcome::Acquired { claim, .. } = &outcome {
+                    let one = moving::Holds::One(s);
+                    self.inner
+                        .held
+                        .insert(req.biz, req.key, claim, one, req.lease);
+                }
+                Ok(outcome)
+            }
             Route::Move { a, b, .. } => self.claim_moving(req, a, b).await,
         }
     }
@@ -250,6 +259,14 @@ impl<S: Store> Store for ShardedStore<S> {
             .map(|(shard, (at, items))| async move {
                 let part = crate::store::BatchClaim { items, ..*batch };
                 let outcomes = self.inner.shards[shard].claim_batch(&part).await?;
+                for (item, outcome) in items.iter().zip(&outcomes) {
+                    if let ClaimOutcome::Acquired { claim, .. } = outcome {
+                        let one = moving::Holds::One(shard);
+                        self.inner
+                            .held
+                            .insert(batch.biz, item.key, claim, one, batch.lease);
+                    }
+                }
                 Ok::<_, IdemError>(at.iter().copied().zip(outcomes).collect::<Vec<_>>())
             });
         for part in futures_util::future::join_all(claims).await {

@@ -9,45 +9,100 @@
 //! processes and `Done`'s, so every record finished before `DualNew` is on the new shard by then.)
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::ShardedStore;
 use super::layout::Phase;
 use crate::IdemError;
 use crate::store::{Acquired, BatchMark, Claim, ClaimOutcome, ClaimRequest, Store};
 
-/// The claims this process holds on two shards, by `(biz, key)`: the old shard's claim (what the
-/// caller holds) and the new shard's.
+/// The claims this process holds, by `(biz, key, fence)` of the claim the caller holds: the
+/// shard it was made on, or both claims of a moving key. A write under a claim goes where the
+/// claim was made, with no need to read the layout (it may change while a body runs).
 #[derive(Default)]
-pub(crate) struct Held(std::sync::Mutex<HashMap<(String, String), Pair>>);
-
-#[derive(Clone, Copy)]
-pub(crate) struct Pair {
-    a: (usize, Claim),
-    b: (usize, Claim),
+pub(crate) struct Held {
+    claims: std::sync::Mutex<HashMap<(String, String, u64), Entry>>,
+    inserted: std::sync::atomic::AtomicU64,
 }
 
+#[derive(Clone, Copy)]
+pub(crate) enum Holds {
+    One(usize),
+    Pair {
+        a: (usize, Claim),
+        b: (usize, Claim),
+    },
+}
+
+struct Entry {
+    holds: Holds,
+    /// When its lease ends, as far as this process knows.
+    until: Instant,
+}
+
+/// How long past its lease a claim is remembered: a mark after that goes by the layout.
+const REMEMBERED: Duration = Duration::from_secs(60);
+
 impl Held {
-    fn insert(&self, biz: &str, key: &str, pair: Pair) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert((biz.to_owned(), key.to_owned()), pair);
+    pub(crate) fn insert(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        holds: Holds,
+        lease: Duration,
+    ) {
+        let now = Instant::now();
+        let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        if self
+            .inserted
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % 4096
+            == 4095
+        {
+            // Claims never finished (a caller dropped mid-call): forgotten a while after their lease.
+            claims.retain(|_, e| e.until + REMEMBERED > now);
+        }
+        let until = now + lease;
+        claims.insert(
+            (biz.to_owned(), key.to_owned(), claim.fence.get()),
+            Entry { holds, until },
+        );
     }
 
-    /// The pair whose old-shard claim is `claim`.
-    fn get(&self, biz: &str, key: &str, claim: &Claim) -> Option<Pair> {
-        let held = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        held.get(&(biz.to_owned(), key.to_owned()))
-            .filter(|p| p.a.1 == *claim)
-            .copied()
+    fn get(&self, biz: &str, key: &str, claim: &Claim) -> Option<Holds> {
+        let claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        claims
+            .get(&(biz.to_owned(), key.to_owned(), claim.fence.get()))
+            .map(|e| e.holds)
     }
 
-    fn remove(&self, biz: &str, key: &str, claim: &Claim) {
-        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let k = (biz.to_owned(), key.to_owned());
-        if held.get(&k).is_some_and(|p| p.a.1 == *claim) {
-            held.remove(&k);
+    /// After `write` under `claim` answered `answer`: forgets a claim that ended (not one whose
+    /// write may be sent again after a transient error), or moves its lease end.
+    fn after(
+        &self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        write: Write<'_>,
+        answer: &Result<(), IdemError>,
+    ) {
+        let k = (biz.to_owned(), key.to_owned(), claim.fence.get());
+        let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        match (write, answer) {
+            (_, Err(IdemError::StoreUnavailable { .. } | IdemError::StoreBusy { .. })) => {}
+            (Write::Renew(lease), Ok(())) => {
+                if let Some(e) = claims.get_mut(&k) {
+                    e.until = Instant::now() + lease;
+                }
+            }
+            (w, _) if w.ends() => {
+                claims.remove(&k);
+            }
+            (_, Err(IdemError::LeaseLost { .. })) => {
+                claims.remove(&k);
+            }
+            _ => {}
         }
     }
 }
@@ -132,14 +187,13 @@ impl<S: Store> ShardedStore<S> {
         };
         let on_b = shards[b].claim(req).await;
         if let Ok(ClaimOutcome::Acquired { claim: cb, how: hb }) = on_b {
-            self.inner.held.insert(
-                req.biz,
-                req.key,
-                Pair {
-                    a: (a, ca),
-                    b: (b, cb),
-                },
-            );
+            let pair = Holds::Pair {
+                a: (a, ca),
+                b: (b, cb),
+            };
+            self.inner
+                .held
+                .insert(req.biz, req.key, &ca, pair, req.lease);
             return Ok(ClaimOutcome::Acquired {
                 claim: ca,
                 how: stronger(how, hb),
@@ -168,43 +222,36 @@ impl<S: Store> ShardedStore<S> {
         claim: &Claim,
         write: Write<'_>,
     ) -> Result<(), IdemError> {
-        let view = self.view().await?;
         let shards = &self.inner.shards;
-        let Some(pair) = self.inner.held.get(biz, key, claim) else {
-            // Claimed on one shard: the key's shard, or, while it moves, its old one (it was
-            // claimed before the dual phases).
-            let at = view.claimed_on(biz, key, shards.len())?;
-            return write.to(&shards[at], biz, key, claim).await;
+        let (a, b) = match self.inner.held.get(biz, key, claim) {
+            Some(Holds::One(at)) => {
+                let answer = write.to(&shards[at], biz, key, claim).await;
+                self.inner.held.after(biz, key, claim, write, &answer);
+                return answer;
+            }
+            Some(Holds::Pair { a, b }) => (a, b),
+            None => {
+                // Not remembered (claimed long ago): where the layout says it was claimed.
+                let at = self.view().await?.claimed_on(biz, key, shards.len())?;
+                return write.to(&shards[at], biz, key, claim).await;
+            }
         };
-        let old_first = view
+        let old_first = self
+            .view()
+            .await?
             .layout
             .as_ref()
             .is_none_or(|l| l.phase < Phase::DualNew);
-        let (first, second) = if old_first {
-            (pair.a, pair.b)
-        } else {
-            (pair.b, pair.a)
-        };
+        let (first, second) = if old_first { (a, b) } else { (b, a) };
         let answer = write.to(&shards[first.0], biz, key, &first.1).await;
-        if let Err(e) = &answer {
-            // A transient error may be retried with the same claim: keep the pair for it.
-            if !matches!(
-                e,
-                IdemError::StoreUnavailable { .. } | IdemError::StoreBusy { .. }
-            ) && write.ends()
-            {
-                self.inner.held.remove(biz, key, claim);
-            }
-            return answer;
-        }
-        if let Err(e) = write.to(&shards[second.0], biz, key, &second.1).await {
+        if answer.is_ok()
+            && let Err(e) = write.to(&shards[second.0], biz, key, &second.1).await
+        {
             tracing::warn!(error = %e, biz, key,
                 "a moving key's second shard did not take a write its first took");
         }
-        if write.ends() {
-            self.inner.held.remove(biz, key, claim);
-        }
-        Ok(())
+        self.inner.held.after(biz, key, claim, write, &answer);
+        answer
     }
 
     /// Marks `marks` of `biz`: those held on two shards one by one, the others batched per shard.
@@ -219,7 +266,12 @@ impl<S: Store> ShardedStore<S> {
         let mut per_shard: Vec<(Vec<usize>, Vec<BatchMark<'_>>)> =
             vec![(Vec::new(), Vec::new()); shards];
         for (i, m) in marks.iter().enumerate() {
-            if self.inner.held.get(biz, m.key, &m.claim).is_some() {
+            let at = match self.inner.held.get(biz, m.key, &m.claim) {
+                Some(Holds::One(at)) => Some(at),
+                Some(Holds::Pair { .. }) => None,
+                None => Some(self.view().await?.claimed_on(biz, m.key, shards)?),
+            };
+            let Some(at) = at else {
                 let write = Write::Complete {
                     snapshot: m.snapshot,
                     ttl,
@@ -227,8 +279,7 @@ impl<S: Store> ShardedStore<S> {
                 };
                 answers[i] = Some(self.write(biz, m.key, &m.claim, write).await);
                 continue;
-            }
-            let at = self.view().await?.claimed_on(biz, m.key, shards)?;
+            };
             per_shard[at].0.push(i);
             per_shard[at].1.push(*m);
         }
@@ -240,6 +291,14 @@ impl<S: Store> ShardedStore<S> {
                 let got = self.inner.shards[shard]
                     .complete_batch(biz, part, ttl)
                     .await?;
+                for (m, answer) in part.iter().zip(&got) {
+                    let write = Write::Complete {
+                        snapshot: m.snapshot,
+                        ttl,
+                        result_ttl: m.result_ttl,
+                    };
+                    self.inner.held.after(biz, m.key, &m.claim, write, answer);
+                }
                 Ok::<_, IdemError>(at.iter().copied().zip(got).collect::<Vec<_>>())
             });
         for part in futures_util::future::join_all(sends).await {

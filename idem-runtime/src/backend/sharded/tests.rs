@@ -66,7 +66,11 @@ async fn after_a_move_every_list_routes_alike_and_a_missing_shard_is_refused() {
     let three = ShardedStore::new([a.clone(), b.clone(), c.clone()]).unwrap();
     let done = Reshard::new(&two, &three).run(|_| {}).await.unwrap();
     assert_eq!(done.phase, Some(Phase::Done));
-    assert!(done.copied > 50, "about a third of 300 moved: {}", done.copied);
+    assert!(
+        done.copied > 50,
+        "about a third of 300 moved: {}",
+        done.copied
+    );
     // Any order of the three shards replays every key.
     let reordered = ShardedStore::new([b.clone(), c.clone(), a.clone()]).unwrap();
     assert_eq!(call_all(&reordered, 300).await, 0, "no key ran again");
@@ -113,7 +117,10 @@ async fn a_reshard_from_a_list_the_keys_are_not_routed_over_is_refused() {
     for bad in [0, crate::MAX_BATCH + 1] {
         assert!(Reshard::new(&two, &three).batch(bad).is_err());
     }
-    for bad in [std::time::Duration::from_secs(1), std::time::Duration::from_secs(3601)] {
+    for bad in [
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(3601),
+    ] {
         assert!(Reshard::new(&two, &three).settle(bad).is_err());
     }
 }

@@ -117,32 +117,38 @@ impl<S: Store> ShardedStore<S> {
             .clone()
     }
 
-    /// The view to route a call by: read again when it is older than [`REFRESH_EVERY`] (by one
-    /// call at a time; the others go on with the view they have while it is younger than
-    /// [`STALE_AFTER`]).
+    /// The view to route a call by. One older than [`REFRESH_EVERY`] is read again by a task of
+    /// its own, while calls go on with it; one older than [`STALE_AFTER`] (or none yet) is waited
+    /// for, and a reading that fails then fails the call.
     pub(crate) async fn view(&self) -> Result<Arc<View>, IdemError> {
         let view = self.view_now();
         let age = view.read_at.map(|at| at.elapsed());
-        if age.is_some_and(|age| age < REFRESH_EVERY) {
-            return Ok(view);
+        match age {
+            Some(age) if age < REFRESH_EVERY => return Ok(view),
+            Some(age) if age < STALE_AFTER => {
+                if let Ok(guard) = self.inner.refreshing.clone().try_lock_owned() {
+                    let store = self.clone();
+                    tokio::spawn(async move {
+                        let view = store.view_now();
+                        if let Err(e) = store.read_view(&view).await {
+                            tracing::debug!(error = %e, "a sharded store could not read its layout");
+                        }
+                        drop(guard);
+                    });
+                }
+                return Ok(view);
+            }
+            _ => {}
         }
-        let guard = match self.inner.refreshing.try_lock() {
-            Ok(guard) => guard,
-            Err(_) if age.is_some_and(|age| age < STALE_AFTER) => return Ok(view),
-            Err(_) => self.inner.refreshing.lock().await,
-        };
-        // Another call may have read it while this one waited.
+        let guard = self.inner.refreshing.lock().await;
+        // Another call or the task may have read it while this one waited.
         let view = self.view_now();
         if view.read_at.is_some_and(|at| at.elapsed() < REFRESH_EVERY) {
             return Ok(view);
         }
         let read = self.read_view(&view).await;
         drop(guard);
-        match read {
-            Ok(view) => Ok(view),
-            Err(_) if age.is_some_and(|age| age < STALE_AFTER) => Ok(view),
-            Err(e) => Err(e),
-        }
+        read
     }
 
     /// Reads the steps after `view`'s on every shard (those that answer) and keeps the newest.

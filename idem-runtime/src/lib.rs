@@ -101,8 +101,8 @@ pub use recovery::{Reconciled, Reconciler};
 pub use registry::{IntoSharedStore, register_store, store, unregister_store};
 pub use store::tx::StoreTx;
 pub use store::{
-    Acquired, BatchClaim, BatchItem, BatchMark, Claim, ClaimOutcome, ClaimRequest, Fence, Limits,
-    MAX_BATCH, Record, Status, StatusCount, Store,
+    Acquired, BatchClaim, BatchItem, BatchMark, Claim, ClaimOutcome, ClaimRequest, Fence, KeyPage,
+    Limits, MAX_BATCH, Record, Status, StatusCount, Store,
 };
 pub use sweeper::Sweeper;
 pub use tokens::{MAX_SUBJECT_LEN, MemoryTokens, TokenStore, register_tokens, tokens};

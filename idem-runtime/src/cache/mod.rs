@@ -450,6 +450,15 @@ impl<S: Store> Store for CachedStore<S> {
         self.inner.stats().await
     }
 
+    /// The inner store's walk (the cache holds no record the inner store does not).
+    async fn list_keys(
+        &self,
+        after: Option<&str>,
+        batch: usize,
+    ) -> Result<crate::store::KeyPage, IdemError> {
+        self.inner.list_keys(after, batch).await
+    }
+
     async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
         self.inner.begin_transition().await
     }

@@ -445,6 +445,14 @@ impl Store for AnyStore {
         self.store.stats().await
     }
 
+    async fn list_keys(
+        &self,
+        after: Option<&str>,
+        batch: usize,
+    ) -> Result<crate::store::KeyPage, IdemError> {
+        self.store.list_keys(after, batch).await
+    }
+
     async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
         self.store.begin_transition().await
     }

@@ -24,7 +24,8 @@ use super::claim::SeenRecord;
 use super::dialect::Dialect;
 use crate::IdemError;
 use crate::store::decide::millis;
-use crate::store::{Claim, ClaimRequest, Fence, Record, Status, StatusCount};
+use crate::store::keys::{after_key, check_batch, not_a_cursor, parse_after_key};
+use crate::store::{Claim, ClaimRequest, Fence, KeyPage, Record, Status, StatusCount};
 
 /// A value a record statement binds. A statement lists them in the order its placeholders ask for
 /// them: once each where placeholders are numbered (`$1`, `?1`), as often as they appear where
@@ -73,6 +74,10 @@ pub(crate) mod numbered {
     pub(crate) const STUCK: &[Param] = &[Biz, Clock, Batch];
     /// `$1` clock.
     pub(crate) const STATS: &[Param] = &[Clock];
+    /// `$1` batch.
+    pub(crate) const KEYS_FIRST: &[Param] = &[Batch];
+    /// `$1` biz, `$2` key (the last pair of the page before), `$3` batch.
+    pub(crate) const KEYS_AFTER: &[Param] = &[Biz, Key, Batch];
     /// `$1` batch, `$2` clock.
     pub(crate) const SWEEP: &[Param] = &[Batch, Clock];
     /// `$1` batch, `$2` clock.
@@ -144,6 +149,12 @@ pub(crate) struct RecordStatements {
     pub(crate) stats: Stmt,
     /// The business types with PROCESSING records, `biz_type` (the stuck index's range).
     pub(crate) processing_biz: Stmt,
+    /// The first page of a walk of every record: `biz_type` and `idem_key` in the primary key's
+    /// order, at most [`Param::Batch`] rows.
+    pub(crate) keys_first: Stmt,
+    /// A later page: the same after the pair bound at [`Param::Biz`] and [`Param::Key`], a range
+    /// of the primary key.
+    pub(crate) keys_after: Stmt,
     /// Deletes a batch of expired records.
     pub(crate) sweep: Stmt,
     /// Drops a batch of results past their result ttl, keeping the records as tombstones.
@@ -455,6 +466,48 @@ where
             .collect::<Result<Vec<_>, _>>()?;
         bizes.sort_unstable();
         Ok(bizes)
+    }
+
+    /// A page of the walk of every record's key, in the primary key's order, after the pair the
+    /// `after` cursor names ([`after_key`]). One row more than the page is read, so the last page
+    /// says the walk is done.
+    pub(crate) async fn list_keys(
+        &mut self,
+        after: Option<&str>,
+        batch: usize,
+    ) -> Result<KeyPage, IdemError> {
+        check_batch(batch)?;
+        let (stmt, args) = match after {
+            None => (&self.sql.keys_first, Args::batch(batch + 1)),
+            Some(cursor) => {
+                let (biz, key) = parse_after_key(cursor)?;
+                if !DB::holds(biz) || !DB::holds(key) {
+                    return Err(not_a_cursor(cursor));
+                }
+                let args = Args {
+                    biz,
+                    key,
+                    ..Args::batch(batch + 1)
+                };
+                (&self.sql.keys_after, args)
+            }
+        };
+        let rows = self
+            .query(stmt, &args)
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(DB::error)?;
+        let more = rows.len() > batch;
+        let keys = rows
+            .iter()
+            .take(batch)
+            .map(|row| Ok((DB::text(row, "biz_type")?, DB::text(row, "idem_key")?)))
+            .collect::<Result<Vec<_>, IdemError>>()?;
+        let next = match keys.last() {
+            Some((biz, key)) if more => Some(after_key(biz, key)),
+            _ => None,
+        };
+        Ok(KeyPage { keys, next })
     }
 
     pub(crate) async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError> {

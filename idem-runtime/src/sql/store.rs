@@ -148,6 +148,21 @@ macro_rules! sql_store {
                     .await
             }
 
+            /// A range of the primary key per page, in its order. The batch and the cursor are
+            /// checked before a connection is taken.
+            async fn list_keys(
+                &self,
+                after: Option<&str>,
+                batch: usize,
+            ) -> Result<$crate::store::KeyPage, $crate::IdemError> {
+                $crate::store::keys::check_batch(batch)?;
+                if let Some(after) = after {
+                    $crate::store::keys::parse_after_key(after)?;
+                }
+                self.with_conn(async |conn| self.records(conn).list_keys(after, batch).await)
+                    .await
+            }
+
             async fn stats(&self) -> Result<Vec<$crate::store::StatusCount>, $crate::IdemError> {
                 self.with_conn(async |conn| self.records(conn).stats().await)
                     .await

@@ -11,6 +11,7 @@ use crate::IdemError;
 
 pub(crate) mod batch;
 pub(crate) mod decide;
+pub(crate) mod keys;
 mod limits;
 #[cfg(test)]
 mod model_check;
@@ -24,6 +25,7 @@ pub(crate) mod order;
 pub(crate) mod tx;
 
 pub use batch::{BatchClaim, BatchItem, BatchMark, MAX_BATCH};
+pub use keys::KeyPage;
 pub use limits::Limits;
 pub(crate) use limits::check_limits;
 use tx::TransitionTx;
@@ -586,6 +588,34 @@ pub trait Store: Send + Sync + 'static {
             .collect();
         bizes.dedup();
         Ok(bizes)
+    }
+
+    /// Walks the keys of every record the store holds, at most `batch` (1 ..= [`MAX_BATCH`]) per
+    /// page, starting after `after` (the [`KeyPage::next`] of an earlier page; `None` to start):
+    /// what a resharding tool reads to find the records whose home moves. A record present for
+    /// the whole walk is listed at least once; one written or deleted during it may or may not be.
+    /// Expired records not yet swept may be listed. A page may hold fewer than `batch` keys (even
+    /// none) before the walk is done: only a `next` of `None` ends it.
+    ///
+    /// The cursor is opaque text, valid across processes for the same store (so a tool can stop
+    /// and resume): the SQL stores and the memory store walk in `(biz, key)` order (the database's
+    /// order on SQL) and their cursor names the last pair listed; a Redis store walks with SCAN and
+    /// its cursor names the node and SCAN's place there. It reads the whole store, a page at a
+    /// time: for operators and tools, not for a request path.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a `batch` of 0 or more than [`MAX_BATCH`], or an `after`
+    /// that is not a cursor this store gave; [`IdemError::NotSupported`] for a store that cannot
+    /// walk its records (the default); [`IdemError::Store`] from a Redis store whose node
+    /// restarted, or whose cluster failed a primary over, since the walk began there (the cursor
+    /// can no longer keep its promise: start the walk again); backend errors as for
+    /// [`Store::claim`].
+    async fn list_keys(&self, after: Option<&str>, batch: usize) -> Result<KeyPage, IdemError> {
+        let _ = (after, batch);
+        Err(IdemError::NotSupported {
+            backend: self.backend(),
+            what: "walking the keys of every record (list_keys)",
+        })
     }
 
     /// Counts the records per business type and status, sorted by business type then status (see

@@ -13,6 +13,7 @@ pub mod batch;
 pub mod body_failures;
 pub mod decisions;
 pub mod edges;
+pub mod keys;
 pub mod leases;
 pub mod pool;
 pub mod reconcile;
@@ -67,6 +68,8 @@ pub use edges::{
     a_store_clamps_durations_it_is_handed, distinct_pairs_are_distinct_records,
     durations_at_the_limits,
 };
+#[allow(unused_imports)]
+pub use keys::list_keys_walks_every_record_in_pages_and_resumes;
 #[allow(unused_imports)]
 pub use leases::{
     a_burst_with_failing_bodies_executes_each_key_once,
@@ -331,6 +334,7 @@ macro_rules! with_contract_cases {
             steps_are_refused_with_clear_errors,
             stats_count_records_per_biz_and_status,
             stats_count_layer_records_per_route,
+            list_keys_walks_every_record_in_pages_and_resumes,
             release_ends_the_lease_and_the_retry_recovers_the_effect,
             mark_failed_moves_an_ended_lease_to_failed_and_the_next_call_runs,
             release_refuses_a_success_a_live_lease_an_absent_key_and_a_bad_reason,

@@ -682,3 +682,109 @@ mod record_layout {
         assert_eq!(call().await.unwrap(), 5);
     }
 }
+
+/// `Store::list_keys` on one server lists the records of its own prefix and nothing else: not
+/// those of a prefix that begins with its own, not its stuck index, registry or token keys, not a
+/// key under `<prefix>{` that names no record.
+mod key_walk {
+    use std::collections::BTreeSet;
+
+    use idem::{Call, IdemError, RedisStore, Store, TokenStore};
+
+    use super::contract::server;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn list_keys_lists_the_records_of_its_prefix_only() {
+        let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+        let Some(base) = server::reach("Redis", &url, RedisStore::connect(&url)).await else {
+            return;
+        };
+        let prefix = format!("{}:", server::unique("idemk"));
+        let own = base.clone().with_prefix(&prefix).unwrap();
+        let nested = base.with_prefix(&format!("{prefix}in:")).unwrap();
+        for (store, key) in [(&own, "mine"), (&nested, "theirs")] {
+            let done: Result<u8, IdemError> =
+                Call::new("PAY", key).run(store, async { Ok(1) }).await;
+            done.unwrap();
+        }
+        // A record in progress: its business type's stuck index and the registry are written.
+        let held = idem::ClaimRequest {
+            biz: "HOLD",
+            key: "h",
+            fingerprint: None,
+            lease: std::time::Duration::from_secs(30),
+            ttl: std::time::Duration::from_secs(60),
+        };
+        own.claim(&held).await.unwrap();
+        own.tokens()
+            .issue(std::time::Duration::from_secs(60), None)
+            .await
+            .unwrap();
+        let mut raw = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        for junk in ["{junk", "{9:PAY:x}", "{3:PAY:x", "{x:PAY:y}"] {
+            let _: () = redis::cmd("SET")
+                .arg(format!("{prefix}{junk}"))
+                .arg("x")
+                .arg("EX")
+                .arg(60)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+        }
+        let want: BTreeSet<(String, String)> = [("HOLD", "h"), ("PAY", "mine")]
+            .map(|(b, k)| (b.to_owned(), k.to_owned()))
+            .into();
+        assert_eq!(walk(&own, 1).await, want);
+    }
+
+    /// Every pair a walk in pages of `batch` lists.
+    async fn walk(store: &RedisStore, batch: usize) -> BTreeSet<(String, String)> {
+        let mut listed = BTreeSet::new();
+        let mut after = None;
+        for _ in 0..100_000 {
+            let page = store.list_keys(after.as_deref(), batch).await.unwrap();
+            assert!(page.keys.len() <= batch);
+            listed.extend(page.keys);
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return listed,
+            }
+        }
+        panic!("the walk did not end");
+    }
+
+    /// In a database of few keys Redis's table is small, so keys share its buckets and a SCAN
+    /// reply often holds more keys than the `COUNT` a page of one asks for: the ones that do not
+    /// fit wait in the cursor, and every record is listed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keys_a_reply_holds_past_the_page_come_on_the_next_pages() {
+        let base = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+        // Database 15 (no other test writes there), unless the URL names a database itself.
+        let url = match base.matches('/').count() {
+            2 => format!("{}/15", base.trim_end_matches('/')),
+            _ => base,
+        };
+        let Some(store) = server::reach("Redis", &url, RedisStore::connect(&url)).await else {
+            return;
+        };
+        let store = store
+            .with_prefix(&format!("{}:", server::unique("idemk")))
+            .unwrap();
+        let mut want = BTreeSet::new();
+        for i in 0..200u32 {
+            let key = format!("k{i}");
+            let done: Result<u32, IdemError> = Call::new("FEW", &key)
+                .ttl(std::time::Duration::from_secs(60))
+                .run(&store, async move { Ok(i) })
+                .await;
+            done.unwrap();
+            want.insert(("FEW".to_owned(), key));
+        }
+        assert_eq!(walk(&store, 1).await, want, "pages of 1");
+        assert_eq!(walk(&store, 3).await, want, "pages of 3");
+    }
+}

@@ -335,6 +335,16 @@ impl<S: Store> Store for EncryptedStore<S> {
         self.inner.store.stats().await
     }
 
+    /// The inner store's walk, its cursor as it is: business types and keys are stored as given
+    /// (only snapshots and steps are sealed), so the keys listed are the callers' own.
+    async fn list_keys(
+        &self,
+        after: Option<&str>,
+        batch: usize,
+    ) -> Result<crate::store::KeyPage, IdemError> {
+        self.inner.store.list_keys(after, batch).await
+    }
+
     async fn begin_transition(&self) -> Result<Box<dyn TransitionTx>, IdemError> {
         self.inner.store.begin_transition().await
     }

@@ -9,9 +9,10 @@ use async_trait::async_trait;
 use crate::IdemError;
 use crate::clock::ClockOffset;
 use crate::store::decide::{Decision, decide, duration_ms, millis, taken};
+use crate::store::keys::{after_key, check_batch, parse_after_key};
 use crate::store::{
-    Acquired, BatchClaim, BatchMark, Claim, ClaimOutcome, ClaimRequest, Limits, Record, Status,
-    StatusCount, Store, keeps_steps,
+    Acquired, BatchClaim, BatchMark, Claim, ClaimOutcome, ClaimRequest, KeyPage, Limits, Record,
+    Status, StatusCount, Store, keeps_steps,
 };
 
 mod records;
@@ -515,6 +516,56 @@ impl Store for MemoryStore {
             .take(batch)
             .map(|(_, key, e)| e.record(biz, key))
             .collect())
+    }
+
+    /// In `(biz, key)` order (of their bytes), under the lock: a page reads every key of the
+    /// business types it lists from (the records are kept by hash, not in order), so it costs the
+    /// size of those business types, not of the page.
+    async fn list_keys(&self, after: Option<&str>, batch: usize) -> Result<KeyPage, IdemError> {
+        check_batch(batch)?;
+        let after = after.map(parse_after_key).transpose()?;
+        let records = self.lock();
+        let mut bizes: Vec<(&str, &Biz)> = records
+            .iter()
+            .map(|(name, by_biz)| (&**name, by_biz))
+            .filter(|(name, _)| after.is_none_or(|(from, _)| *name >= from))
+            .collect();
+        bizes.sort_unstable_by_key(|(name, _)| *name);
+        let mut keys = Vec::with_capacity(batch);
+        let mut more = false;
+        for (name, by_biz) in bizes {
+            let room = batch - keys.len();
+            if room == 0 {
+                more = !by_biz.records.is_empty();
+                if more {
+                    break;
+                }
+                continue;
+            }
+            let from = after.and_then(|(biz, key)| (biz == name).then_some(key));
+            let mut found: Vec<&str> = by_biz
+                .records
+                .keys()
+                .map(|k| &**k)
+                .filter(|k| from.is_none_or(|from| *k > from))
+                .collect();
+            if found.len() > room {
+                // The `room` smallest, without sorting the rest.
+                found.select_nth_unstable(room);
+                found.truncate(room);
+                more = true;
+            }
+            found.sort_unstable();
+            keys.extend(found.into_iter().map(|k| (name.to_owned(), k.to_owned())));
+            if more {
+                break;
+            }
+        }
+        let next = match keys.last() {
+            Some((biz, key)) if more => Some(after_key(biz, key)),
+            _ => None,
+        };
+        Ok(KeyPage { keys, next })
     }
 
     async fn stats(&self) -> Result<Vec<StatusCount>, IdemError> {

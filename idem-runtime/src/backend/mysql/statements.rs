@@ -22,6 +22,8 @@ const READ: &[Param] = &[Clock, Biz, Key];
 const LOAD: &[Param] = &[Biz, Key];
 const STUCK: &[Param] = &[Biz, Clock, Batch];
 const STATS: &[Param] = &[Clock];
+const KEYS_FIRST: &[Param] = &[Batch];
+const KEYS_AFTER: &[Param] = &[Biz, Biz, Key, Batch];
 const SWEEP: &[Param] = &[Clock, Clock, Batch];
 const SHRINK: &[Param] = &[Clock, Batch];
 
@@ -194,6 +196,26 @@ impl Statements {
                 processing_biz: Stmt::new(
                     format!("SELECT DISTINCT biz_type FROM {t} WHERE status = 'PROCESSING'"),
                     &[],
+                ),
+                // The first page of a walk of every record's key: the primary key read in its
+                // order (the clustered index), stopping after the batch.
+                keys_first: Stmt::new(
+                    format!(
+                        "SELECT biz_type, idem_key FROM {t} ORDER BY biz_type, idem_key LIMIT ?"
+                    ),
+                    KEYS_FIRST,
+                ),
+                // A later page: the range of the primary key after the last pair of the page
+                // before (VARBINARY: byte order). Written as `OR`, which the range optimizer turns
+                // into two ranges of the whole key (MariaDB reads a row value `(biz_type,
+                // idem_key) > (?, ?)` as a filter on a scan of the whole index).
+                keys_after: Stmt::new(
+                    format!(
+                        "SELECT biz_type, idem_key FROM {t} \
+                 WHERE biz_type > ? OR (biz_type = ? AND idem_key > ?) \
+                 ORDER BY biz_type, idem_key LIMIT ?"
+                    ),
+                    KEYS_AFTER,
                 ),
                 stats: Stmt::new(
                     format!(

@@ -282,6 +282,19 @@ impl Statements {
              WHERE d.biz_type = gone.biz_type AND d.idem_key = gone.idem_key",
             clock = clock("$2"),
         );
+        // $1 batch. The first page of a walk of every record's key: the primary key's index read
+        // in its order (an index-only scan), stopping after the batch.
+        let keys_first =
+            format!("SELECT biz_type, idem_key FROM {t} ORDER BY biz_type, idem_key LIMIT $1");
+        // $1 biz, $2 key, $3 batch. A later page: the range of the primary key after the last
+        // pair of the page before, in the database's order of `text` (its collation; `>` and the
+        // index agree on it). Written as a row value, which is one index condition; the same test
+        // as `biz_type > $1 OR (biz_type = $1 AND idem_key > $2)` would be a filter on a scan
+        // from the index's start.
+        let keys_after = format!(
+            "SELECT biz_type, idem_key FROM {t} WHERE (biz_type, idem_key) > ($1, $2) \
+             ORDER BY biz_type, idem_key LIMIT $3"
+        );
         // Records per business type and status (expired ones not yet swept included): a scan of
         // the table (an operator's query; no index is kept for it).
         // $1 offset. `gone`: the tombstones among them, whose result ttl passed.
@@ -318,6 +331,8 @@ impl Statements {
                     format!("SELECT DISTINCT biz_type FROM {t} WHERE status = 'PROCESSING'"),
                     &[],
                 ),
+                keys_first: Stmt::new(keys_first, numbered::KEYS_FIRST),
+                keys_after: Stmt::new(keys_after, numbered::KEYS_AFTER),
                 stats: Stmt::new(stats, numbered::STATS),
                 sweep: Stmt::new(sweep, numbered::SWEEP),
                 shrink: Stmt::new(shrink, numbered::SHRINK),
@@ -348,6 +363,8 @@ impl Statements {
             "shrink" => r.shrink.as_str(),
             "stuck" => r.stuck.as_str(),
             "stats" => r.stats.as_str(),
+            "keys_first" => r.keys_first.as_str(),
+            "keys_after" => r.keys_after.as_str(),
             _ => return None,
         })
     }

@@ -192,4 +192,16 @@ impl Store for RedisClusterStore {
     async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
         self.0.stats().await
     }
+
+    /// The record keys of every primary `CLUSTER NODES` listed when the walk began, scanned in
+    /// turn in the order of their addresses; the cursor names them by address. A failover or a
+    /// node's restart during the walk fails the page that meets it (the walk starts again); a
+    /// slot moved between primaries during the walk may have its records missed.
+    async fn list_keys(
+        &self,
+        after: Option<&str>,
+        batch: usize,
+    ) -> Result<crate::store::KeyPage, IdemError> {
+        self.0.list_keys(after, batch).await
+    }
 }

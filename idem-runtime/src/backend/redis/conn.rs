@@ -359,48 +359,108 @@ impl Conn {
     /// A SCAN for `pattern` to walk one reply (about 1,000 keys) at a time with [`Scan::next`]:
     /// on the server, or on every primary of a cluster in turn.
     pub(super) async fn scan(&self, pattern: &str) -> RedisResult<Scan> {
-        let nodes = match self {
-            Conn::Single(_) => vec![None],
+        Ok(Scan {
+            pattern: pattern.to_owned(),
+            nodes: self.scan_nodes().await?,
+            cursor: 0,
+        })
+    }
+
+    /// The nodes a walk of every key visits: the server (`None`), or the primaries of a cluster
+    /// that `CLUSTER NODES` lists now as not failing, sorted by address (so two walks, in two
+    /// processes, visit them in the same order).
+    pub(super) async fn scan_nodes(&self) -> RedisResult<Vec<Option<Node>>> {
+        match self {
+            Conn::Single(_) => Ok(vec![None]),
             Conn::Cluster(c) => {
                 let nodes: String = redis::cmd("CLUSTER")
                     .arg("NODES")
                     .query_async(&mut c.clone())
                     .await?;
-                primaries(&nodes).into_iter().map(Some).collect()
+                let mut nodes = primaries(&nodes);
+                nodes.sort_unstable();
+                nodes.dedup();
+                Ok(nodes.into_iter().map(Some).collect())
             }
-        };
-        Ok(Scan {
-            pattern: pattern.to_owned(),
-            nodes,
-            cursor: 0,
-        })
+        }
+    }
+
+    /// One `SCAN cursor MATCH pattern COUNT count` on `node` (the server for `None`): the next
+    /// cursor there (0 once the node was walked) and the reply's keys.
+    pub(super) async fn scan_step(
+        &self,
+        node: Option<&Node>,
+        cursor: u64,
+        pattern: &str,
+        count: usize,
+    ) -> RedisResult<(u64, Vec<String>)> {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count);
+        self.on_node(cmd, node).await
+    }
+
+    /// The run id of `node` (the server for `None`): `INFO server`'s `run_id`, drawn anew each
+    /// time the server process starts (`None` if the server gives none).
+    pub(super) async fn run_id(&self, node: Option<&Node>) -> RedisResult<Option<String>> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("server");
+        let info: String = self.on_node(cmd, node).await?;
+        Ok(info
+            .lines()
+            .find_map(|line| line.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_owned()))
+    }
+
+    /// `cmd` sent to `node` of a cluster by its address (to the server for `None`).
+    async fn on_node<T: redis::FromRedisValue>(
+        &self,
+        cmd: Cmd,
+        node: Option<&Node>,
+    ) -> RedisResult<T> {
+        match self {
+            Conn::Single(_) => cmd.query_async(&mut self.clone()).await,
+            Conn::Cluster(c) => {
+                let node = match node {
+                    Some((host, port)) => SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port: *port,
+                    },
+                    None => SingleNodeRoutingInfo::Random,
+                };
+                let value = c
+                    .clone()
+                    .route_command(cmd, RoutingInfo::SingleNode(node))
+                    .await?;
+                Ok(redis::from_redis_value(value)?)
+            }
+        }
     }
 }
+
+/// A node of a cluster by its address: host and port.
+pub(super) type Node = (String, u16);
 
 /// A SCAN under way ([`Conn::scan`]): the nodes left to walk (the first one being walked) and its
 /// cursor there.
 pub(super) struct Scan {
     pattern: String,
-    nodes: Vec<Option<SingleNodeRoutingInfo>>,
+    nodes: Vec<Option<Node>>,
     cursor: u64,
 }
 
 impl Scan {
     /// The next reply's keys (possibly none), or `None` once every node was walked.
     pub(super) async fn next(&mut self, conn: &Conn) -> RedisResult<Option<Vec<String>>> {
-        let Some(node) = self.nodes.first().cloned() else {
+        let Some(node) = self.nodes.first() else {
             return Ok(None);
         };
-        let mut cmd = redis::cmd("SCAN");
-        cmd.arg(self.cursor)
-            .arg("MATCH")
-            .arg(&self.pattern)
-            .arg("COUNT")
-            .arg(1000);
-        let (next, batch): (u64, Vec<String>) = match conn {
-            Conn::Single(_) => conn.clone().route(cmd, node).await?,
-            Conn::Cluster(c) => c.clone().route(cmd, node).await?,
-        };
+        let (next, batch) = conn
+            .scan_step(node.as_ref(), self.cursor, &self.pattern, 1000)
+            .await?;
         if next == 0 {
             self.nodes.remove(0);
         }
@@ -436,7 +496,7 @@ fn host_port(addr: &str) -> Option<(String, u16)> {
 }
 
 /// The primaries `CLUSTER NODES` lists that are not failing.
-fn primaries(nodes: &str) -> Vec<SingleNodeRoutingInfo> {
+fn primaries(nodes: &str) -> Vec<Node> {
     let mut found = Vec::new();
     for line in nodes.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
@@ -451,43 +511,9 @@ fn primaries(nodes: &str) -> Vec<SingleNodeRoutingInfo> {
             continue;
         };
         let Ok(port) = port.parse() else { continue };
-        found.push(SingleNodeRoutingInfo::ByAddress {
-            host: host.to_owned(),
-            port,
-        });
+        found.push((host.to_owned(), port));
     }
     found
-}
-
-/// Sending a command to one node of a cluster (or to the one server).
-trait RouteTo {
-    async fn route(
-        &mut self,
-        cmd: Cmd,
-        node: Option<SingleNodeRoutingInfo>,
-    ) -> RedisResult<(u64, Vec<String>)>;
-}
-
-impl RouteTo for Conn {
-    async fn route(
-        &mut self,
-        cmd: Cmd,
-        _node: Option<SingleNodeRoutingInfo>,
-    ) -> RedisResult<(u64, Vec<String>)> {
-        cmd.query_async(self).await
-    }
-}
-
-impl RouteTo for ClusterConnection {
-    async fn route(
-        &mut self,
-        cmd: Cmd,
-        node: Option<SingleNodeRoutingInfo>,
-    ) -> RedisResult<(u64, Vec<String>)> {
-        let routing = RoutingInfo::SingleNode(node.unwrap_or(SingleNodeRoutingInfo::Random));
-        let value = self.route_command(cmd, routing).await?;
-        Ok(redis::from_redis_value(value)?)
-    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ mod batch;
 mod cluster;
 mod conn;
 mod error;
+mod keys;
 mod read;
 mod records;
 pub(crate) mod scripts;
@@ -403,6 +404,16 @@ impl Store for RedisStore {
     /// A SCAN of the prefix's record keys in batches, and each one's status (`stats.rs`).
     async fn stats(&self) -> Result<Vec<crate::StatusCount>, IdemError> {
         self.records.stats().await
+    }
+
+    /// A SCAN of the prefix's record keys, the page's room asked for at each reply (`keys.rs`):
+    /// no order, and a key may come again on a later page while Redis resizes its table.
+    async fn list_keys(
+        &self,
+        after: Option<&str>,
+        batch: usize,
+    ) -> Result<crate::store::KeyPage, IdemError> {
+        self.records.list_keys(after, batch).await
     }
 }
 

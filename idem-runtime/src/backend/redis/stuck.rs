@@ -50,7 +50,7 @@ pub(super) fn biz_of<'k>(prefix: &str, record: &'k str) -> Option<&'k str> {
 
 /// The idempotency key of a member of `biz`'s index: the record key between
 /// `<prefix>{<n>:<biz>:` and the closing brace.
-fn key_of<'k>(prefix: &str, biz: &str, record: &'k str) -> Option<&'k str> {
+pub(super) fn key_of<'k>(prefix: &str, biz: &str, record: &'k str) -> Option<&'k str> {
     let head = record_key(prefix, biz, "");
     let head = &head[..head.len() - 1];
     record.strip_prefix(head)?.strip_suffix('}')

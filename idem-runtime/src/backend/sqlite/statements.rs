@@ -148,6 +148,15 @@ const STATS: &str = "SELECT biz_type, \
     CASE WHEN instr(fingerprint, ' ') > 0 THEN rtrim(rtrim(fingerprint, '0123456789abcdef'), ' ') END AS origin, \
     status, COUNT(*) AS n, \
     COUNT(CASE WHEN result_until <= ?1 THEN 1 END) AS gone FROM {t} GROUP BY biz_type, origin, status";
+/// ?1 batch. The first page of a walk of every record's key: the primary key read in its order
+/// (the table is the primary key's b-tree, `WITHOUT ROWID`).
+const KEYS_FIRST: &str = "SELECT biz_type, idem_key FROM {t} ORDER BY biz_type, idem_key LIMIT ?1";
+/// ?1 biz, ?2 key, ?3 batch. A later page: the range of the primary key after the last pair of the
+/// page before. Written as a row value, which SQLite reads as one range of the key (the same
+/// test as `biz_type > ?1 OR (biz_type = ?1 AND idem_key > ?2)`, which it would read as a range
+/// of `biz_type` alone, every key of the last business type read again and skipped).
+const KEYS_AFTER: &str = "SELECT biz_type, idem_key FROM {t} \
+    WHERE (biz_type, idem_key) > (?1, ?2) ORDER BY biz_type, idem_key LIMIT ?3";
 /// ?1 batch, ?2 now ms. Expired: the TTL passed and no lease is live.
 const SWEEP: &str = "DELETE FROM {t} WHERE (biz_type, idem_key) IN (\
     SELECT biz_type, idem_key FROM {t} \
@@ -196,6 +205,8 @@ impl Statements {
                 load: Stmt::new(text(LOAD), numbered::LOAD),
                 stuck: Stmt::new(text(STUCK), numbered::STUCK),
                 processing_biz: Stmt::new(text(PROCESSING_BIZ), &[]),
+                keys_first: Stmt::new(text(KEYS_FIRST), numbered::KEYS_FIRST),
+                keys_after: Stmt::new(text(KEYS_AFTER), numbered::KEYS_AFTER),
                 stats: Stmt::new(text(STATS), numbered::STATS),
                 sweep: Stmt::new(text(SWEEP), numbered::SWEEP),
                 shrink: Stmt::new(text(SHRINK), numbered::SHRINK),

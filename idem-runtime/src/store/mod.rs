@@ -223,15 +223,6 @@ pub enum ClaimOutcome {
     },
 }
 
-/// One page of [`Store::list_keys`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KeyPage {
-    /// `(biz, key)` of records this store holds.
-    pub keys: Vec<(String, String)>,
-    /// Where the next page starts. `None` once the walk is done.
-    pub next: Option<String>,
-}
-
 /// A stored record as read back, for inspection and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -532,16 +523,6 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// Backend errors as for [`Store::claim`].
     async fn load(&self, biz: &str, key: &str) -> Result<Option<Record>, IdemError>;
-
-    /// Walks the keys of every record the store holds, at most `batch` per page, starting after
-    /// `after`. The default: [`IdemError::NotSupported`].
-    async fn list_keys(&self, after: Option<&str>, batch: usize) -> Result<KeyPage, IdemError> {
-        let _ = (after, batch);
-        Err(IdemError::NotSupported {
-            backend: self.backend(),
-            what: "listing its keys",
-        })
-    }
 
     /// Deletes at most `batch` expired records (TTL passed and no live lease), and drops the
     /// results of at most `batch` records whose result ttl passed (they shrink to tombstones);

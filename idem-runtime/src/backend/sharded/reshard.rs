@@ -218,12 +218,13 @@ impl<S: Store> Reshard<S> {
                 Phase::Done => None,
             },
         };
-        if at.as_ref().is_some_and(|l| l.phase < Phase::Done) {
-            // Resumed: the processes may not all have read the step yet.
-            let l = at.as_ref().expect("checked");
+        if let Some(l) = &at {
             p.step = l.step;
             p.phase = Some(l.phase);
-            self.wait(&mut p, &mut progress).await;
+            if l.phase < Phase::Done {
+                // Resumed: the processes may not all have read the step yet.
+                self.wait(&mut p, &mut progress).await;
+            }
         }
         loop {
             if at.as_ref().is_some_and(|l| l.phase == Phase::DualNew) {

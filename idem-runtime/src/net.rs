@@ -59,12 +59,30 @@ pub(crate) async fn reach<C: sqlx::Connection>(
     options: &<C as sqlx::Connection>::Options,
     timeout: Duration,
 ) -> Result<(), IdemError> {
+    let conn = dial::<C>(what, dialect, server, options, timeout).await?;
+    hang_up(conn).await;
+    Ok(())
+}
+
+/// Closes a connection [`dial`] opened: a courtesy, so a server that does not answer the goodbye
+/// is no error.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn hang_up<C: sqlx::Connection>(conn: C) {
+    let _ = tokio::time::timeout(Duration::from_millis(100), conn.close()).await;
+}
+
+/// Opens one connection to the server of `options` within `timeout` (no retries), its errors as
+/// [`reach`]'s.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn dial<C: sqlx::Connection>(
+    what: &str,
+    dialect: crate::sql::dialect::Dialect,
+    server: &str,
+    options: &<C as sqlx::Connection>::Options,
+    timeout: Duration,
+) -> Result<C, IdemError> {
     match tokio::time::timeout(timeout, C::connect_with(options)).await {
-        Ok(Ok(conn)) => {
-            // Closing it is a courtesy: a server that does not answer the goodbye is no error.
-            let _ = tokio::time::timeout(Duration::from_millis(100), conn.close()).await;
-            Ok(())
-        }
+        Ok(Ok(conn)) => Ok(conn),
         Ok(Err(e)) => Err(unreachable(what, dialect, server, e)),
         Err(_) => Err(IdemError::unavailable(format!(
             "cannot reach {what} at {server}: no answer within the connect timeout of \

@@ -28,7 +28,7 @@ const SCHEMES: &str = "memory:, sqlite:PATH, mysql://, mariadb://, postgres://, 
 /// | `memory:` | [`MemoryStore`](crate::MemoryStore) (this process only) |
 /// | `sqlite:PATH`, `sqlite://PATH`, `sqlite::memory:` | [`SqliteStore`](crate::SqliteStore) on the file (created if missing), or in memory (feature `sqlite`) |
 /// | `mysql://…`, `mariadb://…` | `MySqlStore` (feature `mysql`) |
-/// | `postgres://…`, `postgresql://…` | `PgStore` (feature `postgres`) |
+/// | `postgres://…`, `postgresql://…` | `PgStore` (feature `postgres`); several servers, `postgres://h1:5432,h2:5432/db?target_session_attrs=read-write` (pg_auto_failover's URL): the one that takes writes, followed when it moves |
 /// | `redis://…`, `rediss://…` | `RedisStore` (feature `redis`) |
 /// | `redis+cluster://host:port,host:port` | `RedisClusterStore` on those seed nodes (feature `redis`) |
 /// | `sharded:URL\|URL\|…` | [`ShardedStore`](crate::ShardedStore) over the stores of those URLs, in that order (to add or remove one, `idem reshard` moves the keys: see [`Reshard`](crate::sharding::Reshard)) |
@@ -131,7 +131,23 @@ fn redacted(url: &str) -> String {
             let _ = parsed.set_password(Some("***"));
             parsed.to_string()
         }
-        _ => url.to_owned(),
+        Ok(_) => url.to_owned(),
+        // One the parser does not read, such as a list of hosts (`postgres://u:pw@h1,h2/db`):
+        // the password cut out of the text.
+        Err(_) => {
+            let Some((scheme, rest)) = url.split_once("://") else {
+                return url.to_owned();
+            };
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            let (authority, tail) = rest.split_at(end);
+            match authority.rsplit_once('@') {
+                Some((user, hosts)) if user.contains(':') => {
+                    let name = user.split(':').next().unwrap_or_default();
+                    format!("{scheme}://{name}:***@{hosts}{tail}")
+                }
+                _ => url.to_owned(),
+            }
+        }
     }
 }
 
@@ -445,6 +461,14 @@ mod tests {
         assert_eq!(
             redacted("postgres://u:secret@h/db"),
             "postgres://u:***@h/db"
+        );
+        assert_eq!(
+            redacted("postgres://u:secret@h1:5432,h2:5432/db?target_session_attrs=read-write"),
+            "postgres://u:***@h1:5432,h2:5432/db?target_session_attrs=read-write"
+        );
+        assert_eq!(
+            redacted("postgres://h1:5432,h2:5432/db"),
+            "postgres://h1:5432,h2:5432/db"
         );
         let e = invalid("nope://u:secret@h", "x").to_string();
         assert!(!e.contains("secret") && e.contains("sqlite:PATH"), "{e}");

@@ -53,6 +53,23 @@ impl fmt::Display for ServerError {
 
 impl std::error::Error for ServerError {}
 
+/// A Postgres refusal with `code`, as a test builds one without a server.
+#[cfg(all(test, feature = "postgres"))]
+pub(crate) fn pg_refusal(code: &str, message: &str) -> IdemError {
+    IdemError::store(ServerError {
+        server: "Postgres",
+        code: Some(code.to_owned()),
+        message: message.to_owned(),
+    })
+}
+
+/// The code of the server's refusal a store error's source carries (Postgres's SQLSTATE), if it
+/// is one.
+#[cfg(feature = "postgres")]
+pub(crate) fn server_code<'a>(source: &'a (dyn std::error::Error + 'static)) -> Option<&'a str> {
+    source.downcast_ref::<ServerError>()?.code.as_deref()
+}
+
 /// A driver error as an [`IdemError`] of the right class.
 pub(crate) fn store_error(e: sqlx::Error, dialect: Dialect) -> IdemError {
     match e {

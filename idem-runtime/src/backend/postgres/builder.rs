@@ -117,16 +117,23 @@ impl PgStoreBuilder {
         self
     }
 
-    /// Opens a pool on `url` (`postgres://user@host:port/db`) and makes the store.
+    /// Opens a pool on `url` (`postgres://user@host:port/db`, or several servers,
+    /// `postgres://user@h1:port,h2:port/db?target_session_attrs=read-write`, followed as
+    /// [`PgStore`] says) and makes the store.
     ///
     /// # Errors
-    /// [`IdemError::InvalidOptions`] for a malformed URL, an acquire timeout out of range or
-    /// limits a column cannot hold (before any connection is opened), or a server at the URL's
-    /// address that answers in another protocol than Postgres's (another database's port);
-    /// [`IdemError::StoreUnavailable`] when the server cannot be reached.
+    /// [`IdemError::InvalidOptions`] for a malformed URL (for several servers also an empty host,
+    /// a port out of range or a `target_session_attrs` that asks for a server taking no writes),
+    /// an acquire timeout out of range or limits a column cannot hold (before any connection is
+    /// opened), or a server at the URL's address that answers in another protocol than
+    /// Postgres's (another database's port); [`IdemError::StoreUnavailable`] when the server
+    /// cannot be reached, or, for several, when none of them takes writes.
     pub async fn connect(self, url: &str) -> Result<PgStore, IdemError> {
         check_pg_limits(&self.limits)?;
         crate::net::check_pool_timeouts(self.acquire_timeout, self.connect_timeout)?;
+        if let Some(servers) = super::hosts::parse(url)? {
+            return self.connect_following(servers).await;
+        }
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| IdemError::InvalidOptions {
                 reason: format!("not a Postgres URL: {e}"),
@@ -146,16 +153,42 @@ impl PgStoreBuilder {
             self.connect_timeout,
         )
         .await?;
-        // A statement on a dead connection fails as unavailable and idem tries again on another,
-        // so the pool does not ping every connection it hands out (a round trip per statement).
-        let pool = PgPoolOptions::new()
-            .max_connections(self.max_connections)
-            .acquire_timeout(self.acquire_timeout)
-            .test_before_acquire(false)
-            .connect_with(options);
+        let pool = self.pool_options().connect_with(options);
         let pool =
             crate::net::within_connect("Postgres", &server, self.connect_timeout, pool).await?;
         Ok(self.store(pool))
+    }
+
+    /// The pool's options. A statement on a dead connection fails as unavailable and idem tries
+    /// again on another, so the pool does not ping every connection it hands out (a round trip
+    /// per statement).
+    fn pool_options(&self) -> PgPoolOptions {
+        PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(self.acquire_timeout)
+            .test_before_acquire(false)
+    }
+
+    /// [`PgStoreBuilder::connect`] on a URL with several servers (or `target_session_attrs`):
+    /// the pool on the one that takes writes, following it when it moves (`hosts.rs`).
+    async fn connect_following(self, servers: Vec<PgConnectOptions>) -> Result<PgStore, IdemError> {
+        let lock_timeout = lock_timeout_text(self.lock_timeout);
+        let servers = servers
+            .into_iter()
+            .map(|options| options.options([("lock_timeout", lock_timeout.as_str())]))
+            .collect();
+        let hosts = super::hosts::Hosts::new(servers, self.connect_timeout);
+        let first = hosts.find().await?;
+        let pool = hosts
+            .watched(first, self.pool_options())
+            .connect_with(hosts.options(first).clone());
+        let pool =
+            crate::net::within_connect("Postgres", hosts.name(first), self.connect_timeout, pool)
+                .await?;
+        let following = super::hosts::Following::new(hosts, pool.clone());
+        let mut store = self.store(pool);
+        store.following = Some(following);
+        Ok(store)
     }
 
     /// The store on an existing pool (its database must have the tables: see
@@ -185,6 +218,7 @@ impl PgStoreBuilder {
             token_table,
             lock_timeout: self.lock_timeout,
             order: Arc::default(),
+            following: None,
         }
     }
 }

@@ -9,6 +9,7 @@
 //! options (`PgStoreBuilder`).
 
 mod builder;
+mod hosts;
 mod records;
 mod schema;
 mod statements;
@@ -64,6 +65,24 @@ const PG_MAX_FIELD_LEN: usize = 1 << 30;
 /// advisory lock, and bounds how long a duplicate waits for the claimant's transaction (`SET LOCAL
 /// lock_timeout`, [`PgStoreBuilder::lock_timeout`]).
 ///
+/// Several servers: a URL with a list of hosts,
+/// `postgres://app@db1:5432,db2:5432/orders?target_session_attrs=read-write` (libpq's form, the
+/// one pg_auto_failover's `pg_autoctl show uri --formation default` prints), connects to the
+/// server that takes writes (`transaction_read_only` off), whatever its place in the list, and
+/// follows it: when a statement finds its server gone or read-only, the store looks in the
+/// background for the server that takes writes now and moves its pool there (each new
+/// connection is checked; those opened before the move are closed). Until then statements answer
+/// [`IdemError::StoreUnavailable`], which callers retry: a read-only server writes nothing, and
+/// its refusal of the store's statements (SQLSTATE 25006) counts as unavailable for such a store,
+/// never as success.
+/// `target_session_attrs` may be `read-write`, `primary` or `any` (every call writes, so the store
+/// uses the server that takes writes whichever is given); `read-only`, `standby` and
+/// `prefer-standby` are refused. A body that finished while no server took writes is marked once
+/// one does if its call's store timeout and lease outlast the failover (else its key waits out
+/// the lease and may run again); with synchronous replication, pg_auto_failover's default for a
+/// primary and a secondary, no claim or mark the store acknowledged is lost in the failover
+/// (docs/RELIABILITY.md, "Growing and scaling out").
+///
 /// ```no_run
 /// # use idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem_runtime::IdemError> {
@@ -86,6 +105,8 @@ pub struct PgStore {
     lock_timeout: Duration,
     /// Which step a claim sends first (`store/order.rs`).
     order: Arc<ClaimOrder>,
+    /// The servers of a multi-host URL the pool follows (`hosts.rs`); `None` for one server.
+    following: Option<Arc<hosts::Following>>,
 }
 
 /// Checks `limits` against what the table's `text` and `bytea` columns hold.
@@ -269,13 +290,18 @@ impl PgStore {
             Some(ready) => format!("{begin}; {}", ready.open()),
             None => begin.to_owned(),
         };
+        let mut watch = self.following.as_ref().map(|f| f.watch());
         let tx = crate::engine::tx_step(
             crate::engine::TxStep::Begin,
             self.pool
                 .begin_with(AssertSqlSafe(statement).into_sql_str()),
             db_error,
         )
-        .await?;
+        .await;
+        let tx = match &mut watch {
+            Some(watch) => watch.settled(tx),
+            None => tx,
+        }?;
         Ok(PgTx::new(tx, self.clone(), ready))
     }
 
@@ -299,7 +325,16 @@ impl PgStore {
         &self,
         work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<R, IdemError>,
     ) -> Result<R, IdemError> {
-        self.warm.with(db_error, work).await
+        let Some(following) = &self.following else {
+            return self.warm.with(db_error, work).await;
+        };
+        let mut watch = following.watch();
+        let done = watch.settled(self.warm.with(db_error, work).await);
+        if done.is_err() && watch.armed() {
+            // The server went, or stopped taking writes: none of the warm connections is kept.
+            self.warm.cool();
+        }
+        done
     }
 
     /// A lock wait that timed out while claiming: the record is held by a transaction still

@@ -135,6 +135,7 @@ macro_rules! guide_links {
 [operating]: https://github.com/idemkit/idem/blob/main/docs/OPERATING.md
 [readme]: crate
 [reliability]: https://github.com/idemkit/idem/blob/main/docs/RELIABILITY.md
+[design-resharding]: https://github.com/idemkit/idem/blob/main/docs/DESIGN.md#resharding
 [security]: https://github.com/idemkit/idem/blob/main/docs/SECURITY.md
 [tests-build]: https://github.com/idemkit/idem/blob/main/tests/build.rs
 [tests-contract]: https://github.com/idemkit/idem/tree/main/tests/tests/contract/

@@ -284,4 +284,5 @@ on_every_store!(
 
 mod commands;
 mod race;
+mod reshard;
 mod usage;

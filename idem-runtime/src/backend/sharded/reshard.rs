@@ -244,8 +244,9 @@ impl<S: Store> Reshard<S> {
             }
         }
         p.doing = match p.phase {
-            Some(Phase::Done) => "done: every process routes over the new shards; the old \
-                                  shards' copies of the moved keys expire with their ttl"
+            Some(Phase::Done) => "done: the window can close; every process routes over the new \
+                                  shards, and the old shards' copies of the moved keys expire \
+                                  with their ttl"
                 .to_owned(),
             _ => "planned: run again without plan-only to move the keys".to_owned(),
         };
@@ -340,8 +341,8 @@ impl<S: Store> Reshard<S> {
         while !watched.is_empty() {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let mut left = Vec::new();
-            for w in watched {
-                if !w.settle().await? {
+            for mut w in watched {
+                if !w.settle(p).await? {
                     left.push(w);
                 }
             }
@@ -379,20 +380,40 @@ struct Watched<'s, S> {
     key: String,
     /// The old shard's claim it stands for.
     fence: crate::Fence,
-    /// The tool's claim on the new shard.
-    claim: Claim,
+    /// The tool's claim on the new shard; `None` when another claim holds it (the record is
+    /// copied again once the old shard's record ended).
+    claim: Option<Claim>,
 }
 
 impl<S: Store> Watched<'_, S> {
     /// Mirrors the old shard's record: `true` once its claim ended (and the new shard says how).
-    async fn settle(&self) -> Result<bool, IdemError> {
+    async fn settle(&mut self, p: &mut ReshardProgress) -> Result<bool, IdemError> {
+        let Some(claim) = self.claim else {
+            let live = self.old.load(&self.biz, &self.key).await?.is_some_and(|r| {
+                r.fence == self.fence
+                    && r.status == Status::Processing
+                    && r.lease_until_ms > now_ms()
+            });
+            if live {
+                return Ok(false);
+            }
+            return match copy_one(self.old, self.new, &self.biz, &self.key, p).await? {
+                None => Ok(true),
+                // Still held on the new shard, or now held by the tool: mirrored next round.
+                Some(again) => {
+                    *self = again;
+                    Ok(false)
+                }
+            };
+        };
+        let claim = &claim;
         let (biz, key) = (self.biz.as_str(), self.key.as_str());
         let record = self.old.load(biz, key).await?;
         let ended = match &record {
             Some(r) if r.fence == self.fence && r.status == Status::Processing => {
                 if r.lease_until_ms > now_ms() {
                     let lease = from_now(r.lease_until_ms);
-                    self.new.renew(biz, key, &self.claim, lease).await?;
+                    self.new.renew(biz, key, claim, lease).await?;
                     return Ok(false);
                 }
                 false
@@ -405,29 +426,22 @@ impl<S: Store> Watched<'_, S> {
         };
         match record {
             Some(r) if ended && r.fence == self.fence && r.status == Status::Succeeded => {
-                finish(self.new, &r, &self.claim).await.or_else(lost)?;
+                finish(self.new, &r, claim).await.or_else(lost)?;
             }
             Some(r) if r.fence == self.fence && r.status == Status::Failed => {
                 if let Some(steps) = &r.steps {
-                    let _ = self.new.save_steps(biz, key, &self.claim, steps).await;
+                    let _ = self.new.save_steps(biz, key, claim, steps).await;
                 }
-                self.new.fail(biz, key, &self.claim).await.or_else(lost)?;
+                self.new.fail(biz, key, claim).await.or_else(lost)?;
             }
             Some(r) if r.fence == self.fence => {
                 // Its lease ended with the holder's work unfinished: a takeover's to recover.
                 if let Some(steps) = &r.steps {
-                    let _ = self.new.save_steps(biz, key, &self.claim, steps).await;
+                    let _ = self.new.save_steps(biz, key, claim, steps).await;
                 }
-                self.new
-                    .release(biz, key, &self.claim)
-                    .await
-                    .or_else(lost)?;
+                self.new.release(biz, key, claim).await.or_else(lost)?;
             }
-            _ => self
-                .new
-                .release(biz, key, &self.claim)
-                .await
-                .or_else(lost)?,
+            _ => self.new.release(biz, key, claim).await.or_else(lost)?,
         }
         Ok(true)
     }
@@ -457,76 +471,64 @@ async fn copy_one<'s, S: Store>(
     key: &str,
     p: &mut ReshardProgress,
 ) -> Result<Option<Watched<'s, S>>, IdemError> {
-    loop {
-        let Some(r) = old.load(biz, key).await? else {
-            return Ok(None);
-        };
-        let left = r.expire_at_ms - now_ms();
-        if left < 2 {
-            return Ok(None);
+    let Some(r) = old.load(biz, key).await? else {
+        return Ok(None);
+    };
+    let left = r.expire_at_ms - now_ms();
+    if left < 2 {
+        return Ok(None);
+    }
+    let lease = match r.status {
+        Status::Processing if r.lease_until_ms > now_ms() => from_now(r.lease_until_ms),
+        _ => Duration::from_secs(10),
+    };
+    let ttl = Duration::from_millis(left as u64);
+    let lease = lease.min(ttl / 2).max(Duration::from_millis(1));
+    let req = ClaimRequest {
+        biz,
+        key,
+        fingerprint: r.fingerprint.as_deref(),
+        lease,
+        ttl: ttl.max(lease + Duration::from_millis(1)),
+    };
+    let watched = |claim| Watched {
+        old,
+        new,
+        biz: biz.to_owned(),
+        key: key.to_owned(),
+        fence: r.fence,
+        claim,
+    };
+    match new.claim(&req).await? {
+        ClaimOutcome::Acquired { claim, .. } => {
+            p.copied += 1;
+            if r.status == Status::Succeeded {
+                finish(new, &r, &claim).await?;
+                return Ok(None);
+            }
+            if let Some(steps) = &r.steps {
+                new.save_steps(biz, key, &claim, steps).await?;
+            }
+            if r.status == Status::Failed {
+                new.fail(biz, key, &claim).await?;
+                return Ok(None);
+            }
+            Ok(Some(watched(Some(claim))))
         }
-        let lease = match r.status {
-            Status::Processing if r.lease_until_ms > now_ms() => from_now(r.lease_until_ms),
-            _ => Duration::from_secs(10),
-        };
-        let ttl = Duration::from_millis(left as u64);
-        let lease = lease.min(ttl / 2).max(Duration::from_millis(1));
-        let req = ClaimRequest {
-            biz,
-            key,
-            fingerprint: r.fingerprint.as_deref(),
-            lease,
-            ttl: ttl.max(lease + Duration::from_millis(1)),
-        };
-        match new.claim(&req).await? {
-            ClaimOutcome::Acquired { claim, .. } => {
-                p.copied += 1;
-                match r.status {
-                    Status::Succeeded => finish(new, &r, &claim).await?,
-                    Status::Failed => {
-                        if let Some(steps) = &r.steps {
-                            new.save_steps(biz, key, &claim, steps).await?;
-                        }
-                        new.fail(biz, key, &claim).await?;
-                    }
-                    Status::Processing => {
-                        if let Some(steps) = &r.steps {
-                            new.save_steps(biz, key, &claim, steps).await?;
-                        }
-                        let w = Watched {
-                            old,
-                            new,
-                            biz: biz.to_owned(),
-                            key: key.to_owned(),
-                            fence: r.fence,
-                            claim,
-                        };
-                        return Ok(Some(w));
-                    }
-                }
-                return Ok(None);
-            }
-            // The new shard holds a claim: the holder's own (it claimed in a dual phase) when the
-            // old record is in progress too; otherwise a claim about to be marked, waited for.
-            ClaimOutcome::InProgress { retry_after } => {
-                if r.status == Status::Processing {
-                    return Ok(None);
-                }
-                tokio::time::sleep(
-                    retry_after.clamp(Duration::from_millis(10), Duration::from_millis(500)),
-                )
-                .await;
-            }
-            ClaimOutcome::Replay { .. } | ClaimOutcome::ResultGone => return Ok(None),
-            ClaimOutcome::Mismatch => {
-                p.conflicts += 1;
-                tracing::warn!(
-                    biz,
-                    key,
-                    "a moving key's new shard holds a success from another payload; the old shard's record is not copied"
-                );
-                return Ok(None);
-            }
+        // The new shard holds a claim: the holder's own (it claimed in a dual phase, and marks
+        // the new shard first from now on), a mark about to land, or the claim of an earlier
+        // run of the tool that stopped. Watched until the old record ends, then copied again.
+        ClaimOutcome::InProgress { .. } => Ok(Some(watched(None))),
+        ClaimOutcome::Replay { .. } | ClaimOutcome::ResultGone => Ok(None),
+        ClaimOutcome::Mismatch => {
+            p.conflicts += 1;
+            tracing::warn!(
+                biz,
+                key,
+                "a moving key's new shard holds a success from another payload; the old shard's \
+                 record is not copied"
+            );
+            Ok(None)
         }
     }
 }

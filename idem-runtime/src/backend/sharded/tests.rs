@@ -124,3 +124,59 @@ async fn a_reshard_from_a_list_the_keys_are_not_routed_over_is_refused() {
         assert!(Reshard::new(&two, &three).settle(bad).is_err());
     }
 }
+
+/// A reshard stopped while it waited for a holder from before the move, run again after the
+/// holder marked its old shard: the new shard ends with the holder's result, nothing runs again.
+#[tokio::test]
+async fn a_reshard_stopped_while_it_waits_for_a_holder_goes_on_when_run_again() {
+    use crate::store::{ClaimOutcome, ClaimRequest};
+    use std::time::Duration;
+    let (a, b, c) = shards().await;
+    let two = ShardedStore::new([a.clone(), b.clone()]).unwrap();
+    let three = ShardedStore::new([a.clone(), b.clone(), c.clone()]).unwrap();
+    let key = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| super::route::shard("PAY", k, 3) == 2)
+        .unwrap();
+    let req = ClaimRequest {
+        biz: "PAY",
+        key: &key,
+        fingerprint: None,
+        lease: Duration::from_secs(8),
+        ttl: Duration::from_secs(3600),
+    };
+    let ClaimOutcome::Acquired { claim, .. } = two.claim(&req).await.unwrap() else {
+        panic!("a fresh key")
+    };
+    let (waiting, mut told) = tokio::sync::mpsc::unbounded_channel();
+    let (from, to) = (two.clone(), three.clone());
+    let first = tokio::spawn(async move {
+        Reshard::new(&from, &to)
+            .run(|p| {
+                if p.waiting > 0 {
+                    let _ = waiting.send(());
+                }
+            })
+            .await
+    });
+    told.recv().await.expect("the tool waits for the holder");
+    first.abort();
+    // The holder marks its old shard after the tool stopped.
+    two.complete(
+        "PAY",
+        &key,
+        &claim,
+        br#"{"Ok":"paid"}"#,
+        Duration::from_secs(3600),
+    )
+    .await
+    .unwrap();
+    let done = Reshard::new(&two, &three).run(|_| {}).await.unwrap();
+    assert_eq!(done.phase, Some(Phase::Done));
+    let answer: Result<String, IdemError> = Call::new("PAY", &key)
+        .run(&three, async { panic!("{key} ran again") })
+        .await;
+    assert_eq!(answer.unwrap(), "paid");
+    let on_c = c.load("PAY", &key).await.unwrap().unwrap();
+    assert_eq!(on_c.status, crate::Status::Succeeded);
+}

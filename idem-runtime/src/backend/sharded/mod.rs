@@ -3,6 +3,8 @@
 //! speak their dialects), or several SQLite files.
 
 mod layout;
+#[cfg(test)]
+mod model_check;
 mod moving;
 mod reshard;
 mod route;

@@ -159,7 +159,7 @@ impl Write<'_> {
 
 /// The stronger of two ways a claim came about: a takeover anywhere means an earlier attempt
 /// may have done part of the work.
-fn stronger(a: Acquired, b: Acquired) -> Acquired {
+pub(super) fn stronger(a: Acquired, b: Acquired) -> Acquired {
     match (a, b) {
         (Acquired::TakeOver, _) | (_, Acquired::TakeOver) => Acquired::TakeOver,
         (Acquired::RetryAfterFailure, _) | (_, Acquired::RetryAfterFailure) => {

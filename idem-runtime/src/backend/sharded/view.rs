@@ -107,6 +107,24 @@ impl View {
     }
 }
 
+#[cfg(test)]
+impl View {
+    /// A view of `layout` by a process whose shards hold the layout's `from` and `to` shards at
+    /// these indexes (the model check routes by it).
+    pub(crate) fn of(
+        layout: Option<Layout>,
+        from: Vec<Option<usize>>,
+        to: Vec<Option<usize>>,
+    ) -> View {
+        View {
+            layout,
+            from,
+            to,
+            read_at: None,
+        }
+    }
+}
+
 impl<S: Store> ShardedStore<S> {
     /// The view as last read, without reading.
     pub(crate) fn view_now(&self) -> Arc<View> {

@@ -61,9 +61,10 @@ impl Held {
             == 4095
         {
             // Claims never finished (a caller dropped mid-call): forgotten a while after their lease.
-            claims.retain(|_, e| e.until + REMEMBERED > now);
+            claims.retain(|_, e| e.until.checked_add(REMEMBERED).is_none_or(|t| t > now));
         }
-        let until = now + lease;
+        // A lease too long for the clock: remembered until the claim ends.
+        let until = now.checked_add(lease).unwrap_or(now + REMEMBERED * 1_000_000);
         claims.insert(
             (biz.to_owned(), key.to_owned(), claim.fence.get()),
             Entry { holds, until },
@@ -93,7 +94,8 @@ impl Held {
             (_, Err(IdemError::StoreUnavailable { .. } | IdemError::StoreBusy { .. })) => {}
             (Write::Renew(lease), Ok(())) => {
                 if let Some(e) = claims.get_mut(&k) {
-                    e.until = Instant::now() + lease;
+                    let now = Instant::now();
+                    e.until = now.checked_add(lease).unwrap_or(now + REMEMBERED * 1_000_000);
                 }
             }
             (w, _) if w.ends() => {

@@ -64,7 +64,9 @@ impl Held {
             claims.retain(|_, e| e.until.checked_add(REMEMBERED).is_none_or(|t| t > now));
         }
         // A lease too long for the clock: remembered until the claim ends.
-        let until = now.checked_add(lease).unwrap_or(now + REMEMBERED * 1_000_000);
+        let until = now
+            .checked_add(lease)
+            .unwrap_or(now + REMEMBERED * 1_000_000);
         claims.insert(
             (biz.to_owned(), key.to_owned(), claim.fence.get()),
             Entry { holds, until },
@@ -95,7 +97,9 @@ impl Held {
             (Write::Renew(lease), Ok(())) => {
                 if let Some(e) = claims.get_mut(&k) {
                     let now = Instant::now();
-                    e.until = now.checked_add(lease).unwrap_or(now + REMEMBERED * 1_000_000);
+                    e.until = now
+                        .checked_add(lease)
+                        .unwrap_or(now + REMEMBERED * 1_000_000);
                 }
             }
             (w, _) if w.ends() => {

@@ -164,21 +164,19 @@ impl<S: Store> Reshard<S> {
         mut progress: impl FnMut(&ReshardProgress),
     ) -> Result<ReshardProgress, IdemError> {
         let mut p = ReshardProgress::default();
-        let mut stores: Vec<(String, &S)> = Vec::new();
-        for shard in self.from.shards().iter().chain(self.to.shards()) {
-            let id = layout::ensure_id(shard).await?;
-            if !stores.iter().any(|(known, _)| *known == id) {
-                stores.push((id, shard));
-            }
-        }
+        // Each shard's identity, read (or given) once; the stores by identity, each once.
         let mut ids = Vec::new();
-        for shard in self.from.shards() {
+        for shard in self.from.shards().iter().chain(self.to.shards()) {
             ids.push(layout::ensure_id(shard).await?);
         }
+        let to_ids = ids.split_off(self.from.shards().len());
         let from_ids = ids;
-        let mut to_ids = Vec::new();
-        for shard in self.to.shards() {
-            to_ids.push(layout::ensure_id(shard).await?);
+        let mut stores: Vec<(String, &S)> = Vec::new();
+        let all = self.from.shards().iter().chain(self.to.shards());
+        for (id, shard) in from_ids.iter().chain(&to_ids).zip(all) {
+            if !stores.iter().any(|(known, _)| known == id) {
+                stores.push((id.clone(), shard));
+            }
         }
         let current = self.status().await?;
         let mut at = match &current {

@@ -33,8 +33,16 @@ impl<S: TransactionalStore> ShardedTx<S> {
         shard: usize,
         biz: &str,
         key: &str,
+        marking: bool,
     ) -> Result<(), IdemError> {
         let home = store.tx_shard(biz, key).await?;
+        if home != shard && marking {
+            // Claimed here, then a reshard moved the key: the copy may not have this record.
+            return Err(IdemError::unavailable(format!(
+                "({biz}, {key}) moved to shard {home} while this transaction on shard {shard} \
+                 held it (a reshard): its mark is refused, so the transaction rolls back; retry"
+            )));
+        }
         if home != shard {
             return Err(IdemError::InvalidOptions {
                 reason: format!(
@@ -69,7 +77,7 @@ impl<S: TransactionalStore> IdemTx for ShardedTx<S> {
     }
 
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        Self::on_this_shard(&self.store, self.shard, req.biz, req.key).await?;
+        Self::on_this_shard(&self.store, self.shard, req.biz, req.key, false).await?;
         self.tx.claim(req).await
     }
 
@@ -81,7 +89,7 @@ impl<S: TransactionalStore> IdemTx for ShardedTx<S> {
         snapshot: &[u8],
         ttl: Duration,
     ) -> Result<(), IdemError> {
-        Self::on_this_shard(&self.store, self.shard, biz, key).await?;
+        Self::on_this_shard(&self.store, self.shard, biz, key, true).await?;
         self.tx.complete(biz, key, claim, snapshot, ttl).await
     }
 
@@ -94,7 +102,7 @@ impl<S: TransactionalStore> IdemTx for ShardedTx<S> {
         ttl: Duration,
         result_ttl: Duration,
     ) -> Result<(), IdemError> {
-        Self::on_this_shard(&self.store, self.shard, biz, key).await?;
+        Self::on_this_shard(&self.store, self.shard, biz, key, true).await?;
         self.tx
             .complete_keeping(biz, key, claim, snapshot, ttl, result_ttl)
             .await

@@ -33,15 +33,16 @@
 //! the layout, so the tool is not held up).
 //!
 //! The copy, once every process is in `dual-new`, as `Reshard` runs it: read A's record, claim B
-//! with its lease and ttl, then write a success or a failure there; for a record in progress,
-//! hold B's claim and mirror A's (renew B to A's lease end while A's claim under the same fence
-//! is live, complete or fail B when A ends so, release B when A's lease ends unfinished or its
-//! claim is gone); skip the key when B replays, or answers "in progress" for a record in
-//! progress; read A again later when B answers "in progress" for a finished one. Each read and
-//! each write is an atomic step, any of them may wait while the clock runs. A copy write or a
-//! renewal of B that B refuses (`LeaseLost`) stops the tool (run again, the copy starts over);
-//! a refused write that ends a watched claim is let go, as the code does. `done` is written once
-//! the copy is done and its watched claim ended.
+//! with its lease and ttl, read A again and give B's claim back if A changed (`recheck`), then
+//! write a success or a failure there; for a record in progress, hold B's claim and mirror A's
+//! (renew B to A's lease end while A's claim under the same fence is live, complete or fail B
+//! when A ends so; when A's lease ends unfinished, take A over and give it back so its holder is
+//! fenced out (`fence_out`), then release B; release B when A's claim is gone); skip the key when
+//! B replays; when B answers "in progress", read A again later (`copy_waits`). Each read and each
+//! write is an atomic step, any of them may wait while the clock runs. A copy write or a renewal
+//! of B that B refuses (`LeaseLost`) starts the key's copy over (`lost_restarts`; the code waits
+//! for A's claim to end first, which the model's restart covers). `done` is written once the
+//! copy is done and its watched claim ended.
 //!
 //! The properties, as the base model states them (`store::model_check`): no second body runs
 //! beside a holder whose lease is live by its own count; no effect happens after a success is
@@ -50,9 +51,10 @@
 //! the base protocol's own exception. And, so that the model is not vacuous: `done` is reached
 //! with a success replayed from B, and the copy stands in for a live claim on A.
 //!
-//! [`Fixes`] are five changes to that protocol; the code makes none of them, and the checker
-//! finds a second body beside a live one, or an effect run again, for each one left out
-//! (`checks::the_code_lets_a_second_body_run` replays the traces). With all five, every property
+//! [`Fixes`] are five changes to the protocol as it was first written, which the checker found
+//! needed: without any one of them, it finds a second body beside a live one, or an effect run
+//! again (`checks::each_fix_is_needed` replays the traces). The code makes all five. With them,
+//! every property
 //! holds over every state the bounds reach. [`Rules`] other than `Current` each break one rule of
 //! the protocol; the checker finds each.
 //!
@@ -111,30 +113,31 @@ pub(crate) enum Rules {
     NoSettle,
 }
 
-/// Changes to the protocol as the code runs it.
+/// The five changes the checker found needed; the code makes all of them (in parentheses, what
+/// the protocol did without each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Fixes {
     /// A pair's renewal holds only when both shards take it: `LeaseLost` when either refuses
-    /// (the code answers the first shard's answer and logs the second's).
+    /// (without: the first shard's answer, the second's logged).
     pub renew_both: bool,
-    /// The copy reads A again later whenever B answers "in progress" (the code skips the key
+    /// The copy reads A again later whenever B answers "in progress" (without: the key skipped
     /// when A's record is in progress too, taking B's claim for its holder's).
     pub copy_waits: bool,
     /// A watched claim whose lease ended unfinished is taken over on A by the tool (its holder
-    /// fenced out) and given back before B is released (the code releases B only, and the
+    /// fenced out) and given back before B is released (without: B released only, and the
     /// holder, if it wakes, may still renew A).
     pub fence_out: bool,
     /// Once B is acquired, the copy reads A again and writes A's state only if it is still the
-    /// one it read; otherwise B's claim is given back and the copy starts over (the code writes
-    /// what it read).
+    /// one it read; otherwise B's claim is given back and the copy starts over (without: what it
+    /// read is written).
     pub recheck: bool,
     /// A write of a watched claim's end that B refuses (`LeaseLost`: B's claim was taken from
-    /// the tool) makes the copy start over (the code counts the key as done).
+    /// the tool) makes the copy start over (without: the key counted as done).
     pub lost_restarts: bool,
 }
 
 impl Fixes {
-    /// The protocol as the code runs it.
+    /// The protocol as first written.
     pub(crate) const NONE: Fixes = Fixes {
         renew_both: false,
         copy_waits: false,

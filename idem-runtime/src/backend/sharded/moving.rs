@@ -175,6 +175,22 @@ pub(super) fn stronger(a: Acquired, b: Acquired) -> Acquired {
     }
 }
 
+/// Gives back a claim acquired as `how` without running anything under it: a takeover released
+/// (the next call takes it over and asks recover, as it would have), a new or retried claim
+/// failed (the next call retries).
+pub(super) async fn give_back<S: Store + ?Sized>(
+    shard: &S,
+    biz: &str,
+    key: &str,
+    claim: &Claim,
+    how: Acquired,
+) -> Result<(), IdemError> {
+    match how {
+        Acquired::TakeOver => shard.release(biz, key, claim).await,
+        Acquired::Fresh | Acquired::RetryAfterFailure => shard.fail(biz, key, claim).await,
+    }
+}
+
 impl<S: Store> ShardedStore<S> {
     /// Claims a moving key: on its old shard `a`, and, if that is acquired, on its new shard `b`.
     /// The body runs only with both; otherwise the old shard's claim is given back as it was
@@ -205,13 +221,7 @@ impl<S: Store> ShardedStore<S> {
                 how: stronger(how, hb),
             });
         }
-        let undo = match how {
-            Acquired::TakeOver => shards[a].release(req.biz, req.key, &ca).await,
-            Acquired::Fresh | Acquired::RetryAfterFailure => {
-                shards[a].fail(req.biz, req.key, &ca).await
-            }
-        };
-        if let Err(e) = undo {
+        if let Err(e) = give_back(&shards[a], req.biz, req.key, &ca, how).await {
             tracing::warn!(error = %e, biz = req.biz, key = req.key,
                 "could not give back a moving key's claim on its old shard; it is taken over when its lease ends");
         }
@@ -219,8 +229,10 @@ impl<S: Store> ShardedStore<S> {
     }
 
     /// `write` under `claim`, on the shards the claim holds: both of a moving key's claims, in
-    /// the order of the phase (the first one's answer is the call's; a failure of the second is
-    /// logged), or the one shard the key was claimed on.
+    /// the order of the phase, or the one shard the key was claimed on. A mark's answer is the
+    /// first shard's (a failure of the second is logged: the first decides from then on). A
+    /// renewal holds only when both shards take it: a pair whose claim on either shard was taken
+    /// over must not run on, since the other shard's callers may be running beside it.
     pub(crate) async fn write(
         &self,
         biz: &str,
@@ -249,12 +261,16 @@ impl<S: Store> ShardedStore<S> {
             .as_ref()
             .is_none_or(|l| l.phase < Phase::DualNew);
         let (first, second) = if old_first { (a, b) } else { (b, a) };
-        let answer = write.to(&shards[first.0], biz, key, &first.1).await;
+        let mut answer = write.to(&shards[first.0], biz, key, &first.1).await;
         if answer.is_ok()
             && let Err(e) = write.to(&shards[second.0], biz, key, &second.1).await
         {
-            tracing::warn!(error = %e, biz, key,
-                "a moving key's second shard did not take a write its first took");
+            if matches!(write, Write::Renew(_)) {
+                answer = Err(e);
+            } else {
+                tracing::warn!(error = %e, biz, key,
+                    "a moving key's second shard did not take a write its first took");
+            }
         }
         self.inner.held.after(biz, key, claim, write, &answer);
         answer

@@ -7,10 +7,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::ShardedStore;
 use super::layout::{self, Layout, Phase};
+use super::moving::give_back;
 use super::route;
 use super::view::STALE_AFTER;
 use crate::IdemError;
-use crate::store::{Claim, ClaimOutcome, ClaimRequest, Record, Status, Store};
+use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Record, Status, Store};
 
 /// Where a reshard stands, as [`Reshard::run`] reports it after each step and each page copied.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -406,42 +407,90 @@ impl<S: Store> Watched<'_, S> {
         };
         let claim = &claim;
         let (biz, key) = (self.biz.as_str(), self.key.as_str());
-        let record = self.old.load(biz, key).await?;
-        let ended = match &record {
-            Some(r) if r.fence == self.fence && r.status == Status::Processing => {
-                if r.lease_until_ms > now_ms() {
-                    let lease = from_now(r.lease_until_ms);
-                    self.new.renew(biz, key, claim, lease).await?;
+        let Some(r) = self.old.load(biz, key).await? else {
+            // Expired on the old shard: nothing to stand for.
+            return self.ended(self.new.release(biz, key, claim).await, None);
+        };
+        if r.fence != self.fence {
+            // Taken over on the old shard (which fenced its holder out): the new claim's holder
+            // also claims the new shard, where the tool's claim is given back.
+            let answer = self.new.release(biz, key, claim).await;
+            return self.ended(answer, Some(r.fence));
+        }
+        let answer = match r.status {
+            Status::Processing if r.lease_until_ms > now_ms() => {
+                let lease = from_now(r.lease_until_ms);
+                let renewed = self.new.renew(biz, key, claim, lease).await;
+                return self.ended(renewed, Some(r.fence)).map(|_| false);
+            }
+            Status::Succeeded => finish(self.new, &r, claim).await,
+            Status::Failed => {
+                if let Some(steps) = &r.steps {
+                    let _ = self.new.save_steps(biz, key, claim, steps).await;
+                }
+                self.new.fail(biz, key, claim).await
+            }
+            Status::Processing => {
+                // Its lease ended with the holder's work unfinished: a takeover's to recover. The
+                // holder is fenced out of the old shard first (taken over there and given back),
+                // so that it cannot renew or mark there once the new shard is given back.
+                if !fence_out(self.old, &r).await? {
                     return Ok(false);
                 }
-                false
-            }
-            _ => true,
-        };
-        let lost = |e: IdemError| match e {
-            IdemError::LeaseLost { .. } => Ok(()),
-            e => Err(e),
-        };
-        match record {
-            Some(r) if ended && r.fence == self.fence && r.status == Status::Succeeded => {
-                finish(self.new, &r, claim).await.or_else(lost)?;
-            }
-            Some(r) if r.fence == self.fence && r.status == Status::Failed => {
                 if let Some(steps) = &r.steps {
                     let _ = self.new.save_steps(biz, key, claim, steps).await;
                 }
-                self.new.fail(biz, key, claim).await.or_else(lost)?;
+                self.new.release(biz, key, claim).await
             }
-            Some(r) if r.fence == self.fence => {
-                // Its lease ended with the holder's work unfinished: a takeover's to recover.
-                if let Some(steps) = &r.steps {
-                    let _ = self.new.save_steps(biz, key, claim, steps).await;
+        };
+        self.ended(answer, Some(r.fence))
+    }
+
+    /// After a write under the tool's claim on the new shard: `true` when it was taken. When the
+    /// new shard refused it (its claim was taken from the tool after a stall), the key's copy
+    /// starts over once the old shard's claim under `fence` is no longer live.
+    fn ended(
+        &mut self,
+        answer: Result<(), IdemError>,
+        fence: Option<crate::Fence>,
+    ) -> Result<bool, IdemError> {
+        match answer {
+            Ok(()) => Ok(true),
+            Err(IdemError::LeaseLost { .. }) => {
+                self.claim = None;
+                if let Some(fence) = fence {
+                    self.fence = fence;
                 }
-                self.new.release(biz, key, claim).await.or_else(lost)?;
+                Ok(false)
             }
-            _ => self.new.release(biz, key, claim).await.or_else(lost)?,
+            Err(e) => Err(e),
         }
-        Ok(true)
+    }
+}
+
+/// Takes over `r`'s claim on the old shard (its lease ended) and gives it back at once, so that
+/// its holder, if it wakes, is refused there. `false` when the old shard answered otherwise
+/// (another caller holds it, or it was marked meanwhile): read it again.
+async fn fence_out<S: Store>(old: &S, r: &Record) -> Result<bool, IdemError> {
+    let ttl = Duration::from_millis(u64::try_from(r.expire_at_ms - now_ms()).unwrap_or(0));
+    if ttl < Duration::from_millis(2) {
+        return Ok(true);
+    }
+    let lease = Duration::from_secs(10).min(ttl / 2);
+    let req = ClaimRequest {
+        biz: &r.biz,
+        key: &r.key,
+        fingerprint: r.fingerprint.as_deref(),
+        lease,
+        ttl,
+    };
+    match old.claim(&req).await? {
+        ClaimOutcome::Acquired { claim, how } => {
+            give_back(old, &r.biz, &r.key, &claim, how).await?;
+            // Anything but a takeover: the record changed meanwhile.
+            Ok(how == Acquired::TakeOver)
+        }
+        _ => Ok(false),
     }
 }
 
@@ -498,7 +547,21 @@ async fn copy_one<'s, S: Store>(
         claim,
     };
     match new.claim(&req).await? {
-        ClaimOutcome::Acquired { claim, .. } => {
+        ClaimOutcome::Acquired { claim, how } => {
+            // The old record may have changed while the new shard was claimed (a retry or a
+            // takeover that ran, a mark): only the state read now may be written; otherwise the
+            // claim is given back and the key copied again once the old claim is not live.
+            let now = old.load(biz, key).await?;
+            if now
+                .as_ref()
+                .is_none_or(|n| n.fence != r.fence || n.status != r.status)
+            {
+                give_back(new, biz, key, &claim, how).await?;
+                return Ok(Some(Watched {
+                    fence: now.map_or(r.fence, |n| n.fence),
+                    ..watched(None)
+                }));
+            }
             p.copied += 1;
             if r.status == Status::Succeeded {
                 finish(new, &r, &claim).await?;

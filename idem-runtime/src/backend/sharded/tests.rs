@@ -180,3 +180,143 @@ async fn a_reshard_stopped_while_it_waits_for_a_holder_goes_on_when_run_again() 
     let on_c = c.load("PAY", &key).await.unwrap().unwrap();
     assert_eq!(on_c.status, crate::Status::Succeeded);
 }
+
+/// Writes the layout's steps up to `phase` for a move from `from` to `to`, as the tool does but
+/// without its waits, and returns the first key that moves from the second shard to the third.
+async fn steps_to(phase: Phase, from: &[&SqliteStore], to: &[&SqliteStore]) -> String {
+    use super::layout::{self, Layout};
+    let ids = |list: &[&SqliteStore]| {
+        let list: Vec<SqliteStore> = list.iter().map(|s| (*s).clone()).collect();
+        async move {
+            let mut ids = Vec::new();
+            for s in &list {
+                ids.push(layout::ensure_id(s).await.unwrap());
+            }
+            ids
+        }
+    };
+    let (from_ids, to_ids) = (ids(from).await, ids(to).await);
+    let phases = [Phase::Planned, Phase::DualOld, Phase::DualNew, Phase::Done];
+    for (i, p) in phases.iter().take_while(|p| **p <= phase).enumerate() {
+        let step = Layout {
+            step: i as u64 + 1,
+            phase: *p,
+            from: from_ids.clone(),
+            to: to_ids.clone(),
+        };
+        for s in to {
+            layout::write_once(
+                *s,
+                layout::LAYOUT_BIZ,
+                &layout::step_key(step.step),
+                &step.encode(),
+            )
+            .await
+            .unwrap();
+        }
+    }
+    (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| {
+            super::route::shard("PAY", k, from.len()) == 1 && super::route::shard("PAY", k, 3) == 2
+        })
+        .unwrap()
+}
+
+/// A moving key's claim on both shards, whose claim on the new shard was taken over after a
+/// stall: its renewal is refused (the new shard's callers may already run), though the old
+/// shard, which it renews first, still takes it.
+#[tokio::test]
+async fn a_pair_renews_only_when_both_shards_take_it() {
+    use crate::store::{Acquired, ClaimOutcome, ClaimRequest};
+    use std::time::Duration;
+    let (a, b, c) = shards().await;
+    let key = steps_to(Phase::DualOld, &[&a, &b], &[&a, &b, &c]).await;
+    let three = ShardedStore::new([a.clone(), b.clone(), c.clone()]).unwrap();
+    let req = ClaimRequest {
+        biz: "PAY",
+        key: &key,
+        fingerprint: None,
+        lease: Duration::from_millis(300),
+        ttl: Duration::from_secs(3600),
+    };
+    let ClaimOutcome::Acquired { claim, .. } = three.claim(&req).await.unwrap() else {
+        panic!("a fresh key")
+    };
+    assert!(
+        b.load("PAY", &key).await.unwrap().is_some()
+            && c.load("PAY", &key).await.unwrap().is_some(),
+        "claimed on both shards"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let Ok(ClaimOutcome::Acquired { how, .. }) = c.claim(&req).await else {
+        panic!("the new shard's claim is taken over")
+    };
+    assert_eq!(how, Acquired::TakeOver);
+    let renewed = three
+        .renew("PAY", &key, &claim, Duration::from_secs(5))
+        .await;
+    assert!(
+        matches!(renewed, Err(IdemError::LeaseLost { .. })),
+        "{renewed:?}"
+    );
+}
+
+/// A holder from before the move whose lease ends while the tool stands for it on the new shard:
+/// the tool takes the old shard's claim over before it gives the new one back, so the holder,
+/// waking, can neither renew nor mark there, and the key runs once more, by a takeover, not
+/// beside it.
+#[tokio::test]
+async fn a_holder_past_its_lease_is_fenced_out_of_its_old_shard_by_the_move() {
+    use crate::store::{ClaimOutcome, ClaimRequest};
+    use std::time::Duration;
+    let (a, b, c) = shards().await;
+    let two = ShardedStore::new([a.clone(), b.clone()]).unwrap();
+    let three = ShardedStore::new([a.clone(), b.clone(), c.clone()]).unwrap();
+    let key = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| super::route::shard("PAY", k, 3) == 2)
+        .unwrap();
+    let req = ClaimRequest {
+        biz: "PAY",
+        key: &key,
+        fingerprint: None,
+        lease: Duration::from_secs(1),
+        ttl: Duration::from_secs(3600),
+    };
+    let ClaimOutcome::Acquired { claim, .. } = two.claim(&req).await.unwrap() else {
+        panic!("a fresh key")
+    };
+    // The holder stalls: its lease ends before the copy reaches it.
+    let done = Reshard::new(&two, &three).run(|_| {}).await.unwrap();
+    assert_eq!(done.phase, Some(Phase::Done));
+    let old = [&a, &b][super::route::shard("PAY", &key, 2)];
+    let renewed = old.renew("PAY", &key, &claim, Duration::from_secs(5)).await;
+    assert!(
+        matches!(renewed, Err(IdemError::LeaseLost { .. })),
+        "{renewed:?}"
+    );
+    let marked = two
+        .complete(
+            "PAY",
+            &key,
+            &claim,
+            br#"{"Ok":"late"}"#,
+            Duration::from_secs(3600),
+        )
+        .await;
+    assert!(
+        matches!(marked, Err(IdemError::LeaseLost { .. })),
+        "{marked:?}"
+    );
+    let ran = Arc::new(AtomicU32::new(0));
+    let counted = ran.clone();
+    let answer: Result<String, IdemError> = Call::new("PAY", &key)
+        .run(&three, async move {
+            counted.fetch_add(1, Ordering::Relaxed);
+            Ok("paid".to_owned())
+        })
+        .await;
+    assert_eq!(answer.unwrap(), "paid");
+    assert_eq!(ran.load(Ordering::Relaxed), 1, "the takeover runs the body");
+}

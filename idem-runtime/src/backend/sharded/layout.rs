@@ -107,6 +107,43 @@ pub(crate) async fn read_step<S: Store + ?Sized>(
     }
 }
 
+/// The newest step the `shards` hold after `known` (the steps read one after another, each from
+/// every shard at once, until none holds the next). With `every`, a shard's error is the answer
+/// (the reshard tool, which must not miss a step); otherwise one shard answering is enough (a
+/// process, which goes on serving with a shard down).
+pub(crate) async fn newest<S: Store + ?Sized>(
+    shards: &[&S],
+    known: Option<Layout>,
+    every: bool,
+) -> Result<Option<Layout>, IdemError> {
+    let mut newest = known;
+    loop {
+        let next = newest.as_ref().map_or(1, |l| l.step + 1);
+        let reads =
+            futures_util::future::join_all(shards.iter().map(|s| read_step(*s, next))).await;
+        let (mut answered, mut found, mut failed) = (false, None, None);
+        for read in reads {
+            match read {
+                Ok(step) => {
+                    answered = true;
+                    found = found.or(step);
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed.take_if(|_| every || !answered) {
+            return Err(e);
+        }
+        if !answered {
+            return Err(IdemError::unavailable("no shard answered"));
+        }
+        match found {
+            Some(step) => newest = Some(step),
+            None => return Ok(newest),
+        }
+    }
+}
+
 /// The identity of `shard`, if it has one.
 pub(crate) async fn read_id<S: Store + ?Sized>(shard: &S) -> Result<Option<String>, IdemError> {
     Ok(shard

@@ -136,21 +136,8 @@ impl<S: Store> Reshard<S> {
     /// # Errors
     /// A shard's error.
     pub async fn status(&self) -> Result<Option<Layout>, IdemError> {
-        let mut newest: Option<Layout> = None;
-        loop {
-            let next = newest.as_ref().map_or(1, |l| l.step + 1);
-            let mut found = None;
-            for shard in self.from.shards().iter().chain(self.to.shards()) {
-                if let Some(l) = layout::read_step(shard, next).await? {
-                    found = Some(l);
-                    break;
-                }
-            }
-            match found {
-                Some(l) => newest = Some(l),
-                None => return Ok(newest),
-            }
-        }
+        let all: Vec<&S> = self.from.shards().iter().chain(self.to.shards()).collect();
+        layout::newest(&all, None, true).await
     }
 
     /// Runs the reshard to its end (or to `planned` with [`Reshard::plan_only`]), calling

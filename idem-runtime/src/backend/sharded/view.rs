@@ -173,32 +173,8 @@ impl<S: Store> ShardedStore<S> {
     async fn read_view(&self, view: &View) -> Result<Arc<View>, IdemError> {
         let started = Instant::now();
         let shards = &self.inner.shards;
-        let mut newest = view.layout.clone();
-        loop {
-            let next = newest.as_ref().map_or(1, |l| l.step + 1);
-            let reads =
-                futures_util::future::join_all(shards.iter().map(|s| layout::read_step(s, next)))
-                    .await;
-            let mut answered = false;
-            let mut found = None;
-            let mut failed = None;
-            for read in reads {
-                match read {
-                    Ok(step) => {
-                        answered = true;
-                        found = found.or(step);
-                    }
-                    Err(e) => failed = Some(e),
-                }
-            }
-            if !answered {
-                return Err(failed.unwrap_or_else(|| IdemError::unavailable("no shard answered")));
-            }
-            match found {
-                Some(step) => newest = Some(step),
-                None => break,
-            }
-        }
+        let all: Vec<&S> = shards.iter().collect();
+        let newest = layout::newest(&all, view.layout.clone(), false).await?;
         let (from, to) = match &newest {
             Some(l) => {
                 let ids = self.ids_for(l).await?;

@@ -357,6 +357,19 @@ pub(crate) fn swept(store: &'static str, kind: &'static str, rows: u64) {
     }
 }
 
+/// Counts a store's retry of a statement the database refused for a reason that passes
+/// (`reason`: `deadlock`).
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "mysql", feature = "postgres")),
+    allow(dead_code)
+)]
+pub(crate) fn store_retry(store: &'static str, reason: &'static str) {
+    #[cfg(not(feature = "metrics"))]
+    let _ = (store, reason);
+    #[cfg(feature = "metrics")]
+    metrics::counter!(names::STORE_RETRIES, "store" => store, "reason" => reason).increment(1);
+}
+
 /// Counts one token operation (`op`: `issue`, `consume`, `restore`) by how it ended.
 pub fn count_token_op<T>(op: &'static str, result: &Result<T, crate::IdemError>) {
     let outcome = match result {

@@ -10,6 +10,7 @@
 //! | `idem_lease_takeovers_total` | counter | `biz` |
 //! | `idem_claim_seconds` | histogram | `biz`, `store` |
 //! | `idem_sweeper_deleted_total` | counter | `store`, `kind` (`records`, `tokens`) |
+//! | `idem_store_retries_total` | counter | `store`, `reason` (`deadlock`): claims a store ran again after the database picked them as a deadlock victim |
 //! | `idem_stuck_records` | gauge | `biz`: stuck records (PROCESSING, lease ended) the last `Reconciler` pass found |
 //! | `idem_recovered_total` | counter | `biz`, `how` (`succeeded`, `failed`, `undecided`): stuck records a `Reconciler` resolved |
 //! | `idem_replay_cache_hits_total` | counter | `store`: claims a `CachedStore` answered from memory (feature `cache`) |
@@ -35,6 +36,9 @@ pub const CLAIM_SECONDS: &str = "idem_claim_seconds";
 /// Counter: expired rows a [`Sweeper`](crate::Sweeper) deleted, labelled `store` and `kind`
 /// (`records` or `tokens`).
 pub const SWEPT: &str = "idem_sweeper_deleted_total";
+/// Counter: lease-mode claims (of one key or a batch) a store ran again after the database
+/// picked them as a deadlock victim, labelled `store` and `reason` (`deadlock`).
+pub const STORE_RETRIES: &str = "idem_store_retries_total";
 /// Counter: one-time token operations where idem performs them (`#[consume_token]`, the HTTP
 /// token guard and token endpoint), labelled `op` (`issue`, `consume`, `restore`) and
 /// `outcome` (`ok`, `used`, `invalid`, `error`).

@@ -125,6 +125,38 @@ fn decided(seen: &SeenRecord, req: &ClaimRequest<'_>) -> Decision {
     decide(&state, req.fingerprint, seen.now_ms)
 }
 
+/// How many times a lease-mode claim (of one key or a batch) runs in all while the database
+/// picks it as a deadlock victim (the engine's own retry of transient errors comes on top).
+pub(crate) const DEADLOCK_TRIES: u32 = 8;
+
+/// Runs `$claim` (an expression awaiting a lease-mode claim: one autocommit statement at a time,
+/// so running it again is safe) again with jittered back-off while the database picks it as a
+/// deadlock victim, up to [`DEADLOCK_TRIES`] times in all; each retry is counted
+/// (`idem_store_retries_total`, reason `deadlock`). InnoDB deadlocks concurrent inserts of one
+/// key when a claimant's statement rolls back while others wait on the key (a batch whose insert
+/// met an existing key, whatever the order of its keys): each waiter then holds a shared lock
+/// that the other's insert must wait for. (A macro: the claim borrows the connection anew on each
+/// run, which a closure's future cannot.)
+macro_rules! retry_deadlocks {
+    ($backend:expr, $claim:expr) => {{
+        let mut tried = 0;
+        loop {
+            match $claim {
+                Err(e)
+                    if e.restarts_transaction()
+                        && tried + 1 < $crate::sql::claim::DEADLOCK_TRIES =>
+                {
+                    tried += 1;
+                    $crate::metrics::store_retry($backend, "deadlock");
+                    $crate::backoff::back_off(tried).await;
+                }
+                done => break done,
+            }
+        }
+    }};
+}
+pub(crate) use retry_deadlocks;
+
 /// Runs the claim protocol on `records` (lease mode), the first step chosen by `order`, which
 /// learns what the claim found.
 #[cfg_attr(not(any(feature = "mysql", feature = "postgres")), allow(dead_code))]

@@ -24,7 +24,8 @@ macro_rules! sql_store {
             $($own)*
 
             /// One statement inserts every new key (and, once repeats prevail, one reads them
-            /// all first); the keys that exist are read in one more.
+            /// all first); the keys that exist are read in one more. A batch the database picks
+            /// as a deadlock victim runs again, as a claim of one key does.
             async fn claim_batch(
                 &self,
                 batch: &$crate::store::BatchClaim<'_>,
@@ -32,8 +33,15 @@ macro_rules! sql_store {
                 batch.check()?;
                 let reqs: Vec<$crate::store::ClaimRequest<'_>> = batch.requests().collect();
                 self.with_conn(async |conn| {
-                    $crate::sql::claim::claim_many(&mut self.lease_claims(conn), &reqs, &self.order)
+                    $crate::sql::claim::retry_deadlocks!(
+                        $backend,
+                        $crate::sql::claim::claim_many(
+                            &mut self.lease_claims(conn),
+                            &reqs,
+                            &self.order,
+                        )
                         .await
+                    )
                 })
                 .await
             }

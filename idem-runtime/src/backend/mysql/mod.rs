@@ -16,7 +16,9 @@
 //! - The new record's fence is returned by the `INSERT` itself, in the OK packet's last-insert id
 //!   (`LAST_INSERT_ID(expr)`), so a new key is one round trip on MySQL too (no `RETURNING`).
 //! - InnoDB deadlocks (1213) concurrent inserts of one key, also when a claimant rolls back while
-//!   others wait. Lease mode retries the claim with bounded jittered back-off; tx mode cannot (the
+//!   others wait (a batch whose insert met an existing key, whatever the order of its keys).
+//!   Lease mode retries the claim, of one key or a batch, with bounded jittered back-off (counted
+//!   in `idem_store_retries_total`); tx mode cannot (the
 //!   whole transaction was rolled back) and says "restart the transaction" (see
 //!   [`crate::retry_transaction`]).
 //! - Times come from the database: `UTC_TIMESTAMP(6)` as microseconds since the epoch, which no
@@ -345,32 +347,24 @@ impl crate::TransactionalStore for MySqlStore {
     }
 }
 
-/// How many times a lease-mode claim runs again after InnoDB chose it as a deadlock victim (the
-/// engine's own retry of transient errors comes on top).
-const DEADLOCK_TRIES: u32 = 8;
-
 crate::sql::store::sql_store!(MySqlStore, "mysql", {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         self.with_conn(async |conn| {
-            let mut tried = 0;
-            loop {
-                let outcome = claim_by_cas(&mut self.claims(conn, false), req, &self.order).await;
-                match outcome {
-                    Err(e) if e.restarts_transaction() && tried + 1 < DEADLOCK_TRIES => {
-                        tried += 1;
-                        crate::backoff::back_off(tried).await;
-                    }
-                    Err(IdemError::StoreBusy {
-                        reason: crate::Busy::LockTimeout,
-                        ..
-                    }) => {
-                        // A transaction holds the record (a tx-mode claimant not committed yet).
-                        return Ok(ClaimOutcome::InProgress {
-                            retry_after: self.lock_wait(),
-                        });
-                    }
-                    done => return done,
+            let outcome = crate::sql::claim::retry_deadlocks!(
+                "mysql",
+                claim_by_cas(&mut self.claims(conn, false), req, &self.order).await
+            );
+            match outcome {
+                Err(IdemError::StoreBusy {
+                    reason: crate::Busy::LockTimeout,
+                    ..
+                }) => {
+                    // A transaction holds the record (a tx-mode claimant not committed yet).
+                    Ok(ClaimOutcome::InProgress {
+                        retry_after: self.lock_wait(),
+                    })
                 }
+                done => done,
             }
         })
         .await

@@ -220,7 +220,10 @@ impl CasRecords for Claims<'_> {
             .ok_or_else(|| IdemError::store("the insert statement has no VALUES"))?;
         let mut text = format!("{head}VALUES ");
         // In key order, as every batch inserts: two batches with keys in common lock them in
-        // the same order, so they wait for each other rather than deadlock.
+        // the same order. That does not spare every deadlock: a batch whose insert meets an
+        // existing key rolls back while others wait on its new keys, each waiter then holds a
+        // shared lock the other's insert needs, and InnoDB picks a victim, whose batch the
+        // store runs again (`retry_deadlocks`).
         let mut sorted: Vec<&ClaimRequest<'_>> = reqs.iter().collect();
         sorted.sort_unstable_by_key(|r| r.key);
         for (i, req) in sorted.into_iter().enumerate() {

@@ -2,7 +2,9 @@
 //! differ only in case or accents are two records, a snapshot at the limit fits, limits and table
 //! names the table cannot hold are refused, a missing table says "run migrate()", InnoDB's
 //! deadlocks among same-key claimants in transactions restart the transaction and never run the
-//! business twice, and the sweeper clears 100k expired rows in batches while sparing live leases.
+//! business twice, the sweeper clears 100k expired rows in batches while sparing live leases, and
+//! a mark or a claim cut off by the store timeout, which the server then drops or commits, keeps
+//! its key in progress until the claim's lease ends.
 
 mod contract;
 
@@ -851,4 +853,175 @@ async fn overlapping_batch_claims_are_answered_through_deadlocks() {
         "{ROUNDS} rounds of {TASKS} overlapping batches: {acquired_total} keys acquired once each; \
          InnoDB counted {happened} deadlocks, each batch run again by the store"
     );
+}
+
+/// Waits (bounded) until no statement of another session mentions `table` any more (the server
+/// finished or dropped it).
+async fn settled(store: &MySqlStore, table: &str) {
+    for _ in 0..200 {
+        let busy: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE ID <> CONNECTION_ID() AND INFO LIKE CONCAT('%', ?, '%') \
+             AND INFO NOT LIKE '%PROCESSLIST%'",
+        )
+        .bind(table)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        if busy == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("a statement on {table} is still running");
+}
+
+/// A mark whose outcome the caller cannot know, and which the server then discards: cut off by
+/// the store timeout while it waited for a lock, its connection closed, and MariaDB ending a
+/// metadata-lock wait whose client is gone (as it ends a write waiting for a Galera donor's
+/// backup lock; a node that loses the primary component drops its write sets likewise). The
+/// caller is told to try again; the record stays PROCESSING under the first claim, so while its
+/// lease lives a repeat is told "in progress" and runs nothing (the store neither frees nor fails
+/// the key); once the lease ends, the takeover asks `recover`, which finds the effect
+/// (docs/DESIGN.md, *The store timeout*).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mark_the_server_discards_keeps_the_key_in_progress_until_the_lease_ends() {
+    use idem::sqlx::Connection;
+    let Some(store) = store_with(4).await else {
+        return;
+    };
+    let table = store.table().to_owned();
+    let mut locker = sqlx::MySqlConnection::connect(&url()).await.unwrap();
+    let runs = AtomicU32::new(0);
+    let lease = Duration::from_secs(3);
+    let first: Result<u32, IdemError> = Call::new("CUT", "mark")
+        .lease(lease)
+        .store_timeout(Duration::from_millis(500))
+        .run(&store, async {
+            runs.fetch_add(1, Ordering::Relaxed);
+            // The mark's UPDATE now waits for this table lock.
+            sqlx::query(AssertSqlSafe(format!("LOCK TABLES {table} READ")))
+                .execute(&mut locker)
+                .await
+                .unwrap();
+            Ok(1)
+        })
+        .await;
+    let ran_at = std::time::Instant::now();
+    assert!(
+        matches!(&first, Err(e @ IdemError::StoreUnavailable { .. }) if e.is_retryable()),
+        "{first:?}"
+    );
+    settled(&store, &table).await;
+    sqlx::query("UNLOCK TABLES")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    let record = store.load("CUT", "mark").await.unwrap().unwrap();
+    assert_eq!(
+        (record.status, record.attempt),
+        (Status::Processing, 1),
+        "the server discarded the mark"
+    );
+
+    let again: Result<u32, IdemError> = Call::new("CUT", "mark")
+        .lease(lease)
+        .run(&store, async {
+            runs.fetch_add(1, Ordering::Relaxed);
+            Ok(2)
+        })
+        .await;
+    assert!(
+        matches!(again, Err(IdemError::InProgress { .. })),
+        "{again:?}"
+    );
+    assert_eq!(runs.load(Ordering::Relaxed), 1);
+
+    tokio::time::sleep((lease + Duration::from_millis(300)).saturating_sub(ran_at.elapsed())).await;
+    let recovered: Result<u32, IdemError> = Call::new("CUT", "mark")
+        .lease(lease)
+        .recover(|| async { Ok(Some(1)) })
+        .run(&store, async {
+            runs.fetch_add(1, Ordering::Relaxed);
+            Ok(3)
+        })
+        .await;
+    assert_eq!(recovered.unwrap(), 1);
+    assert_eq!(runs.load(Ordering::Relaxed), 1, "the body ran once");
+    let record = store.load("CUT", "mark").await.unwrap().unwrap();
+    assert_eq!((record.status, record.attempt), (Status::Succeeded, 2));
+}
+
+/// A claim whose outcome the caller cannot know, and which the server then commits: its INSERT
+/// cut off by the store timeout while it waited for a row lock, which MariaDB does not end when
+/// the client leaves (as a Galera node commits a write set its client stopped waiting for). The
+/// caller is told to try again and ran nothing. Its retry meets the record it wrote itself and,
+/// unable to tell it from another holder's, is told "in progress": it neither takes the record
+/// as its own nor as free, so the body runs once, after the orphaned claim's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_committed_after_its_caller_gave_up_is_in_progress_until_its_lease_ends() {
+    use idem::sqlx::Connection;
+    let Some(store) = store_with(4).await else {
+        return;
+    };
+    let table = store.table().to_owned();
+    let mut locker = sqlx::MySqlConnection::connect(&url()).await.unwrap();
+    // A gap lock where the key's row goes: the claim's INSERT waits for it.
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT * FROM {table} WHERE biz_type = 'LATE' AND idem_key = 'claim' FOR UPDATE"
+    )))
+    .fetch_all(&mut locker)
+    .await
+    .unwrap();
+    let runs = AtomicU32::new(0);
+    let lease = Duration::from_secs(3);
+    let first: Result<u32, IdemError> = Call::new("LATE", "claim")
+        .lease(lease)
+        .store_timeout(Duration::from_millis(500))
+        .run(&store, async {
+            runs.fetch_add(1, Ordering::Relaxed);
+            Ok(1)
+        })
+        .await;
+    assert!(
+        matches!(&first, Err(e @ IdemError::StoreUnavailable { .. }) if e.is_retryable()),
+        "{first:?}"
+    );
+    // Within the store's lock wait (2 s): the INSERT gets its lock and commits, its client gone.
+    sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+    settled(&store, &table).await;
+    let record = store.load("LATE", "claim").await.unwrap();
+    assert!(
+        matches!(&record, Some(r) if r.status == Status::Processing && r.attempt == 1),
+        "the server committed the claim: {record:?}"
+    );
+    let committed_at = std::time::Instant::now();
+
+    let again: Result<u32, IdemError> = Call::new("LATE", "claim")
+        .lease(lease)
+        .run(&store, async {
+            runs.fetch_add(1, Ordering::Relaxed);
+            Ok(2)
+        })
+        .await;
+    assert!(
+        matches!(again, Err(IdemError::InProgress { .. })),
+        "{again:?}"
+    );
+    assert_eq!(runs.load(Ordering::Relaxed), 0);
+
+    tokio::time::sleep((lease + Duration::from_millis(300)).saturating_sub(committed_at.elapsed()))
+        .await;
+    for expected in [3, 3] {
+        let after: Result<u32, IdemError> = Call::new("LATE", "claim")
+            .lease(lease)
+            .run(&store, async {
+                runs.fetch_add(1, Ordering::Relaxed);
+                Ok(3)
+            })
+            .await;
+        assert_eq!(after.unwrap(), expected);
+    }
+    assert_eq!(runs.load(Ordering::Relaxed), 1, "the body ran once");
 }

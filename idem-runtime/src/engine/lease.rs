@@ -173,68 +173,76 @@ where
             return Err(body_err);
         }
     };
-    let kept = Kept {
-        ttl: req.ttl,
-        result_ttl: kept,
-    };
-    marked(
-        &mut holder,
-        store,
-        &req,
-        &taken.claim,
-        (ok, err),
-        value,
-        ran,
-        kept,
-        defer,
-    )
-    .await
-}
-
-/// How long a success is kept: the record, and its result for replay when shorter.
-struct Kept {
-    ttl: Duration,
-    result_ttl: Option<Duration>,
-}
-
-/// The body's (or recover's) value stored: its mark deferred to its batch's, or sent now; the
-/// call's answer, reported once marked.
-#[allow(clippy::too_many_arguments)]
-async fn marked<T, E>(
-    holder: &mut Holder<'_>,
-    store: &dyn Store,
-    req: &ClaimRequest<'_>,
-    claim: &Claim,
-    (ok, err): (OkType<T>, ErrType<E>),
-    value: T,
-    ran: Outcome,
-    kept: Kept,
-    defer: Option<Deferred>,
-) -> Result<T, E> {
-    let attempt = claim.attempt;
     let limit = store.limits().max_snapshot_len;
     let (snapshot, result, done) = encoded(ok, err, value, limit, ran);
-    if let Some(defer) = defer
-        && result.is_ok()
-    {
-        // The batch sends this mark with the others' and reports the call once it landed
-        // (`Inbox::handle_batch`).
-        defer.push(PendingMark {
-            biz: req.biz.to_owned(),
-            key: req.key.to_owned(),
-            claim: *claim,
-            snapshot,
-            ttl: kept.ttl,
-            result_ttl: kept.result_ttl,
-            done,
-            lease_sent: holder.lease_sent(),
-            lease: req.lease,
-        });
+    let Some(snapshot) = deferred(
+        defer,
+        &holder,
+        &req,
+        &taken.claim,
+        snapshot,
+        &result,
+        done,
+        kept,
+    ) else {
         return result;
+    };
+    let mut snapshot = snapshot;
+    let marked = match mark_now(store, &req, &taken.claim, &mut snapshot, kept) {
+        Some(done) => done,
+        None => mark_step(&mut holder, store, &req, &taken.claim, &snapshot, kept).await,
     }
-    let (result, outcome) = match mark_step(holder, store, req, claim, snapshot, kept.result_ttl)
-        .await
-    {
+    .map_err(|e| e.during("mark"));
+    let (result, outcome) = answer_marked(marked, result, done, err, attempt);
+    report(biz, outcome, attempt);
+    result
+}
+
+/// A success whose mark its batch sends with the others' (`Inbox::handle_batch`, which reports
+/// the call once it landed): `None` once handed over; otherwise the snapshot, to mark now.
+/// (Plain functions around the mark, not a future of their own: a first execution on the memory
+/// store would pay about 200 instructions for one more.)
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn deferred<T, E>(
+    defer: Option<Deferred>,
+    holder: &Holder<'_>,
+    req: &ClaimRequest<'_>,
+    claim: &Claim,
+    snapshot: Vec<u8>,
+    result: &Result<T, E>,
+    done: Outcome,
+    kept: Option<Duration>,
+) -> Option<Vec<u8>> {
+    match defer {
+        Some(defer) if result.is_ok() => {
+            defer.push(PendingMark {
+                biz: req.biz.to_owned(),
+                key: req.key.to_owned(),
+                claim: *claim,
+                snapshot,
+                ttl: req.ttl,
+                result_ttl: kept,
+                done,
+                lease_sent: holder.lease_sent(),
+                lease: req.lease,
+            });
+            None
+        }
+        _ => Some(snapshot),
+    }
+}
+
+/// The call's answer and the outcome to count once its mark was sent: `result` when it landed.
+#[inline(always)]
+fn answer_marked<T, E>(
+    marked: Result<(), IdemError>,
+    result: Result<T, E>,
+    done: Outcome,
+    err: ErrType<E>,
+    attempt: u32,
+) -> (Result<T, E>, Outcome) {
+    match marked {
         Ok(()) => (result, done),
         Err(e @ IdemError::LeaseLost { .. }) => {
             tracing::error!(
@@ -245,14 +253,12 @@ async fn marked<T, E>(
         }
         Err(e) => {
             // The business ran but could not be marked while the lease was live: the claim
-            // stays PROCESSING and protects the key until its lease expires, then the body
-            // may run again (or recover finds its effect).
+            // stays PROCESSING and protects the key until its lease expires, then the body may
+            // run again (or recover finds its effect).
             tracing::error!(attempt, error = %e, "idempotent call ran but could not be marked done within its lease");
             (Err(err.from_idem(e)), Outcome::MarkFailed)
         }
-    };
-    report(req.biz, outcome, attempt);
-    result
+    }
 }
 
 /// The claim: decided by a batch claim (`prefetched`), at once by a store that holds its records
@@ -353,32 +359,38 @@ where
     })
 }
 
-/// Marks the claim done with `snapshot` (kept for replay `kept` when given): at once by a store
-/// that holds its records in this process, else while the holder keeps the lease.
+/// The mark answered at once by a store that holds its records in this process (`None`: send it
+/// with [`mark_step`]). A transient error (none of this crate's stores gives one here) is tried
+/// again as any mark is.
+#[inline(always)]
+fn mark_now(
+    store: &dyn Store,
+    req: &ClaimRequest<'_>,
+    claim: &Claim,
+    snapshot: &mut Vec<u8>,
+    kept: Option<Duration>,
+) -> Option<Result<(), IdemError>> {
+    store
+        .complete_now(req.biz, req.key, claim, snapshot, req.ttl, kept)
+        .filter(|done| !matches!(done, Err(e) if e.is_transient_store_error()))
+}
+
+/// Marks the claim done with `snapshot` (kept for replay `kept` when given) while the holder
+/// keeps the lease.
 async fn mark_step(
     holder: &mut Holder<'_>,
     store: &dyn Store,
     req: &ClaimRequest<'_>,
     claim: &Claim,
-    mut snapshot: Vec<u8>,
+    snapshot: &[u8],
     kept: Option<Duration>,
 ) -> Result<(), IdemError> {
-    let marked = match store.complete_now(req.biz, req.key, claim, &mut snapshot, req.ttl, kept) {
-        // Done in this process; a transient error (none of this crate's stores gives one here)
-        // is tried again as any mark is.
-        Some(done) if !matches!(&done, Err(e) if e.is_transient_store_error()) => done,
-        _ => {
-            holder
-                .finish(|| match kept {
-                    None => store.complete(req.biz, req.key, claim, &snapshot, req.ttl),
-                    Some(kept) => {
-                        store.complete_keeping(req.biz, req.key, claim, &snapshot, req.ttl, kept)
-                    }
-                })
-                .await
-        }
-    };
-    marked.map_err(|e| e.during("mark"))
+    holder
+        .finish(|| match kept {
+            None => store.complete(req.biz, req.key, claim, snapshot, req.ttl),
+            Some(kept) => store.complete_keeping(req.biz, req.key, claim, snapshot, req.ttl, kept),
+        })
+        .await
 }
 
 /// Marks the claim FAILED after the body's error, so a retry may run at once; a claim lost

@@ -152,6 +152,7 @@ fn replayed<T>(decoded: Result<T, IdemError>) -> (Result<T, IdemError>, Outcome)
 /// The body's value encoded for storage, the call's answer, and the outcome to count if the mark
 /// lands. A result that cannot be stored is replaced by an envelope saying why: the business ran,
 /// so the claim is still marked done and repeats get the same error instead of running again.
+#[inline(always)]
 fn encoded<T, E>(
     ok: OkType<T>,
     err: ErrType<E>,

@@ -65,7 +65,7 @@ mod transition;
 pub mod __private;
 
 #[cfg(feature = "dynamodb")]
-pub use backend::dynamodb::{DEFAULT_SKEW_MARGIN, DynamoStore};
+pub use backend::dynamodb::{DEFAULT_SKEW_MARGIN, DynamoStore, DynamoTokens};
 pub use backend::memory::MemoryStore;
 #[cfg(feature = "mysql")]
 pub use backend::mysql::{MySqlStore, MySqlStoreBuilder, MySqlTokens, MySqlTx};

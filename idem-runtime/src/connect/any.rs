@@ -152,12 +152,7 @@ impl AnyStore {
             #[cfg(feature = "redis")]
             Backend::RedisCluster(s) => Arc::new(s.tokens()),
             #[cfg(feature = "dynamodb")]
-            Backend::Dynamo(_) => {
-                return Err(IdemError::NotSupported {
-                    backend: "dynamodb",
-                    what: "submit tokens (keep them in Redis or an SQL store)",
-                });
-            }
+            Backend::Dynamo(s) => Arc::new(s.tokens()),
             Backend::Sharded(_) => {
                 return Err(IdemError::NotSupported {
                     backend: "sharded",

@@ -1,7 +1,8 @@
 //! The store contract on `DynamoStore`, against the local DynamoDB-compatible server
 //! (`IDEM_DYNAMO_URL`, its endpoint, default `http://127.0.0.1:8000`: the moto server `.ci/run`
 //! starts); each test's records in a table of its own, which `migrate()` creates. Then what only
-//! DynamoDB has: callers whose clocks disagree, and the requests a call sends.
+//! DynamoDB has: callers whose clocks disagree, and the requests a call sends; and the token
+//! contract on its tokens.
 
 use crate::contract;
 
@@ -70,10 +71,7 @@ mod url {
                 Call::new("URL", "k").run(&store, async { Ok(7) }).await;
             assert_eq!(done.unwrap(), 7);
         }
-        assert!(matches!(
-            store.tokens(),
-            Err(IdemError::NotSupported { .. })
-        ));
+        assert_eq!(store.tokens().unwrap().backend(), "dynamodb");
         for bad in [
             "dynamodb://x",
             "dynamodb://tab?idem_table=x",
@@ -315,4 +313,17 @@ mod requests {
         assert_eq!(replay.unwrap(), 1);
         assert_eq!(sent.take(), ["GetItem"], "a replay is one consistent read");
     }
+}
+
+/// The one-time token contract on `DynamoStore::tokens`: tokens in the records' table.
+mod tokens {
+    use super::contract;
+    use std::sync::Arc;
+
+    async fn tokens(clock: idem::TestClock) -> Option<Arc<dyn idem::TokenStore>> {
+        let store = super::fresh(&super::table_url()).await?;
+        Some(Arc::new(store.with_test_clock(clock).tokens()))
+    }
+
+    crate::token_suite!(tokens);
 }

@@ -13,6 +13,9 @@
 mod error;
 mod item;
 mod scan;
+mod tokens;
+
+pub use tokens::DynamoTokens;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -82,6 +85,9 @@ const BATCH_CONCURRENCY: usize = 32;
 /// end), present only on PROCESSING records: a pass reads what is stuck, never the table. Like
 /// every global secondary index it is eventually consistent, so it may list a record that has
 /// just finished; the reconciler's claim decides on the record itself.
+///
+/// **Tokens.** [`DynamoStore::tokens`] keeps submit tokens in the same table, under partition
+/// keys no record has.
 ///
 /// **No transactions.** A call cannot claim inside the caller's own DynamoDB transaction: `tx`
 /// mode is refused at compile time, as on Redis. Batches ([`Store::claim_batch`],

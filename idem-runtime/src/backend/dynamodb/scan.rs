@@ -15,7 +15,13 @@ use super::item::{
     BIZ, DELETE_AFTER, FINGERPRINT, KEY, PK, RESULT_UNTIL, STATUS, STUCK_BIZ, STUCK_INDEX,
     STUCK_LEASE, n, parse_record_key, s, stored,
 };
+use super::tokens::TOKEN_PREFIX;
 use super::{DynamoStore, Written};
+
+/// Whether `item` is a submit token, not a record.
+fn is_token(item: &HashMap<String, AttributeValue>) -> bool {
+    matches!(item.get(PK), Some(AttributeValue::S(pk)) if pk.starts_with(TOKEN_PREFIX))
+}
 use crate::IdemError;
 use crate::store::decide::RESULT_DROPPED;
 use crate::store::keys::{check_batch, not_a_cursor};
@@ -169,6 +175,9 @@ pub(super) async fn sweep(store: &DynamoStore, batch: usize) -> Result<u64, Idem
             .await
             .map_err(|e| dynamo_error(&store.place, e))?;
         for item in page.items() {
+            if is_token(item) {
+                continue; // DynamoDB's TTL deletes expired tokens
+            }
             let found = stored(item)?;
             let rec = &found.record;
             let unchanged = || {
@@ -342,7 +351,10 @@ pub(super) async fn list_keys(
     check_batch(batch)?;
     let start = match after {
         Some(cursor) => {
-            parse_record_key(cursor).ok_or_else(|| not_a_cursor(cursor))?;
+            // The last item a page read: a record's key, or a token's.
+            if !cursor.starts_with(TOKEN_PREFIX) {
+                parse_record_key(cursor).ok_or_else(|| not_a_cursor(cursor))?;
+            }
             Some(HashMap::from([(PK.to_owned(), s(cursor))]))
         }
         None => None,

@@ -192,11 +192,11 @@ impl DynamoStore {
     /// request, the SDK's retries included, within 20 s (a call's own store timeout,
     /// [`crate::DEFAULT_STORE_TIMEOUT`], bounds each of its steps sooner).
     ///
-    /// It asks DynamoDB about the table once (a missing table is no error: [`DynamoStore::migrate`]
-    /// creates it).
+    /// It asks DynamoDB about the table once, to know it answers (any answer will do: a missing
+    /// table is no error, [`DynamoStore::migrate`] creates it).
     ///
     /// # Errors
-    /// [`IdemError::InvalidOptions`] for a URL that is not such a URL;
+    /// [`IdemError::InvalidOptions`] for a URL that is not such a URL, or no region anywhere;
     /// [`IdemError::StoreUnavailable`] naming the endpoint when DynamoDB cannot be reached.
     pub async fn connect(url: &str) -> Result<Self, IdemError> {
         Self::connect_with(url, |config| config).await
@@ -245,9 +245,16 @@ impl DynamoStore {
                 ));
             }
         }
-        let config = configure(aws_sdk_dynamodb::config::Builder::from(
-            &loader.load().await,
-        ));
+        let loaded = loader.load().await;
+        if loaded.region().is_none() {
+            return Err(IdemError::InvalidOptions {
+                reason: format!(
+                    "no AWS region for the DynamoDB store `{table}`: name it in the URL \
+                     (`?region=eu-west-1`) or in AWS_REGION"
+                ),
+            });
+        }
+        let config = configure(aws_sdk_dynamodb::config::Builder::from(&loaded));
         let store = Self::from_client(Client::from_conf(config.build()), &table)?
             .at(endpoint.as_deref().unwrap_or("AWS"));
         store.reachable().await?;
@@ -358,7 +365,8 @@ impl DynamoStore {
         scan::migrate(self).await
     }
 
-    /// DescribeTable: reachable, whether or not the table exists yet.
+    /// DescribeTable: reachable when DynamoDB answers, whatever it answers (a missing table, or
+    /// a policy that does not allow DescribeTable, is no reason to refuse the store).
     async fn reachable(&self) -> Result<(), IdemError> {
         match self
             .client
@@ -368,10 +376,8 @@ impl DynamoStore {
             .await
         {
             Ok(_) => Ok(()),
-            Err(e) => match dynamo_error(&self.place, e) {
-                IdemError::StoreSchema { .. } => Ok(()),
-                other => Err(other),
-            },
+            Err(aws_sdk_dynamodb::error::SdkError::ServiceError(_)) => Ok(()),
+            Err(e) => Err(dynamo_error(&self.place, e)),
         }
     }
 

@@ -123,6 +123,12 @@ mod tests {
         assert_eq!(migrations("memory:").unwrap(), None);
         #[cfg(feature = "redis")]
         assert_eq!(migrations("redis://h:1/0?idem_prefix=p:").unwrap(), None);
+        // A table DynamoDB makes from a request: nothing to print, and no idem_* option taken.
+        assert_eq!(
+            migrations("dynamodb://records?region=eu-west-1").unwrap(),
+            None
+        );
+        assert!(migrations("dynamodb://records?idem_table=x").is_err());
         #[cfg(feature = "sqlite")]
         {
             assert_eq!(migrations("sqlite:x.db").unwrap().unwrap().len(), 6);

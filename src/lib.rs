@@ -64,6 +64,11 @@ pub use idem_runtime::*;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub use idem_runtime::sqlx;
 
+/// The AWS SDK for DynamoDB this crate was built with, to build the client of
+/// [`DynamoStore::from_client`] (credentials, endpoint, timeouts, interceptors).
+#[cfg(feature = "dynamodb")]
+pub use idem_runtime::aws_sdk_dynamodb;
+
 /// The rustdoc definitions of the guides' link labels, put before each guide (see the top of
 /// this file).
 macro_rules! guide_links {

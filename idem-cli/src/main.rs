@@ -44,7 +44,7 @@ const LONG_ABOUT: &str = "\
 The operator CLI of idem: inspect a key, list and release stuck claims, sweep expired records, \
 count records per status, apply or print the schema, on any store URL idem can open \
 (memory:, sqlite:PATH, mysql://, mariadb://, postgres://, redis://, redis+cluster://, \
-sharded:URL|URL; options idem_table=NAME, idem_token_table=NAME and idem_prefix=P as for \
+sharded:URL|URL, and dynamodb://TABLE when built with the feature `dynamodb`; options idem_table=NAME, idem_token_table=NAME and idem_prefix=P as for \
 idem::connect).
 
 Exit status:

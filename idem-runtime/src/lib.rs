@@ -64,6 +64,8 @@ mod transition;
 #[path = "private/mod.rs"]
 pub mod __private;
 
+#[cfg(feature = "dynamodb")]
+pub use backend::dynamodb::{DEFAULT_SKEW_MARGIN, DynamoStore, DynamoTokens};
 pub use backend::memory::MemoryStore;
 #[cfg(feature = "mysql")]
 pub use backend::mysql::{MySqlStore, MySqlStoreBuilder, MySqlTokens, MySqlTx};
@@ -156,6 +158,9 @@ pub use __private::{
     IsMachine, IsResult, JoinableTx, Recovers, Storable, SubjectText, TokenText,
 };
 
+#[cfg(feature = "dynamodb")]
+#[doc(no_inline)]
+pub use aws_sdk_dynamodb;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 #[doc(no_inline)]
 pub use sqlx;

@@ -17,10 +17,11 @@ fn ui() {
         }
         return;
     }
-    // Files that name a server backend's sqlx types compile only with its feature.
+    // Files that name a server backend's types compile only with its feature.
     let needs = |name: &str| {
         (name.contains("_mysql_") && !cfg!(feature = "mysql"))
             || (name.contains("_postgres_") && !cfg!(feature = "postgres"))
+            || (name.contains("_dynamodb_") && !cfg!(feature = "dynamodb"))
     };
     let mut idempotent: Vec<_> = std::fs::read_dir("tests/ui")
         .unwrap()

@@ -38,6 +38,8 @@ pub(super) enum Backend {
     Redis(crate::RedisStore),
     #[cfg(feature = "redis")]
     RedisCluster(crate::RedisClusterStore),
+    #[cfg(feature = "dynamodb")]
+    Dynamo(crate::DynamoStore),
     Sharded(Vec<AnyStore>),
 }
 
@@ -77,6 +79,8 @@ impl Backend {
             Backend::Redis(s) => Arc::new(s.clone()),
             #[cfg(feature = "redis")]
             Backend::RedisCluster(s) => Arc::new(s.clone()),
+            #[cfg(feature = "dynamodb")]
+            Backend::Dynamo(s) => Arc::new(s.clone()),
             Backend::Sharded(shards) => Arc::new(
                 crate::ShardedStore::new(shards.clone())
                     .unwrap_or_else(|_| unreachable!("the same shards it was made with")),
@@ -118,6 +122,8 @@ impl AnyStore {
             Backend::Postgres(s) => s.migrate().await,
             #[cfg(feature = "redis")]
             Backend::Redis(_) | Backend::RedisCluster(_) => Ok(()),
+            #[cfg(feature = "dynamodb")]
+            Backend::Dynamo(s) => s.migrate().await,
             Backend::Sharded(shards) => {
                 for shard in shards {
                     Box::pin(shard.migrate()).await?;
@@ -145,6 +151,8 @@ impl AnyStore {
             Backend::Redis(s) => Arc::new(s.tokens()),
             #[cfg(feature = "redis")]
             Backend::RedisCluster(s) => Arc::new(s.tokens()),
+            #[cfg(feature = "dynamodb")]
+            Backend::Dynamo(s) => Arc::new(s.tokens()),
             Backend::Sharded(_) => {
                 return Err(IdemError::NotSupported {
                     backend: "sharded",
@@ -174,6 +182,8 @@ impl AnyStore {
             Backend::Redis(s) => Backend::Redis(s.with_test_clock(clock)),
             #[cfg(feature = "redis")]
             Backend::RedisCluster(s) => Backend::RedisCluster(s.with_test_clock(clock)),
+            #[cfg(feature = "dynamodb")]
+            Backend::Dynamo(s) => Backend::Dynamo(s.with_test_clock(clock)),
             Backend::Sharded(shards) => Backend::Sharded(
                 shards
                     .into_iter()
@@ -209,6 +219,8 @@ impl AnyStore {
             Backend::Redis(s) => Backend::Redis(s.with_limits(limits)?),
             #[cfg(feature = "redis")]
             Backend::RedisCluster(s) => Backend::RedisCluster(s.with_limits(limits)?),
+            #[cfg(feature = "dynamodb")]
+            Backend::Dynamo(s) => Backend::Dynamo(s.with_limits(limits)?),
             Backend::Sharded(shards) => Backend::Sharded(
                 shards
                     .into_iter()
@@ -265,6 +277,8 @@ impl AnyStore {
             } else {
                 s.with_table(name)?
             }),
+            #[cfg(feature = "dynamodb")]
+            Backend::Dynamo(s) if !tokens => Backend::Dynamo(s.with_table(name)?),
             Backend::Sharded(shards) => Backend::Sharded(
                 shards
                     .into_iter()

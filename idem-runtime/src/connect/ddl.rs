@@ -7,7 +7,7 @@ use crate::IdemError;
 /// The DDL [`AnyStore::migrate`](crate::AnyStore::migrate) applies for the store `url` names, worked out without connecting:
 /// the SQL stores' `MIGRATIONS` with the tables of the URL's `idem_table` option (its token table
 /// `NAME_tok`), in order; every shard's of a sharded URL, one after the other. `None` for a store
-/// without a schema (memory, Redis). For services that apply migrations with their own tool
+/// without a schema (memory, Redis) or whose table is made by a request, not DDL (DynamoDB). For services that apply migrations with their own tool
 /// (`idem migrate --print`).
 ///
 /// # Errors
@@ -46,6 +46,8 @@ pub fn migrations(url: &str) -> Result<Option<Vec<String>>, IdemError> {
         }
         "redis" | "rediss" => options.only("Redis", false, true).map(|()| None),
         "redis+cluster" => options.only("Redis Cluster", false, true).map(|()| None),
+        // A table DynamoDB creates from a request, not from DDL: `migrate()` sends it.
+        "dynamodb" => options.none_for("DynamoDB").map(|()| None),
         _ => Err(invalid(url, "its scheme is not one idem knows")),
     }
 }
@@ -121,6 +123,12 @@ mod tests {
         assert_eq!(migrations("memory:").unwrap(), None);
         #[cfg(feature = "redis")]
         assert_eq!(migrations("redis://h:1/0?idem_prefix=p:").unwrap(), None);
+        // A table DynamoDB makes from a request: nothing to print, and no idem_* option taken.
+        assert_eq!(
+            migrations("dynamodb://records?region=eu-west-1").unwrap(),
+            None
+        );
+        assert!(migrations("dynamodb://records?idem_table=x").is_err());
         #[cfg(feature = "sqlite")]
         {
             assert_eq!(migrations("sqlite:x.db").unwrap().unwrap().len(), 6);

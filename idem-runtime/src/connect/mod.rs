@@ -18,7 +18,7 @@ pub use ddl::migrations;
 
 /// The schemes [`connect`] knows, for its errors.
 const SCHEMES: &str = "memory:, sqlite:PATH, mysql://, mariadb://, postgres://, postgresql://, \
-     redis://, rediss://, redis+cluster://, sharded:URL|URL";
+     redis://, rediss://, redis+cluster://, dynamodb://TABLE, sharded:URL|URL";
 
 /// Opens the store `url` names. It does not migrate: call [`AnyStore::migrate`] where the service
 /// may create its tables.
@@ -31,6 +31,7 @@ const SCHEMES: &str = "memory:, sqlite:PATH, mysql://, mariadb://, postgres://, 
 /// | `postgres://…`, `postgresql://…` | `PgStore` (feature `postgres`); several servers, `postgres://h1:5432,h2:5432/db?target_session_attrs=read-write` (pg_auto_failover's URL): the one that takes writes, followed when it moves |
 /// | `redis://…`, `rediss://…` | `RedisStore` (feature `redis`) |
 /// | `redis+cluster://host:port,host:port` | `RedisClusterStore` on those seed nodes (feature `redis`) |
+/// | `dynamodb://TABLE?region=R&endpoint=URL` | `DynamoStore` on that table (feature `dynamodb`; region and endpoint optional: see `DynamoStore::connect`) |
 /// | `sharded:URL\|URL\|…` | [`ShardedStore`](crate::ShardedStore) over the stores of those URLs, in that order (to add or remove one, `idem reshard` moves the keys: see [`Reshard`](crate::sharding::Reshard)) |
 ///
 /// Options idem reads from the query, removed before the URL reaches the driver (whose own
@@ -93,6 +94,7 @@ pub async fn connect(url: &str) -> Result<AnyStore, IdemError> {
         "postgres" | "postgresql" => open_postgres(&base, &options).await?,
         "redis" | "rediss" => open_redis(&base, &options).await?,
         "redis+cluster" => open_redis_cluster(&base, &options).await?,
+        "dynamodb" => open_dynamo(&base, &options).await?,
         _ => return Err(invalid(url, "its scheme is not one idem knows")),
     };
     Ok(AnyStore::of(backend, redacted(url).into()))
@@ -363,6 +365,17 @@ async fn open_redis_cluster(base: &str, options: &Options) -> Result<Backend, Id
 #[cfg(not(feature = "redis"))]
 async fn open_redis_cluster(_: &str, _: &Options) -> Result<Backend, IdemError> {
     Err(feature_off("redis+cluster", "redis"))
+}
+
+#[cfg(feature = "dynamodb")]
+async fn open_dynamo(base: &str, options: &Options) -> Result<Backend, IdemError> {
+    options.none_for("DynamoDB")?;
+    Ok(Backend::Dynamo(crate::DynamoStore::connect(base).await?))
+}
+
+#[cfg(not(feature = "dynamodb"))]
+async fn open_dynamo(_: &str, _: &Options) -> Result<Backend, IdemError> {
+    Err(feature_off("dynamodb", "dynamodb"))
 }
 
 #[cfg(test)]

@@ -215,7 +215,8 @@ impl<E: From<IdemError>> CarriesIdemError for E {
             `idem::SqliteTx`, `idem::MySqlTx` or `idem::PgTx` (`ShardedStore::begin_for` and \
             `EncryptedStore::begin` give theirs), which derefs to the connection for your own queries; \
             a sqlx `Transaction` or connection, of any sqlx version, does not say which store it \
-            belongs to, so idem could claim in a database where the store never looks"
+            belongs to, so idem could claim in a database where the store never looks; a Redis or \
+            DynamoDB store has no transaction to join: drop `tx` and the call runs in lease mode"
 )]
 pub trait JoinableTx {
     /// Nothing: the call is the check.

@@ -19,7 +19,8 @@ mod model_check;
     feature = "sqlite",
     feature = "mysql",
     feature = "postgres",
-    feature = "redis"
+    feature = "redis",
+    feature = "dynamodb"
 ))]
 pub(crate) mod order;
 pub(crate) mod tx;

@@ -31,8 +31,8 @@ pub const MAX_SUBJECT_LEN: usize = 128;
 /// [`restore`](TokenStore::restore) puts back a spent token whose business failed; an unknown,
 /// expired or malformed token, or another subject's, is [`IdemError::TokenInvalid`] (400) and
 /// changes nothing. Backends: [`MemoryTokens`], and `tokens()` on the SQLite (table `idem_token`
-/// unless `with_token_table` names another, made by `migrate()`), MySQL, Postgres and Redis
-/// stores. [`register_tokens`] names one for `#[consume_token]`;
+/// unless `with_token_table` names another, made by `migrate()`), MySQL, Postgres, Redis and
+/// DynamoDB stores. [`register_tokens`] names one for `#[consume_token]`;
 /// [`Sweeper::with_tokens`](crate::Sweeper::with_tokens) deletes expired ones.
 ///
 /// ```

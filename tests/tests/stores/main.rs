@@ -30,6 +30,8 @@ mod leftovers;
 #[path = "../support/pay_callback.rs"]
 mod scenario;
 
+#[cfg(feature = "dynamodb")]
+mod dynamo;
 #[cfg(feature = "encrypt")]
 mod encrypted;
 #[cfg(all(feature = "encrypt", feature = "postgres"))]

@@ -81,6 +81,41 @@ pub(crate) fn check_limits(
     Ok(())
 }
 
+/// [`check_limits`] for a store that keeps a record under one key holding both the business type
+/// and the key, in `key_room` bytes (after its own framing), and a snapshot of at most
+/// `max_snapshot` bytes: each limit within its bound, and the business type and the key together
+/// within the room. `key` names that key for people ("a Redis key"), `why` says where the room
+/// comes from (may be empty).
+///
+/// # Errors
+/// [`IdemError::InvalidOptions`] naming the limit past its bound.
+#[cfg_attr(not(any(feature = "redis", feature = "dynamodb")), allow(dead_code))]
+pub(crate) fn check_one_key_limits(
+    holder: &str,
+    key: &str,
+    limits: &Limits,
+    key_room: usize,
+    max_snapshot: usize,
+    why: &str,
+) -> Result<(), IdemError> {
+    let bounds = Limits {
+        max_key_len: key_room,
+        max_biz_len: key_room,
+        max_snapshot_len: max_snapshot,
+    };
+    check_limits(holder, limits, &bounds)?;
+    let both = limits.max_biz_len.saturating_add(limits.max_key_len);
+    if both > key_room {
+        return Err(IdemError::InvalidOptions {
+            reason: format!(
+                "max_biz_len + max_key_len = {both} is more than {key} holds: a business type and \
+                 a key of at most {key_room} bytes together{why}"
+            ),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -141,23 +141,14 @@ fn valid_table(name: &str) -> Result<(), IdemError> {
 
 /// Checks `limits` against what a DynamoDB item holds.
 fn check_dynamo_limits(limits: &Limits) -> Result<(), IdemError> {
-    let key_room = MAX_PK - PK_FRAMING;
-    let bounds = Limits {
-        max_key_len: key_room,
-        max_biz_len: key_room,
-        max_snapshot_len: MAX_SNAPSHOT,
-    };
-    crate::store::check_limits("a DynamoDB item", limits, &bounds)?;
-    let both = limits.max_biz_len.saturating_add(limits.max_key_len);
-    if both > key_room {
-        return Err(IdemError::InvalidOptions {
-            reason: format!(
-                "max_biz_len + max_key_len = {both} is more than a DynamoDB partition key holds: \
-                 a business type and a key of at most {key_room} bytes together"
-            ),
-        });
-    }
-    Ok(())
+    crate::store::check_one_key_limits(
+        "a DynamoDB item",
+        "a DynamoDB partition key",
+        limits,
+        MAX_PK - PK_FRAMING,
+        MAX_SNAPSHOT,
+        "",
+    )
 }
 
 /// Whether `endpoint` is on this machine (`localhost`, `127.x`, `[::1]`).

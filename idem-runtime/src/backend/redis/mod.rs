@@ -110,24 +110,14 @@ const RECORD_KEY_FRAMING: usize = 64 + 2 + 20 + 2;
 
 /// Checks `limits` against what a Redis string holds (see [`RedisStore::with_limits`]).
 fn check_redis_limits(limits: &Limits) -> Result<(), IdemError> {
-    let key_room = REDIS_MAX_STRING - RECORD_KEY_FRAMING;
-    let bounds = Limits {
-        max_key_len: key_room,
-        max_biz_len: key_room,
-        max_snapshot_len: REDIS_MAX_STRING,
-    };
-    crate::store::check_limits("a Redis string", limits, &bounds)?;
-    let both = limits.max_biz_len.saturating_add(limits.max_key_len);
-    if both > key_room {
-        return Err(IdemError::InvalidOptions {
-            reason: format!(
-                "max_biz_len + max_key_len = {both} is more than a Redis key holds: a business \
-                 type and a key of at most {key_room} bytes together (a string of 512 MiB, less \
-                 the record key's prefix and framing)"
-            ),
-        });
-    }
-    Ok(())
+    crate::store::check_one_key_limits(
+        "a Redis string",
+        "a Redis key",
+        limits,
+        REDIS_MAX_STRING - RECORD_KEY_FRAMING,
+        REDIS_MAX_STRING,
+        " (a string of 512 MiB, less the record key's prefix and framing)",
+    )
 }
 
 /// Keeps records in Redis (one server), through a `ConnectionManager` that reconnects by itself.

@@ -72,7 +72,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub use relay::{MAX_BATCH, Relay, RelayBuilder, RelayPass};
+pub use relay::{MAX_RELAY_BATCH, Relay, RelayBuilder, RelayPass};
 use sql::OutboxSql;
 
 use crate::sql::dialect::Dialect;

@@ -10,7 +10,7 @@ use crate::{IdemError, duration};
 use sqlx::AssertSqlSafe;
 
 /// The most rows one relay pass leases: 10,000.
-pub const MAX_BATCH: usize = 10_000;
+pub const MAX_RELAY_BATCH: usize = 10_000;
 
 /// How often a running relay deletes sent rows past their retention.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -74,7 +74,7 @@ impl RelayBuilder {
         self
     }
 
-    /// Rows leased per pass: 1 to [`MAX_BATCH`] (default 100).
+    /// Rows leased per pass: 1 to [`MAX_RELAY_BATCH`] (default 100).
     pub fn batch(mut self, rows: usize) -> Self {
         self.batch = rows;
         self
@@ -123,9 +123,9 @@ impl RelayBuilder {
     pub fn build(self) -> Result<Relay, IdemError> {
         let outbox = self.table?;
         let refuse = |reason: String| Err(IdemError::InvalidOptions { reason });
-        if self.batch == 0 || self.batch > MAX_BATCH {
+        if self.batch == 0 || self.batch > MAX_RELAY_BATCH {
             return refuse(format!(
-                "relay batch is 1 to {MAX_BATCH} rows, not {}",
+                "relay batch is 1 to {MAX_RELAY_BATCH} rows, not {}",
                 self.batch
             ));
         }

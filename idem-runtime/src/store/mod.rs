@@ -28,7 +28,9 @@ pub(crate) mod tx;
 pub use batch::{BatchClaim, BatchItem, BatchMark, MAX_BATCH};
 pub use keys::KeyPage;
 pub use limits::Limits;
-pub(crate) use limits::{check_limits, check_one_key_limits};
+pub(crate) use limits::check_limits;
+#[cfg(any(feature = "redis", feature = "dynamodb"))]
+pub(crate) use limits::check_one_key_limits;
 use tx::TransitionTx;
 
 /// The state of a dedup record. Ordered as a record's life goes: PROCESSING, SUCCEEDED, FAILED.

@@ -152,14 +152,7 @@ where
     if let Some(answered) = taken.answered
         && let Err(e) = holder.confirm_at(answered).await
     {
-        // The claim came back too late to be sure it is still ours: nothing runs.
-        let outcome = match e {
-            IdemError::LeaseLost { .. } => Outcome::LeaseLost,
-            _ => Outcome::Rejected,
-        };
-        tracing::warn!(attempt, error = %e, "the claim came back after its lease; nothing ran");
-        report_error(biz, outcome, attempt, &e);
-        return Err(err.from_idem(e));
+        return too_late(biz, attempt, e, err);
     }
     let (out, ran) = match run_step(&mut holder, store, &req, &taken, recover, body).await {
         Ok(ran) => ran,
@@ -196,6 +189,18 @@ where
     let (result, outcome) = answer_marked(marked, result, done, err, attempt);
     report(biz, outcome, attempt);
     result
+}
+
+/// The answer of a claim that came back too late to be sure it is still ours: nothing ran.
+#[cold]
+fn too_late<T, E>(biz: &str, attempt: u32, e: IdemError, err: ErrType<E>) -> Result<T, E> {
+    let outcome = match e {
+        IdemError::LeaseLost { .. } => Outcome::LeaseLost,
+        _ => Outcome::Rejected,
+    };
+    tracing::warn!(attempt, error = %e, "the claim came back after its lease; nothing ran");
+    report_error(biz, outcome, attempt, &e);
+    Err(err.from_idem(e))
 }
 
 /// A success whose mark its batch sends with the others' (`Inbox::handle_batch`, which reports

@@ -46,12 +46,16 @@ pub mod grpc;
 pub mod http;
 pub mod inbox;
 mod key;
+#[cfg(feature = "lambda")]
+pub mod lambda;
 mod layer_key;
 pub mod metrics;
 mod net;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub mod outbox;
 mod preflight;
+#[cfg(any(feature = "axum", feature = "lambda"))]
+mod problem;
 mod recovery;
 mod registry;
 mod sql;

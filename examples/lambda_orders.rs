@@ -11,9 +11,10 @@
 //! cargo run --example lambda_orders --features lambda,dynamodb
 //! ```
 //!
-//! The table is `IDEM_TABLE` (default `idem_lambda_orders`), created when missing; on AWS, the
-//! function's role needs `dynamodb:GetItem`, `PutItem`, `UpdateItem`, `DeleteItem`, `Query`
-//! and `BatchGetItem`/`BatchWriteItem` (for the SQS batches) on it and its index.
+//! The table is `IDEM_TABLE` (default `idem_lambda_orders`), created here when missing (in Lambda,
+//! made beforehand with `idem migrate dynamodb://TABLE` or by the deployment); on AWS, the
+//! function's role needs `dynamodb:GetItem`, `PutItem`, `UpdateItem`, `DeleteItem` and `Query`
+//! on it and its index.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -66,7 +67,10 @@ async fn store() -> Result<DynamoStore, IdemError> {
         }
     };
     let store = DynamoStore::connect(&url).await?;
-    store.migrate().await?;
+    if std::env::var("AWS_LAMBDA_RUNTIME_API").is_err() {
+        // In Lambda the table is made once, by `idem migrate` or the deployment.
+        store.migrate().await?;
+    }
     Ok(store)
 }
 

@@ -9,6 +9,7 @@
 //! [g-grpc]: crate::_guide::grpc
 //! [g-http]: crate::_guide::http
 //! [g-idempotent]: crate::_guide::idempotent
+//! [g-lambda]: crate::_guide::lambda
 //! [g-messaging]: crate::_guide::messaging
 //! [g-operations]: crate::_guide::operations
 //! [g-recovery]: crate::_guide::recovery
@@ -77,6 +78,7 @@ macro_rules! guide_links {
 [g-grpc]: crate::_guide::grpc
 [g-http]: crate::_guide::http
 [g-idempotent]: crate::_guide::idempotent
+[g-lambda]: crate::_guide::lambda
 [g-messaging]: crate::_guide::messaging
 [g-operations]: crate::_guide::operations
 [g-recovery]: crate::_guide::recovery
@@ -107,6 +109,9 @@ macro_rules! guide_links {
 [api-http]: crate::http
 [api-inbox]: crate::inbox
 [api-inbox-kafka]: crate::inbox::kafka
+[api-lambda]: crate::lambda
+[api-lambda-apigw]: crate::lambda::apigw
+[api-lambda-sqs]: crate::lambda::sqs
 [api-limits]: crate::Limits
 [api-limits-snapshot]: crate::Limits::max_snapshot_len
 [api-max-duration]: crate::MAX_DURATION
@@ -136,6 +141,7 @@ macro_rules! guide_links {
 [api-transition]: crate::Transition
 [api-transition-sql]: crate::state_machine::TransitionSql
 [api-tx-store]: crate::TransactionalStore
+[lambda-example]: https://github.com/idemkit/idem/blob/main/examples/lambda_orders.rs
 [mq-consumer]: https://github.com/idemkit/idem/blob/main/tests/examples/mq_consumer.rs
 [operating]: https://github.com/idemkit/idem/blob/main/docs/OPERATING.md
 [readme]: crate
@@ -151,6 +157,7 @@ macro_rules! guide_links {
 [tests-inbox-kafka]: https://github.com/idemkit/idem/blob/main/tests/tests/inbox_kafka.rs
 [tests-inbox-nats]: https://github.com/idemkit/idem/blob/main/tests/tests/inbox_nats.rs
 [tests-inbox-rabbitmq]: https://github.com/idemkit/idem/blob/main/tests/tests/inbox_rabbitmq.rs
+[tests-lambda]: https://github.com/idemkit/idem/blob/main/tests/tests/lambda.rs
 [tests-messaging-e2e]: https://github.com/idemkit/idem/blob/main/tests/tests/messaging_e2e.rs
 "#
     };
@@ -188,6 +195,9 @@ pub mod _guide {
     #[doc = guide_links!()]
     #[doc = include_str!("../docs/guide/messaging.md")]
     pub mod messaging {}
+    #[doc = guide_links!()]
+    #[doc = include_str!("../docs/guide/lambda.md")]
+    pub mod lambda {}
     #[doc = guide_links!()]
     #[doc = include_str!("../docs/guide/operations.md")]
     pub mod operations {}

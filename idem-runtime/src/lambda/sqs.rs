@@ -292,7 +292,7 @@ impl SqsBatch {
         }
         let handled = self
             .inbox
-            .handle_batch(&*self.store, messages, |m| body(m))
+            .handle_batch(&*self.store, messages, &mut body)
             .await;
         for (id, handled) in ids.into_iter().zip(handled) {
             if handled.verdict != Verdict::Ack {

@@ -113,8 +113,12 @@ where
         order_no: format!("ORD-{run}"),
         amount_cents: 1_250,
     };
-    let first = payments.call(LambdaEvent::new(order.clone(), context())).await?;
-    let retry = payments.call(LambdaEvent::new(order.clone(), context())).await?;
+    let first = payments
+        .call(LambdaEvent::new(order.clone(), context()))
+        .await?;
+    let retry = payments
+        .call(LambdaEvent::new(order.clone(), context()))
+        .await?;
     println!("paid: {first:?}; the retry got: {retry:?}");
     let other = Order {
         amount_cents: 9_999,

@@ -207,11 +207,12 @@ impl SqsBatch {
         self.run(records, key, body).await
     }
 
+    /// Runs the records (see the [module docs](self)) and lists those not acked.
     async fn run<M, K, R, B, F, T, Err>(
         &self,
         (records, context, fifo): (Vec<Record<M>>, Context, bool),
         key: K,
-        body: B,
+        mut body: B,
     ) -> SqsBatchResponse
     where
         K: Fn(&M) -> R,
@@ -221,11 +222,48 @@ impl SqsBatch {
         T: Serialize + DeserializeOwned,
         Err: From<IdemError> + fmt::Display,
     {
-        let listed = if fifo {
-            self.in_order(records, &context, key, body).await
-        } else {
-            self.as_batch(records, &context, key, body).await
-        };
+        let mut listed = Vec::new();
+        let mut ready = Vec::with_capacity(records.len());
+        for Record {
+            id,
+            delivered,
+            body: text,
+            message,
+        } in records
+        {
+            match message {
+                // A FIFO batch stops at its first record listed: the rest wait their turn.
+                _ if fifo && !listed.is_empty() => listed.push(id),
+                Err(why) => {
+                    tracing::warn!(reason = %why, "SQS record listed as failed: unreadable");
+                    listed.push(id);
+                }
+                Ok(message) => {
+                    let call = self.call_for(text.as_deref(), &message, &key, &context);
+                    if fifo {
+                        let store = &*self.store;
+                        let run = call.run(store, body(message));
+                        if self.inbox.handle(delivered, run).await.verdict != Verdict::Ack {
+                            listed.push(id);
+                        }
+                    } else {
+                        ready.push((id, BatchMessage::new(call, delivered, message)));
+                    }
+                }
+            }
+        }
+        if !ready.is_empty() {
+            let (ids, messages): (Vec<_>, Vec<_>) = ready.into_iter().unzip();
+            let handled = self
+                .inbox
+                .handle_batch(&*self.store, messages, &mut body)
+                .await;
+            for (id, handled) in ids.into_iter().zip(handled) {
+                if handled.verdict != Verdict::Ack {
+                    listed.push(id);
+                }
+            }
+        }
         let mut response = SqsBatchResponse::default();
         for id in listed {
             let mut failure = BatchItemFailure::default();
@@ -249,108 +287,6 @@ impl SqsBatch {
             call = call.fingerprint(text.unwrap_or_default());
         }
         call
-    }
-
-    /// A standard queue's batch: one batch claim, the bodies, one batch of marks; the ids of the
-    /// records not acked.
-    async fn as_batch<M, K, R, B, F, T, Err>(
-        &self,
-        records: Vec<Record<M>>,
-        context: &Context,
-        key: K,
-        mut body: B,
-    ) -> Vec<String>
-    where
-        K: Fn(&M) -> R,
-        R: IdemKey,
-        B: FnMut(M) -> F,
-        F: Future<Output = Result<T, Err>>,
-        T: Serialize + DeserializeOwned,
-        Err: From<IdemError> + fmt::Display,
-    {
-        let mut listed = Vec::new();
-        let mut ids = Vec::with_capacity(records.len());
-        let mut messages = Vec::with_capacity(records.len());
-        for Record {
-            id,
-            delivered,
-            body: text,
-            message,
-        } in records
-        {
-            match message {
-                Err(why) => {
-                    tracing::warn!(reason = %why, "SQS record listed as failed: unreadable");
-                    listed.push(id);
-                }
-                Ok(message) => {
-                    let call = self.call_for(text.as_deref(), &message, &key, context);
-                    ids.push(id);
-                    messages.push(BatchMessage::new(call, delivered, message));
-                }
-            }
-        }
-        let handled = self
-            .inbox
-            .handle_batch(&*self.store, messages, &mut body)
-            .await;
-        for (id, handled) in ids.into_iter().zip(handled) {
-            if handled.verdict != Verdict::Ack {
-                listed.push(id);
-            }
-        }
-        listed
-    }
-
-    /// A FIFO queue's batch: one record at a time, in order; from the first record not acked on,
-    /// every record is listed without running.
-    async fn in_order<M, K, R, B, F, T, Err>(
-        &self,
-        records: Vec<Record<M>>,
-        context: &Context,
-        key: K,
-        mut body: B,
-    ) -> Vec<String>
-    where
-        K: Fn(&M) -> R,
-        R: IdemKey,
-        B: FnMut(M) -> F,
-        F: Future<Output = Result<T, Err>>,
-        T: Serialize + DeserializeOwned,
-        Err: From<IdemError> + fmt::Display,
-    {
-        let mut listed: Vec<String> = Vec::new();
-        for Record {
-            id,
-            delivered,
-            body: text,
-            message,
-        } in records
-        {
-            if !listed.is_empty() {
-                listed.push(id);
-                continue;
-            }
-            let acked = match message {
-                Err(why) => {
-                    tracing::warn!(reason = %why, "SQS record listed as failed: unreadable");
-                    false
-                }
-                Ok(message) => {
-                    let call = self.call_for(text.as_deref(), &message, &key, context);
-                    let store = &*self.store;
-                    let handled = self
-                        .inbox
-                        .handle(delivered, call.run(store, body(message)))
-                        .await;
-                    handled.verdict == Verdict::Ack
-                }
-            };
-            if !acked {
-                listed.push(id);
-            }
-        }
-        listed
     }
 }
 

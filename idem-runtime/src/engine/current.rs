@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 
-use super::steps::Steps;
+use super::step_log::Steps;
 use crate::store::Claim;
 
 tokio::task_local! {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::current::CallScope;
-use super::steps::{self, Steps};
+use super::step_log::{self as steps, Steps};
 use super::{STORE_TIMEOUT, TRANSIENT_TRIES, Within, back_off_pause, current, retry_transient};
 use crate::IdemError;
 use crate::store::{Claim, ClaimRequest, Status, Store};

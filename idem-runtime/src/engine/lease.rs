@@ -12,7 +12,7 @@ use super::current::CallScope;
 use super::holder::Holder;
 use super::settle::{Settled, claim_at_once, refuse, settle};
 use super::snapshot::{ErrType, OkType};
-use super::steps::Steps;
+use super::step_log::Steps;
 use super::{
     Call, InSpan, STORE_TIMEOUT, StoreHandle, acquired_outcome, call_span, encoded, in_span,
     report, report_error, retry_transient,

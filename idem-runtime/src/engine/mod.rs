@@ -14,6 +14,7 @@ mod lease;
 pub(crate) mod retry;
 mod settle;
 pub(crate) mod snapshot;
+mod step_log;
 pub(crate) mod steps;
 pub(crate) mod tx;
 mod within;

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::settle::Settled;
 use super::snapshot::{ErrType, OkType};
-use super::{Call, encoded, replayed, report, report_error};
+use super::{Call, encoded, report};
 use crate::IdemError;
 use crate::metrics::Outcome;
 use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Store};
@@ -148,10 +149,6 @@ async fn tx_claim<T, C>(call: Call, ok: OkType<T>, tx: &mut C) -> Result<TxClaim
 where
     C: IdemTx + ?Sized,
 {
-    let refuse = |e: IdemError, outcome: Outcome, biz: &str| {
-        report_error(biz, outcome, 0, &e);
-        Err(e)
-    };
     let outcome = match call.request(tx.store()) {
         Ok(req) => {
             let started = crate::metrics::ENABLED.then(std::time::Instant::now);
@@ -165,28 +162,10 @@ where
         }
         Err(e) => Err(e),
     };
-    match outcome {
-        Ok(ClaimOutcome::Acquired { claim, how }) => Ok(TxClaim::Run(TxGuard { call, claim, how })),
-        Ok(ClaimOutcome::Replay { snapshot }) => {
-            let (result, outcome) = replayed((ok.decode)(&snapshot));
-            match &result {
-                Ok(_) => report(call.biz(), outcome, 0),
-                Err(e) => report_error(call.biz(), outcome, 0, e),
-            }
-            result.map(TxClaim::Replay)
-        }
-        Ok(ClaimOutcome::Mismatch) => {
-            refuse(IdemError::PayloadMismatch, Outcome::Mismatch, call.biz())
-        }
-        Ok(ClaimOutcome::ResultGone) => {
-            refuse(IdemError::ResultExpired, Outcome::ResultExpired, call.biz())
-        }
-        Ok(ClaimOutcome::InProgress { retry_after }) => refuse(
-            IdemError::InProgress { retry_after },
-            Outcome::InProgress,
-            call.biz(),
-        ),
-        Err(e) => refuse(e, Outcome::Rejected, call.biz()),
+    // The same answers as a lease-mode claim's: one mapping (settle.rs).
+    match super::settle::settle(call.biz(), outcome, None, ok, ErrType::<IdemError>::new()) {
+        Settled::Held(claim, how) => Ok(TxClaim::Run(TxGuard { call, claim, how })),
+        Settled::Answer(result) => result.map(TxClaim::Replay),
     }
 }
 

@@ -376,7 +376,7 @@ fn mark_now(
     kept: Option<Duration>,
 ) -> Option<Result<(), IdemError>> {
     store
-        .complete_now(req.biz, req.key, claim, snapshot, req.ttl, kept)
+        .__complete_now(req.biz, req.key, claim, snapshot, req.ttl, kept)
         .filter(|done| !matches!(done, Err(e) if e.is_transient_store_error()))
 }
 

@@ -61,7 +61,7 @@ pub(super) fn refuse<T, E>(
 }
 
 /// The claim of `req` answered at once by a store that holds its records in this process
-/// ([`Store::claim_now_lending`]), a replay's result decoded into `lent` where the store keeps
+/// ([`Store::__claim_now_lending`]), a replay's result decoded into `lent` where the store keeps
 /// it. `None` when the call has to go through the claim loop: a store to wait for, a transient
 /// error, or a holder in progress that this call waits out (`waits`).
 #[inline(always)]
@@ -72,7 +72,7 @@ pub(super) fn claim_at_once<T>(
     ok: OkType<T>,
     lent: &mut Option<Result<T, IdemError>>,
 ) -> Option<Result<ClaimOutcome, IdemError>> {
-    match store.claim_now_lending(req, &mut |stored| *lent = Some((ok.decode)(stored))) {
+    match store.__claim_now_lending(req, &mut |stored| *lent = Some((ok.decode)(stored))) {
         Some(Ok(ClaimOutcome::InProgress { .. })) if waits => None,
         Some(Ok(outcome)) => {
             if metrics::ENABLED {

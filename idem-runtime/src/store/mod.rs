@@ -318,25 +318,30 @@ pub trait Store: Send + Sync + 'static {
     /// missing, [`IdemError::Store`] for any other backend error. Nothing is claimed then.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError>;
 
+    // The three `__…_now` methods are the engine's fast path to a store that holds its records in
+    // this process (the memory store): internal, not part of the API a store implements.
+
     /// [`Store::claim`] answered at once, by a store that holds its records in this process (no
     /// I/O, no lock held across an await): `Some` spares the call the boxed future of `claim` and
     /// the timer that bounds it. A store that answers here answers exactly as its `claim` would.
     /// The default, `None`, sends the call through `claim`.
-    fn claim_now(&self, req: &ClaimRequest<'_>) -> Option<Result<ClaimOutcome, IdemError>> {
+    #[doc(hidden)]
+    fn __claim_now(&self, req: &ClaimRequest<'_>) -> Option<Result<ClaimOutcome, IdemError>> {
         let _ = req;
         None
     }
 
-    /// [`Store::claim_now`], a replay's stored result lent to `replay` (called once; the outcome's
-    /// snapshot is then empty) instead of copied; no other outcome calls it. The default lends
-    /// nothing; the memory store up to [`crate::MemoryStore::LENT_REPLAY_MAX`] bytes.
-    fn claim_now_lending(
+    /// [`Store::__claim_now`], a replay's stored result lent to `replay` (called once; the
+    /// outcome's snapshot is then empty) instead of copied; no other outcome calls it. The default
+    /// lends nothing; the memory store up to [`crate::MemoryStore::LENT_REPLAY_MAX`] bytes.
+    #[doc(hidden)]
+    fn __claim_now_lending(
         &self,
         req: &ClaimRequest<'_>,
         replay: &mut dyn FnMut(&[u8]),
     ) -> Option<Result<ClaimOutcome, IdemError>> {
         let _ = replay;
-        self.claim_now(req)
+        self.__claim_now(req)
     }
 
     /// Claims every item of `batch` as [`Store::claim`] claims one, each decided by the same
@@ -409,11 +414,12 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// [`Store::complete`] (with a `result_ttl`, [`Store::complete_keeping`]) done at once, by a
-    /// store that holds its records in this process, as [`Store::claim_now`]: a store that
+    /// store that holds its records in this process, as [`Store::__claim_now`]: a store that
     /// answers here answers exactly as those would. The store may take the snapshot's bytes
     /// (leaving `snapshot` empty) when the mark lands, instead of copying them; it leaves them
     /// otherwise. The default, `None`, sends the mark through `complete`.
-    fn complete_now(
+    #[doc(hidden)]
+    fn __complete_now(
         &self,
         biz: &str,
         key: &str,

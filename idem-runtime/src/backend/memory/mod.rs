@@ -21,7 +21,7 @@ mod tests;
 
 use records::{Biz, Entry, Map, NO_SLOT};
 
-/// What a replay's stored result is lent to ([`Store::claim_now_lending`]).
+/// What a replay's stored result is lent to ([`Store::__claim_now_lending`]).
 type Lender<'a> = &'a mut dyn FnMut(&[u8]);
 
 /// Keeps records in this process's memory. Its clock is the wall clock read once at creation plus
@@ -44,7 +44,7 @@ impl Default for MemoryStore {
 
 impl MemoryStore {
     /// The longest stored result a replay decodes where the store keeps it, under its lock
-    /// ([`Store::claim_now_lending`]): a result this short decodes in about the time its copy
+    /// ([`Store::__claim_now_lending`]): a result this short decodes in about the time its copy
     /// would take. A longer one is copied out and decoded after the lock is released, so
     /// other calls do not wait on its decoding.
     pub const LENT_REPLAY_MAX: usize = 1024;
@@ -167,7 +167,7 @@ impl MemoryStore {
     /// lock.
     ///
     /// A replay's result of up to [`MemoryStore::LENT_REPLAY_MAX`] bytes is lent to `lend` if
-    /// given (see [`Store::claim_now_lending`]), else copied into the outcome.
+    /// given (see [`Store::__claim_now_lending`]), else copied into the outcome.
     #[inline(always)]
     fn claim_in(
         &self,
@@ -332,14 +332,14 @@ impl Store for MemoryStore {
 
     /// Always: the claim is a map look-up under the lock.
     #[inline]
-    fn claim_now(&self, req: &ClaimRequest<'_>) -> Option<Result<ClaimOutcome, IdemError>> {
+    fn __claim_now(&self, req: &ClaimRequest<'_>) -> Option<Result<ClaimOutcome, IdemError>> {
         let now_us = self.now_us();
         Some(Ok(self.claim_in(&mut self.lock(), req, now_us, None)))
     }
 
     /// Always, lending a result of up to [`MemoryStore::LENT_REPLAY_MAX`] bytes.
     #[inline]
-    fn claim_now_lending(
+    fn __claim_now_lending(
         &self,
         req: &ClaimRequest<'_>,
         replay: &mut dyn FnMut(&[u8]),
@@ -355,7 +355,7 @@ impl Store for MemoryStore {
 
     /// Always: the mark is a map update under the lock, which keeps the snapshot's bytes.
     #[inline]
-    fn complete_now(
+    fn __complete_now(
         &self,
         biz: &str,
         key: &str,

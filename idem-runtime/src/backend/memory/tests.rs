@@ -173,7 +173,7 @@ async fn stuck_records_come_from_the_processing_set() {
     );
 }
 
-/// What the engine asks at once (`claim_now`, `complete_now`) is what a store-level caller gets
+/// What the engine asks at once (`__claim_now`, `__complete_now`) is what a store-level caller gets
 /// from `claim` and `complete`: each step of a key's life, asked both ways on two stores, answers
 /// the same and leaves the same record.
 #[tokio::test]
@@ -182,7 +182,7 @@ async fn answering_at_once_is_answering_through_the_future() {
     let (now, later) = (MemoryStore::new(), MemoryStore::new());
     let r = req("PAY", "k", ttl);
     let (a, b) = (
-        now.claim_now(&r).unwrap().unwrap(),
+        now.__claim_now(&r).unwrap().unwrap(),
         later.claim(&r).await.unwrap(),
     );
     let (
@@ -194,13 +194,13 @@ async fn answering_at_once_is_answering_through_the_future() {
     };
     assert_eq!((ca.attempt, ha), (cb.attempt, hb));
     let (a, b) = (
-        now.claim_now(&r).unwrap().unwrap(),
+        now.__claim_now(&r).unwrap().unwrap(),
         later.claim(&r).await.unwrap(),
     );
     assert!(matches!(a, ClaimOutcome::InProgress { .. }), "{a:?}");
     assert!(matches!(b, ClaimOutcome::InProgress { .. }), "{b:?}");
     let mut bytes = b"ok".to_vec();
-    now.complete_now("PAY", "k", &ca, &mut bytes, ttl, None)
+    now.__complete_now("PAY", "k", &ca, &mut bytes, ttl, None)
         .unwrap()
         .unwrap();
     assert!(bytes.is_empty(), "the store keeps the bytes it was given");
@@ -211,7 +211,7 @@ async fn answering_at_once_is_answering_through_the_future() {
         assert_eq!(record.snapshot.as_deref(), Some(&b"ok"[..]));
     }
     let (a, b) = (
-        now.claim_now(&r).unwrap().unwrap(),
+        now.__claim_now(&r).unwrap().unwrap(),
         later.claim(&r).await.unwrap(),
     );
     let (ClaimOutcome::Replay { snapshot: sa }, ClaimOutcome::Replay { snapshot: sb }) = (a, b)
@@ -225,7 +225,7 @@ async fn answering_at_once_is_answering_through_the_future() {
         fence: crate::store::Fence::new(ca.fence.get() + 1),
     };
     assert!(matches!(
-        now.complete_now("PAY", "k", &stale, &mut b"no".to_vec(), ttl, Some(ttl / 2))
+        now.__complete_now("PAY", "k", &stale, &mut b"no".to_vec(), ttl, Some(ttl / 2))
             .unwrap(),
         Err(crate::IdemError::LeaseLost { .. })
     ));
@@ -237,12 +237,12 @@ async fn answering_at_once_is_answering_through_the_future() {
     ));
     // A buffer with much to spare is copied at its length, not kept with its spare capacity.
     let roomy_req = req("PAY", "roomy", ttl);
-    let Some(Ok(ClaimOutcome::Acquired { claim, .. })) = now.claim_now(&roomy_req) else {
+    let Some(Ok(ClaimOutcome::Acquired { claim, .. })) = now.__claim_now(&roomy_req) else {
         panic!("a new key is not acquired");
     };
     let mut roomy = Vec::with_capacity(64);
     roomy.extend_from_slice(b"ok");
-    now.complete_now("PAY", "roomy", &claim, &mut roomy, ttl, None)
+    now.__complete_now("PAY", "roomy", &claim, &mut roomy, ttl, None)
         .unwrap()
         .unwrap();
     assert_eq!(roomy, b"ok", "copied, not taken");
@@ -252,11 +252,11 @@ async fn answering_at_once_is_answering_through_the_future() {
         assert_eq!((kept.as_slice(), kept.capacity()), (&b"ok"[..], 2));
     }
     let mut refused = b"no".to_vec();
-    let _ = now.complete_now("PAY", "k", &stale, &mut refused, ttl, None);
+    let _ = now.__complete_now("PAY", "k", &stale, &mut refused, ttl, None);
     assert_eq!(refused, b"no", "a mark that did not land leaves its bytes");
 }
 
-/// A replay asked with a lender (`claim_now_lending`) lends a result of up to
+/// A replay asked with a lender (`__claim_now_lending`) lends a result of up to
 /// `LENT_REPLAY_MAX` bytes, once, and copies a longer one into the outcome; no other outcome
 /// lends anything.
 #[tokio::test]
@@ -271,7 +271,7 @@ async fn a_short_result_is_lent_and_a_long_one_copied() {
         let r = req("PAY", key, ttl);
         let mut seen = Vec::new();
         let outcome = store
-            .claim_now_lending(&r, &mut |b| seen.push(b.to_vec()))
+            .__claim_now_lending(&r, &mut |b| seen.push(b.to_vec()))
             .unwrap()
             .unwrap();
         let ClaimOutcome::Acquired { claim, .. } = outcome else {
@@ -279,7 +279,7 @@ async fn a_short_result_is_lent_and_a_long_one_copied() {
         };
         assert!(seen.is_empty(), "{key}: a claim lends nothing");
         let outcome = store
-            .claim_now_lending(&r, &mut |b| seen.push(b.to_vec()))
+            .__claim_now_lending(&r, &mut |b| seen.push(b.to_vec()))
             .unwrap()
             .unwrap();
         assert!(
@@ -292,7 +292,7 @@ async fn a_short_result_is_lent_and_a_long_one_copied() {
             .await
             .unwrap();
         let outcome = store
-            .claim_now_lending(&r, &mut |b| seen.push(b.to_vec()))
+            .__claim_now_lending(&r, &mut |b| seen.push(b.to_vec()))
             .unwrap()
             .unwrap();
         let ClaimOutcome::Replay { snapshot } = outcome else {

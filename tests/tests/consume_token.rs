@@ -326,7 +326,7 @@ mod mysql {
     use super::*;
 
     async fn tokens() -> Option<Arc<dyn TokenStore>> {
-        let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let url = server::mysql_url();
         let store = server::reach("MySQL", &url, idem::MySqlStore::connect(&url)).await?;
         let store = store
             .with_table(&server::unique("idem_ctr"))
@@ -346,7 +346,7 @@ mod redis {
     use super::*;
 
     async fn tokens() -> Option<Arc<dyn TokenStore>> {
-        let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+        let url = server::redis_url();
         let store = server::reach("Redis", &url, idem::RedisStore::connect(&url)).await?;
         let prefix = format!("{}:", server::unique("idemct"));
         Some(Arc::new(store.with_prefix(&prefix).unwrap().tokens()))

@@ -509,7 +509,7 @@ async fn postgres_crashed_while_bodies_finish() {
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_crashed_while_bodies_finish() {
-    let url = contract::server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = contract::server::mysql_url();
     // The store's own pool, but for the acquire timeout (its sessions' lock wait matters only to
     // transaction mode).
     let connect = MySqlPoolOptions::new()

@@ -182,7 +182,7 @@ async fn encrypted_site() -> Option<Site> {
 #[cfg(feature = "mysql")]
 async fn mysql_site() -> Option<Site> {
     use contract::server;
-    let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = server::mysql_url();
     let store = server::reach("MySQL", &url, idem::MySqlStore::connect(&url)).await?;
     let store = store.with_table(&server::unique("idem_htx")).unwrap();
     store.migrate().await.unwrap();
@@ -385,7 +385,7 @@ mod readme_handler {
     #[tokio::test]
     async fn the_readme_handler_builds_a_router() {
         let url =
-            super::contract::server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+            super::contract::server::mysql_url();
         let Some(mysql_store) =
             super::contract::server::reach("MySQL", &url, idem::MySqlStore::connect(&url)).await
         else {

@@ -18,7 +18,7 @@ use idem::inbox::{Inbox, Verdict, jetstream as js_inbox};
 use inbox_orders::{OrderMsg, Orders, Seen};
 
 fn url() -> String {
-    server::url("IDEM_NATS_URL", "nats://127.0.0.1:4222")
+    server::nats_url()
 }
 
 /// A test's streams: work on `<name>.orders` (consumer `shipping`), dead letters on

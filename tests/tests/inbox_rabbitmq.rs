@@ -22,7 +22,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 fn url() -> String {
-    server::url("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+    server::amqp_url()
 }
 
 /// A channel on a fresh quorum queue (and its dead-letter queue), deleted after `body`, also when

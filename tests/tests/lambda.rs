@@ -22,7 +22,7 @@ use sqlx::SqlitePool;
 use tokio::sync::Barrier;
 
 fn endpoint() -> String {
-    server::url("IDEM_DYNAMO_URL", "http://127.0.0.1:8000")
+    server::dynamo_url()
 }
 
 /// A store on a table of this test's own, migrated; `None` (one skip line) when the server is

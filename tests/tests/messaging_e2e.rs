@@ -103,7 +103,7 @@ struct Tables {
 
 impl Db {
     async fn mysql() -> Option<Db> {
-        let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let url = server::mysql_url();
         let store = server::reach("MariaDB", &url, MySqlStore::connect(&url)).await?;
         let store = store.with_table(&server::unique("idemt_e2e_rec")).unwrap();
         store.migrate().await.unwrap();
@@ -111,7 +111,7 @@ impl Db {
     }
 
     async fn postgres() -> Option<Db> {
-        let url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+        let url = server::pg_url();
         let store = server::reach(
             "Postgres",
             &url,
@@ -321,7 +321,7 @@ impl Broker {
     }
 
     async fn rabbit() -> Option<Broker> {
-        let url = server::url("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+        let url = server::amqp_url();
         let conn = server::reach(
             "RabbitMQ",
             &url,
@@ -337,7 +337,7 @@ impl Broker {
     }
 
     async fn nats() -> Option<Broker> {
-        let url = server::url("IDEM_NATS_URL", "nats://127.0.0.1:4222");
+        let url = server::nats_url();
         let client = server::reach("NATS", &url, async_nats::connect(&url)).await?;
         let ctx = js::new(client);
         let stream = server::unique("idem_e2e");

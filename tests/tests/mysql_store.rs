@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Barrier;
 
 fn url() -> String {
-    server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+    server::mysql_url()
 }
 
 /// A store on a table of its own, migrated.

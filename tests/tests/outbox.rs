@@ -80,14 +80,14 @@ impl Db {
 
     #[cfg(feature = "mysql")]
     async fn mysql() -> Option<Db> {
-        let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let url = server::mysql_url();
         let store = server::reach("MariaDB", &url, idem::MySqlStore::connect(&url)).await?;
         Some(Db::MySql(store))
     }
 
     #[cfg(feature = "postgres")]
     async fn postgres() -> Option<Db> {
-        let url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+        let url = server::pg_url();
         let store = server::reach("Postgres", &url, idem::PgStore::connect(&url)).await?;
         Some(Db::Pg(store))
     }

@@ -76,7 +76,7 @@ fn in_order_per_key(got: &[(String, String)], keys: u32, per_key: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_gets_every_row_with_its_id_and_key_in_order_and_an_unroutable_one_stays_pending()
 {
-    let url = server::url("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+    let url = server::amqp_url();
     let connect = Connection::connect(&url, ConnectionProperties::default());
     let Some(conn) = server::reach("RabbitMQ", &url, connect).await else {
         return;
@@ -161,7 +161,7 @@ impl<P: Publisher> Publisher for LostReplies<P> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_drops_a_relays_resend_by_its_message_id_and_keeps_the_order_per_key() {
-    let url = server::url("IDEM_NATS_URL", "nats://127.0.0.1:4222");
+    let url = server::nats_url();
     let Some(client) = server::reach("NATS", &url, async_nats::connect(&url)).await else {
         return;
     };

@@ -330,7 +330,7 @@ async fn relays_killed_mid_publish_leave_every_row_in_the_stream_once_and_in_ord
     if std::env::var("IDEM_OUTBOX_CHILD").is_ok() {
         return;
     }
-    let nats = server::url("IDEM_NATS_URL", "nats://127.0.0.1:4222");
+    let nats = server::nats_url();
     if server::reach("NATS", &nats, async_nats::connect(&nats))
         .await
         .is_none()
@@ -341,7 +341,7 @@ async fn relays_killed_mid_publish_leave_every_row_in_the_stream_once_and_in_ord
     let mut dbs = vec![format!("sqlite:{}", dir.path().join("outbox.db").display())];
     #[cfg(feature = "mysql")]
     {
-        let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let url = server::mysql_url();
         if server::reach("MariaDB", &url, idem::MySqlStore::connect(&url))
             .await
             .is_some()
@@ -351,7 +351,7 @@ async fn relays_killed_mid_publish_leave_every_row_in_the_stream_once_and_in_ord
     }
     #[cfg(feature = "postgres")]
     {
-        let url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+        let url = server::pg_url();
         if server::reach("Postgres", &url, idem::PgStore::connect(&url))
             .await
             .is_some()

@@ -751,7 +751,7 @@ mod redis_store {
 
     /// A store under a prefix of its own, or `None` (one skip line) when Redis does not answer.
     async fn connect(clock: &TestClock) -> Option<Arc<dyn Store>> {
-        let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+        let url = server::redis_url();
         let store = server::reach("Redis", &url, idem::RedisStore::connect(&url)).await?;
         let prefix = format!("{}:", server::unique("idemp"));
         Some(Arc::new(
@@ -855,7 +855,7 @@ mod postgres_store {
     /// A store on `table` (made and emptied), or `None` (one skip line) when Postgres does not
     /// answer.
     async fn connect(table: &str) -> Option<idem::PgStore> {
-        let url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+        let url = server::pg_url();
         let connect = idem::PgStore::builder()
             .table(table)
             .unwrap()
@@ -915,7 +915,7 @@ mod mysql_store {
 
     /// A store on a table of its own, or `None` (one skip line) when MariaDB does not answer.
     async fn connect(clock: &TestClock) -> Option<idem::MySqlStore> {
-        let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let url = server::mysql_url();
         let connect = idem::MySqlStore::connect_with(&url, 2, Duration::from_secs(2));
         let store = server::reach("MySQL", &url, connect).await?;
         let store = store

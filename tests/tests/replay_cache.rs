@@ -24,7 +24,7 @@ async fn questions(pool: &idem::sqlx::MySqlPool) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cached_repeats_cost_no_statement_and_run_nothing_again() {
-    let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = server::mysql_url();
     let Some(store) = server::reach("MariaDB", &url, MySqlStore::connect(&url)).await else {
         return;
     };

@@ -260,7 +260,7 @@ async fn postgres_shards_grow_and_shrink_under_load() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_shards_grow_and_shrink_under_load() {
-    let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = server::redis_url();
     let Some(store) = server::reach("Redis", &url, idem::RedisStore::connect(&url)).await else {
         return;
     };

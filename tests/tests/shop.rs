@@ -299,7 +299,7 @@ async fn the_shop_answers_a_session_and_exposes_its_metrics() {
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shop_answers_the_same_session_on_mariadb() {
-    let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = server::mysql_url();
     let Some(store) = server::reach("MariaDB", &url, idem::MySqlStore::connect(&url)).await else {
         return;
     };

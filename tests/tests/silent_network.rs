@@ -356,17 +356,17 @@ async fn connect_fails_fast(name: &str, url: &str) {
 
 #[cfg(feature = "postgres")]
 fn pg_url() -> String {
-    server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test")
+    server::pg_url()
 }
 
 #[cfg(feature = "mysql")]
 fn mysql_url() -> String {
-    server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+    server::mysql_url()
 }
 
 #[cfg(feature = "redis")]
 fn redis_url() -> String {
-    server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379")
+    server::redis_url()
 }
 
 #[cfg(feature = "postgres")]

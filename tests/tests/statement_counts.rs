@@ -244,7 +244,7 @@ fn per_call(
 }
 
 async fn mariadb() {
-    let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = server::mysql_url();
     let Some(admin) = server::reach(
         "MariaDB",
         &url,
@@ -388,7 +388,7 @@ async fn pg_evicted(pool: &idem::sqlx::PgPool) -> i64 {
 }
 
 async fn postgres() {
-    let url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+    let url = server::pg_url();
     let Some(probe_pool) = server::reach(
         "Postgres",
         &url,

@@ -194,7 +194,7 @@ mod postgres {
 
     #[tokio::test]
     async fn every_earlier_layout_keeps_its_records_meaning() {
-        let url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+        let url = server::pg_url();
         let Some(seed) = server::reach("Postgres", &url, PgStore::connect(&url)).await else {
             return;
         };
@@ -271,7 +271,7 @@ mod mariadb {
 
     #[tokio::test]
     async fn every_earlier_layout_keeps_its_records_meaning() {
-        let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let url = server::mysql_url();
         let Some(seed) = server::reach("MariaDB", &url, MySqlStore::connect(&url)).await else {
             return;
         };

@@ -125,7 +125,7 @@ async fn sqlite() -> Option<Target> {
 }
 
 async fn mysql() -> Option<Target> {
-    let base = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let base = server::mysql_url();
     // `idem_<…>_<pid>_<n>`: the MySQL suites drop such tables once this process is gone.
     let table = server::unique("idem_cli");
     let url = format!("{base}?idem_table={table}");
@@ -139,7 +139,7 @@ async fn mysql() -> Option<Target> {
 }
 
 async fn postgres() -> Option<Target> {
-    let base = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+    let base = server::pg_url();
     // `idemt_<pid>_<n>`: the Postgres suites drop such tables once this process is gone.
     let table = server::unique("idemt");
     let url = format!("{base}?idem_table={table}");
@@ -153,7 +153,7 @@ async fn postgres() -> Option<Target> {
 }
 
 async fn redis_target() -> Option<Target> {
-    let base = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+    let base = server::redis_url();
     let prefix = format!("{}:", server::unique("idemcli"));
     let url = format!("{base}?idem_prefix={}", prefix.replace(':', "%3A"));
     server::reach("Redis", &base, idem::connect(&url)).await?;

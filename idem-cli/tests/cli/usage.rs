@@ -132,7 +132,7 @@ async fn the_help_says_when_to_release_and_what_stuck_leaves_out() {
 /// source location.
 #[tokio::test]
 async fn a_postgres_url_on_the_mariadb_port_is_a_misconfiguration() {
-    let base = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let base = server::mysql_url();
     if server::reach("MariaDB", &base, idem::connect(&base))
         .await
         .is_none()

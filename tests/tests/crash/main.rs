@@ -520,7 +520,7 @@ async fn sqlite_site() -> Site {
 
 #[cfg(feature = "redis")]
 async fn redis_site() -> Option<Site> {
-    let url = contract::server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = contract::server::redis_url();
     let prefix = format!("{}:", contract::server::unique("crash"));
     let store = contract::server::reach("Redis", &url, idem::RedisStore::connect(&url)).await?;
     let dir = tempfile::tempdir().unwrap();
@@ -567,7 +567,7 @@ async fn pg_site() -> Option<Site> {
 /// run's clean-up once this process is gone).
 #[cfg(feature = "mysql")]
 async fn my_site() -> Option<Site> {
-    let url = contract::server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = contract::server::mysql_url();
     let connect = idem::MySqlStore::connect_with(&url, 8, Duration::from_secs(2));
     let store = contract::server::reach("MySQL", &url, connect).await?;
     mysql_leftovers::drop_leftovers(store.pool(), false).await;

@@ -18,7 +18,7 @@ async fn a_server_error_reads_as_the_servers_message_with_its_code() {
         idem::connect(&sqlite).await.unwrap(),
         "SQLite error 1: no such table",
     ));
-    let pg_url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+    let pg_url = server::pg_url();
     if let Some(store) = server::reach("Postgres", &pg_url, idem::connect(&pg_url)).await {
         stores.push(("Postgres", store, "Postgres error 42P01: relation"));
     }

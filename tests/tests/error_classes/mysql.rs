@@ -4,7 +4,7 @@
 use super::*;
 
 pub(super) fn my_url() -> String {
-    server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+    server::mysql_url()
 }
 
 cut_off_waits!(

@@ -349,7 +349,7 @@ async fn the_store_takes_table_names_and_checks_limits() {
 /// application shares with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_connections_go_back_to_the_pool() {
-    let url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+    let url = server::pg_url();
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .acquire_timeout(Duration::from_secs(3))

@@ -13,7 +13,7 @@ use idem::{DynamoStore, IdemError, TestClock};
 
 /// The endpoint of the DynamoDB-compatible server.
 fn endpoint() -> String {
-    server::url("IDEM_DYNAMO_URL", "http://127.0.0.1:8000")
+    server::dynamo_url()
 }
 
 /// The store URL of a new table of this test's own.

@@ -10,7 +10,7 @@ use crate::contract::server;
 use idem::{EncryptedStore, Keyring};
 
 async fn store(clock: idem::TestClock) -> Option<Arc<dyn idem::Store>> {
-    let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = server::redis_url();
     let store = server::reach("Redis", &url, idem::RedisStore::connect(&url)).await?;
     let prefix = format!("{}:", server::unique("idemt"));
     let store = store.with_test_clock(clock).with_prefix(&prefix).unwrap();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::contract::server;
 
 async fn store(clock: idem::TestClock) -> Option<Arc<dyn idem::Store>> {
-    let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = server::mysql_url();
     let store = server::reach("MySQL", &url, idem::MySqlStore::connect(&url)).await?;
     leftovers::drop_leftovers(store.pool(), true).await;
     let store = store

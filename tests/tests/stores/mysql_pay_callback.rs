@@ -75,7 +75,7 @@ impl Backend for MySql {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_retry_storm_changes_nothing_it_should_not_on_mysql() {
-    let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = server::mysql_url();
     let Some(admin) = server::reach(
         "MySQL",
         &url,

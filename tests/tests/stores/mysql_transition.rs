@@ -47,7 +47,7 @@ impl idem::RestartsTransaction for OrderError {
 
 /// A store on a database of its own (the machine's table names are fixed), with the tables made.
 async fn setup(name: &str) -> Option<Arc<MySqlStore>> {
-    let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = server::mysql_url();
     let admin = server::reach(
         "MySQL",
         &url,

@@ -67,7 +67,7 @@ fn effects_table(store: &MySqlStore) -> String {
 }
 
 async fn backend() -> Option<Arc<MySql>> {
-    let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = server::mysql_url();
     let store = server::reach("MySQL", &url, MySqlStore::connect(&url)).await?;
     let store = store.with_table(&server::unique("idem_tx")).unwrap();
     store.migrate().await.unwrap();

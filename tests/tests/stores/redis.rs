@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::contract::server;
 
 async fn store(clock: idem::TestClock) -> Option<Arc<dyn idem::Store>> {
-    let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = server::redis_url();
     let store = server::reach("Redis", &url, idem::RedisStore::connect(&url)).await?;
     let prefix = format!("{}:", server::unique("idemt"));
     Some(Arc::new(
@@ -152,7 +152,7 @@ mod stuck_index {
     }
 
     pub(super) async fn subject() -> Option<Subject> {
-        let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+        let url = server::redis_url();
         let store = server::reach("Redis", &url, RedisStore::connect(&url)).await?;
         let raw = redis::Client::open(url.as_str())
             .unwrap()
@@ -475,7 +475,7 @@ async fn a_replay_read_without_the_script_ends_with_the_ttl_on_the_real_clock() 
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
 
-    let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = server::redis_url();
     let Some(store) = server::reach("Redis", &url, idem::RedisStore::connect(&url)).await else {
         return;
     };
@@ -522,7 +522,7 @@ mod record_layout {
     use crate::contract::{self, server};
 
     async fn subject() -> Option<(RedisStore, String, redis::aio::MultiplexedConnection)> {
-        let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+        let url = server::redis_url();
         let store = server::reach("Redis", &url, RedisStore::connect(&url)).await?;
         let prefix = format!("{}:", server::unique("idemt"));
         let store = store.with_prefix(&prefix).unwrap();
@@ -695,7 +695,7 @@ mod key_walk {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn list_keys_lists_the_records_of_its_prefix_only() {
-        let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+        let url = server::redis_url();
         let Some(base) = server::reach("Redis", &url, RedisStore::connect(&url)).await else {
             return;
         };
@@ -762,7 +762,7 @@ mod key_walk {
     /// fit wait in the cursor, and every record is listed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn keys_a_reply_holds_past_the_page_come_on_the_next_pages() {
-        let base = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+        let base = server::redis_url();
         // Database 15 (no other test writes there), unless the URL names a database itself.
         let url = match base.matches('/').count() {
             2 => format!("{}/15", base.trim_end_matches('/')),

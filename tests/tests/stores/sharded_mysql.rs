@@ -18,7 +18,7 @@ const SHARDS: usize = 4;
 /// Four stores, one per database, on a table named alike in each, with an effects table beside it
 /// for the business writes of the tx suite.
 async fn shards(clock: TestClock) -> Option<Vec<MySqlStore>> {
-    let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = server::mysql_url();
     let admin = server::reach(
         "MySQL",
         &url,

@@ -41,7 +41,7 @@ mod mysql {
 
     /// A store whose records and tokens are in tables of their own.
     pub async fn store(clock: idem::TestClock) -> Option<idem::MySqlStore> {
-        let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let url = server::mysql_url();
         let store = server::reach("MySQL", &url, idem::MySqlStore::connect(&url)).await?;
         let store = store
             .with_table(&server::unique("idem_tokr"))
@@ -98,7 +98,7 @@ mod redis {
     use std::sync::Arc;
 
     async fn tokens(clock: idem::TestClock) -> Option<Arc<dyn idem::TokenStore>> {
-        let url = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+        let url = server::redis_url();
         let store = server::reach("Redis", &url, idem::RedisStore::connect(&url)).await?;
         let prefix = format!("{}:", server::unique("idemtok"));
         Some(Arc::new(

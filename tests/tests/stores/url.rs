@@ -126,7 +126,7 @@ mod mysql {
     use super::*;
 
     async fn store(clock: TestClock) -> Option<Arc<dyn Store>> {
-        let base = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let base = server::mysql_url();
         if let Ok(pool) = idem::sqlx::MySqlPool::connect(&base).await {
             leftovers::drop_leftovers(&pool, false).await;
         }
@@ -142,7 +142,7 @@ mod postgres {
     use super::*;
 
     async fn store(clock: TestClock) -> Option<Arc<dyn Store>> {
-        let base = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+        let base = server::pg_url();
         // `idemt_<pid>_<n>`: the Postgres suites drop such tables once their process is gone.
         let url = format!("{base}?idem_table={}", server::unique("idemt"));
         open("Postgres", &url, clock).await
@@ -156,7 +156,7 @@ mod redis {
     use super::*;
 
     async fn store(clock: TestClock) -> Option<Arc<dyn Store>> {
-        let base = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+        let base = server::redis_url();
         let url = format!("{base}?idem_prefix={}%3A", server::unique("idemt"));
         open("Redis", &url, clock).await
     }
@@ -249,13 +249,13 @@ async fn any_store_names_the_tables_of_sql_servers() {
     #[cfg(feature = "mysql")]
     bases.push((
         "MySQL",
-        server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
+        server::mysql_url(),
         "idem_u",
     ));
     #[cfg(feature = "postgres")]
     bases.push((
         "Postgres",
-        server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test"),
+        server::pg_url(),
         "idemt",
     ));
     for (service, base, prefix) in bases {
@@ -303,7 +303,7 @@ async fn any_store_names_the_tables_of_sql_servers() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn any_store_sets_the_prefix_of_redis() {
-    let base = server::url("IDEM_REDIS_URL", "redis://127.0.0.1:6379");
+    let base = server::redis_url();
     let Some(store) = server::reach("Redis", &base, idem::connect(&base)).await else {
         return;
     };
@@ -391,13 +391,13 @@ async fn every_form_of_a_table_name_gives_the_same_token_table() {
     #[cfg(feature = "mysql")]
     bases.push((
         "MySQL",
-        server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
+        server::mysql_url(),
         "idem_n",
     ));
     #[cfg(feature = "postgres")]
     bases.push((
         "Postgres",
-        server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test"),
+        server::pg_url(),
         "idemn",
     ));
     for (service, base, prefix) in bases {
@@ -455,7 +455,7 @@ async fn every_form_of_a_table_name_gives_the_same_token_table() {
     }
     #[cfg(feature = "postgres")]
     {
-        let base = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+        let base = server::pg_url();
         if let Some(plain) = server::reach("Postgres", &base, idem::connect(&base)).await {
             drop(plain);
             let table = server::unique("idemb");

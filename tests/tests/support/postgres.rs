@@ -10,7 +10,7 @@ use crate::contract::server;
 
 /// The local Postgres (trust auth, database `test`) unless `IDEM_PG_URL` says otherwise.
 pub fn url() -> String {
-    server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test")
+    server::pg_url()
 }
 
 /// Whether the server answers: asked once per test binary with a short timeout (a refused

@@ -46,8 +46,10 @@ pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(10);
 /// [`heartbeat`](Call::heartbeat) 1 ms up to the lease (exclusive; a third of the lease by default,
 /// [`no_heartbeat`](Call::no_heartbeat) turns it off). They are checked when the call runs, and
 /// nothing is written when one is out of range ([`IdemError::InvalidOptions`]). In a transaction:
-/// [`run_in_tx`](Call::run_in_tx)`(&mut tx, async |tx| { … })`; with a recover fn:
-/// [`recover`](Call::recover).
+/// [`run_in_tx`](Call::run_in_tx)`(&mut tx, async |tx| { … })`, where the transaction may sit idle
+/// at most [`tx_idle_timeout`](Call::tx_idle_timeout) (the lease by default; 1 ms ..=
+/// [`MAX_TX_IDLE_TIMEOUT`](crate::MAX_TX_IDLE_TIMEOUT)) before the server ends it and frees the
+/// key; with a recover fn: [`recover`](Call::recover).
 ///
 /// # What a call does
 ///

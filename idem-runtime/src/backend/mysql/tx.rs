@@ -39,6 +39,12 @@ use crate::{Busy, IdemError, TxIdleTimeout};
 /// claim as a deadlock victim it has rolled back the whole transaction: the call fails with an
 /// error whose `restarts_transaction()` is true; run the transaction again
 /// ([`crate::retry_transaction`]).
+///
+/// Once it holds a claim, MariaDB closes its connection after it sat idle longer than the call's
+/// idle bound ([`crate::TxIdleTimeout`], the lease by default: `idle_write_transaction_timeout`,
+/// set by [`MySqlStore::begin`] and, for a call that asks for another, in the claim's round
+/// trip), and the transaction rolls back, so a client that vanished mid-transaction frees its
+/// key.
 pub struct MySqlTx {
     tx: Transaction<'static, MySql>,
     store: MySqlStore,

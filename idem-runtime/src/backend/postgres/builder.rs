@@ -145,9 +145,10 @@ impl PgStoreBuilder {
     /// [`IdemError::InvalidOptions`] for a malformed URL (for several servers also an empty host,
     /// a port out of range or a `target_session_attrs` that asks for a server taking no writes),
     /// an acquire timeout or a transaction idle timeout out of range or limits a column cannot
-    /// hold (before any connection is opened), or a server at the URL's address that answers in another protocol than
-    /// Postgres's (another database's port); [`IdemError::StoreUnavailable`] when the server
-    /// cannot be reached, or, for several, when none of them takes writes.
+    /// hold (before any connection is opened), or a server at the URL's address that answers in
+    /// another protocol than Postgres's (another database's port);
+    /// [`IdemError::StoreUnavailable`] when the server cannot be reached, or, for several, when
+    /// none of them takes writes.
     pub async fn connect(self, url: &str) -> Result<PgStore, IdemError> {
         check_pg_limits(&self.limits)?;
         self.tx_idle.check()?;

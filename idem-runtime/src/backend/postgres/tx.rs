@@ -67,6 +67,12 @@ impl PgIsolation {
 /// failure is [`IdemError::StoreBusy`] with [`IdemError::restarts_transaction`]: run the whole
 /// transaction again ([`crate::retry_transaction`]).
 ///
+/// A claim also puts in force, for the rest of the transaction, its call's idle bound
+/// ([`crate::TxIdleTimeout`], the lease by default):
+/// `set_config('idle_in_transaction_session_timeout', …, true)` inside the claim's own statement
+/// (no statement of its own), undone with the claim's savepoint when the claim takes nothing. A transaction that then sits idle longer is ended by
+/// the server (25P03) and rolls back, so a client that vanished mid-transaction frees its key.
+///
 /// Once the store's claims mostly meet a record, a claim first reads it with a plain `SELECT`,
 /// before any savepoint: a live success replays (or is a mismatch) without one. An error of that
 /// read (the connection lost, the table missing, your `statement_timeout`) is not inside a

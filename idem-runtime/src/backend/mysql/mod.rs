@@ -294,7 +294,8 @@ impl MySqlStore {
     /// it is a session variable: `begin` sets it on every transaction it begins (the store's
     /// bound with the default lease of 30 s, or `DEFAULT`, the server's own, when off), and a
     /// claim whose call asks for another bound sets that one in its own round trip. So an idem
-    /// transaction never runs with a value a previous user of the connection left. Your own
+    /// transaction never runs with a value a previous user of the connection left, and it is
+    /// bounded from its first write, a claim's or not (a state transition's too). Your own
     /// transactions on [`MySqlStore::pool`] are not idem's: a connection keeps the value after
     /// it goes back to the pool (as it keeps `innodb_lock_wait_timeout`, which the store sets on
     /// every session it connects), so set it yourself in those if they run long idle gaps. The

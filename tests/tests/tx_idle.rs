@@ -563,3 +563,75 @@ async fn store_bounds_are_checked_when_built() {
         TxIdleTimeout::Off
     );
 }
+
+/// The attribute's `tx_idle` puts the bound in force (the call's lease is the default 30 s here).
+#[idem::idempotent(biz = "IDLE", key = "key", tx = "tx", tx_idle = "2s")]
+async fn pg_holder(tx: &mut PgTx, table: &str, key: &str) -> Result<u32, IdemError> {
+    Pg::write_effect(tx, table, key, "holder").await;
+    Ok(1)
+}
+
+#[idem::idempotent(biz = "IDLE", key = "key", tx = "tx", tx_idle = "2s")]
+async fn maria_holder(tx: &mut MySqlTx, table: &str, key: &str) -> Result<u32, IdemError> {
+    Maria::write_effect(tx, table, key, "holder").await;
+    Ok(1)
+}
+
+/// A repeat keeps trying until it runs; how long the key stayed held.
+async fn taken_after<B: Backend>(backend: &B, key: &str) -> Duration {
+    let store = backend.store(None).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let held_since = Instant::now();
+    loop {
+        if let Some(value) = repeat(backend, &store, Bound::Call, key, &runs).await {
+            assert_eq!(value, 2, "the repeat ran the body");
+            return held_since.elapsed();
+        }
+        assert!(
+            held_since.elapsed() < GIVE_UP,
+            "the key stayed held {GIVE_UP:?} after its holder went silent"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn pg_attribute_bound_frees_a_vanished_holders_key() {
+    let Some(pg) = Pg::new().await else { return };
+    let store = pg.store(None).await;
+    let key = server::unique("k");
+    let mut holder = store.begin().await.unwrap();
+    assert_eq!(pg_holder(&mut holder, pg.table(), &key).await.unwrap(), 1);
+    let after = taken_after(&pg, &key).await;
+    assert!(
+        after >= BOUND - Duration::from_millis(250),
+        "taken after {after:?}"
+    );
+    assert!(
+        holder.commit().await.is_err(),
+        "the server ended the holder's transaction"
+    );
+    assert_eq!(pg.effects(&key).await, ["repeat"]);
+}
+
+#[tokio::test]
+async fn mariadb_attribute_bound_frees_a_vanished_holders_key() {
+    let Some(db) = Maria::new().await else { return };
+    let store = db.store(None).await;
+    let key = server::unique("k");
+    let mut holder = store.begin().await.unwrap();
+    assert_eq!(
+        maria_holder(&mut holder, db.table(), &key).await.unwrap(),
+        1
+    );
+    let after = taken_after(&db, &key).await;
+    assert!(
+        after >= BOUND - Duration::from_millis(250),
+        "taken after {after:?}"
+    );
+    assert!(
+        holder.commit().await.is_err(),
+        "the server ended the holder's transaction"
+    );
+    assert_eq!(db.effects(&key).await, ["repeat"]);
+}

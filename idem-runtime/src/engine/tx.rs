@@ -83,6 +83,7 @@ impl TxIdleTimeout {
     }
 
     /// The bound in force for a claim with `lease` under this setting: `None` when off.
+    #[cfg(any(feature = "mysql", feature = "postgres"))]
     pub(crate) fn bound(self, lease: Duration) -> Option<Duration> {
         match self {
             TxIdleTimeout::Lease => {

@@ -64,9 +64,9 @@ const TX_REPLAY: f64 = 4.0;
 /// Postgres statements of one transaction-mode call with a body that writes nothing, its BEGIN and
 /// COMMIT included, today: BEGIN and the claim's SAVEPOINT (one round trip, while new keys
 /// prevail), the claim (which takes the key's advisory lock and sets the transaction's idle
-/// bound), the mark, COMMIT: 5 statements in 4
-/// round trips; a replay: BEGIN, one read, COMMIT. (The server counts statements, not round trips:
-/// every other statement here is a round trip of its own.)
+/// bound), the mark, COMMIT: 5 statements in 4 round trips; a replay: BEGIN, one read, COMMIT.
+/// (The server counts statements, not round trips: every other statement here is a round trip of
+/// its own.)
 const PG_TX_FIRST: f64 = 5.0;
 const PG_TX_REPLAY: f64 = 3.0;
 

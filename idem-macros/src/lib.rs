@@ -45,6 +45,7 @@ use proc_macro::TokenStream;
 /// | `tx` | no | the name of a `&mut` parameter holding a transaction begun with the store's `begin()` (`&mut idem::SqliteTx`, `&mut idem::MySqlTx` or `&mut idem::PgTx`; `ShardedStore::begin_for` and `EncryptedStore::begin` give theirs): claim, body and mark commit or roll back together in it. The transaction carries its store, so `store` is not given (and is refused): the claim goes to that store's table by construction; a sqlx `Transaction` or connection, which carries none, is refused | none |
 /// | `heartbeat` | no | renew the lease this often while the body runs, so a slow but healthy body is not taken over (shorter than `lease`; not with `tx`); `"off"` never renews | a third of `lease` |
 /// | `store_timeout` | no | the longest each of the call's store steps may wait for the store (the claim or replay, a renewal, the mark, each statement in `tx`), 1 ms up; past it the call ends with the retryable `IdemError::StoreUnavailable` instead of hanging on a store that went silent | `"10s"` |
+/// | `tx_idle` | no | with `tx` only: how long the transaction may sit idle (no statement) once it holds the claim before the database server ends its session and rolls it back, so a repeat can take the key of a client that vanished mid-transaction (`Call::tx_idle_timeout`; 1 ms to 24 days, `idem::MAX_TX_IDLE_TIMEOUT`); `"off"` puts no bound in force. Unless given, the store's setting, by default the lease | `lease` |
 /// | `recover` | no | a call over the parameters, in a string or bare, to an async fn returning `Result<Option<T>, E2>` with the fn's own `T` and an `E2` the fn's error converts from (`recover = "find_payment(&req.order_no)"`). Asked before a takeover re-runs the body (a holder that died, paused or could not mark): `Some(result)` is stored and returned without running the body, `None` runs it, an error is returned and the next call asks again. Not with `tx` | none |
 /// | `crate` | no | the path at which idem is reachable, when it is renamed or re-exported (like serde's) | `"::idem"` |
 ///
@@ -81,7 +82,7 @@ use proc_macro::TokenStream;
 ///
 /// - a missing, unknown (with "did you mean") or duplicate option; a bad `biz`, duration or
 ///   `on_in_progress`; `ttl` not longer than `lease`; `result_ttl` longer than `ttl`; a
-///   `heartbeat` not shorter than `lease`; `tx` naming no parameter, a parameter not taken by `&mut`, or one that is no transaction of a store
+///   `heartbeat` not shorter than `lease`; `tx_idle` without `tx` or over 24 days; `tx` naming no parameter, a parameter not taken by `&mut`, or one that is no transaction of a store
 ///   (one error, at `tx`, naming `SqliteTx`, `MySqlTx` and `PgTx`), `store` beside `tx`;
 /// - a `key` or `fingerprint` that names an unknown parameter, reads no parameter at all (every call
 ///   would share one record), contains `.await`, or calls something that differs on every retry

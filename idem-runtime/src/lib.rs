@@ -92,7 +92,7 @@ pub use encrypted::{EncryptedStore, EncryptedTx, Keyring};
 pub use engine::current::current_claim;
 pub use engine::retry::{RestartsTransaction, retry_transaction};
 pub use engine::steps::{MAX_STEP_NAME_LEN, MAX_STEPS, step, step_key};
-pub use engine::tx::{IdemTx, TransactionalStore};
+pub use engine::tx::{IdemTx, MAX_TX_IDLE_TIMEOUT, TransactionalStore, TxIdleTimeout};
 pub use engine::{
     Batch, Call, Claimed, ClaimedRecovering, DEFAULT_LEASE, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL,
     Recovering, with_store_timeout,

@@ -115,16 +115,18 @@ impl Floor {
         sql: &'static str,
         k: u64,
     ) -> (Option<i64>, Option<Vec<u8>>) {
-        let row = sqlx::query(sql)
+        let mut query = sqlx::query(sql)
             .bind(BIZ)
             .bind(k.to_string())
             .bind(None::<&str>)
             .bind(self.lease_ms)
             .bind(self.ttl_ms)
-            .bind(0i64)
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
+            .bind(0i64);
+        if sql == self.insert_locking {
+            // Transaction mode's claim also sets the transaction's idle bound: the lease, in ms.
+            query = query.bind(Some(self.lease_ms.to_string()));
+        }
+        let row = query.fetch_one(&mut *conn).await.unwrap();
         if row.try_get::<bool, _>("inserted").unwrap_or(true) {
             (Some(row.get("fence")), None)
         } else {

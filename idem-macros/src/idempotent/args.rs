@@ -20,6 +20,8 @@ pub(crate) const DEFAULT_TTL_MS: u64 = 7 * 24 * 3_600_000;
 pub(crate) const DEFAULT_LEASE_MS: u64 = 30_000;
 /// Longest accepted `biz`, in bytes (the runtime's `DEFAULT_MAX_BIZ_LEN`, in the same unit).
 pub(crate) const MAX_BIZ_BYTES: usize = 32;
+/// Longest `tx_idle`: 24 days (the runtime's `MAX_TX_IDLE_TIMEOUT`, in the same unit).
+pub(crate) const MAX_TX_IDLE_MS: u64 = 24 * 86_400_000;
 /// A complete attribute, shown whenever a required option is missing.
 pub(crate) const EXAMPLE: &str =
     r#"#[idempotent(biz = "PAY", key = "req.order_no", store = "sqlite")]"#;
@@ -43,6 +45,7 @@ const OPTIONS: OptionSet = OptionSet {
         opt("tx", Form::Value, r#"tx = "tx""#),
         opt("heartbeat", Form::Value, r#"heartbeat = "10s""#),
         opt("store_timeout", Form::Value, r#"store_timeout = "10s""#),
+        opt("tx_idle", Form::Value, r#"tx_idle = "30s""#),
         opt(
             "recover",
             Form::Value,
@@ -95,6 +98,9 @@ pub(crate) struct IdempotentArgs {
     pub(crate) heartbeat: Option<HeartbeatArg>,
     /// `store_timeout = "2s"`: the bound on each of the call's store steps.
     pub(crate) store_timeout: Option<DurationArg>,
+    /// `tx_idle = "30s"`: how long the transaction may sit idle once it holds the claim before
+    /// the server ends it; `tx_idle = "off"`: no bound (the default is the lease).
+    pub(crate) tx_idle: Option<HeartbeatArg>,
     /// `recover = "find_payment(&req.order_no)"`: asked before a takeover re-runs the body.
     pub(crate) recover: Option<ExprArg>,
     pub(crate) krate: Option<Path>,
@@ -116,6 +122,7 @@ impl Parse for IdempotentArgs {
             tx: None,
             heartbeat: None,
             store_timeout: None,
+            tx_idle: None,
             recover: None,
             krate: None,
             errors: std::mem::take(&mut options.errors),
@@ -139,6 +146,7 @@ impl Parse for IdempotentArgs {
                 "recover" => args.recover = expr_arg(name, example(name), value, errors),
                 "store" => args.store = store_arg::store(value, &RECORD_STORES, errors),
                 "heartbeat" => args.heartbeat = heartbeat_arg(&value, errors),
+                "tx_idle" => args.tx_idle = tx_idle_arg(&value, errors),
                 "ttl" | "result_ttl" | "lease" | "store_timeout" => {
                     let duration = duration_arg(name, &value, errors);
                     match name {
@@ -161,6 +169,7 @@ impl Parse for IdempotentArgs {
         args.check_ttl_outlives_lease(&options);
         args.check_result_ttl(&options);
         args.check_heartbeat(&options);
+        args.check_tx_idle(&options);
         args.check_recover(&options);
         Ok(args)
     }
@@ -244,6 +253,22 @@ fn heartbeat_arg(value: &Expr, errors: &mut Errors) -> Option<HeartbeatArg> {
         value,
         errors,
         "; or `heartbeat = \"off\"` to never renew the lease",
+    )
+    .map(HeartbeatArg::Every)
+}
+
+/// `tx_idle = "…"`: a duration, or `"off"`.
+fn tx_idle_arg(value: &Expr, errors: &mut Errors) -> Option<HeartbeatArg> {
+    if let Some(lit) = crate::common::expr_arg::as_lit_str(value)
+        && lit.value() == "off"
+    {
+        return Some(HeartbeatArg::Off(lit.clone()));
+    }
+    duration_arg_hinted(
+        "tx_idle",
+        value,
+        errors,
+        "; or `tx_idle = \"off\"` for no bound",
     )
     .map(HeartbeatArg::Every)
 }
@@ -367,6 +392,37 @@ impl IdempotentArgs {
                     duration::format_millis((lease / 3).max(1)),
                 ),
             );
+        }
+    }
+
+    /// `tx_idle` bounds the idle time of the call's transaction: only with `tx`, and at most
+    /// what both servers take (24 days).
+    fn check_tx_idle(&mut self, options: &Options) {
+        let Some(idle) = &self.tx_idle else {
+            return;
+        };
+        if !options.has("tx") {
+            self.errors.at(
+                idle.lit().span(),
+                "`tx_idle` needs `tx`: it bounds how long the call's transaction may sit idle \
+                 while it holds the claim; a lease-mode call holds no transaction (its lease \
+                 bounds a silent holder); remove `tx_idle` or add `tx = \"tx\"`",
+            );
+            self.tx_idle = None;
+            return;
+        }
+        if let HeartbeatArg::Every(every) = idle
+            && every.millis > MAX_TX_IDLE_MS
+        {
+            self.errors.at(
+                every.lit.span(),
+                format!(
+                    "`tx_idle` ({}) is longer than the maximum of 24d (idem::MAX_TX_IDLE_TIMEOUT; \
+                     Postgres takes at most about 24.8 days); use `tx_idle = \"off\"` for no bound",
+                    duration::format_millis(every.millis),
+                ),
+            );
+            self.tx_idle = None;
         }
     }
 

@@ -47,6 +47,8 @@ pub(crate) struct Spec {
     pub(crate) heartbeat: Option<(Option<u64>, Span)>,
     /// `store_timeout = "…"`, in milliseconds, with the literal's span.
     pub(crate) store_timeout: Option<(u64, Span)>,
+    /// `tx_idle = "…"`, in milliseconds (`None` for `"off"`), with the literal's span.
+    pub(crate) tx_idle: Option<(Option<u64>, Span)>,
     /// `recover = "…"`: the call asked before a takeover re-runs the body.
     pub(crate) recover: Option<Expr>,
     pub(crate) tx: Option<Ident>,
@@ -69,6 +71,7 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
         tx,
         heartbeat,
         store_timeout,
+        tx_idle,
         recover,
         krate,
         mut errors,
@@ -125,6 +128,10 @@ pub(crate) fn check(args: IdempotentArgs, item: &ItemFn) -> syn::Result<Spec> {
                 HeartbeatArg::Off(lit) => (None, lit.span()),
             }),
             store_timeout: store_timeout.map(|t| (t.millis, t.lit.span())),
+            tx_idle: tx_idle.map(|idle| match idle {
+                HeartbeatArg::Every(every) => (Some(every.millis), every.lit.span()),
+                HeartbeatArg::Off(lit) => (None, lit.span()),
+            }),
             ttl_ms: ttl.map_or(args::DEFAULT_TTL_MS, |ttl| ttl.millis),
             result_ttl: result_ttl.map(|kept| (kept.millis, kept.lit.span())),
             lease_ms: lease.map_or(args::DEFAULT_LEASE_MS, |lease| lease.millis),

@@ -213,6 +213,16 @@ fn call(spec: &Spec, private: &TokenStream) -> TokenStream {
             quote_spanned!(*span=> .store_timeout(::core::time::Duration::from_millis(#timeout))),
         );
     }
+    match &spec.tx_idle {
+        Some((Some(idle_ms), span)) => {
+            let idle = Literal::u64_suffixed(*idle_ms);
+            call.extend(
+                quote_spanned!(*span=> .tx_idle_timeout(::core::time::Duration::from_millis(#idle))),
+            );
+        }
+        Some((None, span)) => call.extend(quote_spanned!(*span=> .no_tx_idle_timeout())),
+        None => {}
+    }
     // Every duration above is a literal this macro checked: the call skips checking them again.
     quote!(#private::checked(#call))
 }

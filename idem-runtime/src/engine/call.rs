@@ -46,8 +46,10 @@ pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(10);
 /// [`heartbeat`](Call::heartbeat) 1 ms up to the lease (exclusive; a third of the lease by default,
 /// [`no_heartbeat`](Call::no_heartbeat) turns it off). They are checked when the call runs, and
 /// nothing is written when one is out of range ([`IdemError::InvalidOptions`]). In a transaction:
-/// [`run_in_tx`](Call::run_in_tx)`(&mut tx, async |tx| { … })`; with a recover fn:
-/// [`recover`](Call::recover).
+/// [`run_in_tx`](Call::run_in_tx)`(&mut tx, async |tx| { … })`, where the transaction may sit idle
+/// at most [`tx_idle_timeout`](Call::tx_idle_timeout) (the lease by default; 1 ms ..=
+/// [`MAX_TX_IDLE_TIMEOUT`](crate::MAX_TX_IDLE_TIMEOUT)) before the server ends it and frees the
+/// key; with a recover fn: [`recover`](Call::recover).
 ///
 /// # What a call does
 ///
@@ -131,6 +133,8 @@ pub(crate) struct More {
     pub(crate) result_ttl: Option<Duration>,
     /// Set by [`Call::store_timeout`]; else the surrounding inbox's, or the default.
     store_timeout: Option<Duration>,
+    /// Set by [`Call::tx_idle_timeout`] or [`Call::no_tx_idle_timeout`]; else the store's.
+    pub(crate) tx_idle: Option<crate::TxIdleTimeout>,
 }
 
 impl More {
@@ -141,6 +145,7 @@ impl More {
         heartbeat: Heartbeat::Default,
         result_ttl: None,
         store_timeout: None,
+        tx_idle: None,
     };
 }
 
@@ -293,6 +298,44 @@ impl Call {
         self
     }
 
+    /// In transaction mode, has the database server end the session of a transaction that holds
+    /// this call's claim and then sits idle (no statement) longer than `idle`, rolling it back:
+    /// a repeat can take the key once a client that vanished mid-transaction (paused, or its
+    /// network gone silent) has been idle this long. Default: the call's [`lease`](Call::lease)
+    /// (at most [`MAX_TX_IDLE_TIMEOUT`](crate::MAX_TX_IDLE_TIMEOUT)), unless the store sets
+    /// another; this call's setting wins over the store's. Range 1 ms ..=
+    /// [`MAX_TX_IDLE_TIMEOUT`](crate::MAX_TX_IDLE_TIMEOUT), checked when the call runs
+    /// ([`IdemError::InvalidOptions`], nothing written). Postgres bounds it in milliseconds,
+    /// MariaDB in whole seconds (rounded up); SQLite ignores it. Lease mode ignores it. How each
+    /// server does it: [`TxIdleTimeout`](crate::TxIdleTimeout).
+    ///
+    /// "Idle" is the time between two statements of the transaction: keep it longer than the
+    /// longest pause a healthy caller leaves between the claim and its commit (a slow remote call
+    /// in the body between two queries), or the server ends the transaction and the commit fails
+    /// with [`IdemError::StoreUnavailable`].
+    #[inline]
+    pub fn tx_idle_timeout(mut self, idle: Duration) -> Self {
+        self.more_mut().tx_idle = Some(crate::TxIdleTimeout::After(idle));
+        self.checked = false;
+        self
+    }
+
+    /// In transaction mode, puts no idle bound in force for this call, whatever the store's
+    /// setting ([`Call::tx_idle_timeout`]): the server's own setting applies (none by default),
+    /// and a client that vanished mid-transaction holds the key until the server drops its
+    /// session.
+    #[inline]
+    pub fn no_tx_idle_timeout(mut self) -> Self {
+        self.more_mut().tx_idle = Some(crate::TxIdleTimeout::Off);
+        self
+    }
+
+    /// The call's own idle bound for transaction mode, if it set one.
+    #[inline]
+    pub(crate) fn tx_idle(&self) -> Option<crate::TxIdleTimeout> {
+        self.more().tx_idle
+    }
+
     /// The options set beyond the business type, key, ttl and lease.
     #[inline]
     pub(crate) fn more(&self) -> &More {
@@ -436,6 +479,9 @@ impl Call {
             if let Some(timeout) = more.store_timeout {
                 // One from an inbox was checked when it was built.
                 check_store_timeout(timeout)?;
+            }
+            if let Some(idle) = more.tx_idle {
+                idle.check()?;
             }
         }
         let fingerprint = match &self.more().fingerprint {

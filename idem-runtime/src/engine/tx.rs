@@ -20,6 +20,82 @@ use crate::IdemError;
 use crate::metrics::Outcome;
 use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Store};
 
+/// The longest idle bound a transaction-mode claim may put in force: 24 days, inside what both
+/// servers take (Postgres's `idle_in_transaction_session_timeout` is at most `i32::MAX` ms, about
+/// 24.8 days; MariaDB's `idle_write_transaction_timeout` at most 365 days).
+pub const MAX_TX_IDLE_TIMEOUT: Duration = Duration::from_secs(24 * 24 * 3600);
+
+/// How long a session may sit idle inside a transaction that holds a transaction-mode claim
+/// before the database server ends it, rolling the transaction back and so freeing the key: the
+/// bound on a client that vanished mid-transaction (a paused process, a network gone silent with
+/// its TCP connection still open), which otherwise keeps the key's row lock until the server drops
+/// its session, by default never.
+///
+/// Set per call with [`Call::tx_idle_timeout`] / [`Call::no_tx_idle_timeout`], and per store
+/// (`PgStoreBuilder::tx_idle_timeout`, `PgStore::with_tx_idle_timeout`, and the same on
+/// `MySqlStore`); a call's own setting wins over its store's. A duration is 1 ms ..=
+/// [`MAX_TX_IDLE_TIMEOUT`], checked where it is given (the call, `build()`, the setter). "Idle"
+/// is the time between two statements of the transaction (the body's own work between them, the
+/// caller's time before its commit), never a statement's own run time; keep it longer than the
+/// longest gap between statements a healthy caller leaves inside the transaction.
+///
+/// - Postgres: `idle_in_transaction_session_timeout`, set for the transaction only
+///   (`set_config(…, true)`, folded into the claim's statement: no statement or round trip of
+///   its own), from the claim to the commit. In whole milliseconds.
+/// - MariaDB / MySQL: the session variable `idle_write_transaction_timeout` (whole seconds,
+///   rounded up), set in the round trip of the transaction's `BEGIN`, and again in the claim's
+///   round trip when the call's bound differs. It applies once the transaction has written (a
+///   claim); a claim undone to its savepoint leaves nothing bounded.
+/// - SQLite: embedded, so a vanished client is a vanished process, whose transaction goes with
+///   it: nothing to bound, and the setting is ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TxIdleTimeout {
+    /// The call's lease (the default): the lease already says how long a holder may be silent.
+    /// A lease longer than [`MAX_TX_IDLE_TIMEOUT`] is bounded at that.
+    #[default]
+    Lease,
+    /// This long (1 ms ..= [`MAX_TX_IDLE_TIMEOUT`]).
+    After(Duration),
+    /// No bound from idem: the server's own setting applies (none by default), and a vanished
+    /// client holds the key until the server drops its session.
+    Off,
+}
+
+impl TxIdleTimeout {
+    /// Checks the range of an explicit duration.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a duration under 1 ms or over [`MAX_TX_IDLE_TIMEOUT`].
+    pub(crate) fn check(self) -> Result<Self, IdemError> {
+        if let TxIdleTimeout::After(d) = self
+            && (d < Duration::from_millis(1) || d > MAX_TX_IDLE_TIMEOUT)
+        {
+            return Err(IdemError::InvalidOptions {
+                reason: format!(
+                    "the transaction idle timeout {d:?} is out of range: it must be at least 1 ms \
+                     (the servers' unit) and at most {} days (idem::MAX_TX_IDLE_TIMEOUT; \
+                     Postgres takes at most about 24.8 days); turn it off with \
+                     `no_tx_idle_timeout()` / `TxIdleTimeout::Off`",
+                    MAX_TX_IDLE_TIMEOUT.as_secs() / 86_400
+                ),
+            });
+        }
+        Ok(self)
+    }
+
+    /// The bound in force for a claim with `lease` under this setting: `None` when off.
+    #[cfg(any(feature = "mysql", feature = "postgres"))]
+    pub(crate) fn bound(self, lease: Duration) -> Option<Duration> {
+        match self {
+            TxIdleTimeout::Lease => {
+                Some(lease.clamp(Duration::from_millis(1), MAX_TX_IDLE_TIMEOUT))
+            }
+            TxIdleTimeout::After(d) => Some(d),
+            TxIdleTimeout::Off => None,
+        }
+    }
+}
+
 /// A transaction begun on a store, which a `tx = "…"` call joins.
 ///
 /// Implemented by each SQL backend's transaction type (`idem::SqliteTx` from `SqliteStore::begin`,
@@ -47,6 +123,14 @@ pub trait IdemTx: Send {
     /// # Errors
     /// Backend errors as for [`Store::claim`].
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError>;
+
+    /// What the next [`IdemTx::claim`]'s call asked of the idle bound it puts in force
+    /// ([`TxIdleTimeout`]): `None` when the call said nothing, and then the store's setting
+    /// applies (by default the call's lease). Called by the engine just before the claim. A
+    /// transaction whose database has no such bound (SQLite) ignores it, which the default does.
+    fn idle_timeout(&mut self, call: Option<TxIdleTimeout>) {
+        let _ = call;
+    }
 
     /// Marks the claimed record SUCCEEDED with `snapshot`, moves its expiry to at least now +
     /// `ttl` by the store's clock (as [`Store::complete`]), and releases the savepoint.
@@ -152,6 +236,7 @@ where
     let outcome = match call.request(tx.store()) {
         Ok(req) => {
             let started = crate::metrics::ENABLED.then(std::time::Instant::now);
+            tx.idle_timeout(call.tx_idle());
             let outcome = super::bounded(call.store_timeout_in_force(), tx.claim(&req))
                 .await
                 .map_err(|e| e.during("claim"));

@@ -55,4 +55,19 @@ pub async fn pay_on(req: &PayReq, conn: &mut SqliteTx) -> Result<Receipt, PayErr
     })
 }
 
+// The transaction's idle bound, given (the lease by default) or off.
+#[idempotent(biz = "PAY", key = "req.order_no", tx = "tx", tx_idle = "5s")]
+pub async fn pay_bounded(tx: &mut SqliteTx, req: &PayReq) -> Result<Receipt, PayError> {
+    let _ = req;
+    let _ = tx;
+    Ok(Receipt { id: 1 })
+}
+
+#[idempotent(biz = "PAY", key = "req.order_no", tx = "tx", tx_idle = "off")]
+pub async fn pay_unbounded(tx: &mut SqliteTx, req: &PayReq) -> Result<Receipt, PayError> {
+    let _ = req;
+    let _ = tx;
+    Ok(Receipt { id: 1 })
+}
+
 fn main() {}

@@ -100,10 +100,9 @@ fn suggests_a_close_option_and_lists_all() {
         "a suggested option is not reported missing too: {found:?}"
     );
     assert!(found[0].starts_with("unknown option `bizz` in `#[idempotent]`; did you mean `biz`?"));
-    assert!(
-        found[0]
-            .contains("`on_in_progress`, `tx`, `heartbeat`, `store_timeout`, `recover`, `crate`")
-    );
+    assert!(found[0].contains(
+        "`on_in_progress`, `tx`, `heartbeat`, `store_timeout`, `tx_idle`, `recover`, `crate`"
+    ));
 
     let found = messages(parse(
         quote! { biz = "P", key = "r.id", store = "s", colour = "red" },
@@ -273,4 +272,41 @@ fn heartbeat_off_and_recover_parse() {
     let expr = &recover.expr;
     assert_eq!(quote!(#expr).to_string(), "find_payment (& req . order_no)");
     assert!(messages(args).is_empty());
+}
+
+#[test]
+fn tx_idle_parses_and_is_checked() {
+    let args = parse(quote! { biz = "P", key = "r.id", tx = "tx", tx_idle = "2s" });
+    assert!(matches!(
+        args.tx_idle,
+        Some(HeartbeatArg::Every(DurationArg { millis: 2_000, .. }))
+    ));
+    assert!(messages(args).is_empty());
+    let args = parse(quote! { biz = "P", key = "r.id", tx = "tx", tx_idle = "off" });
+    assert!(matches!(args.tx_idle, Some(HeartbeatArg::Off(_))));
+    assert!(messages(args).is_empty());
+    let args = parse(quote! { biz = "P", key = "r.id", tx = "tx", tx_idle = "24d" });
+    assert!(messages(args).is_empty());
+    let found = messages(parse(
+        quote! { biz = "P", key = "r.id", tx = "tx", tx_idle = "25d" },
+    ));
+    assert!(
+        found.len() == 1
+            && found[0].starts_with("`tx_idle` (25d) is longer than the maximum of 24d"),
+        "{found:?}"
+    );
+    let found = messages(parse(
+        quote! { biz = "P", key = "r.id", store = "s", tx_idle = "2s" },
+    ));
+    assert!(
+        found.len() == 1 && found[0].starts_with("`tx_idle` needs `tx`"),
+        "{found:?}"
+    );
+    let found = messages(parse(
+        quote! { biz = "P", key = "r.id", tx = "tx", tx_idle = "0s" },
+    ));
+    assert!(
+        found.len() == 1 && found[0].starts_with("invalid `tx_idle` duration `\"0s\"`"),
+        "{found:?}"
+    );
 }

@@ -63,6 +63,10 @@ impl<S: TransactionalStore> IdemTx for EncryptedTx<S> {
         &self.store
     }
 
+    fn idle_timeout(&mut self, call: Option<crate::TxIdleTimeout>) {
+        self.tx.idle_timeout(call);
+    }
+
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         let outcome = self.tx.claim(req).await?;
         self.store.open_outcome(req, outcome)

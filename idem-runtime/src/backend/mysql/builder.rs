@@ -30,6 +30,7 @@ pub struct MySqlStoreBuilder {
     lock_wait: Duration,
     acquire_timeout: Duration,
     connect_timeout: Duration,
+    tx_idle: crate::TxIdleTimeout,
 }
 
 impl Default for MySqlStoreBuilder {
@@ -39,6 +40,7 @@ impl Default for MySqlStoreBuilder {
             lock_wait: DEFAULT_LOCK_WAIT,
             acquire_timeout: Duration::from_secs(30),
             connect_timeout: crate::DEFAULT_CONNECT_TIMEOUT,
+            tx_idle: crate::TxIdleTimeout::Lease,
         }
     }
 }
@@ -73,14 +75,34 @@ impl MySqlStoreBuilder {
         self
     }
 
+    /// How long a transaction the store begins may sit idle (no statement) once it holds a
+    /// transaction-mode claim before MariaDB closes its connection and rolls it back, freeing
+    /// the key for a repeat, for the calls that set none of their own
+    /// ([`crate::Call::tx_idle_timeout`]). Default: each call's lease. Range 1 ms ..=
+    /// [`MAX_TX_IDLE_TIMEOUT`](crate::MAX_TX_IDLE_TIMEOUT) (MariaDB counts whole seconds,
+    /// rounded up), checked by [`MySqlStoreBuilder::connect`]. See
+    /// [`MySqlStore::with_tx_idle_timeout`].
+    pub fn tx_idle_timeout(mut self, idle: Duration) -> Self {
+        self.tx_idle = crate::TxIdleTimeout::After(idle);
+        self
+    }
+
+    /// No idle bound from idem for transactions that hold a claim, for calls that set none of
+    /// their own: the server's `idle_write_transaction_timeout` applies (none by default).
+    pub fn no_tx_idle_timeout(mut self) -> Self {
+        self.tx_idle = crate::TxIdleTimeout::Off;
+        self
+    }
+
     /// Opens a pool on `url` (`mysql://user:pass@host:3306/db`) and makes the store.
     ///
     /// # Errors
-    /// [`IdemError::InvalidOptions`] for a malformed URL or a timeout out of range (before any
-    /// connection is opened); [`IdemError::StoreUnavailable`] naming the server when it cannot be
-    /// reached.
+    /// [`IdemError::InvalidOptions`] for a malformed URL or a timeout (the transaction idle
+    /// timeout included) out of range (before any connection is opened);
+    /// [`IdemError::StoreUnavailable`] naming the server when it cannot be reached.
     pub async fn connect(self, url: &str) -> Result<MySqlStore, IdemError> {
         crate::net::check_pool_timeouts(self.acquire_timeout, self.connect_timeout)?;
+        self.tx_idle.check()?;
         let options =
             MySqlConnectOptions::from_str(url).map_err(|e| IdemError::InvalidOptions {
                 reason: format!("not a MySQL URL: {e}"),
@@ -117,7 +139,7 @@ impl MySqlStoreBuilder {
         let pool = crate::net::within_connect("MySQL", &server, self.connect_timeout, pool).await?;
         let mut store = MySqlStore::from_pool(pool);
         store.lock_wait_secs = secs;
-        store.sessions_lock_wait = Some(secs);
+        store.tx_idle = self.tx_idle;
         Ok(store)
     }
 }

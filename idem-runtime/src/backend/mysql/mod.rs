@@ -86,10 +86,9 @@ pub struct MySqlStore {
     table: TableName,
     token_table: TableName,
     lock_wait_secs: u64,
-    /// The lock wait every session of the pool got when it connected, when the store made the
-    /// pool (`None` on a pool given to [`MySqlStore::from_pool`]): while it is the store's,
-    /// [`MySqlStore::begin`] need not set it again.
-    sessions_lock_wait: Option<u64>,
+    /// The idle bound of a transaction that holds a transaction-mode claim, unless its call sets
+    /// one (see [`crate::TxIdleTimeout`]).
+    tx_idle: crate::TxIdleTimeout,
     sql: Statements,
     /// Which step a claim sends first (`store/order.rs`).
     order: Arc<ClaimOrder>,
@@ -175,7 +174,7 @@ impl MySqlStore {
             table,
             token_table,
             lock_wait_secs: lock_wait_secs(DEFAULT_LOCK_WAIT),
-            sessions_lock_wait: None,
+            tx_idle: crate::TxIdleTimeout::Lease,
         }
     }
 
@@ -234,6 +233,28 @@ impl MySqlStore {
         self
     }
 
+    /// The same store with another idle bound for the transactions it begins that hold a
+    /// transaction-mode claim, for calls that set none of their own
+    /// ([`crate::Call::tx_idle_timeout`]): by default
+    /// [`TxIdleTimeout::Lease`](crate::TxIdleTimeout::Lease), the call's lease. MariaDB closes
+    /// the connection of such a transaction once it sat idle (no statement) this long after it
+    /// wrote (`idle_write_transaction_timeout`, whole seconds, rounded up), rolling it back, so a
+    /// repeat can take the key of a client that vanished mid-transaction. MySQL 8 has no such
+    /// variable: there it is not bounded (see [`MySqlStore::begin`]).
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a duration outside 1 ms ..=
+    /// [`MAX_TX_IDLE_TIMEOUT`](crate::MAX_TX_IDLE_TIMEOUT).
+    pub fn with_tx_idle_timeout(mut self, idle: crate::TxIdleTimeout) -> Result<Self, IdemError> {
+        self.tx_idle = idle.check()?;
+        Ok(self)
+    }
+
+    /// The idle bound of transactions that hold a claim, for calls that set none.
+    pub fn tx_idle_timeout(&self) -> crate::TxIdleTimeout {
+        self.tx_idle
+    }
+
     /// The same store on a [`TestClock`](crate::TestClock) (feature `test-util`): every statement reads the database's clock plus the
     /// clock's offset.
     #[cfg(any(test, feature = "test-util"))]
@@ -263,13 +284,26 @@ impl MySqlStore {
     }
 
     /// Begins a transaction for `tx = "…"` calls and state transitions, with the store's lock wait
-    /// on its session. A store that made its pool ([`MySqlStore::connect`], the builder) set that
-    /// on every session when it connected, and sends a plain `BEGIN`; on a pool given to
-    /// [`MySqlStore::from_pool`], or after [`MySqlStore::with_lock_wait`] changed it, `begin`
-    /// sets it in the same round trip (`SET SESSION innodb_lock_wait_timeout = n; BEGIN`). A
-    /// `SET SESSION innodb_lock_wait_timeout` of your own stays on its connection after it goes
-    /// back to the pool, as every session setting does. The transaction carries this store: a
-    /// `tx = "…"` call claims in this store's table by construction.
+    /// and idle bound on its session, set in the round trip of its `BEGIN` (`SET SESSION
+    /// innodb_lock_wait_timeout = n /*M! , idle_write_transaction_timeout = s */; BEGIN`: one
+    /// statement more, no round trip).
+    ///
+    /// The idle bound ([`crate::TxIdleTimeout`]) is MariaDB's `idle_write_transaction_timeout`:
+    /// once the transaction has written (a claim), the server closes a connection that sits idle
+    /// longer than it, and the transaction rolls back. MariaDB has no transaction-local `SET`, so
+    /// it is a session variable: `begin` sets it on every transaction it begins (the store's
+    /// bound with the default lease of 30 s, or `DEFAULT`, the server's own, when off), and a
+    /// claim whose call asks for another bound sets that one in its own round trip. So an idem
+    /// transaction never runs with a value a previous user of the connection left, and it is
+    /// bounded from its first write, a claim's or not (a state transition's too). Your own
+    /// transactions on [`MySqlStore::pool`] are not idem's: a connection keeps the value after
+    /// it goes back to the pool (as it keeps `innodb_lock_wait_timeout`, which the store sets on
+    /// every session it connects), so set it yourself in those if they run long idle gaps. The
+    /// setting is written inside a MariaDB-only comment, which MySQL skips: MySQL 8 has no such
+    /// variable, and there the idle transaction stays unbounded.
+    ///
+    /// The transaction carries this store: a `tx = "…"` call claims in this store's table by
+    /// construction.
     ///
     /// # Errors
     /// [`IdemError::StoreUnavailable`] when no connection can be had, or when the server does not
@@ -283,22 +317,27 @@ impl MySqlStore {
         let open = ready
             .as_ref()
             .map_or_else(String::new, |ready| format!("; {}", ready.open()));
-        let set = if self.sessions_lock_wait == Some(self.lock_wait_secs) {
-            String::new()
-        } else {
-            format!(
-                "SET SESSION innodb_lock_wait_timeout = {}; ",
-                self.lock_wait_secs
-            )
-        };
+        // The bound of a call with the default lease: most claims need not set their own.
+        let idle = idle_setting(self.tx_idle.bound(crate::DEFAULT_LEASE));
+        let set = self.session_settings(&idle);
         let tx = crate::engine::tx_step(
             crate::engine::TxStep::Begin,
             self.pool
-                .begin_with(AssertSqlSafe(format!("{set}BEGIN{open}"))),
+                .begin_with(AssertSqlSafe(format!("{set}; BEGIN{open}"))),
             db_error,
         )
         .await?;
-        Ok(MySqlTx::new(tx, self.clone(), ready))
+        Ok(MySqlTx::new(tx, self.clone(), ready, idle))
+    }
+
+    /// The statement that sets a transaction's session: the store's lock wait, and (MariaDB
+    /// only, in a comment MySQL skips) the idle bound `idle` ([`idle_setting`]).
+    fn session_settings(&self, idle: &str) -> String {
+        format!(
+            "SET SESSION innodb_lock_wait_timeout = {} \
+             /*M!100300 , idle_write_transaction_timeout = {idle} */",
+            self.lock_wait_secs
+        )
     }
 
     /// Milliseconds the test clock adds to the database's clock, in microseconds.
@@ -332,6 +371,15 @@ impl MySqlStore {
     /// The claim's steps in lease mode on `conn` (batch claims and marks).
     fn lease_claims<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection) -> Claims<'c> {
         self.claims(conn, false)
+    }
+}
+
+/// An idle bound as MariaDB's `idle_write_transaction_timeout` reads it: whole seconds, rounded
+/// up, or `DEFAULT` (the server's own setting) for none.
+fn idle_setting(bound: Option<Duration>) -> String {
+    match bound {
+        Some(d) => d.as_millis().div_ceil(1000).max(1).to_string(),
+        None => "DEFAULT".to_owned(),
     }
 }
 

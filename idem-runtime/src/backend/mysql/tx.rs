@@ -16,7 +16,7 @@ use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::value::SqlValue;
 use crate::store::tx::StoreTx;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
-use crate::{Busy, IdemError};
+use crate::{Busy, IdemError, TxIdleTimeout};
 
 /// A transaction on a [`MySqlStore`]'s database, begun with [`MySqlStore::begin`].
 ///
@@ -39,6 +39,12 @@ use crate::{Busy, IdemError};
 /// claim as a deadlock victim it has rolled back the whole transaction: the call fails with an
 /// error whose `restarts_transaction()` is true; run the transaction again
 /// ([`crate::retry_transaction`]).
+///
+/// Once it holds a claim, MariaDB closes its connection after it sat idle longer than the call's
+/// idle bound ([`crate::TxIdleTimeout`], the lease by default: `idle_write_transaction_timeout`,
+/// set by [`MySqlStore::begin`] and, for a call that asks for another, in the claim's round
+/// trip), and the transaction rolls back, so a client that vanished mid-transaction frees its
+/// key.
 pub struct MySqlTx {
     tx: Transaction<'static, MySql>,
     store: MySqlStore,
@@ -50,6 +56,10 @@ pub struct MySqlTx {
     /// The savepoint of the last claim marked done, released with the next claim's (or by the
     /// commit).
     done: Option<Savepoint>,
+    /// The idle bound the next claim's call asked for (`None`: the store's).
+    idle: Option<TxIdleTimeout>,
+    /// The session's `idle_write_transaction_timeout` as idem last set it (`begin`, or a claim).
+    session_idle: String,
 }
 
 impl MySqlTx {
@@ -57,6 +67,7 @@ impl MySqlTx {
         tx: Transaction<'static, MySql>,
         store: MySqlStore,
         ready: Option<Savepoint>,
+        session_idle: String,
     ) -> Self {
         MySqlTx {
             tx,
@@ -64,7 +75,22 @@ impl MySqlTx {
             ready,
             claim: None,
             done: None,
+            idle: None,
+            session_idle,
         }
+    }
+
+    /// The statement that sets the idle bound `req`'s call asks for, when the session has
+    /// another (sent in the claim's round trip).
+    fn idle_settings(&mut self, req: &ClaimRequest<'_>) -> Option<String> {
+        let bound = self.idle.unwrap_or(self.store.tx_idle).bound(req.lease);
+        let wanted = super::idle_setting(bound);
+        if wanted == self.session_idle {
+            return None;
+        }
+        let set = self.store.session_settings(&wanted);
+        self.session_idle = wanted;
+        Some(set)
     }
 
     /// The store this transaction belongs to.
@@ -145,6 +171,10 @@ impl IdemTx for MySqlTx {
         &self.store
     }
 
+    fn idle_timeout(&mut self, call: Option<TxIdleTimeout>) {
+        self.idle = call;
+    }
+
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         // A live success needs no savepoint: one plain read answers it (once repeats prevail).
         let order = self.store.order.clone();
@@ -154,14 +184,23 @@ impl IdemTx for MySqlTx {
             return Ok(outcome);
         }
         // The savepoint opened with BEGIN, if nothing ran since; else one of its own, which goes
-        // in the round trip of the claim's insert.
+        // in the round trip of the claim's insert. So does the idle bound, when the call asks for
+        // another than the session has (MariaDB has no transaction-local setting).
+        let set = self.idle_settings(req);
         let outcome = if let Some(ready) = self.ready.take() {
             self.claim = Some(ready);
-            let mut records = self.store.claims(&mut self.tx, true);
+            let records = self.store.claims(&mut self.tx, true);
+            let mut records = match set {
+                Some(set) => records.sending_first(set),
+                None => records,
+            };
             claim_insert_first(&mut records, req, &order).await
         } else {
             let savepoint = Savepoint::claim();
-            let open = savepoint.open_after(self.done.take());
+            let mut open = savepoint.open_after(self.done.take());
+            if let Some(set) = set {
+                open = format!("{set}; {open}");
+            }
             self.claim = Some(savepoint);
             let mut records = self.store.claims(&mut self.tx, true).sending_first(open);
             claim_insert_first(&mut records, req, &order).await

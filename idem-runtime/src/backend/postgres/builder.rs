@@ -38,6 +38,7 @@ pub struct PgStoreBuilder {
     acquire_timeout: Duration,
     connect_timeout: Duration,
     lock_timeout: Duration,
+    tx_idle: crate::TxIdleTimeout,
 }
 
 impl Default for PgStoreBuilder {
@@ -50,6 +51,7 @@ impl Default for PgStoreBuilder {
             acquire_timeout: Duration::from_secs(30),
             connect_timeout: crate::DEFAULT_CONNECT_TIMEOUT,
             lock_timeout: DEFAULT_PG_LOCK_TIMEOUT,
+            tx_idle: crate::TxIdleTimeout::Lease,
         }
     }
 }
@@ -117,6 +119,24 @@ impl PgStoreBuilder {
         self
     }
 
+    /// How long a transaction that holds a transaction-mode claim may sit idle (no statement)
+    /// before Postgres ends its session and rolls it back, freeing the key for a repeat, for the
+    /// calls that set none of their own ([`crate::Call::tx_idle_timeout`]). Default: each call's
+    /// lease. Range 1 ms ..= [`MAX_TX_IDLE_TIMEOUT`](crate::MAX_TX_IDLE_TIMEOUT), checked by
+    /// [`PgStoreBuilder::connect`] and [`PgStoreBuilder::build`]. See
+    /// [`PgStore::with_tx_idle_timeout`].
+    pub fn tx_idle_timeout(mut self, idle: Duration) -> Self {
+        self.tx_idle = crate::TxIdleTimeout::After(idle);
+        self
+    }
+
+    /// No idle bound from idem for transactions that hold a claim, for calls that set none of
+    /// their own: the server's `idle_in_transaction_session_timeout` applies (none by default).
+    pub fn no_tx_idle_timeout(mut self) -> Self {
+        self.tx_idle = crate::TxIdleTimeout::Off;
+        self
+    }
+
     /// Opens a pool on `url` (`postgres://user@host:port/db`, or several servers,
     /// `postgres://user@h1:port,h2:port/db?target_session_attrs=read-write`, followed as
     /// [`PgStore`] says) and makes the store.
@@ -124,12 +144,14 @@ impl PgStoreBuilder {
     /// # Errors
     /// [`IdemError::InvalidOptions`] for a malformed URL (for several servers also an empty host,
     /// a port out of range or a `target_session_attrs` that asks for a server taking no writes),
-    /// an acquire timeout out of range or limits a column cannot hold (before any connection is
-    /// opened), or a server at the URL's address that answers in another protocol than
-    /// Postgres's (another database's port); [`IdemError::StoreUnavailable`] when the server
-    /// cannot be reached, or, for several, when none of them takes writes.
+    /// an acquire timeout or a transaction idle timeout out of range or limits a column cannot
+    /// hold (before any connection is opened), or a server at the URL's address that answers in
+    /// another protocol than Postgres's (another database's port);
+    /// [`IdemError::StoreUnavailable`] when the server cannot be reached, or, for several, when
+    /// none of them takes writes.
     pub async fn connect(self, url: &str) -> Result<PgStore, IdemError> {
         check_pg_limits(&self.limits)?;
+        self.tx_idle.check()?;
         crate::net::check_pool_timeouts(self.acquire_timeout, self.connect_timeout)?;
         if let Some(servers) = super::hosts::parse(url)? {
             return self.connect_following(servers).await;
@@ -196,9 +218,10 @@ impl PgStoreBuilder {
     ///
     /// # Errors
     /// [`IdemError::InvalidOptions`] for limits a column cannot hold (see
-    /// [`PgStore::with_limits`]).
+    /// [`PgStore::with_limits`]), or a transaction idle timeout out of range.
     pub fn build(self, pool: PgPool) -> Result<PgStore, IdemError> {
         check_pg_limits(&self.limits)?;
+        self.tx_idle.check()?;
         Ok(self.store(pool))
     }
 
@@ -217,6 +240,7 @@ impl PgStoreBuilder {
             table: self.table,
             token_table,
             lock_timeout: self.lock_timeout,
+            tx_idle: self.tx_idle,
             order: Arc::default(),
             following: None,
         }

@@ -103,6 +103,9 @@ pub struct PgStore {
     sql: Arc<Statements>,
     token_sql: Arc<TokenStatements>,
     lock_timeout: Duration,
+    /// The idle bound of a transaction that holds a transaction-mode claim, unless its call sets
+    /// one (see [`crate::TxIdleTimeout`]).
+    tx_idle: crate::TxIdleTimeout,
     /// Which step a claim sends first (`store/order.rs`).
     order: Arc<ClaimOrder>,
     /// The servers of a multi-host URL the pool follows (`hosts.rs`); `None` for one server.
@@ -240,6 +243,27 @@ impl PgStore {
     /// How long a claim waits for a row lock held by another transaction.
     pub fn lock_timeout(&self) -> Duration {
         self.lock_timeout
+    }
+
+    /// The same store with another idle bound for the transactions that hold a transaction-mode
+    /// claim, for calls that set none of their own ([`crate::Call::tx_idle_timeout`]): by
+    /// default [`TxIdleTimeout::Lease`](crate::TxIdleTimeout::Lease), the call's lease. Postgres
+    /// ends the session of such a transaction once it sat idle (no statement) this long
+    /// (`idle_in_transaction_session_timeout`, set for that transaction only, in the claim's own
+    /// statement), rolling it back, so a repeat can take the key of a client that vanished
+    /// mid-transaction.
+    ///
+    /// # Errors
+    /// [`IdemError::InvalidOptions`] for a duration outside 1 ms ..=
+    /// [`MAX_TX_IDLE_TIMEOUT`](crate::MAX_TX_IDLE_TIMEOUT).
+    pub fn with_tx_idle_timeout(mut self, idle: crate::TxIdleTimeout) -> Result<Self, IdemError> {
+        self.tx_idle = idle.check()?;
+        Ok(self)
+    }
+
+    /// The idle bound of transactions that hold a claim, for calls that set none.
+    pub fn tx_idle_timeout(&self) -> crate::TxIdleTimeout {
+        self.tx_idle
     }
 
     /// The text of one of the store's statements (`claim`, `claim_locking`, `take`, `read`,

@@ -60,6 +60,9 @@ pub(super) struct Claims<'c> {
     claiming: Claiming,
     /// A transaction-mode claim found its key's lock held by another transaction.
     contended: bool,
+    /// Transaction mode: the idle bound the claim puts in force, in milliseconds as text
+    /// (`None`: none, the transaction's setting left as it is).
+    idle_ms: Option<String>,
 }
 
 /// How a claim's insert step locks.
@@ -86,6 +89,22 @@ impl<'c> Claims<'c> {
             sql,
             claiming,
             contended: false,
+            idle_ms: None,
+        }
+    }
+
+    /// The same claim, putting `idle` in force for the rest of the transaction when it runs in
+    /// transaction mode (`idle_in_transaction_session_timeout`, whole milliseconds rounded up).
+    pub(super) fn bounding_idle(mut self, idle: Option<std::time::Duration>) -> Self {
+        self.idle_ms = idle.map(|d| d.as_micros().div_ceil(1000).max(1).to_string());
+        self
+    }
+
+    /// `query` with the idle bound bound as its `$7`, for a transaction-mode claim's statements.
+    fn bound<'q>(&self, query: Query<'q>) -> Query<'q> {
+        match self.claiming {
+            Claiming::Lease => query,
+            Claiming::Tx | Claiming::TxWaiting => query.bind(self.idle_ms.clone()),
         }
     }
 
@@ -132,7 +151,8 @@ impl Claims<'_> {
         req: &ClaimRequest<'_>,
     ) -> Result<Option<SeenRecord>, IdemError> {
         let offset = self.records.offset();
-        let row = claim_query(sql, req, offset)
+        let row = self
+            .bound(claim_query(sql, req, offset))
             .fetch_optional(self.records.conn())
             .await
             .map_err(db_error)?;
@@ -201,7 +221,8 @@ impl CasRecords for Claims<'_> {
             Claiming::TxWaiting => &self.sql.claim_waiting,
         };
         let offset = self.records.offset();
-        let Some(row) = claim_query(sql, req, offset)
+        let Some(row) = self
+            .bound(claim_query(sql, req, offset))
             .fetch_optional(self.records.conn())
             .await
             .map_err(db_error)?

@@ -19,6 +19,19 @@ fn clock(off: &str) -> String {
     )
 }
 
+/// [`clock`], which also puts in force for the rest of the transaction the idle bound `idle`
+/// (`text`, milliseconds; NULL: none, the setting left as it is): transaction mode's claims, so
+/// the bound costs no statement of its own. A volatile filter on the clock's one row, so it runs
+/// whenever the clock is read; `set_config(…, true)` is `SET LOCAL`, so it is undone with the
+/// claim's savepoint when the claim takes nothing.
+fn clock_bounding(off: &str, idle: &str) -> String {
+    format!(
+        "{clock} WHERE CASE WHEN {idle}::text IS NULL THEN TRUE \
+         ELSE set_config('idle_in_transaction_session_timeout', {idle}::text, true) IS NOT NULL END",
+        clock = clock(off)
+    )
+}
+
 /// The statements of one store, built once for its table name.
 #[derive(Debug)]
 pub(super) struct Statements {
@@ -85,7 +98,8 @@ impl Statements {
         // $1 biz, $2 key, $3 fingerprint, $4 lease ms, $5 ttl ms, $6 clock offset ms. With a
         // `gate` (transaction mode) the statement first takes the key's advisory lock (`g`, read
         // by the others as a one-time filter, so before any row is read or locked); a row with
-        // `got` false (every other column NULL) says the lock is another transaction's.
+        // `got` false (every other column NULL) says the lock is another transaction's; and $7 is
+        // the idle bound the claim puts in force (see `clock_bounding`).
         let claim = |lock: &str, gate: Option<&str>| {
             let (g, only, got, not_got) = match gate {
                 None => (String::new(), "", "", String::new()),
@@ -118,7 +132,10 @@ impl Statements {
                  ins.lease_until, ins.expire_at, ins.result_until, ins.created_at AS now_ms, \
                  TRUE AS inserted{got} \
                  FROM ins{not_got}",
-                clock = clock("$6"),
+                clock = match gate {
+                    None => clock("$6"),
+                    Some(_) => clock_bounding("$6", "$7"),
+                },
             )
         };
         // $1 biz, $2 key, $3 fingerprint, $4 lease ms, $5 ttl ms, $6 clock offset ms: a new
@@ -133,7 +150,8 @@ impl Statements {
         );
         // The same under the key's advisory lock, tried before the row is: a row kept by the
         // filter is one whose lock this transaction holds, so the insert never waits for another
-        // claimant's transaction (that is what `claim_waiting` bounds).
+        // claimant's transaction (that is what `claim_waiting` bounds). $7: the idle bound, as
+        // the claims' (`clock_bounding`).
         let insert_locking = format!(
             "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, \
              lease_until, created_at, updated_at, expire_at) \
@@ -141,7 +159,7 @@ impl Statements {
              FROM ({clock}) AS c WHERE {lock} \
              ON CONFLICT (biz_type, idem_key) DO NOTHING \
              RETURNING attempt, fence",
-            clock = clock("$6"),
+            clock = clock_bounding("$6", "$7"),
             lock = TRY_KEY_LOCK_CALL.replace("{key}", &advisory_key(table)),
         );
         // $1 biz, $2 keys, $3 their fingerprints (NULL: none), $4 lease ms, $5 ttl ms, $6 clock

@@ -17,7 +17,7 @@ use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::value::SqlValue;
 use crate::store::tx::StoreTx;
 use crate::store::{Claim, ClaimOutcome, ClaimRequest, Store};
-use crate::{Busy, IdemError};
+use crate::{Busy, IdemError, TxIdleTimeout};
 
 /// The isolation level of a transaction begun with [`PgStore::begin_with`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,6 +67,12 @@ impl PgIsolation {
 /// failure is [`IdemError::StoreBusy`] with [`IdemError::restarts_transaction`]: run the whole
 /// transaction again ([`crate::retry_transaction`]).
 ///
+/// A claim also puts in force, for the rest of the transaction, its call's idle bound
+/// ([`crate::TxIdleTimeout`], the lease by default):
+/// `set_config('idle_in_transaction_session_timeout', …, true)` inside the claim's own statement
+/// (no statement of its own), undone with the claim's savepoint when the claim takes nothing. A transaction that then sits idle longer is ended by
+/// the server (25P03) and rolls back, so a client that vanished mid-transaction frees its key.
+///
 /// Once the store's claims mostly meet a record, a claim first reads it with a plain `SELECT`,
 /// before any savepoint: a live success replays (or is a mismatch) without one. An error of that
 /// read (the connection lost, the table missing, your `statement_timeout`) is not inside a
@@ -83,6 +89,8 @@ pub struct PgTx {
     /// The savepoint of the last claim marked done, released with the next claim's (or by the
     /// commit).
     done: Option<Savepoint>,
+    /// The idle bound the next claim's call asked for (`None`: the store's).
+    idle: Option<TxIdleTimeout>,
 }
 
 impl PgTx {
@@ -97,6 +105,7 @@ impl PgTx {
             ready,
             claim: None,
             done: None,
+            idle: None,
         }
     }
 
@@ -161,7 +170,13 @@ impl PgTx {
             let open = savepoint.open_after(self.done.take());
             self.exec(open).await?;
         }
-        let mut records = self.store.claims(&mut self.tx, Claiming::Tx);
+        // The idle bound goes in the claim's statements (`idle_in_transaction_session_timeout`
+        // for this transaction only, undone with the savepoint when the claim takes nothing).
+        let idle = self.idle.unwrap_or(self.store.tx_idle).bound(req.lease);
+        let mut records = self
+            .store
+            .claims(&mut self.tx, Claiming::Tx)
+            .bounding_idle(idle);
         let outcome = claim_insert_first(&mut records, req, &self.store.order).await;
         if !records.contended() {
             return outcome;
@@ -179,7 +194,10 @@ impl PgTx {
             None => return Err(IdemError::store("SHOW lock_timeout returned no row")),
         };
         let outcome = claim_insert_first(
-            &mut self.store.claims(&mut self.tx, Claiming::TxWaiting),
+            &mut self
+                .store
+                .claims(&mut self.tx, Claiming::TxWaiting)
+                .bounding_idle(idle),
             req,
             &self.store.order,
         )
@@ -232,6 +250,10 @@ impl std::fmt::Debug for PgTx {
 impl IdemTx for PgTx {
     fn store(&self) -> &dyn Store {
         &self.store
+    }
+
+    fn idle_timeout(&mut self, call: Option<TxIdleTimeout>) {
+        self.idle = call;
     }
 
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {

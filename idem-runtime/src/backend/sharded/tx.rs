@@ -76,6 +76,10 @@ impl<S: TransactionalStore> IdemTx for ShardedTx<S> {
         &self.store
     }
 
+    fn idle_timeout(&mut self, call: Option<crate::TxIdleTimeout>) {
+        self.tx.idle_timeout(call);
+    }
+
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         Self::on_this_shard(&self.store, self.shard, req.biz, req.key, false).await?;
         self.tx.claim(req).await

@@ -169,6 +169,12 @@ impl DynamoStore {
         &self.table
     }
 
+    /// The SDK client the store sends its requests through (for requests of the caller's own on
+    /// the same connections and configuration).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// The same store on another table of the same account and region.
     ///
     /// # Errors

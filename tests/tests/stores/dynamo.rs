@@ -329,7 +329,11 @@ mod requests {
         assert_eq!(call("a", 1).await.unwrap(), 1);
         assert_eq!(sent.take(), ["PutItem", "UpdateItem"], "claim, then mark");
         assert_eq!(charge("o-1", 5).await.unwrap(), 5);
-        assert_eq!(sent.take(), ["PutItem", "UpdateItem"], "the same through the attribute");
+        assert_eq!(
+            sent.take(),
+            ["PutItem", "UpdateItem"],
+            "the same through the attribute"
+        );
 
         // Written first (new keys prevail), a repeat is the refused insert, which hands back the
         // record: one request.
@@ -378,7 +382,10 @@ mod requests {
             }
         }
         if !marks.is_empty() {
-            let landed = store.complete_batch("REQB", &marks, batch.ttl).await.unwrap();
+            let landed = store
+                .complete_batch("REQB", &marks, batch.ttl)
+                .await
+                .unwrap();
             assert!(landed.iter().all(Result::is_ok), "{landed:?}");
         }
     }

@@ -19,6 +19,9 @@
 //! with `appendfsync always`), killed with SIGKILL and started again on the same port and
 //! directory; its client redials for several seconds within one try, so there the old code passed
 //! too.
+//!
+//! Not DynamoDB: moto, the server its suite runs on, keeps tables in memory only, so a restarted
+//! server has lost the records this test needs kept.
 
 #![cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
 

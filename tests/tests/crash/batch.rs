@@ -192,4 +192,6 @@ on_server! {
     feature = "postgres": postgres_killed_before_its_batchs_bodies = killed_before_its_batchs_bodies on pg_site;
     feature = "mysql": mysql_killed_after_its_batchs_bodies = killed_after_its_batchs_bodies on my_site;
     feature = "mysql": mysql_killed_before_its_batchs_bodies = killed_before_its_batchs_bodies on my_site;
+    feature = "dynamodb": dynamo_killed_after_its_batchs_bodies = killed_after_its_batchs_bodies on dynamo_site;
+    feature = "dynamodb": dynamo_killed_before_its_batchs_bodies = killed_before_its_batchs_bodies on dynamo_site;
 }

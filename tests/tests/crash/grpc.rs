@@ -375,6 +375,7 @@ async fn sqlite_grpc_service_killed_mid_transaction() {
 on_server! {
     feature = "postgres": postgres_grpc_service_killed_after_its_handlers_effect = grpc_service_killed_after_its_handlers_effect on pg_site;
     feature = "redis": redis_grpc_service_killed_after_its_handlers_effect = grpc_service_killed_after_its_handlers_effect on redis_site;
+    feature = "dynamodb": dynamo_grpc_service_killed_after_its_handlers_effect = grpc_service_killed_after_its_handlers_effect on dynamo_site;
     feature = "postgres": postgres_grpc_service_killed_mid_transaction = grpc_service_killed_mid_transaction on pg_site;
     feature = "mysql": mysql_grpc_service_killed_mid_transaction = grpc_service_killed_mid_transaction on my_site;
 }

@@ -185,4 +185,7 @@ on_server! {
     feature = "postgres": postgres_paused_past_the_lease = paused_past_the_lease on pg_site;
     feature = "mysql": mysql_killed_between_claim_and_mark = killed_between_claim_and_mark on my_site;
     feature = "mysql": mysql_paused_past_the_lease = paused_past_the_lease on my_site;
+    feature = "dynamodb": dynamo_killed_between_claim_and_mark = killed_between_claim_and_mark on dynamo_site;
+    feature = "dynamodb": dynamo_killed_after_its_effect = killed_after_its_effect on dynamo_site;
+    feature = "dynamodb": dynamo_paused_past_the_lease = paused_past_the_lease on dynamo_site;
 }

@@ -1,5 +1,7 @@
 //! Processes that die or stall while they hold a claim, on every store that outlives a process
-//! (SQLite; Redis with feature `redis`; Postgres and MySQL / MariaDB with their features).
+//! (SQLite; Redis with feature `redis`; Postgres and MySQL / MariaDB with their features;
+//! DynamoDB with feature `dynamodb`, on the DynamoDB-compatible server at `IDEM_DYNAMO_URL`, in
+//! lease mode, the only mode it has).
 //!
 //! - SIGKILL between claim and mark, 100 trials per store: before the lease ends every other
 //!   caller is told "in progress"; after it, of 8 callers released together exactly one takes over
@@ -29,7 +31,8 @@
 //!   `LeaseLost`, and the stored result is the newer attempt's.
 //! - Clock skew: children whose clocks are 10 minutes behind and ahead (libfaketime) claim, wait,
 //!   take over and replay exactly as on a true clock, because the store decides by its own clock.
-//!   (Not SQLite: there the store's clock is the process's own, see docs/RELIABILITY.md.)
+//!   (Not SQLite: there the store's clock is the process's own, see docs/RELIABILITY.md; nor
+//!   DynamoDB, whose callers decide by their own clocks within a skew margin.)
 //!
 //! The dying process is this test binary run again as a child (`child` below, which does nothing
 //! unless `IDEM_CRASH_CHILD` is set).
@@ -89,6 +92,10 @@ enum Backend {
     MySql {
         url: String,
         table: String,
+    },
+    /// The records in a table of their own: `url` is its `dynamodb://` store URL.
+    Dynamo {
+        url: String,
     },
 }
 
@@ -168,6 +175,10 @@ async fn open(backend: &Backend) -> Arc<dyn Store> {
         Backend::MySql { url, table } => Arc::new(my_store(url, table).await),
         #[cfg(not(feature = "mysql"))]
         Backend::MySql { .. } => unreachable!("MySQL trials need the `mysql` feature"),
+        #[cfg(feature = "dynamodb")]
+        Backend::Dynamo { url } => Arc::new(idem::DynamoStore::connect(url).await.unwrap()),
+        #[cfg(not(feature = "dynamodb"))]
+        Backend::Dynamo { .. } => unreachable!("DynamoDB trials need the `dynamodb` feature"),
     }
 }
 
@@ -588,6 +599,32 @@ async fn my_site() -> Option<Site> {
     let effects_path = dir.path().join("effects.db");
     Some(Site {
         backend: Backend::MySql { url, table },
+        store: Arc::new(store),
+        effects: effects_pool(&effects_path).await,
+        effects_path,
+        _dir: dir,
+    })
+}
+
+/// DynamoDB records in a table of this test alone (`idemc_<pid>_<n>`, which `migrate()` creates)
+/// on the DynamoDB-compatible server at `IDEM_DYNAMO_URL`.
+#[cfg(feature = "dynamodb")]
+async fn dynamo_site() -> Option<Site> {
+    let endpoint = contract::server::url("IDEM_DYNAMO_URL", "http://127.0.0.1:8000");
+    let url = format!(
+        "dynamodb://{}?endpoint={endpoint}",
+        contract::server::unique("idemc")
+    );
+    let store = contract::server::reach("DynamoDB", &endpoint, async {
+        let store = idem::DynamoStore::connect(&url).await?;
+        store.migrate().await?;
+        Ok::<_, IdemError>(store)
+    })
+    .await?;
+    let dir = tempfile::tempdir().unwrap();
+    let effects_path = dir.path().join("effects.db");
+    Some(Site {
+        backend: Backend::Dynamo { url },
         store: Arc::new(store),
         effects: effects_pool(&effects_path).await,
         effects_path,

@@ -323,4 +323,5 @@ on_server! {
     all(feature = "axum", feature = "mysql"): mysql_service_killed_after_its_handlers_effect = service_killed_after_its_handlers_effect on my_site;
     all(feature = "axum", feature = "postgres"): postgres_service_killed_after_its_handlers_effect = service_killed_after_its_handlers_effect on pg_site;
     all(feature = "axum", feature = "redis"): redis_service_killed_after_its_handlers_effect = service_killed_after_its_handlers_effect on redis_site;
+    all(feature = "axum", feature = "dynamodb"): dynamo_service_killed_after_its_handlers_effect = service_killed_after_its_handlers_effect on dynamo_site;
 }

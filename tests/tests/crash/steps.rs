@@ -92,4 +92,5 @@ on_server! {
     feature = "redis": redis_killed_between_steps = killed_between_steps on redis_site;
     feature = "postgres": postgres_killed_between_steps = killed_between_steps on pg_site;
     feature = "mysql": mysql_killed_between_steps = killed_between_steps on my_site;
+    feature = "dynamodb": dynamo_killed_between_steps = killed_between_steps on dynamo_site;
 }

@@ -234,20 +234,37 @@ mod skew {
 
 /// Requests per call, counted at the SDK (an interceptor sees every HTTP request, the SDK's own
 /// retries included): a first execution is one conditional write to claim and one to mark; a
-/// replay, once the store reads first, one strongly consistent read.
+/// replay, once the store reads first, one strongly consistent read; a batch of N keys, N
+/// conditional writes to claim and N to mark (DynamoDB has no conditional batch write: see the
+/// store's `batch.rs`). Through `Call::run`, an `#[idempotent]` fn and `Store::claim_batch`.
 mod requests {
+    use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
     use idem::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
     use idem::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
-    use idem::{Call, DynamoStore, IdemError};
+    use idem::{
+        BatchClaim, BatchItem, BatchMark, Call, ClaimOutcome, DynamoStore, IdemError, Store,
+        idempotent,
+    };
 
     #[derive(Debug, Clone, Default)]
     struct Sent(Arc<Mutex<Vec<String>>>);
 
     impl Sent {
+        /// The operations sent since the last take, in order.
         fn take(&self) -> Vec<String> {
             std::mem::take(&mut *self.0.lock().unwrap())
+        }
+
+        /// How many of each operation were sent since the last take (concurrent requests).
+        fn counts(&self) -> BTreeMap<String, usize> {
+            let mut counts = BTreeMap::new();
+            for op in self.take() {
+                *counts.entry(op).or_default() += 1;
+            }
+            counts
         }
     }
 
@@ -273,45 +290,127 @@ mod requests {
         }
     }
 
-    #[tokio::test]
-    async fn a_first_run_is_two_conditional_writes_and_a_replay_one_read() {
+    /// A store on a new table whose requests are counted; `None` when the server is down.
+    async fn counted() -> Option<(DynamoStore, Sent)> {
         let sent = Sent::default();
-        let url = super::table_url();
         let counter = sent.clone();
-        let Some(store) = super::server::reach(
+        let url = super::table_url();
+        let store = super::server::reach(
             "DynamoDB",
             &super::endpoint(),
             DynamoStore::connect_with(&url, move |config| config.interceptor(counter)),
         )
-        .await
-        else {
-            return;
-        };
+        .await?;
         store.migrate().await.unwrap();
         sent.take();
+        Some((store, sent))
+    }
 
-        let first: Result<u32, IdemError> =
-            Call::new("REQ", "a").run(&store, async { Ok(1) }).await;
-        assert_eq!(first.unwrap(), 1);
+    fn counts<const N: usize>(of: [(&str, usize); N]) -> BTreeMap<String, usize> {
+        of.into_iter().map(|(op, n)| (op.to_owned(), n)).collect()
+    }
+
+    /// The attribute's store: the counted store, registered under this name.
+    #[idempotent(biz = "REQATTR", key = "order", store = "dynamo_requests")]
+    async fn charge(order: &str, amount: u32) -> Result<u32, IdemError> {
+        Ok(amount)
+    }
+
+    #[tokio::test]
+    async fn a_first_run_is_two_conditional_writes_and_a_replay_one_read() {
+        let Some((store, sent)) = counted().await else {
+            return;
+        };
+        idem::register_store("dynamo_requests", store.clone());
+        let call = |key: &'static str, value: u32| {
+            Call::new("REQ", key).run(&store, async move { Ok::<_, IdemError>(value) })
+        };
+
+        assert_eq!(call("a", 1).await.unwrap(), 1);
         assert_eq!(sent.take(), ["PutItem", "UpdateItem"], "claim, then mark");
+        assert_eq!(charge("o-1", 5).await.unwrap(), 5);
+        assert_eq!(
+            sent.take(),
+            ["PutItem", "UpdateItem"],
+            "the same through the attribute"
+        );
 
-        // Written first, a repeat is the refused insert (which hands back the record).
-        let again: Result<u32, IdemError> =
-            Call::new("REQ", "a").run(&store, async { Ok(2) }).await;
-        assert_eq!(again.unwrap(), 1);
+        // Written first (new keys prevail), a repeat is the refused insert, which hands back the
+        // record: one request.
+        assert_eq!(call("a", 2).await.unwrap(), 1);
+        assert_eq!(sent.take(), ["PutItem"]);
+        assert_eq!(charge("o-1", 6).await.unwrap(), 5);
         assert_eq!(sent.take(), ["PutItem"]);
 
         // A storm of repeats turns the store to reading first: a replay is one read.
         for _ in 0..20 {
-            let r: Result<u32, IdemError> =
-                Call::new("REQ", "a").run(&store, async { Ok(3) }).await;
-            assert_eq!(r.unwrap(), 1);
+            assert_eq!(call("a", 3).await.unwrap(), 1);
         }
         sent.take();
-        let replay: Result<u32, IdemError> =
-            Call::new("REQ", "a").run(&store, async { Ok(4) }).await;
-        assert_eq!(replay.unwrap(), 1);
+        assert_eq!(call("a", 4).await.unwrap(), 1);
         assert_eq!(sent.take(), ["GetItem"], "a replay is one consistent read");
+        assert_eq!(charge("o-1", 7).await.unwrap(), 5);
+        assert_eq!(sent.take(), ["GetItem"], "the same through the attribute");
+    }
+
+    /// Claims `keys` in one batch and marks the acquired ones in one `complete_batch`.
+    async fn batch(store: &DynamoStore, keys: &[String]) {
+        let items: Vec<BatchItem<'_>> = keys
+            .iter()
+            .map(|key| BatchItem {
+                key,
+                fingerprint: None,
+            })
+            .collect();
+        let batch = BatchClaim {
+            biz: "REQB",
+            items: &items,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(3600),
+        };
+        let mut marks = Vec::new();
+        for (key, outcome) in keys.iter().zip(store.claim_batch(&batch).await.unwrap()) {
+            match outcome {
+                ClaimOutcome::Acquired { claim, .. } => marks.push(BatchMark {
+                    key,
+                    claim,
+                    snapshot: b"1",
+                    result_ttl: None,
+                }),
+                ClaimOutcome::Replay { snapshot } => assert_eq!(snapshot, b"1"),
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+        if !marks.is_empty() {
+            let landed = store
+                .complete_batch("REQB", &marks, batch.ttl)
+                .await
+                .unwrap();
+            assert!(landed.iter().all(Result::is_ok), "{landed:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_n_keys_is_n_claims_and_n_marks_and_its_replay_n_reads() {
+        const N: usize = 10;
+        let Some((store, sent)) = counted().await else {
+            return;
+        };
+        let keys: Vec<String> = (0..N).map(|i| format!("b-{i}")).collect();
+        batch(&store, &keys).await;
+        assert_eq!(
+            sent.counts(),
+            counts([("PutItem", N), ("UpdateItem", N)]),
+            "one conditional write per key to claim, one per key to mark"
+        );
+        // Written first (the store saw new keys), each repeat is its refused insert.
+        batch(&store, &keys).await;
+        assert_eq!(sent.counts(), counts([("PutItem", N)]));
+        // Once repeats prevail the store reads first: one read per key.
+        batch(&store, &keys).await;
+        sent.take();
+        batch(&store, &keys).await;
+        assert_eq!(sent.counts(), counts([("GetItem", N)]));
     }
 }
 

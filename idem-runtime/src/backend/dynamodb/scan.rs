@@ -10,13 +10,14 @@ use aws_sdk_dynamodb::types::{
     TimeToLiveSpecification, TimeToLiveStatus,
 };
 
+use super::DynamoStore;
 use super::error::dynamo_error;
 use super::item::{
     BIZ, DELETE_AFTER, FINGERPRINT, KEY, PK, RESULT_UNTIL, STATUS, STUCK_BIZ, STUCK_INDEX,
     STUCK_LEASE, n, parse_record_key, s, stored,
 };
+use super::requests::Written;
 use super::tokens::TOKEN_PREFIX;
-use super::{DynamoStore, Written};
 
 /// Whether `item` is a submit token, not a record.
 fn is_token(item: &HashMap<String, AttributeValue>) -> bool {

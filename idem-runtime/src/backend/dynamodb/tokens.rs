@@ -5,13 +5,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
 use super::DynamoStore;
-use super::error::dynamo_error;
 use super::item::{DELETE_AFTER, PK, delete_after, int, n, s};
+use super::requests::{Written, written};
 use crate::IdemError;
 use crate::store::decide::millis;
 use crate::tokens::{Found, TokenStore, check_token, check_ttl, new_token, refusal, subject_of};
@@ -66,12 +64,9 @@ impl DynamoTokens {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        let item = match sent {
-            Ok(_) => return Ok(()),
-            Err(e) => match e.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(c)) => c.item().cloned(),
-                _ => return Err(dynamo_error(&self.store.place, e)),
-            },
+        let item = match written(&self.store.place, sent)? {
+            Written::Done => return Ok(()),
+            Written::Refused(item) => item,
         };
         let found = match &item {
             Some(item) => {
@@ -119,12 +114,8 @@ impl TokenStore for DynamoTokens {
                 .condition_expression("attribute_not_exists(pk)")
                 .send()
                 .await;
-            match sent {
-                Ok(_) => return Ok(token),
-                Err(e) => match e.as_service_error() {
-                    Some(PutItemError::ConditionalCheckFailedException(_)) => {}
-                    _ => return Err(dynamo_error(&self.store.place, e)),
-                },
+            if let Written::Done = written(&self.store.place, sent)? {
+                return Ok(token);
             }
         }
         Err(IdemError::store(

@@ -2,7 +2,7 @@
 //! own macro), the SQL (built at compile time from the machine's consts), and the fn's new body,
 //! which runs the update and the user's body in one transaction through `<idem>::__private`.
 //!
-//! Every call into the runtime's transition support is in [`expand`]'s `core` and `run` blocks.
+//! Every call into the runtime's transition support is in [`core`] and [`run`].
 
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
@@ -97,13 +97,46 @@ fn value(value: &ExprArg, name: &str, private: &TokenStream) -> (TokenStream, To
     )
 }
 
+/// The expansion of a checked `#[state_transition]` fn: the checks, the transition's static
+/// description, and the body that runs it.
 pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
-    let stmts = &item.block.stmts;
-    let args = &spec.args;
-    let krate = crate_path(args.krate.as_ref());
+    let krate = crate_path(spec.args.krate.as_ref());
     let private = quote!(#krate::__private);
-    let machine = &spec.machine;
     let machine_check = machine_check(spec, &krate);
+    let (conn, tx_check) = connection(spec, &private);
+    let (body_ty, err_check) = body_type(&spec.ret, &private);
+    let version_let = spec.args.version.as_ref().map(|version| {
+        let expr = version.emitted();
+        let name = body::binding("__idem_version");
+        quote_spanned!(version.span()=> let #name: i64 = #expr;)
+    });
+    let core = core(spec, &item.block.stmts, &private, &conn, &body_ty);
+    let run = run(item, spec, &private, &core);
+
+    let docs = docs(spec);
+    let spec_static = format_ident!("__IDEM_TRANSITION");
+    let transition = transition_static(spec, &private, &spec_static);
+    body::rewrap(
+        item,
+        quote!(#(#[doc = #docs])*),
+        quote! {
+            #machine_check
+            #tx_check
+            #err_check
+            #version_let
+            #transition
+            // Every call, in every mode, gets the `idem` span, the counters and the report.
+            let __idem_call = #spec_static.call();
+            __idem_call.run(async { #run }).await
+        },
+    )
+}
+
+/// `static <name>: TransitionSpec<M> = …;`: the transition, described once: its states, and its
+/// statements in every dialect, built at compile time from the machine's table and columns.
+fn transition_static(spec: &Spec, private: &TokenStream, name: &Ident) -> TokenStream {
+    let args = &spec.args;
+    let machine = &spec.machine;
     // Through `IsMachine`, spanned at the machine as the user wrote it: a type that is no machine
     // is reported there, once (every use has the same span), as "`M: StateMachine` is not satisfied".
     let machine_alias = {
@@ -113,7 +146,6 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     };
     let to = spec.to.name.as_str();
     let from: Vec<&str> = spec.from.iter().map(|f| f.name.as_str()).collect();
-
     let set_columns: Vec<String> = args.set.iter().map(|s| s.column.to_string()).collect();
     let match_columns: Vec<String> = args.matches.iter().map(Ident::to_string).collect();
     let now = match &args.now {
@@ -122,29 +154,26 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
     };
     let from_count = from.len();
     let versioned = args.version.is_some();
+    quote! {
+        static #name: #private::TransitionSpec<#machine_alias> = #private::TransitionSpec::new(
+            #to,
+            &[#(#from),*],
+            #private::TransitionShape {
+                set: &[#(#set_columns),*],
+                now: #now,
+                matches: &[#(#match_columns),*],
+                from_count: #from_count,
+                versioned: #versioned,
+            },
+        );
+    }
+}
 
-    let (set_lets, set_values): (Vec<_>, Vec<_>) = args
-        .set
-        .iter()
-        .enumerate()
-        .map(|(i, s)| value(&s.value, &format!("__idem_set{i}"), &private))
-        .unzip();
-    let (key_let, key_value) = value(&spec.key, "__idem_key", &private);
-    let version_let = args.version.as_ref().map(|version| {
-        let expr = version.emitted();
-        let name = body::binding("__idem_version");
-        quote_spanned!(version.span()=> let #name: i64 = #expr;)
-    });
-    let expected_version = if versioned {
-        quote!(::core::option::Option::Some(__idem_version))
-    } else {
-        quote!(::core::option::Option::None)
-    };
-
-    // The connection the transition runs on: the caller's (`tx`), checked at the `tx` token against
-    // `TransitionConn` (the trait every backend's transaction implements), or a transaction of its
-    // own on a registered store.
-    let (conn, tx_check) = match &spec.tx {
+/// The connection the transition runs on, and the check of the caller's: the caller's (`tx`),
+/// checked at the `tx` token against `TransitionConn` (the trait every backend's transaction
+/// implements), or a transaction of its own on a registered store.
+fn connection(spec: &Spec, private: &TokenStream) -> (TokenStream, Option<TokenStream>) {
+    match &spec.tx {
         Some(tx) => {
             // Every use is the same cast at the `tx` token: a type that is no transaction is one
             // error there (rustc reports identical diagnostics once).
@@ -159,15 +188,20 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
             let conn_trait = quote!(#private::TransitionConn);
             (quote!((&mut *__idem_tx as &mut dyn #conn_trait)), None)
         }
-    };
-    // The body returns `Result<T, E>`; `E` is the fn's error type, or for an alias
-    // (`anyhow::Result<Transition<T, M>>`) the one the type checker finds through the return type.
+    }
+}
+
+/// The type the body returns, `Result<T, E>`, and the check of `E`
+/// (`let __idem_err = <E as CarriesIdemError>::proof();`). `E` is the fn's error type, or for an
+/// alias (`anyhow::Result<Transition<T, M>>`) the one the type checker finds through the return
+/// type.
+fn body_type(ret: &TransitionReturn, private: &TokenStream) -> (TokenStream, TokenStream) {
     let TransitionReturn {
         ret_ty,
         ok_ty,
         err_ty,
         ..
-    } = &spec.ret;
+    } = ret;
     let (err_ty, err_span) = match err_ty {
         Some(err_ty) => (quote!(#err_ty), err_ty.span()),
         None => {
@@ -177,16 +211,38 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
         }
     };
     let body_ty = quote!(::core::result::Result<#ok_ty, #err_ty>);
-    let fake_return = body::fake_return(&body_ty, ret_ty.span());
     let err_check = {
         let private = located_at(private.clone(), err_span);
         let name = body::binding("__idem_err");
         quote_spanned!(err_span=> let #name = <#err_ty as #private::CarriesIdemError>::proof();)
     };
+    (body_ty, err_check)
+}
 
-    // One runtime entry point: the update (its SQL picked by the connection's dialect), the body in
-    // the same savepoint when one row moved, and why not otherwise.
-    let core = quote! {
+/// One runtime entry point, as an async block: the update (its SQL picked by the connection's
+/// dialect), the body in the same savepoint when one row moved, and why not otherwise.
+fn core(
+    spec: &Spec,
+    stmts: &[syn::Stmt],
+    private: &TokenStream,
+    conn: &TokenStream,
+    body_ty: &TokenStream,
+) -> TokenStream {
+    let args = &spec.args;
+    let (set_lets, set_values): (Vec<_>, Vec<_>) = args
+        .set
+        .iter()
+        .enumerate()
+        .map(|(i, s)| value(&s.value, &format!("__idem_set{i}"), private))
+        .unzip();
+    let (key_let, key_value) = value(&spec.key, "__idem_key", private);
+    let expected_version = if args.version.is_some() {
+        quote!(::core::option::Option::Some(__idem_version))
+    } else {
+        quote!(::core::option::Option::None)
+    };
+    let fake_return = body::fake_return(body_ty, spec.ret.ret_ty.span());
+    quote! {
         async {
             #key_let
             #(#set_lets)*
@@ -212,13 +268,16 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
             .await;
             __idem_call.finish(__idem_guard, #conn, __idem_err, __idem_out).await
         }
-    };
+    }
+}
 
-    let run = match &spec.store {
+/// `core` run on the caller's transaction, or in a transaction of its own begun on the store.
+fn run(item: &ItemFn, spec: &Spec, private: &TokenStream, core: &TokenStream) -> TokenStream {
+    match &spec.store {
         None => quote!(#core.await),
         Some(store) => {
             let by = format!("#[state_transition] {}", item.sig.ident);
-            let used = crate::common::store_arg::store_use(store, false, &by, &private);
+            let used = crate::common::store_arg::store_use(store, false, &by, private);
             quote! {
             #used
             let mut __idem_tx = match __idem_call.begin(#private::StoreArg::Named(#store)).await {
@@ -231,34 +290,5 @@ pub(super) fn expand(item: &ItemFn, spec: &Spec) -> TokenStream {
             __idem_call.end(__idem_tx, __idem_err, __idem_result).await
             }
         }
-    };
-
-    let docs = docs(spec);
-    let spec_static = format_ident!("__IDEM_TRANSITION");
-    body::rewrap(
-        item,
-        quote!(#(#[doc = #docs])*),
-        quote! {
-            #machine_check
-            #tx_check
-            #err_check
-            #version_let
-            // The transition, described once: its states, and its statements in every dialect,
-            // built at compile time from the machine's table and columns.
-            static #spec_static: #private::TransitionSpec<#machine_alias> = #private::TransitionSpec::new(
-                #to,
-                &[#(#from),*],
-                #private::TransitionShape {
-                    set: &[#(#set_columns),*],
-                    now: #now,
-                    matches: &[#(#match_columns),*],
-                    from_count: #from_count,
-                    versioned: #versioned,
-                },
-            );
-            // Every call, in every mode, gets the `idem` span, the counters and the report.
-            let __idem_call = #spec_static.call();
-            __idem_call.run(async { #run }).await
-        },
-    )
+    }
 }

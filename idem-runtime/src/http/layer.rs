@@ -17,7 +17,7 @@ use super::drain::Drain;
 use super::handler::{Flow, Http, Wire, kept, lease_answer};
 use super::key;
 use super::problem::problem;
-use super::recover::RecoverRequest;
+use super::recover::{RecoverFn, RecoverRequest};
 use super::service::{BoxFuture, take_ready};
 use super::stored::Stored;
 use super::tx::{self, Ran};
@@ -164,6 +164,8 @@ where
     response.map(Body::new)
 }
 
+/// A request through the layer: methods it does not cover go straight to the handler; the others
+/// need a caller, a readable body and (when required) a key, then are served by [`serve_keyed`].
 async fn handle<S, B>(
     cfg: Arc<Config>,
     mut inner: S,
@@ -180,37 +182,11 @@ where
     }
     let (parts, body) = req.into_parts();
     let Ok(principal) = cfg.principal.of(&parts) else {
-        return Ok(problem(
-            StatusCode::UNAUTHORIZED,
-            "no-principal",
-            "Caller unknown",
-            "idempotent requests are kept per caller, and this request carries no caller identity",
-        ));
+        return Ok(no_principal());
     };
-    let body = match axum::body::to_bytes(body, cfg.max_request_bytes).await {
+    let body = match read_body(&cfg, body).await {
         Ok(body) => body,
-        Err(e) if over_limit(&e) => {
-            return Ok(problem(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request-too-large",
-                "Request body too large",
-                &format!(
-                    "the request body is larger than the {} byte limit",
-                    cfg.max_request_bytes
-                ),
-            ));
-        }
-        Err(e) => {
-            // Cut short (a Content-Length longer than the body), reset, or badly framed: the
-            // client's fault, and nothing was claimed or written.
-            tracing::debug!(error = %e, "the request body could not be read; answering 400");
-            return Ok(problem(
-                StatusCode::BAD_REQUEST,
-                "request-unreadable",
-                "Request body unreadable",
-                "the request body could not be read to its end (cut short, reset or badly framed); nothing was processed, send the whole request again",
-            ));
-        }
+        Err(problem) => return Ok(problem),
     };
     let key = match key::client_key(&cfg, &parts, &body) {
         Ok(Some(key)) => key,
@@ -220,22 +196,7 @@ where
                 .await
                 .map(with_body);
         }
-        Ok(None) => {
-            let detail = match &cfg.body_field {
-                Some(field) => format!(
-                    "send an Idempotency-Key header (or the JSON body field {field}) with a key unique to this request"
-                ),
-                None => {
-                    "send an Idempotency-Key header with a key unique to this request".to_owned()
-                }
-            };
-            return Ok(problem(
-                StatusCode::BAD_REQUEST,
-                "missing-key",
-                "Idempotency key missing",
-                &detail,
-            ));
-        }
+        Ok(None) => return Ok(missing_key(&cfg)),
         Err(e) => {
             return Ok(problem(
                 StatusCode::BAD_REQUEST,
@@ -255,30 +216,7 @@ where
             body: body.clone(),
         };
         let cfg = &*cfg;
-        let store_limit = cfg.store.limits().max_snapshot_len;
-        move || async move {
-            let Some(response) = recover(asked).await.map_err(Flow::Recover)? else {
-                return Ok(None);
-            };
-            let (head, body) = response.into_parts();
-            let bytes = body
-                .collect()
-                .await
-                .map_err(|e| Flow::Recover(e.into()))?
-                .to_bytes();
-            if head.status.is_server_error() {
-                return Err(Flow::Recover(
-                    format!("the recover fn answered {}", head.status).into(),
-                ));
-            }
-            let stored = Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers);
-            Ok(Some(kept(
-                stored,
-                bytes.len(),
-                cfg.max_response_bytes,
-                store_limit,
-            )))
-        }
+        move || recovered(cfg, recover, asked)
     });
     let route = route_of(&parts);
     let keyed = Keyed {
@@ -289,6 +227,94 @@ where
     };
     let req = Request::from_parts(parts, Body::from(body));
     serve_keyed(&Http, &cfg, inner, req, keyed, recover).await
+}
+
+/// The answer to a covered request whose caller the principal rule cannot tell.
+#[cold]
+fn no_principal() -> Response<Body> {
+    problem(
+        StatusCode::UNAUTHORIZED,
+        "no-principal",
+        "Caller unknown",
+        "idempotent requests are kept per caller, and this request carries no caller identity",
+    )
+}
+
+/// The request's body, read whole up to the layer's limit; or the problem to answer when it is
+/// over the limit or cannot be read (nothing is claimed or written then).
+async fn read_body(cfg: &Config, body: Body) -> Result<Bytes, Response<Body>> {
+    match axum::body::to_bytes(body, cfg.max_request_bytes).await {
+        Ok(body) => Ok(body),
+        Err(e) if over_limit(&e) => Err(problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request-too-large",
+            "Request body too large",
+            &format!(
+                "the request body is larger than the {} byte limit",
+                cfg.max_request_bytes
+            ),
+        )),
+        Err(e) => {
+            // Cut short (a Content-Length longer than the body), reset, or badly framed: the
+            // client's fault, and nothing was claimed or written.
+            tracing::debug!(error = %e, "the request body could not be read; answering 400");
+            Err(problem(
+                StatusCode::BAD_REQUEST,
+                "request-unreadable",
+                "Request body unreadable",
+                "the request body could not be read to its end (cut short, reset or badly framed); nothing was processed, send the whole request again",
+            ))
+        }
+    }
+}
+
+/// The answer to a covered request without a key when the layer requires one.
+#[cold]
+fn missing_key(cfg: &Config) -> Response<Body> {
+    let detail = match &cfg.body_field {
+        Some(field) => format!(
+            "send an Idempotency-Key header (or the JSON body field {field}) with a key unique to this request"
+        ),
+        None => "send an Idempotency-Key header with a key unique to this request".to_owned(),
+    };
+    problem(
+        StatusCode::BAD_REQUEST,
+        "missing-key",
+        "Idempotency key missing",
+        &detail,
+    )
+}
+
+/// What the recover fn tells of a request taken over from a holder that went away: the response
+/// to store as the first one's (kept whole only if it fits), or `None` when the action did not
+/// happen. A 5xx answer, or a body that cannot be read, is a recover failure.
+async fn recovered<E>(
+    cfg: &Config,
+    recover: &RecoverFn,
+    asked: RecoverRequest,
+) -> Result<Option<Stored>, Flow<E>> {
+    let Some(response) = recover(asked).await.map_err(Flow::Recover)? else {
+        return Ok(None);
+    };
+    let (head, body) = response.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map_err(|e| Flow::Recover(e.into()))?
+        .to_bytes();
+    if head.status.is_server_error() {
+        return Err(Flow::Recover(
+            format!("the recover fn answered {}", head.status).into(),
+        ));
+    }
+    let stored = Stored::of(head.status, &head.headers, &bytes, &cfg.keep_headers);
+    let store_limit = cfg.store.limits().max_snapshot_len;
+    Ok(Some(kept(
+        stored,
+        bytes.len(),
+        cfg.max_response_bytes,
+        store_limit,
+    )))
 }
 
 /// A request the layer has the key of: whose it is, the record it claims, and what it is for.

@@ -35,64 +35,7 @@ impl OutboxSql {
             _ => "?".to_owned(),
         };
         let index = dialect.quote_ident(&table.unique_index_name("pending"));
-        let ddl = match dialect {
-            Dialect::SQLite => vec![
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (\
-                     id INTEGER PRIMARY KEY AUTOINCREMENT, \
-                     destination TEXT NOT NULL, \
-                     msg_key TEXT NOT NULL, \
-                     payload BLOB NOT NULL, \
-                     created_at INTEGER NOT NULL, \
-                     attempts INTEGER NOT NULL DEFAULT 0, \
-                     next_attempt_at INTEGER NOT NULL, \
-                     lease_owner TEXT NULL, \
-                     lease_until INTEGER NOT NULL DEFAULT 0, \
-                     sent_at INTEGER NULL, \
-                     last_error TEXT NULL)"
-                ),
-                format!(
-                    "CREATE INDEX IF NOT EXISTS {index} ON {t} (destination, msg_key, id) \
-                     WHERE sent_at IS NULL"
-                ),
-            ],
-            Dialect::MySQL => vec![format!(
-                "CREATE TABLE IF NOT EXISTS {t} (\
-                 id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
-                 destination VARCHAR(255) NOT NULL, \
-                 msg_key VARCHAR(255) NOT NULL, \
-                 payload MEDIUMBLOB NOT NULL, \
-                 created_at BIGINT NOT NULL, \
-                 attempts INT NOT NULL DEFAULT 0, \
-                 next_attempt_at BIGINT NOT NULL, \
-                 lease_owner VARCHAR(64) NULL, \
-                 lease_until BIGINT NOT NULL DEFAULT 0, \
-                 sent_at BIGINT NULL, \
-                 last_error VARCHAR(1024) NULL, \
-                 KEY {index} (sent_at, destination, msg_key, id)\
-                 ) ENGINE=InnoDB"
-            )],
-            Dialect::Postgres => vec![
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (\
-                     id BIGSERIAL PRIMARY KEY, \
-                     destination TEXT NOT NULL, \
-                     msg_key TEXT NOT NULL, \
-                     payload BYTEA NOT NULL, \
-                     created_at BIGINT NOT NULL, \
-                     attempts INT NOT NULL DEFAULT 0, \
-                     next_attempt_at BIGINT NOT NULL, \
-                     lease_owner TEXT NULL, \
-                     lease_until BIGINT NOT NULL DEFAULT 0, \
-                     sent_at BIGINT NULL, \
-                     last_error TEXT NULL)"
-                ),
-                format!(
-                    "CREATE INDEX IF NOT EXISTS {index} ON {t} (destination, msg_key, id) \
-                     WHERE sent_at IS NULL"
-                ),
-            ],
-        };
+        let ddl = ddl(dialect, &t, &index);
         let returning = match dialect {
             Dialect::MySQL => "",
             _ => " RETURNING id",
@@ -157,5 +100,68 @@ impl OutboxSql {
             sweep,
             pending,
         }
+    }
+}
+
+/// The table and its index of pending rows per destination and key (MySQL declares the index in
+/// the table), in the order they are run.
+fn ddl(dialect: Dialect, t: &str, index: &str) -> Vec<String> {
+    match dialect {
+        Dialect::SQLite => vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                 id INTEGER PRIMARY KEY AUTOINCREMENT, \
+                 destination TEXT NOT NULL, \
+                 msg_key TEXT NOT NULL, \
+                 payload BLOB NOT NULL, \
+                 created_at INTEGER NOT NULL, \
+                 attempts INTEGER NOT NULL DEFAULT 0, \
+                 next_attempt_at INTEGER NOT NULL, \
+                 lease_owner TEXT NULL, \
+                 lease_until INTEGER NOT NULL DEFAULT 0, \
+                 sent_at INTEGER NULL, \
+                 last_error TEXT NULL)"
+            ),
+            format!(
+                "CREATE INDEX IF NOT EXISTS {index} ON {t} (destination, msg_key, id) \
+                 WHERE sent_at IS NULL"
+            ),
+        ],
+        Dialect::MySQL => vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (\
+             id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+             destination VARCHAR(255) NOT NULL, \
+             msg_key VARCHAR(255) NOT NULL, \
+             payload MEDIUMBLOB NOT NULL, \
+             created_at BIGINT NOT NULL, \
+             attempts INT NOT NULL DEFAULT 0, \
+             next_attempt_at BIGINT NOT NULL, \
+             lease_owner VARCHAR(64) NULL, \
+             lease_until BIGINT NOT NULL DEFAULT 0, \
+             sent_at BIGINT NULL, \
+             last_error VARCHAR(1024) NULL, \
+             KEY {index} (sent_at, destination, msg_key, id)\
+             ) ENGINE=InnoDB"
+        )],
+        Dialect::Postgres => vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                 id BIGSERIAL PRIMARY KEY, \
+                 destination TEXT NOT NULL, \
+                 msg_key TEXT NOT NULL, \
+                 payload BYTEA NOT NULL, \
+                 created_at BIGINT NOT NULL, \
+                 attempts INT NOT NULL DEFAULT 0, \
+                 next_attempt_at BIGINT NOT NULL, \
+                 lease_owner TEXT NULL, \
+                 lease_until BIGINT NOT NULL DEFAULT 0, \
+                 sent_at BIGINT NULL, \
+                 last_error TEXT NULL)"
+            ),
+            format!(
+                "CREATE INDEX IF NOT EXISTS {index} ON {t} (destination, msg_key, id) \
+                 WHERE sent_at IS NULL"
+            ),
+        ],
     }
 }

@@ -42,6 +42,9 @@ macro_rules! now_ms {
     };
 }
 
+/// The condition on one record's key (`?biz ?key`).
+const KEY: &str = "biz_type = ? AND idem_key = ?";
+
 /// The record's columns as the claim reads them.
 pub(super) const COLUMNS: &str =
     "status, attempt, fence, fingerprint, result, lease_until, expire_at, result_until";
@@ -71,16 +74,15 @@ pub(crate) struct Statements {
 impl Statements {
     pub(crate) fn new(table: &TableName, tokens: &TableName) -> Self {
         let t = table.quoted(Dialect::MySQL);
-        let key = "biz_type = ? AND idem_key = ?";
         let read = format!(
-            "SELECT {COLUMNS}, {now} AS now_ms FROM {t} WHERE {key}",
+            "SELECT {COLUMNS}, {now} AS now_ms FROM {t} WHERE {KEY}",
             now = now_ms!()
         );
         Statements {
             insert: format!(
                 "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, fingerprint, result, \
-                 lease_until, created_at, updated_at, expire_at) VALUES (?, ?, 'PROCESSING', 1, \
-                 LAST_INSERT_ID({now_us}), ?, NULL, {now} + ?, {now}, {now}, {now} + ?)",
+         lease_until, created_at, updated_at, expire_at) VALUES (?, ?, 'PROCESSING', 1, \
+         LAST_INSERT_ID({now_us}), ?, NULL, {now} + ?, {now}, {now}, {now} + ?)",
                 now_us = now_us!(),
                 now = now_ms!()
             )
@@ -94,145 +96,159 @@ impl Statements {
             // saved steps of an unfinished record (in `result`) stay when the take keeps them.
             take: format!(
                 "UPDATE {t} SET status = 'PROCESSING', attempt = IF(?, 1, attempt + 1), \
-                 fence = LAST_INSERT_ID(GREATEST(fence + 1, {now_us})), fingerprint = ?, \
-                 result = IF(?, result, NULL), result_until = NULL, \
-                 created_at = IF(?, {now}, created_at), \
-                 expire_at = IF(?, {now} + ?, GREATEST(expire_at, {now} + ?)), \
-                 lease_until = {now} + ?, updated_at = {now} \
-                 WHERE {key} AND fence = ? AND status = ? AND lease_until = ?",
+         fence = LAST_INSERT_ID(GREATEST(fence + 1, {now_us})), fingerprint = ?, \
+         result = IF(?, result, NULL), result_until = NULL, \
+         created_at = IF(?, {now}, created_at), \
+         expire_at = IF(?, {now} + ?, GREATEST(expire_at, {now} + ?)), \
+         lease_until = {now} + ?, updated_at = {now} \
+         WHERE {KEY} AND fence = ? AND status = ? AND lease_until = ?",
                 now_us = now_us!(),
                 now = now_ms!()
             )
             .into(),
-            records: RecordStatements {
-                read: Stmt::new(read, READ),
-                // The mark moves the expiry to at least now + ttl, so a body slower than its ttl still
-                // leaves a live success. A record already SUCCEEDED under the fence counts as held and
-                // keeps its result and expiry: a mark sent again after a lost reply succeeds (and
-                // FAILED likewise for `fail`). `result`, `expire_at` and `result_until` (NULL: the
-                // result is kept as long as the record) are assigned before `status`, so they see the
-                // old status.
-                complete: Stmt::new(
-                    format!(
-                        "UPDATE {t} SET result = IF(status = 'PROCESSING', ?, result), \
-                 expire_at = IF(status = 'PROCESSING', GREATEST(expire_at, {now} + ?), expire_at), \
-                 result_until = IF(status = 'PROCESSING', {now} + ?, result_until), \
-                 status = 'SUCCEEDED', updated_at = {now} \
-                 WHERE {key} AND fence = ? AND status IN ('PROCESSING', 'SUCCEEDED')",
-                        now = now_ms!()
-                    ),
-                    COMPLETE,
-                ),
-                // The saved steps (in `result`) stay for a retry.
-                fail: Stmt::new(
-                    format!(
-                        "UPDATE {t} SET status = 'FAILED', updated_at = {now} \
-                 WHERE {key} AND fence = ? AND status IN ('PROCESSING', 'FAILED')",
-                        now = now_ms!()
-                    ),
-                    FAIL,
-                ),
-                // The steps of an unfinished record live in `result` until a success replaces them.
-                save_steps: Stmt::new(
-                    format!(
-                        "UPDATE {t} SET result = ?, updated_at = {now} \
-                 WHERE {key} AND fence = ? AND status = 'PROCESSING'",
-                        now = now_ms!()
-                    ),
-                    SAVE_STEPS,
-                ),
-                renew: Stmt::new(
-                    format!(
-                        "UPDATE {t} SET lease_until = {now} + ?, expire_at = GREATEST(expire_at, {now} + ?), \
-                 updated_at = {now} WHERE {key} AND fence = ? AND status = 'PROCESSING'",
-                        now = now_ms!()
-                    ),
-                    RENEW,
-                ),
-                load: Stmt::new(format!("SELECT {COLUMNS} FROM {t} WHERE {key}"), LOAD),
-                // Expired: the TTL passed and no lease is live. One short statement per batch, walking
-                // the expiry index; ordered by the whole key so replicas delete the same rows.
-                sweep: Stmt::new(
-                    format!(
-                        "DELETE FROM {t} WHERE expire_at <= {now} \
-                 AND NOT (status = 'PROCESSING' AND lease_until > {now}) \
-                 ORDER BY expire_at, biz_type, idem_key LIMIT ?",
-                        now = now_ms!()
-                    ),
-                    SWEEP,
-                ),
-                // Results past their result ttl: dropped, the records kept as tombstones
-                // (`result_until` 0, out of the range looked in). A range of the index
-                // `<table>_result_until (result_until)`, ordered by the whole key so replicas change
-                // the same rows.
-                shrink: Stmt::new(
-                    format!(
-                        "UPDATE {t} SET result = NULL, result_until = 0 \
-                 WHERE result_until > 0 AND result_until <= {now} AND status = 'SUCCEEDED' \
-                 ORDER BY result_until, biz_type, idem_key LIMIT ?",
-                        now = now_ms!()
-                    ),
-                    SHRINK,
-                ),
-                // PROCESSING with the lease ended, oldest lease first: a range of the index
-                // `<table>_stuck (biz_type, status, lease_until)`, read in its order (no filesort),
-                // that stops after the batch (`UTC_TIMESTAMP` is a constant of the statement, so it
-                // bounds the range).
-                stuck: Stmt::new(
-                    format!(
-                        "SELECT idem_key, {COLUMNS} FROM {t} WHERE biz_type = ? AND status = 'PROCESSING' \
-                 AND lease_until <= {now} ORDER BY lease_until LIMIT ?",
-                        now = now_ms!()
-                    ),
-                    STUCK,
-                ),
-                // Records per business type, route (`origin`: what an HTTP layer record's fingerprint
-                // keeps before its digest) and status (expired ones not yet swept included), and
-                // `gone`, the tombstones among them (their result ttl passed): a scan of the table
-                // (an operator's query).
-                // The business types with PROCESSING records: the stuck index
-                // `(biz_type, status, lease_until)` read a business type at a time (a loose index
-                // scan), not the table.
-                processing_biz: Stmt::new(
-                    format!("SELECT DISTINCT biz_type FROM {t} WHERE status = 'PROCESSING'"),
-                    &[],
-                ),
-                // The first page of a walk of every record's key: the primary key read in its
-                // order (the clustered index), stopping after the batch.
-                keys_first: Stmt::new(
-                    format!(
-                        "SELECT biz_type, idem_key FROM {t} ORDER BY biz_type, idem_key LIMIT ?"
-                    ),
-                    KEYS_FIRST,
-                ),
-                // A later page: the range of the primary key after the last pair of the page
-                // before (VARBINARY: byte order). Written as `OR`, which the range optimizer turns
-                // into two ranges of the whole key (MariaDB reads a row value `(biz_type,
-                // idem_key) > (?, ?)` as a filter on a scan of the whole index).
-                keys_after: Stmt::new(
-                    format!(
-                        "SELECT biz_type, idem_key FROM {t} \
-                 WHERE biz_type > ? OR (biz_type = ? AND idem_key > ?) \
-                 ORDER BY biz_type, idem_key LIMIT ?"
-                    ),
-                    KEYS_AFTER,
-                ),
-                stats: Stmt::new(
-                    format!(
-                        "SELECT biz_type, CASE WHEN LOCATE(' ', fingerprint) > 0 THEN \
-                 SUBSTRING(fingerprint, 1, CHAR_LENGTH(fingerprint) \
-                 - CHAR_LENGTH(SUBSTRING_INDEX(fingerprint, ' ', -1)) - 1) END AS origin, status, \
-                 COUNT(*) AS n, \
-                 CAST(COUNT(CASE WHEN result_until <= {now} THEN 1 END) AS SIGNED) AS gone \
-                 FROM {t} GROUP BY biz_type, origin, status",
-                        now = now_ms!()
-                    ),
-                    STATS,
-                ),
-            },
+            records: records(&t, read),
             tokens: TokenStatements::new(tokens),
         }
     }
+}
+
+/// What the record layer sends (`sql/records.rs`), each with its placeholders' order.
+fn records(t: &str, read: String) -> RecordStatements {
+    RecordStatements {
+        read: Stmt::new(read, READ),
+        complete: Stmt::new(complete(t), COMPLETE),
+        fail: Stmt::new(fail(t), FAIL),
+        save_steps: Stmt::new(save_steps(t), SAVE_STEPS),
+        renew: Stmt::new(renew(t), RENEW),
+        load: Stmt::new(format!("SELECT {COLUMNS} FROM {t} WHERE {KEY}"), LOAD),
+        sweep: Stmt::new(sweep(t), SWEEP),
+        shrink: Stmt::new(shrink(t), SHRINK),
+        stuck: Stmt::new(stuck(t), STUCK),
+        // The business types with PROCESSING records: the stuck index
+        // `(biz_type, status, lease_until)` read a business type at a time (a loose index
+        // scan), not the table.
+        processing_biz: Stmt::new(
+            format!("SELECT DISTINCT biz_type FROM {t} WHERE status = 'PROCESSING'"),
+            &[],
+        ),
+        keys_first: Stmt::new(keys_first(t), KEYS_FIRST),
+        keys_after: Stmt::new(keys_after(t), KEYS_AFTER),
+        stats: Stmt::new(stats(t), STATS),
+    }
+}
+
+/// The mark moves the expiry to at least now + ttl, so a body slower than its ttl still
+/// leaves a live success. A record already SUCCEEDED under the fence counts as held and
+/// keeps its result and expiry: a mark sent again after a lost reply succeeds (and
+/// FAILED likewise for `fail`). `result`, `expire_at` and `result_until` (NULL: the
+/// result is kept as long as the record) are assigned before `status`, so they see the
+/// old status.
+fn complete(t: &str) -> String {
+    format!(
+        "UPDATE {t} SET result = IF(status = 'PROCESSING', ?, result), \
+         expire_at = IF(status = 'PROCESSING', GREATEST(expire_at, {now} + ?), expire_at), \
+         result_until = IF(status = 'PROCESSING', {now} + ?, result_until), \
+         status = 'SUCCEEDED', updated_at = {now} \
+         WHERE {KEY} AND fence = ? AND status IN ('PROCESSING', 'SUCCEEDED')",
+        now = now_ms!()
+    )
+}
+
+/// The saved steps (in `result`) stay for a retry.
+fn fail(t: &str) -> String {
+    format!(
+        "UPDATE {t} SET status = 'FAILED', updated_at = {now} \
+         WHERE {KEY} AND fence = ? AND status IN ('PROCESSING', 'FAILED')",
+        now = now_ms!()
+    )
+}
+
+/// The steps of an unfinished record live in `result` until a success replaces them.
+fn save_steps(t: &str) -> String {
+    format!(
+        "UPDATE {t} SET result = ?, updated_at = {now} \
+         WHERE {KEY} AND fence = ? AND status = 'PROCESSING'",
+        now = now_ms!()
+    )
+}
+
+/// The lease moved on from now, and the expiry to at least its end.
+fn renew(t: &str) -> String {
+    format!(
+        "UPDATE {t} SET lease_until = {now} + ?, expire_at = GREATEST(expire_at, {now} + ?), \
+         updated_at = {now} WHERE {KEY} AND fence = ? AND status = 'PROCESSING'",
+        now = now_ms!()
+    )
+}
+
+/// Expired: the TTL passed and no lease is live. One short statement per batch, walking
+/// the expiry index; ordered by the whole key so replicas delete the same rows.
+fn sweep(t: &str) -> String {
+    format!(
+        "DELETE FROM {t} WHERE expire_at <= {now} \
+         AND NOT (status = 'PROCESSING' AND lease_until > {now}) \
+         ORDER BY expire_at, biz_type, idem_key LIMIT ?",
+        now = now_ms!()
+    )
+}
+
+/// Results past their result ttl: dropped, the records kept as tombstones
+/// (`result_until` 0, out of the range looked in). A range of the index
+/// `<table>_result_until (result_until)`, ordered by the whole key so replicas change
+/// the same rows.
+fn shrink(t: &str) -> String {
+    format!(
+        "UPDATE {t} SET result = NULL, result_until = 0 \
+         WHERE result_until > 0 AND result_until <= {now} AND status = 'SUCCEEDED' \
+         ORDER BY result_until, biz_type, idem_key LIMIT ?",
+        now = now_ms!()
+    )
+}
+
+/// PROCESSING with the lease ended, oldest lease first: a range of the index
+/// `<table>_stuck (biz_type, status, lease_until)`, read in its order (no filesort),
+/// that stops after the batch (`UTC_TIMESTAMP` is a constant of the statement, so it
+/// bounds the range).
+fn stuck(t: &str) -> String {
+    format!(
+        "SELECT idem_key, {COLUMNS} FROM {t} WHERE biz_type = ? AND status = 'PROCESSING' \
+         AND lease_until <= {now} ORDER BY lease_until LIMIT ?",
+        now = now_ms!()
+    )
+}
+
+/// The first page of a walk of every record's key: the primary key read in its
+/// order (the clustered index), stopping after the batch.
+fn keys_first(t: &str) -> String {
+    format!("SELECT biz_type, idem_key FROM {t} ORDER BY biz_type, idem_key LIMIT ?")
+}
+
+/// A later page: the range of the primary key after the last pair of the page
+/// before (VARBINARY: byte order). Written as `OR`, which the range optimizer turns
+/// into two ranges of the whole key (MariaDB reads a row value `(biz_type,
+/// idem_key) > (?, ?)` as a filter on a scan of the whole index).
+fn keys_after(t: &str) -> String {
+    format!(
+        "SELECT biz_type, idem_key FROM {t} \
+         WHERE biz_type > ? OR (biz_type = ? AND idem_key > ?) \
+         ORDER BY biz_type, idem_key LIMIT ?"
+    )
+}
+
+/// Records per business type, route (`origin`: what an HTTP layer record's fingerprint
+/// keeps before its digest) and status (expired ones not yet swept included), and
+/// `gone`, the tombstones among them (their result ttl passed): a scan of the table
+/// (an operator's query).
+fn stats(t: &str) -> String {
+    format!(
+        "SELECT biz_type, CASE WHEN LOCATE(' ', fingerprint) > 0 THEN \
+         SUBSTRING(fingerprint, 1, CHAR_LENGTH(fingerprint) \
+         - CHAR_LENGTH(SUBSTRING_INDEX(fingerprint, ' ', -1)) - 1) END AS origin, status, \
+         COUNT(*) AS n, \
+         CAST(COUNT(CASE WHEN result_until <= {now} THEN 1 END) AS SIGNED) AS gone \
+         FROM {t} GROUP BY biz_type, origin, status",
+        now = now_ms!()
+    )
 }
 
 /// A statement of the store as a sqlx query.

@@ -136,6 +136,35 @@ fn the_reshard_protocol_holds_with_its_fixes() {
 /// makes all five (`moving.rs`: a pair's renewal; `reshard.rs`: the copy and its watched claims).
 #[test]
 fn each_fix_is_needed() {
+    for (fix, model, property, trace) in fix_traces() {
+        let states = replay(&model, trace);
+        assert_eq!(states.len(), trace.len() + 1, "{fix}: the trace applies");
+        let last = states.last().expect("states");
+        assert!(
+            broken(&model, last).contains(&property),
+            "{fix}: {property:?} holds at the end: {last:?}"
+        );
+        for (i, state) in states.iter().enumerate() {
+            assert!(
+                broken(&model, state).is_empty() || i == trace.len(),
+                "{fix}: {state:?}"
+            );
+        }
+        let fixed = Resharding {
+            fixes: Fixes::ALL,
+            ..model.clone()
+        };
+        for state in replay(&fixed, trace) {
+            assert!(broken(&fixed, &state).is_empty(), "{fix}, fixed: {state:?}");
+        }
+        println!("without {fix}, {property:?} breaks: {trace:?}");
+    }
+}
+
+/// The traces of [`each_fix_is_needed`]: the fix left out, the model, the property its trace
+/// breaks, and the trace.
+// table: one trace per fix, an action a line
+fn fix_traces() -> [(&'static str, Resharding, &'static str, &'static [Action]); 5] {
     use Action::*;
     let without = |fix: &str| {
         let mut f = Fixes::ALL;
@@ -153,7 +182,7 @@ fn each_fix_is_needed() {
         max_tick,
         ..Resharding::new(Rules::Current, without(fix), recover)
     };
-    let cases: [(&str, Resharding, &str, &[Action]); 5] = [
+    [
         (
             // Process 1 claims A in dual-old and stalls a lease before its claim of B comes
             // back; meanwhile process 2, still in planned, takes A over and runs. In dual-new the
@@ -323,30 +352,7 @@ fn each_fix_is_needed() {
                 Effect(1),
             ],
         ),
-    ];
-    for (fix, model, property, trace) in cases {
-        let states = replay(&model, trace);
-        assert_eq!(states.len(), trace.len() + 1, "{fix}: the trace applies");
-        let last = states.last().expect("states");
-        assert!(
-            broken(&model, last).contains(&property),
-            "{fix}: {property:?} holds at the end: {last:?}"
-        );
-        for (i, state) in states.iter().enumerate() {
-            assert!(
-                broken(&model, state).is_empty() || i == trace.len(),
-                "{fix}: {state:?}"
-            );
-        }
-        let fixed = Resharding {
-            fixes: Fixes::ALL,
-            ..model.clone()
-        };
-        for state in replay(&fixed, trace) {
-            assert!(broken(&fixed, &state).is_empty(), "{fix}, fixed: {state:?}");
-        }
-        println!("without {fix}, {property:?} breaks: {trace:?}");
-    }
+    ]
 }
 
 /// Pairs marked on A first in every phase: a holder in dual-new that dies between its two marks

@@ -87,71 +87,11 @@ impl Model for Resharding {
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
         let mut s = last.clone();
-        let now = s.now;
-        let (lease, ttl) = (self.lease_ms(), self.ttl_ms());
         match action {
             Action::Tick => s.now += TICK_MS,
             Action::Read(i) => s.views[i] = s.step,
-            Action::Claim(i) => {
-                let Caller::Ready { calls } = s.callers[i] else {
-                    return None;
-                };
-                let calls = calls - 1;
-                let (shard, pair) = match self.routes[usize::from(s.views[i])] {
-                    Route::One(shard) => (shard, false),
-                    Route::Move { a, .. } => (a, true),
-                };
-                s.callers[i] = match self.claim(&mut s, shard, lease, ttl) {
-                    // The engine counts the lease from before the claim was sent.
-                    Answer::Acquired { fence, how } if pair => Caller::ClaimedA {
-                        a: fence,
-                        how: how.into(),
-                        lease_until: now + lease,
-                        calls,
-                    },
-                    Answer::Acquired { fence, how } => {
-                        self.acquired(&s, Held::One(fence), how, now + lease, calls)
-                    }
-                    Answer::Replay(result) => {
-                        Self::replayed(&mut s, shard, result);
-                        Caller::Done
-                    }
-                    Answer::InProgress => Caller::Ready { calls },
-                };
-            }
-            Action::ClaimB(i) => {
-                let Caller::ClaimedA {
-                    a,
-                    how,
-                    lease_until,
-                    calls,
-                } = s.callers[i]
-                else {
-                    return None;
-                };
-                s.callers[i] = match self.claim(&mut s, B, lease, ttl) {
-                    Answer::Acquired { fence: b, how: hb } => self.acquired(
-                        &s,
-                        Held::Both { a, b },
-                        stronger(how.into(), hb),
-                        lease_until,
-                        calls,
-                    ),
-                    Answer::Replay(result) => {
-                        Self::replayed(&mut s, B, result);
-                        Caller::GiveBack {
-                            a,
-                            how,
-                            then: Then::Done,
-                        }
-                    }
-                    Answer::InProgress => Caller::GiveBack {
-                        a,
-                        how,
-                        then: Then::Ready(calls),
-                    },
-                };
-            }
+            Action::Claim(i) => self.on_claim(&mut s, i)?,
+            Action::ClaimB(i) => self.on_claim_b(&mut s, i)?,
             Action::GiveBack(i) => {
                 let Caller::GiveBack { a, how, then } = s.callers[i] else {
                     return None;
@@ -160,18 +100,7 @@ impl Model for Resharding {
                 Self::write(&mut s, A, a, how.give_back());
                 s.callers[i] = then.caller();
             }
-            Action::Effect(i) => {
-                let Caller::InBody(ref mut body) = s.callers[i] else {
-                    return None;
-                };
-                s.runs += 1;
-                body.result = s.runs;
-                if body.lease_until <= now {
-                    s.stale = true;
-                } else if s.first != 0 {
-                    s.ran_after_success = true;
-                }
-            }
+            Action::Effect(i) => Self::on_effect(&mut s, i)?,
             Action::Complete(i) | Action::Fail(i) | Action::Renew(i) => {
                 let Caller::InBody(body) = s.callers[i] else {
                     return None;
@@ -183,23 +112,7 @@ impl Model for Resharding {
                 };
                 self.first_write(&mut s, i, body, write);
             }
-            Action::Second(i) => {
-                let Caller::Second {
-                    shard,
-                    fence,
-                    write,
-                    body,
-                    sent,
-                } = s.callers[i]
-                else {
-                    return None;
-                };
-                let landed = Self::write(&mut s, usize::from(shard), fence, self.op(write));
-                // The first write's answer is the call's (but with `renew_both`, a renewal
-                // holds only if both landed).
-                let answer = landed || !(write == Write::Renew && self.fixes.renew_both);
-                s.callers[i] = self.after(body, write, sent, answer);
-            }
+            Action::Second(i) => self.on_second(&mut s, i)?,
             Action::Step => {
                 s.step += 1;
                 if matches!(s.copy, Copy::Watch { .. }) {
@@ -207,32 +120,7 @@ impl Model for Resharding {
                     s.copy = Copy::Copied;
                 }
             }
-            Action::CopyRead => {
-                s.copy = match s.recs[A] {
-                    Some(r) if r.expire_at - now >= 2 => {
-                        let left = r.expire_at - now;
-                        let lease = if r.status == Status::Processing && r.lease_until > now {
-                            r.lease_until - now
-                        } else {
-                            // The tool's own lease (10 s in the code).
-                            lease
-                        };
-                        let lease = lease.min(left / 2).max(1);
-                        Copy::Claim {
-                            snap: Snap {
-                                status: r.status,
-                                fence: r.fence,
-                                expire_at: r.expire_at,
-                                result: r.result,
-                            },
-                            lease,
-                            ttl: left.max(lease + 1),
-                        }
-                    }
-                    // No record (or one about to expire): nothing to copy.
-                    _ => Copy::Copied,
-                };
-            }
+            Action::CopyRead => self.on_copy_read(&mut s),
             Action::CopyClaim => {
                 let Copy::Claim { snap, lease, ttl } = s.copy else {
                     return None;
@@ -240,22 +128,7 @@ impl Model for Resharding {
                 let answer = self.claim(&mut s, B, lease, ttl);
                 s.copy = self.copy_claimed(snap, answer);
             }
-            Action::CopyCheck => {
-                let Copy::Write { snap, b, how, .. } = s.copy else {
-                    return None;
-                };
-                let same = matches!(s.recs[A], Some(r) if r.fence == snap.fence && r.status == snap.status);
-                s.copy = if same {
-                    Copy::Write {
-                        snap,
-                        b,
-                        how,
-                        checked: true,
-                    }
-                } else {
-                    Copy::Undo { b, how }
-                };
-            }
+            Action::CopyCheck => Self::on_copy_check(&mut s)?,
             Action::CopyUndo => {
                 let Copy::Undo { b, how } = s.copy else {
                     return None;
@@ -263,92 +136,9 @@ impl Model for Resharding {
                 Self::write(&mut s, B, b, how.give_back());
                 s.copy = Copy::Todo;
             }
-            Action::CopyWrite => {
-                let Copy::Write { snap, b, .. } = s.copy else {
-                    return None;
-                };
-                let op = match snap.status {
-                    Status::Succeeded => Op::Complete {
-                        result: snap.result,
-                        ttl: (snap.expire_at - now).max(1),
-                    },
-                    _ => Op::Fail,
-                };
-                // `LeaseLost` stops the tool; run again, it copies again.
-                s.copy = if Self::write(&mut s, B, b, op) {
-                    Copy::Copied
-                } else {
-                    Copy::Todo
-                };
-            }
-            Action::WatchRead => {
-                let Copy::Watch { a, b, seen: None } = s.copy else {
-                    return None;
-                };
-                let seen = match s.recs[A] {
-                    Some(r) if r.fence == a => match r.status {
-                        Status::Processing if r.lease_until > now => {
-                            Seen::Live(r.lease_until - now)
-                        }
-                        Status::Processing => Seen::Ended,
-                        Status::Succeeded => Seen::Succeeded {
-                            result: r.result,
-                            expire_at: r.expire_at,
-                        },
-                        Status::Failed => Seen::Failed,
-                    },
-                    _ => Seen::Other,
-                };
-                s.copy = Copy::Watch {
-                    a,
-                    b,
-                    seen: Some(seen),
-                };
-            }
-            Action::WatchWrite => {
-                let Copy::Watch {
-                    a,
-                    b,
-                    seen: Some(seen),
-                } = s.copy
-                else {
-                    return None;
-                };
-                s.copy = match seen {
-                    Seen::Live(left) => {
-                        if Self::write(&mut s, B, b, Op::Renew { lease: left.max(1) }) {
-                            Copy::Watch { a, b, seen: None }
-                        } else {
-                            // `LeaseLost` stops the tool; run again, it copies again.
-                            Copy::Todo
-                        }
-                    }
-                    Seen::Succeeded { result, expire_at } => {
-                        let ttl = (expire_at - now).max(1);
-                        let landed = Self::write(&mut s, B, b, Op::Complete { result, ttl });
-                        self.mirrored(landed)
-                    }
-                    Seen::Failed => {
-                        let landed = Self::write(&mut s, B, b, Op::Fail);
-                        self.mirrored(landed)
-                    }
-                    Seen::Ended if self.fixes.fence_out => {
-                        match self.claim(&mut s, A, lease, ttl) {
-                            Answer::Acquired { fence, how } => Copy::Fenced {
-                                a: fence,
-                                how: how.into(),
-                                b,
-                            },
-                            // Renewed or finished meanwhile: read again.
-                            _ => Copy::Watch { a, b, seen: None },
-                        }
-                    }
-                    Seen::Ended | Seen::Other => {
-                        let landed = Self::write(&mut s, B, b, Op::Renew { lease: 0 });
-                        self.mirrored(landed)
-                    }
-                };
-            }
+            Action::CopyWrite => Self::on_copy_write(&mut s)?,
+            Action::WatchRead => Self::on_watch_read(&mut s)?,
+            Action::WatchWrite => self.on_watch_write(&mut s)?,
             Action::GiveBackBoth => {
                 let Copy::Fenced { a, how, b } = s.copy else {
                     return None;
@@ -402,5 +192,260 @@ impl Model for Resharding {
             }));
         }
         properties
+    }
+}
+
+/// The actions' effects on the state that take more than a few lines (`None`: the action does
+/// not apply to the state).
+impl Resharding {
+    /// Process `i` claims the key: on A alone, or on A first when the key moves.
+    fn on_claim(&self, s: &mut State, i: usize) -> Option<()> {
+        let now = s.now;
+        let (lease, ttl) = (self.lease_ms(), self.ttl_ms());
+        let Caller::Ready { calls } = s.callers[i] else {
+            return None;
+        };
+        let calls = calls - 1;
+        let (shard, pair) = match self.routes[usize::from(s.views[i])] {
+            Route::One(shard) => (shard, false),
+            Route::Move { a, .. } => (a, true),
+        };
+        s.callers[i] = match self.claim(s, shard, lease, ttl) {
+            // The engine counts the lease from before the claim was sent.
+            Answer::Acquired { fence, how } if pair => Caller::ClaimedA {
+                a: fence,
+                how: how.into(),
+                lease_until: now + lease,
+                calls,
+            },
+            Answer::Acquired { fence, how } => {
+                self.acquired(s, Held::One(fence), how, now + lease, calls)
+            }
+            Answer::Replay(result) => {
+                Self::replayed(s, shard, result);
+                Caller::Done
+            }
+            Answer::InProgress => Caller::Ready { calls },
+        };
+        Some(())
+    }
+
+    /// Process `i`, holding A of a moving key, claims B.
+    fn on_claim_b(&self, s: &mut State, i: usize) -> Option<()> {
+        let (lease, ttl) = (self.lease_ms(), self.ttl_ms());
+        let Caller::ClaimedA {
+            a,
+            how,
+            lease_until,
+            calls,
+        } = s.callers[i]
+        else {
+            return None;
+        };
+        s.callers[i] = match self.claim(s, B, lease, ttl) {
+            Answer::Acquired { fence: b, how: hb } => self.acquired(
+                s,
+                Held::Both { a, b },
+                stronger(how.into(), hb),
+                lease_until,
+                calls,
+            ),
+            Answer::Replay(result) => {
+                Self::replayed(s, B, result);
+                Caller::GiveBack {
+                    a,
+                    how,
+                    then: Then::Done,
+                }
+            }
+            Answer::InProgress => Caller::GiveBack {
+                a,
+                how,
+                then: Then::Ready(calls),
+            },
+        };
+        Some(())
+    }
+
+    /// Process `i`'s body makes its effect.
+    fn on_effect(s: &mut State, i: usize) -> Option<()> {
+        let now = s.now;
+        let Caller::InBody(ref mut body) = s.callers[i] else {
+            return None;
+        };
+        s.runs += 1;
+        body.result = s.runs;
+        if body.lease_until <= now {
+            s.stale = true;
+        } else if s.first != 0 {
+            s.ran_after_success = true;
+        }
+        Some(())
+    }
+
+    /// Process `i` sends the second write of a pair's mark or renewal.
+    fn on_second(&self, s: &mut State, i: usize) -> Option<()> {
+        let Caller::Second {
+            shard,
+            fence,
+            write,
+            body,
+            sent,
+        } = s.callers[i]
+        else {
+            return None;
+        };
+        let landed = Self::write(s, usize::from(shard), fence, self.op(write));
+        // The first write's answer is the call's (but with `renew_both`, a renewal
+        // holds only if both landed).
+        let answer = landed || !(write == Write::Renew && self.fixes.renew_both);
+        s.callers[i] = self.after(body, write, sent, answer);
+        Some(())
+    }
+
+    /// The tool reads the key's record on A, to copy it.
+    fn on_copy_read(&self, s: &mut State) {
+        let now = s.now;
+        let lease = self.lease_ms();
+        s.copy = match s.recs[A] {
+            Some(r) if r.expire_at - now >= 2 => {
+                let left = r.expire_at - now;
+                let lease = if r.status == Status::Processing && r.lease_until > now {
+                    r.lease_until - now
+                } else {
+                    // The tool's own lease (10 s in the code).
+                    lease
+                };
+                let lease = lease.min(left / 2).max(1);
+                Copy::Claim {
+                    snap: Snap {
+                        status: r.status,
+                        fence: r.fence,
+                        expire_at: r.expire_at,
+                        result: r.result,
+                    },
+                    lease,
+                    ttl: left.max(lease + 1),
+                }
+            }
+            // No record (or one about to expire): nothing to copy.
+            _ => Copy::Copied,
+        };
+    }
+
+    /// The tool checks that A is still as it read it before it writes B.
+    fn on_copy_check(s: &mut State) -> Option<()> {
+        let Copy::Write { snap, b, how, .. } = s.copy else {
+            return None;
+        };
+        let same = matches!(s.recs[A], Some(r) if r.fence == snap.fence && r.status == snap.status);
+        s.copy = if same {
+            Copy::Write {
+                snap,
+                b,
+                how,
+                checked: true,
+            }
+        } else {
+            Copy::Undo { b, how }
+        };
+        Some(())
+    }
+
+    /// The tool writes what it read of A to B.
+    fn on_copy_write(s: &mut State) -> Option<()> {
+        let now = s.now;
+        let Copy::Write { snap, b, .. } = s.copy else {
+            return None;
+        };
+        let op = match snap.status {
+            Status::Succeeded => Op::Complete {
+                result: snap.result,
+                ttl: (snap.expire_at - now).max(1),
+            },
+            _ => Op::Fail,
+        };
+        // `LeaseLost` stops the tool; run again, it copies again.
+        s.copy = if Self::write(s, B, b, op) {
+            Copy::Copied
+        } else {
+            Copy::Todo
+        };
+        Some(())
+    }
+
+    /// The tool reads the claim on A that it stands in for on B.
+    fn on_watch_read(s: &mut State) -> Option<()> {
+        let now = s.now;
+        let Copy::Watch { a, b, seen: None } = s.copy else {
+            return None;
+        };
+        let seen = match s.recs[A] {
+            Some(r) if r.fence == a => match r.status {
+                Status::Processing if r.lease_until > now => Seen::Live(r.lease_until - now),
+                Status::Processing => Seen::Ended,
+                Status::Succeeded => Seen::Succeeded {
+                    result: r.result,
+                    expire_at: r.expire_at,
+                },
+                Status::Failed => Seen::Failed,
+            },
+            _ => Seen::Other,
+        };
+        s.copy = Copy::Watch {
+            a,
+            b,
+            seen: Some(seen),
+        };
+        Some(())
+    }
+
+    /// The tool mirrors on B what it saw of the watched claim on A.
+    fn on_watch_write(&self, s: &mut State) -> Option<()> {
+        let now = s.now;
+        let (lease, ttl) = (self.lease_ms(), self.ttl_ms());
+        let Copy::Watch {
+            a,
+            b,
+            seen: Some(seen),
+        } = s.copy
+        else {
+            return None;
+        };
+        s.copy = match seen {
+            Seen::Live(left) => {
+                if Self::write(s, B, b, Op::Renew { lease: left.max(1) }) {
+                    Copy::Watch { a, b, seen: None }
+                } else {
+                    // `LeaseLost` stops the tool; run again, it copies again.
+                    Copy::Todo
+                }
+            }
+            Seen::Succeeded { result, expire_at } => {
+                let ttl = (expire_at - now).max(1);
+                let landed = Self::write(s, B, b, Op::Complete { result, ttl });
+                self.mirrored(landed)
+            }
+            Seen::Failed => {
+                let landed = Self::write(s, B, b, Op::Fail);
+                self.mirrored(landed)
+            }
+            Seen::Ended if self.fixes.fence_out => {
+                match self.claim(s, A, lease, ttl) {
+                    Answer::Acquired { fence, how } => Copy::Fenced {
+                        a: fence,
+                        how: how.into(),
+                        b,
+                    },
+                    // Renewed or finished meanwhile: read again.
+                    _ => Copy::Watch { a, b, seen: None },
+                }
+            }
+            Seen::Ended | Seen::Other => {
+                let landed = Self::write(s, B, b, Op::Renew { lease: 0 });
+                self.mirrored(landed)
+            }
+        };
+        Some(())
     }
 }

@@ -179,9 +179,9 @@ impl DynamoStore {
     /// container, instance metadata), except for an endpoint on this machine (a local DynamoDB
     /// or a test server) with no `AWS_ACCESS_KEY_ID` in the environment: there static dummy
     /// credentials are used, and the region defaults to `us-east-1`. Requests connect within
-    /// [`crate::DEFAULT_CONNECT_TIMEOUT`], each attempt is answered within 10 s and each
+    /// [`crate::connect::DEFAULT_CONNECT_TIMEOUT`], each attempt is answered within 10 s and each
     /// request, the SDK's retries included, within 20 s (a call's own store timeout,
-    /// [`crate::DEFAULT_STORE_TIMEOUT`], bounds each of its steps sooner).
+    /// [`crate::store::DEFAULT_STORE_TIMEOUT`], bounds each of its steps sooner).
     ///
     /// It asks DynamoDB about the table once, to know it answers (any answer will do: a missing
     /// table is no error, [`DynamoStore::migrate`] creates it).

@@ -93,7 +93,10 @@ mod url {
 mod skew {
     use std::time::Duration;
 
-    use idem::{Acquired, ClaimOutcome, ClaimRequest, DynamoStore, IdemError, Store, TestClock};
+    use idem::{
+        DynamoStore, IdemError, Store, TestClock,
+        store::{Acquired, ClaimOutcome, ClaimRequest},
+    };
 
     const LEASE: Duration = Duration::from_secs(10);
 

@@ -48,12 +48,18 @@ fn has(attrs: &[Attribute], name: &str) -> bool {
     attrs.iter().any(|a| a.path().is_ident(name))
 }
 
-/// The names a use tree brings in (a glob brings in another crate's root: `globs` gets its path).
-fn use_names(tree: &UseTree, prefix: &str, names: &mut Vec<String>, globs: &mut Vec<String>) {
+/// The names a use tree brings in, each with the path it names (a glob brings in another crate's
+/// root: `globs` gets its path).
+fn use_names(
+    tree: &UseTree,
+    prefix: &str,
+    names: &mut Vec<(String, String)>,
+    globs: &mut Vec<String>,
+) {
     match tree {
         UseTree::Path(p) => use_names(&p.tree, &format!("{prefix}{}::", p.ident), names, globs),
-        UseTree::Name(n) => names.push(n.ident.to_string()),
-        UseTree::Rename(r) => names.push(r.rename.to_string()),
+        UseTree::Name(n) => names.push((n.ident.to_string(), format!("{prefix}{}", n.ident))),
+        UseTree::Rename(r) => names.push((r.rename.to_string(), format!("{prefix}{}", r.ident))),
         UseTree::Glob(_) => globs.push(prefix.trim_end_matches("::").to_owned()),
         UseTree::Group(g) => g
             .items
@@ -62,11 +68,12 @@ fn use_names(tree: &UseTree, prefix: &str, names: &mut Vec<String>, globs: &mut 
     }
 }
 
-/// What one root file puts at the crate root: visible names (name → what it is), the modules it
-/// declares, and the paths it glob-imports.
+/// What one root file puts at the crate root: visible names (name → what it is), the paths its
+/// re-exports name, the modules it declares, and the paths it glob-imports.
 #[derive(Default)]
 struct Root {
     names: BTreeMap<String, &'static str>,
+    reexported: BTreeSet<String>,
     modules: BTreeSet<String>,
     globs: Vec<String>,
 }
@@ -87,8 +94,9 @@ fn read_root(file: &syn::File) -> Root {
                 }
                 let mut names = Vec::new();
                 use_names(&u.tree, "", &mut names, &mut root.globs);
-                for n in names {
-                    root.names.insert(n, "re-export");
+                for (name, path) in names {
+                    root.names.insert(name, "re-export");
+                    root.reexported.insert(path);
                 }
                 continue;
             }
@@ -168,16 +176,20 @@ fn root_names(
         "a glob at the runtime's root: {:?}",
         runtime.globs
     );
-    let modules: BTreeSet<_> = runtime.modules.union(&facade.modules).cloned().collect();
     let mut names = runtime.names;
     for (name, kind) in facade.names {
-        names.entry(name).or_insert(kind);
+        // The facade re-exporting one of the runtime's modules (`pub use idem_runtime::admin`)
+        // adds a module, not a name; a root fn that shares its name with a module (`store`)
+        // still counts.
+        let module = runtime.modules.contains(&name)
+            && facade.reexported.contains(&format!("idem_runtime::{name}"));
+        if !module {
+            names.entry(name).or_insert(kind);
+        }
     }
     for m in macros {
         names.entry(m.clone()).or_insert("macro");
     }
-    // A module re-exported under its own name (`pub use idem_runtime::admin`) is a module.
-    names.retain(|name, _| !modules.contains(name));
     names
 }
 
@@ -223,6 +235,8 @@ fn counts_what_it_should() {
         #[cfg(feature = "sqlite")]
         pub use backend::SqliteStore;
         pub use store::Store;
+        pub use registry::store;
+        pub mod admin;
         pub const DEFAULT_TTL: u32 = 1;
         pub trait StateMachine {}
         #[doc(hidden)]
@@ -231,7 +245,7 @@ fn counts_what_it_should() {
     };
     let facade: syn::File = syn::parse_quote! {
         pub use idem_macros::{StateMachine, idempotent};
-        pub use idem_runtime::store;
+        pub use idem_runtime::admin;
         pub use idem_runtime::*;
         pub use idem_runtime::sqlx;
     };
@@ -251,6 +265,7 @@ fn counts_what_it_should() {
             "sql_text",
             "sqlx",
             "step",
+            "store",
         ]
     );
 }

@@ -94,8 +94,8 @@ macro_rules! guide_links {
 [api-call-result-ttl]: crate::Call::result_ttl
 [api-call-run-in-tx]: crate::Call::run_in_tx
 [api-call-what]: crate::Call#what-a-call-does
-[api-connect]: crate::connect
-[api-connect-timeout]: crate::DEFAULT_CONNECT_TIMEOUT
+[api-connect]: fn@crate::connect
+[api-connect-timeout]: crate::connect::DEFAULT_CONNECT_TIMEOUT
 [api-connect-tokens]: crate::connect_tokens
 [api-counts]: crate::metrics::counts
 [api-counts-for]: crate::metrics::counts_for
@@ -112,10 +112,10 @@ macro_rules! guide_links {
 [api-lambda]: crate::lambda
 [api-lambda-apigw]: crate::lambda::apigw
 [api-lambda-sqs]: crate::lambda::sqs
-[api-limits]: crate::Limits
-[api-limits-snapshot]: crate::Limits::max_snapshot_len
+[api-limits]: crate::store::Limits
+[api-limits-snapshot]: crate::store::Limits::max_snapshot_len
 [api-max-duration]: crate::MAX_DURATION
-[api-max-steps]: crate::MAX_STEPS
+[api-max-steps]: crate::steps::MAX_STEPS
 [api-memory-store]: crate::MemoryStore
 [api-memory-tokens]: crate::MemoryTokens
 [api-metrics-names]: crate::metrics::names
@@ -132,7 +132,7 @@ macro_rules! guide_links {
 [api-state-machine]: trait@crate::StateMachine
 [api-state-machine-mod]: crate::state_machine
 [api-step]: crate::step
-[api-step-key]: crate::step_key
+[api-step-key]: crate::steps::step_key
 [api-store]: crate::Store
 [api-sweeper]: crate::Sweeper
 [api-sweeper-tokens]: crate::Sweeper::with_tokens

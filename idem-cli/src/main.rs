@@ -4,11 +4,11 @@
 //!
 //! | command | what it does |
 //! |---|---|
-//! | `idem migrate [--print] [URL]` | applies the schema ([`idem::AnyStore::migrate`]), or prints the DDL for the URL's backend without connecting ([`idem::migrations`]); the URL here or as `--url` |
+//! | `idem migrate [--print] [URL]` | applies the schema ([`idem::AnyStore::migrate`]), or prints the DDL for the URL's backend without connecting ([`idem::connect::migrations`]); the URL here or as `--url` |
 //! | `idem inspect BIZ KEY [--show-result]` | a record's status, attempt, fence, lease end and expiry, fingerprint, sizes, and for an HTTP layer record the method and route it came from; the result with `--show-result` |
 //! | `idem stuck [--biz B] [--limit N]` | PROCESSING records whose lease ended, with the method and route of HTTP layer records ([`idem::admin::stuck_all`]); not those under a live lease, which no store lists (`inspect` shows one, `stats` counts them) |
 //! | `idem release BIZ KEY --reason TEXT [--force]` | ends a stuck claim's lease (fenced), so the next call takes it over and asks its recover fn ([`idem::admin::release`]); with `--force` a live one too, and says so |
-//! | `idem inspect HTTP KEY --principal P` (or `--http`), the same on `release` and for `GRPC` | KEY is the `Idempotency-Key` caller P sent to the HTTP (or gRPC) layer: the record is found under the layer's hash of both ([`idem::http_record_key`]) |
+//! | `idem inspect HTTP KEY --principal P` (or `--http`), the same on `release` and for `GRPC` | KEY is the `Idempotency-Key` caller P sent to the HTTP (or gRPC) layer: the record is found under the layer's hash of both ([`idem::key::http_record_key`]) |
 //! | `idem release … --mark-failed` | a fenced move to FAILED instead: the next call runs the body again without asking recover; only when the effect is known not to have happened ([`idem::admin::mark_failed`]) |
 //! | `idem sweep [--batch N] [--tokens]` | deletes expired records (and submit tokens) ([`idem::admin::sweep`]) |
 //! | `idem stats` | records per business type and status, and per method and route for HTTP layer records ([`idem::Store::stats`]) |
@@ -349,7 +349,7 @@ async fn run(command: Command, url: &str) -> Exit {
 }
 
 fn print_migrations(url: &str) -> Exit {
-    match idem::migrations(url) {
+    match idem::connect::migrations(url) {
         Ok(Some(ddl)) => {
             for statement in ddl {
                 println!("{}\n", statement.trim_end());

@@ -5,7 +5,10 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use idem::admin::{self, Release, Released};
-use idem::{AnyStore, IdemError, Record, Status, Store};
+use idem::{
+    AnyStore, IdemError, Store,
+    store::{Record, Status},
+};
 
 use crate::Exit;
 use crate::table::table;
@@ -31,7 +34,7 @@ impl LayerKey {
         if self.principal.is_none() && !self.http {
             return Ok((key.to_owned(), None));
         }
-        let record = idem::http_record_key(self.principal.as_deref(), key)?;
+        let record = idem::key::http_record_key(self.principal.as_deref(), key)?;
         let line = LayerLine {
             sent: key.to_owned(),
             principal: self.principal.clone(),

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use idem::{AnyStore, IdemError, Status, Store};
+use idem::{AnyStore, IdemError, Store, store::Status};
 
 use crate::Exit;
 

@@ -1,4 +1,5 @@
-//! The one error type of idem.
+//! Errors: [`IdemError`], the one error type of idem (also at the crate root), and what its
+//! variants carry ([`Busy`], [`DecryptFailure`], [`BoxError`]).
 
 use std::time::Duration;
 
@@ -84,7 +85,7 @@ pub enum IdemError {
         problems: Vec<String>,
     },
     /// A recovery point ([`crate::step`]) could not be used: its name is out of range, the body
-    /// has more than [`crate::MAX_STEPS`] steps, its result cannot be encoded or is too large to
+    /// has more than [`crate::steps::MAX_STEPS`] steps, its result cannot be encoded or is too large to
     /// save, or a saved result no longer decodes as the step's type. The reason says whether the
     /// step's work ran (HTTP 500: the service's own mistake).
     #[error("recovery point `{step}`: {reason}")]

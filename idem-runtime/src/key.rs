@@ -1,6 +1,11 @@
-//! Turning a key expression into the stored key string, and checking it.
+//! Keys: turning a key expression into the stored key string ([`IdemKey`], also at the crate
+//! root), the checks a key and a business type pass ([`validate_key`], [`validate_biz`]) and their
+//! default bounds, the request [`fingerprint`], and the record key an HTTP layer derives from a
+//! request ([`http_record_key`]).
 
 use crate::IdemError;
+pub use crate::fingerprint::fingerprint;
+pub use crate::layer_key::http_record_key;
 
 /// A value that can serve as (part of) an idempotency key.
 ///

@@ -18,9 +18,9 @@ use crate::IdemError;
 ///
 /// ```
 /// # use idem_runtime as idem;
-/// let quoted = idem::http_record_key(Some("alice"), "\"order-7\"")?;
-/// assert_eq!(quoted, idem::http_record_key(Some("alice"), "order-7")?);
-/// assert_ne!(quoted, idem::http_record_key(Some("bob"), "order-7")?);
+/// let quoted = idem::key::http_record_key(Some("alice"), "\"order-7\"")?;
+/// assert_eq!(quoted, idem::key::http_record_key(Some("alice"), "order-7")?);
+/// assert_ne!(quoted, idem::key::http_record_key(Some("bob"), "order-7")?);
 /// assert_eq!(quoted.len(), 64);
 /// # Ok::<(), idem::IdemError>(())
 /// ```

@@ -13,9 +13,12 @@
 //! Examples here name the crate `idem`, as users see it.
 //!
 //! The crate root holds what a service names day to day: the calls ([`Call`], [`step`],
-//! [`Recovering`]), the [`Store`] trait, each backend's store, builder and transaction type, the
-//! transaction-mode traits, errors, records, the registry, token stores, [`Reconciler`] and
-//! [`Sweeper`], and the defaults and bounds of those. The rest has a module of its own:
+//! [`Recovering`]), the [`Store`] trait, each backend's store, transaction and token store, the
+//! transaction-mode traits, [`IdemError`], the registry, [`Reconciler`] and [`Sweeper`], and the
+//! defaults of a call. The rest has a module of its own: [`store`](mod@store) (claims, records,
+//! limits: what a store implementer or an operator tool reads), [`batch`], [`steps`], [`key`],
+//! [`error`], [`recovery`], [`tokens`](mod@tokens), [`connect`](mod@connect), a module per
+//! backend for its builder and constants (`postgres`, `mysql`, `dynamodb`),
 //! [`metrics`] (outcomes, counters, [`observe`](metrics::observe), metric names), `cache`
 //! (feature `cache`: the replay cache and its sizes), `encrypted` (feature `encrypt`: the
 //! encrypting store, its keyring and envelope size; the store, its transaction and the keyring
@@ -35,17 +38,17 @@ mod backoff;
 #[cfg(feature = "cache")]
 pub mod cache;
 mod clock;
-mod connect;
+pub mod connect;
 pub(crate) mod duration;
 mod engine;
-mod error;
+pub mod error;
 mod fingerprint;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 #[cfg(feature = "axum")]
 pub mod http;
 pub mod inbox;
-mod key;
+pub mod key;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 mod layer_key;
@@ -56,12 +59,12 @@ pub mod outbox;
 mod preflight;
 #[cfg(any(feature = "axum", feature = "lambda"))]
 mod problem;
-mod recovery;
+pub mod recovery;
 mod registry;
 mod sql;
-mod store;
+pub mod store;
 mod sweeper;
-mod tokens;
+pub mod tokens;
 mod transition;
 
 #[doc(hidden)]
@@ -69,14 +72,12 @@ mod transition;
 pub mod __private;
 
 #[cfg(feature = "dynamodb")]
-pub use backend::dynamodb::{DEFAULT_SKEW_MARGIN, DynamoStore, DynamoTokens};
+pub use backend::dynamodb::{DynamoStore, DynamoTokens};
 pub use backend::memory::MemoryStore;
 #[cfg(feature = "mysql")]
-pub use backend::mysql::{MySqlStore, MySqlStoreBuilder, MySqlTokens, MySqlTx};
+pub use backend::mysql::{MySqlStore, MySqlTokens, MySqlTx};
 #[cfg(feature = "postgres")]
-pub use backend::postgres::{
-    DEFAULT_PG_LOCK_TIMEOUT, PgIsolation, PgStore, PgStoreBuilder, PgTokens, PgTx,
-};
+pub use backend::postgres::{PgStore, PgTokens, PgTx};
 #[cfg(feature = "redis")]
 pub use backend::redis::{RedisClusterStore, RedisStore, RedisTokens};
 pub use backend::sharded::{ShardedStore, ShardedTx};
@@ -84,35 +85,41 @@ pub use backend::sharded::{ShardedStore, ShardedTx};
 pub use backend::sqlite::{SqliteStore, SqliteTokens, SqliteTx};
 #[cfg(any(test, feature = "test-util"))]
 pub use clock::TestClock;
-pub use connect::{AnyStore, connect, connect_tokens, migrations};
+pub use connect::{AnyStore, connect, connect_tokens};
 pub use duration::MAX_DURATION;
 #[cfg(feature = "encrypt")]
 #[doc(no_inline)]
 pub use encrypted::{EncryptedStore, EncryptedTx, Keyring};
-pub use engine::current::current_claim;
 pub use engine::retry::{RestartsTransaction, retry_transaction};
-pub use engine::steps::{MAX_STEP_NAME_LEN, MAX_STEPS, step, step_key};
+pub use engine::steps::step;
 pub use engine::tx::{IdemTx, MAX_TX_IDLE_TIMEOUT, TransactionalStore, TxIdleTimeout};
-pub use engine::{
-    Batch, Call, Claimed, ClaimedRecovering, DEFAULT_LEASE, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL,
-    Recovering, with_store_timeout,
-};
-pub use error::{BoxError, Busy, DecryptFailure, IdemError};
-pub use fingerprint::fingerprint;
-pub use key::{DEFAULT_MAX_BIZ_LEN, DEFAULT_MAX_KEY_LEN, IdemKey, validate_biz, validate_key};
-pub use layer_key::http_record_key;
-pub use net::DEFAULT_CONNECT_TIMEOUT;
+pub use engine::{Call, DEFAULT_LEASE, DEFAULT_TTL, Recovering};
+pub use error::IdemError;
+pub use key::IdemKey;
 pub use preflight::preflight;
-pub use recovery::{Reconciled, Reconciler};
-pub use registry::{IntoSharedStore, register_store, store, unregister_store};
-pub use store::tx::StoreTx;
-pub use store::{
-    Acquired, BatchClaim, BatchItem, BatchMark, Claim, ClaimOutcome, ClaimRequest, Fence, KeyPage,
-    Limits, MAX_BATCH, Record, Status, StatusCount, Store,
-};
+pub use recovery::Reconciler;
+pub use registry::{register_store, store, unregister_store};
+pub use store::Store;
 pub use sweeper::Sweeper;
-pub use tokens::{MAX_SUBJECT_LEN, MemoryTokens, TokenStore, register_tokens, tokens};
+pub use tokens::{MemoryTokens, TokenStore, register_tokens, tokens};
 pub use transition::{StateMachine, Transition, TransitionTx};
+
+// Names with a module of their own that the runtime's code still reaches at the crate root (which
+// of them, depends on the features).
+#[cfg(feature = "postgres")]
+pub(crate) use backend::postgres::PgStoreBuilder;
+pub(crate) use engine::{Batch, DEFAULT_STORE_TIMEOUT};
+#[allow(unused_imports)]
+pub(crate) use error::{BoxError, Busy, DecryptFailure};
+pub(crate) use fingerprint::fingerprint;
+#[allow(unused_imports)]
+pub(crate) use key::validate_biz;
+pub(crate) use layer_key::http_record_key;
+#[allow(unused_imports)]
+pub(crate) use net::DEFAULT_CONNECT_TIMEOUT;
+pub(crate) use registry::IntoSharedStore;
+pub(crate) use store::tx::StoreTx;
+pub(crate) use store::{Fence, MAX_BATCH, Status, StatusCount};
 
 #[cfg(feature = "encrypt")]
 pub mod encrypted {
@@ -122,6 +129,48 @@ pub mod encrypted {
     //! crate root.
 
     pub use crate::backend::encrypted::{ENVELOPE_OVERHEAD, EncryptedStore, EncryptedTx, Keyring};
+}
+
+pub mod batch {
+    //! Claiming many keys at once: a [`Batch`] of [`Call`](crate::Call)s claims them in one round
+    //! trip to the store and hands each back as [`Claimed`] (or [`ClaimedRecovering`], with a
+    //! recover fn) to run and mark.
+
+    pub use crate::engine::{Batch, Claimed, ClaimedRecovering};
+}
+
+pub mod steps {
+    //! Steps inside an idempotent body: the bounds on its [`step`](crate::step)s, a key for a
+    //! step to pass downstream that is the same in every attempt ([`step_key`]), and the claim
+    //! the running call holds, with its fence ([`current_claim`]).
+
+    pub use crate::engine::current::current_claim;
+    pub use crate::engine::steps::{MAX_STEP_NAME_LEN, MAX_STEPS, step_key};
+}
+
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    //! PostgreSQL (feature `postgres`): [`PgStoreBuilder`] for a store with options of its own,
+    //! the isolation level it runs transactions at ([`PgIsolation`]) and its lock timeout. The
+    //! store, its transaction and its token store are at the crate root.
+
+    pub use crate::backend::postgres::{DEFAULT_PG_LOCK_TIMEOUT, PgIsolation, PgStoreBuilder};
+}
+
+#[cfg(feature = "mysql")]
+pub mod mysql {
+    //! MySQL (feature `mysql`): [`MySqlStoreBuilder`] for a store with options of its own. The
+    //! store, its transaction and its token store are at the crate root.
+
+    pub use crate::backend::mysql::MySqlStoreBuilder;
+}
+
+#[cfg(feature = "dynamodb")]
+pub mod dynamodb {
+    //! DynamoDB (feature `dynamodb`): the clock-skew margin leases are read with
+    //! ([`DEFAULT_SKEW_MARGIN`]). The store and its token store are at the crate root.
+
+    pub use crate::backend::dynamodb::DEFAULT_SKEW_MARGIN;
 }
 
 pub mod sharding {

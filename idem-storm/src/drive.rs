@@ -348,8 +348,10 @@ async fn tx_request(ctx: Arc<Ctx>, begin: Arc<dyn BeginTx>, i: usize) -> (Class,
         }
     };
     // The store timeout bounds the transaction's begin and commit too.
-    let timeout = ctx.store_timeout.unwrap_or(idem::DEFAULT_STORE_TIMEOUT);
-    let work = idem::with_store_timeout(timeout, work);
+    let timeout = ctx
+        .store_timeout
+        .unwrap_or(idem::store::DEFAULT_STORE_TIMEOUT);
+    let work = idem::store::with_store_timeout(timeout, work);
     if request.fault == Fault::Drop {
         match tokio::time::timeout(ctx.give_up_after(), work).await {
             Ok(done) => done,

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem::{IdemError, Status};
+use idem::{IdemError, store::Status};
 
 pub use args::{Args, ChaosFault, Mode, StoreKind};
 pub use chaos::{ChaosReport, Proxy};

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use idem::sqlx::{self, Row};
-use idem::{Call, IdemError, Limits, ShardedStore, SqliteStore, Store, TokenStore};
+use idem::{Call, IdemError, ShardedStore, SqliteStore, Store, TokenStore, store::Limits};
 
 /// One row of the matrix.
 struct Row_ {

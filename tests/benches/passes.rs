@@ -152,14 +152,15 @@ async fn memory(shape: Shape) -> Option<Arc<dyn Store>> {
     let mut claim = async |ttl: Duration, finish: bool| {
         let key = format!("k-{i}");
         i += 1;
-        let req = idem::ClaimRequest {
+        let req = idem::store::ClaimRequest {
             biz: BIZ,
             key: &key,
             fingerprint: None,
             lease,
             ttl,
         };
-        let idem::ClaimOutcome::Acquired { claim, .. } = store.claim(&req).await.unwrap() else {
+        let idem::store::ClaimOutcome::Acquired { claim, .. } = store.claim(&req).await.unwrap()
+        else {
             panic!("not acquired");
         };
         if finish {

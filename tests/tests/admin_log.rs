@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::admin::{self, Release, Released};
-use idem::{ClaimOutcome, ClaimRequest, MemoryStore, Store};
+use idem::{
+    MemoryStore, Store,
+    store::{ClaimOutcome, ClaimRequest},
+};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 

@@ -8,8 +8,10 @@ use idem::encrypted::ENVELOPE_OVERHEAD;
 use idem::metrics::Outcome;
 use idem::sqlx;
 use idem::{
-    Call, DecryptFailure, EncryptedStore, EncryptedTx, IdemError, Keyring, Limits, MemoryStore,
-    SqliteStore, Status, Store, idempotent,
+    Call, EncryptedStore, EncryptedTx, IdemError, Keyring, MemoryStore, SqliteStore, Store,
+    error::DecryptFailure,
+    idempotent,
+    store::{Limits, Status},
 };
 use serde::{Deserialize, Serialize};
 

@@ -11,8 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem::metrics::Outcome;
 use idem::{
-    Busy, Call, Claim, ClaimOutcome, ClaimRequest, IdemError, Limits, MemoryStore, Record, Status,
-    Store,
+    Call, IdemError, MemoryStore, Store,
+    error::Busy,
+    store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record, Status},
 };
 
 #[derive(Default)]
@@ -516,7 +517,7 @@ async fn a_claim_that_never_answers_ends_at_the_store_timeout() {
             "{e}"
         );
         assert_eq!(outcome, Outcome::Rejected);
-        let timeout = timeout.unwrap_or(idem::DEFAULT_STORE_TIMEOUT);
+        let timeout = timeout.unwrap_or(idem::store::DEFAULT_STORE_TIMEOUT);
         assert!(
             took >= timeout && took < timeout + Duration::from_millis(100),
             "{took:?}"

@@ -734,7 +734,7 @@ async fn transaction_mode_rolls_back_a_status_it_does_not_store() {
         0,
         "the insert rolled back with the status"
     );
-    let record = idem::http_record_key(None, "tx-fail").unwrap();
+    let record = idem::key::http_record_key(None, "tx-fail").unwrap();
     assert!(
         store.load("GRPC", &record).await.unwrap().is_none(),
         "no record either"

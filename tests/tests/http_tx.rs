@@ -30,7 +30,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idem::http::{IdempotencyLayer, LayerTx, Principal};
-use idem::{Status, Store, TransactionalStore, TransitionTx};
+use idem::{Store, TransactionalStore, TransitionTx, store::Status};
 use tokio::sync::Barrier;
 use tx_orders::Orders;
 

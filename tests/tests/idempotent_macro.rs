@@ -105,7 +105,7 @@ async fn method_with_store_expression_fails_then_retries() {
             .unwrap()
             .unwrap()
             .status,
-        idem::Status::Failed
+        idem::store::Status::Failed
     );
     assert_eq!(ledger.post("e-1", false).await.unwrap(), 1);
     assert_eq!(
@@ -503,7 +503,7 @@ static OPENED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new())
 /// Holds the body open until `release` is notified, and reports the claim it runs under.
 #[idempotent(biz = "HELD", key = key, store = "macro_mem")]
 async fn held_open(key: &str, release: Arc<tokio::sync::Notify>) -> Result<u64, AppError> {
-    let claim = idem::current_claim().expect("the body runs as the claim's holder");
+    let claim = idem::steps::current_claim().expect("the body runs as the claim's holder");
     OPENED.lock().unwrap().push(key.to_owned());
     release.notified().await;
     Ok(claim.fence.get())

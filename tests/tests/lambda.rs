@@ -241,7 +241,7 @@ async fn a_handler_that_times_out_is_taken_over_by_its_retry_after_the_deadline(
     let wait = deadline
         .duration_since(SystemTime::now())
         .unwrap_or_default()
-        + idem::DEFAULT_SKEW_MARGIN
+        + idem::dynamodb::DEFAULT_SKEW_MARGIN
         + Duration::from_millis(200);
     tokio::time::sleep(wait).await;
     let asked = Arc::new(Mutex::new(0));

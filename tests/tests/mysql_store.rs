@@ -14,7 +14,10 @@ use std::time::Duration;
 
 use contract::server;
 use idem::sqlx::{self, AssertSqlSafe};
-use idem::{Call, ClaimOutcome, ClaimRequest, IdemError, Limits, MySqlStore, Status, Store};
+use idem::{
+    Call, IdemError, MySqlStore, Store,
+    store::{ClaimOutcome, ClaimRequest, Limits, Status},
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Barrier;
 
@@ -770,7 +773,7 @@ async fn warm_connections_go_back_to_the_pool() {
 /// deadlock counter says how often it happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn overlapping_batch_claims_are_answered_through_deadlocks() {
-    use idem::{BatchClaim, BatchItem};
+    use idem::store::{BatchClaim, BatchItem};
     const TASKS: usize = 16;
     const ROUNDS: usize = 20;
     const KEYS: usize = 30;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem::{Call, IdemError, Limits, MemoryStore, Store};
+use idem::{Call, IdemError, MemoryStore, Store, store::Limits};
 use tracing::Instrument;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -95,7 +95,7 @@ fn every_call_is_a_span_with_its_outcome_and_attempt() {
             call(&store, "b", true).await.unwrap_err(); // failed, attempt 1
             call(&store, "b", false).await.unwrap(); // executed, attempt 2
             let held = store
-                .claim(&idem::ClaimRequest {
+                .claim(&idem::store::ClaimRequest {
                     biz: "TRACE",
                     key: "c",
                     fingerprint: None,
@@ -104,7 +104,7 @@ fn every_call_is_a_span_with_its_outcome_and_attempt() {
                 })
                 .await
                 .unwrap();
-            assert!(matches!(held, idem::ClaimOutcome::Acquired { .. }));
+            assert!(matches!(held, idem::store::ClaimOutcome::Acquired { .. }));
             call(&store, "c", false).await.unwrap_err(); // in_progress
         }
     });
@@ -334,7 +334,7 @@ fn no_raw_key_token_or_result_reaches_spans_or_logs() {
             );
             // In progress.
             store
-                .claim(&idem::ClaimRequest {
+                .claim(&idem::store::ClaimRequest {
                     biz: "OBS",
                     key: &key("p"),
                     fingerprint: None,
@@ -483,15 +483,23 @@ fn errors_say_whether_a_retry_can_help_and_which_http_status_fits() {
         ),
         (IdemError::LeaseLost { attempt: 1 }, true, 409),
         (IdemError::unavailable("down"), true, 503),
-        (IdemError::busy(idem::Busy::Locked, "locked"), true, 503),
         (
-            IdemError::busy(idem::Busy::LockTimeout, "lock wait"),
+            IdemError::busy(idem::error::Busy::Locked, "locked"),
             true,
             503,
         ),
-        (IdemError::busy(idem::Busy::Deadlock, "deadlock"), true, 409),
         (
-            IdemError::busy(idem::Busy::Serialization, "serialization"),
+            IdemError::busy(idem::error::Busy::LockTimeout, "lock wait"),
+            true,
+            503,
+        ),
+        (
+            IdemError::busy(idem::error::Busy::Deadlock, "deadlock"),
+            true,
+            409,
+        ),
+        (
+            IdemError::busy(idem::error::Busy::Serialization, "serialization"),
             true,
             409,
         ),

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem::outbox::{Outbox, OutboxMessage, OutboxPool, Publisher, Relay};
-use idem::{BoxError, IdemError, SqliteStore};
+use idem::{IdemError, SqliteStore, error::BoxError};
 
 /// One publish as the tap saw it: `(message id, destination, key, payload)`.
 type Published = (String, String, String, Vec<u8>);

@@ -17,7 +17,7 @@ use futures_util::StreamExt;
 use idem::outbox::amqp::AmqpPublisher;
 use idem::outbox::jetstream::{JetStreamPublisher, KEY_HEADER};
 use idem::outbox::{Outbox, OutboxMessage, Publisher, Relay};
-use idem::{BoxError, SqliteStore};
+use idem::{SqliteStore, error::BoxError};
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};

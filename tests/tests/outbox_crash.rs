@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use idem::outbox::jetstream::{JetStreamPublisher, KEY_HEADER};
 use idem::outbox::{Outbox, OutboxMessage, OutboxPool, Publisher, Relay};
-use idem::{BoxError, SqliteStore};
+use idem::{SqliteStore, error::BoxError};
 use serde::{Deserialize, Serialize};
 
 const KEYS: u32 = 5;

@@ -32,7 +32,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Acquired, Claim, ClaimOutcome, ClaimRequest, IdemError, Status, Store, TestClock};
+use idem::{
+    IdemError, Store, TestClock,
+    store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Status},
+};
 use proptest::prelude::*;
 
 const KEYS: [&str; 2] = ["a", "b"];

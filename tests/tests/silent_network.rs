@@ -216,7 +216,7 @@ async fn silence_never_heals(name: &str, url: &str, back: Back) {
         // long, would find the dead connection there too, and the other variant proves that a
         // call's store timeout alone does).
         let (out, took) = call(&store, &effects, &key("default"), None).await;
-        let bound = idem::DEFAULT_STORE_TIMEOUT + BOUND - TIMEOUT;
+        let bound = idem::store::DEFAULT_STORE_TIMEOUT + BOUND - TIMEOUT;
         unanswered(
             &format!("{name}: a call with the default timeout"),
             &out,
@@ -224,7 +224,7 @@ async fn silence_never_heals(name: &str, url: &str, back: Back) {
             bound,
         );
         default_took = Some(took);
-        let least = idem::DEFAULT_STORE_TIMEOUT - Duration::from_millis(50);
+        let least = idem::store::DEFAULT_STORE_TIMEOUT - Duration::from_millis(50);
         assert!(
             took >= least,
             "{name}: the default timeout ended after {took:?}"
@@ -239,7 +239,7 @@ async fn silence_never_heals(name: &str, url: &str, back: Back) {
     // A dial begun during the silence may still be waiting for its connect timeout: the first
     // answer may take that long, no longer.
     let healed = Instant::now();
-    let grace = idem::DEFAULT_CONNECT_TIMEOUT + BOUND;
+    let grace = idem::connect::DEFAULT_CONNECT_TIMEOUT + BOUND;
     let first_answer;
     loop {
         let (out, _) = call(&store, &effects, &key("replay"), Some(TIMEOUT)).await;
@@ -339,7 +339,7 @@ async fn connect_fails_fast(name: &str, url: &str) {
         panic!("{name}: a silent server was reached")
     };
     let took = started.elapsed();
-    let bound = idem::DEFAULT_CONNECT_TIMEOUT + Duration::from_secs(1);
+    let bound = idem::connect::DEFAULT_CONNECT_TIMEOUT + Duration::from_secs(1);
     assert!(
         took <= bound,
         "{name}: silent connect answered after {took:?}: {e}"

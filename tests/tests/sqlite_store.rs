@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use idem::sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 use idem::sqlx::{self, Row};
-use idem::{Busy, Call, IdemError, SqliteStore, Status, Store, TokenStore};
+use idem::{Call, IdemError, SqliteStore, Store, TokenStore, error::Busy, store::Status};
 
 fn temp_db(name: &str) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("idem-sqlite-{name}-{}.db", std::process::id()));
@@ -185,7 +185,10 @@ async fn a_wrapping_store_hands_out_its_own_transactions() {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use async_trait::async_trait;
-    use idem::{Claim, ClaimOutcome, ClaimRequest, IdemTx, Limits, Record, SqliteTx};
+    use idem::{
+        IdemTx, SqliteTx,
+        store::{Claim, ClaimOutcome, ClaimRequest, Limits, Record},
+    };
 
     struct Counting {
         inner: SqliteStore,
@@ -437,7 +440,8 @@ async fn two_tables_in_one_file_keep_their_records_apart() {
     assert!(orders.load("PAY", "k2").await.unwrap().is_none());
 
     // Counts and stuck lists read one table each.
-    let counts = |stats: Vec<idem::StatusCount>| stats.iter().map(|c| c.records).sum::<u64>();
+    let counts =
+        |stats: Vec<idem::store::StatusCount>| stats.iter().map(|c| c.records).sum::<u64>();
     assert_eq!(counts(orders.stats().await.unwrap()), 1);
     assert_eq!(counts(refunds.stats().await.unwrap()), 2);
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use idem::metrics::Outcome;
 use idem::sqlx::{self, SqlitePool};
-use idem::{IdemError, SqliteStore, SqliteTx, Status, Store, idempotent};
+use idem::{IdemError, SqliteStore, SqliteTx, Store, idempotent, store::Status};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
@@ -81,7 +81,7 @@ async fn pay(tx: &mut SqliteTx, req: &PayReq, decline: bool) -> Result<Receipt, 
     Ok(Receipt {
         order_no: req.order_no.clone(),
         row,
-        fence: idem::current_claim()
+        fence: idem::steps::current_claim()
             .expect("the body holds a claim")
             .fence
             .get(),

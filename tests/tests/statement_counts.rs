@@ -29,8 +29,8 @@ use std::collections::BTreeMap;
 use redis_server::RedisServer;
 
 use idem::{
-    BatchClaim, BatchItem, BatchMark, Call, ClaimOutcome, IdemError, Store, StoreTx,
-    TransactionalStore,
+    Call, IdemError, Store, TransactionalStore,
+    store::{BatchClaim, BatchItem, BatchMark, ClaimOutcome, StoreTx},
 };
 
 const CALLS: u32 = 50;

@@ -21,7 +21,10 @@ mod server;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::sqlx::{self, AssertSqlSafe};
-use idem::{Acquired, Call, ClaimOutcome, ClaimRequest, IdemError, Status, Store};
+use idem::{
+    Call, IdemError, Store,
+    store::{Acquired, ClaimOutcome, ClaimRequest, Status},
+};
 
 const BIZ: &str = "UPG";
 

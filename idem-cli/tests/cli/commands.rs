@@ -166,7 +166,7 @@ pub(super) async fn every_command(t: Target) {
     assert!(out.stdout.starts_with("no record"), "{out:?}");
 
     // inspect by what an HTTP layer's client sent: its caller and its Idempotency-Key.
-    let layer_key = idem::http_record_key(Some("alice"), "order-77").unwrap();
+    let layer_key = idem::key::http_record_key(Some("alice"), "order-77").unwrap();
     Call::new(a.clone(), &layer_key)
         .run(&store, async { Ok::<_, IdemError>(1u8) })
         .await
@@ -434,7 +434,7 @@ pub(super) async fn every_command(t: Target) {
         ("HTTP", None, "HTTP layer"),
     ] {
         let sent = server::unique("k");
-        let key = idem::http_record_key(Some("carol"), &sent).unwrap();
+        let key = idem::key::http_record_key(Some("carol"), &sent).unwrap();
         let fp = fingerprint.map(|route| format!("{route} {}", "0".repeat(64)));
         let mut r = req(biz, &key, Duration::from_secs(60), HOUR);
         r.fingerprint = fp.as_deref();

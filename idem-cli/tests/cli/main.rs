@@ -13,7 +13,10 @@ mod server;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use idem::{Acquired, Call, Claim, ClaimOutcome, ClaimRequest, IdemError, Status, Store};
+use idem::{
+    Call, IdemError, Store,
+    store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Status},
+};
 
 use commands::every_command;
 use race::release_races_a_takeover;

@@ -184,7 +184,7 @@ fn tx_body(tx: &Ident, run: &Run<'_>) -> TokenStream {
     // is the function's own `tx` (the same `&mut`, under the same name), so the body reads as
     // written, and the engine has the transaction back to mark the record when the body is
     // done. The closure takes the other parameters with it (the body is their last use). It
-    // runs as the holder of the claim (`idem::current_claim()`).
+    // runs as the holder of the claim (`idem::steps::current_claim()`).
     let run = wrap::engine_call(
         span,
         private,

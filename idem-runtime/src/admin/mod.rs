@@ -148,7 +148,7 @@ pub async fn inspect(store: &dyn Store, biz: &str, key: &str) -> Result<Option<R
 
 /// The HTTP layer's record of the `Idempotency-Key` value `idempotency_key` that `principal` sent
 /// (`None` for a layer without one), under the layer's business type `biz` (`HTTP` unless the
-/// layer set another): [`inspect`] of [`crate::http_record_key`]. The layer stores a hash of the
+/// layer set another): [`inspect`] of [`crate::key::http_record_key`]. The layer stores a hash of the
 /// caller and the key, never the key, so this is how "what happened to request X of customer Y"
 /// is answered.
 ///

@@ -11,7 +11,7 @@ use crate::IdemError;
 /// (`idem migrate --print`).
 ///
 /// # Errors
-/// As [`connect`](crate::connect) for a URL it could not open (without its "unreachable" errors).
+/// As [`connect`](fn@crate::connect) for a URL it could not open (without its "unreachable" errors).
 pub fn migrations(url: &str) -> Result<Option<Vec<String>>, IdemError> {
     let (scheme, rest) = url
         .split_once(':')

@@ -1,5 +1,8 @@
-//! Stores from a URL: [`connect`] picks the backend by the URL's scheme, so a deployment chooses
-//! its store in configuration (`IDEM_STORE_URL`) instead of in code.
+//! Stores from a URL: [`connect`](fn@connect) picks the backend by the URL's scheme, so a
+//! deployment chooses its store in configuration (`IDEM_STORE_URL`) instead of in code. Here too:
+//! the schema each SQL backend creates ([`migrations`]) and how long reaching a store's server may
+//! take ([`DEFAULT_CONNECT_TIMEOUT`]). [`connect`](fn@connect), [`connect_tokens`] and
+//! [`AnyStore`] are also at the crate root.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +18,8 @@ mod ddl;
 pub use any::AnyStore;
 use any::{Backend, MemoryOptions};
 pub use ddl::migrations;
+
+pub use crate::net::DEFAULT_CONNECT_TIMEOUT;
 
 /// The schemes [`connect`] knows, for its errors.
 const SCHEMES: &str = "memory:, sqlite:PATH, mysql://, mariadb://, postgres://, postgresql://, \

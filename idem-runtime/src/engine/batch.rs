@@ -175,7 +175,7 @@ async fn mark_alone(
 /// ```
 /// # use idem_runtime as idem;
 /// # async fn demo(store: &idem::MemoryStore) -> Result<(), idem::IdemError> {
-/// use idem::{Batch, Call};
+/// use idem::{Call, batch::Batch};
 ///
 /// let orders = ["ORD-1", "ORD-2", "ORD-1"]; // a duplicate inside the batch
 /// let claimed = Batch::new(orders.iter().map(|no| Call::new("SHIP", no))).claim(store).await;

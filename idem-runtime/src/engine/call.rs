@@ -72,14 +72,14 @@ pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(10);
 ///   after the record was swept and created again (the store's clock in microseconds, or one more
 ///   than the last fence). Marking is a compare-and-set on it: a finisher whose claim was taken
 ///   over or swept gets [`IdemError::LeaseLost`] and changes nothing. The body reads its claim with
-///   [`current_claim()`](crate::current_claim) and can pass `claim.fence` to its own downstream
+///   [`current_claim()`](crate::steps::current_claim) and can pass `claim.fence` to its own downstream
 ///   writes, so a storage service can refuse a write that carries an older fence (the
 ///   fencing-token pattern).
 /// - The body's `Err` marks the record FAILED: the next call runs again.
 /// - A panic or a cancelled future leaves the claim PROCESSING (never SUCCEEDED); its lease
 ///   expires.
 /// - A result that cannot be stored (fails to serialize, or over
-///   [`Limits::max_snapshot_len`](crate::Limits::max_snapshot_len), 64 KiB by default) ran, so the
+///   [`Limits::max_snapshot_len`](crate::store::Limits::max_snapshot_len), 64 KiB by default) ran, so the
 ///   claim is kept as done: the caller and every repeat get [`IdemError::ResultNotStorable`] and
 ///   the business never runs twice (outcome `unstorable`).
 /// - Times come from the store's clock, never the application's: a server's (`NOW()`, Redis
@@ -559,7 +559,7 @@ tokio::task_local! {
 /// # use idem_runtime as idem;
 /// # async fn demo(store: &idem::SqliteStore) -> Result<(), idem::IdemError> {
 /// use std::time::Duration;
-/// idem::with_store_timeout(Duration::from_secs(1), async {
+/// idem::store::with_store_timeout(Duration::from_secs(1), async {
 ///     let tx = store.begin().await?;
 ///     // … the call and the business writes in `tx` …
 ///     tx.commit().await

@@ -52,7 +52,7 @@ pub(crate) fn current() -> Option<Current> {
 /// ```
 /// # use idem_runtime as idem;
 /// # async fn demo(store: &idem_runtime::MemoryStore) -> Result<(), idem_runtime::IdemError> {
-/// use idem::{Call, current_claim};
+/// use idem::{Call, steps::current_claim};
 ///
 /// let receipt: Result<u64, idem::IdemError> = Call::new("SHIP", "order-7")
 ///     .run(store, async {

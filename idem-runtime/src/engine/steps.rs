@@ -65,7 +65,7 @@ fn check_name(name: &str) -> Result<(), IdemError> {
 /// # async fn charge(_: &str, _: &str) -> Result<String, AppError> { Ok("ch_1".into()) }
 /// # async fn ship(_: &str) -> Result<u64, AppError> { Ok(7) }
 /// # async fn demo(store: &idem_runtime::MemoryStore) -> Result<(), AppError> {
-/// use idem::{Call, step, step_key};
+/// use idem::{Call, step, steps::step_key};
 ///
 /// let shipment: u64 = Call::new("ORDER", "order-7")
 ///     .run(store, async {

@@ -254,7 +254,7 @@ where
     }
 }
 
-/// Runs the body as the holder of the guard's claim (see [`crate::current_claim`]).
+/// Runs the body as the holder of the guard's claim (see [`crate::steps::current_claim`]).
 async fn tx_body<F: Future>(guard: &TxGuard, body: F) -> F::Output {
     let call = super::current::CallScope::new(guard.call.biz.clone(), guard.call.key.clone(), None);
     super::current::scope(guard.claim, std::sync::Arc::new(call), body).await
@@ -310,7 +310,7 @@ where
 /// "…")]` expands to, what [`Call::run_in_tx`] runs and what the HTTP layer's transaction mode
 /// runs. In the call's span: claims in a savepoint of `tx`; a stored result is returned without
 /// running anything; otherwise `body` gets the transaction (`tx` itself: a `&mut` for the macro, the
-/// layer's owned handle), runs as the claim's holder ([`crate::current_claim`]) and gives the
+/// layer's owned handle), runs as the claim's holder ([`crate::steps::current_claim`]) and gives the
 /// transaction back with its result, which is marked in it (a success) or rolled back to the
 /// savepoint with the body's writes (an `Err`). The body is a closure returning a future rather
 /// than an async closure: its future is then a plain type, which the compiler proves `Send` for a

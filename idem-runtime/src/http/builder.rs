@@ -305,7 +305,7 @@ impl IdempotencyBuilder {
     /// Bounds each of a request's store steps (its claim or replay, each renewal, its mark; in
     /// transaction mode also the `BEGIN` and the commit), as [`Call::store_timeout`](crate::Call::store_timeout):
     /// a store that does not answer in time gets the client 503 with `Retry-After` instead of a
-    /// hang. Default [`crate::DEFAULT_STORE_TIMEOUT`] (10 s); 1 ms ..= [`crate::MAX_DURATION`].
+    /// hang. Default [`crate::store::DEFAULT_STORE_TIMEOUT`] (10 s); 1 ms ..= [`crate::MAX_DURATION`].
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.store_timeout = timeout;
         self

@@ -140,13 +140,13 @@
 //! key the client sent, never the key itself, so `idem stuck` lists layer records by that hash,
 //! with the method and route each came from (`POST /orders/{id}`: axum's route template under a
 //! router, else the path; kept before the fingerprint's digest, read by
-//! [`Record::origin`](crate::Record::origin)); `idem inspect` prints it as `request`, and
+//! [`Record::origin`](crate::store::Record::origin)); `idem inspect` prints it as `request`, and
 //! `idem stats` counts the layer's records per route. To
 //! answer "what happened to order request X of customer Y", give the caller and the key as the
 //! client sent them: `idem inspect HTTP order-77 --principal alice` (the same on `idem release`;
 //! `--http` for a layer without a principal), or
 //! [`admin::inspect_http`](crate::admin::inspect_http)`(&store, "HTTP", Some("alice"), "order-77")`
-//! from code; [`http_record_key`](crate::http_record_key) is the hash itself.
+//! from code; [`http_record_key`](crate::key::http_record_key) is the hash itself.
 //!
 //! **At start-up**, `build()` checks the whole configuration (a principal, durations, limits,
 //! headers) and [`IdempotencyLayer::check`] reads the store once, so a store that is unreachable or

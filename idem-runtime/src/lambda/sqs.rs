@@ -3,7 +3,7 @@
 //!
 //! An SQS event source mapping with `ReportBatchItemFailures` deletes every record of a batch
 //! but those the function lists in its [`SqsBatchResponse`]. [`SqsBatch::handle`] makes one batch
-//! claim for the batch's keys ([`Batch`](crate::Batch), as [`Inbox::handle_batch`] does), runs
+//! claim for the batch's keys ([`Batch`](crate::batch::Batch), as [`Inbox::handle_batch`] does), runs
 //! the body for each record whose key it acquired, sends the successes' marks together, and
 //! lists:
 //!

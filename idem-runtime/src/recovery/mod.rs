@@ -1,4 +1,4 @@
-//! Resolving claims nobody retries: a PROCESSING record whose holder died
+//! Recovery of claims nobody retries ([`Reconciler`] is also at the crate root): a PROCESSING record whose holder died
 //! and that no caller repeats stays PROCESSING until its TTL passes. The [`Reconciler`] finds such
 //! records by their ended lease, asks the recover fn registered for their business type whether
 //! the action happened, and backfills the result, releases the record for a retry, or leaves it.

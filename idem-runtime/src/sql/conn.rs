@@ -221,7 +221,7 @@ macro_rules! wrapping_transition_tx {
         }
 
         /// Commits or rolls back the inner transaction, so code written against
-        /// [`StoreTx`](crate::StoreTx) (a transaction it began and ends itself) works on the
+        /// [`StoreTx`](crate::store::StoreTx) (a transaction it began and ends itself) works on the
         /// wrapper too.
         $(#[$attr])*
         #[async_trait::async_trait]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::{Claim, ClaimRequest};
 use crate::IdemError;
 
-/// The most keys one [`BatchClaim`] holds. [`crate::Batch`] splits a longer batch into claims of
+/// The most keys one [`BatchClaim`] holds. [`crate::batch::Batch`] splits a longer batch into claims of
 /// at most this many.
 pub const MAX_BATCH: usize = 1_000;
 
@@ -57,7 +57,7 @@ impl<'a> BatchClaim<'a> {
     }
 
     /// Refuses a batch no store claims: more than [`MAX_BATCH`] items, or a key given twice (the
-    /// second would be decided against the first's claim, which [`crate::Batch`] does in a later
+    /// second would be decided against the first's claim, which [`crate::batch::Batch`] does in a later
     /// round). What every store's `claim_batch` runs first.
     ///
     /// # Errors
@@ -67,7 +67,7 @@ impl<'a> BatchClaim<'a> {
             return Err(IdemError::InvalidOptions {
                 reason: format!(
                     "a batch claim holds at most {MAX_BATCH} keys, this one {}; split it \
-                     (idem::Batch does)",
+                     (idem::batch::Batch does)",
                     self.items.len()
                 ),
             });
@@ -77,7 +77,7 @@ impl<'a> BatchClaim<'a> {
             return Err(IdemError::InvalidOptions {
                 reason: format!(
                     "a batch claim names each key once; a key of {} bytes is given twice (claim \
-                     it again after the first is decided: idem::Batch does)",
+                     it again after the first is decided: idem::batch::Batch does)",
                     twice.key.len()
                 ),
             });

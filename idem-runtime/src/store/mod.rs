@@ -1,7 +1,14 @@
-//! The store trait every backend implements, what a claim asks and gets, and the records it keeps.
-//! The decision table they share is in `decide.rs`; a store's transaction (`StoreTx`, and
-//! `TransitionTx`, the one state transitions run in) in `tx.rs`. The store depends on the SQL
-//! layer's statement surface, never on the engine or on transitions, which build on it.
+//! Stores: the [`Store`] trait every backend implements (also at the crate root), what a claim
+//! asks and gets ([`ClaimRequest`], [`ClaimOutcome`], [`Claim`], [`Acquired`], [`Fence`]), the
+//! records a store keeps and an operator reads ([`Record`], [`Status`], [`StatusCount`],
+//! [`KeyPage`]), batches of claims ([`BatchClaim`], [`BatchItem`], [`BatchMark`], [`MAX_BATCH`]),
+//! a store's [`Limits`] and its transaction ([`StoreTx`]), what [`register_store`](crate::register_store)
+//! takes ([`IntoSharedStore`]), and the time a store call may take ([`with_store_timeout`],
+//! [`DEFAULT_STORE_TIMEOUT`]).
+
+// The decision table the backends share is in `decide.rs`; a store's transaction (`StoreTx`, and
+// `TransitionTx`, the one state transitions run in) in `tx.rs`. The store depends on the SQL
+// layer's statement surface, never on the engine or on transitions, which build on it.
 
 use std::time::Duration;
 
@@ -29,6 +36,10 @@ pub(crate) mod tx;
 pub use batch::{BatchClaim, BatchItem, BatchMark, MAX_BATCH};
 pub use keys::KeyPage;
 pub use limits::Limits;
+pub use tx::StoreTx;
+
+pub use crate::engine::{DEFAULT_STORE_TIMEOUT, with_store_timeout};
+pub use crate::registry::IntoSharedStore;
 pub(crate) use limits::check_limits;
 #[cfg(any(feature = "redis", feature = "dynamodb"))]
 pub(crate) use limits::check_one_key_limits;

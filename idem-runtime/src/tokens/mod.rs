@@ -2,6 +2,9 @@
 //! that carries it consumes it with one atomic step, so a double click or a resubmitted form runs
 //! the business once; `restore` puts a token back when the business failed, so the user can retry
 //! without a fresh page.
+//!
+//! [`TokenStore`], [`MemoryTokens`], [`register_tokens`] and [`tokens`](fn@tokens) are also at the
+//! crate root; [`MAX_SUBJECT_LEN`] bounds a token's subject.
 
 mod memory;
 mod registry;

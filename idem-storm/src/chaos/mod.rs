@@ -128,7 +128,8 @@ fn with_url(args: &Args, url: &str) -> Args {
 
 /// The store timeout the calls run with.
 fn store_timeout(args: &Args) -> Duration {
-    args.store_timeout.unwrap_or(idem::DEFAULT_STORE_TIMEOUT)
+    args.store_timeout
+        .unwrap_or(idem::store::DEFAULT_STORE_TIMEOUT)
 }
 
 /// The longest a call may take (see [`ChaosReport::deadline_ms`]).

@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::admin::{self, Release, Released};
-use idem::{Acquired, Call, ClaimOutcome, IdemError, Status, StatusCount, Store, TestClock};
+use idem::{
+    Call, IdemError, Store, TestClock,
+    store::{Acquired, ClaimOutcome, Status, StatusCount},
+};
 use tokio::sync::Barrier;
 
 use super::{Effects, Subject, TTL, acquire, biz, pay, req, secs};
@@ -100,7 +103,7 @@ pub async fn stats_count_records_per_biz_and_status(s: Subject) {
     acquire(&*store, &req(&a, "p2", secs(10))).await;
     acquire(&*store, &req(&b, "p1", secs(10))).await;
     // A success that lives 20 s: once they passed it is expired, and still counted until swept.
-    let short = idem::ClaimRequest {
+    let short = idem::store::ClaimRequest {
         ttl: secs(20),
         ..req(&b, "short", secs(10))
     };
@@ -549,7 +552,7 @@ pub async fn stuck_all_lists_ended_leases_across_business_types(s: Subject) {
         .await
         .unwrap();
     clock.advance(secs(11));
-    let mine = |all: Vec<idem::Record>| -> Vec<(String, String)> {
+    let mine = |all: Vec<idem::store::Record>| -> Vec<(String, String)> {
         all.into_iter()
             .filter(|r| r.biz == a || r.biz == b)
             .map(|r| (r.biz, r.key))

@@ -1,9 +1,12 @@
 //! Batch claims: `Store::claim_batch` decides each key as a claim of its own would (every row of
-//! the decision table in one batch), each claim it makes is finished on its own, and `idem::Batch`
+//! the decision table in one batch), each claim it makes is finished on its own, and `idem::batch::Batch`
 //! runs each key's business once under batches released at once, with keys repeated inside a batch
 //! and across batches, audited in the independent effects table.
 
-use idem::{Batch, BatchClaim, BatchItem, MAX_BATCH};
+use idem::{
+    batch::Batch,
+    store::{BatchClaim, BatchItem, MAX_BATCH},
+};
 
 use super::*;
 
@@ -249,7 +252,7 @@ pub async fn a_batch_of_new_keys_is_claimed_then_replayed(s: Subject) {
     );
 }
 
-/// Through `idem::Batch`: a body that fails frees only its own key (the others are marked done),
+/// Through `idem::batch::Batch`: a body that fails frees only its own key (the others are marked done),
 /// a key repeated in the batch claims when it runs and replays the first's answer, and a call the
 /// store refuses (a bad key) fails alone.
 pub async fn a_batch_marks_each_key_on_its_own(s: Subject) {
@@ -393,7 +396,7 @@ pub async fn batches_run_each_key_once_under_a_barrier(s: Subject) {
 /// took over is `LeaseLost` and the others are marked all the same; marking again succeeds; a
 /// result ttl is kept per mark.
 pub async fn a_batch_of_marks_marks_each_under_its_own_fence(s: Subject) {
-    use idem::BatchMark;
+    use idem::store::BatchMark;
     let (store, clock, biz) = (s.store, s.clock, biz("batch_marks_fence"));
     let (lost, _) = acquire(&*store, &req(&biz, "lost", secs(2))).await;
     clock.advance(secs(5));

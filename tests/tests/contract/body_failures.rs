@@ -62,10 +62,13 @@ pub async fn dropped_future_never_claims_success(s: Subject) {
 /// store holds.
 pub async fn the_body_learns_its_fence(s: Subject) {
     let (store, biz) = (s.store, biz("fence_body"));
-    assert!(idem::current_claim().is_none(), "no claim outside a body");
+    assert!(
+        idem::steps::current_claim().is_none(),
+        "no claim outside a body"
+    );
     let seen: Result<(u32, u64), IdemError> = call(&biz, "o")
         .run(&*store, async {
-            let claim = idem::current_claim().expect("inside the body");
+            let claim = idem::steps::current_claim().expect("inside the body");
             Ok((claim.attempt, claim.fence.get()))
         })
         .await;

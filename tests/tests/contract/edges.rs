@@ -12,7 +12,10 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem::{Call, ClaimOutcome, ClaimRequest, IdemError, MAX_DURATION, Status, Store};
+use idem::{
+    Call, IdemError, MAX_DURATION, Store,
+    store::{ClaimOutcome, ClaimRequest, Status},
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 

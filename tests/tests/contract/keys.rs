@@ -7,7 +7,10 @@
 
 use std::collections::HashSet;
 
-use idem::{IdemError, KeyPage, MAX_BATCH, Store};
+use idem::{
+    IdemError, Store,
+    store::{KeyPage, MAX_BATCH},
+};
 
 use super::{Subject, TTL, acquire, biz, req, secs};
 
@@ -98,7 +101,7 @@ pub async fn list_keys_walks_every_record_in_pages_and_resumes(s: Subject) {
         }
         written.insert((b.clone(), k));
     }
-    if let Ok(idem::ClaimOutcome::Acquired { .. }) =
+    if let Ok(idem::store::ClaimOutcome::Acquired { .. }) =
         store.claim(&req(&bizes[0], "", secs(30))).await
     {
         written.insert((bizes[0].clone(), String::new()));

@@ -112,7 +112,8 @@ use std::time::Duration;
 use idem::sqlx::sqlite::SqlitePoolOptions;
 use idem::sqlx::{self, SqlitePool};
 use idem::{
-    Acquired, Call, Claim, ClaimOutcome, ClaimRequest, IdemError, Status, Store, TestClock,
+    Call, IdemError, Store, TestClock,
+    store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Status},
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Barrier;

@@ -8,7 +8,11 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use idem::{Call, Claim, IdemError, Reconciled, Reconciler, Status};
+use idem::{
+    Call, IdemError, Reconciler,
+    recovery::Reconciled,
+    store::{Claim, Status},
+};
 
 use super::{Effects, Subject, acquire, biz, req, secs};
 

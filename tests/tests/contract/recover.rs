@@ -9,7 +9,10 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use idem::metrics::Outcome;
-use idem::{Acquired, IdemError, Status};
+use idem::{
+    IdemError,
+    store::{Acquired, Status},
+};
 
 use super::{Effects, PayError, Receipt, Subject, acquire, biz, call, pay, req, secs};
 

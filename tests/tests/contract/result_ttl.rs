@@ -3,7 +3,7 @@
 //! sweep shrinks the record to a tombstone; another payload is still a mismatch.
 
 use idem::metrics::Outcome;
-use idem::{Call, IdemError, Status};
+use idem::{Call, IdemError, store::Status};
 
 use super::{Effects, PayError, Subject, biz, pay, secs};
 

@@ -4,12 +4,16 @@
 //! is a clear error.
 //!
 //! The "external API" the steps call is the effects table, counting calls per downstream key
-//! (`idem::step_key`), never idem's own counters.
+//! (`idem::steps::step_key`), never idem's own counters.
 
 use std::time::Duration;
 
 use idem::metrics::Outcome;
-use idem::{Acquired, ClaimRequest, IdemError, MAX_STEPS, Status, Store, step, step_key};
+use idem::{
+    IdemError, Store, step,
+    steps::{MAX_STEPS, step_key},
+    store::{Acquired, ClaimRequest, Status},
+};
 use tokio::sync::Notify;
 
 use super::{Effects, PayError, Subject, acquire, biz, call, req, secs};

@@ -164,11 +164,14 @@ pub async fn another_subjects_token_is_invalid_and_stays_usable(t: Tokens) {
 }
 
 pub async fn bad_subjects_are_refused_at_issue(t: Tokens) {
-    for bad in ["u".repeat(idem::MAX_SUBJECT_LEN + 1), "a\0b".to_owned()] {
+    for bad in [
+        "u".repeat(idem::tokens::MAX_SUBJECT_LEN + 1),
+        "a\0b".to_owned(),
+    ] {
         let r = t.tokens.issue(TTL, Some(&bad)).await;
         assert!(matches!(r, Err(IdemError::TokenInvalid { .. })), "{r:?}");
     }
-    let long = "é".repeat(idem::MAX_SUBJECT_LEN / 2);
+    let long = "é".repeat(idem::tokens::MAX_SUBJECT_LEN / 2);
     let token = t.tokens.issue(TTL, Some(&long)).await.unwrap();
     t.tokens.consume(&token, Some(&long)).await.unwrap();
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::metrics::Outcome;
-use idem::{Call, IdemError, IdemTx, Status, Store};
+use idem::{Call, IdemError, IdemTx, Store, store::Status};
 use tokio::sync::Barrier;
 
 use super::{PayError, Receipt, biz, call};
@@ -250,7 +250,7 @@ pub async fn the_body_learns_its_fence_in_a_transaction<B: TxBackend>(b: Arc<B>)
     let mut tx = b.begin_for(&biz, "k").await;
     let seen: Result<u64, IdemError> = call(&biz, "k")
         .run_in_tx(&mut tx, async |_tx: &mut B::Tx| {
-            Ok(idem::current_claim().unwrap().fence.get())
+            Ok(idem::steps::current_claim().unwrap().fence.get())
         })
         .await;
     B::commit(tx).await;
@@ -275,7 +275,7 @@ pub async fn steps_in_a_transaction_run_as_plain_code<B: TxBackend>(b: Arc<B>) {
                 })
                 .await?;
             }
-            Ok(idem::step_key("one").expect("inside the body"))
+            Ok(idem::steps::step_key("one").expect("inside the body"))
         })
         .await;
     B::commit(tx).await;
@@ -288,7 +288,7 @@ pub async fn steps_in_a_transaction_run_as_plain_code<B: TxBackend>(b: Arc<B>) {
     // The same (biz, key, name) in lease mode, on any store, gives the same key.
     let lease_key: String = call(&biz, "k")
         .run(&idem::MemoryStore::new(), async {
-            Ok::<_, IdemError>(idem::step_key("one").unwrap())
+            Ok::<_, IdemError>(idem::steps::step_key("one").unwrap())
         })
         .await
         .unwrap();

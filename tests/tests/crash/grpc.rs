@@ -266,7 +266,7 @@ where
 fn tx_layer<S>(store: S) -> idem::grpc::GrpcLayer
 where
     S: idem::TransactionalStore,
-    S::Tx: idem::StoreTx + 'static,
+    S::Tx: idem::store::StoreTx + 'static,
 {
     idem::grpc::GrpcLayer::builder_tx(store)
         .method(grpc_shop::CREATE)

@@ -19,7 +19,7 @@
 //!   released together take each key over once (batch.rs).
 //! - SIGKILL between two recovery points (`idem::step`), 10 trials per store: a 3-step body dies
 //!   after step two; the takeover gets steps one and two from the record and runs step three only,
-//!   and each step's downstream key (`idem::step_key`) is the same in both attempts, checked by a
+//!   and each step's downstream key (`idem::steps::step_key`) is the same in both attempts, checked by a
 //!   fake external API (the effects table) that counts calls per key.
 //! - A service with the layer in transaction mode SIGKILLed mid-handler (its order inserted through
 //!   the layer's transaction, not committed), 3 trials per SQL store: no order and no record are
@@ -64,7 +64,7 @@ use std::time::Duration;
 use idem::metrics::Outcome;
 use idem::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 use idem::sqlx::{self, Row};
-use idem::{Call, IdemError, SqliteStore, Status, Store};
+use idem::{Call, IdemError, SqliteStore, Store, store::Status};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Barrier;
 

@@ -6,7 +6,7 @@ use super::*;
 /// The fake external API of the steps trials: one row per call, under the downstream key the step
 /// passes (its `step_key`) and who called; it answers with that key.
 async fn api(effects: &SqlitePool, biz: &str, step: &str, who: &str) -> Result<String, IdemError> {
-    let key = idem::step_key(step).expect("inside an idempotent body");
+    let key = idem::steps::step_key(step).expect("inside an idempotent body");
     effect(effects, biz, &key, who).await?;
     Ok(key)
 }
@@ -26,7 +26,7 @@ pub(super) async fn three_steps(
             std::future::pending::<()>().await;
         }
         out.push(idem::step(name, api(effects, biz, name, who)).await?);
-        out.push(idem::step_key(name).expect("inside the body"));
+        out.push(idem::steps::step_key(name).expect("inside the body"));
     }
     Ok(out)
 }

@@ -33,8 +33,9 @@ use idem::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use idem::sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use idem::sqlx::{self, AssertSqlSafe, Connection, Executor, MySqlPool, Row};
 use idem::{
-    Busy, Call, ClaimOutcome, ClaimRequest, IdemError, MySqlStore, MySqlTx, PgStore, PgTx,
-    RedisStore, Store,
+    Call, IdemError, MySqlStore, MySqlTx, PgStore, PgTx, RedisStore, Store,
+    error::Busy,
+    store::{ClaimOutcome, ClaimRequest},
 };
 use redis_server::RedisServer;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};

@@ -53,10 +53,10 @@ async fn a_layer_record_is_found_by_its_caller_and_key() {
             .await
             .unwrap()
             .unwrap_or_else(|| panic!("{key}: alice's record"));
-        assert_eq!(found.status, idem::Status::Succeeded);
+        assert_eq!(found.status, idem::store::Status::Succeeded);
         assert_eq!(
             found.key,
-            idem::http_record_key(Some("alice"), key).unwrap()
+            idem::key::http_record_key(Some("alice"), key).unwrap()
         );
         assert_eq!(
             found.origin(),

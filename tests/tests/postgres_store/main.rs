@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use contract::{Effects, PayError, Receipt, biz, server};
 use idem::sqlx::{self, AssertSqlSafe, Row};
-use idem::{Busy, Call, IdemError, PgIsolation, PgStore, PgTx, Store, Sweeper};
+use idem::{Call, IdemError, PgStore, PgTx, Store, Sweeper, error::Busy, postgres::PgIsolation};
 use tokio::sync::Barrier;
 
 mod attribute;

@@ -180,7 +180,7 @@ async fn tx_storm(isolation: PgIsolation) {
             "round {round} ({isolation:?}): one business row"
         );
         let rec = store.load(&biz, &key).await.unwrap().unwrap();
-        assert_eq!(rec.status, idem::Status::Succeeded);
+        assert_eq!(rec.status, idem::store::Status::Succeeded);
     }
     eprintln!(
         "{isolation:?}: {} transactions restarted, {} duplicates timed out waiting",

@@ -318,9 +318,9 @@ async fn the_store_takes_table_names_and_checks_limits() {
             Err(IdemError::InvalidOptions { .. })
         ));
     }
-    let too_big = idem::Limits {
+    let too_big = idem::store::Limits {
         max_snapshot_len: (1 << 30) + 1,
-        ..idem::Limits::default()
+        ..idem::store::Limits::default()
     };
     let err = store.clone().with_limits(too_big.clone()).err().unwrap();
     assert!(
@@ -336,9 +336,9 @@ async fn the_store_takes_table_names_and_checks_limits() {
         Err(IdemError::InvalidOptions { .. })
     ));
     let wide = store
-        .with_limits(idem::Limits {
+        .with_limits(idem::store::Limits {
             max_snapshot_len: 1 << 30,
-            ..idem::Limits::default()
+            ..idem::store::Limits::default()
         })
         .unwrap();
     assert_eq!(wide.limits().max_snapshot_len, 1 << 30);

@@ -93,7 +93,10 @@ mod url {
 mod skew {
     use std::time::Duration;
 
-    use idem::{Acquired, ClaimOutcome, ClaimRequest, DynamoStore, IdemError, Store, TestClock};
+    use idem::{
+        DynamoStore, IdemError, Store, TestClock,
+        store::{Acquired, ClaimOutcome, ClaimRequest},
+    };
 
     const LEASE: Duration = Duration::from_secs(10);
 
@@ -244,10 +247,8 @@ mod requests {
 
     use idem::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
     use idem::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
-    use idem::{
-        BatchClaim, BatchItem, BatchMark, Call, ClaimOutcome, DynamoStore, IdemError, Store,
-        idempotent,
-    };
+    use idem::store::{BatchClaim, BatchItem, BatchMark, ClaimOutcome};
+    use idem::{Call, DynamoStore, IdemError, Store, idempotent};
 
     #[derive(Debug, Clone, Default)]
     struct Sent(Arc<Mutex<Vec<String>>>);

@@ -75,7 +75,10 @@ mod attribute_identity {
 mod stuck_index {
     use std::time::Duration;
 
-    use idem::{Claim, ClaimOutcome, ClaimRequest, RedisStore, Status, Store, TestClock};
+    use idem::{
+        RedisStore, Store, TestClock,
+        store::{Claim, ClaimOutcome, ClaimRequest, Status},
+    };
     use redis::aio::MultiplexedConnection;
 
     use super::contract::server;
@@ -329,7 +332,10 @@ mod stuck_index {
 mod sweep_indexes {
     use std::time::Duration;
 
-    use idem::{ClaimOutcome, ClaimRequest, Status, Store};
+    use idem::{
+        Store,
+        store::{ClaimOutcome, ClaimRequest, Status},
+    };
 
     use super::stuck_index::{Subject, subject};
 
@@ -559,7 +565,7 @@ mod record_layout {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_millis() as i64;
-        let fp = idem::fingerprint(&"payload").unwrap();
+        let fp = idem::key::fingerprint(&"payload").unwrap();
         let _: () = redis::pipe()
             .cmd("HSET")
             .arg(&key)
@@ -625,7 +631,7 @@ mod record_layout {
         assert_eq!(call("payload").await.unwrap(), 11);
         let record = fields(&raw, &format!("{prefix}{{3:NEW:k}}")).await;
         assert!(!record.contains_key("r"), "the steps went with the success");
-        let fp = idem::fingerprint(&"payload").unwrap();
+        let fp = idem::key::fingerprint(&"payload").unwrap();
         let digest = fp.rsplit(' ').next().unwrap();
         assert_eq!(
             record["d"],
@@ -644,11 +650,11 @@ mod record_layout {
         assert_eq!(record.snapshot.as_deref(), Some(&b"{\"Ok\":11}"[..]));
         assert_eq!(record.steps, None);
         // The claim script reads `d` too: a batch claim of the key replays it.
-        let items = [idem::BatchItem {
+        let items = [idem::store::BatchItem {
             key: "k",
             fingerprint: Some(fp.as_str()),
         }];
-        let batch = idem::BatchClaim {
+        let batch = idem::store::BatchClaim {
             biz: "NEW",
             items: &items,
             lease: Duration::from_secs(30),
@@ -657,7 +663,7 @@ mod record_layout {
         let outcomes = store.claim_batch(&batch).await.unwrap();
         assert!(matches!(
             outcomes.as_slice(),
-            [idem::ClaimOutcome::Replay { snapshot }] if snapshot == b"{\"Ok\":11}"
+            [idem::store::ClaimOutcome::Replay { snapshot }] if snapshot == b"{\"Ok\":11}"
         ));
     }
 
@@ -708,7 +714,7 @@ mod key_walk {
             done.unwrap();
         }
         // A record in progress: its business type's stuck index and the registry are written.
-        let held = idem::ClaimRequest {
+        let held = idem::store::ClaimRequest {
             biz: "HOLD",
             key: "h",
             fingerprint: None,

@@ -134,7 +134,7 @@ async fn ten_thousand_keys_over_every_slot(store: &RedisClusterStore) {
 /// from those indexes. No test clock moves here, so the sweep walks no keys: only the indexes can
 /// have found them.
 async fn due_results_come_from_the_slots_indexes(cluster: &Cluster, store: &RedisClusterStore) {
-    use idem::{ClaimOutcome, ClaimRequest};
+    use idem::store::{ClaimOutcome, ClaimRequest};
     // SCANs served by all the nodes, from each node's own counters.
     let scans = async || served(cluster, "scan").await;
     let prefix = format!("{}:", server::unique("idemr"));

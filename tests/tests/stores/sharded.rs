@@ -197,18 +197,18 @@ async fn with_limits_stays_within_every_shard() {
     let mut shards = shards(TestClock::new()).await;
     shards[2] = shards[2]
         .clone()
-        .with_limits(idem::Limits {
+        .with_limits(idem::store::Limits {
             max_key_len: 40,
-            ..idem::Limits::default()
+            ..idem::store::Limits::default()
         })
         .unwrap();
     let store = ShardedStore::new(shards).unwrap();
     assert_eq!(store.limits().max_key_len, 40, "the strictest shard's");
     let err = store
         .clone()
-        .with_limits(idem::Limits {
+        .with_limits(idem::store::Limits {
             max_key_len: 41,
-            ..idem::Limits::default()
+            ..idem::store::Limits::default()
         })
         .err()
         .unwrap();
@@ -219,9 +219,9 @@ async fn with_limits_stays_within_every_shard() {
         "{err}"
     );
     let narrow = store
-        .with_limits(idem::Limits {
+        .with_limits(idem::store::Limits {
             max_key_len: 4,
-            ..idem::Limits::default()
+            ..idem::store::Limits::default()
         })
         .unwrap();
     let over: Result<u8, IdemError> = Call::new("PAY", "12345")

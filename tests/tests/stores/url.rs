@@ -95,7 +95,7 @@ async fn a_sqlite_url_with_a_table_keeps_its_records_there() {
         .await
         .unwrap();
     assert_eq!(in_tok, 1, "{token}: in `NAME_tok`");
-    let ddl = idem::migrations(&format!("sqlite:{path}?idem_table=idem_orders"))
+    let ddl = idem::connect::migrations(&format!("sqlite:{path}?idem_table=idem_orders"))
         .unwrap()
         .unwrap();
     assert!(ddl[0].contains("\"idem_orders\""), "{ddl:?}");
@@ -232,10 +232,10 @@ async fn tokens_come_from_the_same_url() {
 /// A limit past what a backend holds, for `with_limits` refusals: a key of 2 GiB is more than any
 /// store but memory takes.
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "redis"))]
-fn too_long_keys() -> idem::Limits {
-    idem::Limits {
+fn too_long_keys() -> idem::store::Limits {
+    idem::store::Limits {
         max_key_len: 2 << 30,
-        ..idem::Limits::default()
+        ..idem::store::Limits::default()
     }
 }
 
@@ -268,9 +268,9 @@ async fn any_store_names_the_tables_of_sql_servers() {
             .unwrap()
             .with_token_table(&format!("{table}_tok"))
             .unwrap()
-            .with_limits(idem::Limits {
+            .with_limits(idem::store::Limits {
                 max_key_len: 200,
-                ..idem::Limits::default()
+                ..idem::store::Limits::default()
             })
             .unwrap();
         assert_eq!(store.limits().max_key_len, 200);
@@ -343,9 +343,9 @@ async fn any_store_options_reach_every_shard() {
         .unwrap()
         .with_table("idem_sharded")
         .unwrap()
-        .with_limits(idem::Limits {
+        .with_limits(idem::store::Limits {
             max_key_len: 64,
-            ..idem::Limits::default()
+            ..idem::store::Limits::default()
         })
         .unwrap();
     store.migrate().await.unwrap();
@@ -368,9 +368,9 @@ async fn any_store_options_reach_every_shard() {
         Err(IdemError::InvalidOptions { .. })
     ));
     let err = store
-        .with_limits(idem::Limits {
+        .with_limits(idem::store::Limits {
             max_snapshot_len: 2_000_000_000,
-            ..idem::Limits::default()
+            ..idem::store::Limits::default()
         })
         .unwrap_err()
         .to_string();
@@ -382,7 +382,7 @@ async fn any_store_options_reach_every_shard() {
 
 /// One naming rule for the token table, whichever way the records' table is named: a store's
 /// `with_table(T)` (and Postgres's `builder().table(T)`) keeps its tokens in `T_tok`, as the
-/// URL's `idem_table=T` and `idem::migrations` do, so a token issued through one form is spent
+/// URL's `idem_table=T` and `idem::connect::migrations` do, so a token issued through one form is spent
 /// through the other, and `migrate()` made the table both use. A token table named explicitly
 /// stays, whatever `with_table` says after.
 #[tokio::test]
@@ -411,7 +411,7 @@ async fn every_form_of_a_table_name_gives_the_same_token_table() {
         let by_url = idem::connect(&format!("{base}{sep}idem_table={table}"))
             .await
             .unwrap();
-        let ddl = idem::migrations(&format!("{base}{sep}idem_table={table}"))
+        let ddl = idem::connect::migrations(&format!("{base}{sep}idem_table={table}"))
             .unwrap()
             .unwrap()
             .join("\n");

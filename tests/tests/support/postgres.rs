@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use idem::sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use idem::{PgStore, PgStoreBuilder};
+use idem::{PgStore, postgres::PgStoreBuilder};
 
 use crate::contract::server;
 

@@ -40,7 +40,7 @@ pub use tx::EncryptedTx;
 ///   rotation); [`Keyring::key_id_of`] on the inner store's `load` says which key sealed a record.
 /// - **Refusals, never garbage.** A snapshot under a key the keyring does not hold, one that fails
 ///   authentication, or one that is no envelope (written before encryption was on) is
-///   [`IdemError::SnapshotDecrypt`] with a [`DecryptFailure`](crate::DecryptFailure) that says
+///   [`IdemError::SnapshotDecrypt`] with a [`DecryptFailure`](crate::error::DecryptFailure) that says
 ///   which (500, not retryable); the body does not run again and the record is left as it is.
 /// - Keys must be exactly 32 bytes (else an error at construction); they are zeroized when the
 ///   keyring is dropped, and `Debug` shows only their ids. Neither keys nor snapshots are logged.

@@ -307,8 +307,8 @@ impl MySqlStore {
     ///
     /// # Errors
     /// [`IdemError::StoreUnavailable`] when no connection can be had, or when the server does not
-    /// answer within the store timeout in force ([`crate::with_store_timeout`], default
-    /// [`crate::DEFAULT_STORE_TIMEOUT`]).
+    /// answer within the store timeout in force ([`crate::store::with_store_timeout`], default
+    /// [`crate::store::DEFAULT_STORE_TIMEOUT`]).
     pub async fn begin(&self) -> Result<MySqlTx, IdemError> {
         // While claims mostly create records (`store/order.rs`), the first claim's savepoint goes
         // in this round trip too (see `MySqlTx`); while they mostly meet one, a claim reads first

@@ -98,7 +98,7 @@ impl PgStoreBuilder {
     }
 
     /// How long [`PgStoreBuilder::connect`] may take to open its first connection (default
-    /// [`crate::DEFAULT_CONNECT_TIMEOUT`], 5 s; 1 ms ..= [`crate::MAX_DURATION`], checked by
+    /// [`crate::connect::DEFAULT_CONNECT_TIMEOUT`], 5 s; 1 ms ..= [`crate::MAX_DURATION`], checked by
     /// `connect`). A refused connection fails at once; a server that does not answer fails after
     /// this long; either way the error names the server (`host:port`) and the cause.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {

@@ -286,8 +286,8 @@ impl PgStore {
     ///
     /// # Errors
     /// [`IdemError::StoreUnavailable`] when no connection can be had, or when the server does not
-    /// answer within the store timeout in force ([`crate::with_store_timeout`], default
-    /// [`crate::DEFAULT_STORE_TIMEOUT`]).
+    /// answer within the store timeout in force ([`crate::store::with_store_timeout`], default
+    /// [`crate::store::DEFAULT_STORE_TIMEOUT`]).
     pub async fn begin(&self) -> Result<PgTx, IdemError> {
         self.begin_sending("BEGIN").await
     }

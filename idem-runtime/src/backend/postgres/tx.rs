@@ -120,8 +120,8 @@ impl PgTx {
         &mut self.tx
     }
 
-    /// Commits, within the store timeout in force ([`crate::with_store_timeout`], default
-    /// [`crate::DEFAULT_STORE_TIMEOUT`]).
+    /// Commits, within the store timeout in force ([`crate::store::with_store_timeout`], default
+    /// [`crate::store::DEFAULT_STORE_TIMEOUT`]).
     ///
     /// # Errors
     /// The database's error, classified; [`IdemError::StoreUnavailable`] when the server did not

@@ -154,7 +154,7 @@ pub struct RedisStore {
 
 impl RedisStore {
     /// Connects to the Redis at `url` (`redis://host:port/db`), within
-    /// [`crate::DEFAULT_CONNECT_TIMEOUT`] (see [`RedisStore::connect_within`]).
+    /// [`crate::connect::DEFAULT_CONNECT_TIMEOUT`] (see [`RedisStore::connect_within`]).
     ///
     /// # Errors
     /// [`IdemError::StoreUnavailable`] naming the server and the cause when it cannot be

@@ -87,7 +87,7 @@ impl<S: Store> Reshard<S> {
         }
     }
 
-    /// How many keys a page of the copy walks (1 ..= [`crate::MAX_BATCH`]; 500 by default).
+    /// How many keys a page of the copy walks (1 ..= [`crate::store::MAX_BATCH`]; 500 by default).
     ///
     /// # Errors
     /// [`IdemError::InvalidOptions`] out of that range.

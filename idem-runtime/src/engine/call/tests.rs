@@ -46,9 +46,9 @@ fn a_duration_set_after_the_checked_mark_is_checked() {
 #[test]
 fn an_integer_key_is_checked_for_its_length_only() {
     let store = crate::MemoryStore::new()
-        .with_limits(crate::Limits {
+        .with_limits(crate::store::Limits {
             max_key_len: 5,
-            ..crate::Limits::default()
+            ..crate::store::Limits::default()
         })
         .unwrap();
     let refused = |call: Call| matches!(call.request(&store), Err(IdemError::InvalidKey { .. }));

@@ -16,7 +16,7 @@
 //!
 //! With `steps`, the body is two recovery points, A then B (`idem::step`), each with its own
 //! business effect counted outside the store (`runs`), and what the downstream system applied
-//! (`applied`; with `dedup` it applies a step once per step key, as an API given `idem::step_key`
+//! (`applied`; with `dedup` it applies a step once per step key, as an API given `idem::steps::step_key`
 //! as its idempotency key does). After a step's effect the holder saves it (`Save`, an action of
 //! its own, so a crash, a pause past the lease or, with `save_errors`, a failed save can fall
 //! between the effect and the save). The save is fenced: it lands only while the record is
@@ -192,7 +192,7 @@ pub(crate) struct Protocol {
     /// A save may fail (the store unreachable for the rest of the lease): the step returns the
     /// error, the body with it, and the call fails (a `Fail` after the effect, before the save).
     pub save_errors: bool,
-    /// The downstream system deduplicates each step by its step key (`idem::step_key`: the same
+    /// The downstream system deduplicates each step by its step key (`idem::steps::step_key`: the same
     /// in every attempt, every life of the record): it applies a step's effect once, however many
     /// times the step runs.
     pub dedup: bool,

@@ -11,7 +11,6 @@ mod inbox_orders;
 #[path = "support/kafka.rs"]
 mod kafka;
 #[path = "contract/server.rs"]
-#[allow(dead_code)]
 mod server;
 
 use std::sync::Arc;

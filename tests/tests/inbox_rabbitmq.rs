@@ -5,7 +5,6 @@
 #[path = "support/inbox_orders.rs"]
 mod inbox_orders;
 #[path = "contract/server.rs"]
-#[allow(dead_code)]
 mod server;
 
 use std::sync::Arc;

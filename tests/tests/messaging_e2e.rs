@@ -15,7 +15,6 @@
 #[path = "support/kafka.rs"]
 mod kafka;
 #[path = "contract/server.rs"]
-#[allow(dead_code)]
 mod server;
 #[path = "support/tx_orders.rs"]
 mod tx_orders;

@@ -9,7 +9,6 @@
 #[allow(dead_code)]
 mod mq_consumer;
 #[path = "contract/server.rs"]
-#[allow(dead_code)]
 mod server;
 
 use std::future::Future;

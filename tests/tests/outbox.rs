@@ -5,7 +5,6 @@
 //! it is handed, in place of a broker; `outbox_brokers.rs` does the same on real brokers).
 
 #[path = "contract/server.rs"]
-#[allow(dead_code)]
 mod server;
 
 use std::collections::HashMap;

@@ -4,7 +4,6 @@
 //! after a relay lost its reply is dropped by the stream's duplicate window.
 
 #[path = "contract/server.rs"]
-#[allow(dead_code)]
 mod server;
 
 use std::sync::Arc;

@@ -6,7 +6,6 @@
 //! `Nats-Msg-Id`), in order per key, and no row is left unsent.
 
 #[path = "contract/server.rs"]
-#[allow(dead_code)]
 mod server;
 
 use std::io::{BufRead, BufReader};

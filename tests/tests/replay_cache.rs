@@ -4,7 +4,6 @@
 //! process (a store without the cache) still gets the stored answer.
 
 #[path = "contract/server.rs"]
-#[allow(dead_code)]
 mod server;
 
 use std::sync::Arc;

@@ -21,7 +21,6 @@
 #[path = "support/redis_server.rs"]
 mod redis_server;
 #[path = "contract/server.rs"]
-#[allow(dead_code)]
 mod server;
 
 use std::collections::BTreeMap;

@@ -15,7 +15,6 @@
 //! one line (a failure under `IDEM_REQUIRE_SERVICES=1`).
 
 #[path = "contract/server.rs"]
-#[allow(dead_code)]
 mod server;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -56,6 +56,7 @@ pub(crate) fn kept(stored: Stored, body_len: usize, max_body: usize, store_limit
 
 /// Whether `stored` (any protocol's) is kept whole: its body is at most the layer's limit and the
 /// record fits the store's snapshot limit, with a margin for the engine's envelope.
+#[cfg(feature = "grpc")]
 pub(crate) fn kept_fits<T: serde::Serialize>(stored: &T, body_len: usize, cfg: &Config) -> bool {
     body_len <= cfg.max_response_bytes
         && serde_json::to_vec(stored)

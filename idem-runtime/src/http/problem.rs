@@ -12,7 +12,11 @@ pub use crate::problem::PROBLEM_TYPE_PREFIX;
 
 /// One problem response: `status`, a `type` of `urn:idem:problem:{name}`, a title and a detail.
 pub(crate) fn problem(status: StatusCode, name: &str, title: &str, detail: &str) -> Response<Body> {
-    let body = crate::problem::body(status.as_u16(), name, title, detail);
+    with_body(status, crate::problem::body(status.as_u16(), name, title, detail))
+}
+
+/// A problem response of `status` with its `body`.
+fn with_body(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -35,7 +39,7 @@ pub(crate) fn retry_after(mut response: Response<Body>, after: Duration) -> Resp
 pub(crate) fn from_idem(e: &IdemError) -> Response<Body> {
     let p = crate::problem::of(e);
     let status = StatusCode::from_u16(p.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let response = problem(status, p.name, p.title, &p.detail);
+    let response = with_body(status, p.body());
     match p.retry_after {
         Some(after) => retry_after(response, after),
         None => response,

@@ -384,8 +384,7 @@ mod readme_handler {
 
     #[tokio::test]
     async fn the_readme_handler_builds_a_router() {
-        let url =
-            super::contract::server::mysql_url();
+        let url = super::contract::server::mysql_url();
         let Some(mysql_store) =
             super::contract::server::reach("MySQL", &url, idem::MySqlStore::connect(&url)).await
         else {

@@ -15,10 +15,10 @@ use crate::{IdemError, IdemKey, Store, fingerprint, key};
 mod checks;
 mod store_timeout;
 pub(crate) use checks::{check_durations, check_result_ttl, check_store_timeout};
+use store_timeout::ambient_store_timeout;
+pub use store_timeout::with_store_timeout;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use store_timeout::{TxStep, tx_step};
-pub use store_timeout::with_store_timeout;
-use store_timeout::ambient_store_timeout;
 
 /// Default record lifetime: 7 days.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);

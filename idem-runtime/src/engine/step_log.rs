@@ -115,4 +115,3 @@ pub(crate) fn decode_log(saved: Option<&[u8]>) -> Result<Log, IdemError> {
         }),
     }
 }
-

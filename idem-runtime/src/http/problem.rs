@@ -12,7 +12,10 @@ pub use crate::problem::PROBLEM_TYPE_PREFIX;
 
 /// One problem response: `status`, a `type` of `urn:idem:problem:{name}`, a title and a detail.
 pub(crate) fn problem(status: StatusCode, name: &str, title: &str, detail: &str) -> Response<Body> {
-    with_body(status, crate::problem::body(status.as_u16(), name, title, detail))
+    with_body(
+        status,
+        crate::problem::body(status.as_u16(), name, title, detail),
+    )
 }
 
 /// A problem response of `status` with its `body`.

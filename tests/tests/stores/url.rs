@@ -247,17 +247,9 @@ fn too_long_keys() -> idem::store::Limits {
 async fn any_store_names_the_tables_of_sql_servers() {
     let mut bases = Vec::new();
     #[cfg(feature = "mysql")]
-    bases.push((
-        "MySQL",
-        server::mysql_url(),
-        "idem_u",
-    ));
+    bases.push(("MySQL", server::mysql_url(), "idem_u"));
     #[cfg(feature = "postgres")]
-    bases.push((
-        "Postgres",
-        server::pg_url(),
-        "idemt",
-    ));
+    bases.push(("Postgres", server::pg_url(), "idemt"));
     for (service, base, prefix) in bases {
         let Some(store) = server::reach(service, &base, idem::connect(&base)).await else {
             continue;
@@ -389,17 +381,9 @@ async fn any_store_options_reach_every_shard() {
 async fn every_form_of_a_table_name_gives_the_same_token_table() {
     let mut bases = vec![("SQLite", format!("sqlite:{}", sqlite_path()), "idem_n")];
     #[cfg(feature = "mysql")]
-    bases.push((
-        "MySQL",
-        server::mysql_url(),
-        "idem_n",
-    ));
+    bases.push(("MySQL", server::mysql_url(), "idem_n"));
     #[cfg(feature = "postgres")]
-    bases.push((
-        "Postgres",
-        server::pg_url(),
-        "idemn",
-    ));
+    bases.push(("Postgres", server::pg_url(), "idemn"));
     for (service, base, prefix) in bases {
         let Some(plain) = server::reach(service, &base, idem::connect(&base)).await else {
             continue;

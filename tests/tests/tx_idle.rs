@@ -59,7 +59,7 @@ struct Pg {
 
 impl Pg {
     async fn new() -> Option<Self> {
-        let url = server::url("IDEM_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
+        let url = server::pg_url();
         let records = server::unique("idemt");
         let admin = server::reach(
             "Postgres",
@@ -152,7 +152,7 @@ struct Maria {
 
 impl Maria {
     async fn new() -> Option<Self> {
-        let url = server::url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let url = server::mysql_url();
         let records = server::unique("idem_idle");
         let admin = server::reach(
             "MariaDB",

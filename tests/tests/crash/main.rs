@@ -610,7 +610,7 @@ async fn my_site() -> Option<Site> {
 /// on the DynamoDB-compatible server at `IDEM_DYNAMO_URL`.
 #[cfg(feature = "dynamodb")]
 async fn dynamo_site() -> Option<Site> {
-    let endpoint = contract::server::url("IDEM_DYNAMO_URL", "http://127.0.0.1:8000");
+    let endpoint = contract::server::dynamo_url();
     let url = format!(
         "dynamodb://{}?endpoint={endpoint}",
         contract::server::unique("idemc")

@@ -165,6 +165,11 @@ async fn a_storm_of_one_event_runs_its_handler_once() {
         }
     }
     let rows = effects.rows().await;
+    eprintln!(
+        "64 invocations of one event: {} answered, {in_progress} told in progress, the body ran {} time(s)",
+        64 - in_progress,
+        rows.len()
+    );
     assert_eq!(rows.len(), 1, "the body ran {} times: {rows:?}", rows.len());
     let first = format!("paid {} by {}", order.order_no, rows[0].1);
     assert_eq!(
@@ -332,6 +337,7 @@ async fn sqs_batches_list_only_the_records_to_deliver_again() {
         })
         .collect();
     let mut rounds = 0;
+    let mut listed_total = 0;
     while !pending.is_empty() {
         rounds += 1;
         assert!(
@@ -415,11 +421,20 @@ async fn sqs_batches_list_only_the_records_to_deliver_again() {
                 );
             }
         }
+        listed_total += again.len();
         // Deliver the listed records again, in batches of up to 10.
         pending = again.chunks(10).map(<[_]>::to_vec).collect();
     }
     let done = effects.successes().await;
     let used: HashSet<&String> = keys.iter().collect();
+    eprintln!(
+        "10 SQS batches of 10 records over {} keys: {listed_total} records listed and delivered again \
+         in {} more round(s); {} body runs, {} of them failures",
+        used.len(),
+        rounds - 1,
+        effects.rows().await.len(),
+        effects.rows().await.iter().filter(|r| !r.2).count()
+    );
     assert_eq!(done.len(), used.len(), "every key done: {done:?}");
     assert!(done.values().all(|n| *n == 1), "a key ran twice: {done:?}");
     let failures = effects.rows().await.iter().filter(|r| !r.2).count();

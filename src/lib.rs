@@ -142,7 +142,7 @@ macro_rules! guide_links {
 [api-transition-sql]: crate::state_machine::TransitionSql
 [api-tx-store]: crate::TransactionalStore
 [lambda-example]: https://github.com/idemkit/idem/blob/main/examples/lambda_orders.rs
-[mq-consumer]: https://github.com/idemkit/idem/blob/main/tests/examples/mq_consumer.rs
+[mq-consumer]: https://github.com/idemkit/idem/blob/main/examples/mq_consumer.rs
 [operating]: https://github.com/idemkit/idem/blob/main/docs/OPERATING.md
 [readme]: crate
 [reliability]: https://github.com/idemkit/idem/blob/main/docs/RELIABILITY.md

@@ -6,7 +6,7 @@
 //! awaiting an ack.
 #![cfg(feature = "nats")]
 
-#[path = "../examples/mq_consumer.rs"]
+#[path = "../../examples/mq_consumer.rs"]
 #[allow(dead_code)]
 mod mq_consumer;
 #[path = "contract/server.rs"]

@@ -5,7 +5,7 @@
 //! the queue with nothing left to deliver.
 #![cfg(feature = "rabbitmq")]
 
-#[path = "../examples/mq_consumer.rs"]
+#[path = "../../examples/mq_consumer.rs"]
 #[allow(dead_code)]
 mod mq_consumer;
 #[path = "contract/server.rs"]

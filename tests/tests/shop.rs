@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-#[path = "../examples/shop.rs"]
+#[path = "../../examples/shop.rs"]
 mod shop;
 
 #[path = "contract/server.rs"]

@@ -234,7 +234,7 @@
 //!
 //! # An example service
 //!
-//! `tests/examples/shop.rs` in the repository is what a team would copy to start: axum, the
+//! `examples/shop.rs` in the repository is what a team would copy to start: axum, the
 //! layer in transaction mode for order creation (the order row and its stored 201 commit together),
 //! an SQL store, a state machine for orders (`#[state_transition]`), submit tokens for the cancel
 //! form, and `/metrics`:

@@ -64,7 +64,7 @@
 //! nor the consumer maps outcomes or verdicts by hand: `amqp::settle` and `jetstream::settle`
 //! take the inbox's [`Verdict`].
 //!
-//! **An example consumer.** `tests/examples/mq_consumer.rs` in the repository is a RabbitMQ
+//! **An example consumer.** `examples/mq_consumer.rs` in the repository is a RabbitMQ
 //! and NATS JetStream consumer built on this module: each delivery goes through
 //! [`Inbox::handle_json`] to an `#[idempotent(biz = "ORDER", key = "msg.order_no", tx = "tx",
 //! fingerprint = "msg")]` fn, so the key is the order number in the payload, and the claim and the

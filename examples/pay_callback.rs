@@ -1,12 +1,13 @@
 //! A gateway's callback storm replayed with `#[state_transition]`: 47 payment callbacks, 26 of them a
 //! concurrent, out-of-order retry storm with duplicates, late `PAID` after a refund and refund callbacks
-//! for orders that never asked for one. Prints what each kind of delivery got and the audit.
+//! for orders that never asked for one. Prints what each kind of delivery got and the audit, and
+//! exits non-zero when the audit fails.
 //!
 //! ```sh
 //! cargo run -p idem-suite --example pay_callback
 //! ```
 
-#[path = "../tests/support/pay_callback.rs"]
+#[path = "../tests/tests/support/pay_callback.rs"]
 mod scenario;
 
 #[tokio::main]
@@ -31,7 +32,10 @@ async fn main() -> Result<(), scenario::ScenarioError> {
         Ok(()) => {
             println!("audit: no order moved backwards, one coupon per paid order, ledger balances")
         }
-        Err(broken) => println!("audit FAILED: {broken}"),
+        Err(broken) => {
+            println!("audit FAILED: {broken}");
+            std::process::exit(1);
+        }
     }
     Ok(())
 }

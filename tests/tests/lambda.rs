@@ -501,8 +501,13 @@ async fn a_fifo_batch_lists_every_record_from_its_first_failure_on() {
     assert_eq!(listed(&response), HashSet::from(["f-bad".to_owned()]));
 }
 
-/// An API Gateway HTTP API request (payload format 2.0).
-fn http_request(key: Option<&str>, body: &str) -> LambdaEvent<ApiGatewayV2httpRequest> {
+/// An API Gateway HTTP API request (payload format 2.0) from the caller `sub`, as a JWT authorizer
+/// passes it on (none: no authorizer claim).
+fn http_request_from(
+    sub: Option<&str>,
+    key: Option<&str>,
+    body: &str,
+) -> LambdaEvent<ApiGatewayV2httpRequest> {
     let mut headers = json!({ "content-type": "application/json", "user-agent": "curl/8.5.0" });
     if let Some(key) = key {
         headers["idempotency-key"] = json!(key);
@@ -529,13 +534,28 @@ fn http_request(key: Option<&str>, body: &str) -> LambdaEvent<ApiGatewayV2httpRe
             "routeKey": "POST /orders",
             "stage": "$default",
             "time": "12/Mar/2020:19:03:58 +0000",
-            "timeEpoch": 1583348638390u64
+            "timeEpoch": 1583348638390u64,
+            "authorizer": match sub {
+                Some(sub) => json!({ "jwt": { "claims": { "sub": sub }, "scopes": [] } }),
+                None => json!({}),
+            }
         },
         "body": body,
         "isBase64Encoded": false
     }))
     .unwrap();
     LambdaEvent::new(request, context(Duration::from_secs(30)))
+}
+
+/// The caller `alice`'s request.
+fn http_request(key: Option<&str>, body: &str) -> LambdaEvent<ApiGatewayV2httpRequest> {
+    http_request_from(Some("alice"), key, body)
+}
+
+/// The caller as the JWT authorizer said it.
+fn sub(request: &ApiGatewayV2httpRequest) -> Option<String> {
+    let jwt = request.request_context.authorizer.as_ref()?.jwt.as_ref()?;
+    jwt.claims.get("sub").cloned()
 }
 
 fn created(body: String) -> ApiGatewayV2httpResponse {
@@ -559,7 +579,20 @@ fn text(response: &ApiGatewayV2httpResponse) -> String {
 async fn an_http_api_answers_each_key_once() {
     let Some(store) = store().await else { return };
     let effects = Effects::new().await;
-    let api = HttpApi::builder(store, "ORDERS").build().unwrap();
+    // Keys are kept per caller: without a principal (or a reason to share them) it is refused.
+    for unscoped in [None, Some(" ")] {
+        let builder = HttpApi::builder(store.clone(), "ORDERS");
+        let builder = match unscoped {
+            Some(reason) => builder.unscoped(reason),
+            None => builder,
+        };
+        let err = builder.build().unwrap_err();
+        assert!(matches!(err, IdemError::InvalidOptions { .. }), "{err}");
+    }
+    let api = HttpApi::builder(store, "ORDERS")
+        .principal(sub)
+        .build()
+        .unwrap();
     let key = server::unique("k");
     let handle = |key: Option<String>, body: &'static str, status: i64| {
         let (api, effects) = (api.clone(), effects.clone());
@@ -597,6 +630,26 @@ async fn an_http_api_answers_each_key_once() {
     assert_eq!(missing.status_code, 400);
     assert!(text(&missing).contains("missing-key"));
     assert_eq!(effects.rows().await.len(), 1, "only the first request ran");
+    // Another caller with the same key and body is another request: it runs, and never gets
+    // alice's response.
+    let bob = api
+        .handle(
+            http_request_from(Some("bob"), Some(&key), r#"{"order_no":"A-1"}"#),
+            |_| async { Ok::<_, IdemError>(created("bob's order".to_owned())) },
+        )
+        .await
+        .unwrap();
+    assert_eq!(text(&bob), "bob's order");
+    // No caller: 401, nothing run.
+    let nobody = api
+        .handle(
+            http_request_from(None, Some(&key), r#"{"order_no":"A-1"}"#),
+            |_| async { Ok::<_, IdemError>(created("ran".to_owned())) },
+        )
+        .await
+        .unwrap();
+    assert_eq!(nobody.status_code, 401);
+    assert!(text(&nobody).contains("no-principal"));
     // A 5xx answer is not stored: the retry runs the handler again.
     let key5 = server::unique("k5");
     assert_eq!(handle(Some(key5.clone()), "{}", 503).await.status_code, 503);

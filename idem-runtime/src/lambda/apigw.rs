@@ -14,6 +14,7 @@
 //! | a repeat while the first still runs | 409 `in-progress` with `Retry-After` |
 //! | a repeat with another request | 422 `payload-mismatch` |
 //! | no key (and a key is required), or a key that is not a valid `Idempotency-Key` | 400 `missing-key` / `invalid-key` |
+//! | no caller (the `principal` fn answered `None`) | 401 `no-principal`; nothing ran |
 //! | the store cannot be reached | 503 `store-unavailable` with `Retry-After`; nothing ran |
 //!
 //! Refusals are `application/problem+json` bodies (RFC 9457) of type `urn:idem:problem:<name>`.
@@ -44,6 +45,21 @@ pub struct HttpApi {
     ttl: Option<Duration>,
     header: HeaderName,
     key_required: bool,
+    caller: Caller,
+}
+
+/// Reads the caller from a request.
+type PrincipalFn = Arc<dyn Fn(&ApiGatewayV2httpRequest) -> Option<String> + Send + Sync>;
+
+/// Whose keys a request's key is among: two callers' keys never meet.
+#[derive(Clone)]
+enum Caller {
+    /// Not said yet: `build` refuses it.
+    Unset,
+    /// The caller read from the request; `None` is answered 401.
+    Scoped(PrincipalFn),
+    /// One key space for every caller, and why that is safe.
+    Unscoped(String),
 }
 
 impl fmt::Debug for HttpApi {
@@ -54,6 +70,7 @@ impl fmt::Debug for HttpApi {
             .field("ttl", &self.ttl)
             .field("header", &self.header)
             .field("key_required", &self.key_required)
+            .field("scoped", &matches!(self.caller, Caller::Scoped(_)))
             .finish()
     }
 }
@@ -85,6 +102,7 @@ impl HttpApi {
                 ttl: None,
                 header: HeaderName::from_static("idempotency-key"),
                 key_required: true,
+                caller: Caller::Unset,
             },
             header: None,
         }
@@ -107,6 +125,27 @@ impl HttpApiBuilder {
         self
     }
 
+    /// Keys are kept per caller, `principal(&request)` (for a JWT authorizer, its `sub` claim;
+    /// never a field the client writes freely): two callers' requests with the same key never
+    /// meet, so none gets another's response. A request whose caller is `None` is answered 401
+    /// `no-principal`, nothing run. One of `principal` and [`unscoped`](Self::unscoped) is
+    /// required.
+    pub fn principal(
+        mut self,
+        principal: impl Fn(&ApiGatewayV2httpRequest) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.api.caller = Caller::Scoped(Arc::new(principal));
+        self
+    }
+
+    /// One key space for every caller, for an API whose callers cannot read each other's
+    /// responses (one internal caller behind an IAM authorizer, say); `reason` says why, in the
+    /// code. `build` refuses a blank reason.
+    pub fn unscoped(mut self, reason: impl Into<String>) -> Self {
+        self.api.caller = Caller::Unscoped(reason.into());
+        self
+    }
+
     /// Runs a request without a key as it comes, without idempotency, instead of answering 400
     /// `missing-key`.
     pub fn key_optional(mut self) -> Self {
@@ -118,9 +157,27 @@ impl HttpApiBuilder {
     ///
     /// # Errors
     /// [`IdemError::InvalidBiz`] for a business type the store cannot take;
-    /// [`IdemError::InvalidOptions`] for a ttl out of range or a header name that is not one.
+    /// [`IdemError::InvalidOptions`] for a ttl out of range, a header name that is not one, or
+    /// neither [`principal`](Self::principal) nor [`unscoped`](Self::unscoped) (with a reason).
     pub fn build(self) -> Result<HttpApi, IdemError> {
         let mut api = self.api;
+        let refused = match &api.caller {
+            Caller::Unset => Some(
+                "an HTTP API keeps keys per caller: give `.principal(|request| …)` (the \
+                 authorizer's caller), or `.unscoped(reason)` when callers cannot read each \
+                 other's responses",
+            ),
+            Caller::Unscoped(reason) if reason.trim().is_empty() => Some(
+                "`unscoped` needs a reason: say in the code why callers cannot read each other's \
+                 responses",
+            ),
+            Caller::Scoped(_) | Caller::Unscoped(_) => None,
+        };
+        if let Some(reason) = refused {
+            return Err(IdemError::InvalidOptions {
+                reason: reason.to_owned(),
+            });
+        }
         crate::key::validate_biz(&api.biz, api.store.limits().max_biz_len)?;
         if let Some(ttl) = api.ttl {
             super::check_ttl(ttl)?;
@@ -198,19 +255,37 @@ impl HttpApi {
             [one] => one.to_str().map_err(|e| e.to_string()),
             _ => Err("the request has the header more than once".to_owned()),
         };
-        let record_key =
-            match key.and_then(|k| crate::http_record_key(None, k).map_err(|e| e.to_string())) {
-                Ok(record_key) => record_key,
-                Err(why) => {
+        let principal = match &self.caller {
+            Caller::Scoped(principal) => match principal(request) {
+                Some(p) => Some(p),
+                None => {
                     return Ok(answer(&Problem {
-                        status: 400,
-                        name: "invalid-key",
-                        title: "Invalid idempotency key",
-                        detail: why.into(),
+                        status: 401,
+                        name: "no-principal",
+                        title: "Caller unknown",
+                        detail: "idempotent requests are kept per caller, and this request \
+                                 carries no caller identity"
+                            .into(),
                         retry_after: None,
                     }));
                 }
-            };
+            },
+            Caller::Unset | Caller::Unscoped(_) => None,
+        };
+        let record_key = match key.and_then(|k| {
+            crate::http_record_key(principal.as_deref(), k).map_err(|e| e.to_string())
+        }) {
+            Ok(record_key) => record_key,
+            Err(why) => {
+                return Ok(answer(&Problem {
+                    status: 400,
+                    name: "invalid-key",
+                    title: "Invalid idempotency key",
+                    detail: why.into(),
+                    retry_after: None,
+                }));
+            }
+        };
         let mut call =
             super::call(self.biz.clone(), &record_key, &event.context).fingerprint(&Fingerprint {
                 method: request.request_context.http.method.as_str(),

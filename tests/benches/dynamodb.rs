@@ -42,37 +42,14 @@ use idem::aws_sdk_dynamodb::types::{
     ScalarAttributeType,
 };
 use idem::{Call, DynamoStore, IdemError};
-use serde::{Deserialize, Serialize};
 
-/// The stored result: a string and two integers.
-#[derive(Debug, Serialize, Deserialize)]
-struct Receipt {
-    id: String,
-    amount: u64,
-    seq: u64,
-}
+mod support;
+use support::{BIZ, Receipt, Table, median, now_ms, r3, receipt};
 
-/// The body every contender runs for key `k`.
-fn receipt(k: u64) -> Receipt {
-    Receipt {
-        id: format!("order-{k}"),
-        amount: k * 100 + 7,
-        seq: k,
-    }
-}
-
-const BIZ: &str = "BENCH";
 const TTL: Duration = Duration::from_secs(3600);
 
 fn s(v: impl Into<String>) -> AttributeValue {
     AttributeValue::S(v.into())
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
 }
 
 /// Counts the HTTP requests a client sends (the SDK's retries included).
@@ -238,19 +215,6 @@ async fn timed(c: &Contender, keys: std::ops::Range<u64>, tasks: u64, replay: bo
     )
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// Calls/s and requests per call, per contender (0 idem, 1 floor) and workload (0 first,
 /// 1 replay), one per round.
 #[derive(Default)]
@@ -262,13 +226,7 @@ struct Figures {
 impl Figures {
     /// The per-round ratios idem / floor for `workload`, their median.
     fn ratio(&self, workload: usize) -> f64 {
-        median(
-            self.ops[0][workload]
-                .iter()
-                .zip(&self.ops[1][workload])
-                .map(|(x, y)| x / y)
-                .collect(),
-        )
+        support::ratio(&self.ops[0][workload], &self.ops[1][workload])
     }
 
     fn ratios(&self, workload: usize) -> Vec<f64> {
@@ -360,17 +318,10 @@ async fn measure(endpoint: &str, mode: &str, tasks: u64, calls: u64, rounds: usi
 fn main() {
     let endpoint =
         std::env::var("IDEM_DYNAMO_URL").unwrap_or_else(|_| "http://127.0.0.1:8000".to_owned());
-    let env = |name: &str| std::env::var(name).ok();
-    let scale: f64 = env("IDEM_BENCH_SCALE")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0);
-    let rounds: usize = env("IDEM_BENCH_ROUNDS")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+    let scale = support::scale();
+    let rounds = support::rounds(5);
     // IDEM_BENCH_ONLY: a comma-separated choice of modes (seq, c16).
-    let only: Vec<String> = env("IDEM_BENCH_ONLY")
-        .map(|s| s.split(',').map(|t| t.trim().to_owned()).collect())
-        .unwrap_or_default();
+    let only = support::only();
     let runs = |mode: &str| only.is_empty() || only.iter().any(|t| t == mode);
     let calls = |base: u64| ((base as f64 * scale) as u64).max(16) / 16 * 16;
 
@@ -401,7 +352,7 @@ fn main() {
     if runs("seq") {
         let n = calls(160);
         let f = seq_rt.block_on(measure(&endpoint, "seq", 1, n, rounds));
-        results.push(("1 task", n, f));
+        results.push(("1", n, f));
     }
     drop(seq_rt);
     if runs("c16") {
@@ -412,48 +363,39 @@ fn main() {
             .unwrap();
         let n = calls(320);
         let f = multi_rt.block_on(measure(&endpoint, "c16", 16, n, rounds));
-        results.push(("16 tasks", n, f));
+        results.push(("16", n, f));
     }
 
-    println!(
-        "{:<34} {:>12} {:>12}",
-        "scenario (calls/s, median)", "first", "replay"
+    let mut table = Table::new(
+        "dynamodb",
+        &[
+            "workload",
+            "tasks",
+            "idem calls/s",
+            "floor calls/s",
+            "idem / floor",
+            "per-round ratios",
+            "idem requests per call",
+            "floor requests per call",
+        ],
     );
-    for (label, n, f) in &results {
-        println!("-- {label} ({n} keys per contender per round)");
-        for (i, name) in ["idem", "floor"].iter().enumerate() {
-            println!(
-                "{:<34} {:>12.1} {:>12.1}",
-                name,
-                median(f.ops[i][0].clone()),
-                median(f.ops[i][1].clone())
-            );
-        }
-        for (i, name) in ["idem", "floor"].iter().enumerate() {
-            println!(
-                "{:<34} {:>12.3} {:>12.3}",
-                format!("  {name}, requests per call"),
-                median(f.requests[i][0].clone()),
-                median(f.requests[i][1].clone())
-            );
-        }
-        println!(
-            "{:<34} {:>12.3} {:>12.3}",
-            "ratio idem / floor",
-            f.ratio(0),
-            f.ratio(1)
-        );
-        let spread = |w: usize| {
+    for (label, _, f) in &results {
+        for (w, workload) in ["first", "replay"].iter().enumerate() {
             let r = f.ratios(w);
             let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
             let hi = r.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            format!("{lo:.3}–{hi:.3}")
-        };
-        println!(
-            "{:<34} {:>12} {:>12}",
-            "  per-round ratios, lowest–highest",
-            spread(0),
-            spread(1)
-        );
+            let requests = |i: usize| format!("{:.2}", median(f.requests[i][w].clone()));
+            table.row([
+                workload.to_string(),
+                label.to_string(),
+                format!("{:.1}", median(f.ops[0][w].clone())),
+                format!("{:.1}", median(f.ops[1][w].clone())),
+                r3(f.ratio(w)),
+                format!("{lo:.3}–{hi:.3}"),
+                requests(0),
+                requests(1),
+            ]);
+        }
     }
+    table.emit();
 }

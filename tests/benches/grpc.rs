@@ -28,6 +28,9 @@ use prost::Message;
 use tonic::{Request, Response, Status};
 use tower::{Layer, ServiceExt};
 
+mod support;
+use support::{Table, median, r3, rate};
+
 #[derive(Clone)]
 struct Shop;
 
@@ -134,13 +137,9 @@ async fn over_loopback(
     n as f64 / t.elapsed().as_secs_f64()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-/// Bare, first executions and replays, `rounds` rounds alternating their order; prints the table.
-async fn compare<F, Fut>(title: &str, rounds: usize, n: u64, mut run: F)
+/// Bare, first executions and replays, `rounds` rounds alternating their order; adds their rows
+/// to `table`.
+async fn compare<F, Fut>(table: &mut Table, title: &str, rounds: usize, n: u64, mut run: F)
 where
     F: FnMut(usize, u8, u64) -> Fut,
     Fut: Future<Output = f64>,
@@ -160,27 +159,25 @@ where
     }
     let us = |rate: f64| 1e6 / rate;
     let (bare, first, replay) = (median(b), median(f), median(r));
-    println!("\n{title} (median of {rounds} rounds of {n})\n");
-    println!("{:<52} {:>10} {:>10}", "scenario", "calls/s", "µs added");
-    println!("{:<52} {:>10.0}", "bare tonic service", bare);
-    println!(
-        "{:<52} {:>10.0} {:>10.2}",
-        "behind the layer: first execution (new key)",
-        first,
-        us(first) - us(bare)
-    );
-    println!(
-        "{:<52} {:>10.0} {:>10.2}",
-        "behind the layer: replay (same key)",
-        replay,
-        us(replay) - us(bare)
-    );
-    println!(
-        "{:<52} {:>10.3}",
-        "ratio layer / bare, first execution",
-        median(fr)
-    );
-    println!("{:<52} {:>10.3}", "ratio layer / bare, replay", median(rr));
+    let added = |rate: f64| format!("{:.2}", us(rate) - us(bare));
+    table.row([
+        format!("{title}: bare tonic service"),
+        rate(bare),
+        "–".to_owned(),
+        "–".to_owned(),
+    ]);
+    table.row([
+        format!("{title}: first execution (new key)"),
+        rate(first),
+        added(first),
+        r3(median(fr)),
+    ]);
+    table.row([
+        format!("{title}: replay (same key)"),
+        rate(replay),
+        added(replay),
+        r3(median(rr)),
+    ]);
 }
 
 fn main() {
@@ -189,18 +186,19 @@ fn main() {
         .build()
         .unwrap();
     // IDEM_BENCH_SCALE=0.1 for a quick look.
-    let scale: f64 = std::env::var("IDEM_BENCH_SCALE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0);
+    let scale = support::scale();
     let rounds = if scale < 1.0 { 1 } else { 9 };
-    let only = std::env::var("IDEM_BENCH_ONLY").unwrap_or_default();
-    let runs = |what: &str| only.is_empty() || only.split(',').any(|o| o == what);
+    let only = support::only();
+    let runs = |what: &str| only.is_empty() || only.iter().any(|o| o == what);
+    let mut table = Table::new(
+        "grpc",
+        &["scenario", "calls/s", "µs added", "layer / bare"],
+    );
     rt.block_on(async {
         let n = ((20_000.0 * scale) as u64).max(100);
         if runs("in-process") {
             let bare = OrdersServer::new(Shop);
-            compare("in process, one core", rounds, n, |round, which, n| {
+            compare(&mut table, "in process", rounds, n, |round, which, n| {
                 let bare = bare.clone();
                 async move {
                     match which {
@@ -228,7 +226,8 @@ fn main() {
         let fresh = grpc_shop::client(grpc_shop::serve(layer(), Shop).await).await;
         let replays = grpc_shop::client(grpc_shop::serve(layer(), Shop).await).await;
         compare(
-            "over loopback, a tonic client, one call at a time",
+            &mut table,
+            "over loopback",
             rounds,
             n,
             |round, which, n| {
@@ -245,6 +244,7 @@ fn main() {
         )
         .await;
     });
+    table.emit();
 }
 
 /// The bare service on a loopback port; its address.

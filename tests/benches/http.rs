@@ -22,6 +22,9 @@ use idem::sqlx::SqlitePool;
 use idem::{MemoryStore, SqliteStore, SqliteTx};
 use tower::ServiceExt;
 
+mod support;
+use support::{Table, median, r3, rate};
+
 fn router(layer: Option<IdempotencyLayer>) -> Router {
     let route = post(|body: String| async move {
         axum::Json(serde_json::json!({ "order_id": 7, "echo": body.len() }))
@@ -84,21 +87,13 @@ async fn run(app: &Router, n: u64, key: impl Fn(u64) -> String) -> f64 {
     n as f64 / t.elapsed().as_secs_f64()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
 fn main() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     // IDEM_BENCH_SCALE=0.1 for a quick look (or under valgrind).
-    let scale: f64 = std::env::var("IDEM_BENCH_SCALE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0);
+    let scale = support::scale();
     let n = ((20_000.0 * scale) as u64).max(100);
     let rounds = if scale < 1.0 { 1 } else { 9 };
     rt.block_on(async {
@@ -138,33 +133,32 @@ fn main() {
         println!(
             "idem HTTP layer (one core, in-process router, median of {rounds} rounds of {n})\n"
         );
-        println!("{:<58} {:>12} {:>12}", "scenario", "requests/s", "µs added");
-        println!("{:<58} {:>12.0}", "bare axum handler", bare);
-        println!(
-            "{:<58} {:>12.0} {:>12.2}",
-            "lease mode (memory): first execution (new key)",
-            first,
-            us(first) - us(bare)
+        let mut table = Table::new(
+            "http",
+            &["scenario", "requests/s", "µs added", "layer / bare"],
         );
-        println!(
-            "{:<58} {:>12.0} {:>12.2}",
-            "lease mode (memory): replay (same key)",
-            replay,
-            us(replay) - us(bare)
-        );
-        println!(
-            "{:<58} {:>12.3}",
-            "ratio layer / bare, first execution",
-            median(first_ratio)
-        );
-        println!(
-            "{:<58} {:>12.3}",
-            "ratio layer / bare, replay",
-            median(replay_ratio)
-        );
+        table.row([
+            "bare axum handler".to_owned(),
+            rate(bare),
+            "–".to_owned(),
+            "–".to_owned(),
+        ]);
+        table.row([
+            "lease mode (memory): first execution (new key)".to_owned(),
+            rate(first),
+            format!("{:.2}", us(first) - us(bare)),
+            r3(median(first_ratio)),
+        ]);
+        table.row([
+            "lease mode (memory): replay (same key)".to_owned(),
+            rate(replay),
+            format!("{:.2}", us(replay) - us(bare)),
+            r3(median(replay_ratio)),
+        ]);
 
         // Transaction mode on an in-memory SQLite store (`IDEM_BENCH_ONLY=lease` skips it).
-        if std::env::var("IDEM_BENCH_ONLY").is_ok_and(|only| only == "lease") {
+        if support::only() == ["lease"] {
+            table.emit();
             return;
         }
         let store = SqliteStore::in_memory().await.unwrap();
@@ -186,23 +180,25 @@ fn main() {
             r.push(z);
         }
         let (bare, first, replay) = (median(b), median(f), median(r));
-        println!("\ntransaction mode (SQLite in memory), median of {rounds} rounds of {n}\n");
-        println!("{:<58} {:>12} {:>12}", "scenario", "requests/s", "µs added");
-        println!(
-            "{:<58} {:>12.0}",
-            "bare handler: begin, insert, commit", bare
-        );
-        println!(
-            "{:<58} {:>12.0} {:>12.2}",
-            "transaction mode: first execution (new key)",
-            first,
-            us(first) - us(bare)
-        );
-        println!(
-            "{:<58} {:>12.0} {:>12.2}",
-            "transaction mode: replay (same key)",
-            replay,
-            us(replay) - us(bare)
-        );
+        let ratio = |x: f64| r3(x / bare);
+        table.row([
+            "bare handler, SQLite in memory: begin, insert, commit".to_owned(),
+            rate(bare),
+            "–".to_owned(),
+            "–".to_owned(),
+        ]);
+        table.row([
+            "transaction mode (SQLite in memory): first execution".to_owned(),
+            rate(first),
+            format!("{:.2}", us(first) - us(bare)),
+            ratio(first),
+        ]);
+        table.row([
+            "transaction mode (SQLite in memory): replay".to_owned(),
+            rate(replay),
+            format!("{:.2}", us(replay) - us(bare)),
+            ratio(replay),
+        ]);
+        table.emit();
     });
 }

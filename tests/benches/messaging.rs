@@ -15,7 +15,8 @@
 //! - `inbox-amqp`, `inbox-nats`: `N` messages with distinct order numbers, pre-filled (a quorum
 //!   queue declared by `inbox::amqp::declare_queue`, prefetch 64; a work-queue JetStream stream in
 //!   memory with a durable pull consumer), then consumed one at a time. `plain` decodes the JSON,
-//!   inserts one `shipped` row in an SQLite transaction (begin, insert, commit) and acks (AMQP
+//!   and in one SQLite transaction writes the order's dedup row (`INSERT OR IGNORE` into a table of
+//!   its own keyed by order number) and, when that row is new, the `shipped` row, then acks (AMQP
 //!   `basic.ack`; JetStream `double_ack`, the ack `inbox::jetstream::settle` sends). `idem` hands the
 //!   payload to `Inbox::handle_json`, whose handler begins a transaction, calls an
 //!   `#[idempotent(tx = "tx")]` fn keyed by the order number (claim, insert, mark, in that
@@ -23,11 +24,12 @@
 //!   `inbox::jetstream::settle`.
 //! - `inbox-amqp-dup`, `inbox-nats-dup`: the same with 12 % of the `N` messages duplicates (an order
 //!   number already sent, another message id, a few messages later). `idem` acks them as replays
-//!   (counted and checked: one row per order); `plain` does not deduplicate and ships them again.
+//!   (counted and checked: one row per order); `plain` finds their dedup rows and ships nothing.
 //! - `inbox-amqp-batch`, `inbox-nats-batch` (and `…-batch-dup`, 12 % duplicates): the same
 //!   traffic taken in batches of up to 64 (what the prefetch of 64 holds; a JetStream `fetch` of 64), each message's
 //!   row in an SQLite transaction of its own (begin, insert, commit), then the batch's acks sent
-//!   together. `plain` ships the messages of a batch one by one. `idem` hands each batch to
+//!   together. `plain` writes the batch's dedup rows in one transaction, then ships each new
+//!   order in a transaction of its own. `idem` hands each batch to
 //!   `Inbox::handle_batch` (lease mode on the same SQLite file: one batch claim, the row's
 //!   transaction as each body, the marks sent together), then settles the verdicts together.
 //! - `outbox-amqp`, `outbox-nats`: an SQLite outbox (`Outbox::migrate`) with `N` committed rows
@@ -82,6 +84,9 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::{Deserialize, Serialize};
 
+mod support;
+use support::{Table, median, r3, rate};
+
 /// An order event as published (JSON).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct OrderMsg {
@@ -101,6 +106,9 @@ enum ShipError {
 const SHIPPED_DDL: &str = "CREATE TABLE IF NOT EXISTS shipped (id INTEGER PRIMARY KEY, \
                            order_no TEXT NOT NULL, sku TEXT NOT NULL, qty INTEGER NOT NULL)";
 const INSERT: &str = "INSERT INTO shipped (order_no, sku, qty) VALUES (?1, ?2, ?3)";
+/// The plain loop's own dedup record: one durable row per order it has handled.
+const SEEN_DDL: &str = "CREATE TABLE IF NOT EXISTS plain_seen (order_no TEXT PRIMARY KEY)";
+const SEEN: &str = "INSERT OR IGNORE INTO plain_seen (order_no) VALUES (?1)";
 
 /// Ships an order once: its row, with the claim and the mark, in the caller's transaction.
 #[idempotent(
@@ -128,20 +136,53 @@ async fn ship_idem(store: &SqliteStore, msg: OrderMsg) -> Result<i64, ShipError>
     Ok(id)
 }
 
-/// The plain loop's handler: the same row in a transaction, no deduplication.
-async fn ship_plain(pool: &SqlitePool, payload: &[u8]) -> i64 {
+/// The plain loop's handler: in one transaction, the order's dedup row and, when that row is
+/// new, the shipped row; a duplicate ships nothing. Returns whether it shipped.
+async fn ship_plain(pool: &SqlitePool, payload: &[u8]) -> bool {
     let msg: OrderMsg = serde_json::from_slice(payload).expect("an order");
     let mut tx = pool.begin().await.unwrap();
-    let id = sqlx::query(INSERT)
+    let new = seen(&mut tx, &msg).await;
+    if new {
+        sqlx::query(INSERT)
+            .bind(&msg.order_no)
+            .bind(&msg.sku)
+            .bind(msg.qty)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    new
+}
+
+/// Writes the order's dedup row; false when it was there already.
+async fn seen(tx: &mut sqlx::SqliteConnection, msg: &OrderMsg) -> bool {
+    let done = sqlx::query(SEEN)
         .bind(&msg.order_no)
-        .bind(&msg.sku)
-        .bind(msg.qty)
         .execute(&mut *tx)
         .await
-        .unwrap()
-        .last_insert_rowid();
+        .unwrap();
+    done.rows_affected() == 1
+}
+
+/// The plain loop's batch: the batch's dedup rows in one transaction, then each new order's row
+/// in a transaction of its own (as idem's batch claim, then each body).
+async fn ship_plain_batch(pool: &SqlitePool, payloads: &[&[u8]]) {
+    let msgs: Vec<OrderMsg> = payloads
+        .iter()
+        .map(|p| serde_json::from_slice(p).expect("an order"))
+        .collect();
+    let mut tx = pool.begin().await.unwrap();
+    let mut new = Vec::with_capacity(msgs.len());
+    for msg in &msgs {
+        new.push(seen(&mut tx, msg).await);
+    }
     tx.commit().await.unwrap();
-    id
+    for (msg, new) in msgs.iter().zip(new) {
+        if new {
+            ship_row(pool, msg).await.unwrap();
+        }
+    }
 }
 
 /// A batch's business: the order's row in a transaction of its own (what the plain loop does),
@@ -199,9 +240,8 @@ async fn run_batch<'b, D, S, E>(
 {
     let settled: Vec<Verdict> = match who {
         Who::Plain => {
-            for delivery in batch {
-                ship_plain(store.pool(), read(delivery).0).await;
-            }
+            let payloads: Vec<&[u8]> = batch.iter().map(|d| read(d).0).collect();
+            ship_plain_batch(store.pool(), &payloads).await;
             vec![Verdict::Ack; batch.len()]
         }
         Who::Idem => {
@@ -241,10 +281,9 @@ async fn side_db() -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("side.db")).await.unwrap();
     store.migrate().await.unwrap();
-    sqlx::query(SHIPPED_DDL)
-        .execute(store.pool())
-        .await
-        .unwrap();
+    for ddl in [SHIPPED_DDL, SEEN_DDL] {
+        sqlx::query(ddl).execute(store.pool()).await.unwrap();
+    }
     Outbox::new().migrate(store.pool()).await.unwrap();
     (store, dir)
 }
@@ -328,17 +367,14 @@ impl Verdicts {
     }
 }
 
-/// Checks the side-effect table after an inbox run: one row per message for the plain loop, one
-/// per order for idem.
+/// Checks the side-effect table after an inbox run: one row per order on both sides (the plain
+/// loop keeps its own dedup rows), and idem's verdicts.
 async fn check_inbox(pool: &SqlitePool, who: Who, n: usize, distinct: usize, v: &Verdicts) {
     let (rows, orders) = shipped(pool).await;
     assert_eq!(orders as usize, distinct, "every order shipped");
-    match who {
-        Who::Plain => assert_eq!(rows as usize, n, "the plain loop ships every message"),
-        Who::Idem => {
-            assert_eq!(rows as usize, distinct, "idem ships each order once");
-            assert_eq!((v.executed, v.replays), (distinct, n - distinct));
-        }
+    assert_eq!(rows as usize, distinct, "each order shipped once");
+    if who == Who::Idem {
+        assert_eq!((v.executed, v.replays), (distinct, n - distinct));
     }
 }
 
@@ -1101,19 +1137,6 @@ impl Workload {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// One workload's rounds: `(plain, idem)` per round.
 struct Figures {
     rounds: Vec<(Run, Run)>,
@@ -1157,21 +1180,9 @@ async fn bench() {
         env("IDEM_AMQP_URL").unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
     let nats_url = env("IDEM_NATS_URL").unwrap_or_else(|| "nats://127.0.0.1:4222".to_owned());
     let kafka_url = env("IDEM_KAFKA_URL").unwrap_or_else(|| "127.0.0.1:9092".to_owned());
-    let scale: f64 = env("IDEM_BENCH_SCALE")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0);
-    let rounds: usize = env("IDEM_BENCH_ROUNDS")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5)
-        .max(1);
-    let only: Vec<String> = env("IDEM_BENCH_ONLY")
-        .map(|s| {
-            s.split(',')
-                .map(|t| t.trim().to_owned())
-                .filter(|t| !t.is_empty())
-                .collect()
-        })
-        .unwrap_or_default();
+    let scale = support::scale();
+    let rounds = support::rounds(5);
+    let only = support::only();
     let n = ((2_000.0 * scale) as usize).max(50);
 
     let picked: Vec<&Workload> = WORKLOADS.iter().filter(|w| w.picked(&only)).collect();
@@ -1251,35 +1262,38 @@ async fn bench() {
         }
     }
 
-    println!(
-        "{:<18} {:>12} {:>12} {:>12}",
-        "workload", "plain msg/s", "idem msg/s", "idem/plain"
+    let mut table = Table::new(
+        "messaging",
+        &[
+            "workload",
+            "plain msg/s",
+            "idem msg/s",
+            "idem / plain",
+            "duplicates acked as replays",
+        ],
     );
     for (w, f) in workloads.iter().zip(&figures) {
-        println!(
-            "{:<18} {:>12.0} {:>12.0} {:>12.3}",
-            w.name,
-            f.plain(),
-            f.idem(),
-            f.ratio()
-        );
+        let dups = match w.kind {
+            Kind::Inbox { dup_pct } | Kind::InboxBatch { dup_pct } if dup_pct > 0 => {
+                let replays: Vec<String> =
+                    f.rounds.iter().map(|(_, i)| i.replays.to_string()).collect();
+                format!("{} of {n} ({})", n * dup_pct / 100, replays.join(", "))
+            }
+            _ => "–".to_owned(),
+        };
+        table.row([
+            w.name.to_owned(),
+            rate(f.plain()),
+            rate(f.idem()),
+            r3(f.ratio()),
+            dups,
+        ]);
     }
-    println!();
+    table.emit();
     for (w, f) in workloads.iter().zip(&figures) {
         println!("messages/s plain {} {:.0}", w.name, f.plain());
         println!("messages/s idem {} {:.0}", w.name, f.idem());
         println!("ratio idem / plain {} {:.3}", w.name, f.ratio());
-        if let Kind::Inbox { dup_pct } | Kind::InboxBatch { dup_pct } = w.kind
-            && dup_pct > 0
-        {
-            let dups = n * dup_pct / 100;
-            let replays: Vec<usize> = f.rounds.iter().map(|(_, i)| i.replays).collect();
-            println!(
-                "duplicates {}: {dups} of {n} messages per round; idem acked {replays:?} as \
-                 replays (one shipped row per order), plain shipped them again",
-                w.name
-            );
-        }
     }
 }
 

@@ -10,7 +10,7 @@
 //! ```
 //!
 //! `IDEM_BENCH_ONLY` is a comma-separated choice of modes (`lease`, `tx`) and floors (`floor`,
-//! `design`); what names neither of a kind runs all of that kind. idem always runs.
+//! `design`, `indexed`); what names neither of a kind runs all of that kind. idem always runs.
 //!
 //! Workload: a small serde result (`Receipt`: a string and two integers).
 //! - `lease first`: a new key per call: the claim `INSERT` (its fence back in the OK packet), the
@@ -32,7 +32,9 @@
 //! `SELECT` by primary key (the floor knows which workload it runs, so it never tries the claim
 //! first); tx mode = `BEGIN`, claim `INSERT`, the body's writes (none here: idem's tx body writes
 //! nothing either), mark `UPDATE`, `COMMIT`, and a tx replay = `BEGIN`, the `SELECT`, `COMMIT`.
-//! Times are the client's clock (`lease_until`, `expire_at` in ms bound as values). Each round runs both contenders on every workload, with 1 caller and
+//! Times are the client's clock (`lease_until`, `expire_at` in ms bound as values). `indexed`, the
+//! contract floor: the design floor's statements on idem's own table with its migrations' indexes
+//! (the claim also writes the attempt, a fence and the times; the status is idem's). Each round runs every contender on every workload, with 1 caller and
 //! with 32 concurrent callers (a multi-thread runtime, 2 workers), in 10 slices each, the order of
 //! the contenders rotating from slice to slice (the machine's speed drifts); a ratio is taken
 //! within a round, and the median over rounds is reported: idem / floor and idem / design.
@@ -48,20 +50,8 @@ use idem::sqlx::{self, AssertSqlSafe, Row};
 use idem::{Call, IdemError, MySqlStore};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Serialize, Deserialize)]
-struct Receipt {
-    id: String,
-    amount: u64,
-    seq: u64,
-}
-
-fn receipt(k: u64) -> Receipt {
-    Receipt {
-        id: format!("order-{k}"),
-        amount: k * 100 + 7,
-        seq: k,
-    }
-}
+mod support;
+use support::{BIZ, Receipt, Table, median, now_ms, r3, rate, receipt};
 
 /// The stored form idem writes (`{"Ok": …}`), written and read by the floor as well.
 #[derive(Serialize)]
@@ -74,7 +64,6 @@ enum Snap {
     Ok(Receipt),
 }
 
-const BIZ: &str = "BENCH";
 const LEASE_MS: i64 = 30_000;
 const TTL_MS: i64 = 3_600_000;
 
@@ -297,12 +286,18 @@ impl Contender for Floor {
     }
 }
 
-/// The design floor: a dedup table of its own and the fewest statements per call.
+/// The design floor: the fewest statements per call, on a dedup table of its own (`design`) or
+/// on idem's own table with its migrations' indexes (`indexed`, the contract floor: the same
+/// statements, plus the columns and index entries the contract keeps).
 struct Design {
     pool: MySqlPool,
     insert: String,
     mark: String,
     read: String,
+    /// The status a mark writes.
+    done: &'static str,
+    /// On idem's table: the claim also writes the attempt, the fence and the times.
+    indexed: bool,
 }
 
 impl Design {
@@ -316,6 +311,26 @@ impl Design {
                 "UPDATE `{t}` SET status = 'D', result = ?, expire_at = ? WHERE biz = ? AND idem_key = ?"
             ),
             read: format!("SELECT status, result FROM `{t}` WHERE biz = ? AND idem_key = ?"),
+            done: "D",
+            indexed: false,
+        }
+    }
+
+    /// The same statements on idem's table `t` (made by `MySqlStore::migrate`).
+    fn indexed(pool: MySqlPool, t: &str) -> Self {
+        Design {
+            pool,
+            insert: format!(
+                "INSERT INTO `{t}` (biz_type, idem_key, status, attempt, fence, lease_until, \
+                 created_at, updated_at, expire_at) VALUES (?, ?, 'PROCESSING', 1, ?, ?, ?, ?, ?)"
+            ),
+            mark: format!(
+                "UPDATE `{t}` SET status = 'SUCCEEDED', result = ?, expire_at = ? \
+                 WHERE biz_type = ? AND idem_key = ?"
+            ),
+            read: format!("SELECT status, result FROM `{t}` WHERE biz_type = ? AND idem_key = ?"),
+            done: "SUCCEEDED",
+            indexed: true,
         }
     }
 
@@ -329,14 +344,20 @@ impl Design {
 
     async fn claim<'c>(&self, exec: impl sqlx::Executor<'c, Database = sqlx::MySql>, key: &str) {
         let now = now_ms();
-        let done = sqlx::query(AssertSqlSafe(self.insert.as_str()))
+        let mut query = sqlx::query(AssertSqlSafe(self.insert.as_str()))
             .bind(BIZ)
-            .bind(key)
-            .bind(now + LEASE_MS)
-            .bind(now + TTL_MS)
-            .execute(exec)
-            .await
-            .unwrap();
+            .bind(key);
+        query = if self.indexed {
+            query
+                .bind(now * 1000)
+                .bind(now + LEASE_MS)
+                .bind(now)
+                .bind(now)
+                .bind(now + TTL_MS)
+        } else {
+            query.bind(now + LEASE_MS).bind(now + TTL_MS)
+        };
+        let done = query.execute(exec).await.unwrap();
         assert_eq!(done.rows_affected(), 1);
     }
 
@@ -371,17 +392,9 @@ impl Design {
             .fetch_one(exec)
             .await
             .unwrap();
-        assert_eq!(row.get::<String, _>("status"), "D");
+        assert_eq!(row.get::<String, _>("status"), self.done);
         serde_json::from_slice(&row.get::<Vec<u8>, _>("result")).unwrap()
     }
-}
-
-/// The client's clock in ms since the epoch.
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
 }
 
 impl Contender for Design {
@@ -444,30 +457,17 @@ async fn measure<C: Contender>(
 /// up.
 const SLICES: u64 = 10;
 
-/// (workload, callers) and the (idem, floor, design) calls/s of every round (NaN for a floor not
-/// run).
-type Measured = ((Workload, usize), Vec<[f64; 3]>);
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+/// (workload, callers) and the (idem, floor, design, indexed) calls/s of every round (NaN for a
+/// floor not run).
+type Measured = ((Workload, usize), Vec<[f64; 4]>);
 
 fn main() {
     let url = std::env::var("IDEM_MYSQL_URL")
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let rounds: usize = std::env::var("IDEM_BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
-    let scale: f64 = std::env::var("IDEM_BENCH_SCALE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1.0);
-    // IDEM_BENCH_ONLY: modes (tx, lease) and floors (floor, design), comma-separated.
-    let only: Vec<String> = std::env::var("IDEM_BENCH_ONLY")
-        .map(|s| s.split(',').map(|t| t.trim().to_owned()).collect())
-        .unwrap_or_default();
+    let rounds = support::rounds(5);
+    let scale = support::scale();
+    // IDEM_BENCH_ONLY: modes (tx, lease) and floors (floor, design, indexed), comma-separated.
+    let only = support::only();
     let has = |t: &str| only.iter().any(|o| o == t);
     let (tx_only, lease_only) = (has("tx"), has("lease"));
     let wanted = |w: Workload| {
@@ -479,10 +479,10 @@ fn main() {
             !w.in_tx()
         }
     };
-    let (run_floor, run_design) = if has("floor") || has("design") {
-        (has("floor"), has("design"))
+    let picked = if has("floor") || has("design") || has("indexed") {
+        [true, has("floor"), has("design"), has("indexed")]
     } else {
-        (true, true)
+        [true; 4]
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -505,7 +505,12 @@ fn main() {
             .execute(store.pool())
             .await
             .unwrap();
+        // The indexed floor's table: idem's own, made by its migrations.
+        let indexed_table = format!("{table}_indexed");
+        let indexed_store = store.clone().with_table(&indexed_table).unwrap();
+        indexed_store.migrate().await.unwrap();
         let design = Design::new(store.pool().clone(), &design_table);
+        let indexed = Design::indexed(store.pool().clone(), &indexed_table);
         let floor = Floor {
             pool: store.pool().clone(),
             sql: Sql::new(&table),
@@ -515,16 +520,16 @@ fn main() {
             Arc::new(Idem(store)),
             Arc::new(floor),
             Arc::new(design),
-            table,
-            design_table,
+            Arc::new(indexed),
+            [table, design_table, indexed_table],
         ))
     });
-    let Some((idem, floor, design, table, design_table)) = setup else {
+    let Some((idem, floor, design, indexed, tables)) = setup else {
         return;
     };
     println!(
-        "MySqlStore vs the same statements in plain sqlx (floor) and vs the design floor (design); \
-         {rounds} rounds, median ratios (idem / floor, idem / design)"
+        "MySqlStore against the same statements in plain sqlx (floor), the design floor (design) \
+         and the design floor on idem's table (indexed); {rounds} rounds, median ratios"
     );
     let mut results: Vec<Measured> = Vec::new();
     for callers in [1usize, 32] {
@@ -541,20 +546,22 @@ fn main() {
                     Workload::LeaseFirst | Workload::LeaseReplay => "l",
                     Workload::TxFirst | Workload::TxReplay => "t",
                 };
-                let pi = format!("i{round}{key_round}{callers}");
-                let pf = format!("f{round}{key_round}{callers}");
-                let pd = format!("d{round}{key_round}{callers}");
+                let prefix = |who: &str| format!("{who}{round}{key_round}{callers}");
+                let (pi, pf, pd, px) = (prefix("i"), prefix("f"), prefix("d"), prefix("x"));
                 let rates = rt.block_on(async {
-                    let mut t = [Duration::ZERO; 3];
+                    let mut t = [Duration::ZERO; 4];
                     for slice in 0..SLICES {
                         let range = (calls * slice / SLICES, calls * (slice + 1) / SLICES);
-                        for j in 0..3 {
-                            let who = (round + slice as usize + j) % 3;
+                        for j in 0..4 {
+                            let who = (round + slice as usize + j) % 4;
+                            if !picked[who] {
+                                continue;
+                            }
                             t[who] += match who {
                                 0 => measure(&idem, &pi, w, callers, range).await,
-                                1 if run_floor => measure(&floor, &pf, w, callers, range).await,
-                                2 if run_design => measure(&design, &pd, w, callers, range).await,
-                                _ => Duration::ZERO,
+                                1 => measure(&floor, &pf, w, callers, range).await,
+                                2 => measure(&design, &pd, w, callers, range).await,
+                                _ => measure(&indexed, &px, w, callers, range).await,
                             };
                         }
                     }
@@ -575,26 +582,31 @@ fn main() {
         }
         eprintln!("round {} of {rounds} done", round + 1);
     }
-    println!(
-        "{:<14} {:>7} {:>12} {:>12} {:>12} {:>12} {:>12}",
-        "workload", "callers", "idem/s", "floor/s", "design/s", "idem/floor", "idem/design"
+    let mut table = Table::new(
+        "mysql",
+        &[
+            "workload",
+            "callers",
+            "idem calls/s",
+            "idem / floor",
+            "idem / design floor",
+            "idem / indexed floor",
+        ],
     );
     for ((w, callers), runs) in &results {
-        let col = |j: usize| median(runs.iter().map(|r| r[j]).collect());
         let ratio = |j: usize| median(runs.iter().map(|r| r[0] / r[j]).collect());
-        println!(
-            "{:<14} {:>7} {:>12.0} {:>12.0} {:>12.0} {:>12.3} {:>12.3}",
-            w.name(),
-            callers,
-            col(0),
-            col(1),
-            col(2),
-            ratio(1),
-            ratio(2)
-        );
+        table.row([
+            w.name().to_owned(),
+            callers.to_string(),
+            rate(median(runs.iter().map(|r| r[0]).collect())),
+            r3(ratio(1)),
+            r3(ratio(2)),
+            r3(ratio(3)),
+        ]);
     }
+    table.emit();
     rt.block_on(async {
-        for t in [&table, &design_table] {
+        for t in &tables {
             let _ = sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE `{t}`")))
                 .execute(&floor.pool)
                 .await;

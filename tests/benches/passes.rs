@@ -28,10 +28,13 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use idem::sqlx::{self, AssertSqlSafe};
 use idem::{Reconciler, Store, Sweeper};
+
+mod support;
+use support::{Table, now_ms};
 
 /// Counts the live heap and its peak.
 struct Counting;
@@ -119,13 +122,6 @@ async fn passes(store: Arc<dyn Store>, shape: Shape) -> (Cost, Cost) {
         "the reconciler found every stuck record"
     );
     (sweep, reconcile)
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
 }
 
 fn wanted(name: &str) -> bool {
@@ -447,10 +443,17 @@ fn main() {
     println!(
         "{records} records, {due} due and {due} stuck, against the {due} due and {due} stuck alone"
     );
-    println!(
-        "| store | pass | alone | with {records} | time ratio | peak heap alone | peak heap with {records} |"
+    let mut table = Table::new(
+        "passes",
+        &[
+            "store, pass",
+            "due and stuck alone",
+            "with every record",
+            "time ratio",
+            "peak heap alone",
+            "peak heap with every record",
+        ],
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
     runtime.block_on(async {
         type Fill = fn(Shape) -> std::pin::Pin<Box<dyn Future<Output = Option<Arc<dyn Store>>>>>;
         let stores: [(&str, Fill); 5] = [
@@ -471,14 +474,14 @@ fn main() {
             let big = fill(full).await.expect("reached a moment ago");
             let (sweep_b, rec_b) = passes(big, full).await;
             for (pass, a, b) in [("sweep", &sweep_a, &sweep_b), ("reconcile", &rec_a, &rec_b)] {
-                println!(
-                    "| {name} | {pass} | {:.1} ms | {:.1} ms | {:.2} | {} | {} |",
-                    a.time.as_secs_f64() * 1e3,
-                    b.time.as_secs_f64() * 1e3,
-                    b.time.as_secs_f64() / a.time.as_secs_f64(),
+                table.row([
+                    format!("{name}, {pass}"),
+                    format!("{:.1} ms", a.time.as_secs_f64() * 1e3),
+                    format!("{:.1} ms", b.time.as_secs_f64() * 1e3),
+                    format!("{:.2}", b.time.as_secs_f64() / a.time.as_secs_f64()),
                     mib(a.peak),
                     mib(b.peak),
-                );
+                ]);
             }
             match name {
                 "redis" => {
@@ -490,4 +493,5 @@ fn main() {
             }
         }
     });
+    table.emit();
 }

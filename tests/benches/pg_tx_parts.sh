@@ -62,10 +62,23 @@ for r in $(seq 1 "$rounds"); do
         tps[$v]="${tps[$v]:-} $t"
     done
 done
-printf '%-8s %-40s %s\n' variant "tps per round" "median / design's median"
 med() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 d=$(echo "${tps[design]}" | med)
-for v in "${variants[@]}"; do
-    m=$(echo "${tps[$v]}" | med)
-    printf '%-8s %-40s %.3f\n' "$v" "${tps[$v]}" "$(echo "$m / $d" | bc -l)"
-done
+# The block the docs are generated from (the form tests/benches/support/mod.rs writes).
+dest=/dev/null
+if [ -n "${IDEM_DOC_TABLES:-}" ]; then
+    mkdir -p "$IDEM_DOC_TABLES"
+    dest=$IDEM_DOC_TABLES/pg-tx-parts.md
+fi
+{
+    echo "<!-- table: pg-tx-parts -->"
+    echo "\`${IDEM_DOC_COMMAND:-tests/benches/pg_tx_parts.sh $secs $rounds}\` · ${IDEM_DOC_DATE:-(date not given)}"
+    echo
+    echo "| variant | tps per round | median / design's median |"
+    echo "| --- | ---: | ---: |"
+    for v in "${variants[@]}"; do
+        m=$(echo "${tps[$v]}" | med)
+        printf '| %s | %s | %.3f |\n' "$v" "$(echo ${tps[$v]} | sed 's/ /, /g')" "$(echo "$m / $d" | bc -l)"
+    done
+    echo "<!-- end: pg-tx-parts -->"
+} | tee "$dest"

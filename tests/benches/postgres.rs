@@ -9,7 +9,7 @@
 //! ```
 //!
 //! `IDEM_BENCH_ONLY` is a comma-separated choice of modes (`c1`, `c32`) and floors (`floor`,
-//! `design`); what names neither of a kind runs all of that kind. idem always runs.
+//! `design`, `indexed`); what names neither of a kind runs all of that kind. idem always runs.
 //!
 //! Workloads (a small serde result: a string and two integers):
 //! - `lease`: a new key per call in lease mode: the claim (a plain `INSERT … ON CONFLICT DO
@@ -33,6 +33,9 @@
 //!   result; a replay = one `SELECT` by primary key (the floor knows which workload it runs); tx =
 //!   BEGIN, claim, the body's writes (none: idem's tx body writes nothing either), mark, COMMIT;
 //!   tx-replay = BEGIN, the `SELECT`, COMMIT. Times are the client's clock, bound as values.
+//! - `indexed`, the contract floor: the design floor's statements on idem's own table with its
+//!   migrations' indexes (made by `PgStore::migrate`); the claim also writes the attempt, a fence
+//!   and the times, and the statuses are idem's.
 //!
 //! Besides calls/s it prints the client's CPU time per call (user + system of this process, from
 //! `/proc/self/stat`), which a loaded machine disturbs far less than wall-clock throughput.
@@ -48,25 +51,10 @@ use std::time::{Duration, Instant};
 use idem::sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use idem::sqlx::{self, AssertSqlSafe, Row};
 use idem::{Call, IdemError, PgStore, PgTx};
-use serde::{Deserialize, Serialize};
 
-/// The stored result: a string and two integers.
-#[derive(Debug, Serialize, Deserialize)]
-struct Receipt {
-    id: String,
-    amount: u64,
-    seq: u64,
-}
+mod support;
+use support::{BIZ, Receipt, Table, cpu_seconds, median, now_ms, r3, rate, receipt};
 
-fn receipt(k: u64) -> Receipt {
-    Receipt {
-        id: format!("order-{k}"),
-        amount: k * 100 + 7,
-        seq: k,
-    }
-}
-
-const BIZ: &str = "BENCH";
 const TTL: Duration = Duration::from_secs(3600);
 
 /// One way of making call `k` in workload `w` (0 lease, 1 replay, 2 tx, 3 tx-replay).
@@ -199,23 +187,19 @@ impl Contender for Floor {
     }
 }
 
-/// The design floor: a dedup table of its own and the fewest statements per call.
+/// The design floor: the fewest statements per call, on a dedup table of its own (`design`) or
+/// on idem's own table with its migrations' indexes (`indexed`, the contract floor: the same
+/// statements, plus the columns and index entries the contract keeps).
 #[derive(Clone)]
 struct Design {
     pool: PgPool,
     insert: &'static str,
     mark: &'static str,
     read: &'static str,
+    /// The status a mark writes.
+    done: &'static str,
     lease_ms: i64,
     ttl_ms: i64,
-}
-
-/// The client's clock in ms since the epoch.
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
 }
 
 impl Design {
@@ -234,6 +218,32 @@ impl Design {
             read: leak(format!(
                 "SELECT status, result FROM {t} WHERE biz = $1 AND idem_key = $2"
             )),
+            done: "D",
+            lease_ms,
+            ttl_ms,
+        }
+    }
+
+    /// The same statements on idem's table `t` (made by `PgStore::migrate`): the claim also
+    /// writes the attempt, a fence (the lease end in µs) and the times.
+    fn indexed(pool: PgPool, t: &str, lease_ms: i64, ttl_ms: i64) -> Self {
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        Design {
+            pool,
+            insert: leak(format!(
+                "INSERT INTO {t} (biz_type, idem_key, status, attempt, fence, lease_until, \
+                 created_at, updated_at, expire_at) \
+                 VALUES ($1, $2, 'PROCESSING', 1, $3 * 1000, $3, $3 - {lease_ms}, $3 - {lease_ms}, $4) \
+                 ON CONFLICT DO NOTHING"
+            )),
+            mark: leak(format!(
+                "UPDATE {t} SET status = 'SUCCEEDED', result = $3, expire_at = $4 \
+                 WHERE biz_type = $1 AND idem_key = $2"
+            )),
+            read: leak(format!(
+                "SELECT status, result FROM {t} WHERE biz_type = $1 AND idem_key = $2"
+            )),
+            done: "SUCCEEDED",
             lease_ms,
             ttl_ms,
         }
@@ -281,7 +291,7 @@ impl Design {
             .fetch_one(&mut *conn)
             .await
             .unwrap();
-        assert_eq!(row.get::<&str, _>("status"), "D");
+        assert_eq!(row.get::<&str, _>("status"), self.done);
         serde_json::from_slice(row.get::<&[u8], _>("result")).unwrap()
     }
 }
@@ -317,23 +327,6 @@ impl Contender for Design {
     }
 }
 
-/// CPU time this process has used (user + system, all threads), from `/proc/self/stat`, in
-/// seconds (10 ms resolution); 0 where there is no `/proc`.
-fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    // The fields after the command name (which may hold spaces) start after its closing ')'.
-    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    let ticks: f64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<f64>().ok()))
-        .sum();
-    ticks / 100.0
-}
-
 /// Runs calls `keys` of workload `w` split over `tasks` tasks, all at once; returns calls/s and
 /// the client's CPU microseconds per call.
 async fn timed<C: Contender>(
@@ -367,37 +360,21 @@ async fn timed<C: Contender>(
     )
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
+/// The contenders, in the order of [`Figures`]' rows.
+const NAMES: [&str; 4] = ["idem", "floor", "design", "indexed"];
 
-/// Calls/s and client CPU µs per call, per contender (0 idem, 1 floor, 2 design) and workload,
-/// one per round.
+/// Calls/s and client CPU µs per call, per contender (0 idem, 1 floor, 2 design, 3 indexed) and
+/// workload, one per round.
 #[derive(Default)]
 struct Figures {
-    ops: [[Vec<f64>; 4]; 3],
-    cpu: [[Vec<f64>; 4]; 3],
+    ops: [[Vec<f64>; 4]; 4],
+    cpu: [[Vec<f64>; 4]; 4],
 }
 
 impl Figures {
-    /// The median of the per-round ratios idem / contender `of` (1 floor, 2 design).
+    /// The median of the per-round ratios idem / contender `of`.
     fn ratio(&self, of: usize, workload: usize) -> f64 {
-        median(
-            self.ops[0][workload]
-                .iter()
-                .zip(&self.ops[of][workload])
-                .map(|(x, y)| x / y)
-                .collect(),
-        )
+        support::ratio(&self.ops[0][workload], &self.ops[of][workload])
     }
 }
 
@@ -418,7 +395,7 @@ async fn measure(
     tasks: u64,
     calls: u64,
     rounds: usize,
-    picked: [bool; 3],
+    picked: [bool; 4],
 ) -> Figures {
     let tag = format!("bench_{}_{mode}", std::process::id());
     let conns = u32::try_from(tasks).unwrap().max(2);
@@ -471,6 +448,21 @@ async fn measure(
         idem::DEFAULT_LEASE.as_millis() as i64,
         TTL.as_millis() as i64,
     );
+    // The indexed floor's table: idem's own, made by its migrations, on a pool of its own.
+    let indexed_store = PgStore::builder()
+        .table(&format!("{tag}_indexed"))
+        .unwrap()
+        .token_table(&format!("{tag}_indexed_tok"))
+        .unwrap()
+        .build(pool(url, conns).await)
+        .unwrap();
+    indexed_store.migrate().await.unwrap();
+    let indexed = Design::indexed(
+        indexed_store.pool().clone(),
+        indexed_store.table(),
+        idem::DEFAULT_LEASE.as_millis() as i64,
+        TTL.as_millis() as i64,
+    );
 
     // A warm-up, not counted: connections up, statements prepared, caches warm.
     let warm = (calls / 5).max(tasks);
@@ -482,7 +474,10 @@ async fn measure(
             timed(&floor, w, keys.clone(), tasks).await;
         }
         if picked[2] {
-            timed(&design, w, keys, tasks).await;
+            timed(&design, w, keys.clone(), tasks).await;
+        }
+        if picked[3] {
+            timed(&indexed, w, keys, tasks).await;
         }
     }
 
@@ -490,8 +485,8 @@ async fn measure(
     for round in 0..rounds {
         let lease_keys = (2 * round as u64 * calls)..(2 * round as u64 + 1) * calls;
         let tx_keys = lease_keys.end..lease_keys.end + calls;
-        for i in 0..3 {
-            let who = (round + i) % 3;
+        for i in 0..4 {
+            let who = (round + i) % 4;
             if !picked[who] {
                 continue;
             }
@@ -504,30 +499,30 @@ async fn measure(
                 let (ops, cpu) = match who {
                     0 => timed(&idem, w, keys.clone(), tasks).await,
                     1 => timed(&floor, w, keys.clone(), tasks).await,
-                    _ => timed(&design, w, keys.clone(), tasks).await,
+                    2 => timed(&design, w, keys.clone(), tasks).await,
+                    _ => timed(&indexed, w, keys.clone(), tasks).await,
                 };
                 figures.ops[who][w].push(ops);
                 figures.cpu[who][w].push(cpu);
             }
         }
         let at = |who: usize, w: usize| figures.ops[who][w].last().copied().unwrap_or(f64::NAN);
+        let line: Vec<String> = (0..4)
+            .map(|w| {
+                let r: Vec<String> = (0..4).map(|who| format!("{:.0}", at(who, w))).collect();
+                r.join("/")
+            })
+            .collect();
         eprintln!(
-            "  {mode} round {round}: lease {:.0}/{:.0}/{:.0}, replay {:.0}/{:.0}/{:.0}, tx {:.0}/{:.0}/{:.0}, tx-replay {:.0}/{:.0}/{:.0} (idem/floor/design)",
-            at(0, 0),
-            at(1, 0),
-            at(2, 0),
-            at(0, 1),
-            at(1, 1),
-            at(2, 1),
-            at(0, 2),
-            at(1, 2),
-            at(2, 2),
-            at(0, 3),
-            at(1, 3),
-            at(2, 3),
+            "  {mode} round {round}: lease {}, replay {}, tx {}, tx-replay {} ({})",
+            line[0],
+            line[1],
+            line[2],
+            line[3],
+            NAMES.join("/")
         );
     }
-    for s in [&store, &floor_store] {
+    for s in [&store, &floor_store, &indexed_store] {
         sqlx::raw_sql(AssertSqlSafe(format!(
             "DROP TABLE {}, {}",
             s.table(),
@@ -547,13 +542,8 @@ async fn measure(
 fn main() {
     let url = std::env::var("IDEM_PG_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let env = |name: &str| std::env::var(name).ok();
-    let scale: f64 = env("IDEM_BENCH_SCALE")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0);
-    let rounds: usize = env("IDEM_BENCH_ROUNDS")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+    let scale = support::scale();
+    let rounds = support::rounds(5);
     let calls = |base: u64| ((base as f64 * scale) as u64).max(32) / 32 * 32;
 
     let seq_rt = tokio::runtime::Builder::new_current_thread()
@@ -581,26 +571,24 @@ fn main() {
     println!(
         "idem on Postgres ({url}), {rounds} rounds, median of per-round ratios; scale {scale}\n"
     );
-    // IDEM_BENCH_ONLY: modes (c1, c32) and floors (floor, design), comma-separated.
-    let only: Vec<String> = env("IDEM_BENCH_ONLY")
-        .map(|s| s.split(',').map(|t| t.trim().to_owned()).collect())
-        .unwrap_or_default();
+    // IDEM_BENCH_ONLY: modes (c1, c32) and floors (floor, design, indexed), comma-separated.
+    let only = support::only();
     let has = |t: &str| only.iter().any(|o| o == t);
     let (c1, c32) = if has("c1") || has("c32") {
         (has("c1"), has("c32"))
     } else {
         (true, true)
     };
-    let picked = if has("floor") || has("design") {
-        [true, has("floor"), has("design")]
+    let picked = if has("floor") || has("design") || has("indexed") {
+        [true, has("floor"), has("design"), has("indexed")]
     } else {
-        [true; 3]
+        [true; 4]
     };
     let mut results = Vec::new();
     if c1 {
         let n = calls(2_000);
         let f = seq_rt.block_on(measure(&url, "c1", 1, n, rounds, picked));
-        results.push(("1 caller", n, f));
+        results.push(("1", n, f));
     }
     drop(seq_rt);
     if c32 {
@@ -611,52 +599,39 @@ fn main() {
             .unwrap();
         let n = calls(8_000);
         let f = multi_rt.block_on(measure(&url, "c32", 32, n, rounds, picked));
-        results.push(("32 callers", n, f));
+        results.push(("32", n, f));
     }
 
-    println!(
-        "{:<24} {:>10} {:>10} {:>10} {:>10}",
-        "calls/s (median)", "lease", "replay", "tx", "tx-replay"
-    );
-    for (label, n, f) in &results {
-        println!("-- {label} ({n} keys per contender per round)");
-        let names = ["idem", "floor (plain sqlx)", "design floor"];
-        for (i, name) in names.iter().enumerate().filter(|(i, _)| picked[*i]) {
-            println!(
-                "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>10.0}",
-                name,
-                median(f.ops[i][0].clone()),
-                median(f.ops[i][1].clone()),
-                median(f.ops[i][2].clone()),
-                median(f.ops[i][3].clone()),
-            );
-        }
-        let names = [
+    let mut table = Table::new(
+        "postgres",
+        &[
+            "workload",
+            "callers",
+            "idem calls/s",
+            "idem / floor",
+            "idem / design floor",
+            "idem / indexed floor",
             "idem CPU µs/call",
-            "floor CPU µs/call",
             "design CPU µs/call",
-        ];
-        for (i, name) in names.iter().enumerate().filter(|(i, _)| picked[*i]) {
-            println!(
-                "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>10.0}",
-                name,
-                median(f.cpu[i][0].clone()),
-                median(f.cpu[i][1].clone()),
-                median(f.cpu[i][2].clone()),
-                median(f.cpu[i][3].clone()),
-            );
-        }
-        for (of, name) in [(1, "ratio idem / floor"), (2, "ratio idem / design")] {
-            if picked[of] {
-                println!(
-                    "{:<24} {:>10.3} {:>10.3} {:>10.3} {:>10.3}",
-                    name,
-                    f.ratio(of, 0),
-                    f.ratio(of, 1),
-                    f.ratio(of, 2),
-                    f.ratio(of, 3)
-                );
-            }
+        ],
+    );
+    for (label, _, f) in &results {
+        for (w, name) in ["lease first", "lease replay", "tx first", "tx replay"]
+            .iter()
+            .enumerate()
+        {
+            let cpu = |who: usize| format!("{:.0}", median(f.cpu[who][w].clone()));
+            table.row([
+                name.to_string(),
+                label.to_string(),
+                rate(median(f.ops[0][w].clone())),
+                r3(f.ratio(1, w)),
+                r3(f.ratio(2, w)),
+                r3(f.ratio(3, w)),
+                cpu(0),
+                cpu(2),
+            ]);
         }
     }
+    table.emit();
 }

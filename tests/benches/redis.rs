@@ -24,7 +24,10 @@
 //! - `design`: the design floor, what a careful team would hand-write with the fewest
 //!   commands, on keys of its own prefix: a first execution = `SET key <claim> NX PX lease` then
 //!   `SET key <result> XX PX ttl`; a replay = one `GET` (the floor knows which workload it runs),
-//!   then `serde_json` decoding.
+//!   then `serde_json` decoding;
+//! - `contract`: the contract floor, a hand-written pair of scripts with the least the contract
+//!   needs (Redis's clock, a fence that only grows, the record, its stuck-index entry; the mark
+//!   under the fence with the entry removed); a replay = one `HMGET`, then decoding.
 //!
 //! Two modes: `seq` (one task on a current-thread runtime) and `c64` (64 tasks on a multi-thread
 //! runtime with 2 workers). Each round runs every contender once per mode; the order rotates from
@@ -44,26 +47,10 @@ use idem::__private::redis_scripts;
 use idem::{Call, IdemError, RedisStore, idempotent};
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
-use serde::{Deserialize, Serialize};
 
-/// The stored result: a string and two integers.
-#[derive(Debug, Serialize, Deserialize)]
-struct Receipt {
-    id: String,
-    amount: u64,
-    seq: u64,
-}
+mod support;
+use support::{BIZ, Receipt, Table, median, r3, rate, receipt};
 
-/// The body every contender runs for key `k`.
-fn receipt(k: u64) -> Receipt {
-    Receipt {
-        id: format!("order-{k}"),
-        amount: k * 100 + 7,
-        seq: k,
-    }
-}
-
-const BIZ: &str = "BENCH";
 /// Record lifetime: long enough for a run, short enough that Redis drops what a run leaves behind.
 const TTL: Duration = Duration::from_secs(3600);
 
@@ -158,6 +145,97 @@ impl Contender for Floor {
     }
 }
 
+/// The contract floor's claim: the least a claim keeps for the contract, by Redis's clock: a
+/// record (status, a fence that only grows, the lease end) that expires after the ttl, and its
+/// entry in the business type's stuck index. A success is replayed, a live claim refused, an
+/// expired one taken over. KEYS: the record, the stuck index; ARGV: lease ms, ttl ms. Replies
+/// `{'A', fence}`, `{'R', result}` or `{'P'}`.
+const CONTRACT_CLAIM: &str = r#"
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
+local rec = redis.call('HMGET', KEYS[1], 's', 'f', 'lu', 'r')
+if rec[1] == 'D' then return {'R', rec[4]} end
+if rec[1] and tonumber(rec[3]) > now then return {'P'} end
+local fence = now_us
+if rec[2] then fence = math.max(tonumber(rec[2]) + 1, now_us) end
+local lu = string.format('%d', now + tonumber(ARGV[1]))
+redis.call('HSET', KEYS[1], 's', 'P', 'f', string.format('%d', fence), 'lu', lu)
+redis.call('PEXPIREAT', KEYS[1], string.format('%d', now + tonumber(ARGV[2])))
+redis.call('ZADD', KEYS[2], lu, KEYS[1])
+return {'A', fence}
+"#;
+
+/// The contract floor's mark: under the fence, the result stored, the expiry moved to the ttl
+/// from now, the stuck index's entry removed. KEYS as the claim's; ARGV: fence, result, ttl ms.
+const CONTRACT_COMPLETE: &str = r#"
+if redis.call('HGET', KEYS[1], 'f') ~= ARGV[1] then return 0 end
+local t = redis.call('TIME')
+local now = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
+redis.call('HSET', KEYS[1], 's', 'D', 'r', ARGV[2])
+redis.call('PEXPIREAT', KEYS[1], string.format('%d', now + tonumber(ARGV[3])))
+redis.call('ZREM', KEYS[2], KEYS[1])
+return 1
+"#;
+
+/// The contract floor: a hand-written pair of scripts with the least the contract needs
+/// ([`CONTRACT_CLAIM`], [`CONTRACT_COMPLETE`]); a replay is one `HMGET` of the status and the
+/// result (the floor knows which workload it runs), then decoding.
+#[derive(Clone)]
+struct Contract {
+    conn: ConnectionManager,
+    claim: &'static Script,
+    complete: &'static Script,
+    prefix: &'static str,
+    lease_ms: u64,
+    ttl_ms: u64,
+}
+
+impl Contender for Contract {
+    async fn call(&self, k: u64, replay: bool) -> Receipt {
+        let key = format!("{}{{{BIZ}:{k}}}", self.prefix);
+        let index = format!("{}stuck:{BIZ}", self.prefix);
+        let mut conn = self.conn.clone();
+        if replay {
+            let (status, result): (Option<String>, Option<Vec<u8>>) = redis::cmd("HMGET")
+                .arg(&key)
+                .arg("s")
+                .arg("r")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(status.as_deref(), Some("D"), "replay of a call not done");
+            return serde_json::from_slice(&result.unwrap()).unwrap();
+        }
+        let reply: Vec<Value> = self
+            .claim
+            .key(&key)
+            .key(&index)
+            .arg(self.lease_ms)
+            .arg(self.ttl_ms)
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        let fence = match reply.as_slice() {
+            [Value::BulkString(tag), Value::Int(fence)] if tag == b"A" => *fence,
+            other => panic!("the contract floor's key was taken: {other:?}"),
+        };
+        let receipt = receipt(k);
+        let changed: i64 = self
+            .complete
+            .key(&key)
+            .key(&index)
+            .arg(fence)
+            .arg(serde_json::to_vec(&receipt).unwrap())
+            .arg(self.ttl_ms)
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(changed, 1, "the contract floor's mark lost its fence");
+        receipt
+    }
+}
+
 /// The design floor: `SET NX PX` + `SET XX PX` for a first execution, one `GET` for a replay.
 #[derive(Clone)]
 struct Design {
@@ -230,37 +308,18 @@ async fn timed<C: Contender>(c: &C, keys: std::ops::Range<u64>, tasks: u64, repl
     (per * tasks) as f64 / t.elapsed().as_secs_f64()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-const NAMES: [&str; 4] = ["idem-call", "idem-macro", "floor", "design"];
+const NAMES: [&str; 5] = ["idem-call", "idem-macro", "floor", "design", "contract"];
 
 /// Calls/s per contender (index as in [`NAMES`]) and workload (0 first, 1 replay), one per round.
 #[derive(Default)]
 struct Figures {
-    ops: [[Vec<f64>; 2]; 4],
+    ops: [[Vec<f64>; 2]; 5],
 }
 
 impl Figures {
     /// Per-round ratios of contender `a` over contender `b` for `workload`.
     fn ratio(&self, a: usize, b: usize, workload: usize) -> f64 {
-        median(
-            self.ops[a][workload]
-                .iter()
-                .zip(&self.ops[b][workload])
-                .map(|(x, y)| x / y)
-                .collect(),
-        )
+        support::ratio(&self.ops[a][workload], &self.ops[b][workload])
     }
 }
 
@@ -273,12 +332,16 @@ async fn measure(
     calls: u64,
     rounds: usize,
     run_id: &str,
-    picked: [bool; 4],
+    picked: [bool; 5],
 ) -> Figures {
     static CLAIM: std::sync::LazyLock<Script> =
         std::sync::LazyLock::new(|| Script::new(redis_scripts::CLAIM));
     static COMPLETE: std::sync::LazyLock<Script> =
         std::sync::LazyLock::new(|| Script::new(redis_scripts::COMPLETE));
+    static CONTRACT_CLAIM_SCRIPT: std::sync::LazyLock<Script> =
+        std::sync::LazyLock::new(|| Script::new(CONTRACT_CLAIM));
+    static CONTRACT_COMPLETE_SCRIPT: std::sync::LazyLock<Script> =
+        std::sync::LazyLock::new(|| Script::new(CONTRACT_COMPLETE));
     // Each contender's own connection, of the same kind (RedisStore::connect's settings).
     let store = RedisStore::connect(url)
         .await
@@ -297,6 +360,19 @@ async fn measure(
         ConnectionManager::new_with_config(redis::Client::open(url).unwrap(), config.clone())
             .await
             .unwrap();
+    let contract = Contract {
+        conn: ConnectionManager::new_with_config(
+            redis::Client::open(url).unwrap(),
+            config.clone(),
+        )
+        .await
+        .unwrap(),
+        claim: &CONTRACT_CLAIM_SCRIPT,
+        complete: &CONTRACT_COMPLETE_SCRIPT,
+        prefix: Box::leak(format!("rbc{run_id}{mode}:").into_boxed_str()),
+        lease_ms: idem::DEFAULT_LEASE.as_millis() as u64,
+        ttl_ms: TTL.as_millis() as u64,
+    };
     let design = Design {
         conn: ConnectionManager::new_with_config(redis::Client::open(url).unwrap(), config)
             .await
@@ -331,12 +407,16 @@ async fn measure(
         timed(&design, base..base + warm, tasks, false).await;
         timed(&design, base..base + warm, tasks, true).await;
     }
+    if picked[4] {
+        timed(&contract, base..base + warm, tasks, false).await;
+        timed(&contract, base..base + warm, tasks, true).await;
+    }
 
     let mut figures = Figures::default();
     for round in 0..rounds {
         let keys = (round as u64 * calls)..(round as u64 + 1) * calls;
-        for i in 0..4 {
-            let who = (round + i) % 4;
+        for i in 0..5 {
+            let who = (round + i) % 5;
             if !picked[who] {
                 continue;
             }
@@ -353,30 +433,33 @@ async fn measure(
                     timed(&floor, keys.clone(), tasks, false).await,
                     timed(&floor, keys.clone(), tasks, true).await,
                 ),
-                _ => (
+                3 => (
                     timed(&design, keys.clone(), tasks, false).await,
                     timed(&design, keys.clone(), tasks, true).await,
+                ),
+                _ => (
+                    timed(&contract, keys.clone(), tasks, false).await,
+                    timed(&contract, keys.clone(), tasks, true).await,
                 ),
             };
             figures.ops[who][0].push(first);
             figures.ops[who][1].push(replay);
         }
         let at = |who: usize, w: usize| figures.ops[who][w].last().copied().unwrap_or(f64::NAN);
+        let line = |w: usize| {
+            let r: Vec<String> = (0..5).map(|who| format!("{:.0}", at(who, w))).collect();
+            r.join(" / ")
+        };
         eprintln!(
-            "  {mode} round {round}: first {:.0} / {:.0} / {:.0} / {:.0}, replay {:.0} / {:.0} / {:.0} / {:.0} (call / macro / floor / design)",
-            at(0, 0),
-            at(1, 0),
-            at(2, 0),
-            at(3, 0),
-            at(0, 1),
-            at(1, 1),
-            at(2, 1),
-            at(3, 1),
+            "  {mode} round {round}: first {}, replay {} ({})",
+            line(0),
+            line(1),
+            NAMES.join(" / ")
         );
     }
     // Leave nothing behind: the keys of this mode (they would expire within the TTL anyway).
     let mut conn = floor.conn.clone();
-    for prefix in ["rbi", "rbm", "rbf", "rbd"] {
+    for prefix in ["rbi", "rbm", "rbf", "rbd", "rbc"] {
         let pattern = format!("{prefix}{run_id}{mode}:*");
         let mut cursor = 0u64;
         loop {
@@ -428,19 +511,12 @@ async fn reachable(url: &str) -> Result<(), String> {
 fn main() {
     let url =
         std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
-    let env = |name: &str| std::env::var(name).ok();
-    let scale: f64 = env("IDEM_BENCH_SCALE")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0);
-    let rounds: usize = env("IDEM_BENCH_ROUNDS")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(9);
+    let scale = support::scale();
+    let rounds = support::rounds(9);
     // IDEM_BENCH_ONLY: a comma-separated choice of modes (seq, c64) and contenders (idem-call,
-    // idem-macro, floor, design), e.g. `c64,floor` to profile one; or `scripts`: load the claim and
-    // complete scripts and print their SHA1s (for redis-benchmark's EVALSHA), nothing else.
-    let only: Vec<String> = env("IDEM_BENCH_ONLY")
-        .map(|s| s.split(',').map(|t| t.trim().to_owned()).collect())
-        .unwrap_or_default();
+    // idem-macro, floor, design, contract), e.g. `c64,floor` to profile one; or `scripts`: load the
+    // claim and complete scripts and print their SHA1s (for redis-benchmark's EVALSHA), nothing else.
+    let only = support::only();
     let modes: Vec<&str> = ["seq", "c64"]
         .into_iter()
         .filter(|m| only.iter().any(|t| t == m))
@@ -451,8 +527,8 @@ fn main() {
         modes
     };
     let mut picked = NAMES.map(|n| only.iter().any(|t| t == n));
-    if picked == [false; 4] {
-        picked = [true; 4];
+    if picked == [false; 5] {
+        picked = [true; 5];
     }
     let calls = |base: u64| ((base as f64 * scale) as u64).max(64) / 64 * 64;
 
@@ -490,7 +566,7 @@ fn main() {
     if modes.contains(&"seq") {
         let n = calls(5_000);
         let f = seq_rt.block_on(measure(&url, "seq", 1, n, rounds, &run_id, picked));
-        results.push(("seq", "1 task", n, f));
+        results.push(("seq", "1", n, f));
     }
     drop(seq_rt);
     if modes.contains(&"c64") {
@@ -501,34 +577,35 @@ fn main() {
             .unwrap();
         let n = calls(20_000);
         let f = multi_rt.block_on(measure(&url, "c64", 64, n, rounds, &run_id, picked));
-        results.push(("c64", "64 tasks", n, f));
+        results.push(("c64", "64", n, f));
     }
 
-    println!(
-        "{:<38} {:>12} {:>12}",
-        "scenario (calls/s, median)", "first", "replay"
+    let mut table = Table::new(
+        "redis",
+        &[
+            "workload",
+            "tasks",
+            "`Call::run` calls/s",
+            "`#[idempotent]` calls/s",
+            "idem / floor",
+            "idem / contract floor",
+            "idem / design floor",
+        ],
     );
-    for (_, label, n, f) in &results {
-        println!("-- {label} ({n} keys per contender per round)");
-        for (i, name) in NAMES.iter().enumerate().filter(|(i, _)| picked[*i]) {
-            println!(
-                "{:<38} {:>12.0} {:>12.0}",
-                name,
-                median(f.ops[i][0].clone()),
-                median(f.ops[i][1].clone())
-            );
-        }
-        for of in [2, 3].into_iter().filter(|of| picked[*of]) {
-            for (i, name) in NAMES.iter().enumerate().take(2).filter(|(i, _)| picked[*i]) {
-                println!(
-                    "{:<38} {:>12.3} {:>12.3}",
-                    format!("ratio {name} / {}", NAMES[of]),
-                    f.ratio(i, of, 0),
-                    f.ratio(i, of, 1)
-                );
-            }
+    for (_, label, _, f) in &results {
+        for (w, workload) in ["first", "replay"].iter().enumerate() {
+            table.row([
+                workload.to_string(),
+                label.to_string(),
+                rate(median(f.ops[0][w].clone())),
+                rate(median(f.ops[1][w].clone())),
+                r3(f.ratio(0, 2, w)),
+                r3(f.ratio(0, 4, w)),
+                r3(f.ratio(0, 3, w)),
+            ]);
         }
     }
+    table.emit();
     println!();
     for (mode, _, _, f) in &results {
         for (i, name) in NAMES.iter().enumerate().filter(|(i, _)| picked[*i]) {

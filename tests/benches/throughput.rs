@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 
 use idem::{Call, IdemError, MemoryStore, SqliteStore, idempotent};
 
+mod support;
+use support::{Table, median, r3, rate};
+
 /// The allocator underneath: mimalloc, as high-throughput services commonly link; build with
 /// `RUSTFLAGS="--cfg idem_bench_system_alloc"` to measure on the platform's malloc instead.
 #[cfg(not(idem_bench_system_alloc))]
@@ -281,16 +284,8 @@ fn ops_per_sec(n: u64, elapsed: Duration) -> f64 {
     n as f64 / elapsed.as_secs_f64()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
 fn main() {
-    let scale: f64 = std::env::var("IDEM_BENCH_SCALE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0);
+    let scale = support::scale();
     let n = |base: u64| ((base as f64 * scale) as u64).max(100);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -303,7 +298,8 @@ fn main() {
         "mimalloc"
     };
     println!("idem throughput (one core, median of rounds; scale {scale}; {allocator})\n");
-    println!("{:<44} {:>14}", "scenario", "calls/s");
+    let mut memory = Table::new("memory", &["memory store, one core", "calls/s, ratio or bytes"]);
+    let mut sqlite = Table::new("sqlite", &["SQLite file, one connection", "calls/s or ratio"]);
 
     // IDEM_BENCH_ONLY=macro|named|hand|hand-nobeat|floor|restated: one loop of 100k first executions, for
     // instruction counting under `valgrind --tool=callgrind` (`…-replay`: 100k calls on 1,024 keys);
@@ -386,13 +382,9 @@ fn main() {
                 }
                 replay.push(ops_per_sec(calls, t.elapsed()));
             }
-            println!("{:<44} {:>14.0}", "memory: first execution", median(first));
-            println!(
-                "{:<44} {:>14.0}",
-                "memory: first execution, map pre-sized",
-                median(presized)
-            );
-            println!("{:<44} {:>14.0}", "memory: replay", median(replay));
+            memory.row(["memory: first execution".to_owned(), rate(median(first))]);
+            memory.row(["memory: first execution, map pre-sized".to_owned(), rate(median(presized))]);
+            memory.row(["memory: replay".to_owned(), rate(median(replay))]);
 
             // Against the design floor (`by_floor`): rounds alternate which runs first, the ratio
             // is taken per round, then the median.
@@ -420,26 +412,10 @@ fn main() {
                 floor_first.push(f.0);
                 floor_replay.push(f.1);
             }
-            println!(
-                "{:<44} {:>14.0}",
-                "memory floor: first execution",
-                median(floor_first)
-            );
-            println!(
-                "{:<44} {:>14.0}",
-                "memory floor: replay",
-                median(floor_replay)
-            );
-            println!(
-                "{:<44} {:>14.3}",
-                "ratio memory first execution / floor",
-                median(first_ratio)
-            );
-            println!(
-                "{:<44} {:>14.3}",
-                "ratio memory replay / floor",
-                median(replay_ratio)
-            );
+            memory.row(["memory floor: first execution".to_owned(), rate(median(floor_first))]);
+            memory.row(["memory floor: replay".to_owned(), rate(median(floor_replay))]);
+            memory.row(["ratio memory first execution / floor".to_owned(), r3(median(first_ratio))]);
+            memory.row(["ratio memory replay / floor".to_owned(), r3(median(replay_ratio))]);
 
             // Against the restated floor (`by_restated`: the contract's minimum of expiry, lease
             // and fence), the same way.
@@ -466,26 +442,10 @@ fn main() {
                 restated_first.push(f.0);
                 restated_replay.push(f.1);
             }
-            println!(
-                "{:<44} {:>14.0}",
-                "restated floor: first execution",
-                median(restated_first)
-            );
-            println!(
-                "{:<44} {:>14.0}",
-                "restated floor: replay",
-                median(restated_replay)
-            );
-            println!(
-                "{:<44} {:>14.3}",
-                "ratio #[idempotent] first / restated floor",
-                median(first_ratio)
-            );
-            println!(
-                "{:<44} {:>14.3}",
-                "ratio #[idempotent] replay / restated floor",
-                median(replay_ratio)
-            );
+            memory.row(["restated floor: first execution".to_owned(), rate(median(restated_first))]);
+            memory.row(["restated floor: replay".to_owned(), rate(median(restated_replay))]);
+            memory.row(["ratio #[idempotent] first / restated floor".to_owned(), r3(median(first_ratio))]);
+            memory.row(["ratio #[idempotent] replay / restated floor".to_owned(), r3(median(replay_ratio))]);
 
             // Macro path against the same engine call written by hand: many short rounds, the order
             // alternating, each round's ratio taken on its own, then the median of the ratios.
@@ -544,31 +504,11 @@ fn main() {
                 }
                 named_ratio.push(ops_per_sec(calls, t.elapsed()) / hand.0);
             }
-            println!(
-                "{:<44} {:>14.0}",
-                "memory: first execution, by hand",
-                median(hand_ops)
-            );
-            println!(
-                "{:<44} {:>14.0}",
-                "memory: first execution, #[idempotent]",
-                median(macro_ops)
-            );
-            println!(
-                "{:<44} {:>14.3}",
-                "ratio macro / hand, first execution",
-                median(first_ratio)
-            );
-            println!(
-                "{:<44} {:>14.3}",
-                "ratio macro / hand, replay",
-                median(replay_ratio)
-            );
-            println!(
-                "{:<44} {:>14.3}",
-                "ratio macro (store by name) / hand, first",
-                median(named_ratio)
-            );
+            memory.row(["memory: first execution, by hand".to_owned(), rate(median(hand_ops))]);
+            memory.row(["memory: first execution, #[idempotent]".to_owned(), rate(median(macro_ops))]);
+            memory.row(["ratio macro / hand, first execution".to_owned(), r3(median(first_ratio))]);
+            memory.row(["ratio macro / hand, replay".to_owned(), r3(median(replay_ratio))]);
+            memory.row(["ratio macro (store by name) / hand, first".to_owned(), r3(median(named_ratio))]);
         }
         // SQLite file store (WAL, synchronous=NORMAL) against a raw sqlx loop of the statements a
         // hand-written dedup table would run, on one connection to a file with the same settings:
@@ -617,33 +557,14 @@ fn main() {
             replay_ratio.push(i.1 / r.1);
         }
         let _ = std::fs::remove_dir_all(&dir);
-        println!(
-            "{:<44} {:>14.0}",
-            "sqlite file: first execution",
-            median(first)
-        );
-        println!("{:<44} {:>14.0}", "sqlite file: replay", median(replay));
-        println!(
-            "{:<44} {:>14.0}",
-            "raw sqlx: INSERT + UPDATE",
-            median(raw_first)
-        );
-        println!(
-            "{:<44} {:>14.0}",
-            "raw sqlx: one SELECT",
-            median(raw_replay)
-        );
-        println!(
-            "{:<44} {:>14.3}",
-            "ratio sqlite first execution / raw",
-            median(first_ratio)
-        );
-        println!(
-            "{:<44} {:>14.3}",
-            "ratio sqlite replay / raw",
-            median(replay_ratio)
-        );
+        sqlite.row(["sqlite file: first execution".to_owned(), rate(median(first))]);
+        sqlite.row(["sqlite file: replay".to_owned(), rate(median(replay))]);
+        sqlite.row(["raw sqlx: INSERT + UPDATE".to_owned(), rate(median(raw_first))]);
+        sqlite.row(["raw sqlx: one SELECT".to_owned(), rate(median(raw_replay))]);
+        sqlite.row(["ratio sqlite first execution / raw".to_owned(), r3(median(first_ratio))]);
+        sqlite.row(["ratio sqlite replay / raw".to_owned(), r3(median(replay_ratio))]);
 
+        sqlite.emit();
         if sqlite_only {
             return;
         }
@@ -655,11 +576,8 @@ fn main() {
             by_hand(&store, 1_000_000_000 + k).await.unwrap();
         }
         let bytes = LIVE.load(Ordering::Relaxed) - before;
-        println!(
-            "{:<44} {:>14.0}",
-            "memory store: heap bytes per record",
-            bytes as f64 / records as f64
-        );
+        memory.row(["memory store: heap bytes per record".to_owned(), rate(bytes as f64 / records as f64)]);
         drop(store);
+        memory.emit();
     });
 }

@@ -9,6 +9,9 @@
 #   +stmt   idem's statements: the clock read by the database, the fence, the mark's checks
 #   +lock   the claim under the key's advisory lock
 #   +save   the claim's savepoint (here a round trip of its own; idem sends it with BEGIN)
+#   func    +save with the claim as a PL/pgSQL function instead of under the advisory lock: the
+#           plain insert, its lock wait bounded by a `lock_timeout` that the function's own `SET`
+#           clause confines to the claim (the caller's setting back at its exit)
 #
 # The statements mirror the Postgres store's (idem-runtime/src/backend/postgres/statements.rs)
 # with literals for its parameters. Usage: tests/benches/pg_tx_parts.sh [seconds] [rounds]
@@ -19,7 +22,7 @@ secs="${1:-10}"
 rounds="${2:-3}"
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mktemp -d)"
-trap 'rm -rf "$work"; psql "$url" -qc "DROP TABLE IF EXISTS pgparts_rec, pgparts_design" >/dev/null 2>&1 || true' EXIT
+trap 'rm -rf "$work"; psql "$url" -qc "DROP TABLE IF EXISTS pgparts_rec, pgparts_design; DROP FUNCTION IF EXISTS pgparts_claim(text)" >/dev/null 2>&1 || true' EXIT
 
 m="$here/idem-runtime/migrations/postgres"
 psql "$url" -q -v ON_ERROR_STOP=1 -c "DROP TABLE IF EXISTS pgparts_rec, pgparts_design" \
@@ -50,12 +53,24 @@ script +index \
 script +stmt "$(ins_idem '')" "$mark_idem"
 script +lock "$(ins_idem "$lock")" "$mark_idem"
 script +save "SAVEPOINT idem_claim_1;" "$(ins_idem "$lock")" "$mark_idem"
+psql "$url" -q -v ON_ERROR_STOP=1 >/dev/null 2>&1 <<SQL
+CREATE OR REPLACE FUNCTION pgparts_claim(p_key text) RETURNS TABLE (o_attempt integer, o_fence bigint)
+LANGUAGE plpgsql SET lock_timeout = '3s' AS \$f\$
+BEGIN
+  RETURN QUERY INSERT INTO pgparts_rec $cols SELECT 'BENCH', p_key, 'PROCESSING', 1, c.us, NULL, NULL,
+    c.n + 30000, c.n, c.n, c.n + 3600000 FROM $clock
+    ON CONFLICT (biz_type, idem_key) DO NOTHING RETURNING pgparts_rec.attempt, pgparts_rec.fence;
+END
+\$f\$;
+SQL
+script func "SAVEPOINT idem_claim_1;" \
+    "SELECT o_attempt AS attempt, o_fence AS fence FROM pgparts_claim(:k::text)" '\gset' "$mark_idem"
 
-variants=(design +index +stmt +lock +save)
+variants=(design +index +stmt +lock +save func)
 declare -A tps
 for r in $(seq 1 "$rounds"); do
     # Rotate the order every round.
-    order=("${variants[@]:r%5}" "${variants[@]:0:r%5}")
+    order=("${variants[@]:r%6}" "${variants[@]:0:r%6}")
     for v in "${order[@]}"; do
         t=$(pgbench "$url" -n -M prepared -c 32 -j 2 -T "$secs" -f "$work/$v.sql" 2>&1 |
             sed -n 's/^tps = \([0-9.]*\).*/\1/p')

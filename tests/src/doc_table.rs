@@ -107,17 +107,28 @@ impl Table {
     /// in `shared` in the order of their keys). The tests of one binary run in one process, so
     /// the last of them to finish prints and writes the table with every test's row.
     pub fn emit_shared<S: Display>(
-        mut self,
+        self,
         shared: &SharedRows,
         key: &str,
         row: impl IntoIterator<Item = S>,
     ) {
+        self.gather(shared, key, row).emit();
+    }
+
+    /// This table with `row` added to `shared` under `key`, and every row of `shared` in the
+    /// order of their keys.
+    fn gather<S: Display>(
+        mut self,
+        shared: &SharedRows,
+        key: &str,
+        row: impl IntoIterator<Item = S>,
+    ) -> Table {
         let mut rows = shared.0.lock().unwrap_or_else(|e| e.into_inner());
         rows.insert(key.to_owned(), row.into_iter().map(|c| c.to_string()).collect());
         for row in rows.values() {
             self.row(row);
         }
-        self.emit();
+        self
     }
 
     /// The block: its markers, the command and date line, and the Markdown table.
@@ -151,5 +162,30 @@ impl Table {
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(dir.join(format!("{}.md", self.id)), block).unwrap();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_rows_come_in_the_order_of_their_keys() {
+        let shared = SharedRows::new();
+        let table = || Table::new("t", &["a", "b"]);
+        let first = table().gather(&shared, "1", ["y", "2"]).block();
+        assert!(first.contains("| y | 2 |\n<!-- end: t -->"), "{first}");
+        let both = table().gather(&shared, "0", ["x", "1"]).block();
+        assert!(
+            both.contains("| --- | ---: |\n| x | 1 |\n| y | 2 |\n<!-- end: t -->"),
+            "{both}"
+        );
+    }
+
+    #[test]
+    fn durations_below_a_second_in_ms() {
+        use std::time::Duration;
+        assert_eq!(secs(Duration::from_millis(104)), "104 ms");
+        assert_eq!(secs(Duration::from_millis(4010)), "4.01 s");
     }
 }

@@ -550,7 +550,7 @@ async fn galera_runs_each_key_once_across_nodes_and_a_node_restart() {
     let mut cut = MARKS_CUT.lock().unwrap().len();
     table.row(row(
         "24 callers (8 per node) released together on 40 keys, each calling every key".to_owned(),
-        &*seen,
+        &seen,
         format!("{cert} / {bf}"),
         cut,
     ));
@@ -643,7 +643,7 @@ async fn galera_runs_each_key_once_across_nodes_and_a_node_restart() {
              --wsrep-recover`, as `galera_recovery` does), so it rejoins by incremental state \
              transfer (the test checks it)"
         ),
-        &*seen,
+        &seen,
         format!("{cert} / {bf}"),
         MARKS_CUT.lock().unwrap().len() - cut,
     ));

@@ -25,6 +25,8 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 OUT=$TARGET/reliability
 ALL=(storms chaos model suites)
 if [ $# -gt 0 ]; then PARTS=("$@"); else PARTS=("${ALL[@]}"); fi
+# Only this run's blocks go into the page.
+rm -rf "$IDEM_DOC_TABLES"
 mkdir -p "$IDEM_DOC_TABLES" "$OUT/json"
 LOG=$OUT/log.txt
 : >"$LOG"

@@ -8,7 +8,8 @@
 //!   `<!-- not measured: <what it holds> -->` (a table of choices, of goals, or of the counts a
 //!   test asserts rather than figures a run measured);
 //! - each block's id is one a bench or a suite declares (`Table::new("<id>", &[…])` in
-//!   `tests/benches/*.rs` or `tests/tests/**.rs`, or the `table: <id>` of a bench script), and its
+//!   `tests/benches/*.rs` or `tests/tests/**.rs`, or the `table: <id>` of a bench script or of
+//!   `tests/reliability.sh`), and its
 //!   header is exactly the columns declared there, every row with as many cells;
 //! - the line under the marker names a command in backticks and a date (YYYY-MM-DD);
 //! - the pages tell what is true now: no "was", "before", "earlier run" or commit hash.
@@ -91,8 +92,9 @@ fn declared_in_rust(dir: &Path, out: &mut BTreeMap<String, Vec<String>>) {
     }
 }
 
-/// The tables the bench scripts write: after a line holding `table: <id>`, the first line holding
-/// a Markdown header (`| a | b |`) or a Python list `head = ["a", "b"]`.
+/// The tables the shell scripts directly in `dir` write: for a line holding `table: <id>`, the
+/// nearest line above it (else below it) holding a Markdown header (`| a | b |`) or a Python list
+/// `head = ["a", "b"]`.
 fn declared_in_scripts(dir: &Path, out: &mut BTreeMap<String, Vec<String>>) {
     for entry in fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -100,35 +102,42 @@ fn declared_in_scripts(dir: &Path, out: &mut BTreeMap<String, Vec<String>>) {
             continue;
         }
         let text = fs::read_to_string(&path).unwrap();
-        let lines: Vec<&str> = text.lines().collect();
-        for (i, line) in lines.iter().enumerate() {
-            let Some(rest) = line.split("table: ").nth(1) else {
-                continue;
-            };
-            let id: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
-                .collect();
-            if id.is_empty() || line.contains("end:") {
-                continue;
-            }
-            let head = lines[..i].iter().rev().chain(lines[i..].iter()).find_map(|l| {
-                if let Some(list) = l.trim().strip_prefix("head = [") {
-                    let list = list.trim_end_matches(']');
-                    return Some(
-                        list.split(',')
-                            .map(|c| c.trim().trim_matches('"').to_owned())
-                            .collect::<Vec<_>>(),
-                    );
-                }
-                let start = l.find("\"| ")?;
-                let row = l[start + 1..].split('"').next()?;
-                (!row.contains("---")).then(|| cells(row))
-            });
+        for (id, head) in script_tables(&text) {
             let head = head.unwrap_or_else(|| panic!("{}: table {id} has no header", path.display()));
             out.insert(id, head);
         }
     }
+}
+
+/// The tables one script writes: each `table: <id>` with the header found for it, if any.
+fn script_tables(text: &str) -> Vec<(String, Option<Vec<String>>)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut found = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(rest) = line.split("table: ").nth(1) else {
+            continue;
+        };
+        let id: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
+        if id.is_empty() || line.contains("end:") {
+            continue;
+        }
+        let head = lines[..i].iter().rev().chain(lines[i..].iter()).find_map(|l| {
+            if let Some(list) = l.trim().strip_prefix("head = [") {
+                // The quoted names, a comma inside one kept.
+                return Some(list.split('"').skip(1).step_by(2).map(str::to_owned).collect());
+            }
+            // A header row has a name in every cell (not `"| " + …`, code that writes rows).
+            let start = l.find("\"| ")?;
+            let row = l[start + 1..].split('"').next()?;
+            let head = cells(row);
+            (!row.contains("---") && head.iter().all(|c| !c.is_empty())).then_some(head)
+        });
+        found.push((id, head));
+    }
+    found
 }
 
 /// The cells of a Markdown table row.
@@ -145,6 +154,8 @@ fn declared() -> BTreeMap<String, Vec<String>> {
     declared_in_rust(&root().join("tests/benches"), &mut out);
     declared_in_rust(&root().join("tests/tests"), &mut out);
     declared_in_scripts(&root().join("tests/benches"), &mut out);
+    // tests/reliability.sh, which writes RELIABILITY.md's storm and model-check tables.
+    declared_in_scripts(&root().join("tests"), &mut out);
     out
 }
 
@@ -323,4 +334,24 @@ fn self_test() {
     assert!(problems("p", prose, &declared).is_empty());
     let unnamed = "<!-- not measured:  -->\n| you need | pick |\n| --- | --- |\n| x | y |\n";
     assert!(!problems("p", unnamed, &declared).is_empty());
+
+    // Script headers: an echoed row, a Python list (commas inside names kept), the nearest one
+    // above the marker; code that writes rows is no header.
+    let script = r#"echo "| a | b |"
+echo "<!-- table: one -->"
+head = ["x, y", "z"]
+line = lambda cells: "| " + " | ".join(cells)
+# table: two
+# table: three
+"#;
+    let strings = |v: &[&str]| Some(v.iter().map(|c| c.to_string()).collect::<Vec<_>>());
+    assert_eq!(
+        script_tables(script),
+        vec![
+            ("one".to_owned(), strings(&["a", "b"])),
+            ("two".to_owned(), strings(&["x, y", "z"])),
+            ("three".to_owned(), strings(&["x, y", "z"])),
+        ]
+    );
+    assert_eq!(script_tables("# table: lone\n"), vec![("lone".to_owned(), None)]);
 }

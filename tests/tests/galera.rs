@@ -21,6 +21,7 @@ use callers::{Seen, all_answers, answered, ran_again, spawn_callers};
 use contract::Effects;
 use idem::metrics::Outcome;
 use idem::{Call, IdemError, MySqlStore};
+use idem_suite::doc_table::{Table, rate};
 use tokio::sync::Barrier;
 
 const PROVIDER: &str = "/usr/lib/galera/libgalera_smm.so";
@@ -303,6 +304,12 @@ impl Galera {
     /// The cluster's write sets that lost to another node's (certification failures and
     /// transactions aborted to apply another's), summed over the nodes up, as a line.
     fn conflicts(&self) -> String {
+        let (cert, bf) = self.conflict_counts();
+        format!("since each node's start: {cert} certification failures, {bf} brute-force aborts")
+    }
+
+    /// The certification failures and brute-force aborts the live nodes counted since their start.
+    fn conflict_counts(&self) -> (u64, u64) {
         let sum = |name: &str| -> u64 {
             (0..3)
                 .filter(|&i| self.nodes[i].is_some())
@@ -318,10 +325,9 @@ impl Galera {
                 .filter_map(|v| v.trim().parse::<u64>().ok())
                 .sum()
         };
-        format!(
-            "since each node's start: {} certification failures, {} brute-force aborts",
+        (
             sum("WSREP_LOCAL_CERT_FAILURES"),
-            sum("WSREP_LOCAL_BF_ABORTS")
+            sum("WSREP_LOCAL_BF_ABORTS"),
         )
     }
 
@@ -518,6 +524,36 @@ async fn galera_runs_each_key_once_across_nodes_and_a_node_restart() {
         seen.report(),
         galera.conflicts()
     );
+    // The table for docs/RELIABILITY.md (`tests/reliability.sh`): one row a step.
+    let mut table = Table::new(
+        "galera",
+        &[
+            "what",
+            "calls",
+            "answers retried",
+            "longest call",
+            "certification failures / brute-force aborts so far",
+            "marks cut off by the store timeout",
+        ],
+    );
+    let row = |what: String, seen: &Seen, conflicts: String, cut: usize| {
+        [
+            what,
+            rate(seen.answered.load(Ordering::Relaxed) as f64),
+            rate(seen.retried.load(Ordering::Relaxed) as f64),
+            format!("{} ms", rate(seen.longest_ms.load(Ordering::Relaxed) as f64)),
+            conflicts,
+            cut.to_string(),
+        ]
+    };
+    let (cert, bf) = galera.conflict_counts();
+    let mut cut = MARKS_CUT.lock().unwrap().len();
+    table.row(row(
+        "24 callers (8 per node) released together on 40 keys, each calling every key".to_owned(),
+        &seen,
+        format!("{cert} / {bf}"),
+        cut,
+    ));
 
     // 2. A repeat on the next node right after the first call's mark: the first answer.
     let seen = Seen::default();
@@ -534,6 +570,14 @@ async fn galera_runs_each_key_once_across_nodes_and_a_node_restart() {
         "galera: a repeat on another node right after the mark: 60 keys replayed, {}",
         seen.report()
     );
+    table.row(row(
+        "a repeat on the next node right after the first call's mark (60 keys, 2 calls each)"
+            .to_owned(),
+        &seen,
+        "–".to_owned(),
+        MARKS_CUT.lock().unwrap().len() - cut,
+    ));
+    cut = MARKS_CUT.lock().unwrap().len();
 
     // 3. Node 2 killed (SIGKILL) while 12 callers (4 a node) call 300 keys, then started again:
     //    it rejoins, and every key ran once.
@@ -591,5 +635,18 @@ async fn galera_runs_each_key_once_across_nodes_and_a_node_restart() {
         MARKS_CUT.lock().unwrap().len(),
         galera.conflicts()
     );
+    let (cert, bf) = galera.conflict_counts();
+    table.row(row(
+        format!(
+            "12 callers on 600 keys; node 2 killed (SIGKILL) after {before} answers, started \
+             again 2 s later from the position its storage engine recovered (`mariadbd \
+             --wsrep-recover`, as `galera_recovery` does), so it rejoins by incremental state \
+             transfer (the test checks it)"
+        ),
+        &seen,
+        format!("{cert} / {bf}"),
+        MARKS_CUT.lock().unwrap().len() - cut,
+    ));
+    table.emit();
     drop(galera);
 }

@@ -46,6 +46,7 @@ use idem::metrics::Outcome;
 use idem::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 use idem::sqlx::{self, Row};
 use idem::{Call, IdemError, Store};
+use idem_suite::doc_table::{SharedRows, Table};
 use tokio::sync::{Barrier, watch};
 
 #[cfg(feature = "mysql")]
@@ -168,6 +169,55 @@ impl Summary {
             .filter(|(times, _)| **times >= 2)
             .map(|(_, keys)| keys)
             .sum()
+    }
+}
+
+/// Every server's row, for docs/RELIABILITY.md (`tests/reliability.sh`).
+static FIGURES: SharedRows = SharedRows::new();
+
+impl Summary {
+    /// This server's row of the table, with the rows of the servers done before it.
+    fn emit(&self) {
+        let (order, server, how) = match self.store {
+            "Postgres" => (0, "Postgres", "`pg_ctlcluster … stop -m immediate`, then start"),
+            "MariaDB" => (1, "MariaDB", "SIGKILL, then start"),
+            _ => (2, "Redis (own server, AOF `always`)", "SIGKILL, then restart"),
+        };
+        let records = self
+            .records
+            .iter()
+            .map(|(status, n)| format!("{n} {}", status.to_uppercase()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Table::new(
+            "holder-outage",
+            &[
+                "server",
+                "how it went down",
+                "down for",
+                "first round",
+                "records",
+                "second round",
+                "keys run twice",
+            ],
+        )
+        .emit_shared(
+            &FIGURES,
+            &order.to_string(),
+            [
+                server.to_owned(),
+                how.to_owned(),
+                format!("{:.1} s", self.down.as_secs_f64()),
+                format!(
+                    "{} executed in {:.1} s",
+                    self.first.outcome(Outcome::Executed),
+                    self.first.took.as_secs_f64()
+                ),
+                records,
+                format!("{} replayed", self.second.outcome(Outcome::Replayed)),
+                self.keys_run_twice_or_more().to_string(),
+            ],
+        );
     }
 }
 
@@ -356,6 +406,7 @@ async fn crashed_while_bodies_finish(
         runs,
     };
     eprintln!("{s}");
+    s.emit();
 
     assert_eq!(
         (s.first.own_value, s.first.outcome(Outcome::MarkFailed)),

@@ -25,6 +25,7 @@ use callers::{Seen, all_answers, answered, ran_again, spawn_callers};
 use contract::Effects;
 use idem::sqlx::{self, Connection, PgConnection};
 use idem::{Call, IdemError, PgStore};
+use idem_suite::doc_table::{SharedRows, Table, rate};
 use tokio::sync::Barrier;
 
 /// What the formation is started with: the Postgres binaries and the user to run them as.
@@ -612,6 +613,34 @@ async fn the_store_follows_a_promotion_and_runs_each_key_once() {
         seen.report(),
         again.len(),
         replayed.len(),
+    );
+    Table::new(
+        "pg-auto-failover",
+        &[
+            "primary killed after",
+            "node 2 took writes (after the kill)",
+            "the store answered again (after the kill)",
+            "answers retried",
+            "longest call",
+            "keys run twice",
+            "keys finished before the kill, replayed after it",
+        ],
+    )
+    .emit_shared(
+        &SharedRows::new(),
+        "",
+        [
+            format!("{} answers", rate(answered_before as f64)),
+            format!("{:.1} s", writable.as_secs_f64()),
+            format!("{:.1} s", resumed.as_secs_f64()),
+            rate(seen.retried.load(Ordering::Relaxed) as f64),
+            format!(
+                "{:.1} s",
+                seen.longest_ms.load(Ordering::Relaxed) as f64 / 1000.0
+            ),
+            again.len().to_string(),
+            rate(replayed.len() as f64),
+        ],
     );
     drop(store);
     drop(formation);

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use contract::{Effects, server};
 use idem::sharding::{Phase, Reshard};
 use idem::{Call, IdemError, ShardedStore, Store};
+use idem_suite::doc_table::{SharedRows, Table, rate};
 
 const BIZ: &str = "RESHARD";
 const FINISHED: usize = 3_000;
@@ -182,7 +183,42 @@ async fn move_under_load<S: Store + Clone>(
         done.walked,
         start.elapsed()
     );
+    let (shards, move_) = what.split_once(", ").unwrap_or((what, ""));
+    let order = format!("{} {}", shards != "Postgres", move_ != "2 → 3");
+    let twice: usize = ran.iter().filter(|(runs, _)| **runs >= 2).map(|(_, n)| n).sum();
+    Table::new(
+        "reshard",
+        &[
+            "shards",
+            "move",
+            "calls answered",
+            "answered \"in progress\"",
+            "refused by the old list's process",
+            "moving records copied / walked",
+            "holders waited for",
+            "move took",
+            "keys run twice",
+        ],
+    )
+    .emit_shared(
+        &FIGURES,
+        &order,
+        [
+            shards.to_owned(),
+            move_.to_owned(),
+            rate(tally.answered.load(Ordering::Relaxed) as f64),
+            rate(tally.in_progress.load(Ordering::Relaxed) as f64),
+            rate(tally.refused.load(Ordering::Relaxed) as f64),
+            format!("{} / {}", rate(done.copied as f64), rate(done.walked as f64)),
+            waited.to_string(),
+            format!("{:.1} s", start.elapsed().as_secs_f64()),
+            twice.to_string(),
+        ],
+    );
 }
+
+/// Every move's row, for docs/RELIABILITY.md (`tests/reliability.sh`).
+static FIGURES: SharedRows = SharedRows::new();
 
 /// The whole scenario over three shards `a`, `b`, `c` (each given twice: one connection per
 /// process): 2 → 3, then 3 → 2.

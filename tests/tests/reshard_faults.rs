@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use idem::sharding::{Phase, Reshard};
 use idem::{Call, IdemError, RedisStore, ShardedStore};
+use idem_suite::doc_table::{SharedRows, Table, rate};
 use redis_server::RedisServer;
 
 const BIZ: &str = "MOVE";
@@ -363,10 +364,13 @@ async fn move_with(fault: Fault) {
             counts(&effects).get(&k)
         );
     }
+    let mut late_marks = "—".to_owned();
     if fault == Fault::Paused {
         // Woken after every key was taken over: not one renewal or mark of it is taken.
         holder.signal("-CONT");
         let answers = holder.expect("answer ", Duration::from_secs(30));
+        let taken = answers.iter().filter(|a| !a.ends_with("lease-lost")).count();
+        late_marks = format!("{taken} of {}", answers.len());
         for a in &answers {
             assert!(
                 a.ends_with("lease-lost"),
@@ -400,6 +404,36 @@ async fn move_with(fault: Fault) {
         done.walked,
         started.elapsed()
     );
+    let (order, said) = match fault {
+        Fault::Killed => (0, "holder killed"),
+        Fault::Paused => (1, "holder paused through the move"),
+        Fault::ShardRestarted => (2, "new shard's server restarted"),
+    };
+    Table::new(
+        "reshard-faults",
+        &[
+            "fault",
+            "calls answered beside the move",
+            "tool runs",
+            "moving records copied / walked",
+            "took",
+            "effects twice",
+            "late marks taken",
+        ],
+    )
+    .emit_shared(
+        &FIGURES,
+        &order.to_string(),
+        [
+            said.to_owned(),
+            rate(answered.load(Ordering::Relaxed) as f64),
+            runs.to_string(),
+            format!("{} / {}", done.copied, done.walked),
+            format!("{:.1} s", started.elapsed().as_secs_f64()),
+            ran.values().filter(|n| **n > 1).count().to_string(),
+            late_marks,
+        ],
+    );
     drop(holder);
     for s in &servers {
         s.shutdown_nosave();
@@ -411,6 +445,9 @@ async fn move_with(fault: Fault) {
 async fn a_holder_killed_during_the_move_is_taken_over_once() {
     move_with(Fault::Killed).await;
 }
+
+/// Every fault's row, for docs/RELIABILITY.md (`tests/reliability.sh`).
+static FIGURES: SharedRows = SharedRows::new();
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_holder_paused_through_the_move_is_refused_when_it_wakes() {

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use idem::{Call, IdemError, Store};
 use idem_storm::Proxy;
+use idem_suite::doc_table::{SharedRows, Table, secs};
 use tokio::sync::{Barrier, Notify};
 
 /// The store timeout the calls set.
@@ -271,7 +272,45 @@ async fn silence_never_heals(name: &str, url: &str, back: Back) {
          replay {replay_took:.2?}, slowest of {BURST} at once {slowest:.2?}, default timeout \
          {default_took:.2?}; first answer {first_answer:.2?} after the network came back"
     );
+    let order = ["Postgres", "MariaDB", "Redis"]
+        .iter()
+        .position(|n| *n == name)
+        .unwrap_or(9);
+    let (back_order, back_said) = match back {
+        Back::Held => (0, "late replies delivered"),
+        Back::NewOnly => (1, "old connections dead"),
+    };
+    Table::new(
+        "silent-network",
+        &[
+            "store",
+            "network back",
+            "held mark",
+            "new call",
+            "replay",
+            "slowest of 64 at once",
+            "default timeout",
+            "first answer after the network came back",
+        ],
+    )
+    .emit_shared(
+        &FIGURES,
+        &format!("{order} {back_order}"),
+        [
+            name.to_owned(),
+            back_said.to_owned(),
+            secs(held_took),
+            secs(new_took),
+            secs(replay_took),
+            secs(slowest),
+            default_took.map_or("–".to_owned(), secs),
+            secs(first_answer),
+        ],
+    );
 }
+
+/// Every scenario's figures, one row each, for docs/RELIABILITY.md (`tests/reliability.sh`).
+static FIGURES: SharedRows = SharedRows::new();
 
 /// 64 calls released together, each for a key of its own under `prefix`: all run once.
 async fn burst_succeeds(name: &str, store: &idem::AnyStore, effects: &Effects, prefix: &str) {

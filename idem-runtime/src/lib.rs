@@ -29,7 +29,9 @@
 //! [`Store`] trait and the decision table), `sql/` (what every SQL backend shares: the claim
 //! protocol, dialects, error classes), `backend/<name>/` (one folder per store: the store, its
 //! transactions, its state-transition support), `transition/` (state machines and the one runtime
-//! entry point of `#[state_transition]`).
+//! entry point of `#[state_transition]`), `layer/` (the idempotency layers' protocol-neutral core:
+//! key, caller, keyed flow, transaction mode, drain), of which `http/` (axum) and `grpc/` (tonic)
+//! are the adapters.
 #![warn(missing_docs)]
 
 pub mod admin;
@@ -51,6 +53,8 @@ pub mod inbox;
 pub mod key;
 #[cfg(feature = "lambda")]
 pub mod lambda;
+#[cfg(feature = "layer-core")]
+mod layer;
 mod layer_key;
 pub mod metrics;
 mod net;

@@ -415,7 +415,7 @@ impl Call {
     }
 
     /// Sets a fingerprint the caller computed itself (a hash of the request's bytes).
-    #[cfg(feature = "axum")]
+    #[cfg(feature = "layer-core")]
     pub(crate) fn fingerprint_hash(mut self, hash: String) -> Self {
         self.more_mut().fingerprint = Some(Ok(hash));
         self

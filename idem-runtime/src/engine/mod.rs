@@ -25,10 +25,10 @@ use std::sync::Arc;
 pub use at_once::{Now, run_now, run_prepared, run_recovering};
 pub use batch::{Batch, Claimed, ClaimedRecovering};
 pub(crate) use batch::{MarkSink, flush_marks};
-#[cfg(feature = "axum")]
+#[cfg(feature = "layer-core")]
 pub(crate) use call::Heartbeat;
 pub(crate) use call::check_durations;
-#[cfg(feature = "axum")]
+#[cfg(feature = "layer-core")]
 pub(crate) use call::check_result_ttl;
 pub(crate) use call::check_store_timeout;
 pub use call::with_store_timeout;

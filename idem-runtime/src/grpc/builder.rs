@@ -13,14 +13,16 @@ use tonic::Code;
 use super::config::{GrpcConfig, GrpcRecoverRequest};
 use super::layer::GrpcLayer;
 use super::wire::stored_by_default;
-use crate::http::{IdempotencyBuilder, IdempotencyLayer, Principal};
+use crate::engine::Heartbeat;
+use crate::layer::Principal;
+use crate::layer::settings::Settings;
 use crate::{IdemError, IntoSharedStore};
 
 /// Configures a [`GrpcLayer`]; `build()` checks it. Made by [`GrpcLayer::builder`] (lease mode)
 /// or [`GrpcLayer::builder_tx`] (transaction mode).
 #[must_use]
 pub struct GrpcLayerBuilder {
-    shared: IdempotencyBuilder,
+    shared: Settings,
     tx: bool,
     methods: Vec<String>,
     fingerprint_metadata: Vec<String>,
@@ -30,9 +32,11 @@ pub struct GrpcLayerBuilder {
 }
 
 impl GrpcLayerBuilder {
-    fn new(shared: IdempotencyBuilder, tx: bool) -> Self {
+    fn new(mut shared: Settings, tx: bool) -> Self {
+        shared.biz = Cow::Borrowed("GRPC");
+        shared.canonical_json = false;
         GrpcLayerBuilder {
-            shared: shared.biz("GRPC").byte_exact_bodies(),
+            shared,
             tx,
             methods: Vec::new(),
             fingerprint_metadata: Vec::new(),
@@ -58,7 +62,7 @@ impl GrpcLayerBuilder {
 
     /// The business type of the layer's records (default `GRPC`).
     pub fn biz(mut self, biz: impl Into<Cow<'static, str>>) -> Self {
-        self.shared = self.shared.biz(biz);
+        self.shared.biz = biz.into();
         self
     }
 
@@ -67,7 +71,7 @@ impl GrpcLayerBuilder {
     /// be known before the layer: set it in a tower layer in front of this one (tonic's
     /// `Server::builder().layer(…)` order), or read it from metadata with [`Principal::header`].
     pub fn principal(mut self, principal: Principal) -> Self {
-        self.shared = self.shared.principal(principal);
+        self.shared.principal = Some(principal);
         self
     }
 
@@ -87,20 +91,20 @@ impl GrpcLayerBuilder {
 
     /// Calls without an `idempotency-key` run without idem (default: `INVALID_ARGUMENT`).
     pub fn key_optional(mut self) -> Self {
-        self.shared = self.shared.key_optional();
+        self.shared.required = false;
         self
     }
 
     /// The longest key accepted, in bytes (default 255, at least 1).
     pub fn max_key_len(mut self, bytes: usize) -> Self {
-        self.shared = self.shared.max_key_len(bytes);
+        self.shared.max_key_len = bytes;
         self
     }
 
     /// The largest request message, framed, in bytes (default 1 MiB, at least 1):
     /// `RESOURCE_EXHAUSTED` beyond.
     pub fn max_request_bytes(mut self, bytes: usize) -> Self {
-        self.shared = self.shared.max_request_bytes(bytes);
+        self.shared.max_request_bytes = bytes;
         self
     }
 
@@ -108,7 +112,7 @@ impl GrpcLayerBuilder {
     /// snapshot limit also applies). A larger response reaches its own client, and repeats get
     /// `ALREADY_EXISTS` (`RESPONSE_NOT_KEPT`): the handler does not run twice.
     pub fn max_response_bytes(mut self, bytes: usize) -> Self {
-        self.shared = self.shared.max_response_bytes(bytes);
+        self.shared.max_response_bytes = bytes;
         self
     }
 
@@ -129,52 +133,52 @@ impl GrpcLayerBuilder {
     /// How long a record is kept (default 24 hours; longer than the lease, at most
     /// `MAX_DURATION`).
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.shared = self.shared.ttl(ttl);
+        self.shared.ttl = ttl;
         self
     }
 
     /// How long a stored response is kept (1 ms up to the ttl; default: as long as the record);
     /// a repeat after it gets `ALREADY_EXISTS` (`RESULT_EXPIRED`).
     pub fn result_ttl(mut self, result_ttl: Duration) -> Self {
-        self.shared = self.shared.result_ttl(result_ttl);
+        self.shared.result_ttl = Some(result_ttl);
         self
     }
 
     /// How long a running call holds its key (default 30 s, 1 ms ..= `MAX_DURATION`).
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.shared = self.shared.lease(lease);
+        self.shared.lease = lease;
         self
     }
 
     /// How often a running call renews its lease (default a third of it; 1 ms .. the lease).
     pub fn heartbeat(mut self, every: Duration) -> Self {
-        self.shared = self.shared.heartbeat(every);
+        self.shared.heartbeat = Heartbeat::Every(every);
         self
     }
 
     /// No heartbeat: a call longer than its lease may be taken over.
     pub fn no_heartbeat(mut self) -> Self {
-        self.shared = self.shared.no_heartbeat();
+        self.shared.heartbeat = Heartbeat::Off;
         self
     }
 
     /// A repeat while the first call runs waits up to `max` for its response (0 ..=
     /// `MAX_DURATION`) instead of getting `ABORTED` (`IN_PROGRESS`) at once.
     pub fn wait(mut self, max: Duration) -> Self {
-        self.shared = self.shared.wait(max);
+        self.shared.wait = Some(max);
         self
     }
 
     /// The most each store step may take (default 10 s): past it the call gets `UNAVAILABLE`.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.shared = self.shared.store_timeout(timeout);
+        self.shared.store_timeout = timeout;
         self
     }
 
     /// At most `max` new records per caller per `window` (`max` at least 1, `window` 1 ms ..=
     /// `MAX_DURATION`): `RESOURCE_EXHAUSTED` (`TOO_MANY_KEYS`) beyond, with RetryInfo.
     pub fn cap_per_principal(mut self, max: u32, window: Duration) -> Self {
-        self.shared = self.shared.cap_per_principal(max, window);
+        self.shared.cap = Some((max, window));
         self
     }
 
@@ -230,7 +234,7 @@ impl GrpcLayerBuilder {
         for name in self.fingerprint_metadata {
             match HeaderName::try_from(name.as_str()) {
                 Ok(header) if !name.ends_with("-bin") => {
-                    shared = shared.fingerprint_header(header);
+                    shared.fingerprint_header(header);
                 }
                 _ => {
                     return invalid(format!(
@@ -239,7 +243,7 @@ impl GrpcLayerBuilder {
                 }
             }
         }
-        let IdempotencyLayer { cfg } = shared.build()?;
+        let cfg = Arc::new(shared.build(false)?);
         let mut methods = self.methods;
         methods.sort();
         methods.dedup();
@@ -260,18 +264,18 @@ impl GrpcLayer {
     /// ([`method`](GrpcLayerBuilder::method)) and whose calls they are
     /// ([`principal`](GrpcLayerBuilder::principal)), then `build()`.
     pub fn builder(store: impl IntoSharedStore) -> GrpcLayerBuilder {
-        GrpcLayerBuilder::new(IdempotencyLayer::builder(store), false)
+        GrpcLayerBuilder::new(Settings::new(store), false)
     }
 
     /// A gRPC layer in transaction mode, on SQLite, MySQL / MariaDB or Postgres: each call with a
     /// new key runs in a transaction of the store that its handler joins with
-    /// [`LayerTx::from_grpc`](crate::http::LayerTx::from_grpc); its writes and its stored response
+    /// [`LayerTx::from_grpc`](crate::layer::LayerTx::from_grpc); its writes and its stored response
     /// commit together or not at all.
     pub fn builder_tx<S>(store: S) -> GrpcLayerBuilder
     where
         S: crate::TransactionalStore,
         S::Tx: crate::StoreTx + 'static,
     {
-        GrpcLayerBuilder::new(IdempotencyLayer::builder_tx(store), true)
+        GrpcLayerBuilder::new(Settings::new_tx(store), true)
     }
 }

@@ -1,4 +1,4 @@
-//! The gRPC layer's own settings (the rest are the HTTP layer's [`Config`](crate::http)): the
+//! The gRPC layer's own settings (the rest are the layer core's, `crate::layer::config::Config`): the
 //! methods it covers, which statuses it stores, and its recover fn.
 
 use std::future::Future;
@@ -18,7 +18,7 @@ use crate::BoxError;
 pub struct GrpcRecoverRequest {
     /// The client's idempotency key, as sent.
     pub key: String,
-    /// The caller, as the layer's [`Principal`](crate::http::Principal) found it (`None` when
+    /// The caller, as the layer's [`Principal`](super::Principal) found it (`None` when
     /// unscoped).
     pub principal: Option<String>,
     /// The method's path: `/package.Service/Method`.

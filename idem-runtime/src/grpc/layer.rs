@@ -1,25 +1,24 @@
 //! The gRPC layer: the tower service around a tonic server that claims, runs, stores and replays
-//! unary calls, through the HTTP layer's flow with gRPC's answers (`wire.rs`).
+//! unary calls, through the layer core's flow (`crate::layer`) with gRPC's answers (`wire.rs`).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::body::Body;
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::BodyExt;
+use http_body_util::Full;
 use tonic::Code;
+use tonic::body::Body;
 use tower::{Layer, Service};
 
 use super::config::{GrpcConfig, GrpcRecoverRequest};
 use super::wire::{Grpc, GrpcStored, NotUnary, one_message, status};
 use crate::IdemError;
-use crate::http::Drain;
-use crate::http::config::Config;
-use crate::http::handler::Flow;
-use crate::http::key;
-use crate::http::layer::{Keyed, serve_keyed};
-use crate::http::service::{BoxFuture, take_ready};
+use crate::layer::body::{self, Unread};
+use crate::layer::config::Config;
+use crate::layer::flow::{Flow, Keyed, serve_keyed};
+use crate::layer::service::{BoxFuture, take_ready};
+use crate::layer::{Drain, key};
 
 /// A tower [`Layer`] that makes a tonic service's unary calls idempotent, with the HTTP layer's
 /// semantics on gRPC's terms: see [the module](super).
@@ -137,10 +136,9 @@ where
             None,
         ));
     };
-    let limited = http_body_util::Limited::new(body, cfg.max_request_bytes);
-    let body = match limited.collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+    let body = match body::read(body, cfg.max_request_bytes, false).await {
+        Ok(body) => body,
+        Err(Unread::TooLarge) => {
             return Ok(status(
                 Code::ResourceExhausted,
                 "REQUEST_TOO_LARGE",
@@ -151,7 +149,7 @@ where
                 None,
             ));
         }
-        Err(e) => {
+        Err(Unread::Unreadable(e)) => {
             tracing::debug!(error = %e, "the request body could not be read; answering INVALID_ARGUMENT");
             return Ok(status(
                 Code::InvalidArgument,
@@ -184,7 +182,7 @@ where
     let key = match key::client_key(cfg, &parts, &body).and_then(from_message) {
         Ok(Some(key)) => key,
         Ok(None) if !cfg.required => {
-            let req = Request::from_parts(parts, Body::from(body));
+            let req = Request::from_parts(parts, Body::new(Full::new(body)));
             return inner.call(req).await.map(|r| r.map(Body::new));
         }
         Ok(None) => {
@@ -227,6 +225,6 @@ where
         principal: principal.as_deref(),
         route,
     };
-    let req = Request::from_parts(parts, Body::from(body));
+    let req = Request::from_parts(parts, Body::new(Full::new(body)));
     serve_keyed(&Grpc(grpc), cfg, inner, req, keyed, recover).await
 }

@@ -19,8 +19,8 @@
 //!     .principal(Principal::header(http::HeaderName::from_static("x-user-id"))) // whose calls
 //!     .build()?;
 //! layer.check().await?; // at start-up: the store answers and is migrated
-//! # let orders_server = tower::service_fn(|_: http::Request<axum::body::Body>| async {
-//! #     Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+//! # let orders_server = tower::service_fn(|_: http::Request<tonic::body::Body>| async {
+//! #     Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
 //! # });
 //! // tonic::transport::Server::builder().layer(layer).add_service(OrdersServer::new(orders)).serve(addr).await?;
 //! let service = tower::Layer::layer(&layer, orders_server);
@@ -136,10 +136,11 @@ mod layer;
 mod tx;
 mod wire;
 
-/// Whose calls a key belongs to, and the transaction a transaction-mode handler writes in
-/// (`LayerTx::from_grpc`): the HTTP layer's types, named here too, so a gRPC service imports what
-/// it uses from `idem::grpc`.
-pub use crate::http::{LayerTx, Principal};
+/// Whose calls a key belongs to, the transaction a transaction-mode handler writes in
+/// (`LayerTx::from_grpc`) and the handle that waits for the handlers at shutdown: the layer
+/// core's types, which the HTTP layer names too, so a gRPC service imports what it uses from
+/// `idem::grpc`.
+pub use crate::layer::{Drain, LayerTx, Principal};
 pub use builder::GrpcLayerBuilder;
 pub use config::GrpcRecoverRequest;
 pub use layer::{GrpcIdempotency, GrpcLayer};

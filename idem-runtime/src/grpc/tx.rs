@@ -5,8 +5,8 @@ use tonic::Status;
 
 use super::wire::grpc_status;
 use crate::IdemTx;
-use crate::http::LayerTx;
-use crate::http::tx::Slot;
+use crate::layer::LayerTx;
+use crate::layer::tx::Slot;
 
 impl<T: IdemTx + Sync + 'static> LayerTx<T> {
     /// The transaction of a call behind a [`GrpcLayer`](super::GrpcLayer) in transaction mode

@@ -6,20 +6,20 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
-use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
 use serde::{Deserialize, Serialize};
+use tonic::body::Body;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 use tower::Service;
 
 use super::config::GrpcConfig;
 use crate::IdemError;
-use crate::http::config::Config;
-use crate::http::handler::{HandlerRun, Wire, kept_fits};
-use crate::http::stored::{StoredBytes, never_kept};
+use crate::layer::config::Config;
+use crate::layer::flow::{HandlerRun, Wire};
+use crate::layer::stored::{StoredBytes, never_kept};
 
 /// The metadata key every replayed response carries, with the value `true` (HTTP's
 /// `Idempotent-Replayed`): `response.metadata().get("idempotent-replayed")` on a tonic client.
@@ -205,6 +205,14 @@ impl GrpcStored {
     }
 }
 
+/// Whether `stored` is kept whole: its body is at most the layer's limit and the
+/// record fits the store's snapshot limit, with a margin for the engine's envelope.
+fn kept_fits<T: serde::Serialize>(stored: &T, body_len: usize, cfg: &Config) -> bool {
+    body_len <= cfg.max_response_bytes
+        && serde_json::to_vec(stored)
+            .is_ok_and(|json| json.len() + 64 <= cfg.store.limits().max_snapshot_len)
+}
+
 /// A gRPC status with a `google.rpc.ErrorInfo` naming `reason` in the [`ERROR_DOMAIN`] and, when
 /// the client may try again, a `google.rpc.RetryInfo`.
 pub(super) fn grpc_status(
@@ -245,7 +253,7 @@ fn code_of(headers: &HeaderMap, trailers: Option<&HeaderMap>) -> Code {
 /// The gRPC layer's answers.
 pub(super) struct Grpc<'a>(pub(super) &'a GrpcConfig);
 
-impl Wire for Grpc<'_> {
+impl Wire<Body> for Grpc<'_> {
     type Stored = GrpcStored;
 
     fn run<S, B>(
@@ -254,7 +262,7 @@ impl Wire for Grpc<'_> {
         inner: &mut S,
         req: Request<Body>,
         route: &str,
-    ) -> impl Future<Output = Result<HandlerRun<GrpcStored>, S::Error>> + Send
+    ) -> impl Future<Output = Result<HandlerRun<GrpcStored, Body>, S::Error>> + Send
     where
         S: Service<Request<Body>, Response = Response<B>> + Send,
         S::Future: Send,

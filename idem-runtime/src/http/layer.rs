@@ -1,8 +1,7 @@
-//! The Idempotency-Key layer: the tower service that claims, runs, stores and replays (its
-//! configuration is in `builder.rs` and `config.rs`, the handler's run in `handler.rs`,
-//! transaction mode in `tx.rs`).
+//! The Idempotency-Key layer: the tower service that reads a request's key and caller and hands
+//! it to the layer core's flow (`crate::layer`), which claims, runs, stores and replays (its
+//! configuration is in `builder.rs`, the handler's run in `handler.rs`).
 
-use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -12,16 +11,16 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tower::{Layer, Service};
 
-use super::config::Config;
-use super::drain::Drain;
-use super::handler::{Flow, Http, Wire, kept, lease_answer};
-use super::key;
+use super::handler::{Http, kept};
 use super::problem::problem;
 use super::recover::{RecoverFn, RecoverRequest};
-use super::service::{BoxFuture, take_ready};
 use super::stored::Stored;
-use super::tx::{self, Ran};
-use crate::{Call, IdemError};
+use crate::IdemError;
+use crate::layer::body::{self, Unread};
+use crate::layer::config::Config;
+use crate::layer::flow::{Flow, Keyed, serve_keyed};
+use crate::layer::service::{BoxFuture, take_ready};
+use crate::layer::{Drain, key};
 
 /// A tower [`Layer`] with the IETF HTTPAPI `Idempotency-Key` semantics, for axum routers (and any
 /// tower service on `http` types):
@@ -58,7 +57,9 @@ use crate::{Call, IdemError};
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer {
-    pub(crate) cfg: Arc<Config>,
+    pub(super) cfg: Arc<Config>,
+    /// Asked before a takeover runs a handler again (lease mode).
+    pub(super) recover: Option<RecoverFn>,
 }
 
 impl IdempotencyLayer {
@@ -75,7 +76,7 @@ impl IdempotencyLayer {
     }
 
     /// A handle that waits, at shutdown, for the handlers this layer (and every service made
-    /// from it) is running: see [`Drain`](super::Drain).
+    /// from it) is running: see [`Drain`].
     pub fn drain(&self) -> Drain {
         self.cfg.drain()
     }
@@ -88,6 +89,7 @@ impl<S> Layer<S> for IdempotencyLayer {
         Idempotency {
             inner,
             cfg: Arc::clone(&self.cfg),
+            recover: self.recover.clone(),
         }
     }
 }
@@ -97,6 +99,7 @@ impl<S> Layer<S> for IdempotencyLayer {
 pub struct Idempotency<S> {
     inner: S,
     cfg: Arc<Config>,
+    recover: Option<RecoverFn>,
 }
 
 impl<S, B> Service<Request<Body>> for Idempotency<S>
@@ -118,11 +121,12 @@ where
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let inner = take_ready(&mut self.inner);
         let cfg = Arc::clone(&self.cfg);
+        let recover = self.recover.clone();
         // On its own task: when the client goes away (a gateway timeout that was really a
         // success), the handler still finishes and its response is stored, so the retry replays
         // it instead of finding a claim that holds the key until its lease expires.
         let inflight = Arc::clone(&cfg.inflight);
-        inflight.on_own_task(handle(cfg, inner, req), || {
+        inflight.on_own_task(handle(cfg, recover, inner, req), || {
             Ok(problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting-down",
@@ -143,19 +147,6 @@ fn route_of(parts: &http::request::Parts) -> String {
     format!("{} {path}", parts.method)
 }
 
-/// Whether reading a body failed because it is over a limit (ours, or one a layer in front of us
-/// set with `http_body_util::Limited`), rather than because it was cut short or reset.
-fn over_limit(e: &axum::Error) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(e) = cause {
-        if e.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        cause = e.source();
-    }
-    false
-}
-
 fn with_body<B>(response: Response<B>) -> Response<Body>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -168,6 +159,7 @@ where
 /// need a caller, a readable body and (when required) a key, then are served by [`serve_keyed`].
 async fn handle<S, B>(
     cfg: Arc<Config>,
+    recover: Option<RecoverFn>,
     mut inner: S,
     req: Request<Body>,
 ) -> Result<Response<Body>, S::Error>
@@ -206,7 +198,7 @@ where
             ));
         }
     };
-    let recover = cfg.recover.as_ref().map(|recover| {
+    let recover = recover.as_ref().map(|recover| {
         let asked = RecoverRequest {
             key: key.clone(),
             principal: principal.clone(),
@@ -243,9 +235,9 @@ fn no_principal() -> Response<Body> {
 /// The request's body, read whole up to the layer's limit; or the problem to answer when it is
 /// over the limit or cannot be read (nothing is claimed or written then).
 async fn read_body(cfg: &Config, body: Body) -> Result<Bytes, Response<Body>> {
-    match axum::body::to_bytes(body, cfg.max_request_bytes).await {
+    match body::read(body, cfg.max_request_bytes, true).await {
         Ok(body) => Ok(body),
-        Err(e) if over_limit(&e) => Err(problem(
+        Err(Unread::TooLarge) => Err(problem(
             StatusCode::PAYLOAD_TOO_LARGE,
             "request-too-large",
             "Request body too large",
@@ -254,7 +246,7 @@ async fn read_body(cfg: &Config, body: Body) -> Result<Bytes, Response<Body>> {
                 cfg.max_request_bytes
             ),
         )),
-        Err(e) => {
+        Err(Unread::Unreadable(e)) => {
             // Cut short (a Content-Length longer than the body), reset, or badly framed: the
             // client's fault, and nothing was claimed or written.
             tracing::debug!(error = %e, "the request body could not be read; answering 400");
@@ -315,95 +307,4 @@ async fn recovered<E>(
         cfg.max_response_bytes,
         store_limit,
     )))
-}
-
-/// A request the layer has the key of: whose it is, the record it claims, and what it is for.
-pub(crate) struct Keyed<'a> {
-    pub(crate) principal: Option<&'a str>,
-    /// The record's key: the caller and the client's key, hashed.
-    pub(crate) record_key: String,
-    /// The route (axum's template, or the gRPC method), for the durations and the record's origin.
-    pub(crate) route: String,
-    /// The request's fingerprint, with its route before it.
-    pub(crate) fingerprint: String,
-}
-
-/// What both layers do once a request has its key: the caller's cap, the call, the handler run
-/// in transaction mode or lease mode (with `recover` asked first on a takeover), and the answer in
-/// `wire`'s terms.
-pub(crate) async fn serve_keyed<W, S, B, R, RF>(
-    wire: &W,
-    cfg: &Config,
-    mut inner: S,
-    req: Request<Body>,
-    keyed: Keyed<'_>,
-    recover: Option<R>,
-) -> Result<Response<Body>, S::Error>
-where
-    W: Wire,
-    S: Service<Request<Body>, Response = Response<B>> + Send,
-    S::Future: Send,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<crate::BoxError>,
-    R: FnOnce() -> RF + Send,
-    RF: Future<Output = Result<Option<W::Stored>, Flow<S::Error>>> + Send,
-{
-    let Keyed {
-        principal,
-        record_key,
-        route,
-        fingerprint,
-    } = keyed;
-    let reservation = match &cfg.cap {
-        None => None,
-        Some(cap) => match cap.reserve(key::principal_id(principal)) {
-            Ok(slot) => Some(slot),
-            // Over the cap, a repeat of a request that has a record still goes through (to its
-            // replay, or its retry): the cap bounds new records, not retries.
-            Err(_) if matches!(cfg.store.load(&cfg.biz, &record_key).await, Ok(Some(_))) => None,
-            Err(wait) => return Ok(wire.too_many_keys(wait)),
-        },
-    };
-    let mut call = Call::new(cfg.biz.clone(), &record_key)
-        .fingerprint_hash(fingerprint)
-        .ttl(cfg.ttl)
-        .lease(cfg.lease);
-    call.more_mut().heartbeat = cfg.heartbeat;
-    call = call.store_timeout(cfg.store_timeout);
-    if let Some(kept) = cfg.result_ttl {
-        call = call.result_ttl(kept);
-    }
-    if let Some(max) = cfg.wait {
-        call = call.wait(max);
-    }
-    if let Some(begin) = &cfg.tx {
-        let answer = Box::pin(tx::in_tx(wire, cfg, begin, call, inner, req, &route)).await;
-        if let Some(slot) = reservation
-            && !matches!(answer, Ok(Ran::Yes(_)))
-        {
-            slot.refund();
-        }
-        return answer.map(Ran::into_response);
-    }
-    let mut live: Option<Response<Body>> = None;
-    let mut ran = false;
-    let handler = async {
-        ran = true;
-        let (response, stored) = wire
-            .run(cfg, &mut inner, req, &route)
-            .await
-            .map_err(Flow::Inner)?;
-        live = Some(response);
-        stored.ok_or(Flow::NotStored)
-    };
-    let result: Result<W::Stored, Flow<S::Error>> = match recover {
-        // Boxed: the engine's future is kilobytes, and the request's future is moved into its task
-        // (and polled through the server's layers) whole.
-        None => Box::pin(call.run(&*cfg.store, handler)).await,
-        Some(recover) => Box::pin(call.recover(recover).run(&*cfg.store, handler)).await,
-    };
-    if !ran && let Some(slot) = reservation {
-        slot.refund();
-    }
-    lease_answer(wire, cfg, &route, result, live)
 }

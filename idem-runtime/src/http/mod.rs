@@ -245,28 +245,19 @@
 //! ```
 
 mod builder;
-mod cap;
-pub(crate) mod config;
-mod drain;
-pub(crate) mod handler;
-mod hint;
-pub(crate) mod key;
-pub(crate) mod layer;
-mod principal;
+mod handler;
+mod layer;
 mod problem;
 mod recover;
-pub(crate) mod service;
-pub(crate) mod stored;
+mod stored;
 mod tokens;
-pub(crate) mod tx;
+mod tx;
 
+pub use crate::layer::config::IDEMPOTENCY_KEY;
+pub use crate::layer::stored::REPLAYED_HEADER;
+pub use crate::layer::{Drain, LayerTx, Principal};
 pub use builder::{IdempotencyBuilder, stored_by_default};
-pub use config::IDEMPOTENCY_KEY;
-pub use drain::Drain;
 pub use layer::{Idempotency, IdempotencyLayer};
-pub use principal::Principal;
 pub use problem::PROBLEM_TYPE_PREFIX;
 pub use recover::RecoverRequest;
-pub use stored::REPLAYED_HEADER;
 pub use tokens::{TOKEN_HEADER, TokenEndpoint, TokenGuard, TokenGuardLayer};
-pub use tx::LayerTx;

@@ -1,61 +1,11 @@
 //! A response as stored for replay: status, the headers the layer keeps, and the body.
 
 use axum::body::Body;
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as B64;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use super::problem::problem;
-
-/// The header a replayed response carries.
-pub const REPLAYED_HEADER: &str = "idempotent-replayed";
-
-const SESSION: &str = "it carries the first response's session or credential, and a replay would hand it to whoever repeats the request";
-const CREDENTIAL: &str =
-    "it is a credential, never a response header: keeping it could only replay a secret";
-const EXCHANGE: &str =
-    "it authenticates one exchange (RFC 9110 section 11.6.3), not a replay of it";
-const HOP: &str =
-    "it is a hop-by-hop header: it describes one connection, and the server sets its own on each";
-const FRAMING: &str =
-    "it frames the message, and the server frames each response it sends from the body it sends";
-
-/// Response headers that are never stored or replayed, whatever
-/// [`keep_header`](super::IdempotencyBuilder::keep_header) says, and why.
-const NEVER_KEPT: [(&str, &str); 17] = [
-    ("set-cookie", SESSION),
-    ("set-cookie2", SESSION),
-    ("authorization", CREDENTIAL),
-    ("proxy-authorization", CREDENTIAL),
-    ("cookie", CREDENTIAL),
-    ("authentication-info", EXCHANGE),
-    ("proxy-authentication-info", EXCHANGE),
-    ("proxy-authenticate", HOP),
-    ("connection", HOP),
-    ("keep-alive", HOP),
-    ("proxy-connection", HOP),
-    ("te", HOP),
-    ("upgrade", HOP),
-    ("transfer-encoding", FRAMING),
-    ("content-length", FRAMING),
-    (
-        "trailer",
-        "it announces trailer fields, and a stored response has none",
-    ),
-    (
-        REPLAYED_HEADER,
-        "it is the layer's own: every replay carries it and a first response never does",
-    ),
-];
-
-/// Why a response header can never be kept, or `None` when it can.
-pub(crate) fn never_kept(name: &HeaderName) -> Option<&'static str> {
-    NEVER_KEPT
-        .iter()
-        .find(|(never, _)| *never == name.as_str())
-        .map(|(_, why)| *why)
-}
+use crate::layer::stored::{REPLAYED_HEADER, StoredBytes, never_kept};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Stored {
@@ -66,31 +16,6 @@ pub(crate) struct Stored {
     h: Vec<(String, StoredBytes)>,
     /// The body; `None` when it was over the size limit and so not kept.
     b: Option<StoredBytes>,
-}
-
-/// Bytes as text when they are UTF-8 (most API bodies), else base64.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum StoredBytes {
-    #[serde(rename = "t")]
-    Text(String),
-    #[serde(rename = "b")]
-    Base64(String),
-}
-
-impl StoredBytes {
-    pub(crate) fn of(bytes: &[u8]) -> Self {
-        match std::str::from_utf8(bytes) {
-            Ok(text) => StoredBytes::Text(text.to_owned()),
-            Err(_) => StoredBytes::Base64(B64.encode(bytes)),
-        }
-    }
-
-    pub(crate) fn bytes(&self) -> Option<Vec<u8>> {
-        match self {
-            StoredBytes::Text(text) => Some(text.clone().into_bytes()),
-            StoredBytes::Base64(b64) => B64.decode(b64).ok(),
-        }
-    }
 }
 
 impl Stored {
@@ -176,6 +101,7 @@ impl Stored {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layer::stored::NEVER_KEPT;
 
     #[test]
     fn round_trips_status_headers_and_binary_bodies() {

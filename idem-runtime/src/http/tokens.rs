@@ -12,9 +12,9 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use tower::{Layer, Service};
 
-use super::principal::Principal;
 use super::problem::{self, problem};
-use super::service::{BoxFuture, single_header, take_ready};
+use crate::layer::Principal;
+use crate::layer::service::{BoxFuture, single_header, take_ready};
 use crate::metrics::count_token_op;
 use crate::{IdemError, TokenStore};
 

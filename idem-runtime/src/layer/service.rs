@@ -8,7 +8,7 @@ pub(crate) type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output 
 /// when the request has several lines of it. Several lines of a field are one comma-joined value
 /// (RFC 9110 §5.3), which for a single-valued field (a key, a caller, a token) is no value at
 /// all; taking the first line instead would let two different requests share it.
-pub(super) fn single_header<'a>(
+pub(crate) fn single_header<'a>(
     headers: &'a http::HeaderMap,
     name: &http::HeaderName,
 ) -> Result<Option<&'a http::HeaderValue>, usize> {

@@ -56,7 +56,7 @@ impl Drop for Running {
     }
 }
 
-/// Waits for the handlers an [`IdempotencyLayer`](super::IdempotencyLayer) is running, so a deploy
+/// Waits for the handlers an [`IdempotencyLayer`](crate::http::IdempotencyLayer) is running, so a deploy
 /// does not end the process between a handler's effect and the mark that records it.
 ///
 /// The layer runs each handler on a task of its own (a client that goes away does not cancel

@@ -11,10 +11,10 @@ use super::service::single_header;
 type Extract = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
 /// Who is calling, taken from each request: part of the identity of every record the
-/// [`IdempotencyLayer`](super::IdempotencyLayer) stores, so a client that sends another client's
+/// [`IdempotencyLayer`](crate::http::IdempotencyLayer) stores, so a client that sends another client's
 /// key runs as its own request and never sees the other's stored response; and the subject of
-/// every submit token the [`TokenEndpoint`](super::TokenEndpoint) issues and the
-/// [`TokenGuardLayer`](super::TokenGuardLayer) consumes.
+/// every submit token the [`TokenEndpoint`](crate::http::TokenEndpoint) issues and the
+/// [`TokenGuardLayer`](crate::http::TokenGuardLayer) consumes.
 ///
 /// A request for which the extractor finds no caller is refused with 401 before anything is
 /// written. Take the principal from what your authentication established (a request extension

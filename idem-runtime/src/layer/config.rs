@@ -1,6 +1,6 @@
-//! The Idempotency-Key layer's settings as every request reads them ([`Config`], made by
-//! `IdempotencyBuilder::build`), the header a client sends its key in, and how a layer in
-//! transaction mode begins a request's transaction.
+//! The layers' settings as every request reads them ([`Config`]), the builder both adapters' own
+//! builders fill ([`Settings`], checked once by [`Settings::build`] at start-up), the header a
+//! client sends its key in, and how a layer in transaction mode begins a request's transaction.
 
 use std::any::Any;
 use std::borrow::Cow;
@@ -10,10 +10,9 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode};
 
 use super::cap::Cap;
-use super::drain::Inflight;
+use super::drain::{Drain, Inflight};
 use super::hint::Durations;
 use super::principal::Principal;
-use super::recover::RecoverFn;
 use super::service::BoxFuture;
 use crate::engine::Heartbeat;
 use crate::store::tx::StoreTx;
@@ -29,13 +28,19 @@ pub(crate) struct Config {
     pub(crate) header: HeaderName,
     pub(crate) body_field: Option<String>,
     pub(crate) required: bool,
+    /// HTTP's own (the gRPC layer has its methods and storage policy in `GrpcConfig`).
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     pub(crate) methods: Vec<Method>,
     pub(crate) max_key_len: usize,
     pub(crate) max_request_bytes: usize,
     pub(crate) max_response_bytes: usize,
+    /// HTTP's own (the gRPC layer has its methods and storage policy in `GrpcConfig`).
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     pub(crate) keep_headers: Vec<HeaderName>,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
     pub(crate) canonical_json: bool,
+    /// HTTP's own (the gRPC layer has its methods and storage policy in `GrpcConfig`).
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     pub(crate) store_if: fn(StatusCode) -> bool,
     pub(crate) durations: Durations,
     pub(crate) principal: Principal,
@@ -46,7 +51,6 @@ pub(crate) struct Config {
     pub(crate) wait: Option<Duration>,
     pub(crate) store_timeout: Duration,
     pub(crate) cap: Option<Arc<Cap>>,
-    pub(crate) recover: Option<RecoverFn>,
     /// Transaction mode: how to begin the request's transaction.
     pub(crate) tx: Option<Begin>,
     pub(crate) inflight: Arc<Inflight>,
@@ -62,8 +66,8 @@ impl Config {
     }
 
     /// The handle that waits for the layer's handler tasks.
-    pub(crate) fn drain(&self) -> super::Drain {
-        super::Drain(Arc::clone(&self.inflight))
+    pub(crate) fn drain(&self) -> Drain {
+        Drain(Arc::clone(&self.inflight))
     }
 }
 

@@ -326,7 +326,7 @@ impl PgStore {
             Some(watch) => watch.settled(tx),
             None => tx,
         }?;
-        Ok(PgTx::new(tx, self.clone(), ready))
+        Ok(PgTx::new(tx, self.clone(), ready, ()))
     }
 
     /// The store's records on `conn`.

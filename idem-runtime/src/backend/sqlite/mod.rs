@@ -319,7 +319,7 @@ impl SqliteStore {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(db_error)?;
-        Ok(SqliteTx::new(tx, self.clone()))
+        Ok(SqliteTx::new(tx, self.clone(), None, ()))
     }
 
     /// Milliseconds the test clock adds to the store's clock.

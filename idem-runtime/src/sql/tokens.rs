@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::{AssertSqlSafe, Executor, IntoArguments, SqlSafeStr, SqlStr};
+use sqlx::{AssertSqlSafe, Executor, IntoArguments, Row, SqlSafeStr, SqlStr};
 
 use super::records::RecordDb;
 use crate::IdemError;
@@ -102,14 +102,31 @@ pub trait TokenDb: RecordDb {
     /// The clock offset the statements bind at [`TokenParam::Offset`].
     fn offset(store: &Self::Store) -> i64;
 
-    /// `query` with `batch` bound (each database takes the integer type its `LIMIT` reads).
+    /// `query` with `batch` bound, as the integer type the database's `LIMIT` reads (a
+    /// signed one unless the database says otherwise).
     fn bind_batch(
         query: sqlx::query::Query<'static, Self, Self::Arguments>,
         batch: usize,
-    ) -> sqlx::query::Query<'static, Self, Self::Arguments>;
+    ) -> sqlx::query::Query<'static, Self, Self::Arguments>
+    where
+        for<'t> i64: sqlx::Encode<'t, Self> + sqlx::Type<Self>,
+    {
+        query.bind(i64::try_from(batch).unwrap_or(i64::MAX))
+    }
 
-    /// The subject and the liveness [`TokenStatements::find`] read.
-    fn found(row: &Self::Row) -> Result<(String, bool), IdemError>;
+    /// The subject and the liveness [`TokenStatements::find`] read (text and a boolean unless
+    /// the database says otherwise).
+    fn found(row: &Self::Row) -> Result<(String, bool), IdemError>
+    where
+        for<'r> String: sqlx::Decode<'r, Self> + sqlx::Type<Self>,
+        for<'r> bool: sqlx::Decode<'r, Self> + sqlx::Type<Self>,
+        for<'n> &'n str: sqlx::ColumnIndex<Self::Row>,
+    {
+        Ok((
+            row.try_get("subject").map_err(Self::error)?,
+            row.try_get("live").map_err(Self::error)?,
+        ))
+    }
 
     /// Runs `stmt` on one of the store's connections: the rows it changed.
     async fn execute(
@@ -134,6 +151,9 @@ where
     for<'t> &'t str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     for<'t> bool: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'r> String: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'r> bool: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'n> &'n str: sqlx::ColumnIndex<DB::Row>,
 {
     /// `stmt` with the values it asks for bound.
     fn query(

@@ -3,10 +3,9 @@
 //! rest is `sql/tokens.rs`'s.
 
 use async_trait::async_trait;
-use sqlx::postgres::PgArguments;
-use sqlx::{Postgres, Row};
+use sqlx::Postgres;
 
-use super::{PgStore, db_error};
+use super::PgStore;
 use crate::IdemError;
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
@@ -84,20 +83,6 @@ impl TokenDb for Postgres {
 
     fn offset(store: &PgStore) -> i64 {
         store.offset_ms()
-    }
-
-    fn bind_batch(
-        query: sqlx::query::Query<'static, Postgres, PgArguments>,
-        batch: usize,
-    ) -> sqlx::query::Query<'static, Postgres, PgArguments> {
-        query.bind(i64::try_from(batch).unwrap_or(i64::MAX))
-    }
-
-    fn found(row: &sqlx::postgres::PgRow) -> Result<(String, bool), IdemError> {
-        Ok((
-            row.try_get::<String, _>("subject").map_err(db_error)?,
-            row.try_get::<bool, _>("live").map_err(db_error)?,
-        ))
     }
 
     async fn execute(

@@ -3,10 +3,9 @@
 //! run on; the rest is `sql/tokens.rs`'s.
 
 use async_trait::async_trait;
-use sqlx::sqlite::SqliteArguments;
-use sqlx::{Row, Sqlite};
+use sqlx::Sqlite;
 
-use super::{SqliteStore, db_error};
+use super::SqliteStore;
 use crate::IdemError;
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
@@ -85,20 +84,6 @@ impl TokenDb for Sqlite {
 
     fn offset(store: &SqliteStore) -> i64 {
         store.offset_ms()
-    }
-
-    fn bind_batch(
-        query: sqlx::query::Query<'static, Sqlite, SqliteArguments>,
-        batch: usize,
-    ) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
-        query.bind(i64::try_from(batch).unwrap_or(i64::MAX))
-    }
-
-    fn found(row: &sqlx::sqlite::SqliteRow) -> Result<(String, bool), IdemError> {
-        Ok((
-            row.try_get::<String, _>("subject").map_err(db_error)?,
-            row.try_get::<bool, _>("live").map_err(db_error)?,
-        ))
     }
 
     async fn execute(

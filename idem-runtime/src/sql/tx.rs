@@ -99,9 +99,12 @@ pub struct SqlTx<D: TxDb> {
     /// The savepoint of the last claim marked done, released with the next claim's (or by the
     /// commit).
     pub(crate) done: Option<Savepoint>,
-    /// The idle bound the next claim's call asked for (`None`: the store's).
+    /// The idle bound the next claim's call asked for (`None`: the store's). SQLite's claim has
+    /// none to set.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) idle: Option<TxIdleTimeout>,
-    /// What the database's transaction keeps of its own.
+    /// What the database's transaction keeps of its own (only MySQL keeps anything).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) state: D::State,
 }
 

@@ -13,8 +13,8 @@ tokio::task_local! {
 
 /// Runs `fut` with `timeout` as the store timeout in force inside it: the store timeout of every
 /// call made in it that sets none of its own
-/// ([`Call::store_timeout`](crate::Call::store_timeout)), and the bound on each begin, commit and
-/// rollback of a store's transaction (`PgStore::begin`, `PgTx::commit`, …).
+/// ([`Call::store_timeout`](crate::Call::store_timeout)), and the bound on each begin, commit
+/// and rollback of a store's transaction (`PgStore::begin`, `PgTx::commit`, …).
 /// Outside any such scope the store timeout is [`DEFAULT_STORE_TIMEOUT`]; an inbox runs its
 /// handlers in the scope of its own. `timeout` is 1 ms ..= [`MAX_DURATION`](crate::MAX_DURATION);
 /// one out of range is taken as the nearest bound.

@@ -17,7 +17,7 @@ mod store_timeout;
 pub(crate) use checks::{check_durations, check_result_ttl, check_store_timeout};
 use store_timeout::ambient_store_timeout;
 pub use store_timeout::with_store_timeout;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) use store_timeout::{TxStep, tx_step};
 
 /// Default record lifetime: 7 days.

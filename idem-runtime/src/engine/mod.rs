@@ -33,7 +33,8 @@ pub(crate) use call::check_result_ttl;
 pub(crate) use call::check_store_timeout;
 pub use call::with_store_timeout;
 pub use call::{Call, DEFAULT_LEASE, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, Recovering};
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+// Every SQL transaction (`sql/tx.rs`), though only the server databases' bound their steps.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) use call::{TxStep, tx_step};
 use lease::Decided;
 pub(crate) use lease::{NoRecover, execute};

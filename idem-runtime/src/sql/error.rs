@@ -4,6 +4,7 @@
 use std::fmt;
 
 use super::dialect::Dialect;
+use crate::backend::mysql_number;
 use crate::{Busy, IdemError};
 
 /// A database's refusal as idem reports it: the server, its code and its message. Not sqlx's own
@@ -44,7 +45,7 @@ impl ServerError {
 
 impl fmt::Display for ServerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.code {
+        match self.code() {
             Some(code) => write!(f, "{} error {code}: {}", self.server, self.message),
             None => write!(f, "{} error: {}", self.server, self.message),
         }
@@ -53,21 +54,21 @@ impl fmt::Display for ServerError {
 
 impl std::error::Error for ServerError {}
 
-/// A Postgres refusal with `code`, as a test builds one without a server.
-#[cfg(all(test, feature = "postgres"))]
-pub(crate) fn pg_refusal(code: &str, message: &str) -> IdemError {
-    IdemError::store(ServerError {
-        server: "Postgres",
-        code: Some(code.to_owned()),
-        message: message.to_owned(),
-    })
-}
+impl ServerError {
+    /// A refusal of `server` with `code`, as a test builds one without a server.
+    #[cfg(test)]
+    pub(crate) fn new(server: &'static str, code: &str, message: &str) -> Self {
+        ServerError {
+            server,
+            code: Some(code.to_owned()),
+            message: message.to_owned(),
+        }
+    }
 
-/// The code of the server's refusal a store error's source carries (Postgres's SQLSTATE), if it
-/// is one.
-#[cfg(feature = "postgres")]
-pub(crate) fn server_code<'a>(source: &'a (dyn std::error::Error + 'static)) -> Option<&'a str> {
-    source.downcast_ref::<ServerError>()?.code.as_deref()
+    /// The server's code (a backend reads its own refusals by it: Postgres's SQLSTATE).
+    pub(crate) fn code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
 }
 
 /// A driver error as an [`IdemError`] of the right class.
@@ -126,19 +127,6 @@ pub(crate) fn without_location(text: &str) -> &str {
         Some((head, _)) => head,
         None => text,
     }
-}
-
-/// The server's error number, for MySQL and MariaDB (their SQLSTATE is too coarse: a lock wait
-/// timeout is `HY000`).
-#[cfg(feature = "mysql")]
-fn mysql_number(db: &dyn sqlx::error::DatabaseError) -> Option<u16> {
-    db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-        .map(|e| e.number())
-}
-
-#[cfg(not(feature = "mysql"))]
-fn mysql_number(_: &dyn sqlx::error::DatabaseError) -> Option<u16> {
-    None
 }
 
 /// Sorts a MySQL / MariaDB error by its number.
@@ -233,6 +221,16 @@ fn classify(dialect: Dialect, code: Option<&str>, message: &str) -> Class {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_reads_as_the_server_and_its_code() {
+        let refusal = ServerError::new("Postgres", "25006", "read-only transaction");
+        assert_eq!(refusal.code(), Some("25006"));
+        assert_eq!(
+            refusal.to_string(),
+            "Postgres error 25006: read-only transaction"
+        );
+    }
 
     #[test]
     fn sorts_sqlite_codes() {

@@ -41,7 +41,7 @@ pub(crate) fn hex_digits(bytes: &[u8]) -> String {
 }
 
 /// What the record layer needs of a database beyond its statements.
-pub(crate) trait RecordDb: Database {
+pub trait RecordDb: Database {
     /// The dialect, whose error classes [`RecordDb::error`] applies.
     const DIALECT: Dialect;
 

@@ -40,6 +40,10 @@ pub use tx::StoreTx;
 
 pub use crate::engine::{DEFAULT_STORE_TIMEOUT, with_store_timeout};
 pub use crate::registry::IntoSharedStore;
+/// The transaction of every SQL store (`idem::PgTx`, `idem::MySqlTx` and `idem::SqliteTx` are it on
+/// their database).
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+pub use crate::sql::tx::SqlTx;
 pub(crate) use limits::check_limits;
 #[cfg(any(feature = "redis", feature = "dynamodb"))]
 pub(crate) use limits::check_one_key_limits;

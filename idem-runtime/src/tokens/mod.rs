@@ -14,6 +14,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::IdemError;
+/// The one-time submit tokens of every SQL store (`idem::PgTokens`, `idem::MySqlTokens` and
+/// `idem::SqliteTokens` are it on their database).
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+pub use crate::sql::tokens::SqlTokens;
 pub use memory::MemoryTokens;
 pub(crate) use registry::registered_token_names;
 pub use registry::{register_tokens, tokens};

@@ -102,11 +102,16 @@ pub(crate) fn db_error(e: sqlx::Error) -> IdemError {
 /// The server's error number, when `e` is a MySQL / MariaDB error.
 pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
     match e {
-        sqlx::Error::Database(db) => db
-            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-            .map(|e| e.number()),
+        sqlx::Error::Database(db) => database_error_number(&**db),
         _ => None,
     }
+}
+
+/// The server's error number, when `db` is a MySQL / MariaDB refusal (their SQLSTATE is too
+/// coarse: a lock wait timeout is `HY000`); `sql/error.rs` sorts the refusal by it.
+pub(crate) fn database_error_number(db: &dyn sqlx::error::DatabaseError) -> Option<u16> {
+    db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .map(|e| e.number())
 }
 
 impl MySqlStore {

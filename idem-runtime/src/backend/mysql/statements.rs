@@ -7,11 +7,11 @@ use std::sync::Arc;
 use sqlx::mysql::MySqlArguments;
 use sqlx::{AssertSqlSafe, MySql};
 
-use super::tokens::TokenStatements;
 use crate::sql::dialect::Dialect;
 use crate::sql::records::Param::{self, *};
 use crate::sql::records::{RecordStatements, Stmt};
 use crate::sql::table::TableName;
+use crate::sql::tokens::TokenStatements;
 
 /// The order of each record statement's `?`s (a value appears as often as the text asks for it).
 const COMPLETE: &[Param] = &[Blob, Clock, Ttl, Clock, ResultTtl, Clock, Biz, Key, Fence];
@@ -107,7 +107,7 @@ impl Statements {
             )
             .into(),
             records: records(&t, read),
-            tokens: TokenStatements::new(tokens),
+            tokens: super::tokens::token_statements(tokens),
         }
     }
 }

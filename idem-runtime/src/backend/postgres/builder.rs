@@ -7,7 +7,6 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use super::statements::Statements;
-use super::tokens::TokenStatements;
 use super::{
     DEFAULT_PG_LOCK_TIMEOUT, MAX_PG_LOCK_TIMEOUT, PgStore, check_pg_limits, lock_timeout_text,
 };
@@ -236,7 +235,7 @@ impl PgStoreBuilder {
             limits: self.limits,
             offset: ClockOffset::default(),
             sql: Arc::new(Statements::new(&self.table)),
-            token_sql: Arc::new(TokenStatements::new(&token_table)),
+            token_sql: Arc::new(super::tokens::token_statements(&token_table)),
             table: self.table,
             token_table,
             lock_timeout: self.lock_timeout,

@@ -407,6 +407,13 @@ pub(super) struct Watch<'a> {
     armed: bool,
 }
 
+/// The SQLSTATE of the Postgres refusal a store error's source carries, if it is one.
+fn server_code<'a>(source: &'a (dyn std::error::Error + 'static)) -> Option<&'a str> {
+    source
+        .downcast_ref::<crate::sql::error::ServerError>()?
+        .code()
+}
+
 impl Watch<'_> {
     /// Whether dropping it now starts a search.
     pub(super) fn armed(&self) -> bool {
@@ -418,9 +425,7 @@ impl Watch<'_> {
     /// starts when the answer is unavailable.
     pub(super) fn settled<R>(&mut self, done: Result<R, IdemError>) -> Result<R, IdemError> {
         let done = done.map_err(|e| match e {
-            IdemError::Store { source }
-                if crate::sql::error::server_code(&*source) == Some("25006") =>
-            {
+            IdemError::Store { source } if server_code(&*source) == Some("25006") => {
                 IdemError::unavailable(source)
             }
             other => other,
@@ -567,7 +572,11 @@ mod tests {
     fn a_read_only_refusal_is_unavailable_and_other_errors_keep_their_class() {
         let following = Following(Hosts::new(Vec::new(), Duration::from_secs(1)));
         let refusal = |code| {
-            crate::sql::error::pg_refusal(code, "cannot execute INSERT in a read-only transaction")
+            IdemError::store(crate::sql::error::ServerError::new(
+                "Postgres",
+                code,
+                "cannot execute INSERT in a read-only transaction",
+            ))
         };
         let mut watch = following.watch();
         let done = watch.settled::<()>(Err(refusal("25006")));

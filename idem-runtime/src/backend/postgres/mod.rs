@@ -38,7 +38,6 @@ use records::{Claiming, Claims};
 pub(crate) use schema::migrations_named;
 use statements::Statements;
 pub use tokens::PgTokens;
-use tokens::TokenStatements;
 pub use tx::{PgIsolation, PgTx};
 
 /// A driver error as an [`IdemError`] of the right class.
@@ -101,7 +100,7 @@ pub struct PgStore {
     table: TableName,
     token_table: TableName,
     sql: Arc<Statements>,
-    token_sql: Arc<TokenStatements>,
+    token_sql: Arc<crate::sql::tokens::TokenStatements>,
     lock_timeout: Duration,
     /// The idle bound of a transaction that holds a transaction-mode claim, unless its call sets
     /// one (see [`crate::TxIdleTimeout`]).
@@ -180,7 +179,7 @@ impl PgStore {
         let table = TableName::new(name)?;
         if self.token_table == self.table.tokens_table() {
             self.token_table = table.tokens_table();
-            self.token_sql = Arc::new(TokenStatements::new(&self.token_table));
+            self.token_sql = Arc::new(tokens::token_statements(&self.token_table));
         }
         self.table = table;
         self.sql = Arc::new(Statements::new(&self.table));
@@ -195,7 +194,7 @@ impl PgStore {
     /// [`IdemError::InvalidOptions`] for a name idem cannot use.
     pub fn with_token_table(mut self, name: &str) -> Result<Self, IdemError> {
         self.token_table = TableName::new(name)?;
-        self.token_sql = Arc::new(TokenStatements::new(&self.token_table));
+        self.token_sql = Arc::new(tokens::token_statements(&self.token_table));
         Ok(self)
     }
 
@@ -326,7 +325,7 @@ impl PgStore {
             Some(watch) => watch.settled(tx),
             None => tx,
         }?;
-        Ok(PgTx::new(tx, self.clone(), ready))
+        Ok(PgTx::new(tx, self.clone(), ready, ()))
     }
 
     /// The store's records on `conn`.

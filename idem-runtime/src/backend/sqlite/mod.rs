@@ -39,7 +39,6 @@ use records::Claims;
 pub(crate) use schema::migrations_named;
 use statements::Statements;
 pub use tokens::SqliteTokens;
-use tokens::TokenStatements;
 pub use tx::SqliteTx;
 
 /// The longest string or BLOB SQLite holds with its default `SQLITE_MAX_LENGTH` (a build of SQLite
@@ -74,7 +73,7 @@ pub struct SqliteStore {
     table: TableName,
     token_table: TableName,
     sql: Arc<Statements>,
-    token_sql: Arc<TokenStatements>,
+    token_sql: Arc<crate::sql::tokens::TokenStatements>,
     /// What its claims found, for the transaction's read before its savepoint (`store/order.rs`).
     order: Arc<ClaimOrder>,
 }
@@ -186,7 +185,7 @@ impl SqliteStore {
             offset: ClockOffset::default(),
             own: (!in_memory).then(Arc::default),
             sql: Arc::new(Statements::new(&table)),
-            token_sql: Arc::new(TokenStatements::new(&token_table)),
+            token_sql: Arc::new(tokens::token_statements(&token_table)),
             order: Arc::default(),
             table,
             token_table,
@@ -232,7 +231,7 @@ impl SqliteStore {
         let table = plain_table(name)?;
         if self.token_table == self.table.tokens_table() {
             self.token_table = table.tokens_table();
-            self.token_sql = Arc::new(TokenStatements::new(&self.token_table));
+            self.token_sql = Arc::new(tokens::token_statements(&self.token_table));
         }
         self.table = table;
         self.sql = Arc::new(Statements::new(&self.table));
@@ -247,7 +246,7 @@ impl SqliteStore {
     /// [`IdemError::InvalidOptions`] for a name idem cannot use.
     pub fn with_token_table(mut self, name: &str) -> Result<Self, IdemError> {
         self.token_table = plain_table(name)?;
-        self.token_sql = Arc::new(TokenStatements::new(&self.token_table));
+        self.token_sql = Arc::new(tokens::token_statements(&self.token_table));
         Ok(self)
     }
 
@@ -319,7 +318,7 @@ impl SqliteStore {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(db_error)?;
-        Ok(SqliteTx::new(tx, self.clone()))
+        Ok(SqliteTx::new(tx, self.clone(), None, ()))
     }
 
     /// Milliseconds the test clock adds to the store's clock.

@@ -1,19 +1,17 @@
 //! One-time submit tokens in the SQLite store's database (table `idem_token` unless
-//! [`SqliteStore::with_token_table`] names another).
-
-use std::sync::Arc;
-use std::time::Duration;
+//! [`SqliteStore::with_token_table`] names another): the statements' text and the connection they
+//! run on; the rest is `sql/tokens.rs`'s.
 
 use async_trait::async_trait;
-use sqlx::Row;
+use sqlx::Sqlite;
 
-use super::statements::query;
-use super::{SqliteStore, db_error};
+use super::SqliteStore;
 use crate::IdemError;
 use crate::sql::dialect::Dialect;
 use crate::sql::table::TableName;
-use crate::store::decide::millis;
-use crate::tokens::{Found, TokenStore, check_token, check_ttl, new_token, refusal, subject_of};
+use crate::sql::tokens::{
+    Flip, SqlTokens, TokenArgs, TokenConn, TokenDb, TokenParam::*, TokenStatements, TokenStmt,
+};
 
 /// The database's clock in milliseconds plus the test clock's offset, bound at `$offset`.
 macro_rules! now_ms {
@@ -52,132 +50,56 @@ const SWEEP: &str = concat!(
 
 /// The token statements for one table: the templates above with its quoted name in place of
 /// `{tk}`.
-#[derive(Debug)]
-pub(super) struct TokenStatements {
-    issue: Arc<str>,
-    flip: Arc<str>,
-    find: Arc<str>,
-    sweep: Arc<str>,
-}
-
-impl TokenStatements {
-    pub(super) fn new(table: &TableName) -> Self {
-        let tk = table.quoted(Dialect::SQLite);
-        let named = |template: &str| -> Arc<str> { template.replace("{tk}", &tk).into() };
-        TokenStatements {
-            issue: named(ISSUE),
-            flip: named(FLIP),
-            find: named(FIND),
-            sweep: named(SWEEP),
-        }
+pub(super) fn token_statements(table: &TableName) -> TokenStatements {
+    let tk = table.quoted(Dialect::SQLite);
+    let named = |template: &str| template.replace("{tk}", &tk);
+    TokenStatements {
+        issue: TokenStmt::new(named(ISSUE), &[Token, Subject, Ttl, Offset]),
+        flip: TokenStmt::new(named(FLIP), &[Token, Subject, Was, Becomes, Offset]),
+        find: TokenStmt::new(named(FIND), &[Token, Offset]),
+        sweep: TokenStmt::new(named(SWEEP), &[Batch, Offset]),
     }
 }
 
 /// One-time submit tokens in an SQLite store's database ([`SqliteStore::tokens`]). Run the
 /// store's `migrate()` first (it creates the token table).
-#[derive(Clone)]
-pub struct SqliteTokens {
-    store: SqliteStore,
-}
+pub type SqliteTokens = SqlTokens<Sqlite>;
 
 impl SqliteStore {
     /// The one-time submit tokens kept in this store's database (its token table, `idem_token`
     /// unless [`SqliteStore::with_token_table`] names another).
     pub fn tokens(&self) -> SqliteTokens {
-        SqliteTokens {
-            store: self.clone(),
-        }
-    }
-}
-
-impl SqliteTokens {
-    async fn flip(&self, token: &str, subject: Option<&str>, to: bool) -> Result<(), IdemError> {
-        check_token(token)?;
-        let subject = subject_of(subject)?;
-        let offset = self.store.offset_ms();
-        self.store
-            .with_conn(async |conn| {
-                let done = query(&self.store.token_sql.flip)
-                    .bind(token)
-                    .bind(subject)
-                    .bind(!to)
-                    .bind(to)
-                    .bind(offset)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(db_error)?;
-                if done.rows_affected() == 1 {
-                    return Ok(());
-                }
-                let row = query(&self.store.token_sql.find)
-                    .bind(token)
-                    .bind(offset)
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(db_error)?;
-                let found = match &row {
-                    Some(row) => Some((
-                        row.try_get::<String, _>("subject").map_err(db_error)?,
-                        row.try_get::<bool, _>("live").map_err(db_error)?,
-                    )),
-                    None => None,
-                };
-                let found = found.as_ref().map(|(subject, live)| Found {
-                    subject,
-                    live: *live,
-                });
-                Err(refusal(found, subject, to).error())
-            })
-            .await
+        SqlTokens::new(self.clone())
     }
 }
 
 #[async_trait]
-impl TokenStore for SqliteTokens {
-    fn backend(&self) -> &'static str {
-        "sqlite"
+impl TokenDb for Sqlite {
+    type Store = SqliteStore;
+    const BACKEND: &'static str = "sqlite";
+
+    fn statements(store: &SqliteStore) -> &TokenStatements {
+        &store.token_sql
     }
 
-    async fn issue(&self, ttl: Duration, subject: Option<&str>) -> Result<String, IdemError> {
-        check_ttl(ttl)?;
-        let subject = subject_of(subject)?;
-        let token = new_token()?;
-        let offset = self.store.offset_ms();
-        self.store
-            .with_conn(async |conn| {
-                query(&self.store.token_sql.issue)
-                    .bind(&token)
-                    .bind(subject)
-                    .bind(millis(ttl))
-                    .bind(offset)
-                    .execute(conn)
-                    .await
-                    .map_err(db_error)
-            })
-            .await?;
-        Ok(token)
+    fn offset(store: &SqliteStore) -> i64 {
+        store.offset_ms()
     }
 
-    async fn consume(&self, token: &str, subject: Option<&str>) -> Result<(), IdemError> {
-        self.flip(token, subject, true).await
+    async fn execute(
+        store: &SqliteStore,
+        stmt: &TokenStmt,
+        args: TokenArgs<'_>,
+    ) -> Result<u64, IdemError> {
+        store
+            .with_conn(async |conn| TokenConn::<Sqlite>(conn).execute(stmt, args).await)
+            .await
     }
 
-    async fn restore(&self, token: &str, subject: Option<&str>) -> Result<(), IdemError> {
-        self.flip(token, subject, false).await
-    }
-
-    async fn sweep_expired(&self, batch: usize) -> Result<u64, IdemError> {
-        let offset = self.store.offset_ms();
-        self.store
-            .with_conn(async |conn| {
-                let done = query(&self.store.token_sql.sweep)
-                    .bind(i64::try_from(batch).unwrap_or(i64::MAX))
-                    .bind(offset)
-                    .execute(conn)
-                    .await
-                    .map_err(db_error)?;
-                Ok(done.rows_affected())
-            })
+    async fn flip(store: &SqliteStore, args: TokenArgs<'_>) -> Result<Flip, IdemError> {
+        let sql = &store.token_sql;
+        store
+            .with_conn(async |conn| TokenConn::<Sqlite>(conn).flip(sql, args).await)
             .await
     }
 }

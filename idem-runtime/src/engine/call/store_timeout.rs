@@ -37,9 +37,11 @@ pub async fn with_store_timeout<F: Future>(timeout: Duration, fut: F) -> F::Outp
 }
 
 /// Which step of a store transaction a bound cut off.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TxStep {
+    /// The `BEGIN` (SQLite's is not bounded: its busy timeout bounds the wait for the lock).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     Begin,
     /// A statement run through the transaction
     /// ([`TransitionConn::execute`](crate::state_machine::TransitionConn::execute), …).
@@ -52,7 +54,7 @@ pub(crate) enum TxStep {
 /// [`DEFAULT_STORE_TIMEOUT`]): past it, a retryable [`IdemError::StoreUnavailable`] that says
 /// what is known. The connection goes back to its pool, which tests it before anyone uses it
 /// again.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn tx_step<T, E>(
     step: TxStep,
     fut: impl Future<Output = Result<T, E>>,

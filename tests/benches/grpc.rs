@@ -187,13 +187,10 @@ fn main() {
         .unwrap();
     // IDEM_BENCH_SCALE=0.1 for a quick look.
     let scale = support::scale();
-    let rounds = if scale < 1.0 { 1 } else { 9 };
+    let rounds = support::rounds(if scale < 1.0 { 1 } else { 9 });
     let only = support::only();
     let runs = |what: &str| only.is_empty() || only.iter().any(|o| o == what);
-    let mut table = Table::new(
-        "grpc",
-        &["scenario", "calls/s", "µs added", "layer / bare"],
-    );
+    let mut table = Table::new("grpc", &["scenario", "calls/s", "µs added", "layer / bare"]);
     rt.block_on(async {
         let n = ((20_000.0 * scale) as u64).max(100);
         if runs("in-process") {
@@ -225,23 +222,16 @@ fn main() {
         let bare = grpc_shop::client(serve_bare().await).await;
         let fresh = grpc_shop::client(grpc_shop::serve(layer(), Shop).await).await;
         let replays = grpc_shop::client(grpc_shop::serve(layer(), Shop).await).await;
-        compare(
-            &mut table,
-            "over loopback",
-            rounds,
-            n,
-            |round, which, n| {
-                let (mut bare, mut fresh, mut replays) =
-                    (bare.clone(), fresh.clone(), replays.clone());
-                async move {
-                    match which {
-                        0 => over_loopback(&mut bare, n, |_| "k".to_owned()).await,
-                        1 => over_loopback(&mut fresh, n, |i| format!("k-{round}-{i}")).await,
-                        _ => over_loopback(&mut replays, n, |_| "same".to_owned()).await,
-                    }
+        compare(&mut table, "over loopback", rounds, n, |round, which, n| {
+            let (mut bare, mut fresh, mut replays) = (bare.clone(), fresh.clone(), replays.clone());
+            async move {
+                match which {
+                    0 => over_loopback(&mut bare, n, |_| "k".to_owned()).await,
+                    1 => over_loopback(&mut fresh, n, |i| format!("k-{round}-{i}")).await,
+                    _ => over_loopback(&mut replays, n, |_| "same".to_owned()).await,
                 }
-            },
-        )
+            }
+        })
         .await;
     });
     table.emit();

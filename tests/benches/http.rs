@@ -95,7 +95,7 @@ fn main() {
     // IDEM_BENCH_SCALE=0.1 for a quick look (or under valgrind).
     let scale = support::scale();
     let n = ((20_000.0 * scale) as u64).max(100);
-    let rounds = if scale < 1.0 { 1 } else { 9 };
+    let rounds = support::rounds(if scale < 1.0 { 1 } else { 9 });
     rt.block_on(async {
         let layer = || {
             IdempotencyLayer::builder(MemoryStore::new())

@@ -1275,8 +1275,11 @@ async fn bench() {
     for (w, f) in workloads.iter().zip(&figures) {
         let dups = match w.kind {
             Kind::Inbox { dup_pct } | Kind::InboxBatch { dup_pct } if dup_pct > 0 => {
-                let replays: Vec<String> =
-                    f.rounds.iter().map(|(_, i)| i.replays.to_string()).collect();
+                let replays: Vec<String> = f
+                    .rounds
+                    .iter()
+                    .map(|(_, i)| i.replays.to_string())
+                    .collect();
                 format!("{} of {n} ({})", n * dup_pct / 100, replays.join(", "))
             }
             _ => "–".to_owned(),

@@ -361,12 +361,9 @@ async fn measure(
             .await
             .unwrap();
     let contract = Contract {
-        conn: ConnectionManager::new_with_config(
-            redis::Client::open(url).unwrap(),
-            config.clone(),
-        )
-        .await
-        .unwrap(),
+        conn: ConnectionManager::new_with_config(redis::Client::open(url).unwrap(), config.clone())
+            .await
+            .unwrap(),
         claim: &CONTRACT_CLAIM_SCRIPT,
         complete: &CONTRACT_COMPLETE_SCRIPT,
         prefix: Box::leak(format!("rbc{run_id}{mode}:").into_boxed_str()),

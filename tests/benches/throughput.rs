@@ -298,8 +298,14 @@ fn main() {
         "mimalloc"
     };
     println!("idem throughput (one core, median of rounds; scale {scale}; {allocator})\n");
-    let mut memory = Table::new("memory", &["memory store, one core", "calls/s, ratio or bytes"]);
-    let mut sqlite = Table::new("sqlite", &["SQLite file, one connection", "calls/s or ratio"]);
+    let mut memory = Table::new(
+        "memory",
+        &["memory store, one core", "calls/s, ratio or bytes"],
+    );
+    let mut sqlite = Table::new(
+        "sqlite",
+        &["SQLite file, one connection", "calls/s or ratio"],
+    );
 
     // IDEM_BENCH_ONLY=macro|named|hand|hand-nobeat|floor|restated: one loop of 100k first executions, for
     // instruction counting under `valgrind --tool=callgrind` (`…-replay`: 100k calls on 1,024 keys);
@@ -383,7 +389,10 @@ fn main() {
                 replay.push(ops_per_sec(calls, t.elapsed()));
             }
             memory.row(["memory: first execution".to_owned(), rate(median(first))]);
-            memory.row(["memory: first execution, map pre-sized".to_owned(), rate(median(presized))]);
+            memory.row([
+                "memory: first execution, map pre-sized".to_owned(),
+                rate(median(presized)),
+            ]);
             memory.row(["memory: replay".to_owned(), rate(median(replay))]);
 
             // Against the design floor (`by_floor`): rounds alternate which runs first, the ratio
@@ -412,10 +421,22 @@ fn main() {
                 floor_first.push(f.0);
                 floor_replay.push(f.1);
             }
-            memory.row(["memory floor: first execution".to_owned(), rate(median(floor_first))]);
-            memory.row(["memory floor: replay".to_owned(), rate(median(floor_replay))]);
-            memory.row(["ratio memory first execution / floor".to_owned(), r3(median(first_ratio))]);
-            memory.row(["ratio memory replay / floor".to_owned(), r3(median(replay_ratio))]);
+            memory.row([
+                "memory floor: first execution".to_owned(),
+                rate(median(floor_first)),
+            ]);
+            memory.row([
+                "memory floor: replay".to_owned(),
+                rate(median(floor_replay)),
+            ]);
+            memory.row([
+                "ratio memory first execution / floor".to_owned(),
+                r3(median(first_ratio)),
+            ]);
+            memory.row([
+                "ratio memory replay / floor".to_owned(),
+                r3(median(replay_ratio)),
+            ]);
 
             // Against the restated floor (`by_restated`: the contract's minimum of expiry, lease
             // and fence), the same way.
@@ -442,10 +463,22 @@ fn main() {
                 restated_first.push(f.0);
                 restated_replay.push(f.1);
             }
-            memory.row(["restated floor: first execution".to_owned(), rate(median(restated_first))]);
-            memory.row(["restated floor: replay".to_owned(), rate(median(restated_replay))]);
-            memory.row(["ratio #[idempotent] first / restated floor".to_owned(), r3(median(first_ratio))]);
-            memory.row(["ratio #[idempotent] replay / restated floor".to_owned(), r3(median(replay_ratio))]);
+            memory.row([
+                "restated floor: first execution".to_owned(),
+                rate(median(restated_first)),
+            ]);
+            memory.row([
+                "restated floor: replay".to_owned(),
+                rate(median(restated_replay)),
+            ]);
+            memory.row([
+                "ratio #[idempotent] first / restated floor".to_owned(),
+                r3(median(first_ratio)),
+            ]);
+            memory.row([
+                "ratio #[idempotent] replay / restated floor".to_owned(),
+                r3(median(replay_ratio)),
+            ]);
 
             // Macro path against the same engine call written by hand: many short rounds, the order
             // alternating, each round's ratio taken on its own, then the median of the ratios.
@@ -504,11 +537,26 @@ fn main() {
                 }
                 named_ratio.push(ops_per_sec(calls, t.elapsed()) / hand.0);
             }
-            memory.row(["memory: first execution, by hand".to_owned(), rate(median(hand_ops))]);
-            memory.row(["memory: first execution, #[idempotent]".to_owned(), rate(median(macro_ops))]);
-            memory.row(["ratio macro / hand, first execution".to_owned(), r3(median(first_ratio))]);
-            memory.row(["ratio macro / hand, replay".to_owned(), r3(median(replay_ratio))]);
-            memory.row(["ratio macro (store by name) / hand, first".to_owned(), r3(median(named_ratio))]);
+            memory.row([
+                "memory: first execution, by hand".to_owned(),
+                rate(median(hand_ops)),
+            ]);
+            memory.row([
+                "memory: first execution, #[idempotent]".to_owned(),
+                rate(median(macro_ops)),
+            ]);
+            memory.row([
+                "ratio macro / hand, first execution".to_owned(),
+                r3(median(first_ratio)),
+            ]);
+            memory.row([
+                "ratio macro / hand, replay".to_owned(),
+                r3(median(replay_ratio)),
+            ]);
+            memory.row([
+                "ratio macro (store by name) / hand, first".to_owned(),
+                r3(median(named_ratio)),
+            ]);
         }
         // SQLite file store (WAL, synchronous=NORMAL) against a raw sqlx loop of the statements a
         // hand-written dedup table would run, on one connection to a file with the same settings:
@@ -557,12 +605,24 @@ fn main() {
             replay_ratio.push(i.1 / r.1);
         }
         let _ = std::fs::remove_dir_all(&dir);
-        sqlite.row(["sqlite file: first execution".to_owned(), rate(median(first))]);
+        sqlite.row([
+            "sqlite file: first execution".to_owned(),
+            rate(median(first)),
+        ]);
         sqlite.row(["sqlite file: replay".to_owned(), rate(median(replay))]);
-        sqlite.row(["raw sqlx: INSERT + UPDATE".to_owned(), rate(median(raw_first))]);
+        sqlite.row([
+            "raw sqlx: INSERT + UPDATE".to_owned(),
+            rate(median(raw_first)),
+        ]);
         sqlite.row(["raw sqlx: one SELECT".to_owned(), rate(median(raw_replay))]);
-        sqlite.row(["ratio sqlite first execution / raw".to_owned(), r3(median(first_ratio))]);
-        sqlite.row(["ratio sqlite replay / raw".to_owned(), r3(median(replay_ratio))]);
+        sqlite.row([
+            "ratio sqlite first execution / raw".to_owned(),
+            r3(median(first_ratio)),
+        ]);
+        sqlite.row([
+            "ratio sqlite replay / raw".to_owned(),
+            r3(median(replay_ratio)),
+        ]);
 
         sqlite.emit();
         if sqlite_only {
@@ -576,7 +636,10 @@ fn main() {
             by_hand(&store, 1_000_000_000 + k).await.unwrap();
         }
         let bytes = LIVE.load(Ordering::Relaxed) - before;
-        memory.row(["memory store: heap bytes per record".to_owned(), rate(bytes as f64 / records as f64)]);
+        memory.row([
+            "memory store: heap bytes per record".to_owned(),
+            rate(bytes as f64 / records as f64),
+        ]);
         drop(store);
         memory.emit();
     });

@@ -124,7 +124,10 @@ impl Table {
         row: impl IntoIterator<Item = S>,
     ) -> Table {
         let mut rows = shared.0.lock().unwrap_or_else(|e| e.into_inner());
-        rows.insert(key.to_owned(), row.into_iter().map(|c| c.to_string()).collect());
+        rows.insert(
+            key.to_owned(),
+            row.into_iter().map(|c| c.to_string()).collect(),
+        );
         for row in rows.values() {
             self.row(row);
         }

@@ -65,12 +65,21 @@ fn declared_in_rust(dir: &Path, out: &mut BTreeMap<String, Vec<String>>) {
                                         lit: syn::Lit::Str(s),
                                         ..
                                     }) => s.value(),
-                                    _ => panic!("{}: table {id}: a column that is not a literal", self.1.display()),
+                                    _ => panic!(
+                                        "{}: table {id}: a column that is not a literal",
+                                        self.1.display()
+                                    ),
                                 })
                                 .collect(),
-                            _ => panic!("{}: table {id}: columns not written as &[…]", self.1.display()),
+                            _ => panic!(
+                                "{}: table {id}: columns not written as &[…]",
+                                self.1.display()
+                            ),
                         },
-                        _ => panic!("{}: table {id}: columns not written as &[…]", self.1.display()),
+                        _ => panic!(
+                            "{}: table {id}: columns not written as &[…]",
+                            self.1.display()
+                        ),
                     };
                     let before = self.0.insert(id.clone(), head);
                     assert!(before.is_none(), "table id {id} is declared twice");
@@ -103,7 +112,8 @@ fn declared_in_scripts(dir: &Path, out: &mut BTreeMap<String, Vec<String>>) {
         }
         let text = fs::read_to_string(&path).unwrap();
         for (id, head) in script_tables(&text) {
-            let head = head.unwrap_or_else(|| panic!("{}: table {id} has no header", path.display()));
+            let head =
+                head.unwrap_or_else(|| panic!("{}: table {id} has no header", path.display()));
             out.insert(id, head);
         }
     }
@@ -124,17 +134,27 @@ fn script_tables(text: &str) -> Vec<(String, Option<Vec<String>>)> {
         if id.is_empty() || line.contains("end:") {
             continue;
         }
-        let head = lines[..i].iter().rev().chain(lines[i..].iter()).find_map(|l| {
-            if let Some(list) = l.trim().strip_prefix("head = [") {
-                // The quoted names, a comma inside one kept.
-                return Some(list.split('"').skip(1).step_by(2).map(str::to_owned).collect());
-            }
-            // A header row has a name in every cell (not `"| " + …`, code that writes rows).
-            let start = l.find("\"| ")?;
-            let row = l[start + 1..].split('"').next()?;
-            let head = cells(row);
-            (!row.contains("---") && head.iter().all(|c| !c.is_empty())).then_some(head)
-        });
+        let head = lines[..i]
+            .iter()
+            .rev()
+            .chain(lines[i..].iter())
+            .find_map(|l| {
+                if let Some(list) = l.trim().strip_prefix("head = [") {
+                    // The quoted names, a comma inside one kept.
+                    return Some(
+                        list.split('"')
+                            .skip(1)
+                            .step_by(2)
+                            .map(str::to_owned)
+                            .collect(),
+                    );
+                }
+                // A header row has a name in every cell (not `"| " + …`, code that writes rows).
+                let start = l.find("\"| ")?;
+                let row = l[start + 1..].split('"').next()?;
+                let head = cells(row);
+                (!row.contains("---") && head.iter().all(|c| !c.is_empty())).then_some(head)
+            });
         found.push((id, head));
     }
     found
@@ -188,9 +208,14 @@ fn problems(name: &str, page: &str, declared: &BTreeMap<String, Vec<String>>) ->
             };
             let meta = lines.get(i + 1).copied().unwrap_or("");
             let dated = meta.rsplit(" · ").next().is_some_and(|d| {
-                d.len() == 10 && d.chars().enumerate().all(|(k, c)| {
-                    if k == 4 || k == 7 { c == '-' } else { c.is_ascii_digit() }
-                })
+                d.len() == 10
+                    && d.chars().enumerate().all(|(k, c)| {
+                        if k == 4 || k == 7 {
+                            c == '-'
+                        } else {
+                            c.is_ascii_digit()
+                        }
+                    })
             });
             if !meta.starts_with('`') || !meta.contains("` · ") || !dated {
                 found.push(format!(
@@ -265,13 +290,13 @@ fn whole_word(text: &str, word: &str) -> bool {
 
 /// A run of 7 to 40 hex digits with at least one letter and one digit, standing alone.
 fn commit_hash(line: &str) -> Option<&str> {
-    line.split(|c: char| !c.is_ascii_alphanumeric())
-        .find(|w| {
-            (7..=40).contains(&w.len())
-                && w.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
-                && w.chars().any(|c| c.is_ascii_digit())
-                && w.chars().any(|c| c.is_ascii_alphabetic())
-        })
+    line.split(|c: char| !c.is_ascii_alphanumeric()).find(|w| {
+        (7..=40).contains(&w.len())
+            && w.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+            && w.chars().any(|c| c.is_ascii_digit())
+            && w.chars().any(|c| c.is_ascii_alphabetic())
+    })
 }
 
 #[test]
@@ -317,11 +342,21 @@ fn self_test() {
         (good.replace("| a | b |", "| a | c |"), "columns"),
         (good.replace("| x | 1 |", "| x | 1 | 2 |"), "cells under"),
         (good.replace(" · 2026-12-07", ""), "command"),
-        (good.replace("table: t", "table: u").replace("end: t", "end: u"), "declared by no"),
-        (format!("{good}\n| a | b |\n| --- | --- |\n"), "outside a generated block"),
+        (
+            good.replace("table: t", "table: u")
+                .replace("end: t", "end: u"),
+            "declared by no",
+        ),
+        (
+            format!("{good}\n| a | b |\n| --- | --- |\n"),
+            "outside a generated block",
+        ),
         (format!("{good}\nThe ratio was 0.9.\n"), "history"),
         (format!("{good}\nMeasured at 1a2b3c4d.\n"), "commit hash"),
-        (format!("{good}\nBefore the change it ran slower.\n"), "history"),
+        (
+            format!("{good}\nBefore the change it ran slower.\n"),
+            "history",
+        ),
     ];
     for (page, want) in cases {
         let found = problems("p", &page, &declared);
@@ -353,5 +388,8 @@ line = lambda cells: "| " + " | ".join(cells)
             ("three".to_owned(), strings(&["x, y", "z"])),
         ]
     );
-    assert_eq!(script_tables("# table: lone\n"), vec![("lone".to_owned(), None)]);
+    assert_eq!(
+        script_tables("# table: lone\n"),
+        vec![("lone".to_owned(), None)]
+    );
 }

@@ -541,7 +541,10 @@ async fn galera_runs_each_key_once_across_nodes_and_a_node_restart() {
             what,
             rate(seen.answered.load(Ordering::Relaxed) as f64),
             rate(seen.retried.load(Ordering::Relaxed) as f64),
-            format!("{} ms", rate(seen.longest_ms.load(Ordering::Relaxed) as f64)),
+            format!(
+                "{} ms",
+                rate(seen.longest_ms.load(Ordering::Relaxed) as f64)
+            ),
             conflicts,
             cut.to_string(),
         ]

@@ -179,9 +179,17 @@ impl Summary {
     /// This server's row of the table, with the rows of the servers done before it.
     fn emit(&self) {
         let (order, server, how) = match self.store {
-            "Postgres" => (0, "Postgres", "`pg_ctlcluster … stop -m immediate`, then start"),
+            "Postgres" => (
+                0,
+                "Postgres",
+                "`pg_ctlcluster … stop -m immediate`, then start",
+            ),
             "MariaDB" => (1, "MariaDB", "SIGKILL, then start"),
-            _ => (2, "Redis (own server, AOF `always`)", "SIGKILL, then restart"),
+            _ => (
+                2,
+                "Redis (own server, AOF `always`)",
+                "SIGKILL, then restart",
+            ),
         };
         let records = self
             .records

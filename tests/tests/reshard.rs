@@ -185,7 +185,11 @@ async fn move_under_load<S: Store + Clone>(
     );
     let (shards, move_) = what.split_once(", ").unwrap_or((what, ""));
     let order = format!("{} {}", shards != "Postgres", move_ != "2 → 3");
-    let twice: usize = ran.iter().filter(|(runs, _)| **runs >= 2).map(|(_, n)| n).sum();
+    let twice: usize = ran
+        .iter()
+        .filter(|(runs, _)| **runs >= 2)
+        .map(|(_, n)| n)
+        .sum();
     Table::new(
         "reshard",
         &[
@@ -209,7 +213,11 @@ async fn move_under_load<S: Store + Clone>(
             rate(tally.answered.load(Ordering::Relaxed) as f64),
             rate(tally.in_progress.load(Ordering::Relaxed) as f64),
             rate(tally.refused.load(Ordering::Relaxed) as f64),
-            format!("{} / {}", rate(done.copied as f64), rate(done.walked as f64)),
+            format!(
+                "{} / {}",
+                rate(done.copied as f64),
+                rate(done.walked as f64)
+            ),
             waited.to_string(),
             format!("{:.1} s", start.elapsed().as_secs_f64()),
             twice.to_string(),

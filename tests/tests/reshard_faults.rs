@@ -369,7 +369,10 @@ async fn move_with(fault: Fault) {
         // Woken after every key was taken over: not one renewal or mark of it is taken.
         holder.signal("-CONT");
         let answers = holder.expect("answer ", Duration::from_secs(30));
-        let taken = answers.iter().filter(|a| !a.ends_with("lease-lost")).count();
+        let taken = answers
+            .iter()
+            .filter(|a| !a.ends_with("lease-lost"))
+            .count();
         late_marks = format!("{taken} of {}", answers.len());
         for a in &answers {
             assert!(

@@ -8,7 +8,8 @@
 #
 # Run it alone on the machine (a build or a test run beside it moves every figure). The servers are
 # the tests' (IDEM_PG_URL, IDEM_MYSQL_URL, IDEM_REDIS_URL, IDEM_DYNAMO_URL, IDEM_AMQP_URL,
-# IDEM_NATS_URL, IDEM_KAFKA_URL); a bench whose server does not answer prints one skip line and
+# IDEM_NATS_URL, IDEM_KAFKA_URL); IDEM_BENCH_RECORDS sizes the background passes' store (default
+# 10^6). A bench whose server does not answer prints one skip line and
 # its table stays as it is. `redis-peers` builds the `idempotent` crate's program and a venv with
 # Powertools (SKIP_POWERTOOLS=1 leaves Powertools out); `pg-tx-parts` needs pgbench.
 set -euo pipefail
@@ -24,7 +25,7 @@ mkdir -p "$IDEM_DOC_TABLES"
 
 # The settings a command ran with, as the docs show them in front of it.
 settings=""
-for var in IDEM_BENCH_SCALE IDEM_BENCH_ROUNDS; do
+for var in IDEM_BENCH_SCALE IDEM_BENCH_ROUNDS IDEM_BENCH_RECORDS; do
     if [ -n "${!var:-}" ]; then settings+="$var=${!var} "; fi
 done
 
@@ -36,8 +37,9 @@ for bench in "${BENCHES[@]}"; do
         IDEM_DOC_COMMAND="tests/benches/pg_tx_parts.sh 10 3" tests/benches/pg_tx_parts.sh 10 3
         ;;
     redis-peers)
-        IDEM_DOC_COMMAND="${SKIP_POWERTOOLS:+SKIP_POWERTOOLS=1 }tests/benches/redis_peers.sh" \
-            tests/benches/redis_peers.sh
+        # idem's program runs `Call::run` alone here (its floors are the redis bench's).
+        IDEM_DOC_COMMAND="${SKIP_POWERTOOLS:+SKIP_POWERTOOLS=1 }SKIP_REFERENCE=1 IDEM_BENCH_ONLY=idem-call tests/benches/redis_peers.sh" \
+            SKIP_REFERENCE=1 IDEM_BENCH_ONLY=idem-call tests/benches/redis_peers.sh
         ;;
     *)
         cmd="cargo bench -p idem-suite --features $FEATURES --bench $bench"

@@ -37,7 +37,10 @@ for bench in "${BENCHES[@]}"; do
         IDEM_DOC_COMMAND="tests/benches/pg_tx_parts.sh 10 3" tests/benches/pg_tx_parts.sh 10 3
         ;;
     redis-peers)
-        # idem's program runs `Call::run` alone here (its floors are the redis bench's).
+        # idem's program runs `Call::run` alone here (its floors are the redis bench's), the redis
+        # bench built above.
+        IDEM_BENCH_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/redis-* | grep -v '\.d$' | head -1)
+        export IDEM_BENCH_BIN
         IDEM_DOC_COMMAND="${SKIP_POWERTOOLS:+SKIP_POWERTOOLS=1 }SKIP_REFERENCE=1 IDEM_BENCH_ONLY=idem-call tests/benches/redis_peers.sh" \
             SKIP_REFERENCE=1 IDEM_BENCH_ONLY=idem-call tests/benches/redis_peers.sh
         ;;

@@ -448,13 +448,15 @@ async fn measure(
         idem::DEFAULT_LEASE.as_millis() as i64,
         TTL.as_millis() as i64,
     );
-    // The indexed floor's table: idem's own, made by its migrations, on a pool of its own.
+    // The indexed floor's table: idem's own, made by its migrations. It shares the design floor's
+    // pool (the two never run at once), so four contenders of 32 stay within Postgres's default
+    // 100 connections.
     let indexed_store = PgStore::builder()
         .table(&format!("{tag}_indexed"))
         .unwrap()
         .token_table(&format!("{tag}_indexed_tok"))
         .unwrap()
-        .build(pool(url, conns).await)
+        .build(design.pool.clone())
         .unwrap();
     indexed_store.migrate().await.unwrap();
     let indexed = Design::indexed(

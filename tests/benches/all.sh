@@ -41,7 +41,7 @@ for bench in "${BENCHES[@]}"; do
         # bench built above.
         IDEM_BENCH_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/redis-* | grep -v '\.d$' | head -1)
         export IDEM_BENCH_BIN
-        IDEM_DOC_COMMAND="${SKIP_POWERTOOLS:+SKIP_POWERTOOLS=1 }SKIP_REFERENCE=1 IDEM_BENCH_ONLY=idem-call tests/benches/redis_peers.sh" \
+        IDEM_DOC_COMMAND="$settings${SKIP_POWERTOOLS:+SKIP_POWERTOOLS=1 }SKIP_REFERENCE=1 IDEM_BENCH_ONLY=idem-call tests/benches/redis_peers.sh" \
             SKIP_REFERENCE=1 IDEM_BENCH_ONLY=idem-call tests/benches/redis_peers.sh
         ;;
     *)

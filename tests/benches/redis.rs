@@ -87,7 +87,7 @@ impl Contender for IdemMacro {
     }
 }
 
-/// The plain loop: the same two scripts, sent by hand.
+/// The plain loop: two scripts sent by hand, idem's own (the floor) or the contract floor's.
 #[derive(Clone)]
 struct Floor {
     conn: ConnectionManager,
@@ -179,23 +179,17 @@ return 1
 "#;
 
 /// The contract floor: a hand-written pair of scripts with the least the contract needs
-/// ([`CONTRACT_CLAIM`], [`CONTRACT_COMPLETE`]); a replay is one `HMGET` of the status and the
-/// result (the floor knows which workload it runs), then decoding.
+/// ([`CONTRACT_CLAIM`], [`CONTRACT_COMPLETE`]), held as the floor holds idem's; a replay is one
+/// `HMGET` of the status and the result (the floor knows which workload it runs), then decoding.
 #[derive(Clone)]
-struct Contract {
-    conn: ConnectionManager,
-    claim: &'static Script,
-    complete: &'static Script,
-    prefix: &'static str,
-    lease_ms: u64,
-    ttl_ms: u64,
-}
+struct Contract(Floor);
 
 impl Contender for Contract {
     async fn call(&self, k: u64, replay: bool) -> Receipt {
-        let key = format!("{}{{{BIZ}:{k}}}", self.prefix);
-        let index = format!("{}stuck:{BIZ}", self.prefix);
-        let mut conn = self.conn.clone();
+        let this = &self.0;
+        let key = format!("{}{{{BIZ}:{k}}}", this.prefix);
+        let index = format!("{}stuck:{BIZ}", this.prefix);
+        let mut conn = this.conn.clone();
         if replay {
             let (status, result): (Option<String>, Option<Vec<u8>>) = redis::cmd("HMGET")
                 .arg(&key)
@@ -207,12 +201,12 @@ impl Contender for Contract {
             assert_eq!(status.as_deref(), Some("D"), "replay of a call not done");
             return serde_json::from_slice(&result.unwrap()).unwrap();
         }
-        let reply: Vec<Value> = self
+        let reply: Vec<Value> = this
             .claim
             .key(&key)
             .key(&index)
-            .arg(self.lease_ms)
-            .arg(self.ttl_ms)
+            .arg(this.lease_ms)
+            .arg(this.ttl_ms)
             .invoke_async(&mut conn)
             .await
             .unwrap();
@@ -221,13 +215,13 @@ impl Contender for Contract {
             other => panic!("the contract floor's key was taken: {other:?}"),
         };
         let receipt = receipt(k);
-        let changed: i64 = self
+        let changed: i64 = this
             .complete
             .key(&key)
             .key(&index)
             .arg(fence)
             .arg(serde_json::to_vec(&receipt).unwrap())
-            .arg(self.ttl_ms)
+            .arg(this.ttl_ms)
             .invoke_async(&mut conn)
             .await
             .unwrap();
@@ -360,7 +354,7 @@ async fn measure(
         ConnectionManager::new_with_config(redis::Client::open(url).unwrap(), config.clone())
             .await
             .unwrap();
-    let contract = Contract {
+    let contract = Contract(Floor {
         conn: ConnectionManager::new_with_config(redis::Client::open(url).unwrap(), config.clone())
             .await
             .unwrap(),
@@ -369,7 +363,7 @@ async fn measure(
         prefix: Box::leak(format!("rbc{run_id}{mode}:").into_boxed_str()),
         lease_ms: idem::DEFAULT_LEASE.as_millis() as u64,
         ttl_ms: TTL.as_millis() as u64,
-    };
+    });
     let design = Design {
         conn: ConnectionManager::new_with_config(redis::Client::open(url).unwrap(), config)
             .await

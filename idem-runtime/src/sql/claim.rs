@@ -57,57 +57,72 @@ impl SeenRecord {
 }
 
 /// The two primitive steps a SQL store provides, on one connection (a pool connection, or the
-/// caller's transaction).
-pub(crate) trait CasRecords {
+/// caller's transaction), and its batch of marks. Each step's future is `Send`, so the claim
+/// protocol below runs in the shared `Store` impl (`store.rs`) whatever the database.
+pub(crate) trait CasRecords: Send {
     /// Reads the record with the database's clock: a plain read (no lock, the latest committed row
     /// in lease mode, the transaction's snapshot in tx mode). `None` when there is none.
-    async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError>;
+    fn read(
+        &mut self,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<Option<SeenRecord>, IdemError>> + Send;
 
     /// Reads the record, or inserts a new PROCESSING record (attempt 1, a fence from the clock) when
     /// there is none: `(inserted, record)`. `None` when a record appeared or vanished between the
     /// read and the insert (another writer was faster): read again.
-    async fn insert_or_read(
+    fn insert_or_read(
         &mut self,
         req: &ClaimRequest<'_>,
-    ) -> Result<(bool, Option<SeenRecord>), IdemError>;
+    ) -> impl Future<Output = Result<(bool, Option<SeenRecord>), IdemError>> + Send;
 
     /// Inserts a new PROCESSING record for each of `reqs` (distinct keys of one business type,
     /// one lease and ttl) that has none, in one statement: for each, its claim if this statement
     /// inserted its record. `None` when the database cannot say which it inserted (MySQL refuses
     /// the whole statement when one key exists): nothing was inserted then. The default inserts
     /// nothing and says so.
-    async fn insert_many(
+    fn insert_many(
         &mut self,
         reqs: &[ClaimRequest<'_>],
-    ) -> Result<Option<Vec<Option<Claim>>>, IdemError> {
+    ) -> impl Future<Output = Result<Option<Vec<Option<Claim>>>, IdemError>> + Send {
         let _ = reqs;
-        Ok(None)
+        std::future::ready(Ok(None))
     }
 
     /// Reads the records of `reqs` (as [`CasRecords::read`] reads one), in one statement where the
     /// database allows: for each, its record or `None`. The default reads them one by one.
-    async fn read_many(
+    fn read_many(
         &mut self,
         reqs: &[ClaimRequest<'_>],
-    ) -> Result<Vec<Option<SeenRecord>>, IdemError> {
-        let mut seen = Vec::with_capacity(reqs.len());
-        for req in reqs {
-            seen.push(self.read(req).await?);
+    ) -> impl Future<Output = Result<Vec<Option<SeenRecord>>, IdemError>> + Send {
+        async move {
+            let mut seen = Vec::with_capacity(reqs.len());
+            for req in reqs {
+                seen.push(self.read(req).await?);
+            }
+            Ok(seen)
         }
-        Ok(seen)
     }
 
     /// Takes `seen` over if it is unchanged (same fence, status and lease end): a new fence, a new
     /// lease, and an expiry that covers the lease (a new life when `reset`); the saved steps (in
     /// `result`) are kept when `keep_steps`, else cleared. `None` when the record changed since it
     /// was read.
-    async fn take(
+    fn take(
         &mut self,
         req: &ClaimRequest<'_>,
         seen: &SeenRecord,
         reset: bool,
         keep_steps: bool,
-    ) -> Result<Option<Claim>, IdemError>;
+    ) -> impl Future<Output = Result<Option<Claim>, IdemError>> + Send;
+
+    /// Marks a batch of held records done (lease mode), in as few round trips as the database
+    /// allows: for each mark, whether its claim still held.
+    fn complete_many(
+        &mut self,
+        biz: &str,
+        marks: &[crate::store::BatchMark<'_>],
+        ttl: std::time::Duration,
+    ) -> impl Future<Output = Result<Vec<Result<(), IdemError>>, IdemError>> + Send;
 }
 
 /// How many times a claim reads again after losing a race before it reports the key as busy.

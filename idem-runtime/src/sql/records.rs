@@ -212,66 +212,6 @@ where
         }
     }
 
-    pub(crate) async fn complete(
-        &mut self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        snapshot: &[u8],
-        ttl: Duration,
-        result_ttl: Option<Duration>,
-    ) -> Result<(), IdemError> {
-        let args = Args {
-            blob: snapshot,
-            ttl: millis(ttl),
-            result_ttl: result_ttl.map(millis),
-            ..Args::held(biz, key, claim)?
-        };
-        let sql = self.sql;
-        self.held(&sql.complete, &args, claim).await
-    }
-
-    pub(crate) async fn fail(
-        &mut self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-    ) -> Result<(), IdemError> {
-        let args = Args::held(biz, key, claim)?;
-        let sql = self.sql;
-        self.held(&sql.fail, &args, claim).await
-    }
-
-    pub(crate) async fn save_steps(
-        &mut self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        steps: &[u8],
-    ) -> Result<(), IdemError> {
-        let args = Args {
-            blob: steps,
-            ..Args::held(biz, key, claim)?
-        };
-        let sql = self.sql;
-        self.held(&sql.save_steps, &args, claim).await
-    }
-
-    pub(crate) async fn renew(
-        &mut self,
-        biz: &str,
-        key: &str,
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<(), IdemError> {
-        let args = Args {
-            lease: millis(lease),
-            ..Args::held(biz, key, claim)?
-        };
-        let sql = self.sql;
-        self.held(&sql.renew, &args, claim).await
-    }
-
     /// The claim's plain read of `req`'s record with `stmt` (the store's `read`, or a locking
     /// variant with the same parameters).
     pub(crate) async fn read_with(
@@ -294,129 +234,6 @@ where
     ) -> Result<Option<SeenRecord>, IdemError> {
         let sql = self.sql;
         self.read_with(&sql.read, req).await
-    }
-
-    pub(crate) async fn load(&mut self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
-        if !DB::holds(biz) || !DB::holds(key) {
-            return Ok(None);
-        }
-        let Some(row) = self
-            .query(&self.sql.load, &Args::record(biz, key))
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(DB::error)?
-        else {
-            return Ok(None);
-        };
-        Self::record(&row, biz, key.to_owned()).map(Some)
-    }
-
-    pub(crate) async fn stuck(
-        &mut self,
-        biz: &str,
-        batch: usize,
-    ) -> Result<Vec<Record>, IdemError> {
-        if !DB::holds(biz) {
-            return Ok(Vec::new());
-        }
-        let args = Args {
-            biz,
-            ..Args::batch(batch)
-        };
-        let rows = self
-            .query(&self.sql.stuck, &args)
-            .fetch_all(&mut *self.conn)
-            .await
-            .map_err(DB::error)?;
-        rows.iter()
-            .map(|row| Self::record(row, biz, DB::text(row, "idem_key")?))
-            .collect()
-    }
-
-    pub(crate) async fn processing_biz_types(&mut self) -> Result<Vec<String>, IdemError> {
-        let rows = self
-            .query(&self.sql.processing_biz, &Args::default())
-            .fetch_all(&mut *self.conn)
-            .await
-            .map_err(DB::error)?;
-        let mut bizes = rows
-            .iter()
-            .map(|row| DB::text(row, "biz_type"))
-            .collect::<Result<Vec<_>, _>>()?;
-        bizes.sort_unstable();
-        Ok(bizes)
-    }
-
-    /// A page of the walk of every record's key, in the primary key's order, after the pair the
-    /// `after` cursor names ([`after_key`]). One row more than the page is read, so the last page
-    /// says the walk is done.
-    pub(crate) async fn list_keys(
-        &mut self,
-        after: Option<&str>,
-        batch: usize,
-    ) -> Result<KeyPage, IdemError> {
-        check_batch(batch)?;
-        let (stmt, args) = match after {
-            None => (&self.sql.keys_first, Args::batch(batch + 1)),
-            Some(cursor) => {
-                let (biz, key) = parse_after_key(cursor)?;
-                if !DB::holds(biz) || !DB::holds(key) {
-                    return Err(not_a_cursor(cursor));
-                }
-                let args = Args {
-                    biz,
-                    key,
-                    ..Args::batch(batch + 1)
-                };
-                (&self.sql.keys_after, args)
-            }
-        };
-        let rows = self
-            .query(stmt, &args)
-            .fetch_all(&mut *self.conn)
-            .await
-            .map_err(DB::error)?;
-        let more = rows.len() > batch;
-        let keys = rows
-            .iter()
-            .take(batch)
-            .map(|row| Ok((DB::text(row, "biz_type")?, DB::text(row, "idem_key")?)))
-            .collect::<Result<Vec<_>, IdemError>>()?;
-        let next = match keys.last() {
-            Some((biz, key)) if more => Some(after_key(biz, key)),
-            _ => None,
-        };
-        Ok(KeyPage { keys, next })
-    }
-
-    pub(crate) async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError> {
-        let rows = self
-            .query(&self.sql.stats, &Args::default())
-            .fetch_all(&mut *self.conn)
-            .await
-            .map_err(DB::error)?;
-        let counts = rows
-            .iter()
-            .map(|row| {
-                StatusCount::of_row(
-                    DB::text(row, "biz_type")?,
-                    row.try_get("origin").map_err(DB::error)?,
-                    row.try_get("status").map_err(DB::error)?,
-                    row.try_get("n").map_err(DB::error)?,
-                    row.try_get("gone").map_err(DB::error)?,
-                )
-            })
-            .collect::<Result<Vec<_>, IdemError>>()?;
-        Ok(StatusCount::tally(counts))
-    }
-
-    /// Deletes a batch of expired records, then drops a batch of results past their result ttl:
-    /// how many records either changed.
-    pub(crate) async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {
-        let args = Args::batch(batch);
-        let sql = self.sql;
-        let swept = self.execute(&sql.sweep, &args).await?;
-        Ok(swept + self.execute(&sql.shrink, &args).await?)
     }
 
     /// A takeover whose statement returns the new `attempt` and `fence` (`RETURNING`): `query`,
@@ -516,5 +333,247 @@ where
             result_until_ms: row.try_get("result_until").map_err(DB::error)?,
             now_ms: row.try_get("now_ms").map_err(DB::error)?,
         })
+    }
+}
+
+/// The record layer's statements on a held or stored record, as the [`Store`](crate::Store) impl
+/// and the transactions call them (a trait so that code generic over the database calls them
+/// without restating sqlx's bounds: [`RecordConn`] implements it once, for every [`RecordDb`]).
+#[async_trait::async_trait]
+pub(crate) trait Records: Send {
+    /// Marks the record held under `claim` done with `snapshot`, kept `ttl` (its result
+    /// `result_ttl`, or as long as the record). [`IdemError::LeaseLost`] when another claim
+    /// took it over.
+    async fn complete(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Option<Duration>,
+    ) -> Result<(), IdemError>;
+
+    /// Marks the record held under `claim` failed, so a retry may claim it.
+    async fn fail(&mut self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError>;
+
+    /// Saves the steps a multi-step body finished, under `claim`.
+    async fn save_steps(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError>;
+
+    /// Extends the lease of the record held under `claim` by `lease` from now.
+    async fn renew(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError>;
+
+    /// The record `(biz, key)`, if any.
+    async fn load(&mut self, biz: &str, key: &str) -> Result<Option<Record>, IdemError>;
+
+    /// Up to `batch` records of `biz` in progress whose lease ran out.
+    async fn stuck(&mut self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError>;
+
+    /// The business types with a record in progress, sorted.
+    async fn processing_biz_types(&mut self) -> Result<Vec<String>, IdemError>;
+
+    /// A page of the walk of every record's key, in the primary key's order, after the pair the
+    /// `after` cursor names ([`after_key`]). One row more than the page is read, so the last page
+    /// says the walk is done.
+    async fn list_keys(&mut self, after: Option<&str>, batch: usize) -> Result<KeyPage, IdemError>;
+
+    /// How many records there are per business type, origin and status.
+    async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError>;
+
+    /// Deletes a batch of expired records, then drops a batch of results past their result ttl:
+    /// how many records either changed.
+    async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError>;
+}
+
+#[async_trait::async_trait]
+impl<'c, DB: RecordDb> Records for RecordConn<'c, DB>
+where
+    for<'e> &'e mut DB::Connection: Executor<'e, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB> + Decode<'t, DB>,
+    for<'t> &'t [u8]: Encode<'t, DB> + Type<DB>,
+    for<'t> bool: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Type<DB> + Decode<'t, DB>,
+    for<'t> Option<i64>: Encode<'t, DB> + Type<DB> + Decode<'t, DB>,
+    for<'t> String: Decode<'t, DB> + Type<DB>,
+    for<'t> Option<String>: Decode<'t, DB> + Type<DB>,
+    for<'t> Option<Vec<u8>>: Decode<'t, DB> + Type<DB>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+{
+    async fn complete(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Option<Duration>,
+    ) -> Result<(), IdemError> {
+        let args = Args {
+            blob: snapshot,
+            ttl: millis(ttl),
+            result_ttl: result_ttl.map(millis),
+            ..Args::held(biz, key, claim)?
+        };
+        let sql = self.sql;
+        self.held(&sql.complete, &args, claim).await
+    }
+
+    async fn fail(&mut self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {
+        let args = Args::held(biz, key, claim)?;
+        let sql = self.sql;
+        self.held(&sql.fail, &args, claim).await
+    }
+
+    async fn save_steps(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        steps: &[u8],
+    ) -> Result<(), IdemError> {
+        let args = Args {
+            blob: steps,
+            ..Args::held(biz, key, claim)?
+        };
+        let sql = self.sql;
+        self.held(&sql.save_steps, &args, claim).await
+    }
+
+    async fn renew(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<(), IdemError> {
+        let args = Args {
+            lease: millis(lease),
+            ..Args::held(biz, key, claim)?
+        };
+        let sql = self.sql;
+        self.held(&sql.renew, &args, claim).await
+    }
+
+    async fn load(&mut self, biz: &str, key: &str) -> Result<Option<Record>, IdemError> {
+        if !DB::holds(biz) || !DB::holds(key) {
+            return Ok(None);
+        }
+        let Some(row) = self
+            .query(&self.sql.load, &Args::record(biz, key))
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(DB::error)?
+        else {
+            return Ok(None);
+        };
+        Self::record(&row, biz, key.to_owned()).map(Some)
+    }
+
+    async fn stuck(&mut self, biz: &str, batch: usize) -> Result<Vec<Record>, IdemError> {
+        if !DB::holds(biz) {
+            return Ok(Vec::new());
+        }
+        let args = Args {
+            biz,
+            ..Args::batch(batch)
+        };
+        let rows = self
+            .query(&self.sql.stuck, &args)
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(DB::error)?;
+        rows.iter()
+            .map(|row| Self::record(row, biz, DB::text(row, "idem_key")?))
+            .collect()
+    }
+
+    async fn processing_biz_types(&mut self) -> Result<Vec<String>, IdemError> {
+        let rows = self
+            .query(&self.sql.processing_biz, &Args::default())
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(DB::error)?;
+        let mut bizes = rows
+            .iter()
+            .map(|row| DB::text(row, "biz_type"))
+            .collect::<Result<Vec<_>, _>>()?;
+        bizes.sort_unstable();
+        Ok(bizes)
+    }
+
+    async fn list_keys(&mut self, after: Option<&str>, batch: usize) -> Result<KeyPage, IdemError> {
+        check_batch(batch)?;
+        let (stmt, args) = match after {
+            None => (&self.sql.keys_first, Args::batch(batch + 1)),
+            Some(cursor) => {
+                let (biz, key) = parse_after_key(cursor)?;
+                if !DB::holds(biz) || !DB::holds(key) {
+                    return Err(not_a_cursor(cursor));
+                }
+                let args = Args {
+                    biz,
+                    key,
+                    ..Args::batch(batch + 1)
+                };
+                (&self.sql.keys_after, args)
+            }
+        };
+        let rows = self
+            .query(stmt, &args)
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(DB::error)?;
+        let more = rows.len() > batch;
+        let keys = rows
+            .iter()
+            .take(batch)
+            .map(|row| Ok((DB::text(row, "biz_type")?, DB::text(row, "idem_key")?)))
+            .collect::<Result<Vec<_>, IdemError>>()?;
+        let next = match keys.last() {
+            Some((biz, key)) if more => Some(after_key(biz, key)),
+            _ => None,
+        };
+        Ok(KeyPage { keys, next })
+    }
+
+    async fn stats(&mut self) -> Result<Vec<StatusCount>, IdemError> {
+        let rows = self
+            .query(&self.sql.stats, &Args::default())
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(DB::error)?;
+        let counts = rows
+            .iter()
+            .map(|row| {
+                StatusCount::of_row(
+                    DB::text(row, "biz_type")?,
+                    row.try_get("origin").map_err(DB::error)?,
+                    row.try_get("status").map_err(DB::error)?,
+                    row.try_get("n").map_err(DB::error)?,
+                    row.try_get("gone").map_err(DB::error)?,
+                )
+            })
+            .collect::<Result<Vec<_>, IdemError>>()?;
+        Ok(StatusCount::tally(counts))
+    }
+
+    async fn sweep(&mut self, batch: usize) -> Result<u64, IdemError> {
+        let args = Args::batch(batch);
+        let sql = self.sql;
+        let swept = self.execute(&sql.sweep, &args).await?;
+        Ok(swept + self.execute(&sql.shrink, &args).await?)
     }
 }

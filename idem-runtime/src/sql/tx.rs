@@ -12,7 +12,8 @@ use sqlx::Transaction;
 
 use super::conn::{StateRow, TransitionConn};
 use super::dialect::{Dialect, Savepoint};
-use super::records::RecordDb;
+use super::records::{RecordDb, Records};
+use super::store::SqlStore;
 use super::value::SqlValue;
 use crate::engine::tx::IdemTx;
 use crate::engine::{TxStep, tx_step};
@@ -24,8 +25,10 @@ use crate::{IdemError, TxIdleTimeout};
 /// sqlx's `Sqlite`, `MySql` and `Postgres`, each in its backend.
 #[async_trait]
 pub trait TxDb: RecordDb<Connection: TransitionConn> {
-    /// The store whose transactions these are.
-    type Store: Store + Clone + Send + Sync + 'static;
+    /// The store whose transactions these are. (`SqlStore` is crate-private, as this trait is
+    /// sealed: only idem's backends implement it.)
+    #[allow(private_bounds)]
+    type Store: SqlStore<Db = Self> + Store + Clone;
 
     /// What a transaction keeps beyond the savepoints (MySQL: the session's idle bound).
     type State: Send + Sync;
@@ -55,19 +58,11 @@ pub trait TxDb: RecordDb<Connection: TransitionConn> {
     /// `tx.claim` when it acquires.
     async fn claim(tx: &mut SqlTx<Self>, req: &ClaimRequest<'_>)
     -> Result<ClaimOutcome, IdemError>;
-
-    /// Marks the claimed record done in `tx` (the statement only; [`SqlTx`] settles the
-    /// savepoint).
-    async fn complete(
-        tx: &mut SqlTx<Self>,
-        done: Done<'_>,
-        result_ttl: Option<Duration>,
-    ) -> Result<(), IdemError>;
 }
 
 /// What a completing call marks: its record, claim and result.
 #[derive(Debug, Clone, Copy)]
-pub struct Done<'a> {
+pub(crate) struct Done<'a> {
     /// The business type.
     pub biz: &'a str,
     /// The key.
@@ -196,7 +191,19 @@ impl<D: TxDb> SqlTx<D> {
         done: Done<'_>,
         result_ttl: Option<Duration>,
     ) -> Result<(), IdemError> {
-        match D::complete(self, done, result_ttl).await {
+        let marked = self
+            .store
+            .records(&mut self.tx)
+            .complete(
+                done.biz,
+                done.key,
+                done.claim,
+                done.snapshot,
+                done.ttl,
+                result_ttl,
+            )
+            .await;
+        match marked {
             Ok(()) => match self.claim.take() {
                 Some(savepoint) if D::KEEPS_DONE => {
                     self.done = Some(savepoint);

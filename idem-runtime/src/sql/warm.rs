@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
+use super::store::Lent;
 use crate::IdemError;
 
 /// How long a connection waits here for the store's next statement before it goes back to the
@@ -91,33 +92,21 @@ impl<DB: Database> Warm<DB> {
         }
     }
 
-    /// Runs `work` on a warm connection, or one from the pool; `error` classifies the pool's
-    /// error when it has none to give.
-    pub(crate) async fn with<R>(
+    /// Lends a warm connection, or one from the pool; `error` classifies the pool's error when it
+    /// has none to give.
+    pub(crate) async fn lend(
         &self,
         error: fn(sqlx::Error) -> IdemError,
-        work: impl AsyncFnOnce(&mut DB::Connection) -> Result<R, IdemError>,
-    ) -> Result<R, IdemError> {
+    ) -> Result<WarmLent<'_, DB>, IdemError> {
         let taken = lock(&self.idle).conns.pop();
         let conn = match taken {
             Some((conn, _)) => conn,
             None => self.pool.acquire().await.map_err(error)?,
         };
-        let mut in_flight = InFlight(Some(conn));
-        let done = work(in_flight.conn()).await;
-        let Some(conn) = in_flight.0.take() else {
-            unreachable!("taken only here or on drop")
-        };
-        match &done {
-            Ok(_) => self.give_back(conn),
-            Err(IdemError::StoreUnavailable { .. }) => {
-                // The server may have restarted: the pool tests this one and every warm one.
-                drop(conn);
-                self.cool();
-            }
-            Err(_) => drop(conn),
-        }
-        done
+        Ok(WarmLent {
+            warm: self,
+            conn: InFlight(Some(conn)),
+        })
     }
 
     /// Keeps `conn` for the next statement, if there is room and a runtime to age it on; else it
@@ -161,6 +150,35 @@ impl<DB: Database> InFlight<DB> {
             Some(conn) => conn,
             None => unreachable!("lent until the statement ends"),
         }
+    }
+}
+
+/// A connection [`Warm::lend`] lent: kept warm when its statement answered, sent back to the pool
+/// when it failed (every warm one too when the server may be gone), closed when dropped unsettled.
+pub(crate) struct WarmLent<'a, DB: Database> {
+    warm: &'a Warm<DB>,
+    conn: InFlight<DB>,
+}
+
+impl<DB: Database> Lent<DB::Connection> for WarmLent<'_, DB> {
+    fn conn(&mut self) -> &mut DB::Connection {
+        self.conn.conn()
+    }
+
+    fn settle<R>(mut self, done: Result<R, IdemError>) -> Result<R, IdemError> {
+        let Some(conn) = self.conn.0.take() else {
+            unreachable!("taken only here or on drop")
+        };
+        match &done {
+            Ok(_) => self.warm.give_back(conn),
+            Err(IdemError::StoreUnavailable { .. }) => {
+                // The server may have restarted: the pool tests this one and every warm one.
+                drop(conn);
+                self.warm.cool();
+            }
+            Err(_) => drop(conn),
+        }
+        done
     }
 }
 

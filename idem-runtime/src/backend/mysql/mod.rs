@@ -44,8 +44,9 @@ use crate::clock::ClockOffset;
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::records::RecordConn;
+use crate::sql::store::{SqlStore, with_conn};
 use crate::sql::table::TableName;
-use crate::sql::warm::Warm;
+use crate::sql::warm::{Warm, WarmLent};
 use crate::store::order::ClaimOrder;
 use crate::store::{ClaimOutcome, ClaimRequest, Limits};
 pub use builder::MySqlStoreBuilder;
@@ -355,27 +356,9 @@ impl MySqlStore {
         Duration::from_secs(self.lock_wait_secs)
     }
 
-    /// Runs `work` on one of the store's warm connections, or one from the pool.
-    async fn with_conn<R>(
-        &self,
-        work: impl AsyncFnOnce(&mut sqlx::MySqlConnection) -> Result<R, IdemError>,
-    ) -> Result<R, IdemError> {
-        self.warm.with(db_error, work).await
-    }
-
-    /// The store's records on `conn`.
-    fn records<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection) -> RecordConn<'c, MySql> {
-        RecordConn::new(conn, &self.sql.records, self.offset_us())
-    }
-
     /// The claim's steps on `conn`, its reads current reads when `locking` (tx mode).
     fn claims<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection, locking: bool) -> Claims<'c> {
         Claims::new(self.records(conn), &self.sql, locking)
-    }
-
-    /// The claim's steps in lease mode on `conn` (batch claims and marks).
-    fn lease_claims<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection) -> Claims<'c> {
-        self.claims(conn, false)
     }
 }
 
@@ -400,9 +383,36 @@ impl crate::TransactionalStore for MySqlStore {
     }
 }
 
-crate::sql::store::sql_store!(MySqlStore, "mysql", {
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        self.with_conn(async |conn| {
+#[async_trait::async_trait]
+impl SqlStore for MySqlStore {
+    type Db = MySql;
+    type Lent<'a> = WarmLent<'a, MySql>;
+    type Claims<'c> = Claims<'c>;
+    const BACKEND: &'static str = "mysql";
+
+    fn own_limits(&self) -> &crate::store::Limits {
+        &self.limits
+    }
+
+    fn order(&self) -> &ClaimOrder {
+        &self.order
+    }
+
+    async fn lend(&self) -> Result<WarmLent<'_, MySql>, IdemError> {
+        self.warm.lend(db_error).await
+    }
+
+    #[allow(refining_impl_trait)]
+    fn records<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection) -> RecordConn<'c, MySql> {
+        RecordConn::new(conn, &self.sql.records, self.offset_us())
+    }
+
+    fn lease_claims<'c>(&'c self, conn: &'c mut sqlx::MySqlConnection) -> Claims<'c> {
+        self.claims(conn, false)
+    }
+
+    async fn claim_key(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        with_conn(self, async |conn| {
             let outcome = crate::sql::claim::retry_deadlocks!(
                 "mysql",
                 claim_by_cas(&mut self.claims(conn, false), req, &self.order).await
@@ -422,4 +432,8 @@ crate::sql::store::sql_store!(MySqlStore, "mysql", {
         })
         .await
     }
-});
+
+    async fn begin(&self) -> Result<MySqlTx, IdemError> {
+        MySqlStore::begin(self).await
+    }
+}

@@ -50,7 +50,7 @@ impl RecordDb for MySql {
 
 /// The claim's steps on one connection (a pool connection in lease mode, the caller's
 /// transaction in tx mode): the record layer's read, and this store's insert and takeover.
-pub(super) struct Claims<'c> {
+pub(crate) struct Claims<'c> {
     records: RecordConn<'c, MySql>,
     sql: &'c Statements,
     /// Tx mode: reads are current reads (`LOCK IN SHARE MODE`).
@@ -140,11 +140,11 @@ fn fill(template: &str, values: &[String]) -> String {
     text
 }
 
-impl Claims<'_> {
+impl CasRecords for Claims<'_> {
     /// A batch of marks: each mark's statement (the record layer's `complete`) with its values
     /// written in as literals, all sent in one round trip; each statement's matched rows say
     /// whether its claim still held.
-    pub(super) async fn complete_many(
+    async fn complete_many(
         &mut self,
         biz: &str,
         marks: &[crate::store::BatchMark<'_>],
@@ -199,9 +199,7 @@ impl Claims<'_> {
             })
             .collect())
     }
-}
 
-impl CasRecords for Claims<'_> {
     /// One multi-row `INSERT` as text (no statement to prepare for each batch size). A key that
     /// exists refuses the whole statement (1062; InnoDB rolls the statement back): `None`. Every
     /// row of one statement reads the same clock, so each inserted record's fence is the one

@@ -2,8 +2,6 @@
 //! state transitions run. The transaction is `sql/tx.rs`'s; here is what MySQL does its own way:
 //! the claim's savepoint and idle bound sent with its insert, and InnoDB's deadlock victims.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use sqlx::MySql;
 
@@ -11,7 +9,7 @@ use super::MySqlStore;
 use crate::engine::tx::IdemTx;
 use crate::sql::claim::{claim_insert_first, replay_by_read};
 use crate::sql::dialect::Savepoint;
-use crate::sql::tx::{Done, ServerTxDb, SqlTx, TxDb};
+use crate::sql::tx::{ServerTxDb, SqlTx, TxDb};
 use crate::store::{ClaimOutcome, ClaimRequest};
 use crate::{Busy, IdemError};
 
@@ -131,23 +129,5 @@ impl TxDb for MySql {
                 Err(e)
             }
         }
-    }
-
-    async fn complete(
-        tx: &mut MySqlTx,
-        done: Done<'_>,
-        result_ttl: Option<Duration>,
-    ) -> Result<(), IdemError> {
-        tx.store
-            .records(&mut tx.tx)
-            .complete(
-                done.biz,
-                done.key,
-                done.claim,
-                done.snapshot,
-                done.ttl,
-                result_ttl,
-            )
-            .await
     }
 }

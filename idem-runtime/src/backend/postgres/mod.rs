@@ -28,8 +28,9 @@ use crate::clock::ClockOffset;
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::records::RecordConn;
+use crate::sql::store::{Lent, SqlStore, with_conn};
 use crate::sql::table::TableName;
-use crate::sql::warm::Warm;
+use crate::sql::warm::{Warm, WarmLent};
 use crate::store::order::ClaimOrder;
 use crate::store::{ClaimOutcome, ClaimRequest, Limits};
 use crate::{Busy, IdemError};
@@ -328,36 +329,9 @@ impl PgStore {
         Ok(PgTx::new(tx, self.clone(), ready, ()))
     }
 
-    /// The store's records on `conn`.
-    fn records<'c>(&'c self, conn: &'c mut sqlx::PgConnection) -> RecordConn<'c, Postgres> {
-        RecordConn::new(conn, &self.sql.records, self.offset_ms())
-    }
-
     /// The claim's steps on `conn`, its insert locking as `claiming` says.
     fn claims<'c>(&'c self, conn: &'c mut sqlx::PgConnection, claiming: Claiming) -> Claims<'c> {
         Claims::new(self.records(conn), &self.sql, claiming)
-    }
-
-    /// The claim's steps in lease mode on `conn` (batch claims and marks).
-    fn lease_claims<'c>(&'c self, conn: &'c mut sqlx::PgConnection) -> Claims<'c> {
-        self.claims(conn, Claiming::Lease)
-    }
-
-    /// Runs `work` on one of the store's warm connections, or one from the pool.
-    async fn with_conn<R>(
-        &self,
-        work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<R, IdemError>,
-    ) -> Result<R, IdemError> {
-        let Some(following) = &self.following else {
-            return self.warm.with(db_error, work).await;
-        };
-        let mut watch = following.watch();
-        let done = watch.settled(self.warm.with(db_error, work).await);
-        if done.is_err() && watch.armed() {
-            // The server went, or stopped taking writes: none of the warm connections is kept.
-            self.warm.cool();
-        }
-        done
     }
 
     /// A lock wait that timed out while claiming: the record is held by a transaction still
@@ -386,16 +360,86 @@ impl crate::TransactionalStore for PgStore {
     }
 }
 
-crate::sql::store::sql_store!(PgStore, "postgres", {
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        let outcome = self
-            .with_conn(async |conn| {
-                claim_by_cas(&mut self.claims(conn, Claiming::Lease), req, &self.order).await
-            })
-            .await;
+/// A connection a [`PgStore`] lent: a warm one, and the failover watch of a store that follows
+/// its primary across hosts.
+pub(crate) struct PgLent<'a> {
+    lent: WarmLent<'a, Postgres>,
+    watch: Option<(hosts::Watch<'a>, &'a Warm<Postgres>)>,
+}
+
+impl Lent<sqlx::PgConnection> for PgLent<'_> {
+    fn conn(&mut self) -> &mut sqlx::PgConnection {
+        self.lent.conn()
+    }
+
+    fn settle<R>(self, done: Result<R, IdemError>) -> Result<R, IdemError> {
+        let done = self.lent.settle(done);
+        let Some((mut watch, warm)) = self.watch else {
+            return done;
+        };
+        let done = watch.settled(done);
+        if done.is_err() && watch.armed() {
+            // The server went, or stopped taking writes: none of the warm connections is kept.
+            warm.cool();
+        }
+        done
+    }
+}
+
+#[async_trait::async_trait]
+impl SqlStore for PgStore {
+    type Db = Postgres;
+    type Lent<'a> = PgLent<'a>;
+    type Claims<'c> = Claims<'c>;
+    const BACKEND: &'static str = "postgres";
+
+    fn own_limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    fn order(&self) -> &ClaimOrder {
+        &self.order
+    }
+
+    async fn lend(&self) -> Result<PgLent<'_>, IdemError> {
+        let watch = self.following.as_ref().map(|f| (f.watch(), &self.warm));
+        let lent = match self.warm.lend(db_error).await {
+            Ok(lent) => lent,
+            Err(e) => {
+                let Some((mut watch, warm)) = watch else {
+                    return Err(e);
+                };
+                let e = watch.settled::<()>(Err(e)).unwrap_err();
+                if watch.armed() {
+                    warm.cool();
+                }
+                return Err(e);
+            }
+        };
+        Ok(PgLent { lent, watch })
+    }
+
+    #[allow(refining_impl_trait)]
+    fn records<'c>(&'c self, conn: &'c mut sqlx::PgConnection) -> RecordConn<'c, Postgres> {
+        RecordConn::new(conn, &self.sql.records, self.offset_ms())
+    }
+
+    fn lease_claims<'c>(&'c self, conn: &'c mut sqlx::PgConnection) -> Claims<'c> {
+        self.claims(conn, Claiming::Lease)
+    }
+
+    async fn claim_key(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        let outcome = with_conn(self, async |conn| {
+            claim_by_cas(&mut self.claims(conn, Claiming::Lease), req, &self.order).await
+        })
+        .await;
         self.lock_timed_out(outcome)
     }
-});
+
+    async fn begin(&self) -> Result<PgTx, IdemError> {
+        PgStore::begin(self).await
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -54,7 +54,7 @@ impl RecordDb for Postgres {
 
 /// The claim's steps on one connection: the record layer's read, and this store's insert and
 /// takeover.
-pub(super) struct Claims<'c> {
+pub(crate) struct Claims<'c> {
     records: RecordConn<'c, Postgres>,
     sql: &'c Statements,
     claiming: Claiming,
@@ -166,9 +166,9 @@ impl Claims<'_> {
     }
 }
 
-impl Claims<'_> {
+impl CasRecords for Claims<'_> {
     /// A batch of marks in one statement.
-    pub(super) async fn complete_many(
+    async fn complete_many(
         &mut self,
         biz: &str,
         marks: &[crate::store::BatchMark<'_>],
@@ -194,9 +194,7 @@ impl Claims<'_> {
             .map_err(db_error)?;
         RecordConn::<Postgres>::marked(&rows, marks)
     }
-}
 
-impl CasRecords for Claims<'_> {
     async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
         self.records.read(req).await
     }

@@ -2,8 +2,6 @@
 //! transitions run. The transaction is `sql/tx.rs`'s; here is what Postgres does its own way: the
 //! claim's advisory lock, its lock timeout and its idle bound.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use sqlx::{AssertSqlSafe, Postgres, Row};
 
@@ -11,7 +9,7 @@ use super::records::Claiming;
 use super::{PgStore, db_error, lock_timeout_text};
 use crate::sql::claim::{claim_insert_first, replay_by_read};
 use crate::sql::dialect::Savepoint;
-use crate::sql::tx::{Done, ServerTxDb, SqlTx, TxDb};
+use crate::sql::tx::{ServerTxDb, SqlTx, TxDb};
 use crate::store::{ClaimOutcome, ClaimRequest};
 use crate::{Busy, IdemError};
 
@@ -127,24 +125,6 @@ impl TxDb for Postgres {
                 }
             }
         }
-    }
-
-    async fn complete(
-        tx: &mut PgTx,
-        done: Done<'_>,
-        result_ttl: Option<Duration>,
-    ) -> Result<(), IdemError> {
-        tx.store
-            .records(&mut tx.tx)
-            .complete(
-                done.biz,
-                done.key,
-                done.claim,
-                done.snapshot,
-                done.ttl,
-                result_ttl,
-            )
-            .await
     }
 }
 

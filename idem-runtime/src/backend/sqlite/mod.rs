@@ -25,13 +25,14 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, MutexGuard};
 
 use crate::IdemError;
 use crate::clock::ClockOffset;
 use crate::sql::claim::claim_by_cas;
 use crate::sql::dialect::Dialect;
 use crate::sql::records::RecordConn;
+use crate::sql::store::{Lent, SqlStore, with_conn};
 use crate::sql::table::TableName;
 use crate::store::order::ClaimOrder;
 use crate::store::{Acquired, ClaimOutcome, ClaimRequest, Limits};
@@ -192,29 +193,6 @@ impl SqliteStore {
         }
     }
 
-    /// Runs `work` on the store's own connection (taken from the pool on first use, and again
-    /// after one that failed), or on a pool connection for an in-memory database.
-    async fn with_conn<R>(
-        &self,
-        work: impl AsyncFnOnce(&mut SqliteConnection) -> Result<R, IdemError>,
-    ) -> Result<R, IdemError> {
-        let Some(own) = &self.own else {
-            let mut conn = self.pool.acquire().await.map_err(db_error)?;
-            return work(&mut conn).await;
-        };
-        let mut slot = own.lock().await;
-        let conn = match &mut *slot {
-            Some(conn) => conn,
-            empty => empty.insert(self.pool.acquire().await.map_err(db_error)?),
-        };
-        let result = work(conn).await;
-        if let Err(IdemError::StoreUnavailable { .. }) = &result {
-            // A broken connection goes back to the pool, which tests it; the next call takes another.
-            *slot = None;
-        }
-        result
-    }
-
     /// The same store on another records table (`[A-Za-z_][A-Za-z0-9_]*`, at most 63 bytes):
     /// each service, or each test, may keep its records in a table of its own, also in one
     /// database file. [`SqliteStore::migrate`] creates it, with its indexes named after it
@@ -325,11 +303,6 @@ impl SqliteStore {
     fn offset_ms(&self) -> i64 {
         self.offset.ms()
     }
-
-    /// The store's records on `conn`.
-    fn records<'c>(&'c self, conn: &'c mut SqliteConnection) -> RecordConn<'c, Sqlite> {
-        RecordConn::new(conn, &self.sql.records, self.offset_ms())
-    }
 }
 
 /// The default tokens table.
@@ -358,11 +331,6 @@ impl crate::TransactionalStore for SqliteStore {
 }
 
 impl SqliteStore {
-    /// The claim's steps on `conn` (batch claims and marks).
-    fn lease_claims<'c>(&'c self, conn: &'c mut SqliteConnection) -> Claims<'c> {
-        Claims::new(self.records(conn), &self.sql)
-    }
-
     /// The claim of `req` on `conn`. While new keys prevail, the insert alone (two statements,
     /// not the claim's three); when the key exists, or repeats prevail, the claim protocol (a plain
     /// read first, then the claim statement, which reads before it inserts).
@@ -386,12 +354,82 @@ impl SqliteStore {
     }
 }
 
-crate::sql::store::sql_store!(SqliteStore, "sqlite", {
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        self.with_conn(async |conn| self.claim_on(conn, req).await)
-            .await
+/// A connection a [`SqliteStore`] lent: its own (taken from the pool on first use, and again
+/// after one that failed), or a pool connection for an in-memory database.
+pub(crate) enum SqliteLent<'a> {
+    /// The store's own connection, held for the statement.
+    Own(MutexGuard<'a, Option<PoolConnection<Sqlite>>>),
+    /// A pool connection (an in-memory database).
+    Pooled(PoolConnection<Sqlite>),
+}
+
+impl Lent<SqliteConnection> for SqliteLent<'_> {
+    fn conn(&mut self) -> &mut SqliteConnection {
+        match self {
+            SqliteLent::Own(slot) => match &mut **slot {
+                Some(conn) => conn,
+                None => unreachable!("filled when lent"),
+            },
+            SqliteLent::Pooled(conn) => conn,
+        }
     }
-});
+
+    fn settle<R>(self, done: Result<R, IdemError>) -> Result<R, IdemError> {
+        if let (SqliteLent::Own(mut slot), Err(IdemError::StoreUnavailable { .. })) = (self, &done)
+        {
+            // A broken connection goes back to the pool, which tests it; the next call takes
+            // another.
+            *slot = None;
+        }
+        done
+    }
+}
+
+#[async_trait::async_trait]
+impl SqlStore for SqliteStore {
+    type Db = Sqlite;
+    type Lent<'a> = SqliteLent<'a>;
+    type Claims<'c> = Claims<'c>;
+    const BACKEND: &'static str = "sqlite";
+
+    fn own_limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    fn order(&self) -> &ClaimOrder {
+        &self.order
+    }
+
+    async fn lend(&self) -> Result<SqliteLent<'_>, IdemError> {
+        let Some(own) = &self.own else {
+            return Ok(SqliteLent::Pooled(
+                self.pool.acquire().await.map_err(db_error)?,
+            ));
+        };
+        let mut slot = own.lock().await;
+        if slot.is_none() {
+            *slot = Some(self.pool.acquire().await.map_err(db_error)?);
+        }
+        Ok(SqliteLent::Own(slot))
+    }
+
+    #[allow(refining_impl_trait)]
+    fn records<'c>(&'c self, conn: &'c mut SqliteConnection) -> RecordConn<'c, Sqlite> {
+        RecordConn::new(conn, &self.sql.records, self.offset_ms())
+    }
+
+    fn lease_claims<'c>(&'c self, conn: &'c mut SqliteConnection) -> Claims<'c> {
+        Claims::new(self.records(conn), &self.sql)
+    }
+
+    async fn claim_key(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        with_conn(self, async |conn| self.claim_on(conn, req).await).await
+    }
+
+    async fn begin(&self) -> Result<SqliteTx, IdemError> {
+        SqliteStore::begin(self).await
+    }
+}
 
 #[cfg(test)]
 mod tests {

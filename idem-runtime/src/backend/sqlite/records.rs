@@ -88,7 +88,7 @@ fn claim_query<'q>(
 
 /// The claim's steps on one connection: the record layer's read, and this store's insert and
 /// takeover.
-pub(super) struct Claims<'c> {
+pub(crate) struct Claims<'c> {
     records: RecordConn<'c, Sqlite>,
     sql: &'c Statements,
 }
@@ -132,9 +132,9 @@ fn inserted(req: &ClaimRequest<'_>, now: Now) -> SeenRecord {
     }
 }
 
-impl Claims<'_> {
+impl CasRecords for Claims<'_> {
     /// A batch of marks in one statement (`COMPLETE_MANY`).
-    pub(super) async fn complete_many(
+    async fn complete_many(
         &mut self,
         biz: &str,
         marks: &[crate::store::BatchMark<'_>],
@@ -162,9 +162,7 @@ impl Claims<'_> {
             .map_err(db_error)?;
         RecordConn::<Sqlite>::marked(&rows, marks)
     }
-}
 
-impl CasRecords for Claims<'_> {
     async fn read(&mut self, req: &ClaimRequest<'_>) -> Result<Option<SeenRecord>, IdemError> {
         self.records.read(req).await
     }

@@ -8,6 +8,7 @@ use sqlx::Sqlite;
 use super::SqliteStore;
 use crate::IdemError;
 use crate::sql::dialect::Dialect;
+use crate::sql::store::with_conn;
 use crate::sql::table::TableName;
 use crate::sql::tokens::{
     Flip, SqlTokens, TokenArgs, TokenConn, TokenDb, TokenParam::*, TokenStatements, TokenStmt,
@@ -91,15 +92,17 @@ impl TokenDb for Sqlite {
         stmt: &TokenStmt,
         args: TokenArgs<'_>,
     ) -> Result<u64, IdemError> {
-        store
-            .with_conn(async |conn| TokenConn::<Sqlite>(conn).execute(stmt, args).await)
-            .await
+        with_conn(store, async |conn| {
+            TokenConn::<Sqlite>(conn).execute(stmt, args).await
+        })
+        .await
     }
 
     async fn flip(store: &SqliteStore, args: TokenArgs<'_>) -> Result<Flip, IdemError> {
         let sql = &store.token_sql;
-        store
-            .with_conn(async |conn| TokenConn::<Sqlite>(conn).flip(sql, args).await)
-            .await
+        with_conn(store, async |conn| {
+            TokenConn::<Sqlite>(conn).flip(sql, args).await
+        })
+        .await
     }
 }

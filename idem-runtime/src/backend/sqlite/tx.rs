@@ -2,8 +2,6 @@
 //! transitions run. The transaction is `sql/tx.rs`'s; here is what SQLite does its own way:
 //! `BEGIN IMMEDIATE` already holds the write lock, so a claim needs no waiting of its own.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use sqlx::Sqlite;
 
@@ -14,7 +12,8 @@ use crate::engine::tx::IdemTx;
 use crate::sql::claim::{claim_insert_first, replay_by_read};
 use crate::sql::conn::{StateRow, TransitionConn};
 use crate::sql::dialect::{Dialect, Savepoint};
-use crate::sql::tx::{Done, SqlTx, TxDb};
+use crate::sql::store::SqlStore;
+use crate::sql::tx::{SqlTx, TxDb};
 use crate::sql::value::SqlValue;
 use crate::store::{ClaimOutcome, ClaimRequest};
 
@@ -73,24 +72,6 @@ impl TxDb for Sqlite {
                 Err(e)
             }
         }
-    }
-
-    async fn complete(
-        tx: &mut SqliteTx,
-        done: Done<'_>,
-        result_ttl: Option<Duration>,
-    ) -> Result<(), IdemError> {
-        tx.store
-            .records(&mut tx.tx)
-            .complete(
-                done.biz,
-                done.key,
-                done.claim,
-                done.snapshot,
-                done.ttl,
-                result_ttl,
-            )
-            .await
     }
 }
 

@@ -5,8 +5,9 @@
 //! (`error.rs`: which database errors are transient, which mean a missing table), the statement
 //! surface of a transaction and the values it binds (`conn.rs`, `value.rs`), table names
 //! (`table.rs`) and the warm connections of the server stores (`warm.rs`). A backend adds its
-//! statements' text and what its database does its own way (its impls of `tx.rs`'s and
-//! `tokens.rs`'s traits).
+//! statements' text and what its database does its own way: its impls of `store.rs`'s
+//! `SqlStore` (how it lends a connection, its claim), `tx.rs`'s `TxDb` and `tokens.rs`'s
+//! `TokenDb`.
 
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub(crate) mod claim;

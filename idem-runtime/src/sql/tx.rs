@@ -347,15 +347,11 @@ impl<D: TxDb> IdemTx for SqlTx<D> {
     }
 }
 
-/// The server databases' transactions, whose statements the store timeout bounds.
-pub trait ServerTxDb: TxDb {}
-
-// Left out of rustc's list of implementors, as every SQL backend's impls are: the list in
-// the "not a transaction" error stays the same whichever backends are built. (SQLite's, which
-// that list has always shown, is in its backend.)
-#[diagnostic::do_not_recommend]
+/// Every statement of a state transition through the transaction's own steps (timed on the
+/// server databases, [`TxDb::TIMED`]). One impl for every database: the "not a transaction" error
+/// lists it as `SqlTx<D>`, whichever backends are built.
 #[async_trait]
-impl<D: ServerTxDb> TransitionConn for SqlTx<D> {
+impl<D: TxDb> TransitionConn for SqlTx<D> {
     fn dialect(&self) -> Dialect {
         D::DIALECT
     }

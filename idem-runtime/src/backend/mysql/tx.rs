@@ -9,7 +9,7 @@ use super::MySqlStore;
 use crate::engine::tx::IdemTx;
 use crate::sql::claim::{claim_insert_first, replay_by_read};
 use crate::sql::dialect::Savepoint;
-use crate::sql::tx::{ServerTxDb, SqlTx, TxDb};
+use crate::sql::tx::{SqlTx, TxDb};
 use crate::store::{ClaimOutcome, ClaimRequest};
 use crate::{Busy, IdemError};
 
@@ -55,8 +55,6 @@ fn idle_settings(tx: &mut MySqlTx, req: &ClaimRequest<'_>) -> Option<String> {
     tx.state = wanted;
     Some(set)
 }
-
-impl ServerTxDb for MySql {}
 
 #[async_trait]
 impl TxDb for MySql {

@@ -9,7 +9,7 @@ use super::records::Claiming;
 use super::{PgStore, db_error, lock_timeout_text};
 use crate::sql::claim::{claim_insert_first, replay_by_read};
 use crate::sql::dialect::Savepoint;
-use crate::sql::tx::{ServerTxDb, SqlTx, TxDb};
+use crate::sql::tx::{SqlTx, TxDb};
 use crate::store::{ClaimOutcome, ClaimRequest};
 use crate::{Busy, IdemError};
 
@@ -73,8 +73,6 @@ impl PgIsolation {
 /// savepoint, so Postgres has aborted the transaction: run it again. Every other error of a claim
 /// is undone to its savepoint and leaves the transaction as it was.
 pub type PgTx = SqlTx<Postgres>;
-
-impl ServerTxDb for Postgres {}
 
 /// Transaction mode: the claim lives in a savepoint of this transaction; a concurrent duplicate
 /// waits (bounded) on the claimant's row, then replays.

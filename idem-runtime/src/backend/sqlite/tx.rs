@@ -10,11 +10,9 @@ use super::records::Claims;
 use crate::IdemError;
 use crate::engine::tx::IdemTx;
 use crate::sql::claim::{claim_insert_first, replay_by_read};
-use crate::sql::conn::{StateRow, TransitionConn};
-use crate::sql::dialect::{Dialect, Savepoint};
+use crate::sql::dialect::Savepoint;
 use crate::sql::store::SqlStore;
 use crate::sql::tx::{SqlTx, TxDb};
-use crate::sql::value::SqlValue;
 use crate::store::{ClaimOutcome, ClaimRequest};
 
 /// A transaction on a [`SqliteStore`]'s database, begun with [`SqliteStore::begin`]
@@ -72,35 +70,5 @@ impl TxDb for Sqlite {
                 Err(e)
             }
         }
-    }
-}
-
-// Listed in the "not a transaction" error, as it always was (the server databases' impl, in
-// `sql/tx.rs`, is left out).
-#[async_trait]
-impl TransitionConn for SqliteTx {
-    fn dialect(&self) -> Dialect {
-        Dialect::SQLite
-    }
-
-    async fn execute(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-    ) -> Result<u64, IdemError> {
-        self.execute_step(sql, args).await
-    }
-
-    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), IdemError> {
-        self.unprepared_step(sql).await
-    }
-
-    async fn read_state(
-        &mut self,
-        sql: &'static str,
-        args: &[SqlValue<'_>],
-        versioned: bool,
-    ) -> Result<Option<StateRow>, IdemError> {
-        self.read_state_step(sql, args, versioned).await
     }
 }

@@ -55,7 +55,11 @@ use idem::sqlx::mysql::MySqlPoolOptions;
 const CALLERS: usize = 64;
 const BIZ: &str = "OUTAGE";
 /// Far longer than the outage: a mark that keeps trying while the lease is live waits it out.
-const LEASE: Duration = Duration::from_secs(20);
+const LEASE: Duration = Duration::from_secs(40);
+/// How long a mark keeps trying: longer than a restart takes, as the call's docs ask, also on a
+/// loaded machine (a Postgres crash recovery has taken 13 s on two busy cores, past the default
+/// 10 s).
+const STORE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the server stays down after the kill before it is started again; every body's mark
 /// is sent meanwhile.
 const DOWN: Duration = Duration::from_secs(1);
@@ -281,7 +285,9 @@ async fn round(
                 );
                 Ok::<_, IdemError>(value_of(&key))
             };
-            let call = Call::new(BIZ, &key).lease(LEASE);
+            let call = Call::new(BIZ, &key)
+                .lease(LEASE)
+                .store_timeout(STORE_TIMEOUT);
             let (result, report) = idem::metrics::observe(call.run(&*store, body)).await;
             (key, result, report.map(|r| r.outcome))
         });

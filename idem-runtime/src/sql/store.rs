@@ -87,10 +87,7 @@ pub(crate) async fn with_conn<S: SqlStore, R>(
 }
 
 #[async_trait]
-impl<S: SqlStore> Store for S
-where
-    SqlTx<S::Db>: TransitionTx,
-{
+impl<S: SqlStore> Store for S {
     fn backend(&self) -> &'static str {
         S::BACKEND
     }

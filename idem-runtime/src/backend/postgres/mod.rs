@@ -334,6 +334,25 @@ impl PgStore {
         Claims::new(self.records(conn), &self.sql, claiming)
     }
 
+    /// `done` as the failover watch (if the store follows its primary) reads it: a read-only
+    /// server's refusal is unavailability, and an unavailable server sends every warm connection
+    /// back to the pool.
+    fn watched<R>(
+        &self,
+        watch: Option<hosts::Watch<'_>>,
+        done: Result<R, IdemError>,
+    ) -> Result<R, IdemError> {
+        let Some(mut watch) = watch else {
+            return done;
+        };
+        let done = watch.settled(done);
+        if done.is_err() && watch.armed() {
+            // The server went, or stopped taking writes: none of the warm connections is kept.
+            self.warm.cool();
+        }
+        done
+    }
+
     /// A lock wait that timed out while claiming: the record is held by a transaction still
     /// running, so the key is in progress.
     fn lock_timed_out(
@@ -364,7 +383,8 @@ impl crate::TransactionalStore for PgStore {
 /// its primary across hosts.
 pub(crate) struct PgLent<'a> {
     lent: WarmLent<'a, Postgres>,
-    watch: Option<(hosts::Watch<'a>, &'a Warm<Postgres>)>,
+    watch: Option<hosts::Watch<'a>>,
+    store: &'a PgStore,
 }
 
 impl Lent<sqlx::PgConnection> for PgLent<'_> {
@@ -374,15 +394,7 @@ impl Lent<sqlx::PgConnection> for PgLent<'_> {
 
     fn settle<R>(self, done: Result<R, IdemError>) -> Result<R, IdemError> {
         let done = self.lent.settle(done);
-        let Some((mut watch, warm)) = self.watch else {
-            return done;
-        };
-        let done = watch.settled(done);
-        if done.is_err() && watch.armed() {
-            // The server went, or stopped taking writes: none of the warm connections is kept.
-            warm.cool();
-        }
-        done
+        self.store.watched(self.watch, done)
     }
 }
 
@@ -402,21 +414,15 @@ impl SqlStore for PgStore {
     }
 
     async fn lend(&self) -> Result<PgLent<'_>, IdemError> {
-        let watch = self.following.as_ref().map(|f| (f.watch(), &self.warm));
-        let lent = match self.warm.lend(db_error).await {
-            Ok(lent) => lent,
-            Err(e) => {
-                let Some((mut watch, warm)) = watch else {
-                    return Err(e);
-                };
-                let e = watch.settled::<()>(Err(e)).unwrap_err();
-                if watch.armed() {
-                    warm.cool();
-                }
-                return Err(e);
-            }
-        };
-        Ok(PgLent { lent, watch })
+        let watch = self.following.as_ref().map(|f| f.watch());
+        match self.warm.lend(db_error).await {
+            Ok(lent) => Ok(PgLent {
+                lent,
+                watch,
+                store: self,
+            }),
+            Err(e) => self.watched(watch, Err(e)),
+        }
     }
 
     #[allow(refining_impl_trait)]

@@ -25,12 +25,13 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
+use sqlx::{AssertSqlSafe, SqlSafeStr};
 use tokio::sync::{Mutex, MutexGuard};
 
 use crate::IdemError;
 use crate::clock::ClockOffset;
 use crate::sql::claim::claim_by_cas;
-use crate::sql::dialect::Dialect;
+use crate::sql::dialect::{Dialect, Savepoint};
 use crate::sql::records::RecordConn;
 use crate::sql::store::{Lent, SqlStore, with_conn};
 use crate::sql::table::TableName;
@@ -287,16 +288,25 @@ impl SqliteStore {
     /// that already read tries to write. The transaction carries this store: a `tx = "…"` call
     /// claims in this store's table by construction.
     ///
+    /// While the store's claims mostly create records, the savepoint of the transaction's first
+    /// claim is opened with the `BEGIN`, in the same statement batch, and that claim takes it when
+    /// nothing ran on the connection between them (see [`SqliteTx`]).
+    ///
     /// # Errors
     /// [`IdemError::StoreUnavailable`] when no connection can be had, [`IdemError::StoreBusy`]
     /// when the lock is not granted within the busy timeout.
     pub async fn begin(&self) -> Result<SqliteTx, IdemError> {
+        let ready = (!self.order.read_first()).then(Savepoint::claim);
+        let statement = match &ready {
+            Some(ready) => format!("BEGIN IMMEDIATE; {}", ready.open()),
+            None => "BEGIN IMMEDIATE".to_owned(),
+        };
         let tx = self
             .pool
-            .begin_with("BEGIN IMMEDIATE")
+            .begin_with(AssertSqlSafe(statement).into_sql_str())
             .await
             .map_err(db_error)?;
-        Ok(SqliteTx::new(tx, self.clone(), None, ()))
+        Ok(SqliteTx::new(tx, self.clone(), ready, ()))
     }
 
     /// Milliseconds the test clock adds to the store's clock.

@@ -27,14 +27,19 @@ pub type SqliteTx = SqlTx<Sqlite>;
 /// Transaction mode: the claim lives in a savepoint of this transaction. `BEGIN IMMEDIATE` holds
 /// SQLite's write lock, so a concurrent duplicate's `begin()` waits for this one to commit, then
 /// replays.
+///
+/// A claim costs one statement beyond its own: the savepoint, opened with the `BEGIN` for the
+/// transaction's first claim when nothing ran between them, else sent with the release of the last
+/// claim marked done. A claim marked done keeps its savepoint, released with the next claim's or
+/// by the commit; a claim that took nothing keeps its (empty) savepoint the same way.
 #[async_trait]
 impl TxDb for Sqlite {
     type Store = SqliteStore;
     type State = ();
     const TX_NAME: &'static str = "SqliteTx";
     const TIMED: bool = false;
-    const KEEPS_DONE: bool = false;
-    const UNDO_BATCHED: bool = false;
+    const KEEPS_DONE: bool = true;
+    const UNDO_BATCHED: bool = true;
 
     async fn claim(tx: &mut SqliteTx, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         // A live success needs no savepoint: one plain read answers it (once repeats prevail).
@@ -48,9 +53,17 @@ impl TxDb for Sqlite {
         {
             return Ok(outcome);
         }
-        let savepoint = Savepoint::claim();
-        tx.exec(savepoint.open()).await?;
-        let release = savepoint.release();
+        // The savepoint opened with BEGIN, if nothing ran since; else one of its own, opened
+        // with the release of the last claim marked done.
+        let savepoint = match tx.ready.take() {
+            Some(ready) => ready,
+            None => {
+                let savepoint = Savepoint::claim();
+                let open = savepoint.open_after(tx.done.take());
+                tx.exec(open).await?;
+                savepoint
+            }
+        };
         tx.claim = Some(savepoint);
         let outcome = claim_insert_first(
             &mut Claims::new(tx.store.records(&mut tx.tx), &tx.store.sql),
@@ -61,8 +74,9 @@ impl TxDb for Sqlite {
         match outcome {
             Ok(outcome @ ClaimOutcome::Acquired { .. }) => Ok(outcome),
             Ok(outcome) => {
-                tx.claim = None;
-                tx.exec(release).await?;
+                // Nothing was written: the savepoint is released with the next claim's, or by
+                // the commit.
+                tx.done = tx.claim.take();
                 Ok(outcome)
             }
             Err(e) => {

@@ -25,106 +25,137 @@
 //! here is an integer well under 2^53, exact in a Lua double, and Lua 5.1 formats `%d` as a C `long`,
 //! which costs less than half of `%.0f` (glibc's floating-point printing) inside Redis.
 
-/// The prelude every claim-like script shares: the clock, number formatting, a fingerprint's digest
-/// (the text after its last space: two fingerprints are the same request when their digests are
-/// equal), and the key's
-/// expiry (the later of `ex` and `lu`, less the offset) from the two numbers and their texts
-/// already formatted for the record: with no offset one of them is the text to send as it is
-/// (each number formatted costs Redis about 0.25 µs).
-macro_rules! prelude {
+/// The clock every script that writes times reads: Redis `TIME` plus the test clock's offset
+/// (`ARGV` last), in µs and ms, and `fmt` (`string.format`) for numbers. No function is defined
+/// here: a script defines its functions again on every run, each a closure for Lua to make and
+/// collect, so the scripts of every call (a claim, a mark) define none.
+macro_rules! clock {
     () => {
         r#"
-local function num(x) return string.format('%d', x) end
-local function digest(x) return string.match(x, '[^ ]*$') end
 local t = redis.call('TIME')
 local offset = tonumber(ARGV[#ARGV])
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + offset * 1000
 local now = math.floor(now_us / 1000)
-local function key_expiry(ex, exs, lu, lus)
-  if offset ~= 0 then return num(math.max(ex, lu) - offset) end
-  if ex >= lu then return exs end
-  return lus
-end
+local fmt = string.format
 "#
     };
 }
 
-/// The claim of one record as a Lua function, `claim(key, index, fp, lease, ttl)`: the record's
-/// key, its stuck index (`nil` on a cluster), the fingerprint (`""` for none; two are the same
-/// request when their digests, the text after the last space, are equal), lease and ttl in ms.
-/// Returns `{'A', attempt, fence, how}` (attempt and fence as integer replies: no formatting),
-/// `{'R', result}`, `{'G'}` (a tombstone: its result is no longer kept, and is dropped now if it
-/// was still there), `{'M'}` or `{'P', ms left}`. `r` (or `d`, after its digest: `result_of`)
-/// holds the result of a SUCCEEDED record, `r` the saved steps of an unfinished one: a takeover,
-/// and a retry of the same payload, keep the steps; a new life deletes `r` (and `d`). A new record has no `r` to delete, so the `HDEL` runs only when
-/// there is one: each `redis.call` is a command Redis dispatches. A claim that takes the record
-/// puts it in the index with its new lease end (`ZADD` adds or moves it).
-macro_rules! claim_fn {
+/// `clock!` and `num(x)`, a number as the text the record keeps, for the scripts that do not
+/// run on every call.
+macro_rules! prelude {
     () => {
-        r#"
-local function result_of(r, d)
-  local i = d and string.find(d, '\n', 1, true)
-  if i then return string.sub(d, i + 1) end
-  return r
-end
-local function claim(key, index, fp, lease, ttl)
-  local rec = redis.call('HMGET', key, 's', 'a', 'f', 'fp', 'lu', 'ex', 'r', 'rx', 'd')
-  local function acquire(attempt, fence, expire, how, keep)
-    local lu = now + lease
-    local lus, exs = num(lu), num(expire)
-    redis.call('HSET', key, 's', 'PROCESSING', 'a', num(attempt), 'f', num(fence), 'fp', fp,
-      'lu', lus, 'ex', exs)
-    if rec[7] and not keep then redis.call('HDEL', key, 'r') end
-    if rec[8] then redis.call('HDEL', key, 'rx') end
-    if rec[9] then redis.call('HDEL', key, 'd') end
-    redis.call('PEXPIREAT', key, key_expiry(expire, exs, lu, lus))
-    if index then redis.call('ZADD', index, lus, key) end
-    return {'A', attempt, fence, how}
-  end
-  local s = rec[1]
-  if not s then
-    return acquire(1, now_us, now + ttl, 'fresh')
-  end
-  local a, f, lu, ex = tonumber(rec[2]), tonumber(rec[3]), tonumber(rec[5]), tonumber(rec[6])
-  local fence = math.max(f + 1, now_us)
-  local live = (s == 'PROCESSING' and lu > now)
-  if ex <= now and not live then
-    return acquire(1, fence, now + ttl, 'fresh')
-  end
-  local same = (not rec[4] or rec[4] == '' or fp == '' or digest(rec[4]) == digest(fp))
-  if s == 'FAILED' then
-    return acquire(a + 1, fence, math.max(ex, now + lease), 'retry', same)
-  end
-  if s == 'SUCCEEDED' then
-    if not same then return {'M'} end
-    if rec[8] and tonumber(rec[8]) <= now then
-      if rec[7] then
-        redis.call('HDEL', key, 'r')
-        redis.call('HSET', key, 'rx', '0')
-      end
-      return {'G'}
-    end
-    return {'R', result_of(rec[7], rec[9]) or ''}
-  end
-  if not same then return {'M'} end
-  if lu > now then return {'P', num(lu - now)} end
-  return acquire(a + 1, fence, math.max(ex, now + lease), 'takeover', true)
-end
+        concat!(
+            clock!(),
+            r#"
+local function num(x) return fmt('%d', x) end
 "#
+        )
+    };
+}
+
+/// Sets the key's expiry (`PEXPIREAT`) to the later of the record's expiry and lease end, less the
+/// offset: Lua code that reads the locals named by `$ex` and `$lu` (numbers) and `$exs` and `$lus`
+/// (their texts as written to the record). With no offset one of the texts is sent as it is (each
+/// number formatted costs Redis about 0.25 µs).
+macro_rules! key_expiry {
+    ($ex:literal, $exs:literal, $lu:literal, $lus:literal) => {
+        concat!(
+            "if offset ~= 0 then\n  redis.call('PEXPIREAT', key, fmt('%d', math.max(",
+            $ex,
+            ", ",
+            $lu,
+            ") - offset))\nelseif ",
+            $ex,
+            " >= ",
+            $lu,
+            " then\n  redis.call('PEXPIREAT', key, ",
+            $exs,
+            ")\nelse\n  redis.call('PEXPIREAT', key, ",
+            $lus,
+            ")\nend\n"
+        )
+    };
+}
+
+/// The claim of one record, as Lua code that reads the locals `key` (the record's key), `index`
+/// (its stuck index, `nil` on a cluster), `fp` (the fingerprint, `""` for none; two are the same
+/// request when their digests, the text after the last space, are equal), `lease` and `ttl` (ms),
+/// and returns: `{'A', attempt, fence, how}` (attempt and fence as integer replies: no
+/// formatting), `{'R', result}`, `{'G'}` (a tombstone: its result is no longer kept, and is
+/// dropped now if it was still there), `{'M'}` or `{'P', ms left}`. [`CLAIM`] runs it as the
+/// script's body, [`CLAIM_MANY`] as a function's, once per key. `r` (or `d`, after its digest and
+/// a newline) holds the result of a SUCCEEDED record, `r` the saved steps of an unfinished one: a
+/// takeover, and a retry of the same payload, keep the steps; a new life deletes `r` (and `d`). A
+/// new record has no `r` to delete, so the `HDEL` runs only when there is one: each `redis.call`
+/// is a command Redis dispatches. A claim that takes the record puts it in the index with its new
+/// lease end (`ZADD` adds or moves it). The decision sets what the claim takes (`attempt`,
+/// `fence`, `expire`, `how`, and whether it `keep`s the steps); one write takes it.
+macro_rules! claim_body {
+    () => {
+        concat!(
+            r#"
+local rec = redis.call('HMGET', key, 's', 'a', 'f', 'fp', 'lu', 'ex', 'r', 'rx', 'd')
+local s = rec[1]
+local attempt, fence, expire, how, keep
+if not s then
+  attempt, fence, expire, how = 1, now_us, now + ttl, 'fresh'
+else
+  local a, f, lu, ex = tonumber(rec[2]), tonumber(rec[3]), tonumber(rec[5]), tonumber(rec[6])
+  fence = math.max(f + 1, now_us)
+  if ex <= now and not (s == 'PROCESSING' and lu > now) then
+    attempt, expire, how = 1, now + ttl, 'fresh'
+  else
+    local same = (not rec[4] or rec[4] == '' or fp == ''
+      or string.match(rec[4], '[^ ]*$') == string.match(fp, '[^ ]*$'))
+    if s == 'FAILED' then
+      attempt, expire, how, keep = a + 1, math.max(ex, now + lease), 'retry', same
+    elseif s == 'SUCCEEDED' then
+      if not same then return {'M'} end
+      if rec[8] and tonumber(rec[8]) <= now then
+        if rec[7] then
+          redis.call('HDEL', key, 'r')
+          redis.call('HSET', key, 'rx', '0')
+        end
+        return {'G'}
+      end
+      local i = rec[9] and string.find(rec[9], '\n', 1, true)
+      if i then return {'R', string.sub(rec[9], i + 1)} end
+      return {'R', rec[7] or ''}
+    else
+      if not same then return {'M'} end
+      if lu > now then return {'P', fmt('%d', lu - now)} end
+      attempt, expire, how, keep = a + 1, math.max(ex, now + lease), 'takeover', true
+    end
+  end
+end
+local lu = now + lease
+local lus, exs = fmt('%d', lu), fmt('%d', expire)
+redis.call('HSET', key, 's', 'PROCESSING', 'a', fmt('%d', attempt), 'f', fmt('%d', fence),
+  'fp', fp, 'lu', lus, 'ex', exs)
+if rec[7] and not keep then redis.call('HDEL', key, 'r') end
+if rec[8] then redis.call('HDEL', key, 'rx') end
+if rec[9] then redis.call('HDEL', key, 'd') end
+"#,
+            key_expiry!("expire", "exs", "lu", "lus"),
+            r#"if index then redis.call('ZADD', index, lus, key) end
+return {'A', attempt, fence, how}
+"#
+        )
     };
 }
 
 /// `KEYS[1]` the record, `KEYS[2]` its stuck index (none on a cluster) and, on a process's first
 /// claim under the business type, `KEYS[3]` the registry of stuck indexes (`<prefix>indexes`),
 /// which the stuck index joins; ARGV: fingerprint, lease ms, ttl ms, offset ms. The reply is
-/// `claim`'s (`claim_fn!`, above).
+/// `claim_body!`'s (above).
 pub const CLAIM: &str = concat!(
-    prelude!(),
-    claim_fn!(),
+    clock!(),
     r#"
 if KEYS[3] then redis.call('SADD', KEYS[3], KEYS[2]) end
-return claim(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
-"#
+local key, index, fp, lease, ttl = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+"#,
+    claim_body!()
 );
 
 /// A batch claim: `KEYS[1..n]` the records (distinct, one hash slot on a cluster), then on one
@@ -133,9 +164,10 @@ return claim(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
 /// claimed as [`CLAIM`] claims one, in order, at one clock reading; the reply is the list of
 /// their replies.
 pub(super) const CLAIM_MANY: &str = concat!(
-    prelude!(),
-    claim_fn!(),
-    r#"
+    clock!(),
+    "local function claim(key, index, fp, lease, ttl)\n",
+    claim_body!(),
+    r#"end
 local n = tonumber(ARGV[1])
 local lease, ttl = tonumber(ARGV[n + 2]), tonumber(ARGV[n + 3])
 local index = KEYS[n + 1]
@@ -146,39 +178,42 @@ return out
 "#
 );
 
-/// The mark of one record as a Lua function, `complete(key, stuck, results, fence, result, ttl,
-/// rttl)`: [`COMPLETE`]'s work on `key`, with its stuck index and results index (`nil` for
-/// none). A success kept as long as its record, with its expiry no earlier than its lease end,
-/// puts its result in `d` after its fingerprint's digest (and drops the saved steps in `r`, if
-/// any); any other keeps it in `r`.
-macro_rules! complete_fn {
+/// The mark of one record, as Lua code that reads the locals `key`, `stuck` and `results` (its
+/// stuck index and results index, `nil` for none), `fence`, `result`, `ttl` and `rttl` (ms, `""`:
+/// the result is kept as long as the record), and returns 1 when the record was PROCESSING under
+/// the fence (or is already SUCCEEDED under it), else 0. [`COMPLETE`] runs it as the script's
+/// body, [`COMPLETE_MANY`] as a function's, once per record. A success kept as long as its
+/// record, with its expiry no earlier than its lease end, puts its result in `d` after its
+/// fingerprint's digest (and drops the saved steps in `r`, if any); any other keeps it in `r`.
+macro_rules! complete_body {
     () => {
-        r#"
-local function complete(key, stuck, results, fence, result, ttl, rttl)
-  local rec = redis.call('HMGET', key, 's', 'f', 'lu', 'ex', 'fp', 'r')
-  if rec[2] ~= fence then return 0 end
-  if rec[1] == 'SUCCEEDED' then return 1 end
-  if rec[1] ~= 'PROCESSING' then return 0 end
-  local lu = tonumber(rec[3])
-  local ex = math.max(tonumber(rec[4]), now + tonumber(ttl))
-  local exs = num(ex)
-  local dg = digest(rec[5] or '')
-  if rttl == '' and ex >= lu and not string.find(dg, '\n', 1, true) then
-    redis.call('HSET', key, 's', 'SUCCEEDED', 'd', dg .. '\n' .. result, 'ex', exs)
-    if rec[6] then redis.call('HDEL', key, 'r') end
-  else
-    redis.call('HSET', key, 's', 'SUCCEEDED', 'r', result, 'ex', exs)
-  end
-  if rttl ~= '' then
-    local rx = num(now + tonumber(rttl))
-    redis.call('HSET', key, 'rx', rx)
-    if results then redis.call('ZADD', results, rx, key) end
-  end
-  redis.call('PEXPIREAT', key, key_expiry(ex, exs, lu, rec[3]))
-  if stuck then redis.call('ZREM', stuck, key) end
-  return 1
+        concat!(
+            r#"
+local rec = redis.call('HMGET', key, 's', 'f', 'lu', 'ex', 'fp', 'r')
+if rec[2] ~= fence then return 0 end
+if rec[1] == 'SUCCEEDED' then return 1 end
+if rec[1] ~= 'PROCESSING' then return 0 end
+local lu = tonumber(rec[3])
+local ex = math.max(tonumber(rec[4]), now + tonumber(ttl))
+local exs = fmt('%d', ex)
+local dg = string.match(rec[5] or '', '[^ ]*$')
+if rttl == '' and ex >= lu and not string.find(dg, '\n', 1, true) then
+  redis.call('HSET', key, 's', 'SUCCEEDED', 'd', dg .. '\n' .. result, 'ex', exs)
+  if rec[6] then redis.call('HDEL', key, 'r') end
+else
+  redis.call('HSET', key, 's', 'SUCCEEDED', 'r', result, 'ex', exs)
 end
+if rttl ~= '' then
+  local rx = fmt('%d', now + tonumber(rttl))
+  redis.call('HSET', key, 'rx', rx)
+  if results then redis.call('ZADD', results, rx, key) end
+end
+"#,
+            key_expiry!("ex", "exs", "lu", "rec[3]"),
+            r#"if stuck then redis.call('ZREM', stuck, key) end
+return 1
 "#
+        )
     };
 }
 
@@ -192,14 +227,14 @@ end
 /// kept for less than its record enters the results index, scored by `rx`, where the shrink
 /// script finds it when that time comes.
 pub const COMPLETE: &str = concat!(
-    prelude!(),
-    complete_fn!(),
+    clock!(),
     r#"
 local results, stuck
 if ARGV[4] ~= '' and #KEYS >= 2 then results = KEYS[#KEYS] end
 if #KEYS == 3 or (#KEYS == 2 and not results) then stuck = KEYS[2] end
-return complete(KEYS[1], stuck, results, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-"#
+local key, fence, result, ttl, rttl = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+"#,
+    complete_body!()
 );
 
 /// A batch of marks: `KEYS[1..n]` the records (distinct, one hash slot on a cluster), then the
@@ -208,9 +243,10 @@ return complete(KEYS[1], stuck, results, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 /// result ttl ms (`""`: kept as long as the record), then the offset. Each record is marked as
 /// [`COMPLETE`] marks one, at one clock reading; the reply is the list of their answers (1 or 0).
 pub(super) const COMPLETE_MANY: &str = concat!(
-    prelude!(),
-    complete_fn!(),
-    r#"
+    clock!(),
+    "local function complete(key, stuck, results, fence, result, ttl, rttl)\n",
+    complete_body!(),
+    r#"end
 local n = tonumber(ARGV[1])
 local k, stuck, results = n, nil, nil
 if ARGV[2] == '1' then k = k + 1; stuck = KEYS[k] end

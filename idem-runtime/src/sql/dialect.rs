@@ -119,6 +119,10 @@ impl Savepoint {
     /// Opens this savepoint after releasing `done`, the savepoint of a claim marked done since
     /// (one batch, one round trip): a call that completes leaves its savepoint for the next claim
     /// in the transaction to release, or for the commit, instead of spending a round trip on it.
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "mysql", feature = "postgres")),
+        allow(dead_code)
+    )]
     pub(crate) fn open_after(&self, done: Option<Savepoint>) -> String {
         match done {
             Some(done) => format!("{}; {}", done.release(), self.open()),

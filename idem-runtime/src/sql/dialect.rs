@@ -1,6 +1,9 @@
 //! The SQL dialects idem writes: placeholders, the database clock, identifier quoting, locking
 //! reads and savepoints. Everything here is text; each backend runs it on its own driver.
 
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+use crate::store::order::ClaimOrder;
+
 /// A SQL dialect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Dialect {
@@ -102,9 +105,26 @@ impl Savepoint {
     }
 
     /// The savepoint of a transactional `#[idempotent]` claim.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "mysql", feature = "postgres")),
+        allow(dead_code)
+    )]
     pub(crate) fn claim() -> Self {
         Self::new("idem_claim")
+    }
+
+    /// The savepoint a transaction's first claim takes, opened in the round trip of its `BEGIN`,
+    /// and the text that opens it, to send right after the `BEGIN` (`"; SAVEPOINT …"`): one
+    /// while the store's claims mostly create records (`store/order.rs`); none (and no text)
+    /// while they mostly meet one, when a claim reads first and a replay needs no savepoint.
+    #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+    pub(crate) fn with_begin(order: &ClaimOrder) -> (Option<Self>, String) {
+        if order.read_first() {
+            return (None, String::new());
+        }
+        let ready = Self::claim();
+        let open = format!("; {}", ready.open());
+        (Some(ready), open)
     }
 
     /// The savepoint of a `#[state_transition]` update and its body.

@@ -319,10 +319,7 @@ impl MySqlStore {
         // While claims mostly create records (`store/order.rs`), the first claim's savepoint goes
         // in this round trip too (see `MySqlTx`); while they mostly meet one, a claim reads first
         // and a replay needs none.
-        let ready = (!self.order.read_first()).then(Savepoint::claim);
-        let open = ready
-            .as_ref()
-            .map_or_else(String::new, |ready| format!("; {}", ready.open()));
+        let (ready, open) = Savepoint::with_begin(&self.order);
         // The bound of a call with the default lease: most claims need not set their own.
         let idle = idle_setting(self.tx_idle.bound(crate::DEFAULT_LEASE));
         let set = self.session_settings(&idle);

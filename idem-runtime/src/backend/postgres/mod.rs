@@ -309,11 +309,8 @@ impl PgStore {
     /// ran on the connection before it (see [`PgTx`]). While they mostly meet one, a claim reads
     /// first and a replay needs no savepoint: none is opened.
     async fn begin_sending(&self, begin: &str) -> Result<PgTx, IdemError> {
-        let ready = (!self.order.read_first()).then(Savepoint::claim);
-        let statement = match &ready {
-            Some(ready) => format!("{begin}; {}", ready.open()),
-            None => begin.to_owned(),
-        };
+        let (ready, open) = Savepoint::with_begin(&self.order);
+        let statement = format!("{begin}{open}");
         let mut watch = self.following.as_ref().map(|f| f.watch());
         let tx = crate::engine::tx_step(
             crate::engine::TxStep::Begin,

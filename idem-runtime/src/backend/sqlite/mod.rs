@@ -296,14 +296,10 @@ impl SqliteStore {
     /// [`IdemError::StoreUnavailable`] when no connection can be had, [`IdemError::StoreBusy`]
     /// when the lock is not granted within the busy timeout.
     pub async fn begin(&self) -> Result<SqliteTx, IdemError> {
-        let ready = (!self.order.read_first()).then(Savepoint::claim);
-        let statement = match &ready {
-            Some(ready) => format!("BEGIN IMMEDIATE; {}", ready.open()),
-            None => "BEGIN IMMEDIATE".to_owned(),
-        };
+        let (ready, open) = Savepoint::with_begin(&self.order);
         let tx = self
             .pool
-            .begin_with(AssertSqlSafe(statement).into_sql_str())
+            .begin_with(AssertSqlSafe(format!("BEGIN IMMEDIATE{open}")).into_sql_str())
             .await
             .map_err(db_error)?;
         Ok(SqliteTx::new(tx, self.clone(), ready, ()))

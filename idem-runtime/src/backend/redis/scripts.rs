@@ -2,7 +2,8 @@
 //! decision table*), each step one script on one key (one hash slot), timed by Redis `TIME` inside
 //! the script, never by the client's clock.
 //!
-//! A record is a hash: `s` status, `a` attempt, `f` fence, `fp` fingerprint (`""`: none), `lu`
+//! A record is a hash: `s` status, `a` attempt, `f` fence, `fp` fingerprint (`""` or
+//! absent: none; a new record claimed without one is written without it), `lu`
 //! lease end and `ex` expiry (ms, store clock), `r` result (or, until a success, the saved steps),
 //! `rx` (only on a success marked with a result ttl) until when `r` is replayed: from then the
 //! record is a tombstone, and once its `r` is dropped (by a claim that met it, or a sweep) `rx` is
@@ -28,13 +29,14 @@
 /// The clock every script that writes times reads: Redis `TIME` plus the test clock's offset
 /// (`ARGV` last), in µs and ms, and `fmt` (`string.format`) for numbers. No function is defined
 /// here: a script defines its functions again on every run, each a closure for Lua to make and
-/// collect, so the scripts of every call (a claim, a mark) define none.
+/// collect, so the scripts of every call (a claim, a mark) define none. The texts become numbers
+/// by Lua's arithmetic on them, not by `tonumber` calls, which cost more inside Redis.
 macro_rules! clock {
     () => {
         r#"
 local t = redis.call('TIME')
-local offset = tonumber(ARGV[#ARGV])
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + offset * 1000
+local offset = ARGV[#ARGV] + 0
+local now_us = t[1] * 1000000 + t[2] + offset * 1000
 local now = math.floor(now_us / 1000)
 local fmt = string.format
 "#
@@ -131,8 +133,12 @@ else
 end
 local lu = now + lease
 local lus, exs = fmt('%d', lu), fmt('%d', expire)
-redis.call('HSET', key, 's', 'PROCESSING', 'a', fmt('%d', attempt), 'f', fmt('%d', fence),
-  'fp', fp, 'lu', lus, 'ex', exs)
+if s or fp ~= '' then
+  redis.call('HSET', key, 's', 'PROCESSING', 'a', fmt('%d', attempt), 'f', fmt('%d', fence),
+    'fp', fp, 'lu', lus, 'ex', exs)
+else
+  redis.call('HSET', key, 's', 'PROCESSING', 'a', '1', 'f', fmt('%d', fence), 'lu', lus, 'ex', exs)
+end
 if rec[7] and not keep then redis.call('HDEL', key, 'r') end
 if rec[8] then redis.call('HDEL', key, 'rx') end
 if rec[9] then redis.call('HDEL', key, 'd') end
@@ -191,13 +197,21 @@ macro_rules! complete_body {
             r#"
 local rec = redis.call('HMGET', key, 's', 'f', 'lu', 'ex', 'fp', 'r')
 if rec[2] ~= fence then return 0 end
-if rec[1] == 'SUCCEEDED' then return 1 end
-if rec[1] ~= 'PROCESSING' then return 0 end
-local lu = tonumber(rec[3])
-local ex = math.max(tonumber(rec[4]), now + tonumber(ttl))
+local s = rec[1]
+if s ~= 'PROCESSING' then
+  if s == 'SUCCEEDED' then return 1 end
+  return 0
+end
+local lu, ex = tonumber(rec[3]), now + tonumber(ttl)
+local was = tonumber(rec[4])
+if was > ex then ex = was end
 local exs = fmt('%d', ex)
-local dg = string.match(rec[5] or '', '[^ ]*$')
-if rttl == '' and ex >= lu and not string.find(dg, '\n', 1, true) then
+local fp, dg = rec[5], ''
+if fp and fp ~= '' then
+  dg = string.match(fp, '[^ ]*$')
+  if string.find(dg, '\n', 1, true) then dg = nil end
+end
+if dg and rttl == '' and ex >= lu then
   redis.call('HSET', key, 's', 'SUCCEEDED', 'd', dg .. '\n' .. result, 'ex', exs)
   if rec[6] then redis.call('HDEL', key, 'r') end
 else

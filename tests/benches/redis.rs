@@ -121,7 +121,8 @@ impl Contender for Floor {
             [Value::BulkString(tag), _attempt, Value::Int(fence), _how] if tag == b"A" => {
                 let receipt = receipt(k);
                 let snapshot = serde_json::to_vec(&receipt).unwrap();
-                // ARGV: fence, result, ttl ms, result ttl ms ("": as long as the record), offset.
+                // ARGV: fence, result, ttl ms, offset (the mark of one server with no offset and
+                // no result ttl, as idem's store sends it).
                 let changed: i64 = self
                     .complete
                     .key(&key)
@@ -129,7 +130,6 @@ impl Contender for Floor {
                     .arg(*fence)
                     .arg(snapshot)
                     .arg(self.ttl_ms)
-                    .arg("")
                     .arg(0)
                     .invoke_async(&mut conn)
                     .await
@@ -331,7 +331,7 @@ async fn measure(
     static CLAIM: std::sync::LazyLock<Script> =
         std::sync::LazyLock::new(|| Script::new(redis_scripts::CLAIM));
     static COMPLETE: std::sync::LazyLock<Script> =
-        std::sync::LazyLock::new(|| Script::new(redis_scripts::COMPLETE));
+        std::sync::LazyLock::new(|| Script::new(redis_scripts::COMPLETE_PLAIN));
     static CONTRACT_CLAIM_SCRIPT: std::sync::LazyLock<Script> =
         std::sync::LazyLock::new(|| Script::new(CONTRACT_CLAIM));
     static CONTRACT_COMPLETE_SCRIPT: std::sync::LazyLock<Script> =
@@ -537,7 +537,7 @@ fn main() {
             let mut conn = client.get_multiplexed_async_connection().await.unwrap();
             for (name, text) in [
                 ("claim", redis_scripts::CLAIM),
-                ("complete", redis_scripts::COMPLETE),
+                ("complete", redis_scripts::COMPLETE_PLAIN),
             ] {
                 let sha: String = redis::cmd("SCRIPT")
                     .arg("LOAD")

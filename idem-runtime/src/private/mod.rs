@@ -34,5 +34,5 @@ pub use crate::transition::{
 /// with `test-util`: a benchmark's hook, not something a service builds against.
 #[cfg(all(feature = "redis", feature = "test-util"))]
 pub mod redis_scripts {
-    pub use crate::backend::redis::scripts::{CLAIM, COMPLETE};
+    pub use crate::backend::redis::scripts::{CLAIM, COMPLETE, COMPLETE_PLAIN};
 }

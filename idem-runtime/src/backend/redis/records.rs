@@ -20,6 +20,8 @@ use crate::store::{Acquired, Claim, ClaimOutcome, ClaimRequest, Fence, Limits, R
 
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLAIM));
 pub(super) static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLETE));
+pub(super) static COMPLETE_PLAIN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(scripts::COMPLETE_PLAIN));
 pub(super) static FAIL: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::FAIL));
 pub(super) static SAVE_STEPS: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SAVE_STEPS));
 pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RENEW));

@@ -226,6 +226,52 @@ pub async fn marking_again_with_the_same_claim_succeeds(s: Subject) {
     );
 }
 
+/// A mark, a fail or a renewal under a fence the record does not hold is refused (`LeaseLost`)
+/// and changes nothing, with the clock where it was (no takeover moved it: a store may mark
+/// differently while its test clock has not moved); the holder then marks as usual.
+pub async fn a_mark_under_another_fence_changes_nothing(s: Subject) {
+    let (store, biz) = (s.store, biz("other_fence"));
+    let (held, _) = acquire(&*store, &req(&biz, "k", secs(10))).await;
+    let before = store.load(&biz, "k").await.unwrap().unwrap();
+    for fence in [held.fence.get() + 1, held.fence.get() - 1] {
+        let other = Claim {
+            attempt: held.attempt,
+            fence: idem::store::Fence::new(fence),
+        };
+        let marked = store
+            .complete(&biz, "k", &other, b"{\"Ok\":\"other\"}", TTL)
+            .await;
+        assert!(
+            matches!(marked, Err(IdemError::LeaseLost { .. })),
+            "{marked:?}"
+        );
+        let failed = store.fail(&biz, "k", &other).await;
+        assert!(
+            matches!(failed, Err(IdemError::LeaseLost { .. })),
+            "{failed:?}"
+        );
+        let renewed = store.renew(&biz, "k", &other, secs(10)).await;
+        assert!(
+            matches!(renewed, Err(IdemError::LeaseLost { .. })),
+            "{renewed:?}"
+        );
+        assert_eq!(
+            store.load(&biz, "k").await.unwrap().unwrap(),
+            before,
+            "a mark under fence {fence} changed the record"
+        );
+    }
+    store
+        .complete(&biz, "k", &held, b"{\"Ok\":1}", TTL)
+        .await
+        .unwrap();
+    let rec = store.load(&biz, "k").await.unwrap().unwrap();
+    assert_eq!(
+        (rec.status, rec.fence, rec.snapshot.as_deref()),
+        (Status::Succeeded, held.fence, Some(&b"{\"Ok\":1}"[..]))
+    );
+}
+
 /// Renewal extends a held lease (and the record's life with it) and is refused to a stale claim.
 pub async fn renew_extends_a_held_lease(s: Subject) {
     let (store, clock, biz) = (s.store, s.clock, biz("renew"));

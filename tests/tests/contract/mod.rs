@@ -74,7 +74,7 @@ pub use keys::list_keys_walks_every_record_in_pages_and_resumes;
 pub use leases::{
     a_burst_with_failing_bodies_executes_each_key_once,
     a_contended_takeover_runs_the_business_once, a_fence_never_repeats_after_a_sweep,
-    a_live_lease_outlives_the_ttl,
+    a_live_lease_outlives_the_ttl, a_mark_under_another_fence_changes_nothing,
     a_record_outlives_its_expiry_and_lease_through_sweeps_and_reclaims,
     a_success_outlives_a_body_slower_than_its_ttl, a_sweep_spares_a_record_under_a_live_lease,
     a_takeover_racing_a_late_complete_has_one_winner, complete_after_a_sweep_is_lease_lost,
@@ -309,6 +309,7 @@ macro_rules! with_contract_cases {
             complete_after_a_sweep_is_lease_lost,
             renew_extends_a_held_lease,
             marking_again_with_the_same_claim_succeeds,
+            a_mark_under_another_fence_changes_nothing,
             a_takeover_racing_a_late_complete_has_one_winner,
             a_contended_takeover_runs_the_business_once,
             a_burst_with_failing_bodies_executes_each_key_once,

@@ -667,6 +667,108 @@ mod record_layout {
         ));
     }
 
+    /// A new record claimed without a fingerprint stores no empty `fp` field (one with a
+    /// fingerprint stores it); both read back as claimed, and a retry of the fingerprinted one by
+    /// a claim without a fingerprint leaves none behind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_record_without_a_fingerprint_stores_none() {
+        let Some((store, prefix, raw)) = subject().await else {
+            return;
+        };
+        let fp = idem::key::fingerprint(&"payload").unwrap();
+        for (key, fingerprint) in [("bare", None), ("printed", Some(fp.as_str()))] {
+            let r = idem::store::ClaimRequest {
+                biz: "FP",
+                key,
+                fingerprint,
+                lease: Duration::from_secs(30),
+                ttl: Duration::from_secs(60),
+            };
+            assert!(matches!(
+                store.claim(&r).await.unwrap(),
+                idem::store::ClaimOutcome::Acquired { .. }
+            ));
+            let record = fields(&raw, &format!("{prefix}{{2:FP:{key}}}")).await;
+            assert_eq!(record["a"], b"1".to_vec());
+            assert_eq!(
+                record.get("fp").map(Vec::as_slice),
+                fingerprint.map(str::as_bytes)
+            );
+            let loaded = store.load("FP", key).await.unwrap().unwrap();
+            assert_eq!(
+                (loaded.attempt, loaded.fingerprint.as_deref()),
+                (1, fingerprint)
+            );
+            if fingerprint.is_some() {
+                let held = match store.claim(&r).await.unwrap() {
+                    idem::store::ClaimOutcome::InProgress { .. } => loaded,
+                    other => panic!("a live claim is in progress: {other:?}"),
+                };
+                let claim = idem::store::Claim {
+                    attempt: held.attempt,
+                    fence: held.fence,
+                };
+                store.fail("FP", key, &claim).await.unwrap();
+                let retry = idem::store::ClaimRequest {
+                    fingerprint: None,
+                    ..r
+                };
+                assert!(matches!(
+                    store.claim(&retry).await.unwrap(),
+                    idem::store::ClaimOutcome::Acquired {
+                        how: idem::store::Acquired::RetryAfterFailure,
+                        ..
+                    }
+                ));
+                let loaded = store.load("FP", key).await.unwrap().unwrap();
+                assert_eq!((loaded.attempt, loaded.fingerprint), (2, None));
+            }
+        }
+    }
+
+    /// On one server with no test clock, a mark whose lease ends after its ttl keeps the key until
+    /// the lease end (the later of the two), and its result goes to `r`: a live lease outlives
+    /// the TTL on this path too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_mark_keeps_the_key_to_a_lease_end_later_than_its_ttl() {
+        let Some((store, prefix, raw)) = subject().await else {
+            return;
+        };
+        let (lease, ttl) = (Duration::from_secs(120), Duration::from_secs(5));
+        let r = idem::store::ClaimRequest {
+            biz: "LONG",
+            key: "k",
+            fingerprint: None,
+            lease,
+            ttl,
+        };
+        let idem::store::ClaimOutcome::Acquired { claim, .. } = store.claim(&r).await.unwrap()
+        else {
+            panic!("a new key is claimed");
+        };
+        store
+            .complete("LONG", "k", &claim, b"{\"Ok\":3}", ttl)
+            .await
+            .unwrap();
+        let key = format!("{prefix}{{4:LONG:k}}");
+        let record = fields(&raw, &key).await;
+        assert_eq!(record["s"], b"SUCCEEDED".to_vec());
+        assert_eq!(record["r"], b"{\"Ok\":3}".to_vec());
+        assert!(
+            !record.contains_key("d"),
+            "the lease ends after the record's expiry"
+        );
+        let left: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut raw.clone())
+            .await
+            .unwrap();
+        assert!(
+            left > 60_000,
+            "the key lives to the lease end, not the ttl: {left} ms left"
+        );
+    }
+
     /// A success whose result is kept for less than its record stays in `r` (its tombstone needs
     /// the clock), and replays through the script.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

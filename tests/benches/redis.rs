@@ -106,7 +106,7 @@ impl Contender for Floor {
         let index = format!("{}stuck:{}:{BIZ}", self.prefix, BIZ.len());
         let mut conn = self.conn.clone();
         // ARGV: fingerprint ("" for none), lease ms, ttl ms, test-clock offset ms.
-        let reply: Vec<Value> = self
+        let reply: Value = self
             .claim
             .key(&key)
             .key(&index)
@@ -117,8 +117,9 @@ impl Contender for Floor {
             .invoke_async(&mut conn)
             .await
             .unwrap();
-        match reply.as_slice() {
-            [Value::BulkString(tag), _attempt, Value::Int(fence), _how] if tag == b"A" => {
+        match reply {
+            // A fresh claim: its fence alone.
+            Value::Int(fence) => {
                 let receipt = receipt(k);
                 let snapshot = serde_json::to_vec(&receipt).unwrap();
                 // ARGV: fence, result, ttl ms, offset (the mark of one server with no offset and
@@ -127,7 +128,7 @@ impl Contender for Floor {
                     .complete
                     .key(&key)
                     .key(&index)
-                    .arg(*fence)
+                    .arg(fence)
                     .arg(snapshot)
                     .arg(self.ttl_ms)
                     .arg(0)
@@ -137,7 +138,10 @@ impl Contender for Floor {
                 assert_eq!(changed, 1, "complete lost its fence");
                 receipt
             }
-            [Value::BulkString(tag), Value::BulkString(result)] if tag == b"R" => {
+            Value::Array(items) if matches!(items.first(), Some(Value::BulkString(tag)) if tag == b"R") => {
+                let [_, Value::BulkString(result)] = items.as_slice() else {
+                    panic!("unexpected replay reply {items:?}");
+                };
                 serde_json::from_slice(result).unwrap()
             }
             other => panic!("unexpected claim reply {other:?}"),
@@ -149,7 +153,8 @@ impl Contender for Floor {
 /// record (status, a fence that only grows, the lease end) that expires after the ttl, and its
 /// entry in the business type's stuck index. A success is replayed, a live claim refused, an
 /// expired one taken over. KEYS: the record, the stuck index; ARGV: lease ms, ttl ms. Replies
-/// `{'A', fence}`, `{'R', result}` or `{'P'}`.
+/// the fence alone (an integer: one value for the client to read, as idem's fresh claim
+/// replies), `{'R', result}` or `{'P'}`.
 const CONTRACT_CLAIM: &str = r#"
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -163,7 +168,7 @@ local lu = string.format('%d', now + tonumber(ARGV[1]))
 redis.call('HSET', KEYS[1], 's', 'P', 'f', string.format('%d', fence), 'lu', lu)
 redis.call('PEXPIREAT', KEYS[1], string.format('%d', now + tonumber(ARGV[2])))
 redis.call('ZADD', KEYS[2], lu, KEYS[1])
-return {'A', fence}
+return fence
 "#;
 
 /// The contract floor's mark: under the fence, the result stored, the expiry moved to the ttl
@@ -201,7 +206,7 @@ impl Contender for Contract {
             assert_eq!(status.as_deref(), Some("D"), "replay of a call not done");
             return serde_json::from_slice(&result.unwrap()).unwrap();
         }
-        let reply: Vec<Value> = this
+        let reply: Value = this
             .claim
             .key(&key)
             .key(&index)
@@ -210,9 +215,8 @@ impl Contender for Contract {
             .invoke_async(&mut conn)
             .await
             .unwrap();
-        let fence = match reply.as_slice() {
-            [Value::BulkString(tag), Value::Int(fence)] if tag == b"A" => *fence,
-            other => panic!("the contract floor's key was taken: {other:?}"),
+        let Value::Int(fence) = reply else {
+            panic!("the contract floor's key was taken: {reply:?}");
         };
         let receipt = receipt(k);
         let changed: i64 = this

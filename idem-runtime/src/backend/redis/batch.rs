@@ -185,7 +185,7 @@ impl Records {
         for &i in group {
             invocation.arg(batch.items[i].fingerprint.unwrap_or(""));
         }
-        let replies: Vec<Vec<Value>> = invocation
+        let replies: Vec<Value> = invocation
             .arg(millis(batch.lease))
             .arg(millis(batch.ttl))
             .arg(self.offset.ms())

@@ -72,20 +72,39 @@ pub(super) fn int(v: &Value, what: &str) -> Result<i64, IdemError> {
     }
 }
 
-/// The outcome a claim script's reply (`{'A', attempt, fence, how}`, `{'R', result}`, `{'G'}`,
-/// `{'M'}`, `{'P', ms}`) says; the reply is ours, so a stored result moves out of it uncopied.
-pub(super) fn claim_reply(reply: &mut [Value]) -> Result<ClaimOutcome, IdemError> {
+/// The outcome a claim script's reply (the fence alone for a fresh claim, `{'A', attempt, fence,
+/// how}`, `{'R', result}`, `{'G'}`, `{'M'}`, `{'P', ms}`) says; the reply is ours, so a stored
+/// result moves out of it uncopied.
+pub(super) fn claim_reply(reply: &mut Value) -> Result<ClaimOutcome, IdemError> {
+    let fence = |v: &Value| {
+        u64::try_from(int(v, "fence")?).map_err(|_| IdemError::store("fence out of range"))
+    };
+    let reply = match reply {
+        Value::Int(_) => {
+            return Ok(ClaimOutcome::Acquired {
+                claim: Claim {
+                    attempt: 1,
+                    fence: Fence::new(fence(reply)?),
+                },
+                how: Acquired::Fresh,
+            });
+        }
+        Value::Array(items) => items.as_mut_slice(),
+        other => {
+            return Err(IdemError::store(format!(
+                "unexpected reply from the claim script: {other:?}"
+            )));
+        }
+    };
     // The script's tag: one letter.
     let tag = match reply.first().map(bytes) {
         Some(&[letter]) => letter,
         _ => 0,
     };
     match (tag, &mut *reply) {
-        (b'A', [_, attempt, fence, how]) => {
+        (b'A', [_, attempt, f, how]) => {
             let attempt = u32::try_from(int(attempt, "attempt")?)
                 .map_err(|_| IdemError::store("attempt out of range"))?;
-            let fence = u64::try_from(int(fence, "fence")?)
-                .map_err(|_| IdemError::store("fence out of range"))?;
             let how = match bytes(how) {
                 b"retry" => Acquired::RetryAfterFailure,
                 b"takeover" => Acquired::TakeOver,
@@ -94,7 +113,7 @@ pub(super) fn claim_reply(reply: &mut [Value]) -> Result<ClaimOutcome, IdemError
             Ok(ClaimOutcome::Acquired {
                 claim: Claim {
                     attempt,
-                    fence: Fence::new(fence),
+                    fence: Fence::new(fence(f)?),
                 },
                 how,
             })
@@ -312,7 +331,7 @@ impl Records {
                 invocation.key(registry);
             }
         }
-        let mut reply: Vec<Value> = invocation
+        let mut reply: Value = invocation
             .arg(req.fingerprint.unwrap_or(""))
             .arg(millis(req.lease))
             .arg(millis(req.ttl))

@@ -94,9 +94,11 @@ macro_rules! key_expiry_plain {
 /// The claim of one record, as Lua code that reads the locals `key` (the record's key), `index`
 /// (its stuck index, `nil` on a cluster), `fp` (the fingerprint, `""` for none; two are the same
 /// request when their digests, the text after the last space, are equal), `lease` and `ttl` (ms),
-/// and returns: `{'A', attempt, fence, how}` (attempt and fence as integer replies: no
-/// formatting), `{'R', result}`, `{'G'}` (a tombstone: its result is no longer kept, and is
-/// dropped now if it was still there), `{'M'}` or `{'P', ms left}`. [`CLAIM`] runs it as the
+/// and returns: the fence alone (an integer reply) for a fresh claim (attempt 1), the first
+/// execution's reply, which a client reads as one value rather than an array; `{'A', attempt,
+/// fence, how}` for a retry or a takeover (attempt and fence as integer replies: no formatting);
+/// `{'R', result}`, `{'G'}` (a tombstone: its result is no longer kept, and is dropped now if it
+/// was still there), `{'M'}` or `{'P', ms left}`. [`CLAIM`] runs it as the
 /// script's body, [`CLAIM_MANY`] as a function's, once per key. `r` (or `d`, after its digest and
 /// a newline) holds the result of a SUCCEEDED record, `r` the saved steps of an unfinished one: a
 /// takeover, and a retry of the same payload, keep the steps; a new life deletes `r` (and `d`). A
@@ -156,6 +158,7 @@ if rec[9] then redis.call('HDEL', key, 'd') end
 "#,
             key_expiry!("expire", "exs", "lu", "lus"),
             r#"if index then redis.call('ZADD', index, lus, key) end
+if how == 'fresh' then return fence end
 return {'A', attempt, fence, how}
 "#
         )

@@ -7,6 +7,7 @@ use std::time::Duration;
 use redis::{Script, Value};
 
 use super::conn::Conn;
+use super::eval::Eval;
 use super::records::{Records, claim_reply};
 use super::slots::slot;
 use super::{redis_error, scripts};
@@ -171,25 +172,32 @@ impl Records {
         let registry = index
             .filter(|index| !self.is_registered(index))
             .map(|_| self.registry());
-        let mut invocation = CLAIM_MANY.prepare_invoke();
+        let extra = [index, registry.as_deref()];
+        let extra = extra.iter().filter_map(|k| *k);
+        let fingerprints = group.iter().map(|&i| batch.items[i].fingerprint.unwrap_or(""));
+        let mut eval = Eval::new(
+            &CLAIM_MANY,
+            group.len() + extra.clone().count(),
+            group.len() + 4,
+            group.iter().map(|&i| records[i].len()).sum::<usize>()
+                + extra.clone().map(str::len).sum::<usize>()
+                + fingerprints.clone().map(str::len).sum::<usize>(),
+        );
         for &i in group {
-            invocation.key(&records[i]);
+            eval.arg(&records[i]);
         }
-        if let Some(index) = index {
-            invocation.key(index);
-            if let Some(registry) = &registry {
-                invocation.key(registry);
-            }
+        for key in extra {
+            eval.arg(key);
         }
-        invocation.arg(group.len());
-        for &i in group {
-            invocation.arg(batch.items[i].fingerprint.unwrap_or(""));
+        eval.arg(group.len());
+        for fingerprint in fingerprints {
+            eval.arg(fingerprint);
         }
-        let replies: Vec<Value> = invocation
+        let replies: Vec<Value> = eval
             .arg(millis(batch.lease))
             .arg(millis(batch.ttl))
             .arg(self.offset.ms())
-            .invoke_async(&mut conn)
+            .invoke(&mut conn)
             .await
             .map_err(redis_error)?;
         if let (Some(index), Some(_)) = (index, &registry) {

@@ -10,6 +10,7 @@ mod batch;
 mod cluster;
 mod conn;
 mod error;
+mod eval;
 mod keys;
 mod read;
 mod records;

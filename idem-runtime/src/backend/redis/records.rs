@@ -11,6 +11,7 @@ use redis::{Script, Value};
 use super::conn::{Conn, Scan};
 use super::slots::{slot, slot_tag};
 use super::stuck::{biz_of, stuck_key};
+use super::eval::Eval;
 use super::{read, record_key, redis_error, scripts};
 use crate::IdemError;
 use crate::clock::ClockOffset;
@@ -324,19 +325,24 @@ impl Records {
             .as_deref()
             .filter(|index| !self.is_registered(index))
             .map(|_| self.registry());
-        let mut invocation = CLAIM.key(&record);
-        if let Some(index) = &index {
-            invocation.key(index);
-            if let Some(registry) = &registry {
-                invocation.key(registry);
-            }
+        let fingerprint = req.fingerprint.unwrap_or("");
+        let keys = [Some(&record), index.as_ref(), registry.as_ref()];
+        let keys = keys.iter().filter_map(|k| *k);
+        let mut eval = Eval::new(
+            &CLAIM,
+            keys.clone().count(),
+            4,
+            keys.clone().map(String::len).sum::<usize>() + fingerprint.len(),
+        );
+        for key in keys {
+            eval.arg(key);
         }
-        let mut reply: Value = invocation
-            .arg(req.fingerprint.unwrap_or(""))
+        let mut reply: Value = eval
+            .arg(fingerprint)
             .arg(millis(req.lease))
             .arg(millis(req.ttl))
             .arg(self.offset.ms())
-            .invoke_async(&mut conn)
+            .invoke(&mut conn)
             .await
             .map_err(redis_error)?;
         if let (Some(index), Some(_)) = (&index, &registry) {
@@ -404,21 +410,26 @@ impl Records {
         let mut conn = self.conn.clone();
         let record = self.key(biz, key);
         let index = self.index(biz);
-        let mut invocation = script.key(&record);
-        if let Some(index) = &index {
-            invocation.key(index);
-        }
-        if let Some(third) = third {
-            invocation.key(third);
+        let keys = [Some(record.as_str()), index.as_deref(), third];
+        let keys = keys.iter().filter_map(|k| *k);
+        let mut eval = Eval::new(
+            script,
+            keys.clone().count(),
+            2 + extra.len(),
+            keys.clone().map(str::len).sum::<usize>()
+                + extra.iter().map(|a| a.len()).sum::<usize>(),
+        );
+        for key in keys {
+            eval.arg(key);
         }
         // The same decimal text as `to_string()`, written straight into the command.
-        invocation.arg(claim.fence.get());
+        eval.arg(claim.fence.get());
         for arg in extra {
-            invocation.arg(*arg);
+            eval.arg(*arg);
         }
-        invocation.arg(self.offset.ms());
-        let changed: i64 = invocation
-            .invoke_async(&mut conn)
+        let changed: i64 = eval
+            .arg(self.offset.ms())
+            .invoke(&mut conn)
             .await
             .map_err(redis_error)?;
         if changed == 1 {

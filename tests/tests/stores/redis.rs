@@ -726,6 +726,76 @@ mod record_layout {
         }
     }
 
+    /// A server that lost its scripts (a restart, `SCRIPT FLUSH`) is given them again by the call
+    /// that finds them missing, which then does its work once: a fresh claim (its reply, the fence
+    /// alone, read as attempt 1 under the fence the record keeps), a mark and a batch claim, each
+    /// sent right after a flush.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_without_the_scripts_is_given_them_again() {
+        use idem::store::{Acquired, BatchClaim, BatchItem, ClaimOutcome, ClaimRequest};
+        let Some((store, prefix, raw)) = subject().await else {
+            return;
+        };
+        let (lease, ttl) = (Duration::from_secs(30), Duration::from_secs(60));
+        let flush = || async {
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut raw.clone())
+                .await
+                .unwrap();
+        };
+        let key = format!("{prefix}{{2:NS:a}}");
+        flush().await;
+        let r = ClaimRequest {
+            biz: "NS",
+            key: "a",
+            fingerprint: None,
+            lease,
+            ttl,
+        };
+        let ClaimOutcome::Acquired { claim, how } = store.claim(&r).await.unwrap() else {
+            panic!("a new key is claimed");
+        };
+        assert!(matches!(how, Acquired::Fresh), "{how:?}");
+        assert_eq!(claim.attempt, 1);
+        let record = fields(&raw, &key).await;
+        assert_eq!(record["f"], claim.fence.get().to_string().into_bytes());
+        assert_eq!(record["s"], b"PROCESSING".to_vec());
+        flush().await;
+        store
+            .complete("NS", "a", &claim, b"{\"Ok\":1}", ttl)
+            .await
+            .unwrap();
+        assert_eq!(fields(&raw, &key).await["s"], b"SUCCEEDED".to_vec());
+        flush().await;
+        let items = [
+            BatchItem {
+                key: "a",
+                fingerprint: None,
+            },
+            BatchItem {
+                key: "b",
+                fingerprint: None,
+            },
+        ];
+        let outcomes = store
+            .claim_batch(&BatchClaim {
+                biz: "NS",
+                items: &items,
+                lease,
+                ttl,
+            })
+            .await
+            .unwrap();
+        assert!(
+            matches!(&outcomes[..], [
+                ClaimOutcome::Replay { snapshot },
+                ClaimOutcome::Acquired { claim, how: Acquired::Fresh },
+            ] if snapshot == b"{\"Ok\":1}" && claim.attempt == 1),
+            "{outcomes:?}"
+        );
+    }
+
     /// On one server with no test clock, a mark whose lease ends after its ttl keeps the key until
     /// the lease end (the later of the two), and its result goes to `r`: a live lease outlives
     /// the TTL on this path too.

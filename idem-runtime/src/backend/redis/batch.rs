@@ -174,7 +174,9 @@ impl Records {
             .map(|_| self.registry());
         let extra = [index, registry.as_deref()];
         let extra = extra.iter().filter_map(|k| *k);
-        let fingerprints = group.iter().map(|&i| batch.items[i].fingerprint.unwrap_or(""));
+        let fingerprints = group
+            .iter()
+            .map(|&i| batch.items[i].fingerprint.unwrap_or(""));
         let mut eval = Eval::new(
             &CLAIM_MANY,
             group.len() + extra.clone().count(),

@@ -9,9 +9,9 @@ use std::time::Duration;
 use redis::{Script, Value};
 
 use super::conn::{Conn, Scan};
+use super::eval::Eval;
 use super::slots::{slot, slot_tag};
 use super::stuck::{biz_of, stuck_key};
-use super::eval::Eval;
 use super::{read, record_key, redis_error, scripts};
 use crate::IdemError;
 use crate::clock::ClockOffset;

@@ -138,8 +138,7 @@ impl Contender for Floor {
                 assert_eq!(changed, 1, "complete lost its fence");
                 receipt
             }
-            Value::Array(items) if matches!(items.first(), Some(Value::BulkString(tag)) if tag == b"R") =>
-            {
+            Value::Array(items) if matches!(items.first(), Some(Value::BulkString(tag)) if tag == b"R") => {
                 let [_, Value::BulkString(result)] = items.as_slice() else {
                     panic!("unexpected replay reply {items:?}");
                 };

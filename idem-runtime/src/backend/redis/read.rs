@@ -34,7 +34,10 @@ impl Records {
         let offset = self.offset.ms();
         let key = self.key(req.biz, req.key);
         if offset == 0 {
-            let done: Option<Vec<u8>> = redis::cmd("HGET")
+            // Sized ahead: the command is written once, with no buffer grown on the way.
+            let mut hget = redis::Cmd::with_capacity(3, key.len() + 32);
+            let done: Option<Vec<u8>> = hget
+                .arg("HGET")
                 .arg(&key)
                 .arg("d")
                 .query_async(&mut conn)

@@ -138,12 +138,12 @@ impl Contender for Floor {
                 assert_eq!(changed, 1, "complete lost its fence");
                 receipt
             }
-            Value::Array(items) if matches!(items.first(), Some(Value::BulkString(tag)) if tag == b"R") => {
-                let [_, Value::BulkString(result)] = items.as_slice() else {
-                    panic!("unexpected replay reply {items:?}");
-                };
-                serde_json::from_slice(result).unwrap()
-            }
+            Value::Array(items) => match items.as_slice() {
+                [Value::BulkString(tag), Value::BulkString(result)] if tag == b"R" => {
+                    serde_json::from_slice(result).unwrap()
+                }
+                other => panic!("unexpected claim reply {other:?}"),
+            },
             other => panic!("unexpected claim reply {other:?}"),
         }
     }

@@ -238,23 +238,22 @@ pub async fn a_mark_under_another_fence_changes_nothing(s: Subject) {
             attempt: held.attempt,
             fence: idem::store::Fence::new(fence),
         };
-        let marked = store
-            .complete(&biz, "k", &other, b"{\"Ok\":\"other\"}", TTL)
-            .await;
-        assert!(
-            matches!(marked, Err(IdemError::LeaseLost { .. })),
-            "{marked:?}"
-        );
-        let failed = store.fail(&biz, "k", &other).await;
-        assert!(
-            matches!(failed, Err(IdemError::LeaseLost { .. })),
-            "{failed:?}"
-        );
-        let renewed = store.renew(&biz, "k", &other, secs(10)).await;
-        assert!(
-            matches!(renewed, Err(IdemError::LeaseLost { .. })),
-            "{renewed:?}"
-        );
+        let refused = [
+            (
+                "complete",
+                store
+                    .complete(&biz, "k", &other, b"{\"Ok\":\"other\"}", TTL)
+                    .await,
+            ),
+            ("fail", store.fail(&biz, "k", &other).await),
+            ("renew", store.renew(&biz, "k", &other, secs(10)).await),
+        ];
+        for (step, result) in refused {
+            assert!(
+                matches!(result, Err(IdemError::LeaseLost { .. })),
+                "{step} under fence {fence}: {result:?}"
+            );
+        }
         assert_eq!(
             store.load(&biz, "k").await.unwrap().unwrap(),
             before,

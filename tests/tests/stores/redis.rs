@@ -551,6 +551,22 @@ mod record_layout {
             .unwrap()
     }
 
+    /// A claim of `biz`/`key` with no fingerprint.
+    fn request<'a>(
+        biz: &'a str,
+        key: &'a str,
+        lease: Duration,
+        ttl: Duration,
+    ) -> idem::store::ClaimRequest<'a> {
+        idem::store::ClaimRequest {
+            biz,
+            key,
+            fingerprint: None,
+            lease,
+            ttl,
+        }
+    }
+
     /// A success marked by the earlier layout (its result in `r`, no `d`), written by hand as that
     /// version wrote it: repeats replay it (through the claim script: the plain read finds no
     /// `d`), mismatches are refused, and `load` reads its result.
@@ -678,11 +694,8 @@ mod record_layout {
         let fp = idem::key::fingerprint(&"payload").unwrap();
         for (key, fingerprint) in [("bare", None), ("printed", Some(fp.as_str()))] {
             let r = idem::store::ClaimRequest {
-                biz: "FP",
-                key,
                 fingerprint,
-                lease: Duration::from_secs(30),
-                ttl: Duration::from_secs(60),
+                ..request("FP", key, Duration::from_secs(30), Duration::from_secs(60))
             };
             assert!(matches!(
                 store.claim(&r).await.unwrap(),
@@ -732,7 +745,7 @@ mod record_layout {
     /// sent right after a flush.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_server_without_the_scripts_is_given_them_again() {
-        use idem::store::{Acquired, BatchClaim, BatchItem, ClaimOutcome, ClaimRequest};
+        use idem::store::{Acquired, BatchClaim, BatchItem, ClaimOutcome};
         let Some((store, prefix, raw)) = subject().await else {
             return;
         };
@@ -746,13 +759,7 @@ mod record_layout {
         };
         let key = format!("{prefix}{{2:NS:a}}");
         flush().await;
-        let r = ClaimRequest {
-            biz: "NS",
-            key: "a",
-            fingerprint: None,
-            lease,
-            ttl,
-        };
+        let r = request("NS", "a", lease, ttl);
         let ClaimOutcome::Acquired { claim, how } = store.claim(&r).await.unwrap() else {
             panic!("a new key is claimed");
         };
@@ -805,13 +812,7 @@ mod record_layout {
             return;
         };
         let (lease, ttl) = (Duration::from_secs(120), Duration::from_secs(5));
-        let r = idem::store::ClaimRequest {
-            biz: "LONG",
-            key: "k",
-            fingerprint: None,
-            lease,
-            ttl,
-        };
+        let r = request("LONG", "k", lease, ttl);
         let idem::store::ClaimOutcome::Acquired { claim, .. } = store.claim(&r).await.unwrap()
         else {
             panic!("a new key is claimed");

@@ -237,3 +237,75 @@ fn a_transactional_call_is_a_span_with_its_outcome() {
         );
     }
 }
+
+/// Deletes the `TXPAY` record of `order_no` with the transaction's own connection (what no caller
+/// should do: it stands for anything that changes a claimed record before its mark lands).
+async fn delete_record(tx: &mut SqliteTx, order_no: &str) {
+    sqlx::query("DELETE FROM idem_record WHERE biz_type = 'TXPAY' AND idem_key = ?1")
+        .bind(order_no)
+        .execute(&mut **tx)
+        .await
+        .unwrap();
+}
+
+/// On SQLite the last mark goes with the `COMMIT`, in one round trip: the commit runs only when
+/// the mark changed its record. A record the transaction itself deleted after the call makes the
+/// commit fail and roll everything back (no business row, no record), and the store's connection
+/// serves the next transaction as before.
+#[tokio::test]
+async fn a_commit_whose_mark_finds_no_record_commits_nothing() {
+    let _serial = SERIAL.lock().await;
+    let store = store().await;
+    let pool = store.pool();
+    let mut tx = store.begin().await.unwrap();
+    pay(&mut tx, &req("T-20"), false).await.unwrap();
+    delete_record(&mut tx, "T-20").await;
+    let committed = tx.commit().await;
+    assert!(
+        matches!(committed, Err(IdemError::LeaseLost { attempt: 1 })),
+        "{committed:?}"
+    );
+    assert!(store.load("TXPAY", "T-20").await.unwrap().is_none());
+    assert_eq!(
+        orders(pool, "T-20").await,
+        0,
+        "the business write rolled back"
+    );
+
+    // The next transactions, on the same connection, run and commit as usual.
+    for _ in 0..2 {
+        let mut tx = store.begin().await.unwrap();
+        pay(&mut tx, &req("T-20"), false).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let rec = store.load("TXPAY", "T-20").await.unwrap().unwrap();
+    assert_eq!((rec.status, rec.attempt), (Status::Succeeded, 1));
+    assert_eq!(orders(pool, "T-20").await, 1, "the repeat replayed");
+}
+
+/// A second call in the same transaction sends the first call's mark ahead of its claim. When
+/// that mark does not land, the second call fails and so does the commit: the first call was
+/// answered as done, so its business write must not commit without its record.
+#[tokio::test]
+async fn a_mark_sent_ahead_of_the_next_claim_that_does_not_land_fails_the_commit() {
+    let _serial = SERIAL.lock().await;
+    let store = store().await;
+    let pool = store.pool();
+    let mut tx = store.begin().await.unwrap();
+    pay(&mut tx, &req("T-21"), false).await.unwrap();
+    delete_record(&mut tx, "T-21").await;
+    let second = pay(&mut tx, &req("T-22"), false).await;
+    assert!(
+        matches!(second, Err(PayError::Idem(IdemError::LeaseLost { .. }))),
+        "{second:?}"
+    );
+    let committed = tx.commit().await;
+    assert!(
+        matches!(committed, Err(IdemError::LeaseLost { attempt: 1 })),
+        "{committed:?}"
+    );
+    for order_no in ["T-21", "T-22"] {
+        assert!(store.load("TXPAY", order_no).await.unwrap().is_none());
+        assert_eq!(orders(pool, order_no).await, 0, "{order_no} rolled back");
+    }
+}

@@ -354,6 +354,24 @@ pub(crate) trait Records: Send {
         result_ttl: Option<Duration>,
     ) -> Result<(), IdemError>;
 
+    /// [`Records::complete`] as the last statement of the transaction this runs in, sent with
+    /// its `COMMIT` in one round trip; the commit runs only when the mark landed (else
+    /// [`IdemError::LeaseLost`], and the transaction stays open, to be rolled back).
+    ///
+    /// # Errors
+    /// As [`Records::complete`]; [`IdemError::NotSupported`] where the database has no such
+    /// statement ([`RecordStatements::complete_commit`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn complete_and_commit(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Option<Duration>,
+    ) -> Result<(), IdemError>;
+
     /// Marks the record held under `claim` failed, so a retry may claim it.
     async fn fail(&mut self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError>;
 
@@ -429,6 +447,42 @@ where
         };
         let sql = self.sql;
         self.held(&sql.complete, &args, claim).await
+    }
+
+    async fn complete_and_commit(
+        &mut self,
+        biz: &str,
+        key: &str,
+        claim: &Claim,
+        snapshot: &[u8],
+        ttl: Duration,
+        result_ttl: Option<Duration>,
+    ) -> Result<(), IdemError> {
+        let sql = self.sql;
+        let Some(stmt) = &sql.complete_commit else {
+            return Err(IdemError::NotSupported {
+                backend: DB::DIALECT.server(),
+                what: "a mark sent with its transaction's commit",
+            });
+        };
+        let args = Args {
+            blob: snapshot,
+            ttl: millis(ttl),
+            result_ttl: result_ttl.map(millis),
+            ..Args::held(biz, key, claim)?
+        };
+        match self.query(stmt, &args).execute(&mut *self.conn).await {
+            Ok(_) => Ok(()),
+            // The guard's refusal: the mark changed nothing, so nothing was committed.
+            Err(sqlx::Error::Database(e))
+                if e.kind() == sqlx::error::ErrorKind::NotNullViolation =>
+            {
+                Err(IdemError::LeaseLost {
+                    attempt: claim.attempt,
+                })
+            }
+            Err(e) => Err(DB::error(e)),
+        }
     }
 
     async fn fail(&mut self, biz: &str, key: &str, claim: &Claim) -> Result<(), IdemError> {

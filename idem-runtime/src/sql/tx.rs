@@ -47,6 +47,14 @@ pub trait TxDb: RecordDb<Connection: TransitionConn> {
     /// Whether undoing a claim sends its rollback and release in one round trip.
     const UNDO_BATCHED: bool;
 
+    /// Whether a claim's mark waits to be sent with what the transaction sends next: the next
+    /// claim, or the commit, in the commit's round trip
+    /// ([`RecordStatements::complete_commit`](super::records::RecordStatements)). Only where
+    /// nothing outside the transaction can change the claimed record before its commit (SQLite:
+    /// `BEGIN IMMEDIATE` holds the database's write lock), so the mark cannot find the record
+    /// taken over.
+    const MARKS_AT_COMMIT: bool;
+
     /// Whether the claim's savepoint still exists after `e` (MySQL: an error that restarts the
     /// transaction means InnoDB rolled it all back, the savepoint with it).
     fn keeps_savepoint(e: &IdemError) -> bool {
@@ -101,6 +109,22 @@ pub struct SqlTx<D: TxDb> {
     /// What the database's transaction keeps of its own (only MySQL keeps anything).
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) state: D::State,
+    /// The mark of the last claim done, not sent yet ([`TxDb::MARKS_AT_COMMIT`]): written before
+    /// the next claim, or with the commit.
+    pending: Option<PendingMark>,
+    /// A mark sent late that did not land: the call that made it was answered as done, so the
+    /// transaction must not commit.
+    lost: Option<u32>,
+}
+
+/// A mark kept for the commit's round trip ([`TxDb::MARKS_AT_COMMIT`]).
+struct PendingMark {
+    biz: String,
+    key: String,
+    claim: Claim,
+    snapshot: Vec<u8>,
+    ttl: Duration,
+    result_ttl: Option<Duration>,
 }
 
 impl<D: TxDb> SqlTx<D> {
@@ -118,6 +142,8 @@ impl<D: TxDb> SqlTx<D> {
             done: None,
             idle: None,
             state,
+            pending: None,
+            lost: None,
         }
     }
 
@@ -144,8 +170,32 @@ impl<D: TxDb> SqlTx<D> {
     /// # Errors
     /// The database's error, classified; [`IdemError::StoreUnavailable`] when the server did not
     /// answer in time, and then the transaction may or may not have committed (a repeat of the
-    /// call replays if it did).
-    pub async fn commit(self) -> Result<(), IdemError> {
+    /// call replays if it did). On SQLite, where a call's mark is sent with the commit:
+    /// [`IdemError::LeaseLost`] when that mark (or one sent ahead of a later claim) changed
+    /// nothing, and then nothing was committed.
+    pub async fn commit(mut self) -> Result<(), IdemError> {
+        if let Some(attempt) = self.lost {
+            // Dropped: rolled back.
+            return Err(IdemError::LeaseLost { attempt });
+        }
+        if let Some(mark) = self.pending.take() {
+            // The mark, its check and the COMMIT in one round trip. Once it returns, the
+            // transaction has committed (or, on an error, is still open and rolls back when
+            // dropped here); sqlx's handle, which did not send the COMMIT, finds no transaction
+            // left to roll back when it is dropped.
+            return self
+                .store
+                .records(&mut self.tx)
+                .complete_and_commit(
+                    &mark.biz,
+                    &mark.key,
+                    &mark.claim,
+                    &mark.snapshot,
+                    mark.ttl,
+                    mark.result_ttl,
+                )
+                .await;
+        }
         if D::TIMED {
             tx_step(TxStep::Commit, self.tx.commit(), D::error).await
         } else {
@@ -191,6 +241,21 @@ impl<D: TxDb> SqlTx<D> {
         done: Done<'_>,
         result_ttl: Option<Duration>,
     ) -> Result<(), IdemError> {
+        if D::MARKS_AT_COMMIT {
+            self.pending = Some(PendingMark {
+                biz: done.biz.to_owned(),
+                key: done.key.to_owned(),
+                claim: *done.claim,
+                snapshot: done.snapshot.to_vec(),
+                ttl: done.ttl,
+                result_ttl,
+            });
+            // Its savepoint is released with the next claim's, or by the commit.
+            if let Some(savepoint) = self.claim.take() {
+                self.done = Some(savepoint);
+            }
+            return Ok(());
+        }
         let marked = self
             .store
             .records(&mut self.tx)
@@ -221,6 +286,30 @@ impl<D: TxDb> SqlTx<D> {
                 Err(e)
             }
         }
+    }
+
+    /// Sends the mark kept for the commit, ahead of a claim (which may be of the same key). One
+    /// that does not land leaves the transaction unable to commit: its call was answered as done.
+    async fn send_pending(&mut self) -> Result<(), IdemError> {
+        let Some(mark) = self.pending.take() else {
+            return Ok(());
+        };
+        let sent = self
+            .store
+            .records(&mut self.tx)
+            .complete(
+                &mark.biz,
+                &mark.key,
+                &mark.claim,
+                &mark.snapshot,
+                mark.ttl,
+                mark.result_ttl,
+            )
+            .await;
+        if sent.is_err() {
+            self.lost = Some(mark.claim.attempt);
+        }
+        sent
     }
 
     /// `statement` run on the connection, bounded by the store timeout on a server database.
@@ -297,6 +386,7 @@ impl<D: TxDb> IdemTx for SqlTx<D> {
     }
 
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
+        self.send_pending().await?;
         D::claim(self, req).await
     }
 

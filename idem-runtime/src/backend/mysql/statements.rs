@@ -115,6 +115,7 @@ impl Statements {
 /// What the record layer sends (`sql/records.rs`), each with its placeholders' order.
 fn records(t: &str, read: String) -> RecordStatements {
     RecordStatements {
+        complete_commit: None,
         read: Stmt::new(read, READ),
         complete: Stmt::new(complete(t), COMPLETE),
         fail: Stmt::new(fail(t), FAIL),

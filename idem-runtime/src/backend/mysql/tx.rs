@@ -65,6 +65,7 @@ impl TxDb for MySql {
     const TIMED: bool = true;
     const KEEPS_DONE: bool = true;
     const UNDO_BATCHED: bool = false;
+    const MARKS_AT_COMMIT: bool = false;
 
     /// InnoDB rolled the whole transaction back (the savepoint is gone with it).
     fn keeps_savepoint(e: &IdemError) -> bool {

@@ -114,6 +114,7 @@ impl Statements {
 /// What the record layer sends (`sql/records.rs`), each with its parameters' order.
 fn records(t: &str) -> RecordStatements {
     RecordStatements {
+        complete_commit: None,
         complete: Stmt::new(complete(t), numbered::COMPLETE),
         fail: Stmt::new(fail(t), numbered::FAIL),
         save_steps: Stmt::new(save_steps(t), numbered::SAVE_STEPS),

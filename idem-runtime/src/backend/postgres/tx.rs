@@ -84,6 +84,7 @@ impl TxDb for Postgres {
     const TIMED: bool = true;
     const KEEPS_DONE: bool = true;
     const UNDO_BATCHED: bool = true;
+    const MARKS_AT_COMMIT: bool = false;
 
     async fn claim(tx: &mut PgTx, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         // A live success needs no savepoint: one plain read answers it (once repeats prevail).

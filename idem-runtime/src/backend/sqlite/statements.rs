@@ -108,6 +108,10 @@ const COMPLETE: &str = concat!(
     "status = 'SUCCEEDED', updated_at = ?6 ",
     "WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'SUCCEEDED')"
 );
+/// Sent right after `COMPLETE` in a transaction's last round trip, ahead of its `COMMIT`: fails
+/// (the record's `NOT NULL` columns refuse the row it would insert) unless the mark changed the
+/// record, so the statements after it, the `COMMIT` among them, do not run.
+const COMPLETE_GUARD: &str = "INSERT INTO {t} (biz_type) SELECT NULL WHERE changes() <> 1";
 /// ?1 biz, ?2 key, ?3 fence, ?4 now ms. The saved steps (in `result`) stay for a retry.
 const FAIL: &str = "UPDATE {t} SET status = 'FAILED', updated_at = ?4 \
     WHERE biz_type = ?1 AND idem_key = ?2 AND fence = ?3 AND status IN ('PROCESSING', 'FAILED')";
@@ -198,6 +202,10 @@ impl Statements {
             complete_many: named(COMPLETE_MANY),
             records: RecordStatements {
                 complete: Stmt::new(text(COMPLETE), numbered::COMPLETE),
+                complete_commit: Some(Stmt::new(
+                    text(&[COMPLETE, COMPLETE_GUARD, "COMMIT"].join("; ")),
+                    numbered::COMPLETE,
+                )),
                 fail: Stmt::new(text(FAIL), numbered::FAIL),
                 save_steps: Stmt::new(text(SAVE_STEPS), numbered::SAVE_STEPS),
                 renew: Stmt::new(text(RENEW), numbered::RENEW),

@@ -32,6 +32,14 @@ pub type SqliteTx = SqlTx<Sqlite>;
 /// transaction's first claim when nothing ran between them, else sent with the release of the last
 /// claim marked done. A claim marked done keeps its savepoint, released with the next claim's or
 /// by the commit; a claim that took nothing keeps its (empty) savepoint the same way.
+///
+/// The mark waits for what the transaction sends next, as nothing outside it can reach the
+/// claimed record before its commit: it goes ahead of the next claim, or with the `COMMIT` in
+/// one round trip, where a check between them stops the `COMMIT` if the mark changed nothing
+/// (the transaction's own statements deleted or changed the record): `commit()` then returns
+/// [`IdemError::LeaseLost`] and the transaction rolls back. A first execution in a transaction
+/// of its own thus costs four round trips: `BEGIN IMMEDIATE` with the savepoint, the claim, the
+/// body's own statements, and the mark with the `COMMIT`.
 #[async_trait]
 impl TxDb for Sqlite {
     type Store = SqliteStore;
@@ -40,6 +48,7 @@ impl TxDb for Sqlite {
     const TIMED: bool = false;
     const KEEPS_DONE: bool = true;
     const UNDO_BATCHED: bool = true;
+    const MARKS_AT_COMMIT: bool = true;
 
     async fn claim(tx: &mut SqliteTx, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
         // A live success needs no savepoint: one plain read answers it (once repeats prevail).

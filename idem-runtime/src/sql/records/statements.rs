@@ -104,6 +104,10 @@ impl Stmt {
 pub(crate) struct RecordStatements {
     /// Marks the held record SUCCEEDED with its result (a mark sent again counts as held).
     pub(crate) complete: Stmt,
+    /// `complete`, then a statement that fails unless it changed the record, then `COMMIT`: a
+    /// transaction's last mark and its commit in one round trip, committing only when the mark
+    /// landed. `None` where statements with parameters cannot be sent together (the servers).
+    pub(crate) complete_commit: Option<Stmt>,
     /// Marks the held record FAILED (its saved steps stay for a retry).
     pub(crate) fail: Stmt,
     /// Saves the held record's finished steps.

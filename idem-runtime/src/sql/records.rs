@@ -119,6 +119,23 @@ impl<'a> Args<'a> {
         })
     }
 
+    /// The mark of success of the record held under `claim`.
+    fn marked(
+        biz: &'a str,
+        key: &'a str,
+        claim: &Claim,
+        snapshot: &'a [u8],
+        ttl: Duration,
+        result_ttl: Option<Duration>,
+    ) -> Result<Self, IdemError> {
+        Ok(Args {
+            blob: snapshot,
+            ttl: millis(ttl),
+            result_ttl: result_ttl.map(millis),
+            ..Args::held(biz, key, claim)?
+        })
+    }
+
     fn batch(batch: usize) -> Self {
         Args {
             batch: i64::try_from(batch).unwrap_or(i64::MAX),
@@ -439,12 +456,7 @@ where
         ttl: Duration,
         result_ttl: Option<Duration>,
     ) -> Result<(), IdemError> {
-        let args = Args {
-            blob: snapshot,
-            ttl: millis(ttl),
-            result_ttl: result_ttl.map(millis),
-            ..Args::held(biz, key, claim)?
-        };
+        let args = Args::marked(biz, key, claim, snapshot, ttl, result_ttl)?;
         let sql = self.sql;
         self.held(&sql.complete, &args, claim).await
     }
@@ -465,12 +477,7 @@ where
                 what: "a mark sent with its transaction's commit",
             });
         };
-        let args = Args {
-            blob: snapshot,
-            ttl: millis(ttl),
-            result_ttl: result_ttl.map(millis),
-            ..Args::held(biz, key, claim)?
-        };
+        let args = Args::marked(biz, key, claim, snapshot, ttl, result_ttl)?;
         match self.query(stmt, &args).execute(&mut *self.conn).await {
             Ok(_) => Ok(()),
             // The guard's refusal: the mark changed nothing, so nothing was committed.

@@ -178,23 +178,12 @@ impl<D: TxDb> SqlTx<D> {
             // Dropped: rolled back.
             return Err(IdemError::LeaseLost { attempt });
         }
-        if let Some(mark) = self.pending.take() {
+        if self.pending.is_some() {
             // The mark, its check and the COMMIT in one round trip. Once it returns, the
             // transaction has committed (or, on an error, is still open and rolls back when
             // dropped here); sqlx's handle, which did not send the COMMIT, finds no transaction
             // left to roll back when it is dropped.
-            return self
-                .store
-                .records(&mut self.tx)
-                .complete_and_commit(
-                    &mark.biz,
-                    &mark.key,
-                    &mark.claim,
-                    &mark.snapshot,
-                    mark.ttl,
-                    mark.result_ttl,
-                )
-                .await;
+            return self.send_pending(true).await;
         }
         if D::TIMED {
             tx_step(TxStep::Commit, self.tx.commit(), D::error).await
@@ -288,26 +277,33 @@ impl<D: TxDb> SqlTx<D> {
         }
     }
 
-    /// Sends the mark kept for the commit, ahead of a claim (which may be of the same key). One
-    /// that does not land leaves the transaction unable to commit: its call was answered as done.
-    async fn send_pending(&mut self) -> Result<(), IdemError> {
+    /// Sends the mark kept for the commit: ahead of a claim (which may be of the same key), or
+    /// with the `COMMIT` (`commit`). One that does not land ahead of a claim leaves the
+    /// transaction unable to commit: its call was answered as done.
+    async fn send_pending(&mut self, commit: bool) -> Result<(), IdemError> {
         let Some(mark) = self.pending.take() else {
             return Ok(());
         };
-        let sent = self
-            .store
-            .records(&mut self.tx)
-            .complete(
-                &mark.biz,
-                &mark.key,
-                &mark.claim,
-                &mark.snapshot,
-                mark.ttl,
-                mark.result_ttl,
-            )
-            .await;
+        let PendingMark {
+            biz,
+            key,
+            claim,
+            snapshot,
+            ttl,
+            result_ttl,
+        } = &mark;
+        let mut records = self.store.records(&mut self.tx);
+        let sent = if commit {
+            records
+                .complete_and_commit(biz, key, claim, snapshot, *ttl, *result_ttl)
+                .await
+        } else {
+            records
+                .complete(biz, key, claim, snapshot, *ttl, *result_ttl)
+                .await
+        };
         if sent.is_err() {
-            self.lost = Some(mark.claim.attempt);
+            self.lost = Some(claim.attempt);
         }
         sent
     }
@@ -386,7 +382,7 @@ impl<D: TxDb> IdemTx for SqlTx<D> {
     }
 
     async fn claim(&mut self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, IdemError> {
-        self.send_pending().await?;
+        self.send_pending(false).await?;
         D::claim(self, req).await
     }
 

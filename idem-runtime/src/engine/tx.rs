@@ -138,6 +138,10 @@ pub trait IdemTx: Send {
     /// `ttl` is the call's ttl: the record's expiry is moved to at least now + ttl, so a body
     /// slower than its ttl still leaves a live success.
     ///
+    /// A transaction where nothing outside it can reach the claimed record before its commit may
+    /// keep the mark and send it with what it sends next of idem's, or with its commit
+    /// (`SqliteTx` does, `BEGIN IMMEDIATE` holding SQLite's write lock); what commits is the same.
+    ///
     /// # Errors
     /// [`IdemError::LeaseLost`] if the record is no longer this claim's; backend errors.
     async fn complete(

@@ -248,6 +248,15 @@ async fn delete_record(tx: &mut SqliteTx, order_no: &str) {
         .unwrap();
 }
 
+/// Commits `tx`, which must be refused: a mark of its first attempt did not land.
+async fn commit_refused(tx: SqliteTx) {
+    let committed = tx.commit().await;
+    assert!(
+        matches!(committed, Err(IdemError::LeaseLost { attempt: 1 })),
+        "{committed:?}"
+    );
+}
+
 /// On SQLite the last mark goes with the `COMMIT`, in one round trip: the commit runs only when
 /// the mark changed its record. A record the transaction itself deleted after the call makes the
 /// commit fail and roll everything back (no business row, no record), and the store's connection
@@ -260,11 +269,7 @@ async fn a_commit_whose_mark_finds_no_record_commits_nothing() {
     let mut tx = store.begin().await.unwrap();
     pay(&mut tx, &req("T-20"), false).await.unwrap();
     delete_record(&mut tx, "T-20").await;
-    let committed = tx.commit().await;
-    assert!(
-        matches!(committed, Err(IdemError::LeaseLost { attempt: 1 })),
-        "{committed:?}"
-    );
+    commit_refused(tx).await;
     assert!(store.load("TXPAY", "T-20").await.unwrap().is_none());
     assert_eq!(
         orders(pool, "T-20").await,
@@ -299,11 +304,7 @@ async fn a_mark_sent_ahead_of_the_next_claim_that_does_not_land_fails_the_commit
         matches!(second, Err(PayError::Idem(IdemError::LeaseLost { .. }))),
         "{second:?}"
     );
-    let committed = tx.commit().await;
-    assert!(
-        matches!(committed, Err(IdemError::LeaseLost { attempt: 1 })),
-        "{committed:?}"
-    );
+    commit_refused(tx).await;
     for order_no in ["T-21", "T-22"] {
         assert!(store.load("TXPAY", order_no).await.unwrap().is_none());
         assert_eq!(orders(pool, order_no).await, 0, "{order_no} rolled back");
